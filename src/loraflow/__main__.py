@@ -1,0 +1,5 @@
+import sys
+
+from loraflow.cli import main
+
+sys.exit(main())

@@ -1,0 +1,138 @@
+"""Resumable checkpoints, written so that a crash never leaves a broken one behind.
+
+A checkpoint is a directory `checkpoints/step-NNNNNNN/` holding the adapter in PEFT format
+(adapter_config.json + adapter_model.safetensors, loadable with PeftModel.from_pretrained; the whole model for
+full fine-tuning) and trainer_state.pt (optimizer, scheduler, RNG, data position). It is written into a
+temporary directory, fsynced, and renamed into place; `latest` is updated only afterwards, by an atomic replace.
+A kill at any moment leaves either the old checkpoint or the new one, never half of one; leftovers of an
+interrupted save are removed on the next save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loraflow.errors import CheckpointError
+
+MARKER = "checkpoint.json"  # written last inside the temporary dir: its presence means complete
+
+
+def _fsync_tree(path: Path) -> None:
+    for f in sorted(path.rglob("*")):
+        if f.is_file():
+            with f.open("rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    with tmp.open("rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def save_weights(model: torch.nn.Module, directory: Path, tokenizer=None) -> None:
+    """The trained weights in the format their users expect: a PEFT adapter, or a whole HF model."""
+    model.save_pretrained(directory, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run_dir: Path, step: int, model, trainer_state: dict[str, Any], keep: int) -> Path:
+    root = run_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob(".tmp-*"):  # an earlier save that was killed midway
+        shutil.rmtree(leftover, ignore_errors=True)
+    final = root / f"step-{step:07d}"
+    tmp = root / f".tmp-step-{step:07d}-{os.getpid()}"
+    tmp.mkdir()
+    save_weights(model, tmp)
+    torch.save(trainer_state, tmp / "trainer_state.pt")
+    (tmp / MARKER).write_text(json.dumps({"step": step, "files": sorted(p.name for p in tmp.iterdir())}))
+    _fsync_tree(tmp)
+    if final.exists():  # re-saving the same step (e.g. a resumed run that ends where it resumed)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    write_atomic_text(run_dir / "latest", final.name + "\n")
+    for old in complete_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step-*") if (p / MARKER).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint `latest` names, or else the newest complete one."""
+    pointer = run_dir / "latest"
+    if pointer.is_file():
+        candidate = run_dir / "checkpoints" / pointer.read_text().strip()
+        if (candidate / MARKER).is_file():
+            return candidate
+    found = complete_checkpoints(run_dir)
+    if not found:
+        raise CheckpointError(f"{run_dir} has no complete checkpoint to resume from. Start a new run without "
+                              "--resume, or set output.save_every_steps so runs leave checkpoints.")
+    return found[-1]
+
+
+def load_checkpoint(path: Path, model) -> dict[str, Any]:
+    """Load weights into `model` (in place) and return the trainer state."""
+    from safetensors.torch import load_file
+
+    adapter = path / "adapter_model.safetensors"
+    if adapter.is_file():
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, load_file(adapter))
+        if getattr(result, "unexpected_keys", None):
+            raise CheckpointError(f"{adapter} does not fit this model's adapter (unexpected keys such as "
+                                  f"{result.unexpected_keys[0]}); was the config changed since the checkpoint?")
+    else:
+        state = {}
+        for shard in sorted(path.glob("model*.safetensors")):
+            state.update(load_file(shard))
+        if not state:
+            raise CheckpointError(f"{path} holds neither an adapter nor model weights.")
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected:
+            raise CheckpointError(f"{path} does not fit this model (unexpected key {unexpected[0]}).")
+    return torch.load(path / "trainer_state.pt", weights_only=False)

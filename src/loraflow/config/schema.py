@@ -1,0 +1,242 @@
+"""The typed configuration of a loraflow run.
+
+Every field carries an attribute docstring: `loraflow config` prints them and docs/configuration.md is generated
+from them (a test fails when it is stale). Enumerations are `Literal` types so the loader can reject a typo and
+suggest the closest valid value. Cross-field checks live in `Config.problems()` and name the key to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+AdapterMethod = Literal["lora", "dora", "full"]
+Precision = Literal["fp32", "bf16-mixed", "bf16"]
+Reentrant = Literal["auto", "true", "false"]
+DataFormat = Literal["auto", "messages", "prompt_completion"]
+Schedule = Literal["cosine", "linear", "constant"]
+Stage = Literal["sft"]
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    path: str = "builtin:tiny-base"
+    """Local directory or Hugging Face hub id of a causal LM. `builtin:NAME` names a model shipped inside
+    loraflow's package (assets/NAME)."""
+
+    tokenizer: str | None = None
+    """Tokenizer directory or hub id; empty means the model's own."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Storage dtype of the frozen base weights. `auto` follows precision.mode: float32 for fp32, bfloat16 for
+    bf16-mixed and bf16 (full fine-tuning under bf16-mixed keeps fp32 master weights)."""
+
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = "sdpa"
+    """Attention kernel passed to transformers."""
+
+    trust_remote_code: bool = False
+    """Allow model code from the hub. Off by default: it runs arbitrary Python."""
+
+
+@dataclass(kw_only=True)
+class AdapterConfig:
+    method: AdapterMethod = "lora"
+    """`lora`, `dora` (weight-decomposed LoRA), or `full` (full fine-tuning: no adapter, every weight trains)."""
+
+    rank: int = 8
+    """LoRA rank r."""
+
+    alpha: float = 16.0
+    """LoRA alpha; the adapter output is scaled by alpha / rank."""
+
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Module names (suffixes such as q_proj) that receive adapters, or `all-linear` alone for every linear layer
+    but the output head."""
+
+    train_modules: list[str] = field(default_factory=list)
+    """Modules trained in full beside the adapters: `embeddings`, `lm_head`, `norms`, or module name suffixes.
+    Empty means adapters only (DeepSpeed-Chat's only_optimize_lora)."""
+
+
+@dataclass(kw_only=True)
+class CheckpointingConfig:
+    enabled: bool = False
+    """Recompute layer activations in backward instead of storing them."""
+
+    every_n_layers: int = 1
+    """Checkpoint decoder layers 0, n, 2n, ...; 1 checkpoints every layer."""
+
+    reentrant: Reentrant = "auto"
+    """`auto` lets the plan choose (non-reentrant); `true`/`false` force torch's use_reentrant. The plan adds
+    whatever the forced mode needs to stay correct and says so."""
+
+
+@dataclass(kw_only=True)
+class PrecisionConfig:
+    mode: Precision = "fp32"
+    """`fp32`; `bf16-mixed` (bf16 base weights and autocast, fp32 adapters and optimizer); `bf16` (everything
+    bf16, adapters included)."""
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    train: str = "builtin:reverse/train.jsonl"
+    """Training data: a .jsonl, .json or .parquet file, `builtin:PATH` for shipped data, or a hub dataset name."""
+
+    eval: str | None = "builtin:reverse/eval.jsonl"
+    """Held-out data in the same forms; empty for no evaluation."""
+
+    train_split: str = "train"
+    """Split to read when `train` is a hub dataset name."""
+
+    eval_split: str = "test"
+    """Split to read when `eval` is a hub dataset name."""
+
+    format: DataFormat = "auto"
+    """`messages` (chat turns rendered with the tokenizer's chat template), `prompt_completion`, or `auto`
+    (decided per record from its fields)."""
+
+    max_length: int = 512
+    """Samples longer than this many tokens are truncated (and counted)."""
+
+    packing: bool = False
+    """Pack several samples per row; position ids restart per sample so samples never attend to each other."""
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    seed: int = 0
+    """Seed for initialisation, data order and dropout."""
+
+    micro_batch_size: int = 8
+    """Samples (or packed rows) per forward pass."""
+
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step. The loss is normalised by the tokens of the whole step, so 1 x 4 equals
+    4 x 1."""
+
+    max_steps: int = 0
+    """Optimizer steps; 0 means derive them from `epochs`."""
+
+    epochs: float = 1.0
+    """Passes over the training data when `max_steps` is 0."""
+
+    learning_rate: float = 2e-4
+    """Peak learning rate of AdamW."""
+
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+
+    warmup_steps: int = 0
+    """Linear warmup steps before the schedule."""
+
+    schedule: Schedule = "cosine"
+    """Learning-rate schedule after warmup."""
+
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    every_steps: int = 0
+    """Evaluate every this many optimizer steps; 0 evaluates only before and after training."""
+
+    generate: bool = True
+    """Also measure greedy exact match: generate an answer to each held-out prompt and compare it with the
+    reference completion."""
+
+    max_new_tokens: int = 32
+    """Generation budget per eval prompt."""
+
+    max_samples: int = 0
+    """Evaluate on at most this many held-out samples; 0 means all."""
+
+    batch_size: int = 32
+    """Prompts per generation batch and samples per eval-loss batch."""
+
+
+@dataclass(kw_only=True)
+class OutputConfig:
+    dir: str = ""
+    """Run directory; empty means runs/<stage>-<timestamp>. A directory that already holds a run is never
+    overwritten: resume it with --resume."""
+
+    save_every_steps: int = 0
+    """Write a resumable checkpoint every this many steps; 0 saves only at the end."""
+
+    keep_checkpoints: int = 2
+    """Resumable checkpoints kept on disk (oldest removed first)."""
+
+    log_every_steps: int = 10
+    """Write training metrics every this many steps."""
+
+    tensorboard: bool = True
+    """Also write metrics for TensorBoard (run_dir/tensorboard)."""
+
+    progress_bar: bool = True
+    """Show a progress bar with loss and tokens/s."""
+
+
+@dataclass(kw_only=True)
+class Config:
+    stage: Stage = "sft"
+    """Training stage."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def problems(self) -> list[str]:
+        """Cross-field and range checks. Each message names the key to change; all are returned at once."""
+        out: list[str] = []
+
+        def positive(key: str, value: float, allow_zero: bool = False) -> None:
+            if value < 0 or (value == 0 and not allow_zero):
+                bound = ">= 0" if allow_zero else "> 0"
+                out.append(f"{key}={value} must be {bound}.")
+
+        positive("adapter.rank", self.adapter.rank)
+        positive("adapter.alpha", self.adapter.alpha)
+        if not 0 <= self.adapter.dropout < 1:
+            out.append(f"adapter.dropout={self.adapter.dropout} must be in [0, 1).")
+        if self.adapter.method == "full" and self.adapter.train_modules:
+            out.append("adapter.train_modules has no meaning with adapter.method=full (every weight trains); "
+                       "remove adapter.train_modules or choose adapter.method=lora.")
+        targets = self.adapter.target_modules
+        if not targets:
+            out.append("adapter.target_modules is empty; name modules such as [q_proj, v_proj] or use all-linear.")
+        elif "all-linear" in targets and len(targets) > 1:
+            out.append("adapter.target_modules mixes all-linear with module names; use one or the other.")
+        positive("checkpointing.every_n_layers", self.checkpointing.every_n_layers)
+        positive("data.max_length", self.data.max_length)
+        positive("train.micro_batch_size", self.train.micro_batch_size)
+        positive("train.gradient_accumulation_steps", self.train.gradient_accumulation_steps)
+        positive("train.max_steps", self.train.max_steps, allow_zero=True)
+        positive("train.learning_rate", self.train.learning_rate)
+        positive("train.weight_decay", self.train.weight_decay, allow_zero=True)
+        positive("train.warmup_steps", self.train.warmup_steps, allow_zero=True)
+        positive("train.max_grad_norm", self.train.max_grad_norm, allow_zero=True)
+        if self.train.max_steps == 0 and self.train.epochs <= 0:
+            out.append("train.epochs must be > 0 when train.max_steps is 0; set one of them.")
+        if len(self.train.adam_betas) != 2 or not all(0 <= b < 1 for b in self.train.adam_betas):
+            out.append(f"train.adam_betas={self.train.adam_betas} must be two numbers in [0, 1).")
+        positive("eval.every_steps", self.eval.every_steps, allow_zero=True)
+        positive("eval.max_new_tokens", self.eval.max_new_tokens)
+        positive("eval.max_samples", self.eval.max_samples, allow_zero=True)
+        positive("eval.batch_size", self.eval.batch_size)
+        positive("output.save_every_steps", self.output.save_every_steps, allow_zero=True)
+        positive("output.keep_checkpoints", self.output.keep_checkpoints)
+        positive("output.log_every_steps", self.output.log_every_steps)
+        return out

@@ -1,0 +1,127 @@
+"""Truncation (counted), padding, packing, and a deterministic micro-batch order that resume can restart at any
+position."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from loraflow.data.formatting import IGNORE, Sample
+
+
+@dataclass
+class DataStats:
+    samples: int = 0
+    truncated: int = 0
+    dropped: int = 0
+    tokens: int = 0
+    label_tokens: int = 0
+    dropped_origins: list[str] = field(default_factory=list)
+
+    def describe(self, name: str, max_length: int) -> str:
+        text = (f"{name}: {self.samples} samples, {self.tokens} tokens ({self.label_tokens} learned); "
+                f"{self.truncated} truncated to data.max_length={max_length}")
+        if self.dropped:
+            text += (f"; {self.dropped} dropped because truncation left no learned token (first: "
+                     f"{self.dropped_origins[0]}); raise data.max_length to keep them")
+        return text
+
+
+def truncate(samples: list[Sample], max_length: int) -> tuple[list[Sample], DataStats]:
+    stats = DataStats()
+    kept = []
+    for s in samples:
+        if len(s.input_ids) > max_length:
+            stats.truncated += 1
+            s = Sample(s.input_ids[:max_length], s.labels[:max_length], s.origin)
+        # Position 0 is never predicted, so a learned token there does not count.
+        learned = sum(1 for t in s.labels[1:] if t != IGNORE)
+        if learned == 0:
+            stats.dropped += 1
+            stats.dropped_origins.append(s.origin)
+            continue
+        stats.samples += 1
+        stats.tokens += len(s.input_ids)
+        stats.label_tokens += learned
+        kept.append(s)
+    return kept, stats
+
+
+@dataclass
+class Row:
+    """One row of a micro-batch: a single sample, or several packed with restarting position ids."""
+    input_ids: list[int]
+    labels: list[int]
+    position_ids: list[int] | None = None
+
+
+def as_rows(samples: list[Sample]) -> list[Row]:
+    return [Row(s.input_ids, s.labels) for s in samples]
+
+
+def pack(samples: list[Sample], max_length: int) -> list[Row]:
+    """Greedy packing in the given order. Each sample's first label is masked (it would be predicted from the
+    previous sample's last token), and position ids restart at 0 so transformers keeps samples apart."""
+    rows: list[Row] = []
+    current = Row([], [], [])
+    for s in samples:
+        if current.input_ids and len(current.input_ids) + len(s.input_ids) > max_length:
+            rows.append(current)
+            current = Row([], [], [])
+        current.input_ids += s.input_ids
+        current.labels += [IGNORE] + s.labels[1:]
+        current.position_ids += list(range(len(s.input_ids)))
+    if current.input_ids:
+        rows.append(current)
+    return rows
+
+
+def collate(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded tensors. Padded rows get an attention mask; packed rows get position ids and no mask
+    (transformers derives the per-sample causal mask from the restarting positions)."""
+    width = max(len(r.input_ids) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+    packed = rows[0].position_ids is not None
+    extra = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r.input_ids)
+        ids[i, :n] = torch.tensor(r.input_ids)
+        labels[i, :n] = torch.tensor(r.labels)
+        if packed:
+            # Padding continues as its own "sample" so it never joins the last real one.
+            extra[i, :n] = torch.tensor(r.position_ids)
+            extra[i, n:] = torch.arange(width - n)
+        else:
+            extra[i, :n] = 1
+    batch = {"input_ids": ids, "labels": labels}
+    batch["position_ids" if packed else "attention_mask"] = extra
+    return batch
+
+
+def learned_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens the loss predicts in this batch (labels shifted by one)."""
+    return int((batch["labels"][:, 1:] != IGNORE).sum())
+
+
+class BatchOrder:
+    """Micro-batch i of the whole run -> row indices. Epoch e shuffles with a generator seeded by (seed, e), so
+    the order depends only on the seed and position: resume restarts at a position and sees the same batches."""
+
+    def __init__(self, num_rows: int, micro_batch_size: int, seed: int):
+        self.num_rows, self.micro_batch_size, self.seed = num_rows, micro_batch_size, seed
+        self.per_epoch = math.ceil(num_rows / micro_batch_size)
+        self._cached: tuple[int, list[int]] | None = None
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if self._cached is None or self._cached[0] != epoch:
+            gen = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            self._cached = (epoch, torch.randperm(self.num_rows, generator=gen).tolist())
+        return self._cached[1]
+
+    def indices(self, position: int) -> list[int]:
+        epoch, k = divmod(position, self.per_epoch)
+        perm = self._permutation(epoch)
+        return perm[k * self.micro_batch_size: (k + 1) * self.micro_batch_size]

@@ -1,0 +1,100 @@
+"""Read training records from JSONL, JSON, Parquet or a hub dataset, keeping where each record came from so a
+malformed one is reported by file, line (or record number) and field."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loraflow.errors import DataError
+from loraflow.setup.model import resolve_path
+
+
+@dataclass(frozen=True)
+class Record:
+    data: dict[str, Any]
+    origin: str
+    """Where the record came from, e.g. `train.jsonl line 12` or `data.parquet row 3`."""
+
+
+def _jsonl(path: Path) -> list[Record]:
+    records = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path} line {lineno}: not valid JSON ({exc.msg} at column {exc.colno}). Each line "
+                                "must be one JSON object.") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{path} line {lineno}: expected a JSON object, got {type(obj).__name__}.")
+            records.append(Record(obj, f"{path} line {lineno}"))
+    return records
+
+
+def _json(path: Path) -> list[Record]:
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}).") from None
+    if isinstance(obj, dict) and isinstance(obj.get("data"), list):
+        obj = obj["data"]
+    if not isinstance(obj, list):
+        raise DataError(f"{path}: expected a JSON list of records (or {{\"data\": [...]}}), got {type(obj).__name__}.")
+    out = []
+    for i, item in enumerate(obj):
+        if not isinstance(item, dict):
+            raise DataError(f"{path} record {i}: expected a JSON object, got {type(item).__name__}.")
+        out.append(Record(item, f"{path} record {i}"))
+    return out
+
+
+def _parquet(path: Path) -> list[Record]:
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises several unrelated types for a bad file
+        raise DataError(f"{path}: cannot read as Parquet ({exc}).") from None
+    return [Record(row, f"{path} row {i}") for i, row in enumerate(rows)]
+
+
+def _hub(name: str, split: str, key: str) -> list[Record]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{key}={name} is not a local file, and reading hub datasets needs the `datasets` package "
+                        "(pip install 'loraflow[hub]').") from None
+    try:
+        ds = datasets.load_dataset(name, split=split)
+    except Exception as exc:  # network, missing split, unknown dataset
+        raise DataError(f"{key}={name} (split {split}): cannot load from the hub ({exc}).") from None
+    return [Record(dict(row), f"{name}[{split}] row {i}") for i, row in enumerate(ds)]
+
+
+READERS = {".jsonl": _jsonl, ".json": _json, ".parquet": _parquet}
+
+
+def read_records(spec: str, key: str, split: str) -> list[Record]:
+    """All records of a data source. `key` is the config key that named it (for error messages)."""
+    try:
+        resolved = resolve_path(spec, key)
+    except Exception as exc:
+        raise DataError(str(exc).split("\n", 1)[-1].strip(" -")) from None
+    path = Path(resolved)
+    if path.is_file():
+        reader = READERS.get(path.suffix.lower())
+        if reader is None:
+            raise DataError(f"{key}={spec}: unsupported file type `{path.suffix}`; use .jsonl, .json or .parquet.")
+        records = reader(path)
+    elif path.exists():
+        raise DataError(f"{key}={spec} is a directory; name a .jsonl, .json or .parquet file inside it.")
+    else:
+        records = _hub(resolved, split, key)
+    if not records:
+        raise DataError(f"{key}={spec} holds no records.")
+    return records

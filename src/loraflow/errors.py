@@ -1,0 +1,36 @@
+"""Exceptions that reach the user. The CLI prints them without a traceback; each message says what is wrong, why,
+and which key or flag fixes it."""
+
+from __future__ import annotations
+
+
+class LoraflowError(Exception):
+    """Base class: an error whose message is meant for the person running loraflow."""
+
+
+class ConfigError(LoraflowError):
+    """One or more problems in the configuration, collected and raised together."""
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems = list(problems)
+        self.source = source
+        where = f" in {source}" if source else ""
+        lines = [f"{len(self.problems)} configuration problem(s){where}:"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))
+
+
+class DataError(LoraflowError):
+    """A malformed training or eval record; the message names the file, line (or record) and field."""
+
+
+class PlanError(LoraflowError):
+    """The plan holds error findings: the setup cannot work. The message lists each rule with cause and fix."""
+
+
+class GuardError(LoraflowError):
+    """A runtime guard tripped (no gradient, non-finite gradient, frozen weight changed, eval mode)."""
+
+
+class CheckpointError(LoraflowError):
+    """A checkpoint to resume from is missing or incomplete."""

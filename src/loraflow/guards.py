@@ -1,0 +1,96 @@
+"""Runtime guards: the checks that catch, on step one, what the plan could not rule out.
+
+- before every backward: the model (every module of it) is in train mode;
+- after the first backward: every trainable parameter has a finite gradient and every adapter module received a
+  non-zero one (an adapter that never gets a gradient never learns, and nothing else would say so);
+- after the first optimizer step: frozen weights are unchanged.
+A failure stops the run with the likely causes, taken from the rule registry.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from loraflow.errors import GuardError
+from loraflow.rules import get_rule
+from loraflow.setup.adapters import adapter_modules
+
+
+def _causes(ids: list[str]) -> str:
+    lines = []
+    for rule_id in ids:
+        rule = get_rule(rule_id)
+        lines.append(f"  - [{rule.id}] {rule.cause} Fix: {rule.fix}")
+    return "\n".join(lines)
+
+
+def assert_train_mode(model: torch.nn.Module) -> None:
+    """Backward through a module in eval mode trains with eval-time behaviour (dropout off) and breaks engines
+    that assert on it (catalog zero3-eval-backward: DeepSpeed ZeRO-3 <= 0.15.3); RLHF loops that generate in
+    eval mode and forget to switch back hit it."""
+    if model.training:
+        stale = [n for n, m in model.named_modules() if not m.training and any(True for _ in m.parameters())]
+        if not stale:
+            return
+        where = f"submodule {stale[0]}" + (f" and {len(stale) - 1} more" if len(stale) > 1 else "")
+    else:
+        where = "the model"
+    raise GuardError(f"{where} is in eval mode at backward [zero3-eval-backward]. Call model.train() after "
+                     "generation or evaluation and before computing the loss.")
+
+
+def check_first_gradients(model: torch.nn.Module, plan) -> None:
+    """After the first backward (all accumulated micro-batches), before the optimizer step."""
+    missing, non_finite = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            missing.append(name)
+        elif not torch.isfinite(p.grad).all():
+            non_finite.append(name)
+    dead = [name for name, params in adapter_modules(model).items()
+            if all(p.grad is None or not torch.any(p.grad) for p in params)]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} trainable parameters got no gradient (first: {missing[0]}).")
+    if dead:
+        problems.append(f"{len(dead)} adapter modules got an all-zero gradient (first: {dead[0]}).")
+    if non_finite:
+        problems.append(f"{len(non_finite)} parameters have non-finite gradients (first: {non_finite[0]}). Lower "
+                        "train.learning_rate, check the data for empty or huge samples, or use precision.mode=fp32.")
+    if not problems:
+        return
+    ids = []
+    if (missing or dead) and plan.checkpoint_layers:
+        ids += ["reentrant-partial-silent", "reentrant-frozen-inputs"] if plan.reentrant else []
+        ids += ["cache-during-recompute"]
+    if missing and not ids:
+        ids.append("no-adapter-matched")
+    layers = f" Checkpointed layers: {plan.checkpoint_layers}, reentrant={plan.reentrant}, input-grad hook=" \
+             f"{plan.input_grad_hook}." if plan.checkpoint_layers else ""
+    causes = f"\nLikely causes:\n{_causes(ids)}" if ids else ""
+    raise GuardError("gradient check after the first backward failed: " + " ".join(problems) + layers + causes)
+
+
+class FrozenWeights:
+    """Fingerprints of the frozen parameters, to prove the first optimizer step left them alone. A float64 sum
+    and sum of squares per tensor: any update changes them, and storing them costs two numbers per tensor
+    instead of a copy of the model."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.prints = {n: self._print(p) for n, p in model.named_parameters() if not p.requires_grad}
+
+    @staticmethod
+    @torch.no_grad()
+    def _print(p: torch.Tensor) -> tuple[float, float]:
+        d = p.detach().double()
+        return float(d.sum()), float((d * d).sum())
+
+    def assert_unchanged(self, model: torch.nn.Module) -> None:
+        params = dict(model.named_parameters())
+        changed = [n for n, fp in self.prints.items() if n in params and self._print(params[n]) != fp]
+        if changed:
+            raise GuardError(f"{len(changed)} frozen parameters changed in the first optimizer step (first: "
+                             f"{changed[0]}). Something outside the optimizer of trainable parameters writes to "
+                             "base weights; this is a loraflow bug: please report it with the plan.")

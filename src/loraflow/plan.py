@@ -1,0 +1,219 @@
+"""resolve(config, environment) -> Plan: every concrete choice of a run, each with its reason.
+
+This is the one decision function. It maps the config onto the normalized Setup, lets the rule registry apply its
+fixes and report its errors and warnings, and turns the result into typed choices that `train` executes and
+`check` prints. Nothing downstream re-decides: setup code reads `plan.<choice>` and never the raw config for
+anything the plan covers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from loraflow.config.schema import Config
+from loraflow.environment import Environment
+from loraflow.errors import ConfigError, PlanError
+from loraflow.rules import Finding, Setup, evaluate
+from loraflow.setup.model import ModelInfo
+
+TRAIN_MODULE_GROUPS = ("embeddings", "lm_head", "norms")
+
+
+@dataclass
+class Decision:
+    key: str
+    value: Any
+    reason: str
+    rule: str | None = None
+
+
+@dataclass
+class Plan:
+    config: Config
+    env: Environment
+    model: ModelInfo
+    setup: Setup
+    findings: list[Finding]
+    decisions: list[Decision] = field(default_factory=list)
+    # The typed choices that setup code executes.
+    device: str = "cpu"
+    load_dtype: torch.dtype = torch.float32
+    trainable_dtype: torch.dtype = torch.float32
+    autocast_dtype: torch.dtype | None = None
+    modules_to_save: list[str] = field(default_factory=list)
+    ensure_weight_tying: bool = False
+    checkpoint_layers: list[int] = field(default_factory=list)
+    reentrant: bool | None = None
+    input_grad_hook: bool = False
+    use_cache: bool = False
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.verdict == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.verdict == "warning"]
+
+    def raise_for_errors(self) -> None:
+        if self.errors:
+            body = "\n".join(f.render() for f in self.errors)
+            raise PlanError(f"this setup cannot work; nothing was trained:\n{body}")
+
+    def render(self) -> str:
+        lines = [f"loraflow plan: stage {self.config.stage}; {self.env.describe()}",
+                 f"model: {self.model.path} ({self.model.model_type}, {self.model.num_layers} layers, "
+                 f"{self.model.parameters / 1e6:.2f}M parameters)"]
+        width = max(len(d.key) for d in self.decisions)
+        for d in self.decisions:
+            tag = f" [{d.rule}]" if d.rule else ""
+            lines.append(f"  {d.key:<{width}}  {_show(d.value)}{tag}\n  {'':<{width}}    because {d.reason}")
+        if self.findings:
+            lines.append("findings:")
+            lines += ["  " + f.render().replace("\n", "\n  ") for f in self.findings]
+        else:
+            lines.append("findings: none")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.config.stage,
+            "environment": {"device": self.env.device, "world_size": self.env.world_size,
+                            "versions": {k: str(v) if v else None for k, v in self.env.versions.items()}},
+            "decisions": [{"key": d.key, "value": _jsonable(d.value), "reason": d.reason, "rule": d.rule}
+                          for d in self.decisions],
+            "findings": [{"rule": f.rule.id, "verdict": f.verdict, "title": f.rule.title,
+                          "changes": {k: _jsonable(v) for k, v in f.changes.items()}} for f in self.findings],
+        }
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, torch.dtype):
+        return str(value).replace("torch.", "")
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) if value else "none"
+    return str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return _show(value)
+
+
+def resolve_train_modules(config: Config, info: ModelInfo) -> list[str]:
+    """adapter.train_modules -> full module names (PEFT modules_to_save), or a ConfigError naming the bad entry."""
+    names: list[str] = []
+    problems: list[str] = []
+    from loraflow.setup.adapters import module_names_matching
+
+    for entry in config.adapter.train_modules:
+        if entry == "embeddings":
+            names.append(info.embedding_name)
+        elif entry == "lm_head":
+            if info.lm_head_name is None:
+                problems.append(f"adapter.train_modules: this {info.model_type} model has no output head to train.")
+            else:
+                names.append(info.lm_head_name)
+        elif entry == "norms":
+            names += info.norm_names
+        else:
+            found = module_names_matching(info, entry)
+            if not found:
+                problems.append(f"adapter.train_modules: `{entry}` matches no module of this model. Use one of "
+                                f"{', '.join(TRAIN_MODULE_GROUPS)} or a module name suffix (loraflow check lists "
+                                "the adapter's modules).")
+            names += found
+    if problems:
+        raise ConfigError(problems)
+    return list(dict.fromkeys(names))
+
+
+def _checkpoint_layers(config: Config, num_layers: int) -> list[int]:
+    if not config.checkpointing.enabled:
+        return []
+    n = config.checkpointing.every_n_layers
+    return [i for i in range(num_layers) if i % n == 0]  # transformers' every_n_layers semantics
+
+
+def _precision(config: Config) -> tuple[list[str], torch.dtype, torch.dtype, torch.dtype | None, str]:
+    """(problems, load dtype, trainable dtype, autocast dtype, reason)."""
+    mode, asked, full = config.precision.mode, config.model.dtype, config.adapter.method == "full"
+    problems: list[str] = []
+    if mode == "fp32":
+        if asked not in ("auto", "float32"):
+            problems.append(f"model.dtype={asked} contradicts precision.mode=fp32; use model.dtype=auto or "
+                            "precision.mode=bf16-mixed.")
+        return problems, torch.float32, torch.float32, None, "precision.mode=fp32: every tensor in float32"
+    if mode == "bf16":
+        if asked not in ("auto", "bfloat16"):
+            problems.append(f"model.dtype={asked} contradicts precision.mode=bf16 (pure bf16); use model.dtype=auto.")
+        return problems, torch.bfloat16, torch.bfloat16, None, \
+            "precision.mode=bf16: weights, adapters and optimizer state all in bfloat16"
+    # bf16-mixed: frozen weights may be stored in bf16; anything the optimizer updates stays float32.
+    load = torch.float32 if (full or asked == "float32") else torch.bfloat16
+    why = ("full fine-tuning keeps float32 master weights" if full else
+           "frozen base weights are only read, so bfloat16 storage halves their memory")
+    return problems, load, torch.float32, torch.bfloat16, \
+        f"precision.mode=bf16-mixed: {why}; trainable parameters float32; matmuls under bfloat16 autocast"
+
+
+def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_to_save: list[str],
+                     layers: list[int], reentrant: bool | None) -> Setup:
+    """The user's setup as asked, before any fix: what a framework without loraflow's rules would run."""
+    placement = "off" if not layers else ("all" if len(layers) == info.num_layers else "partial")
+    lm_head = info.lm_head_name
+    return Setup(
+        stage=config.stage,
+        adapter=config.adapter.method,
+        matched_modules=None if config.adapter.method == "full" else len(info.adapter_modules),
+        embeddings_trainable=config.adapter.method == "full" or info.embedding_name in modules_to_save,
+        lm_head_trainable=config.adapter.method == "full" or (lm_head is not None and (
+            lm_head in modules_to_save or lm_head in info.adapter_modules)),
+        tied_embeddings=info.tied_embeddings,
+        checkpointing=placement,
+        checkpoint_every_n=config.checkpointing.every_n_layers,
+        reentrant=reentrant,
+        checkpoint_impl="transformers",
+        input_grad_hook=False,
+        use_cache=info.use_cache_default,
+        packing=config.data.packing,
+        precision=config.precision.mode,
+        world_size=env.world_size,
+        versions=dict(env.versions),
+    )
+
+
+def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> Plan:
+    """Decide every choice of the run. Raises ConfigError for config problems; rule errors are findings
+    (`check` prints them, `train` calls plan.raise_for_errors())."""
+    if info is None:
+        from loraflow.setup.model import inspect_model
+
+        info = inspect_model(config)
+    modules_to_save = resolve_train_modules(config, info) if config.adapter.method != "full" else []
+    problems, load_dtype, trainable_dtype, autocast_dtype, precision_reason = _precision(config)
+    if problems:
+        raise ConfigError(problems)
+    layers = _checkpoint_layers(config, info.num_layers)
+    asked = config.checkpointing.reentrant
+    reentrant = None if not layers else (asked == "true")
+    naive = normalized_setup(config, env, info, modules_to_save, layers, reentrant)
+    final, findings = evaluate(naive)
+    changed_by = {key: f.rule.id for f in findings for key in f.changes}
+
+    plan = Plan(config=config, env=env, model=info, setup=final, findings=findings, device=env.device,
+                load_dtype=load_dtype, trainable_dtype=trainable_dtype, autocast_dtype=autocast_dtype,
+                modules_to_save=modules_to_save, ensure_weight_tying=final.weight_tying_enforced,
+                checkpoint_layers=layers, reentrant=final.reentrant, input_grad_hook=final.input_grad_hook,
+                use_cache=False)
+    from loraflow.plan_reasons import explain_choices
+
+    plan.decisions = explain_choices(plan, naive, changed_by, precision_reason)
+    return plan

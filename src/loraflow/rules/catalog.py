@@ -1,0 +1,120 @@
+"""The rules, one per known conflict, with the ids of ../shared/docs/failure-catalog.md.
+
+This module holds the single-process rules the foundation plan needs; the sharding rules (ZeRO, FSDP, DDP) join
+them with the engines. Every rule has a test that triggers it and one that keeps it silent (tests/test_rules.py).
+"""
+
+from __future__ import annotations
+
+from loraflow.rules.registry import Rule, register
+from loraflow.rules.setup import Setup
+
+
+def _reentrant_without_input_grad(s: Setup) -> bool:
+    return s.checkpointing != "off" and s.reentrant is True and not s.embedding_output_requires_grad
+
+
+register(Rule(
+    id="reentrant-frozen-inputs",
+    title="Reentrant checkpointing with frozen embeddings builds no graph",
+    verdict="fix",
+    when=lambda s: _reentrant_without_input_grad(s) and s.checkpointing == "all",
+    cause=("Reentrant checkpointing runs each layer under no_grad and only records a graph when a tensor input "
+           "requires grad. Adapter weights are not inputs, and frozen embeddings give an input that does not "
+           "require grad, so nothing connects the loss to the adapters."),
+    fix=("loraflow registers a forward hook that marks the embedding output as requiring grad (or choose "
+         "checkpointing.reentrant=false, which needs no hook)."),
+    remedy=lambda s: {"input_grad_hook": True},
+    elsewhere=("call model.enable_input_require_grads(), or pass gradient_checkpointing_kwargs="
+               "{'use_reentrant': False}"),
+    references=("https://github.com/huggingface/transformers/issues/26221",
+                "https://github.com/huggingface/trl/issues/3089",
+                "https://pytorch.org/docs/stable/checkpoint.html"),
+    fixed_in="transformers 5.x adds the hook for input_ids models in its own checkpointing; raw "
+             "torch.utils.checkpoint does not",
+    signatures=("element 0 of tensors does not require grad and does not have a grad_fn",
+                "None of the inputs have requires_grad=True"),
+))
+
+register(Rule(
+    id="reentrant-partial-silent",
+    title="Partial reentrant checkpointing silently leaves adapters without gradients",
+    verdict="fix",
+    when=lambda s: _reentrant_without_input_grad(s) and s.checkpointing == "partial",
+    cause=("As in reentrant-frozen-inputs, a reentrant-checkpointed layer whose input does not require grad "
+           "records no graph. With only some layers checkpointed the loss still reaches the others, so there is "
+           "no error: the adapters of the checkpointed layers simply never learn."),
+    fix=("loraflow registers the embedding-output hook; the first-step gradient guard would catch a miss "
+         "(or choose checkpointing.reentrant=false)."),
+    remedy=lambda s: {"input_grad_hook": True},
+    elsewhere="call model.enable_input_require_grads(), or use non-reentrant checkpointing",
+    references=("https://github.com/huggingface/peft/issues/1142",
+                "https://github.com/huggingface/transformers/issues/26221"),
+    fixed_in="not fixed upstream",
+))
+
+register(Rule(
+    id="cache-during-recompute",
+    title="KV cache written again while checkpointed layers recompute",
+    verdict="fix",
+    when=lambda s: s.checkpointing != "off" and s.use_cache and s.checkpoint_impl == "torch-wrapper",
+    cause=("With config.use_cache=True the recomputed forward appends its keys and values to the KV cache a "
+           "second time, so attention in backward reads stale keys: wrong gradients with no error, or a "
+           "CheckpointError with a doubled sequence length. transformers' own checkpointing turns the cache off "
+           "inside checkpointed layers; torch's checkpoint_wrapper does not."),
+    fix="loraflow trains with use_cache=False.",
+    remedy=lambda s: {"use_cache": False},
+    elsewhere="set model.config.use_cache=False (or --use_cache false) for training",
+    references=("https://github.com/huggingface/transformers/issues/28056",
+                "https://github.com/huggingface/transformers/pull/30320"),
+    fixed_in="transformers' own checkpointing forces it off; torch wrappers never will",
+    signatures=("Recomputed values for the following tensors have different metadata",),
+))
+
+register(Rule(
+    id="packing-cache-cross-attention",
+    title="Packed samples attend to each other when the KV cache is on",
+    verdict="fix",
+    when=lambda s: s.packing and s.use_cache,
+    cause=("transformers detects packed sequences from restarting position ids only when no cache is passed "
+           "(masking_utils._preprocess_mask_arguments checks past_key_values is None). With use_cache=True the "
+           "model creates a cache, the detection is skipped, and every packed sample attends to the ones before "
+           "it: no error, wrong loss. Found while building loraflow's packing (logit error 0.17 on a 2-layer "
+           "Llama)."),
+    fix="loraflow trains with use_cache=False whenever data.packing is on.",
+    remedy=lambda s: {"use_cache": False},
+    elsewhere="pass use_cache=False in the training forward when packing with position_ids",
+    references=("transformers/masking_utils.py: find_packed_sequence_indices",),
+    fixed_in="not fixed upstream (transformers 5.23)",
+))
+
+register(Rule(
+    id="no-adapter-matched",
+    title="The adapter targets match no module of this model",
+    verdict="error",
+    when=lambda s: s.adapter != "full" and s.matched_modules == 0,
+    cause=("The target module names match nothing in this model family (for example OPT's names on a Llama), "
+           "so no adapter is created and nothing would train; elsewhere this surfaces as 'element 0 of tensors "
+           "does not require grad' or 'trainable params: 0'."),
+    fix="Set adapter.target_modules to names this model has (loraflow check lists them), or all-linear.",
+    elsewhere="fix --lora_target_modules / target_modules to this model's module names",
+    references=("peft: NoMatchingPeftModuleError in tuners/tuners_utils.py",),
+    fixed_in="design: refuse before training",
+    signatures=("trainable params: 0", "not found in the base model"),
+))
+
+register(Rule(
+    id="tied-embedding-adapter",
+    title="Training tied embeddings without keeping them tied",
+    verdict="fix",
+    when=lambda s: (s.tied_embeddings and (s.embeddings_trainable or s.lm_head_trainable)
+                    and not s.weight_tying_enforced),
+    cause=("With tie_word_embeddings=True, embed_tokens and lm_head share one matrix. Training a copy of one of "
+           "them (modules_to_save) unties them; on reload the model re-ties and the trained lm_head is silently "
+           "lost."),
+    fix="loraflow passes ensure_weight_tying=True to PEFT so the trained copies stay tied (PEFT >= 0.18).",
+    remedy=lambda s: {"weight_tying_enforced": True},
+    elsewhere="LoraConfig(ensure_weight_tying=True), or untie the embeddings explicitly",
+    references=("https://github.com/huggingface/peft/pull/2803", "https://github.com/huggingface/peft/pull/2879"),
+    fixed_in="peft 0.18.0 (modules_to_save), 0.19.0 (target_modules), opt-in",
+))

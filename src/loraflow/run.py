@@ -1,0 +1,109 @@
+"""One training run from config to saved adapter, shared by every stage: run directory, logging, plan, data,
+model, then the stage's loop."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from loraflow.config import Config, dump_config, load_config
+from loraflow.errors import ConfigError
+
+log = logging.getLogger("loraflow")
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Console log lines that do not tear the progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm.write(self.format(record), file=sys.stdout)
+
+
+def setup_logging(run_dir: Path | None, verbose: bool = False) -> None:
+    log.handlers.clear()
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    console = _TqdmHandler()
+    console.setLevel(logging.DEBUG if verbose else logging.INFO)
+    console.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(console)
+    if run_dir is not None:
+        fh = logging.FileHandler(run_dir / "train.log")
+        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(fh)
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # their per-call warnings would drown the plan
+    transformers.utils.logging.disable_progress_bar()
+
+
+def prepare_run(stage: str, config_path: str | None, overrides: list[str], resume: str | None) -> tuple[Config, Path]:
+    """Load the config and settle the run directory. A resumed run reuses the config saved in its directory
+    (overrides still apply, e.g. train.max_steps to extend it); a new run never reuses a directory that holds one."""
+    if resume:
+        run_dir = Path(resume)
+        saved = run_dir / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError([f"--resume {resume}: no config.yaml there; is it a loraflow run directory?"])
+        config = load_config(saved if config_path is None else config_path, overrides)
+    else:
+        config = load_config(config_path, [f"stage={stage}", *overrides])
+        run_dir = Path(config.output.dir or f"runs/{stage}-{time.strftime('%Y%m%d-%H%M%S')}")
+        if (run_dir / "config.yaml").exists():
+            raise ConfigError([f"output.dir={run_dir} already holds a run. Continue it with --resume {run_dir}, or "
+                               "choose another output.dir."])
+        run_dir.mkdir(parents=True, exist_ok=True)
+    if config.stage != stage:
+        raise ConfigError([f"the config says stage={config.stage}, but the command trains {stage}."])
+    config.output.dir = str(run_dir)
+    (run_dir / "config.yaml").write_text(dump_config(config))
+    return config, run_dir
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train(stage: str, config_path: str | None, overrides: list[str], resume: str | None,
+          verbose: bool = False) -> dict[str, Any]:
+    from loraflow.data import load_split
+    from loraflow.environment import detect_environment
+    from loraflow.plan import resolve
+    from loraflow.setup import build_model
+    from loraflow.setup.model import load_tokenizer
+
+    config, run_dir = prepare_run(stage, config_path, overrides, resume)
+    setup_logging(run_dir, verbose)
+    log.info("run directory: %s", run_dir)
+    plan = resolve(config, detect_environment())
+    log.info("%s", plan.render())
+    (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
+    plan.raise_for_errors()
+    seed_everything(config.train.seed)  # adapter initialisation, data order and dropout all follow train.seed
+    tokenizer = load_tokenizer(config, plan.model.path)
+    # Data before the model: a malformed line should fail in seconds, not after loading weights.
+    train_split = load_split(config, tokenizer, "train")
+    eval_split = load_split(config, tokenizer, "eval")
+    log.info("%s", train_split.stats.describe("train data", config.data.max_length))
+    if eval_split is not None:
+        log.info("%s", eval_split.stats.describe("eval data", config.data.max_length))
+    model = build_model(plan, tokenizer)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info("trainable parameters: %s of %s", f"{trainable:,}", f"{sum(p.numel() for p in model.parameters()):,}")
+    stage_module = importlib.import_module(f"loraflow.stages.{stage}")
+    summary = stage_module.run(plan, model, tokenizer, train_split, eval_split, run_dir, resume is not None)
+    summary["run_dir"] = str(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

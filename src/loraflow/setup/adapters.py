@@ -1,0 +1,98 @@
+"""Adapters (PEFT LoRA / DoRA) and freezing.
+
+One function builds the PEFT config, and the plan's module count comes from running exactly that config on a
+meta-device skeleton, so what `check` reports is what `train` gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import warnings
+
+import torch
+
+from loraflow.config.schema import Config
+from loraflow.errors import GuardError
+
+
+def lora_config(config: Config, modules_to_save: list[str] | None = None, ensure_weight_tying: bool = False):
+    from peft import LoraConfig
+
+    a = config.adapter
+    extra = {"ensure_weight_tying": True} if ensure_weight_tying else {}
+    # PEFT expands the string "all-linear" itself; a list holding it would be read as a module name.
+    targets = "all-linear" if a.target_modules == ["all-linear"] else list(a.target_modules)
+    return LoraConfig(
+        r=a.rank, lora_alpha=a.alpha, lora_dropout=a.dropout, target_modules=targets,
+        use_dora=a.method == "dora", modules_to_save=modules_to_save or None, task_type="CAUSAL_LM", **extra,
+    )
+
+
+def match_adapter_modules(skeleton: torch.nn.Module, config: Config) -> list[str]:
+    """Full names of the modules PEFT puts an adapter on, found by running PEFT itself on a meta skeleton."""
+    from peft import get_peft_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            peft_model = get_peft_model(skeleton, lora_config(config))
+    except ValueError as exc:  # NoMatchingPeftModuleError subclasses ValueError
+        if "not found in the base model" in str(exc) or "No modules were targeted" in str(exc):
+            return []
+        raise
+    prefix = "base_model.model."
+    return [n[len(prefix):] if n.startswith(prefix) else n for n, m in peft_model.named_modules()
+            if isinstance(m, BaseTunerLayer)]
+
+
+def module_names_matching(info, entry: str) -> list[str]:
+    """Modules of the model whose name is `entry` or ends with `.entry` (PEFT's suffix semantics)."""
+    pattern = re.compile(rf"(^|\.){re.escape(entry)}$")
+    return [n for n in info.module_names if pattern.search(n)]
+
+
+def apply_adapters(model: torch.nn.Module, plan) -> torch.nn.Module:
+    """Wrap the base model with PEFT per the plan (or leave it whole for full fine-tuning) and freeze."""
+    config = plan.config
+    if config.adapter.method == "full":
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+    from peft import get_peft_model
+
+    peft_config = lora_config(config, plan.modules_to_save, plan.ensure_weight_tying)
+    with warnings.catch_warnings():
+        # PEFT reads transformers' deprecated `is_gradient_checkpointing` (peft 0.21 / transformers 5.23): not
+        # something a user can act on.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        # PEFT keeps adapters in float32 over a bf16 base when autocast_adapter_dtype=True; pure bf16 wants bf16.
+        peft_model = get_peft_model(model, peft_config,
+                                    autocast_adapter_dtype=plan.trainable_dtype == torch.float32)
+    for p in peft_model.parameters():
+        if p.requires_grad and p.dtype != plan.trainable_dtype:
+            p.data = p.data.to(plan.trainable_dtype)  # trained full copies (modules_to_save) of a bf16 base
+    if not any(p.requires_grad for p in peft_model.parameters()):
+        raise GuardError("no parameter is trainable after adding adapters [no-adapter-matched]. Set "
+                         "adapter.target_modules to modules this model has.")
+    return peft_model
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def adapter_modules(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]:
+    """Each adapter-carrying module (and each trained full copy) with its trainable parameters."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import ModulesToSaveWrapper
+
+    out: dict[str, list[torch.nn.Parameter]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (BaseTunerLayer, ModulesToSaveWrapper)):
+            params = [p for p in module.parameters() if p.requires_grad]
+            if params:
+                out[name] = params
+    return out

@@ -1,0 +1,156 @@
+"""Find, inspect and load the base model and tokenizer.
+
+`inspect_model` reads only the model's config and builds a skeleton on the meta device (no weights), so the plan
+and `loraflow check` know the layer count, tied embeddings, module names and which modules the adapter targets
+match, using PEFT's own matching, before anything heavy is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from loraflow.config.schema import Config
+from loraflow.errors import ConfigError
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+BUILTIN = "builtin:"
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".yaml", ".yml", ".safetensors")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_path(spec: str, key: str) -> str:
+    """`builtin:NAME` -> the packaged asset; a local path must exist; anything else is tried as a hub id."""
+    if spec.startswith(BUILTIN):
+        path = ASSETS / spec[len(BUILTIN):]
+        if not path.exists():
+            shipped = sorted(p.name for p in ASSETS.iterdir() if not p.name.startswith((".", "_")))
+            raise ConfigError([f"{key}={spec}: no such built-in asset. Shipped: {', '.join(shipped)}."])
+        return str(path)
+    expanded = os.path.expanduser(spec)
+    if Path(expanded).exists():
+        return expanded
+    if HUB_ID.match(spec) and Path(spec).suffix not in LOCAL_SUFFIXES:
+        return spec  # tried on the hub; a failure there is reported by the loader with this key
+    raise ConfigError([f"{key}={spec} does not exist. Give an existing local path, a hub id such as org/name, "
+                       "or a builtin: asset."])
+
+
+@dataclass
+class ModelInfo:
+    path: str
+    model_type: str
+    num_layers: int
+    tied_embeddings: bool
+    use_cache_default: bool
+    embedding_name: str
+    lm_head_name: str | None
+    norm_names: list[str] = field(default_factory=list)
+    adapter_modules: list[str] = field(default_factory=list)
+    """Full names of the modules the adapter config matched (empty for full fine-tuning or no match)."""
+    module_names: list[str] = field(default_factory=list)
+    parameters: int = 0
+    vocab_size: int = 0
+
+
+def _module_name(model: torch.nn.Module, target: torch.nn.Module | None) -> str | None:
+    for name, module in model.named_modules():
+        if module is target:
+            return name
+    return None
+
+
+def load_hf_config(config: Config):
+    from transformers import AutoConfig
+
+    path = resolve_path(config.model.path, "model.path")
+    try:
+        return path, AutoConfig.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError([f"model.path={config.model.path}: cannot read a model config there ({first}). "
+                           "Point model.path at a directory with config.json, or a reachable hub id."]) from None
+
+
+def inspect_model(config: Config) -> ModelInfo:
+    """Everything the plan needs to know about the model, without loading its weights."""
+    from transformers import AutoModelForCausalLM
+
+    path, hf_config = load_hf_config(config)
+    with torch.device("meta"), _quiet():
+        skeleton = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=config.model.trust_remote_code)
+    embedding = skeleton.get_input_embeddings()
+    head = skeleton.get_output_embeddings()
+    norms = [n for n, m in skeleton.named_modules() if "norm" in type(m).__name__.lower() and n]
+    text_config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    info = ModelInfo(
+        path=path,
+        model_type=getattr(hf_config, "model_type", "unknown"),
+        num_layers=int(getattr(text_config, "num_hidden_layers", 0)),
+        tied_embeddings=bool(getattr(text_config, "tie_word_embeddings", False)),
+        use_cache_default=bool(getattr(text_config, "use_cache", True)),
+        embedding_name=_module_name(skeleton, embedding) or "embed_tokens",
+        lm_head_name=_module_name(skeleton, head),
+        norm_names=norms,
+        module_names=[n for n, _ in skeleton.named_modules() if n],
+        parameters=sum(p.numel() for p in skeleton.parameters()),
+        vocab_size=int(getattr(text_config, "vocab_size", 0) or 0),
+    )
+    if config.adapter.method != "full":
+        from loraflow.setup.adapters import match_adapter_modules
+
+        info.adapter_modules = match_adapter_modules(skeleton, config)
+    return info
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence transformers/PEFT chatter while building throwaway skeletons."""
+    loggers = [logging.getLogger(n) for n in ("transformers", "peft")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+
+
+def load_tokenizer(config: Config, model_path: str):
+    from transformers import AutoTokenizer
+
+    spec = config.model.tokenizer
+    path = resolve_path(spec, "model.tokenizer") if spec else model_path
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ConfigError([f"cannot load a tokenizer from {path} ({str(exc).splitlines()[0]}). Set model.tokenizer "
+                           "to a directory or hub id that has one."]) from None
+    if tok.pad_token is None:
+        # Padding positions are masked out of attention and loss, so any id works; eos is the convention.
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(config: Config, path: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation=config.model.attn_implementation,
+        trust_remote_code=config.model.trust_remote_code,
+    )

@@ -1,0 +1,54 @@
+"""Supervised fine-tuning: NLL on assistant/completion tokens; evaluation by held-out loss and greedy exact match."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loraflow.data import DataSplit
+from loraflow.evaluate import eval_loss, exact_match
+from loraflow.losses import sft_loss
+
+log = logging.getLogger("loraflow")
+
+
+def loss_fn(use_cache: bool):
+    def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        logits = model(**inputs, use_cache=use_cache).logits
+        return sft_loss(logits, batch["labels"], num_items)
+
+    return compute
+
+
+def evaluator(plan, tokenizer, split: DataSplit | None):
+    if split is None:
+        return None
+    e = plan.config.eval
+
+    def evaluate(model: torch.nn.Module) -> dict[str, Any]:
+        values: dict[str, Any] = {"loss": eval_loss(model, split.rows, e.batch_size, tokenizer.pad_token_id,
+                                                    plan.device, plan.autocast_dtype)}
+        if split.prompts:
+            em = exact_match(model, tokenizer, split.prompts, e.max_new_tokens, e.batch_size, plan.device,
+                             plan.autocast_dtype)
+            values["exact_match"] = em.accuracy
+            for origin, ref, got in em.examples[:3]:
+                log.debug("  %s: reference %r, generated %r", origin, ref, got)
+        return values
+
+    return evaluate
+
+
+def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
+        resume: bool) -> dict[str, Any]:
+    from loraflow.trainer import Trainer
+
+    trainer = Trainer(plan, model, tokenizer, train, loss_fn(plan.use_cache), evaluator(plan, tokenizer, eval_split),
+                      run_dir)
+    log.info("training: %d optimizer steps of %d x %d micro-batches", trainer.total_steps,
+             plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size)
+    return trainer.fit(resume=resume)

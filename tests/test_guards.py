@@ -1,0 +1,84 @@
+"""Runtime guards, shown firing on real failures: the naive setups the plan refuses to run, reproduced live on the
+installed stack, and a model left in eval mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import plan_and_model, randomize_adapters
+from loraflow.data import read_records
+from loraflow.data.batching import as_rows, collate, learned_tokens, truncate
+from loraflow.data.formatting import tokenize
+from loraflow.errors import GuardError
+from loraflow.guards import FrozenWeights, assert_train_mode, check_first_gradients
+from loraflow.setup.checkpointing import set_input_grad_hook
+from loraflow.stages.sft import loss_fn
+
+REENTRANT_EVERY2 = ["checkpointing.enabled=true", "checkpointing.reentrant=true", "checkpointing.every_n_layers=2"]
+
+
+def batch_for(tokenizer, chat_data):
+    samples, _ = truncate([tokenize(r, "auto", tokenizer) for r in read_records(str(chat_data[0]), "d", "t")[:4]],
+                          512)
+    return collate(as_rows(samples), tokenizer.pad_token_id)
+
+
+def backward(plan, model, batch):
+    loss_fn(plan.use_cache)(model, batch, learned_tokens(batch)).backward()
+
+
+def test_naive_partial_reentrant_silently_loses_gradients_and_the_guard_names_it(tiny_model, chat_data):
+    plan, model, tokenizer = plan_and_model(tiny_model, *REENTRANT_EVERY2, data=chat_data)
+    randomize_adapters(model)
+    set_input_grad_hook(model, False)  # undo the plan's fix: what a framework without the rule runs
+    backward(plan, model, batch_for(tokenizer, chat_data))  # no error is raised: the failure is silent
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert missing and all(".layers.0." in n or ".layers.2." in n for n in missing)  # the checkpointed layers
+    with pytest.raises(GuardError, match="reentrant-partial-silent") as exc:
+        check_first_gradients(model, plan)
+    assert "got no gradient" in str(exc.value)
+
+
+def test_naive_full_reentrant_raises_the_catalog_signature(tiny_model, chat_data):
+    plan, model, tokenizer = plan_and_model(tiny_model, "checkpointing.enabled=true", "checkpointing.reentrant=true",
+                                            data=chat_data)
+    set_input_grad_hook(model, False)
+    with pytest.raises(RuntimeError, match="element 0 of tensors does not require grad"):
+        backward(plan, model, batch_for(tokenizer, chat_data))
+
+
+def test_planned_setup_passes_the_gradient_guard(tiny_model, chat_data):
+    plan, model, tokenizer = plan_and_model(tiny_model, *REENTRANT_EVERY2, data=chat_data)
+    backward(plan, model, batch_for(tokenizer, chat_data))  # fresh LoRA: B = 0, A's gradient is exactly zero
+    check_first_gradients(model, plan)  # a module counts as alive when any of its weights got a gradient
+
+
+def test_non_finite_gradient_is_caught(tiny_model, chat_data):
+    plan, model, tokenizer = plan_and_model(tiny_model, data=chat_data)
+    backward(plan, model, batch_for(tokenizer, chat_data))
+    next(p for p in model.parameters() if p.requires_grad).grad[0, 0] = float("nan")
+    with pytest.raises(GuardError, match="non-finite gradients"):
+        check_first_gradients(model, plan)
+
+
+def test_eval_mode_before_backward_is_refused(tiny_model, chat_data):
+    plan, model, tokenizer = plan_and_model(tiny_model, data=chat_data)
+    assert_train_mode(model)
+    model.eval()  # what an RLHF loop does for generation and forgets to undo
+    with pytest.raises(GuardError, match=r"the model is in eval mode at backward \[zero3-eval-backward\]"):
+        assert_train_mode(model)
+    model.train()
+    next(m for m in model.modules() if list(m.parameters(recurse=False))).eval()
+    with pytest.raises(GuardError, match="submodule .* is in eval mode"):
+        assert_train_mode(model)
+
+
+def test_changed_frozen_weight_is_caught(tiny_model, chat_data):
+    plan, model, _ = plan_and_model(tiny_model, data=chat_data)
+    guard = FrozenWeights(model)
+    guard.assert_unchanged(model)
+    with torch.no_grad():
+        next(p for p in model.parameters() if not p.requires_grad).add_(1e-3)
+    with pytest.raises(GuardError, match="frozen parameters changed"):
+        guard.assert_unchanged(model)
