@@ -48,6 +48,40 @@ def test_naive_full_reentrant_raises_the_catalog_signature(tiny_model, chat_data
         backward(plan, model, batch_for(tokenizer, chat_data))
 
 
+def test_cache_during_recompute_reproduced_and_fixed_by_the_rule(tiny_model, chat_data):
+    """torch's reentrant checkpoint_wrapper (not transformers' own checkpointing) with use_cache=True: no error,
+    wrong gradients, v_proj adapters exactly zero. The rule's fix, use_cache=False, makes them exact."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    def gradients(wrap: bool, use_cache: bool):
+        plan, model, tokenizer = plan_and_model(tiny_model, data=chat_data)
+        randomize_adapters(model)
+        if wrap:
+            apply_activation_checkpointing(
+                model, check_fn=lambda m: isinstance(m, LlamaDecoderLayer),
+                checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.REENTRANT))
+            set_input_grad_hook(model, True)
+        # One unpadded row: with a padding mask the doubled keys raise a shape error instead (the catalog's
+        # other symptom); without one the failure is silent.
+        row = batch_for(tokenizer, chat_data)["input_ids"][:1, :20]
+        batch = {"input_ids": row, "labels": row}
+        loss_fn(use_cache)(model, batch, learned_tokens(batch)).backward()
+        grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone()
+                 for n, p in model.named_parameters() if p.requires_grad}
+        return plan, model, grads
+
+    _, _, reference = gradients(wrap=False, use_cache=False)
+    plan, model, naive = gradients(wrap=True, use_cache=True)
+    zero = [n for n, g in naive.items() if "v_proj.lora_B" in n and not g.any()]
+    assert len(zero) == 4  # every layer's v_proj adapter, as the catalog says
+    with pytest.raises(GuardError, match="cache-during-recompute"):
+        check_first_gradients(model, plan)
+    _, _, fixed = gradients(wrap=True, use_cache=False)
+    assert max(float((fixed[n] - reference[n]).norm() / reference[n].norm()) for n in reference) <= 1e-6
+
+
 def test_planned_setup_passes_the_gradient_guard(tiny_model, chat_data):
     plan, model, tokenizer = plan_and_model(tiny_model, *REENTRANT_EVERY2, data=chat_data)
     backward(plan, model, batch_for(tokenizer, chat_data))  # fresh LoRA: B = 0, A's gradient is exactly zero

@@ -62,9 +62,10 @@ def check_first_gradients(model: torch.nn.Module, plan) -> None:
     if not problems:
         return
     ids = []
-    if (missing or dead) and plan.checkpoint_layers:
-        ids += ["reentrant-partial-silent", "reentrant-frozen-inputs"] if plan.reentrant else []
-        ids += ["cache-during-recompute"]
+    if missing and plan.checkpoint_layers and plan.reentrant:
+        ids += ["reentrant-partial-silent", "reentrant-frozen-inputs"]
+    if dead:  # a gradient path that exists but carries exactly zero: stale keys read during a recompute
+        ids.append("cache-during-recompute")
     if missing and not ids:
         ids.append("no-adapter-matched")
     layers = f" Checkpointed layers: {plan.checkpoint_layers}, reentrant={plan.reentrant}, input-grad hook=" \

@@ -44,6 +44,12 @@ def setup_logging(run_dir: Path | None, verbose: bool = False) -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def demo_config(stage: str) -> Path:
+    from loraflow.setup.model import ASSETS
+
+    return ASSETS / "configs" / f"{stage}.yaml"
+
+
 def prepare_run(stage: str, config_path: str | None, overrides: list[str], resume: str | None) -> tuple[Config, Path]:
     """Load the config and settle the run directory. A resumed run reuses the config saved in its directory
     (overrides still apply, e.g. train.max_steps to extend it); a new run never reuses a directory that holds one."""
@@ -54,6 +60,8 @@ def prepare_run(stage: str, config_path: str | None, overrides: list[str], resum
             raise ConfigError([f"--resume {resume}: no config.yaml there; is it a loraflow run directory?"])
         config = load_config(saved if config_path is None else config_path, overrides)
     else:
+        if config_path is None:
+            config_path = str(demo_config(stage))  # the embedded default: bundled model, data and settings
         config = load_config(config_path, [f"stage={stage}", *overrides])
         run_dir = Path(config.output.dir or f"runs/{stage}-{time.strftime('%Y%m%d-%H%M%S')}")
         if (run_dir / "config.yaml").exists():
@@ -87,6 +95,8 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
     config, run_dir = prepare_run(stage, config_path, overrides, resume)
     setup_logging(run_dir, verbose)
     log.info("run directory: %s", run_dir)
+    if config_path is None and resume is None:
+        log.info("no config given: training the built-in demo (%s)", demo_config(stage))
     plan = resolve(config, detect_environment())
     log.info("%s", plan.render())
     (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))

@@ -27,7 +27,7 @@ class ModelConfig:
     tokenizer: str | None = None
     """Tokenizer directory or hub id; empty means the model's own."""
 
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Storage dtype of the frozen base weights. `auto` follows precision.mode: float32 for fp32, bfloat16 for
     bf16-mixed and bf16 (full fine-tuning under bf16-mixed keeps fp32 master weights)."""
 

@@ -25,7 +25,6 @@ BUILTIN = "builtin:"
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".yaml", ".yml", ".safetensors")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_path(spec: str, key: str) -> str:

@@ -1,0 +1,74 @@
+"""The command line: exit codes, errors without tracebacks, and bad input stopped before anything is trained."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import write_jsonl
+from loraflow.cli import build_parser, main
+
+
+def test_check_prints_the_plan_and_exits_clean(tiny_model, capsys):
+    assert main(["check", f"model.path={tiny_model}", "checkpointing.enabled=true"]) == 0
+    out = capsys.readouterr().out
+    assert "loraflow plan" in out and "checkpointing.reentrant" in out and "findings: none" in out
+
+
+def test_check_exits_2_on_rule_errors(tiny_model, capsys):
+    assert main(["check", f"model.path={tiny_model}", "adapter.target_modules=[nope]"]) == 2
+    assert "no-adapter-matched" in capsys.readouterr().out
+
+
+def test_check_json(tiny_model, capsys):
+    import json
+
+    assert main(["check", f"model.path={tiny_model}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stage"] == "sft"
+
+
+def test_config_errors_are_printed_without_traceback(capsys):
+    assert main(["check", "adapter.rnak=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: 1 configuration problem") and "adapter.rank" in err and "Traceback" not in err
+
+
+def test_malformed_data_stops_before_training(tiny_model, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a" "completion": "b"}\n')
+    run = tmp_path / "run"
+    code = main(["train", "sft", f"model.path={tiny_model}", f"data.train={bad}", "data.eval=",
+                 f"output.dir={run}", "output.progress_bar=false"])
+    assert code == 2
+    assert f"{bad} line 2: not valid JSON" in capsys.readouterr().err
+    assert not (run / "checkpoints").exists()
+
+
+def test_zero_matched_modules_stops_before_training(tiny_model, chat_data, tmp_path, capsys):
+    code = main(["train", "sft", f"model.path={tiny_model}", f"data.train={chat_data[0]}",
+                 f"output.dir={tmp_path / 'run'}", "adapter.target_modules=[decoder.layers.q]"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "nothing was trained" in err and "no-adapter-matched" in err
+
+
+def test_missing_model_path(tmp_path, capsys):
+    code = main(["train", "sft", f"model.path={tmp_path / 'nowhere'}", f"output.dir={tmp_path / 'run'}"])
+    assert code == 2
+    assert "model.path=" in capsys.readouterr().err
+
+
+def test_config_command_lists_every_key(capsys):
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpointing.reentrant" in out and "adapter.train_modules" in out
+
+
+def test_cli_surface_is_stable():
+    """The commands and flags users script against; changing them is a breaking change."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert sorted(sub.choices) == ["check", "config", "merge", "train"]
+    train = sub.choices["train"]
+    assert {o for a in train._actions for o in a.option_strings} >= {"--resume", "--verbose"}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "dpo"])  # stages arrive with their issues, not before
