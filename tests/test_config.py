@@ -89,3 +89,14 @@ def test_shipped_configs_exist():
 def test_configuration_reference_is_current():
     """docs/configuration.md is generated from the schema's docstrings; regenerate with scripts/gen_docs.py."""
     assert (ROOT / "docs/configuration.md").read_text() == render_markdown()
+
+
+def test_non_finite_numbers_are_refused():
+    with pytest.raises(ConfigError) as exc:
+        load_config(overrides=["train.learning_rate=.nan", "train.epochs=.inf"])
+    assert {p.split("=")[0] for p in exc.value.problems} == {"train.learning_rate", "train.epochs"}
+
+
+def test_yaml_boolean_for_a_string_suggests_quoting():
+    with pytest.raises(ConfigError, match="quote the value"):
+        load_config(overrides=["output.dir=no"])

@@ -112,3 +112,8 @@ def test_plan_json_is_serialisable(tiny_model):
     data = json.loads(json.dumps(plan.to_dict()))
     assert data["findings"][0]["rule"] == "reentrant-frozen-inputs"
     assert any(d["key"] == "use_cache" and d["value"] is False for d in data["decisions"])
+
+
+def test_full_finetuning_with_bf16_storage_under_mixed_is_refused(tiny_model):
+    with pytest.raises(ConfigError, match="contradicts full fine-tuning"):
+        plan_for(tiny_model, "precision.mode=bf16-mixed", "adapter.method=full", "model.dtype=bfloat16")

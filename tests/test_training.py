@@ -167,3 +167,32 @@ def test_resume_without_checkpoint_and_reused_directory(tiny_model, chat_data, t
     (tmp_path / "empty/config.yaml").write_text((run / "config.yaml").read_text())
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         train("sft", None, [], str(tmp_path / "empty"))
+
+
+def test_resume_refuses_changes_that_would_break_it(tiny_model, chat_data, tmp_path):
+    run = tmp_path / "run"
+    train("sft", None, common(tiny_model, chat_data, run, "train.max_steps=2", "output.save_every_steps=1"), None)
+    with pytest.raises(ConfigError) as exc:
+        train("sft", None, ["train.learning_rate=1e-5", "adapter.rank=4", "train.max_steps=3"], str(run))
+    assert [p.split("=")[0] for p in exc.value.problems] == ["adapter.rank", "train.learning_rate"]
+    summary = train("sft", None, ["train.max_steps=3", "output.progress_bar=false"], str(run))  # extending is fine
+    assert summary["steps"] == 3
+
+
+def test_a_run_that_fails_before_training_leaves_the_directory_reusable(tiny_model, chat_data, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match="contradicts"):
+        train("sft", None, common(tiny_model, chat_data, run, "model.dtype=bfloat16"), None)
+    assert not (run / "config.yaml").exists()
+    train("sft", None, common(tiny_model, chat_data, run, "train.max_steps=1"), None)
+
+
+def test_a_checkpoint_missing_a_listed_file_is_not_used(tiny_model, chat_data, tmp_path):
+    from loraflow.checkpoint import latest_checkpoint
+
+    run = tmp_path / "run"
+    train("sft", None, common(tiny_model, chat_data, run, "train.max_steps=4", "output.save_every_steps=2",
+                              "output.keep_checkpoints=3"), None)
+    assert latest_checkpoint(run).name == "step-0000004"
+    (run / "checkpoints/step-0000004/trainer_state.pt").unlink()
+    assert latest_checkpoint(run).name == "step-0000002"

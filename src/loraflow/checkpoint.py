@@ -56,6 +56,20 @@ def save_weights(model: torch.nn.Module, directory: Path, tokenizer=None) -> Non
         tokenizer.save_pretrained(directory)
 
 
+def export_weights(model: torch.nn.Module, directory: Path, tokenizer=None) -> None:
+    """Write the final weights next to the checkpoints with the same all-or-nothing rename."""
+    tmp = directory.with_name(f".tmp-{directory.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_weights(model, tmp, tokenizer)
+    _fsync_tree(tmp)
+    stale = directory.with_name(f".tmp-old-{directory.name}-{os.getpid()}")
+    if directory.exists():
+        os.rename(directory, stale)
+    os.rename(tmp, directory)
+    _fsync_dir(directory.parent)
+    shutil.rmtree(stale, ignore_errors=True)
+
+
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -82,10 +96,14 @@ def save_checkpoint(run_dir: Path, step: int, model, trainer_state: dict[str, An
     torch.save(trainer_state, tmp / "trainer_state.pt")
     (tmp / MARKER).write_text(json.dumps({"step": step, "files": sorted(p.name for p in tmp.iterdir())}))
     _fsync_tree(tmp)
-    if final.exists():  # re-saving the same step (e.g. a resumed run that ends where it resumed)
-        shutil.rmtree(final)
+    stale = None
+    if final.exists():  # re-saving a step (a resumed run that ends where it resumed): swap, never delete first
+        stale = root / f".tmp-old-{final.name}-{os.getpid()}"
+        os.rename(final, stale)
     os.rename(tmp, final)
     _fsync_dir(root)
+    if stale is not None:
+        shutil.rmtree(stale, ignore_errors=True)
     write_atomic_text(run_dir / "latest", final.name + "\n")
     for old in complete_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
@@ -96,8 +114,17 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     root = run_dir / "checkpoints"
     if not root.is_dir():
         return []
-    found = [p for p in root.glob("step-*") if (p / MARKER).is_file()]
+    found = [p for p in root.glob("step-*") if is_complete(p)]
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def is_complete(path: Path) -> bool:
+    """The marker exists and every file it lists is present."""
+    try:
+        listed = json.loads((path / MARKER).read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return all((path / name).is_file() for name in listed)
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -105,7 +132,7 @@ def latest_checkpoint(run_dir: Path) -> Path:
     pointer = run_dir / "latest"
     if pointer.is_file():
         candidate = run_dir / "checkpoints" / pointer.read_text().strip()
-        if (candidate / MARKER).is_file():
+        if is_complete(candidate):
             return candidate
     found = complete_checkpoints(run_dir)
     if not found:
@@ -123,9 +150,11 @@ def load_checkpoint(path: Path, model) -> dict[str, Any]:
         from peft import set_peft_model_state_dict
 
         result = set_peft_model_state_dict(model, load_file(adapter))
-        if getattr(result, "unexpected_keys", None):
-            raise CheckpointError(f"{adapter} does not fit this model's adapter (unexpected keys such as "
-                                  f"{result.unexpected_keys[0]}); was the config changed since the checkpoint?")
+        missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k or "modules_to_save" in k]
+        wrong = getattr(result, "unexpected_keys", None) or missing
+        if wrong:
+            raise CheckpointError(f"{adapter} does not fit this model's adapter ({wrong[0]}); adapter.method, "
+                                  "adapter.target_modules or adapter.train_modules differ from the checkpoint's run.")
     else:
         state = {}
         for shard in sorted(path.glob("model*.safetensors")):

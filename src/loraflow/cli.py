@@ -30,8 +30,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         for key, value in after.items():
             was = f"{before[key]:.4f} -> " if before and key in before else ""
             print(f"eval {key}: {was}{value:.4f}")
-    print(f"trained {summary['steps']} steps in {summary['train_seconds']:.1f}s; adapter in "
-          f"{summary['run_dir']}/adapter")
+    print(f"trained {summary['steps']} steps in {summary['train_seconds']:.1f}s; weights in {summary['weights']}")
     return 0
 
 
@@ -40,8 +39,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     from loraflow.environment import detect_environment
     from loraflow.plan import resolve
 
+    from loraflow.run import demo_config
+
     config_path, overrides = _split_config_and_overrides(args.items)
-    plan = resolve(load_config(config_path, overrides), detect_environment())
+    # No config: check the same embedded default that `loraflow train sft` would train.
+    plan = resolve(load_config(config_path or demo_config("sft"), overrides), detect_environment())
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())
     if plan.errors:
         return 2

@@ -157,6 +157,9 @@ def _precision(config: Config) -> tuple[list[str], torch.dtype, torch.dtype, tor
         return problems, torch.bfloat16, torch.bfloat16, None, \
             "precision.mode=bf16: weights, adapters and optimizer state all in bfloat16"
     # bf16-mixed: frozen weights may be stored in bf16; anything the optimizer updates stays float32.
+    if full and asked == "bfloat16":
+        problems.append("model.dtype=bfloat16 contradicts full fine-tuning under precision.mode=bf16-mixed, which "
+                        "keeps float32 master weights; use model.dtype=auto, or precision.mode=bf16 for pure bf16.")
     load = torch.float32 if (full or asked == "float32") else torch.bfloat16
     why = ("full fine-tuning keeps float32 master weights" if full else
            "frozen base weights are only read, so bfloat16 storage halves their memory")

@@ -13,7 +13,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from loraflow.config import Config, dump_config, load_config
+from loraflow.checkpoint import write_atomic_text
+from loraflow.config import Config, config_to_dict, dump_config, load_config
 from loraflow.errors import ConfigError
 
 log = logging.getLogger("loraflow")
@@ -50,15 +51,39 @@ def demo_config(stage: str) -> Path:
     return ASSETS / "configs" / f"{stage}.yaml"
 
 
+# Keys a resumed run may change: everything else shapes the adapter, the optimizer state or the data order,
+# which were saved with the checkpoint (the optimizer state even restores its own learning rate).
+RESUMABLE = ("train.max_steps", "eval.", "output.")
+
+
+def _flat(config: Config) -> dict[str, Any]:
+    def walk(node: Any, prefix: str) -> dict[str, Any]:
+        if isinstance(node, dict):
+            return {k: v for key, sub in node.items() for k, v in walk(sub, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: node}
+
+    return walk(config_to_dict(config), "")
+
+
 def prepare_run(stage: str, config_path: str | None, overrides: list[str], resume: str | None) -> tuple[Config, Path]:
-    """Load the config and settle the run directory. A resumed run reuses the config saved in its directory
-    (overrides still apply, e.g. train.max_steps to extend it); a new run never reuses a directory that holds one."""
+    """Load the config and settle the run directory. A resumed run reuses the config saved in its directory; only
+    train.max_steps, eval.* and output.* may be overridden. A new run never reuses a directory that holds one.
+    Nothing is written here: config.yaml is saved once the run has really started (see `train`)."""
     if resume:
         run_dir = Path(resume)
         saved = run_dir / "config.yaml"
         if not saved.is_file():
             raise ConfigError([f"--resume {resume}: no config.yaml there; is it a loraflow run directory?"])
-        config = load_config(saved if config_path is None else config_path, overrides)
+        if config_path is not None:
+            raise ConfigError([f"--resume reuses {saved}; pass only key=value overrides, not {config_path}."])
+        before, config = load_config(saved), load_config(saved, overrides)
+        old, new = _flat(before), _flat(config)
+        changed = [k for k in new if new[k] != old.get(k)]
+        frozen = [k for k in changed if k == "output.dir" or not k.startswith(RESUMABLE)]
+        if frozen:
+            raise ConfigError([f"{k}={new[k]!r} cannot change when resuming (the run used {old.get(k)!r}): the "
+                               "checkpoint's adapter, optimizer state and data order depend on it. Start a new run "
+                               "instead." for k in frozen])
     else:
         if config_path is None:
             config_path = str(demo_config(stage))  # the embedded default: bundled model, data and settings
@@ -71,7 +96,6 @@ def prepare_run(stage: str, config_path: str | None, overrides: list[str], resum
     if config.stage != stage:
         raise ConfigError([f"the config says stage={config.stage}, but the command trains {stage}."])
     config.output.dir = str(run_dir)
-    (run_dir / "config.yaml").write_text(dump_config(config))
     return config, run_dir
 
 
@@ -110,6 +134,8 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
     if eval_split is not None:
         log.info("%s", eval_split.stats.describe("eval data", config.data.max_length))
     model = build_model(plan, tokenizer)
+    # Only now is this a run: a failure above leaves the directory free for a corrected retry.
+    write_atomic_text(run_dir / "config.yaml", dump_config(config))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("trainable parameters: %s of %s", f"{trainable:,}", f"{sum(p.numel() for p in model.parameters()):,}")
     stage_module = importlib.import_module(f"loraflow.stages.{stage}")

@@ -17,7 +17,8 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-from loraflow.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, rng_state, save_checkpoint, save_weights
+from loraflow.checkpoint import (export_weights, latest_checkpoint, load_checkpoint, restore_rng, rng_state,
+                                 save_checkpoint)
 from loraflow.data import BatchOrder, DataSplit, collate, learned_tokens
 from loraflow.guards import FrozenWeights, assert_train_mode, check_first_gradients
 from loraflow.metrics import MetricsWriter
@@ -86,8 +87,9 @@ class Trainer:
         total_loss, tokens = 0.0, 0
         for batch in batches:
             batch = {k: v.to(self.plan.device) for k, v in batch.items()}
-            tokens += int((batch["input_ids"] != self.pad_id).sum()) if "attention_mask" in batch else \
-                batch["input_ids"].numel()
+            # Real tokens: the attention mask (pad may equal eos), or every position of a packed row.
+            mask = batch.get("attention_mask")
+            tokens += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
             with self._autocast():
                 loss = self.loss_fn(self.model, batch, num_items)
             assert_train_mode(self.model)
@@ -180,9 +182,9 @@ class Trainer:
         bar.close()
         wall = time.perf_counter() - start
         self.save()
-        save_weights(self.model, self.run_dir / "adapter" if self.plan.config.adapter.method != "full"
-                     else self.run_dir / "model", self.tokenizer)
+        weights = self.run_dir / ("model" if self.plan.config.adapter.method == "full" else "adapter")
+        export_weights(self.model, weights, self.tokenizer)
         after = self.evaluate("after training")
         self.metrics.close()
         return {"before": before, "after": after, "steps": self.progress.step, "train_seconds": wall,
-                "tokens": self.progress.tokens}
+                "tokens": self.progress.tokens, "weights": str(weights)}

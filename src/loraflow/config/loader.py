@@ -102,7 +102,8 @@ def _coerce(value: Any, tp: Any, key: str, errors: list[str]) -> Any:
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        errors.append(f"{key}={value!r} must be a string.")
+        hint = " (YAML reads yes/no/on/off as booleans: quote the value)" if isinstance(value, bool) else ""
+        errors.append(f"{key}={value!r} must be a string{hint}.")
         return None
     raise TypeError(f"unsupported config annotation {tp!r} at {key}")
 

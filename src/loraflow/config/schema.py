@@ -7,6 +7,7 @@ suggest the closest valid value. Cross-field checks live in `Config.problems()` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -203,12 +204,15 @@ class Config:
         out: list[str] = []
 
         def positive(key: str, value: float, allow_zero: bool = False) -> None:
-            if value < 0 or (value == 0 and not allow_zero):
+            if not math.isfinite(value):
+                out.append(f"{key}={value} must be a finite number.")
+            elif value < 0 or (value == 0 and not allow_zero):
                 bound = ">= 0" if allow_zero else "> 0"
                 out.append(f"{key}={value} must be {bound}.")
 
         positive("adapter.rank", self.adapter.rank)
         positive("adapter.alpha", self.adapter.alpha)
+        positive("train.epochs", self.train.epochs)
         if not 0 <= self.adapter.dropout < 1:
             out.append(f"adapter.dropout={self.adapter.dropout} must be in [0, 1).")
         if self.adapter.method == "full" and self.adapter.train_modules:
@@ -228,8 +232,6 @@ class Config:
         positive("train.weight_decay", self.train.weight_decay, allow_zero=True)
         positive("train.warmup_steps", self.train.warmup_steps, allow_zero=True)
         positive("train.max_grad_norm", self.train.max_grad_norm, allow_zero=True)
-        if self.train.max_steps == 0 and self.train.epochs <= 0:
-            out.append("train.epochs must be > 0 when train.max_steps is 0; set one of them.")
         if len(self.train.adam_betas) != 2 or not all(0 <= b < 1 for b in self.train.adam_betas):
             out.append(f"train.adam_betas={self.train.adam_betas} must be two numbers in [0, 1).")
         positive("eval.every_steps", self.eval.every_steps, allow_zero=True)

@@ -87,9 +87,12 @@ def _tokenize_messages(record: Record, tokenizer) -> tuple[list[int], list[int]]
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        start = len(_render(tokenizer, messages[:i], True, record.origin)) if i else 0
+        prefix = _render(tokenizer, messages[:i], True, record.origin) if i else []
+        start = len(prefix)
         through = _render(tokenizer, messages[: i + 1], False, record.origin)
-        if ids[: len(through)] != through:
+        # Both ends must be prefixes of the whole conversation, or the span would be shifted silently (a
+        # generation prompt the template renders differently inside a conversation, a merge across the boundary).
+        if ids[: len(through)] != through or ids[:start] != prefix:
             raise DataError(f"{record.origin}: this tokenizer's chat template rewrites earlier turns, so assistant "
                             "tokens cannot be located. Use prompt/completion records for this model.")
         labels[start: len(through)] = ids[start: len(through)]
@@ -120,7 +123,7 @@ def eval_prompt(record: Record, configured_format: str, tokenizer) -> EvalPrompt
         messages = _validate_messages(record)
         if messages[-1]["role"] != "assistant":
             raise DataError(f"{record.origin}: for exact-match evaluation the last message must be the assistant's "
-                            "reference answer.")
+                            "reference answer; fix the record or set eval.generate=false.")
         ids = _render(tokenizer, messages[:-1], True, record.origin)
         return EvalPrompt(ids, messages[-1]["content"], record.origin)
     ids = tokenizer(record.data["prompt"], add_special_tokens=True)["input_ids"]
