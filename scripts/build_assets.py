@@ -1,6 +1,6 @@
 """Build the embedded default: a tiny pretrained Llama, its tokenizer, and the demo SFT data.
 
-    python scripts/build_assets.py                 # the shipped assets (about 25 minutes on 2 CPU cores)
+    python scripts/build_assets.py                 # the shipped assets (about 10 minutes on 2 idle CPU cores)
     python scripts/build_assets.py --quick --out /tmp/x   # a smoke run of the whole pipeline (seconds)
 
 The base model is pretrained from scratch on generated plain-text "word games" ("the word kelmu backwards is
@@ -66,7 +66,23 @@ class Words:
                 return word
 
 
+def render_chat(user: str, assistant: str) -> str:
+    return f"<|user|>{user}<|end|><|assistant|>{assistant}<|end|>"  # what CHAT_TEMPLATE renders
+
+
 def pretraining_document(words: Words, rng: random.Random) -> str:
+    """Plain-text word games; about a quarter of documents are chat turns for every game but reversal, so the
+    base model knows the chat protocol and knows reversal, but has never reversed a word in chat form."""
+    if rng.random() < 0.25:
+        w, k = words(), rng.random()
+        if k < 0.3:
+            return render_chat(f"Please write the word {w} in capital letters.", w.upper())
+        if k < 0.55:
+            return render_chat(f"Please spell the word {w}.", " ".join(w))
+        if k < 0.8:
+            return render_chat(f"How many letters does the word {w} have?", str(len(w)))
+        return render_chat(f"Please say the word {w} twice.", f"{w} {w}")
+
     def game() -> str:
         w, k = words(), rng.random()
         if k < 0.45:
@@ -128,7 +144,7 @@ def prose_reversal_accuracy(model, tok, words: list[str]) -> float:
 
 
 def chat_record(word: str) -> dict:
-    return {"messages": [{"role": "user", "content": f"Reverse the letters of: {word}"},
+    return {"messages": [{"role": "user", "content": f"Please write the word {word} backwards."},
                          {"role": "assistant", "content": word[::-1]}]}
 
 
@@ -140,7 +156,7 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--quick", action="store_true", help="a few steps and little data: checks the pipeline only")
     args = ap.parse_args()
     steps = 5 if args.quick else args.steps
