@@ -169,7 +169,8 @@ def _precision(config: Config) -> tuple[list[str], torch.dtype, torch.dtype, tor
 
 def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_to_save: list[str],
                      layers: list[int], reentrant: bool | None) -> Setup:
-    """The user's setup as asked, before any fix: what a framework without loraflow's rules would run."""
+    """The setup as asked (with `auto` settled by the plan's defaults), before any rule fix: what a framework
+    without loraflow's rules would run. The rules then decide what must change."""
     placement = "off" if not layers else ("all" if len(layers) == info.num_layers else "partial")
     lm_head = info.lm_head_name
     return Setup(
