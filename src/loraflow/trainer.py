@@ -156,8 +156,9 @@ class Trainer:
         else:
             before = self.evaluate("before training")
         guard = FrozenWeights(self.model)  # the first step this process runs is checked
+        # mininterval + refresh=False below: at most two redraws a second, so logs of non-terminal runs stay short.
         bar = tqdm(total=self.total_steps, initial=self.progress.step, disable=not out.progress_bar,
-                   desc=f"{self.plan.config.stage}", dynamic_ncols=True)
+                   desc=f"{self.plan.config.stage}", dynamic_ncols=True, mininterval=0.5)
         window, start = [], time.perf_counter()
         tokens_at_start = self.progress.tokens
         while self.progress.step < self.total_steps:
@@ -166,8 +167,8 @@ class Trainer:
             window.append(stats["loss"])
             elapsed = time.perf_counter() - start
             tps = (self.progress.tokens - tokens_at_start) / max(elapsed, 1e-9)
+            bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
             bar.update(1)
-            bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{tps:,.0f}")
             step = self.progress.step
             if step % out.log_every_steps == 0 or step == self.total_steps:
                 self.metrics.write("train", step, {"loss": sum(window) / len(window), "grad_norm": stats["grad_norm"],
