@@ -87,6 +87,16 @@ def plan_and_model(model: Path, *overrides: str, data=None, seed: int = 1):
     return plan, build_model(plan, tokenizer), tokenizer
 
 
+def first_batch(tokenizer, path: Path, n: int = 4) -> dict[str, torch.Tensor]:
+    """The first n records of a data file, tokenized and collated exactly as training does."""
+    from loraflow.data import read_records
+    from loraflow.data.batching import as_rows, collate, truncate
+    from loraflow.data.formatting import tokenize
+
+    samples, _ = truncate([tokenize(r, "auto", tokenizer) for r in read_records(str(path), "d", "t")[:n]], 512)
+    return collate(as_rows(samples), tokenizer.pad_token_id)
+
+
 def randomize_adapters(model: torch.nn.Module, seed: int = 2) -> None:
     """LoRA starts with B = 0, which makes A's gradient exactly zero; give every adapter weight a random value
     so that gradient comparisons compare something."""

@@ -7,10 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import plan_and_model, randomize_adapters
-from loraflow.data import read_records
-from loraflow.data.batching import as_rows, collate, learned_tokens, truncate
-from loraflow.data.formatting import tokenize
+from conftest import first_batch, plan_and_model, randomize_adapters
+from loraflow.data.batching import learned_tokens
 from loraflow.stages.sft import loss_fn
 
 CHECKPOINTING = {
@@ -30,9 +28,7 @@ def one_step_gradients(tiny_model, chat_data, overrides):
     plan, model, tokenizer = plan_and_model(tiny_model, *overrides, data=chat_data)
     assert model.config.use_cache is True  # left at the model's default; the plan turns it off per forward
     randomize_adapters(model)
-    samples, _ = truncate([tokenize(r, "auto", tokenizer) for r in read_records(str(chat_data[0]), "d", "t")[:4]],
-                          512)
-    batch = collate(as_rows(samples), tokenizer.pad_token_id)
+    batch = first_batch(tokenizer, chat_data[0])
     torch.manual_seed(123)  # the same dropout masks in every run
     loss = loss_fn(plan.use_cache)(model, batch, learned_tokens(batch))
     loss.backward()

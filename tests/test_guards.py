@@ -6,10 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import plan_and_model, randomize_adapters
-from loraflow.data import read_records
-from loraflow.data.batching import as_rows, collate, learned_tokens, truncate
-from loraflow.data.formatting import tokenize
+from conftest import first_batch, plan_and_model, randomize_adapters
+from loraflow.data.batching import learned_tokens
 from loraflow.errors import GuardError
 from loraflow.guards import FrozenWeights, assert_train_mode, check_first_gradients
 from loraflow.setup.checkpointing import set_input_grad_hook
@@ -19,9 +17,7 @@ REENTRANT_EVERY2 = ["checkpointing.enabled=true", "checkpointing.reentrant=true"
 
 
 def batch_for(tokenizer, chat_data):
-    samples, _ = truncate([tokenize(r, "auto", tokenizer) for r in read_records(str(chat_data[0]), "d", "t")[:4]],
-                          512)
-    return collate(as_rows(samples), tokenizer.pad_token_id)
+    return first_batch(tokenizer, chat_data[0])
 
 
 def backward(plan, model, batch):

@@ -13,6 +13,7 @@ import torch
 
 from loraflow.data import EvalPrompt, Row, collate
 from loraflow.losses import token_nll
+from loraflow.setup.precision import autocast
 
 
 @dataclass
@@ -46,8 +47,7 @@ def exact_match(model, tokenizer, prompts: list[EvalPrompt], max_new_tokens: int
                 device: str = "cpu", autocast_dtype: torch.dtype | None = None) -> ExactMatch:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     correct, examples = 0, []
-    amp = torch.autocast(device, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-    with eval_mode(model), amp:
+    with eval_mode(model), autocast(device, autocast_dtype):
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start: start + batch_size]
             width = max(len(p.prompt_ids) for p in chunk)
@@ -73,8 +73,7 @@ def eval_loss(model, rows: list[Row], batch_size: int, pad_id: int, device: str 
               autocast_dtype: torch.dtype | None = None) -> float:
     """Mean NLL per learned token over the held-out rows."""
     total, count = 0.0, 0
-    amp = torch.autocast(device, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-    with eval_mode(model), amp:
+    with eval_mode(model), autocast(device, autocast_dtype):
         for start in range(0, len(rows), batch_size):
             batch = {k: v.to(device) for k, v in collate(rows[start: start + batch_size], pad_id).items()}
             labels = batch.pop("labels")

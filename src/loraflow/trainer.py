@@ -6,7 +6,6 @@ A stage supplies two functions: `loss_fn(model, batch, num_items) -> loss` (a pu
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -22,6 +21,7 @@ from loraflow.checkpoint import (export_weights, latest_checkpoint, load_checkpo
 from loraflow.data import BatchOrder, DataSplit, collate, learned_tokens
 from loraflow.guards import FrozenWeights, assert_train_mode, check_first_gradients
 from loraflow.metrics import MetricsWriter
+from loraflow.setup.precision import autocast
 
 log = logging.getLogger("loraflow")
 
@@ -74,10 +74,6 @@ class Trainer:
         self.metrics = MetricsWriter(self.run_dir, plan.config.output.tensorboard)
 
     # -- one optimizer step -------------------------------------------------------------------------------
-    def _autocast(self):
-        dtype = self.plan.autocast_dtype
-        return torch.autocast(self.plan.device, dtype=dtype) if dtype else contextlib.nullcontext()
-
     def accumulate(self) -> dict[str, float]:
         """Forward and backward over one optimizer step's micro-batches; gradients are left in .grad."""
         batches = [collate([self.train.rows[i] for i in self.order.indices(self.progress.position + k)],
@@ -90,7 +86,7 @@ class Trainer:
             # Real tokens: the attention mask (pad may equal eos), or every position of a packed row.
             mask = batch.get("attention_mask")
             tokens += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
-            with self._autocast():
+            with autocast(self.plan.device, self.plan.autocast_dtype):
                 loss = self.loss_fn(self.model, batch, num_items)
             assert_train_mode(self.model)
             loss.backward()
