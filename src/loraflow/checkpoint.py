@@ -56,18 +56,24 @@ def save_weights(model: torch.nn.Module, directory: Path, tokenizer=None) -> Non
         tokenizer.save_pretrained(directory)
 
 
+def _publish(tmp: Path, final: Path) -> None:
+    """Make the complete directory `tmp` appear as `final`. An existing `final` is renamed aside first and
+    deleted only after the new one is in place, so it is never deleted before its replacement exists."""
+    _fsync_tree(tmp)
+    stale = final.with_name(f".tmp-old-{final.name}-{os.getpid()}")
+    if final.exists():
+        os.rename(final, stale)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(stale, ignore_errors=True)
+
+
 def export_weights(model: torch.nn.Module, directory: Path, tokenizer=None) -> None:
     """Write the final weights next to the checkpoints with the same all-or-nothing rename."""
     tmp = directory.with_name(f".tmp-{directory.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     save_weights(model, tmp, tokenizer)
-    _fsync_tree(tmp)
-    stale = directory.with_name(f".tmp-old-{directory.name}-{os.getpid()}")
-    if directory.exists():
-        os.rename(directory, stale)
-    os.rename(tmp, directory)
-    _fsync_dir(directory.parent)
-    shutil.rmtree(stale, ignore_errors=True)
+    _publish(tmp, directory)
 
 
 def rng_state() -> dict[str, Any]:
@@ -95,15 +101,7 @@ def save_checkpoint(run_dir: Path, step: int, model, trainer_state: dict[str, An
     save_weights(model, tmp)
     torch.save(trainer_state, tmp / "trainer_state.pt")
     (tmp / MARKER).write_text(json.dumps({"step": step, "files": sorted(p.name for p in tmp.iterdir())}))
-    _fsync_tree(tmp)
-    stale = None
-    if final.exists():  # re-saving a step (a resumed run that ends where it resumed): swap, never delete first
-        stale = root / f".tmp-old-{final.name}-{os.getpid()}"
-        os.rename(final, stale)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    if stale is not None:
-        shutil.rmtree(stale, ignore_errors=True)
+    _publish(tmp, final)  # also covers re-saving a step (a resumed run that ends where it resumed)
     write_atomic_text(run_dir / "latest", final.name + "\n")
     for old in complete_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
