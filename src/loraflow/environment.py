@@ -47,3 +47,25 @@ def detect_environment() -> Environment:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     return Environment(versions={p: installed_version(p) for p in TRACKED_PACKAGES}, device=device,
                        world_size=world_size)
+
+
+def parse_versions(text: str) -> dict[str, Version]:
+    """`deepspeed=0.15.3,torch=2.5.1` -> {package: Version}; the `--versions` flag of check, explain and probe."""
+    from loraflow.errors import LoraflowError
+
+    out: dict[str, Version] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, raw = item.partition("=")
+        name = name.strip().lower()
+        if not sep or name not in TRACKED_PACKAGES:
+            raise LoraflowError(f"--versions: `{item}` is not PACKAGE=VERSION with PACKAGE one of "
+                                f"{', '.join(TRACKED_PACKAGES)} (e.g. --versions deepspeed=0.15.3,torch=2.5.1).")
+        try:
+            out[name] = Version(raw.strip().split("+")[0])
+        except InvalidVersion:
+            raise LoraflowError(f"--versions: `{raw}` is not a version number (in `{item}`).") from None
+    return out
+
+
+def with_versions(env: Environment, overrides: dict[str, Version]) -> Environment:
+    return Environment(versions={**env.versions, **overrides}, device=env.device, world_size=env.world_size)

@@ -1,9 +1,9 @@
 """The rule registry: one declarative rule per known conflict, and the one function that evaluates them.
 
-A rule states its condition on the normalized Setup, its verdict, the cause, the fix, references and the version
-that fixed it upstream. Verdict `fix` carries a remedy: the Setup changes the plan applies and announces with the
-rule id. No rule is written inline anywhere else: the plan, the runtime guards and (later) `check`, `explain` and
-`probe` all read this registry.
+A rule states its condition on the normalized Setup and on installed versions, its verdict, the cause, the fix,
+references and the version that fixed it upstream. Verdict `fix` carries a remedy: the Setup changes the plan
+applies and announces with the rule id. No rule is written inline anywhere else: the plan, the runtime guards,
+`check`, `explain` and `probe` all read this registry.
 """
 
 from __future__ import annotations
@@ -11,9 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from loraflow.rules.setup import Setup
+from packaging.specifiers import SpecifierSet
+
+from loraflow.rules.setup import SETUP_FIELDS, Setup
 
 Verdict = Literal["error", "fix", "warning"]
+Impact = Literal["crash", "silent", "slow"]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A pattern in a failed run's log that makes this rule more (weight > 0) or less (< 0) likely."""
+    pattern: str
+    weight: float
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -21,21 +32,51 @@ class Rule:
     id: str
     title: str
     verdict: Verdict
+    """What loraflow does when the condition holds: refuse (error), change the setup (fix), or warn."""
+    impact: Impact
+    """What happens without the fix: a crash, silently wrong or lost results, or a large slowdown/memory cost."""
     when: Callable[[Setup], bool]
+    conditions: str
+    """The condition of `when`, in words (for docs, `check` and `explain`)."""
     cause: str
     fix: str
     remedy: Callable[[Setup], dict[str, Any]] | None = None
     """For verdict `fix`: the Setup fields the plan changes."""
+    knobs: tuple[str, ...] = ()
+    """Setup fields a user changes to avoid the conflict; frontends map them to their framework's flags."""
     elsewhere: str = ""
-    """The flag to change in other frameworks."""
+    """The fix in other frameworks, in general terms (frontends add their exact flag names)."""
+    affected: dict[str, str] = field(default_factory=dict)
+    """Installed versions that have the bug, as specifiers ({"deepspeed": "<0.19.3"}); empty: every version."""
     references: tuple[str, ...] = ()
     fixed_in: str | None = None
     signatures: tuple[str, ...] = ()
-    """Text a failed run's log shows when this rule was violated (read by guards and `explain`)."""
+    """Regular expressions a failed run's log shows when this rule was violated (read by guards and `explain`)."""
+    evidence: tuple[Evidence, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.verdict == "fix") != (self.remedy is not None):
             raise ValueError(f"rule {self.id}: verdict `fix` needs a remedy and only it may have one")
+        unknown = [k for k in self.knobs if k not in SETUP_FIELDS]
+        if unknown:
+            raise ValueError(f"rule {self.id}: knobs {unknown} are not Setup fields")
+        for package, spec in self.affected.items():
+            SpecifierSet(spec)  # raises on a typo
+
+    def version_notes(self, setup: Setup) -> tuple[bool, list[str]]:
+        """(affected, notes): whether the setup's versions have the bug; unknown versions count as affected."""
+        notes: list[str] = []
+        for package, spec in self.affected.items():
+            installed = setup.version(package)
+            if installed is None:
+                notes.append(f"{package} version unknown, assumed affected ({package}{spec}); "
+                             f"pass --versions {package}=X.Y.Z")
+            elif installed not in SpecifierSet(spec):
+                return False, [f"{package} {installed} is not affected ({package}{spec})"]
+        return True, notes
+
+    def applies(self, setup: Setup) -> bool:
+        return self.when(setup) and self.version_notes(setup)[0]
 
 
 @dataclass(frozen=True)
@@ -43,12 +84,15 @@ class Finding:
     rule: Rule
     verdict: Verdict
     changes: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
     def render(self) -> str:
         head = {"error": "ERROR", "fix": "FIXED", "warning": "WARN"}[self.verdict]
         changed = ", ".join(f"{k}={v}" for k, v in self.changes.items())
         applied = f" Applied: {changed}." if changed else ""
-        return f"[{head}] {self.rule.id}: {self.rule.title}\n    cause: {self.rule.cause}\n    fix: {self.rule.fix}{applied}"
+        extra = "".join(f"\n    note: {n}" for n in self.notes)
+        return (f"[{head}] {self.rule.id}: {self.rule.title}\n    cause: {self.rule.cause}\n"
+                f"    fix: {self.rule.fix}{applied}{extra}")
 
 
 _REGISTRY: dict[str, Rule] = {}
@@ -69,33 +113,42 @@ def all_rules() -> list[Rule]:
 
 def get_rule(rule_id: str) -> Rule:
     all_rules()
+    if rule_id not in _REGISTRY:
+        from difflib import get_close_matches
+
+        near = get_close_matches(rule_id, _REGISTRY, n=3)
+        hint = f" Did you mean {', '.join(near)}?" if near else " `loraflow explain --list` shows every id."
+        raise KeyError(f"no rule with id {rule_id!r}.{hint}")
     return _REGISTRY[rule_id]
 
 
-def evaluate(setup: Setup, max_rounds: int = 8) -> tuple[Setup, list[Finding]]:
+def evaluate(setup: Setup, max_rounds: int = 8, apply_fixes: bool = True) -> tuple[Setup, list[Finding]]:
     """Apply every `fix` rule until none fires, then report the errors and warnings that still hold.
 
     Fixes run to a fixed point because one remedy can create the condition of another (choosing reentrant
     checkpointing makes the input-grad hook necessary). Each rule is reported once, in registry order.
+    With apply_fixes=False (another framework's setup, which loraflow does not run) every rule that holds is
+    reported as it stands and nothing changes.
     """
     rules = all_rules()
     findings: dict[str, Finding] = {}
-    for _ in range(max_rounds):
+    for _ in range(max_rounds if apply_fixes else 0):
         fired = False
         for rule in rules:
-            if rule.verdict == "fix" and rule.when(setup):
+            if rule.verdict == "fix" and rule.applies(setup):
                 changes = rule.remedy(setup)
                 setup = setup.replace(**changes)
                 previous = findings.get(rule.id)
                 merged = {**(previous.changes if previous else {}), **changes}
-                findings[rule.id] = Finding(rule, "fix", merged)
+                findings[rule.id] = Finding(rule, "fix", merged, tuple(rule.version_notes(setup)[1]))
                 fired = True
         if not fired:
             break
     else:  # pragma: no cover - a remedy that re-triggers its own rule is a registry bug
-        raise RuntimeError("rule fixes did not converge; a remedy re-triggers its own condition")
+        if apply_fixes:
+            raise RuntimeError("rule fixes did not converge; a remedy re-triggers its own condition")
     for rule in rules:
-        if rule.verdict != "fix" and rule.when(setup):
-            findings[rule.id] = Finding(rule, rule.verdict)
+        if (rule.verdict != "fix" or not apply_fixes) and rule.applies(setup):
+            findings[rule.id] = Finding(rule, rule.verdict, notes=tuple(rule.version_notes(setup)[1]))
     order = {r.id: i for i, r in enumerate(rules)}
     return setup, sorted(findings.values(), key=lambda f: order[f.rule.id])

@@ -1,7 +1,8 @@
 """The normalized setup: the one description of a training run that every rule reads.
 
-loraflow's own config maps onto it (plan.py), and so will other frameworks' command lines and configs (the
-frontends of `loraflow check`, a later issue). A rule never looks at a framework's config directly.
+loraflow's own config maps onto it (plan.py), and so do other frameworks' command lines and configs (the
+frontends of `loraflow check`). A rule never looks at a framework's config directly. Every field has a default
+that describes what a framework does when nobody asked for anything special; frontends set what they know.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from typing import Literal
 from packaging.version import Version
 
 CheckpointPlacement = Literal["off", "all", "partial"]
+Engine = Literal["single", "ddp", "deepspeed", "fsdp1", "fsdp2"]
 
 
 @dataclass(frozen=True)
 class Setup:
     stage: str = "sft"
+    """sft, rm, dpo, grpo or ppo."""
     adapter: Literal["lora", "dora", "full"] = "lora"
     matched_modules: int | None = None
     """Modules the adapter targets matched in this model (None: not known, e.g. the model could not be read)."""
@@ -35,13 +38,38 @@ class Setup:
     """A forward hook that marks the embedding output as requiring grad."""
     use_cache: bool = True
     packing: bool = False
-    precision: str = "fp32"
-    quantization: str | None = None
-    engine: str = "single"
+    precision: Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp16"] = "fp32"
+    """`*-mixed`: trainable weights fp32 under autocast; `bf16`/`fp16`: everything stored in half precision."""
+    quantization: Literal["4bit", "8bit"] | None = None
+    quant_storage_matches: bool = True
+    """bitsandbytes 4-bit storage dtype equals the dtype the other weights are sharded in."""
+    engine: Engine = "single"
     zero_stage: int = 0
     offload: bool = False
+    """Optimizer state or parameters offloaded to CPU (ZeRO-Offload, FSDP CPUOffload)."""
     world_size: int = 1
+    find_unused_parameters: bool = False
+    """DDP find_unused_parameters."""
+    ddp_static_graph: bool = False
+    fsdp_use_orig_params: bool = True
+    """FSDP1 use_orig_params (irrelevant to FSDP2, which shards every parameter on its own)."""
+    fsdp_frozen_units_separate: bool = False
+    """FSDP1 wrap policy puts frozen weights and trainable adapters in separate units."""
+    checkpoint_outside_shard: bool = False
+    """FSDP2: the checkpoint wrapper encloses the sharded unit (applied after fully_shard) rather than sitting
+    inside it, so recompute runs outside FSDP's mixed-precision casts."""
     forwards_per_step: int = 1
+    """Forward passes through the trained model before one backward (DPO without concatenation: 2)."""
+    train_mode_at_backward: bool = True
+    """The trained model is in train mode when backward runs (RLHF code often leaves it in eval after generate)."""
+    generation: bool = False
+    """The stage samples from the trained model with generate() (GRPO, PPO rollouts)."""
+    generation_gather: bool = False
+    """Sharded parameters are gathered once per rollout before generate(), rather than at every decoding step."""
+    adapter_save_gather: bool = False
+    """Saving gathers sharded (ZeRO-3) adapter partitions before writing them."""
+    dora_weight_gather: bool = False
+    """DoRA's weight-norm computation gathers the sharded base weight first."""
     versions: dict[str, Version | None] = field(default_factory=dict, hash=False, compare=False)
 
     @property
@@ -53,8 +81,24 @@ class Setup:
     def embedding_output_requires_grad(self) -> bool:
         return self.embeddings_trainable or self.input_grad_hook or self.adapter == "full"
 
+    @property
+    def zero3(self) -> bool:
+        return self.engine == "deepspeed" and self.zero_stage == 3
+
+    @property
+    def sharded_params(self) -> bool:
+        """Parameters live as shards between uses (ZeRO-3, FSDP)."""
+        return self.zero3 or self.engine in ("fsdp1", "fsdp2")
+
+    @property
+    def half_precision(self) -> bool:
+        return self.precision != "fp32"
+
     def version(self, package: str) -> Version | None:
         return self.versions.get(package)
 
     def replace(self, **changes) -> "Setup":
         return dataclasses.replace(self, **changes)
+
+
+SETUP_FIELDS = tuple(f.name for f in dataclasses.fields(Setup) if f.name != "versions")
