@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from packaging.version import Version
 
 from loraflow.rules import Setup, all_rules, evaluate, get_rule
 from loraflow.rules.registry import Rule
 
 BASE = Setup(adapter="lora", matched_modules=28)
+OLD_DS, NEW_DS = {"deepspeed": Version("0.15.3")}, {"deepspeed": Version("0.19.8")}
+OLD_TORCH, NEW_TORCH = {"torch": Version("2.5.1")}, {"torch": Version("2.13.0")}
+ZERO3 = BASE.replace(engine="deepspeed", zero_stage=3, world_size=2)
+FSDP2 = BASE.replace(engine="fsdp2", world_size=2, checkpointing="all", reentrant=False)
+FSDP1 = BASE.replace(engine="fsdp1", world_size=2)
+DDP = BASE.replace(engine="ddp", world_size=2)
 
 # rule id -> (setup that triggers it, neighbouring setup that must not)
 CASES = {
@@ -31,6 +38,46 @@ CASES = {
     "tied-embedding-adapter": (
         BASE.replace(tied_embeddings=True, lm_head_trainable=True),
         BASE.replace(tied_embeddings=False, lm_head_trainable=True)),
+    "checkpointing-off-in-eval": (
+        BASE.replace(checkpointing="all", reentrant=False, train_mode_at_backward=False),
+        BASE.replace(checkpointing="off", train_mode_at_backward=False)),
+    "fp16-trainable-unscale": (
+        BASE.replace(precision="fp16"),
+        BASE.replace(precision="fp16-mixed")),
+    "zero3-frozen-recompute": (
+        ZERO3.replace(checkpointing="all", reentrant=False, versions=OLD_DS),
+        ZERO3.replace(checkpointing="all", reentrant=False, versions=NEW_DS)),
+    "fsdp2-recompute-cast": (
+        FSDP2.replace(precision="bf16-mixed", checkpoint_outside_shard=True, versions=OLD_TORCH),
+        FSDP2.replace(precision="bf16-mixed", checkpoint_outside_shard=True, versions=NEW_TORCH)),
+    "zero3-eval-backward": (
+        ZERO3.replace(train_mode_at_backward=False, versions=OLD_DS),
+        ZERO3.replace(train_mode_at_backward=False, versions={"deepspeed": Version("0.15.4")})),
+    "ddp-reentrant-unused": (
+        DDP.replace(checkpointing="all", reentrant=True, input_grad_hook=True, find_unused_parameters=True),
+        DDP.replace(checkpointing="all", reentrant=True, input_grad_hook=True, find_unused_parameters=True,
+                    ddp_static_graph=True)),
+    "fsdp1-mixed-requires-grad": (
+        FSDP1.replace(fsdp_use_orig_params=False),
+        FSDP1.replace(fsdp_use_orig_params=False, adapter="full")),
+    "fsdp-frozen-grad-memory": (
+        FSDP1.replace(fsdp_use_orig_params=True),
+        FSDP1.replace(fsdp_use_orig_params=True, fsdp_frozen_units_separate=True)),
+    "zero3-empty-adapter-save": (
+        ZERO3,
+        ZERO3.replace(zero_stage=2)),
+    "zero3-generation-gather": (
+        ZERO3.replace(stage="grpo", generation=True, adapter_save_gather=True),
+        ZERO3.replace(stage="grpo", generation=True, generation_gather=True, adapter_save_gather=True)),
+    "fsdp2-multi-forward-dtensor": (
+        FSDP2.replace(stage="dpo", forwards_per_step=2),
+        FSDP2.replace(stage="dpo", forwards_per_step=2, checkpointing="off")),
+    "dora-sharded-weight": (
+        ZERO3.replace(adapter="dora"),
+        ZERO3.replace(adapter="dora", zero_stage=2)),
+    "qlora-storage-dtype": (
+        FSDP2.replace(quantization="4bit", quant_storage_matches=False, checkpointing="off"),
+        BASE.replace(quantization="4bit", quant_storage_matches=False)),
 }
 
 
@@ -80,4 +127,33 @@ def test_rule_metadata_is_complete():
 
 def test_a_fix_rule_needs_a_remedy():
     with pytest.raises(ValueError, match="needs a remedy"):
-        Rule(id="x", title="x", verdict="fix", when=lambda s: True, cause="c", fix="f")
+        Rule(id="x", title="x", verdict="fix", impact="crash", when=lambda s: True, conditions="c", cause="c",
+                 fix="f")
+
+
+def test_unknown_versions_count_as_affected_and_say_so():
+    rule = get_rule("zero3-frozen-recompute")
+    setup = ZERO3.replace(checkpointing="all", reentrant=False, versions={})
+    assert rule.applies(setup)
+    _, findings = evaluate(setup)
+    finding = next(f for f in findings if f.rule.id == rule.id)
+    assert any("--versions deepspeed=" in n for n in finding.notes)
+
+
+def test_old_deepspeed_plan_switches_to_reentrant_and_then_adds_the_hook():
+    """One remedy creates another rule's condition: the fixed point covers both, each announced."""
+    final, findings = evaluate(ZERO3.replace(checkpointing="all", reentrant=False, versions=OLD_DS))
+    ids = [f.rule.id for f in findings]
+    assert "zero3-frozen-recompute" in ids and "reentrant-frozen-inputs" in ids
+    assert final.reentrant is True and final.input_grad_hook is True
+
+
+def test_foreign_setups_are_reported_without_fixes():
+    setup = BASE.replace(checkpointing="all", reentrant=True)
+    final, findings = evaluate(setup, apply_fixes=False)
+    assert final == setup and [f.verdict for f in findings] == ["fix"] and not findings[0].changes
+
+
+def test_rule_knobs_and_versions_are_declared():
+    for rule in all_rules():
+        assert rule.knobs and rule.conditions and rule.impact in ("crash", "silent", "slow"), rule.id

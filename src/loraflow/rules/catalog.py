@@ -1,12 +1,13 @@
 """The rules, one per known conflict, with the ids of ../shared/docs/failure-catalog.md.
 
-This module holds the single-process rules the foundation plan needs; the sharding rules (ZeRO, FSDP, DDP) join
-them with the engines. Every rule has a test that triggers it and one that keeps it silent (tests/test_rules.py).
+This module holds the rules of a single process (checkpointing, cache, packing, adapters, precision); the rules of
+sharded and distributed engines (ZeRO, FSDP, DDP) are in catalog_sharded.py. Every rule has a test that triggers it
+and one that keeps it silent (tests/test_rules.py), and, where it can be reproduced, a live probe (probes/).
 """
 
 from __future__ import annotations
 
-from loraflow.rules.registry import Rule, register
+from loraflow.rules.registry import Evidence, Rule, register
 from loraflow.rules.setup import Setup
 
 
@@ -18,6 +19,9 @@ register(Rule(
     id="reentrant-frozen-inputs",
     title="Reentrant checkpointing with frozen embeddings builds no graph",
     verdict="fix",
+    impact="crash",
+    conditions="checkpointing on every layer, reentrant, base embeddings frozen, no input-grad hook",
+    knobs=('reentrant', 'input_grad_hook'),
     when=lambda s: _reentrant_without_input_grad(s) and s.checkpointing == "all",
     cause=("Reentrant checkpointing runs each layer under no_grad and only records a graph when a tensor input "
            "requires grad. Adapter weights are not inputs, and frozen embeddings give an input that does not "
@@ -32,14 +36,20 @@ register(Rule(
                 "https://pytorch.org/docs/stable/checkpoint.html"),
     fixed_in="transformers 5.x adds the hook for input_ids models in its own checkpointing; raw "
              "torch.utils.checkpoint does not",
-    signatures=("element 0 of tensors does not require grad and does not have a grad_fn",
-                "None of the inputs have requires_grad=True"),
+    signatures=(r"element 0 of tensors does not require grad and does not have a grad_fn",
+                r"None of the inputs have requires_grad=True"),
+    evidence=(Evidence(r"None of the inputs have requires_grad=True", 3, "torch's reentrant-checkpoint warning"),
+              Evidence(r"use_reentrant=True|use_reentrant\W+True", 2, "reentrant checkpointing is named"),
+              Evidence(r"gradient_checkpointing|checkpoint", 1, "checkpointing is in use")),
 ))
 
 register(Rule(
     id="reentrant-partial-silent",
     title="Partial reentrant checkpointing silently leaves adapters without gradients",
     verdict="fix",
+    impact="silent",
+    conditions="checkpointing on some layers only, reentrant, frozen embeddings, no input-grad hook",
+    knobs=('reentrant', 'input_grad_hook'),
     when=lambda s: _reentrant_without_input_grad(s) and s.checkpointing == "partial",
     cause=("As in reentrant-frozen-inputs, a reentrant-checkpointed layer whose input does not require grad "
            "records no graph. With only some layers checkpointed the loss still reaches the others, so there is "
@@ -51,12 +61,16 @@ register(Rule(
     references=("https://github.com/huggingface/peft/issues/1142",
                 "https://github.com/huggingface/transformers/issues/26221"),
     fixed_in="not fixed upstream",
+    signatures=(r"got no gradient", r"grad is None"),
 ))
 
 register(Rule(
     id="cache-during-recompute",
     title="KV cache written again while checkpointed layers recompute",
     verdict="fix",
+    impact="silent",
+    conditions="checkpointing through torch's checkpoint_wrapper (not transformers' own) while use_cache is on",
+    knobs=('use_cache', 'checkpoint_impl'),
     when=lambda s: s.checkpointing != "off" and s.use_cache and s.checkpoint_impl == "torch-wrapper",
     cause=("With config.use_cache=True the recomputed forward appends its keys and values to the KV cache a "
            "second time, so attention in backward reads stale keys: wrong gradients with no error, or a "
@@ -68,13 +82,20 @@ register(Rule(
     references=("https://github.com/huggingface/transformers/issues/28056",
                 "https://github.com/huggingface/transformers/pull/30320"),
     fixed_in="transformers' own checkpointing forces it off; torch wrappers never will",
-    signatures=("Recomputed values for the following tensors have different metadata",),
+    signatures=(r"Recomputed values for the following tensors have different metadata",
+                r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"),
+    evidence=(Evidence(r"past_key_values?|use_cache|DynamicCache", 2, "the KV cache appears in the traceback"),
+              Evidence(r"checkpoint_wrapper", 2, "torch's checkpoint_wrapper is in the traceback"),
+              Evidence(r"must match the size of tensor b", 1, "a sequence length doubled by the second cache write")),
 ))
 
 register(Rule(
     id="packing-cache-cross-attention",
     title="Packed samples attend to each other when the KV cache is on",
     verdict="fix",
+    impact="silent",
+    conditions="packed samples (restarting position ids, no attention mask) while use_cache is on",
+    knobs=('use_cache', 'packing'),
     when=lambda s: s.packing and s.use_cache,
     cause=("transformers detects packed sequences from restarting position ids only when no cache is passed "
            "(masking_utils._preprocess_mask_arguments checks past_key_values is None). With use_cache=True the "
@@ -92,6 +113,9 @@ register(Rule(
     id="no-adapter-matched",
     title="The adapter targets match no module of this model",
     verdict="error",
+    impact="crash",
+    conditions="adapter target names match zero modules of the model",
+    knobs=('matched_modules',),
     when=lambda s: s.adapter != "full" and s.matched_modules == 0,
     cause=("The target module names match nothing in this model family (for example OPT's names on a Llama), "
            "so no adapter is created and nothing would train; elsewhere this surfaces as 'element 0 of tensors "
@@ -100,13 +124,19 @@ register(Rule(
     elsewhere="fix --lora_target_modules / target_modules to this model's module names",
     references=("peft: NoMatchingPeftModuleError in tuners/tuners_utils.py",),
     fixed_in="design: refuse before training",
-    signatures=("trainable params: 0", "not found in the base model"),
+    signatures=(r"trainable params: 0\b", r"Target modules? .* not found in the base model",
+                r"element 0 of tensors does not require grad"),
+    evidence=(Evidence(r"trainable params: 0\b", 3, "PEFT reports zero trainable parameters"),
+              Evidence(r"NoMatchingPeftModuleError|not found in the base model", 4, "PEFT found no target module")),
 ))
 
 register(Rule(
     id="tied-embedding-adapter",
     title="Training tied embeddings without keeping them tied",
     verdict="fix",
+    impact="silent",
+    conditions="tie_word_embeddings=True and embed_tokens or lm_head trained (adapted or modules_to_save) without ensure_weight_tying",
+    knobs=('weight_tying_enforced',),
     when=lambda s: (s.tied_embeddings and (s.embeddings_trainable or s.lm_head_trainable)
                     and not s.weight_tying_enforced),
     cause=("With tie_word_embeddings=True, embed_tokens and lm_head share one matrix. Training a copy of one of "
@@ -117,4 +147,49 @@ register(Rule(
     elsewhere="LoraConfig(ensure_weight_tying=True), or untie the embeddings explicitly",
     references=("https://github.com/huggingface/peft/pull/2803", "https://github.com/huggingface/peft/pull/2879"),
     fixed_in="peft 0.18.0 (modules_to_save), 0.19.0 (target_modules), opt-in",
+))
+
+register(Rule(
+    id="checkpointing-off-in-eval",
+    title="Checkpointed layers in eval mode silently stop checkpointing",
+    verdict="fix",
+    impact="slow",
+    conditions="transformers' layer checkpointing on, trained model left in eval mode (e.g. after generate) when "
+               "the loss is computed",
+    knobs=("train_mode_at_backward",),
+    when=lambda s: s.checkpointing != "off" and s.checkpoint_impl == "transformers" and not s.train_mode_at_backward,
+    cause=("transformers' GradientCheckpointingLayer only recomputes when the layer is in training mode "
+           "(modeling_layers.py checks `self.gradient_checkpointing and self.training`). A policy left in eval mode "
+           "after generation keeps every activation: no error, the memory saving is gone (and dropout is off)."),
+    fix="loraflow puts the model in train mode before every loss and asserts it before backward.",
+    remedy=lambda s: {"train_mode_at_backward": True},
+    elsewhere="call model.train() after generation, before computing the loss",
+    references=("transformers/modeling_layers.py: GradientCheckpointingLayer.__call__",
+                "https://github.com/huggingface/diffusers/issues/10107",
+                "https://github.com/victorchall/EveryDream2trainer/pull/246"),
+    fixed_in="design (checkpointing is tied to module.training)",
+))
+
+register(Rule(
+    id="fp16-trainable-unscale",
+    title="Trainable weights stored in fp16 cannot be unscaled by the GradScaler",
+    verdict="fix",
+    impact="crash",
+    conditions="pure fp16 storage of the trainable parameters (adapters or modules_to_save) with fp16 loss scaling",
+    knobs=("precision",),
+    when=lambda s: s.precision == "fp16",
+    cause=("fp16 mixed precision scales the loss and unscales gradients before the optimizer step; torch's "
+           "GradScaler refuses fp16 gradients because unscaling them in fp16 overflows. Trainable weights cast to "
+           "fp16 (model.half(), autocast_adapter_dtype=False, fp16 modules_to_save) therefore crash at the first "
+           "clip or step."),
+    fix="loraflow keeps every trainable parameter in fp32 (precision *-mixed) and only the frozen base in half.",
+    remedy=lambda s: {"precision": "fp16-mixed"},
+    elsewhere="keep adapters in fp32: get_peft_model(..., autocast_adapter_dtype=True) (PEFT's default), and do "
+              "not cast modules_to_save to fp16",
+    references=("torch/amp/grad_scaler.py: GradScaler._unscale_grads_",
+                "https://github.com/huggingface/transformers/issues/30559",
+                "https://github.com/axolotl-ai-cloud/axolotl/issues/1031",
+                "https://github.com/huggingface/diffusers/pull/6119"),
+    fixed_in="design (PEFT's get_peft_model keeps adapters in fp32 by default: autocast_adapter_dtype=True)",
+    signatures=(r"Attempting to unscale FP16 gradients",),
 ))

@@ -106,7 +106,7 @@ def register(rule: Rule) -> Rule:
 
 
 def all_rules() -> list[Rule]:
-    from loraflow.rules import catalog  # noqa: F401  (registers the rules on import)
+    from loraflow.rules import catalog, catalog_sharded  # noqa: F401  (register the rules on import)
 
     return list(_REGISTRY.values())
 

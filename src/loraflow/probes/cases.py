@@ -1,0 +1,172 @@
+"""Single-process reproductions: checkpointing, cache, packing, adapters, precision. Each `execute` runs the tiny
+model exactly as the Setup says and reports ok, an error, or silently wrong results against the reference."""
+
+from __future__ import annotations
+
+import torch
+
+from loraflow.probes import Context, Observation, case
+from loraflow.probes.tiny import adapter_grads, compare, quiet, tiny_llama, token_batch, with_adapters
+from loraflow.rules.setup import Setup
+
+LORA = Setup(adapter="lora", matched_modules=14)
+
+
+def _checkpoint(model, setup: Setup) -> None:
+    """Checkpoint the decoder layers the way the Setup says: transformers' own layer mechanism or torch's
+    checkpoint_wrapper; then keep or remove the input-grad hook (transformers 5 adds one on its own)."""
+    from loraflow.setup.checkpointing import _enable, hf_model, set_input_grad_hook
+
+    if setup.checkpointing == "off":
+        return
+    every = 1 if setup.checkpointing == "all" else setup.checkpoint_every_n
+    if setup.checkpoint_impl == "transformers":
+        _enable(hf_model(model), bool(setup.reentrant), every)
+    else:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+        impl = CheckpointImpl.REENTRANT if setup.reentrant else CheckpointImpl.NO_REENTRANT
+        layers = [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
+        chosen = {id(m) for i, m in enumerate(layers) if i % every == 0}
+        apply_activation_checkpointing(model, check_fn=lambda m: id(m) in chosen,
+                                       checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=impl))
+    set_input_grad_hook(model, setup.input_grad_hook)
+
+
+def step_grads(setup: Setup, batch=None) -> dict:
+    model = with_adapters(tiny_llama(use_cache=setup.use_cache, tie=setup.tied_embeddings), setup)
+    _checkpoint(model, setup)
+    model.train(setup.train_mode_at_backward)
+    batch = batch or token_batch()
+    with quiet():
+        model(**batch, use_cache=setup.use_cache).loss.backward()
+    return adapter_grads(model)
+
+
+def reference_grads(setup: Setup, batch=None) -> dict:
+    """The unoptimized reference: same adapters, no checkpointing, no cache."""
+    return step_grads(Setup(adapter=setup.adapter, tied_embeddings=setup.tied_embeddings, use_cache=False), batch)
+
+
+def checkpointed_step(setup: Setup, ctx: Context) -> Observation:
+    """one LoRA step of a 2-layer Llama, adapter gradients compared with the fp32 no-checkpointing reference"""
+    return compare(step_grads(setup), reference_grads(setup))
+
+
+case("reentrant-frozen-inputs", LORA.replace(checkpointing="all", reentrant=True))(checkpointed_step)
+case("reentrant-partial-silent", LORA.replace(checkpointing="partial", checkpoint_every_n=2, reentrant=True),
+     )(lambda s, c: checkpointed_step(s, c))
+
+
+@case("cache-during-recompute", LORA.replace(checkpointing="all", reentrant=True, input_grad_hook=True,
+                                             checkpoint_impl="torch-wrapper", use_cache=True))
+def cache_step(setup: Setup, ctx: Context) -> Observation:
+    """torch checkpoint_wrapper on every layer, one unpadded row, gradients against the reference"""
+    batch = token_batch(rows=1, length=20)
+    return compare(step_grads(setup, batch), reference_grads(setup, batch))
+
+
+@case("packing-cache-cross-attention", LORA.replace(packing=True, use_cache=True))
+def packed_forward(setup: Setup, ctx: Context) -> Observation:
+    """two samples packed in one row with restarting position ids, logits compared with separate forwards"""
+    model = with_adapters(tiny_llama(use_cache=setup.use_cache), setup)
+    a, b = token_batch(seed=4, rows=1, length=10)["input_ids"], token_batch(seed=5, rows=1, length=12)["input_ids"]
+    positions = torch.cat([torch.arange(10), torch.arange(12)]).unsqueeze(0)
+    with torch.no_grad(), quiet():
+        packed = model(input_ids=torch.cat([a, b], 1), position_ids=positions, use_cache=setup.use_cache).logits
+        separate = torch.cat([model(input_ids=a, use_cache=False).logits, model(input_ids=b, use_cache=False).logits], 1)
+    diff = float((packed - separate).abs().max())
+    if diff > 1e-4:
+        return Observation("wrong", f"no error raised, but packed logits differ from per-sample logits by {diff:.3g}: "
+                                    "the second sample attends to the first")
+    return Observation("ok", f"packed logits equal per-sample logits (max difference {diff:.1e})")
+
+
+@case("no-adapter-matched", LORA.replace(matched_modules=0))
+def mismatched_targets(setup: Setup, ctx: Context) -> Observation:
+    """LoRA with OPT's module names (fc1, fc2) on a Llama, then one step"""
+    model = with_adapters(tiny_llama(), setup)  # PEFT raises here on current versions
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if trainable == 0:
+        return Observation("wrong", "no error raised, but 0 trainable parameters")
+    return Observation("ok", f"{trainable} trainable parameters")
+
+
+@case("tied-embedding-adapter", LORA.replace(tied_embeddings=True, lm_head_trainable=True))
+def tied_save_reload(setup: Setup, ctx: Context) -> Observation:
+    """tied-embedding Llama with a trained lm_head copy (modules_to_save), reloaded as an adapter and as a merged
+    export"""
+    from peft import PeftModel
+
+    model = with_adapters(tiny_llama(tie=True), setup, modules_to_save=["lm_head"],
+                          ensure_weight_tying=setup.weight_tying_enforced)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad and "lm_head" in name:
+                p.add_(torch.randn_like(p))  # stands in for training: the trained head differs from the base
+    batch = token_batch()
+    model.eval()
+    with torch.no_grad():
+        before = model(input_ids=batch["input_ids"]).logits
+    with quiet():
+        model.save_pretrained(f"{ctx.workdir}/adapter")  # the adapter path
+        reloaded = PeftModel.from_pretrained(tiny_llama(tie=True), f"{ctx.workdir}/adapter").eval()
+        model.merge_and_unload().save_pretrained(f"{ctx.workdir}/merged")  # the export path
+        merged = type(tiny_llama()).from_pretrained(f"{ctx.workdir}/merged").eval()
+    with torch.no_grad():
+        after = reloaded(input_ids=batch["input_ids"]).logits
+        exported = merged(input_ids=batch["input_ids"]).logits
+    diff = max(float((before - after).abs().max()), float((before - exported).abs().max()))
+    if diff > 1e-4:
+        return Observation("wrong", f"no error raised, but the reloaded model's logits differ by {diff:.3g}: the "
+                                    "trained lm_head was lost on reload")
+    return Observation("ok", f"reloaded logits equal the trained model's (max difference {diff:.1e})")
+
+
+@case("checkpointing-off-in-eval", LORA.replace(checkpointing="all", reentrant=False,
+                                                train_mode_at_backward=False))
+def eval_mode_saved_bytes(setup: Setup, ctx: Context) -> Observation:
+    """bytes saved for backward by a checkpointed 2-layer Llama, in the Setup's mode vs without checkpointing"""
+    def saved_bytes(s: Setup) -> int:
+        model = with_adapters(tiny_llama(use_cache=False), s)
+        _checkpoint(model, s)
+        model.train(s.train_mode_at_backward)
+        total = 0
+
+        def pack(t):
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), quiet():
+            loss = model(**token_batch(rows=2, length=32), use_cache=False).loss
+        loss.backward()
+        return total
+
+    plain = saved_bytes(setup.replace(checkpointing="off", train_mode_at_backward=True))
+    actual = saved_bytes(setup)
+    if actual >= plain:
+        return Observation("wrong", f"no error raised, but checkpointing saved nothing: {actual} bytes kept for "
+                                    f"backward vs {plain} without checkpointing (the layers skip it in eval mode)")
+    return Observation("ok", f"{actual} bytes kept for backward vs {plain} without checkpointing")
+
+
+@case("fp16-trainable-unscale", LORA.replace(precision="fp16"))
+def fp16_scaler_step(setup: Setup, ctx: Context) -> Observation:
+    """LoRA step with a GradScaler, adapters stored in the Setup's dtype (fp16 storage vs fp32 under fp16 autocast)"""
+    pure = setup.precision == "fp16"
+    model = with_adapters(tiny_llama(dtype=torch.float16), setup, autocast_adapter_dtype=not pure)
+    if pure:
+        for p in model.parameters():
+            p.data = p.data.half()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with torch.autocast("cpu", dtype=torch.float16, enabled=not pure), quiet():
+        loss = model(**token_batch(length=8)).loss
+    scaler.scale(loss.float()).backward()
+    scaler.unscale_(optimizer)  # what clip_grad_norm_ does first in every trainer
+    scaler.step(optimizer)
+    scaler.update()
+    return Observation("ok", f"scaled step done; trainable dtype {trainable[0].dtype}")
