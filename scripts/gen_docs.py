@@ -1,11 +1,13 @@
-"""Regenerate the generated docs (docs/configuration.md). A test fails when they are stale."""
+"""Regenerate the generated docs (docs/configuration.md, docs/compatibility.md). Tests fail when they are stale."""
 
 from pathlib import Path
 
-from loraflow.config.docs import render_markdown
+from loraflow.config.docs import render_markdown as configuration
+from loraflow.rules.docs import render_markdown as compatibility
 
 ROOT = Path(__file__).resolve().parent.parent
 
 if __name__ == "__main__":
-    (ROOT / "docs" / "configuration.md").write_text(render_markdown())
-    print("wrote docs/configuration.md")
+    for name, render in (("configuration.md", configuration), ("compatibility.md", compatibility)):
+        (ROOT / "docs" / name).write_text(render())
+        print(f"wrote docs/{name}")

@@ -157,3 +157,14 @@ def test_foreign_setups_are_reported_without_fixes():
 def test_rule_knobs_and_versions_are_declared():
     for rule in all_rules():
         assert rule.knobs and rule.conditions and rule.impact in ("crash", "silent", "slow"), rule.id
+
+
+def test_compatibility_doc_is_current():
+    """docs/compatibility.md is generated from the registry; regenerate with scripts/gen_docs.py."""
+    from pathlib import Path
+
+    from loraflow.rules.docs import render_markdown
+
+    text = (Path(__file__).resolve().parent.parent / "docs/compatibility.md").read_text()
+    assert text == render_markdown()
+    assert all(f"### `{r.id}`" in text for r in all_rules())

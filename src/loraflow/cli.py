@@ -1,4 +1,4 @@
-"""The `loraflow` command: train, check, merge, config."""
+"""The `loraflow` command: train, check, explain, probe, merge, config."""
 
 from __future__ import annotations
 
@@ -34,20 +34,74 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    from loraflow.config import load_config
-    from loraflow.environment import detect_environment
-    from loraflow.plan import resolve
+def _versions(args: argparse.Namespace):
+    from loraflow.environment import detect_environment, parse_versions, with_versions
 
+    return with_versions(detect_environment(), parse_versions(args.versions or ""))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    env = _versions(args)
+    if args.command_line is not None or args.framework:
+        from loraflow.frontends import run_check
+
+        files = args.items if args.framework else []
+        text, code = run_check(args.command_line if args.command_line else None, args.framework, files,
+                               dict(env.versions), args.json)
+        print(text)
+        return code
+    from loraflow.config import load_config
+    from loraflow.plan import resolve
     from loraflow.run import demo_config
 
     config_path, overrides = _split_config_and_overrides(args.items)
     # No config: check the same embedded default that `loraflow train sft` would train.
-    plan = resolve(load_config(config_path or demo_config("sft"), overrides), detect_environment())
+    plan = resolve(load_config(config_path or demo_config("sft"), overrides), env)
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())
     if plan.errors:
         return 2
     return 1 if plan.warnings else 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from loraflow.explain import explain_text, list_signatures, read_log, render
+
+    if args.list:
+        print(list_signatures())
+        return 0
+    if not args.log:
+        raise LoraflowError("explain: pass a log file, or `-` to read the log from stdin (or --list).")
+    text = read_log(args.log)
+    matches, framework, versions = explain_text(text)
+    if args.json:
+        print(json.dumps({"source": args.log, "framework": framework,
+                          "versions": {k: str(v) for k, v in versions.items()},
+                          "matches": [m.to_dict(framework) for m in matches]}, indent=2))
+    else:
+        print(render(matches, framework, versions, text, args.log))
+    return 0 if matches else 1
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from loraflow.environment import detect_environment
+    from loraflow.probes import all_cases
+    from loraflow.probes.runner import render_table, run_probes
+
+    if args.list:
+        for rule_id, case in all_cases().items():
+            print(f"{rule_id} ({case.ranks} rank{'s' if case.ranks > 1 else ''}): {case.what}")
+        return 0
+    only = [r for item in args.only or [] for r in item.split(",") if r]
+    env = detect_environment()
+    versions = ", ".join(f"{k} {v}" for k, v in env.versions.items() if v) + f" ({env.device})"
+    progress = None if args.json else (lambda rule: print(f"probing {rule} ...", file=sys.stderr, flush=True))
+    results = run_probes(only, args.logs, progress)
+    if args.json:
+        print(json.dumps({"versions": versions, "results": [r.to_dict() for r in results]}, indent=2))
+    else:
+        print(render_table(results, versions))
+    unsafe = [r for r in results if r.safe == "no"]
+    return 2 if unsafe else 0
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -82,11 +136,32 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("-v", "--verbose", action="store_true", help="also print debug lines (eval examples)")
     t.set_defaults(func=cmd_train)
 
-    c = sub.add_parser("check", help="print the plan and rule findings for a config without training "
-                                     "(exit 0 clean, 1 warnings, 2 errors)")
-    c.add_argument("items", nargs="*", metavar="CONFIG.yaml | key=value")
+    c = sub.add_parser("check", help="predict conflicts for a loraflow config or another framework's launch "
+                                     "(exit 0 clean, 1 warnings, 2 errors)",
+                       description="loraflow check [CONFIG.yaml] [key=value ...] | loraflow check -- COMMAND LINE | "
+                                   "loraflow check --framework NAME FILE...")
+    c.add_argument("items", nargs="*", metavar="CONFIG.yaml | key=value | FILE")
+    c.add_argument("--framework", help="read FILE... as this framework's config (openrlhf, deepspeed-chat, hf, "
+                                       "llama-factory, ms-swift, axolotl, deepspeed)")
+    c.add_argument("--versions", metavar="PKG=VER,...", help="evaluate against these versions instead of the "
+                                                             "installed ones, e.g. deepspeed=0.15.3,torch=2.5.1")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(func=cmd_check)
+    c.set_defaults(func=cmd_check, command_line=None)
+
+    e = sub.add_parser("explain", help="say what broke in a failed run's log, why, and how to fix it "
+                                       "(exit 0 explained, 1 nothing matched)")
+    e.add_argument("log", nargs="?", metavar="LOGFILE", help="the log file, or - for stdin")
+    e.add_argument("--list", action="store_true", help="list the failure signatures loraflow knows")
+    e.add_argument("--json", action="store_true", help="machine-readable output")
+    e.set_defaults(func=cmd_explain)
+
+    pr = sub.add_parser("probe", help="run tiny live reproductions of the rules on the installed stack "
+                                      "(exit 2 if loraflow's plan was unsafe anywhere)")
+    pr.add_argument("--only", action="append", metavar="ID", help="probe only this rule id (repeat or comma-separate)")
+    pr.add_argument("--logs", metavar="DIR", help="keep each probe's full output in DIR")
+    pr.add_argument("--list", action="store_true", help="list the probes without running them")
+    pr.add_argument("--json", action="store_true", help="machine-readable output")
+    pr.set_defaults(func=cmd_probe)
 
     m = sub.add_parser("merge", help="merge a saved adapter into its base model and save a plain HF model")
     m.add_argument("adapter", help="adapter directory (adapter_config.json + adapter_model.safetensors)")
@@ -101,12 +176,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command_line = None
+    if argv[:1] == ["check"] and "--" in argv:
+        # `loraflow check [--json] [--versions ...] -- <another framework's command line>`
+        cut = argv.index("--")
+        argv, command_line = argv[:cut], argv[cut + 1:]
+        if not command_line:
+            print("error: nothing after `--`; give the launch command line to check", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
+    if command_line is not None:
+        args.command_line = command_line
     try:
         return args.func(args)
     except LoraflowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head`: not an error
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("interrupted; the last complete checkpoint (if any) is intact", file=sys.stderr)
         return 130

@@ -59,7 +59,7 @@ def case(rule: str, naive: Setup, **kwargs) -> Callable:
     def register(execute: Callable[[Setup, Context], Observation]):
         if rule in _CASES:
             raise ValueError(f"probe for {rule} registered twice")
-        _CASES[rule] = Case(rule=rule, naive=naive, execute=execute, what=(execute.__doc__ or "").strip(), **kwargs)
+        _CASES[rule] = Case(rule=rule, naive=naive, execute=execute, what=" ".join((execute.__doc__ or "").split()), **kwargs)
         return execute
     return register
 

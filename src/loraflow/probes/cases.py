@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from loraflow.probes import Context, Observation, case
-from loraflow.probes.tiny import adapter_grads, compare, quiet, tiny_llama, token_batch, with_adapters
+from loraflow.probes.tiny import adapter_grads, compare, tiny_llama, token_batch, with_adapters
 from loraflow.rules.setup import Setup
 
 LORA = Setup(adapter="lora", matched_modules=14)
@@ -40,8 +40,7 @@ def step_grads(setup: Setup, batch=None) -> dict:
     _checkpoint(model, setup)
     model.train(setup.train_mode_at_backward)
     batch = batch or token_batch()
-    with quiet():
-        model(**batch, use_cache=setup.use_cache).loss.backward()
+    model(**batch, use_cache=setup.use_cache).loss.backward()
     return adapter_grads(model)
 
 
@@ -56,8 +55,12 @@ def checkpointed_step(setup: Setup, ctx: Context) -> Observation:
 
 
 case("reentrant-frozen-inputs", LORA.replace(checkpointing="all", reentrant=True))(checkpointed_step)
-case("reentrant-partial-silent", LORA.replace(checkpointing="partial", checkpoint_every_n=2, reentrant=True),
-     )(lambda s, c: checkpointed_step(s, c))
+
+
+@case("reentrant-partial-silent", LORA.replace(checkpointing="partial", checkpoint_every_n=2, reentrant=True))
+def partial_step(setup: Setup, ctx: Context) -> Observation:
+    """one LoRA step with every 2nd layer checkpointed, adapter gradients compared with the reference"""
+    return checkpointed_step(setup, ctx)
 
 
 @case("cache-during-recompute", LORA.replace(checkpointing="all", reentrant=True, input_grad_hook=True,
@@ -74,7 +77,7 @@ def packed_forward(setup: Setup, ctx: Context) -> Observation:
     model = with_adapters(tiny_llama(use_cache=setup.use_cache), setup)
     a, b = token_batch(seed=4, rows=1, length=10)["input_ids"], token_batch(seed=5, rows=1, length=12)["input_ids"]
     positions = torch.cat([torch.arange(10), torch.arange(12)]).unsqueeze(0)
-    with torch.no_grad(), quiet():
+    with torch.no_grad():
         packed = model(input_ids=torch.cat([a, b], 1), position_ids=positions, use_cache=setup.use_cache).logits
         separate = torch.cat([model(input_ids=a, use_cache=False).logits, model(input_ids=b, use_cache=False).logits], 1)
     diff = float((packed - separate).abs().max())
@@ -110,11 +113,10 @@ def tied_save_reload(setup: Setup, ctx: Context) -> Observation:
     model.eval()
     with torch.no_grad():
         before = model(input_ids=batch["input_ids"]).logits
-    with quiet():
-        model.save_pretrained(f"{ctx.workdir}/adapter")  # the adapter path
-        reloaded = PeftModel.from_pretrained(tiny_llama(tie=True), f"{ctx.workdir}/adapter").eval()
-        model.merge_and_unload().save_pretrained(f"{ctx.workdir}/merged")  # the export path
-        merged = type(tiny_llama()).from_pretrained(f"{ctx.workdir}/merged").eval()
+    model.save_pretrained(f"{ctx.workdir}/adapter")  # the adapter path
+    reloaded = PeftModel.from_pretrained(tiny_llama(tie=True), f"{ctx.workdir}/adapter").eval()
+    model.merge_and_unload().save_pretrained(f"{ctx.workdir}/merged")  # the export path
+    merged = type(tiny_llama()).from_pretrained(f"{ctx.workdir}/merged").eval()
     with torch.no_grad():
         after = reloaded(input_ids=batch["input_ids"]).logits
         exported = merged(input_ids=batch["input_ids"]).logits
@@ -139,7 +141,7 @@ def eval_mode_saved_bytes(setup: Setup, ctx: Context) -> Observation:
             nonlocal total
             total += t.numel() * t.element_size()
             return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), quiet():
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = model(**token_batch(rows=2, length=32), use_cache=False).loss
         loss.backward()
         return total
@@ -163,7 +165,7 @@ def fp16_scaler_step(setup: Setup, ctx: Context) -> Observation:
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-3)
     scaler = torch.amp.GradScaler("cpu")
-    with torch.autocast("cpu", dtype=torch.float16, enabled=not pure), quiet():
+    with torch.autocast("cpu", dtype=torch.float16, enabled=not pure):
         loss = model(**token_batch(length=8)).loss
     scaler.scale(loss.float()).backward()
     scaler.unscale_(optimizer)  # what clip_grad_norm_ does first in every trainer

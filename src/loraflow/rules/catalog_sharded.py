@@ -194,7 +194,7 @@ register(Rule(
     references=("https://github.com/huggingface/trl/pull/1483",
                 "https://github.com/huggingface/transformers/issues/25992"),
     fixed_in="design",
-    signatures=(r"Watchdog caught collective operation timeout", r"synced_gpus"),
+    weak_signatures=(r"Watchdog caught collective operation timeout", r"synced_gpus"),
     evidence=(Evidence(r"generate|generation", 2, "generation is in the traceback"),
               Evidence(r"_ALLGATHER|all_gather", 2, "an all-gather timed out")),
 ))
@@ -235,7 +235,7 @@ register(Rule(
     elsewhere="use LoRA, or FSDP2 with per-parameter sharding, or ZeRO-2",
     references=("https://github.com/huggingface/peft/issues/1731", "https://github.com/huggingface/peft/issues/1737"),
     fixed_in="not fixed upstream for ZeRO-3 / FSDP1",
-    signatures=(r"IndexError: tuple index out of range", r"mat1 and mat2 shapes cannot be multiplied"),
+    weak_signatures=(r"IndexError: tuple index out of range", r"mat1 and mat2 shapes cannot be multiplied"),
     evidence=(Evidence(r"peft[/\\]tuners[/\\]lora[/\\]dora\.py|DoraLinearLayer|get_weight_norm", 4,
                        "DoRA's code is in the traceback"),
               Evidence(r"deepspeed|fsdp", 1, "a sharding engine is in use")),

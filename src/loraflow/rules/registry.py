@@ -52,6 +52,9 @@ class Rule:
     fixed_in: str | None = None
     signatures: tuple[str, ...] = ()
     """Regular expressions a failed run's log shows when this rule was violated (read by guards and `explain`)."""
+    weak_signatures: tuple[str, ...] = ()
+    """Generic error texts (an IndexError, a shape mismatch) that point at this rule only with supporting
+    evidence in the same log."""
     evidence: tuple[Evidence, ...] = ()
 
     def __post_init__(self) -> None:
