@@ -25,9 +25,9 @@ def _causes(ids: list[str]) -> str:
 
 
 def assert_train_mode(model: torch.nn.Module) -> None:
-    """Backward through a module in eval mode trains with eval-time behaviour (dropout off) and breaks engines
-    that assert on it (catalog zero3-eval-backward: DeepSpeed ZeRO-3 <= 0.15.3); RLHF loops that generate in
-    eval mode and forget to switch back hit it."""
+    """Backward through a module in eval mode trains with eval-time behaviour (dropout off, transformers'
+    checkpointing skipped: checkpointing-off-in-eval) and breaks engines that assert on it (zero3-eval-backward:
+    DeepSpeed ZeRO-3 <= 0.15.3); RLHF loops that generate in eval mode and forget to switch back hit it."""
     if model.training:
         stale = [n for n, m in model.named_modules() if not m.training and any(True for _ in m.parameters())]
         if not stale:
@@ -35,8 +35,10 @@ def assert_train_mode(model: torch.nn.Module) -> None:
         where = f"submodule {stale[0]}" + (f" and {len(stale) - 1} more" if len(stale) > 1 else "")
     else:
         where = "the model"
-    raise GuardError(f"{where} is in eval mode at backward [zero3-eval-backward]. Call model.train() after "
-                     "generation or evaluation and before computing the loss.")
+    raise GuardError(f"{where} is in eval mode at backward [checkpointing-off-in-eval, zero3-eval-backward]: "
+                     "checkpointed layers keep every activation in eval mode, and DeepSpeed ZeRO-3 <= 0.15.3 "
+                     "refuses the backward. Call model.train() after generation or evaluation and before computing "
+                     "the loss.")
 
 
 def check_first_gradients(model: torch.nn.Module, plan) -> None:

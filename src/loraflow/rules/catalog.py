@@ -140,8 +140,9 @@ register(Rule(
     when=lambda s: (s.tied_embeddings and (s.embeddings_trainable or s.lm_head_trainable)
                     and not s.weight_tying_enforced),
     cause=("With tie_word_embeddings=True, embed_tokens and lm_head share one matrix. Training a copy of one of "
-           "them (modules_to_save) unties them; on reload the model re-ties and the trained lm_head is silently "
-           "lost."),
+           "them (modules_to_save) unties them; where a reload or export re-ties them, the trained lm_head is "
+           "silently lost. (On peft 0.21.2 + transformers 5.23 `loraflow probe` finds both PEFT reload paths "
+           "intact; PEFT still warns for merging and other export formats.)"),
     fix="loraflow passes ensure_weight_tying=True to PEFT so the trained copies stay tied (PEFT >= 0.18).",
     remedy=lambda s: {"weight_tying_enforced": True},
     elsewhere="LoraConfig(ensure_weight_tying=True), or untie the embeddings explicitly",
