@@ -70,8 +70,8 @@ CASES = {
         ZERO3.replace(stage="grpo", generation=True, adapter_save_gather=True),
         ZERO3.replace(stage="grpo", generation=True, generation_gather=True, adapter_save_gather=True)),
     "fsdp2-multi-forward-dtensor": (
-        FSDP2.replace(stage="dpo", forwards_per_step=2),
-        FSDP2.replace(stage="dpo", forwards_per_step=2, checkpointing="off")),
+        FSDP2.replace(stage="dpo", forwards_per_step=2, versions=OLD_TORCH),
+        FSDP2.replace(stage="dpo", forwards_per_step=2, versions=NEW_TORCH)),
     "dora-sharded-weight": (
         ZERO3.replace(adapter="dora"),
         ZERO3.replace(adapter="dora", zero_stage=2)),
@@ -168,3 +168,9 @@ def test_compatibility_doc_is_current():
     text = (Path(__file__).resolve().parent.parent / "docs/compatibility.md").read_text()
     assert text == render_markdown()
     assert all(f"### `{r.id}`" in text for r in all_rules())
+
+
+def test_dora_under_fsdp1_only_on_peft_before_the_fsdp_refactor():
+    dora_fsdp1 = FSDP1.replace(adapter="dora", fsdp_use_orig_params=True)
+    assert "dora-sharded-weight" in fired(dora_fsdp1.replace(versions={"peft": Version("0.11.1")}))
+    assert "dora-sharded-weight" not in fired(dora_fsdp1.replace(versions={"peft": Version("0.12.0")}))

@@ -31,7 +31,8 @@ register(Rule(
     remedy=lambda s: {"input_grad_hook": True},
     elsewhere=("call model.enable_input_require_grads(), or pass gradient_checkpointing_kwargs="
                "{'use_reentrant': False}"),
-    references=("https://github.com/huggingface/transformers/issues/26221",
+    references=("https://github.com/huggingface/transformers/issues/21381",
+                "https://github.com/huggingface/transformers/pull/25846",
                 "https://github.com/huggingface/trl/issues/3089",
                 "https://pytorch.org/docs/stable/checkpoint.html"),
     fixed_in="transformers 5.x adds the hook for input_ids models in its own checkpointing; raw "
@@ -58,8 +59,8 @@ register(Rule(
          "(or choose checkpointing.reentrant=false)."),
     remedy=lambda s: {"input_grad_hook": True},
     elsewhere="call model.enable_input_require_grads(), or use non-reentrant checkpointing",
-    references=("https://github.com/huggingface/peft/issues/1142",
-                "https://github.com/huggingface/transformers/issues/26221"),
+    references=("https://github.com/huggingface/transformers/issues/21381",
+                "https://github.com/huggingface/peft/issues/1142"),
     fixed_in="not fixed upstream",
     signatures=(r"got no gradient", r"grad is None"),
 ))
@@ -166,7 +167,7 @@ register(Rule(
     remedy=lambda s: {"train_mode_at_backward": True},
     elsewhere="call model.train() after generation, before computing the loss",
     references=("transformers/modeling_layers.py: GradientCheckpointingLayer.__call__",
-                "https://github.com/huggingface/diffusers/issues/10107",
+                "https://github.com/huggingface/diffusers/issues/9850",
                 "https://github.com/victorchall/EveryDream2trainer/pull/246"),
     fixed_in="design (checkpointing is tied to module.training)",
 ))

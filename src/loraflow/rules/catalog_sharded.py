@@ -6,6 +6,8 @@ same rule answers for loraflow's own plan, for `check --versions`, and for `expl
 
 from __future__ import annotations
 
+from packaging.version import Version
+
 from loraflow.rules.registry import Evidence, Rule, register
 from loraflow.rules.setup import Setup
 
@@ -14,6 +16,12 @@ _RECOMPUTE_METADATA = r"Recomputed values for the following tensors have differe
 
 def _checkpointed(s: Setup) -> bool:
     return s.checkpointing != "off"
+
+
+def _older(s: Setup, package: str, fixed: str) -> bool:
+    """For a version condition on one branch of a rule only; unknown counts as affected, like `affected`."""
+    version = s.version(package)
+    return version is None or version < Version(fixed)
 
 
 register(Rule(
@@ -108,7 +116,8 @@ register(Rule(
     remedy=lambda s: {"find_unused_parameters": False},
     elsewhere="ddp_find_unused_parameters=False, or non-reentrant checkpointing, or static_graph=True",
     references=("https://github.com/huggingface/transformers/issues/23018",
-                "https://github.com/pytorch/pytorch/issues/43259"),
+                "https://github.com/pytorch/pytorch/issues/24005",
+                "https://github.com/huggingface/accelerate/issues/2017"),
     fixed_in="not a bug: configuration",
     signatures=(r"Expected to mark a variable ready only once", r"marked as ready twice"),
     evidence=(Evidence(r"find_unused_parameters", 2, "DDP's unused-parameter search is named"),
@@ -129,7 +138,7 @@ register(Rule(
     fix="loraflow shards with FSDP2 (per-parameter sharding); choose engine fsdp2.",
     elsewhere="fsdp_use_orig_params=True, or wrap the adapter modules as their own units; prefer FSDP2",
     references=("torch/distributed/fsdp/_flat_param.py: FlatParamHandle._validate_tensors_to_flatten",
-                "https://github.com/huggingface/peft/issues/1092"),
+                "https://github.com/huggingface/peft/issues/1702"),
     fixed_in="design",
     signatures=(r"Must flatten tensors with uniform requires_grad when use_orig_params=False",),
 ))
@@ -148,7 +157,7 @@ register(Rule(
            "fine-tuning: no error, the memory saving of the adapter is gone."),
     fix="loraflow shards with FSDP2, which allocates gradients only for parameters that require them.",
     elsewhere="wrap so frozen weights form their own units (a lambda policy on the LoRA modules); prefer FSDP2",
-    references=("https://github.com/pytorch/pytorch/issues/91165",),
+    references=("https://github.com/pytorch/pytorch/issues/91167", "https://github.com/pytorch/pytorch/issues/91165"),
     fixed_in="design (FSDP2 shards per parameter)",
 ))
 
@@ -167,8 +176,8 @@ register(Rule(
     remedy=lambda s: {"adapter_save_gather": True},
     elsewhere="set stage3_gather_16bit_weights_on_model_save=true, or gather with "
               "deepspeed.zero.GatheredParameters before save_pretrained; transformers >= 5.0 Trainer does it",
-    references=("https://github.com/huggingface/peft/issues/1055",
-                "https://github.com/huggingface/transformers/issues/24581"),
+    references=("https://github.com/huggingface/peft/issues/2892",
+                "https://github.com/huggingface/trl/issues/4416"),
     fixed_in="transformers 5.0.0 for Trainer users",
     signatures=(r"size mismatch for .*lora_[AB].*torch\.Size\(\[0\]\)",
                 r"copying a param with shape torch\.Size\(\[0\]\)"),
@@ -192,7 +201,7 @@ register(Rule(
     elsewhere="gather once per rollout (TRL's unwrap_model_for_generation, OpenRLHF/ms-swift vLLM engines), and "
               "pass synced_gpus=True when generating from a sharded model",
     references=("https://github.com/huggingface/trl/pull/1483",
-                "https://github.com/huggingface/transformers/issues/25992"),
+                "https://github.com/huggingface/transformers/issues/18281"),
     fixed_in="design",
     weak_signatures=(r"Watchdog caught collective operation timeout", r"synced_gpus"),
     evidence=(Evidence(r"generate|generation", 2, "generation is in the traceback"),
@@ -207,6 +216,7 @@ register(Rule(
     conditions="FSDP2, activation checkpointing, more than one forward through the trained model before backward "
                "(DPO chosen and rejected separately)",
     knobs=("forwards_per_step",),
+    affected={"torch": "<2.11"},
     when=lambda s: s.engine == "fsdp2" and _checkpointed(s) and s.forwards_per_step > 1,
     cause=("FSDP2 reshards a unit after its forward and re-registers plain tensors for the recompute; a second "
            "forward before backward leaves the recompute of the first one mixing sharded DTensor parameters with "
@@ -214,8 +224,9 @@ register(Rule(
     fix="loraflow concatenates chosen and rejected into one forward (one forward per step).",
     remedy=lambda s: {"forwards_per_step": 1},
     elsewhere="concatenate chosen/rejected into one batch (TRL/OpenRLHF default), or disable checkpointing",
-    references=("https://github.com/pytorch/pytorch/pull/171779",),
-    fixed_in="pytorch PR #171779",
+    references=("https://github.com/pytorch/pytorch/pull/171779", "https://github.com/pytorch/pytorch/issues/153354",
+                "https://github.com/pytorch/pytorch/issues/187437"),
+    fixed_in="torch 2.11.0 (PR #171779); pytorch#187437 reports a variant (checkpoint around the sharded parent)",
     signatures=(r"got mixed torch\.Tensor and DTensor",),
 ))
 
@@ -224,17 +235,20 @@ register(Rule(
     title="DoRA reads a sharded base weight for its norm",
     verdict="fix",
     impact="crash",
-    conditions="DoRA under FSDP1 (flat parameters) or ZeRO-3, base weight not gathered for the norm",
+    conditions="DoRA under ZeRO-3, or under FSDP1 (flat parameters) with peft < 0.12, base weight not gathered for "
+               "the norm",
     knobs=("dora_weight_gather", "engine"),
-    when=lambda s: s.adapter == "dora" and (s.engine == "fsdp1" or s.zero3) and not s.dora_weight_gather,
+    when=lambda s: (s.adapter == "dora" and not s.dora_weight_gather
+                    and (s.zero3 or (s.engine == "fsdp1" and _older(s, "peft", "0.12")))),
     cause=("DoRA computes a per-column norm of the base weight outside the base layer's forward. Under FSDP1 that "
            "weight is a flattened shard and under ZeRO-3 an empty partition or 1-D slice, so the norm's shapes "
            "do not fit."),
     fix="loraflow gathers the base weight for DoRA's norm (GatheredParameters), or shards with FSDP2.",
     remedy=lambda s: {"dora_weight_gather": True},
     elsewhere="use LoRA, or FSDP2 with per-parameter sharding, or ZeRO-2",
-    references=("https://github.com/huggingface/peft/issues/1731", "https://github.com/huggingface/peft/issues/1737"),
-    fixed_in="not fixed upstream for ZeRO-3 / FSDP1",
+    references=("https://github.com/huggingface/peft/issues/1731", "https://github.com/huggingface/peft/issues/1737",
+                "https://github.com/huggingface/peft/pull/1806"),
+    fixed_in="peft 0.12.0 for FSDP (PR #1806); not fixed for ZeRO-3",
     weak_signatures=(r"IndexError: tuple index out of range", r"mat1 and mat2 shapes cannot be multiplied"),
     evidence=(Evidence(r"peft[/\\]tuners[/\\]lora[/\\]dora\.py|DoraLinearLayer|get_weight_norm", 4,
                        "DoRA's code is in the traceback"),
