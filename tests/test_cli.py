@@ -67,8 +67,11 @@ def test_cli_surface_is_stable():
     """The commands and flags users script against; changing them is a breaking change."""
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert sorted(sub.choices) == ["check", "config", "merge", "train"]
-    train = sub.choices["train"]
-    assert {o for a in train._actions for o in a.option_strings} >= {"--resume", "--verbose"}
+    assert sorted(sub.choices) == ["check", "config", "explain", "merge", "probe", "train"]
+    options = {name: {o for a in p._actions for o in a.option_strings} for name, p in sub.choices.items()}
+    assert options["train"] >= {"--resume", "--verbose"}
+    assert options["check"] >= {"--framework", "--versions", "--json"}
+    assert options["explain"] >= {"--json", "--list"}
+    assert options["probe"] >= {"--only", "--json", "--list", "--logs"}
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "dpo"])  # stages arrive with their issues, not before

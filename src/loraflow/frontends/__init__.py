@@ -11,6 +11,8 @@ framework's flag for each Setup field so fixes can name the exact flag to change
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from difflib import get_close_matches
+from importlib import import_module
 
 from loraflow.rules.setup import Setup
 
@@ -27,3 +29,117 @@ class FrontendResult:
     notes: list[str] = field(default_factory=list)
     flags: dict[str, str] = field(default_factory=dict)
     """Setup field -> this framework's flag or key that changes it (used to word fixes)."""
+
+
+FRAMEWORKS = ("openrlhf", "deepspeed-chat", "hf", "llama-factory", "ms-swift", "axolotl", "deepspeed")
+FRONTENDS = {"openrlhf": "openrlhf", "deepspeed-chat": "deepspeed_chat", "hf": "hf", "llama-factory": "llama_factory",
+             "ms-swift": "ms_swift", "axolotl": "axolotl", "deepspeed": "deepspeed"}
+TITLES = {"openrlhf": "OpenRLHF", "deepspeed-chat": "DeepSpeed-Chat", "hf": "HF Trainer / TRL",
+          "llama-factory": "LLaMA-Factory", "ms-swift": "ms-swift", "axolotl": "Axolotl",
+          "deepspeed": "DeepSpeed config"}
+
+
+def _module(framework: str):
+    from loraflow.errors import LoraflowError
+
+    if framework not in FRONTENDS:
+        near = get_close_matches(framework.lower(), FRAMEWORKS, n=2, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(near)}?" if near else ""
+        raise LoraflowError(f"unknown framework `{framework}`: loraflow check reads {', '.join(FRAMEWORKS)}.{hint}")
+    return import_module(f"loraflow.frontends.{FRONTENDS[framework]}")
+
+
+def flags_for(framework: str) -> dict[str, str]:
+    """Setup field -> that framework's flag or key, in its usual spelling (for wording fixes without a command)."""
+    return dict(_module(framework).FLAGS)
+
+
+def detect(argv: list[str]) -> str:
+    """Which framework a launch command line belongs to."""
+    from loraflow.frontends.argv import split_command
+
+    return _detect(split_command(argv))
+
+
+def _detect(cmd) -> str:
+    from pathlib import Path
+
+    from loraflow.errors import LoraflowError
+    from loraflow.frontends.argv import parse_flags, resolve_path
+
+    program = cmd.program.replace("\\", "/")
+    dotted = program.removesuffix(".py").replace("/", ".")
+    by_cli = {"trl": "hf", "swift": "ms-swift", "llamafactory-cli": "llama-factory", "lmf": "llama-factory",
+              "axolotl": "axolotl"}
+    if cmd.program_kind == "cli" and program in by_cli:
+        return by_cli[program]
+    for prefix, name in (("openrlhf.", "openrlhf"), ("axolotl.", "axolotl"), ("llamafactory.", "llama-factory"),
+                         ("swift.", "ms-swift"), ("trl.", "hf")):
+        if dotted.startswith(prefix) or f".{prefix}" in dotted:
+            return name
+    args, positionals, _ = parse_flags(cmd.args)
+    names = {a.name for a in args}
+    from loraflow.frontends.deepspeed_chat import DISTINCT
+
+    if "DeepSpeed-Chat" in program or "_finetuning/" in program or names & DISTINCT:
+        return "deepspeed-chat"
+    for pos in positionals:
+        path = resolve_path(pos)
+        if pos.endswith((".yaml", ".yml")) and path is not None:
+            from loraflow.frontends.common import load_mapping
+
+            found = set(load_mapping(path, "config file"))
+            if found & {"finetuning_type", "lora_target", "template", "stage"}:
+                return "llama-factory"
+            if found & {"base_model", "adapter", "datasets", "sequence_len"}:
+                return "axolotl"
+        if pos.endswith((".yaml", ".yml")) and Path(program).name == "train.py" and "src" in program:
+            return "llama-factory"  # LLaMA-Factory's src/train.py CONFIG.yaml (file not here to peek into)
+    from loraflow.frontends import keys
+
+    if program.endswith(".py") and names & (keys.HF_TRAINER | keys.TRL):
+        return "hf"
+    raise LoraflowError(f"cannot tell which framework `{cmd.describe()}` belongs to. loraflow check reads "
+                        f"{', '.join(FRAMEWORKS)}; name it with --framework NAME (e.g. `loraflow check --framework hf "
+                        f"-- python train.py ...`).")
+
+
+def from_command(argv: list[str], versions: dict, framework: str | None = None) -> FrontendResult:
+    from loraflow.frontends.argv import split_command
+
+    cmd = split_command(argv)
+    name = framework or _detect(cmd)
+    result = _module(name).from_command(cmd, versions)
+    result.notes[:0] = cmd.notes
+    return result
+
+
+def from_files(framework: str, paths: list[str], versions: dict) -> FrontendResult:
+    from loraflow.errors import LoraflowError
+
+    module = _module(framework)
+    if not paths:
+        raise LoraflowError(f"--framework {framework} needs at least one file (a config or a launch script), or give "
+                            f"the launch command after `--`.")
+    return module.from_files(list(paths), versions)
+
+
+def run_check(argv: list[str] | None, framework: str | None, files: list[str], versions: dict,
+              as_json: bool) -> tuple[str, int]:
+    """Build the setup from a command line or files, evaluate the rules as they stand (nothing is fixed: loraflow
+    does not run this setup), and render the report. Exit code: 2 crash/silent findings, 1 slow findings or
+    unknown flags, 0 clean."""
+    from loraflow.errors import LoraflowError
+    from loraflow.frontends.report import render
+
+    if argv and files:
+        raise LoraflowError("give either the launch command after `--` or files with --framework, not both "
+                            f"(files: {' '.join(files)}).")
+    if argv:
+        result = from_command(list(argv), versions, framework)
+    elif framework:
+        result = from_files(framework, files, versions)
+    else:
+        raise LoraflowError("nothing to check: put the launch command after `--`, or pass --framework NAME with "
+                            f"config files ({', '.join(FRAMEWORKS)}).")
+    return render(result, as_json)

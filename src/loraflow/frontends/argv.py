@@ -1,0 +1,355 @@
+"""Launch command lines as the shell hands them over: env assignments, launchers, the program, then its flags.
+
+`split_command` peels `CUDA_VISIBLE_DEVICES=0,1`, `deepspeed --num_gpus 2`, `torchrun --nproc_per_node 8`,
+`accelerate launch --num_processes 2 --config_file x.yaml`, `python -m`, `ray job submit ... --` and `bash run.sh`
+off the front and keeps what each launcher says about the number of processes. `parse_flags` reads the rest
+(`--flag value`, `--flag=value`, bare switches, several values after one flag). `command_from_script` finds the
+launch line in a training script such as DeepSpeed-Chat's `training_scripts/*.sh`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loraflow.errors import LoraflowError
+
+CLI_PROGRAMS = ("trl", "swift", "llamafactory-cli", "lmf", "axolotl")
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
+_PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)*)?$")
+
+# Launcher options that take no value; every other option takes one (argparse in deepspeed/launcher/runner.py,
+# torch/distributed/run.py, accelerate/commands/launch.py).
+_DEEPSPEED_SWITCHES = {"--module", "--no_python", "--no_local_rank", "--no_ssh_check", "--force_multi", "--save_pid",
+                       "--enable_each_rank_log", "--elastic_training", "--bind_cores_to_rank", "--ssh", "--no_ssh"}
+_TORCHRUN_SWITCHES = {"--standalone", "-m", "--module", "--no_python", "--no-python", "--use_env", "--use-env",
+                      "--run_path", "--run-path"}
+_ACCELERATE_SWITCHES = {"--multi_gpu", "--use_deepspeed", "--use_fsdp", "--use_megatron_lm", "--use_xpu", "--cpu",
+                        "--tpu", "-m", "--module", "--no_python", "-q", "--quiet", "--debug", "--same_network",
+                        "--tpu_use_cluster", "--tpu_use_sudo", "--enable_cpu_affinity", "--mps", "--downcast_bf16"}
+_PYTHON_VALUED = {"-X", "-W", "-Q"}
+
+
+@dataclass
+class Arg:
+    name: str
+    """Without leading dashes; `-` inside the name becomes `_` where the framework's parser accepts both."""
+    value: str | list[str] | None
+    """None for a bare switch, a list when several values followed the flag."""
+    raw: str
+    """As written, for messages: `--zero_stage 3`."""
+
+    def one(self) -> str | None:
+        return self.value[0] if isinstance(self.value, list) and self.value else (
+            None if isinstance(self.value, list) else self.value)
+
+
+@dataclass
+class Command:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    launcher: str | None = None
+    launcher_args: list[Arg] = field(default_factory=list)
+    program: str = ""
+    program_kind: str = "script"
+    """`module` (python -m X), `script` (a .py path), `cli` (trl, swift, llamafactory-cli, axolotl)."""
+    subcommand: str | None = None
+    args: list[str] = field(default_factory=list)
+    world_size: int | None = None
+    world_source: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def launcher_value(self, *names: str) -> str | None:
+        for arg in self.launcher_args:
+            if arg.name in names:
+                return arg.one() if arg.value is not None else "true"
+        return None
+
+    def describe(self) -> str:
+        what = {"module": f"-m {self.program}", "cli": " ".join(filter(None, (self.program, self.subcommand)))}
+        return what.get(self.program_kind, self.program)
+
+
+def is_flag(token: str) -> bool:
+    return token.startswith("-") and len(token) > 1 and not _NUMBER.match(token)
+
+
+def parse_flags(tokens: list[str], switches: frozenset[str] | set[str] = frozenset(), lists: frozenset[str] | set[str]
+                = frozenset(), underscore: bool = True) -> tuple[list[Arg], list[str], list[str]]:
+    """(flags, positionals, tokens after a bare `--`). A flag takes every following non-flag token when it is in
+    `lists`, none when it is in `switches`, otherwise at most one."""
+    args: list[Arg] = []
+    positionals: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "--":
+            return args, positionals, tokens[i + 1:]
+        if not is_flag(token):
+            positionals.append(token)
+            i += 1
+            continue
+        name, eq, inline = token.lstrip("-").partition("=")
+        if underscore:
+            name = name.replace("-", "_")
+        if eq:
+            args.append(Arg(name, inline, token))
+            i += 1
+            continue
+        values: list[str] = []
+        j = i + 1
+        if name not in switches:
+            while j < len(tokens) and not is_flag(tokens[j]) and tokens[j] != "--":
+                values.append(tokens[j])
+                j += 1
+                if name not in lists:
+                    break
+        value: str | list[str] | None = (values if name in lists else (values[0] if values else None))
+        args.append(Arg(name, value, " ".join(tokens[i:j])))
+        i = j
+    return args, positionals, []
+
+
+def _launcher_options(tokens: list[str], switches: set[str]) -> tuple[list[Arg], int]:
+    """Options of a launcher up to its first positional (the script); returns them and that positional's index."""
+    out: list[Arg] = []
+    i = 0
+    while i < len(tokens) and is_flag(tokens[i]):
+        token = tokens[i]
+        name, eq, inline = token.lstrip("-").partition("=")
+        name = name.replace("-", "_")
+        if eq or token in switches or token.split("=")[0] in switches:
+            out.append(Arg(name, inline if eq else None, token))
+            i += 1
+        else:
+            out.append(Arg(name, tokens[i + 1] if i + 1 < len(tokens) else None, " ".join(tokens[i:i + 2])))
+            i += 2
+    return out, i
+
+
+def _count_devices(spec: str) -> int | None:
+    ids = [x for x in spec.replace(" ", "").split(",") if x]
+    return len(ids) or None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(str(text).split(":")[-1]) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _world_from_launcher(cmd: Command) -> None:
+    value = cmd.launcher_value
+    if cmd.launcher == "deepspeed":
+        gpus, nodes = _int(value("num_gpus", "num_accelerators")), _int(value("num_nodes")) or 1
+        include = value("include", "i")
+        if gpus:
+            cmd.world_size, cmd.world_source = gpus * nodes, f"deepspeed --num_gpus {gpus} --num_nodes {nodes}"
+        elif include:
+            hosts = [h.partition(":")[2] for h in include.split("@")]
+            count = sum(_count_devices(h) or 0 for h in hosts)
+            cmd.world_size, cmd.world_source = (count or None), f"deepspeed --include {include}"
+        elif visible_devices(cmd)[0]:
+            # Without --num_gpus/--include the launcher uses every visible device (deepspeed/launcher/runner.py).
+            cmd.world_size, cmd.world_source = visible_devices(cmd)
+    elif cmd.launcher == "torchrun":
+        per_node, nodes = _int(value("nproc_per_node")), _int(value("nnodes")) or 1
+        if per_node:
+            cmd.world_size = per_node * nodes
+            cmd.world_source = f"torchrun --nproc_per_node {per_node} --nnodes {nodes}"
+    elif cmd.launcher == "accelerate":
+        procs = _int(value("num_processes"))
+        if procs:
+            cmd.world_size, cmd.world_source = procs, f"accelerate launch --num_processes {procs}"
+    elif cmd.launcher == "python" and "WORLD_SIZE" not in cmd.env:
+        cmd.world_size, cmd.world_source = 1, "python (one process)"
+    if cmd.world_size is None and "WORLD_SIZE" in cmd.env and _int(cmd.env["WORLD_SIZE"]):
+        cmd.world_size, cmd.world_source = _int(cmd.env["WORLD_SIZE"]), f"WORLD_SIZE={cmd.env['WORLD_SIZE']}"
+
+
+# `accelerate launch` options; the trl CLI forwards these from its own command line to accelerate
+# (trl/cli/commands/training.py, trl/cli/accelerate_config.py maps --accelerate_config NAME to --config_file).
+ACCELERATE_OPTIONS = {
+    "config_file", "num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
+    "mixed_precision", "multi_gpu", "use_deepspeed", "use_fsdp", "zero_stage", "offload_optimizer_device",
+    "offload_param_device", "deepspeed_config_file", "zero3_init_flag", "zero3_save_16bit_model", "deepspeed_hostfile",
+    "deepspeed_multinode_launcher", "fsdp_version", "fsdp_offload_params", "fsdp_use_orig_params",
+    "fsdp_activation_checkpointing", "fsdp_sharding_strategy", "fsdp_auto_wrap_policy",
+    "fsdp_transformer_layer_cls_to_wrap", "fsdp_state_dict_type", "fsdp_cpu_ram_efficient_loading",
+    "fsdp_sync_module_states", "fsdp_reshard_after_forward", "fsdp_backward_prefetch", "fsdp_forward_prefetch",
+    "gpu_ids", "dynamo_backend", "num_cpu_threads_per_process", "same_network", "rdzv_backend", "accelerate_config"}
+
+
+def pull_accelerate_options(cmd: Command) -> None:
+    """Move accelerate launch options out of a CLI's own arguments into `cmd.launcher_args` (the trl CLI)."""
+    kept: list[str] = []
+    launch: list[str] = []
+    i = 0
+    while i < len(cmd.args):
+        token = cmd.args[i]
+        name = token.lstrip("-").partition("=")[0].replace("-", "_")
+        if is_flag(token) and name in ACCELERATE_OPTIONS:
+            flag = "--config_file" if name == "accelerate_config" else f"--{name}"
+            if "=" in token:
+                launch.append(f"{flag}={token.partition('=')[2]}")
+                i += 1
+            elif flag in _ACCELERATE_SWITCHES:
+                launch.append(flag)
+                i += 1
+            else:
+                launch += [flag] + cmd.args[i + 1:i + 2]
+                i += 2
+        else:
+            kept.append(token)
+            i += 1
+    if launch:
+        options, _ = _launcher_options(launch, _ACCELERATE_SWITCHES)
+        cmd.launcher, cmd.launcher_args, cmd.args = "accelerate", cmd.launcher_args + options, kept
+        _world_from_launcher(cmd)
+
+
+def visible_devices(cmd: Command) -> tuple[int | None, str | None]:
+    for var in ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
+        if var in cmd.env and _count_devices(cmd.env[var]):
+            return _count_devices(cmd.env[var]), f"{var}={cmd.env[var]}"
+    return None, None
+
+
+def split_command(argv: list[str], depth: int = 0) -> Command:
+    """Peel env assignments and launchers off `argv` (already split by the shell)."""
+    if not argv:
+        raise LoraflowError("no command line given: put the launch command after `--`, e.g. "
+                            "`loraflow check -- deepspeed --module openrlhf.cli.train_sft --zero_stage 3 ...`.")
+    cmd = Command(argv=list(argv))
+    rest = list(argv)
+    while rest:
+        head = rest[0]
+        if head in ("env", "nohup", "time", "exec", "command") or _ENV.match(head):
+            if _ENV.match(head):
+                key, _, val = head.partition("=")
+                cmd.env[key] = val
+            rest = rest[1:]
+        elif head in ("bash", "sh") and len(rest) > 1 and Path(rest[1]).is_file() and depth < 3:
+            inner = split_command(command_from_script(rest[1]), depth + 1)
+            inner.env = {**cmd.env, **inner.env}
+            inner.notes.insert(0, f"launch line read from {rest[1]}")
+            return inner
+        elif head == "ray":
+            if "--" not in rest:
+                raise LoraflowError("`ray job submit` without `--`: cannot find the training command after it.")
+            cmd.notes.append("launched through `ray job submit`; the processes are placed by Ray")
+            rest = rest[rest.index("--") + 1:]
+        elif head in ("deepspeed", "torchrun") or (head == "accelerate" and rest[1:2] == ["launch"]):
+            name = head
+            tokens = rest[2:] if head == "accelerate" else rest[1:]
+            switches = {"deepspeed": _DEEPSPEED_SWITCHES, "torchrun": _TORCHRUN_SWITCHES}.get(name,
+                                                                                            _ACCELERATE_SWITCHES)
+            options, index = _launcher_options(tokens, switches)
+            cmd.launcher, cmd.launcher_args = name, options
+            rest = tokens[index:]
+            if any(a.name in ("module", "m") for a in options):
+                cmd.program_kind = "module"
+            if any(a.name in ("no_python",) for a in options):
+                cmd.program_kind = "cli"
+            break
+        elif _PYTHON.match(head):
+            i = 1
+            while i < len(rest) and is_flag(rest[i]) and rest[i] != "-m":
+                i += 2 if rest[i] in _PYTHON_VALUED else 1
+            if i < len(rest) and rest[i] == "-m" and i + 1 < len(rest) and rest[i + 1] in (
+                    "torch.distributed.run", "torch.distributed.launch"):
+                rest = ["torchrun"] + rest[i + 2:]
+                continue
+            cmd.launcher = cmd.launcher or "python"
+            if i < len(rest) and rest[i] == "-m":
+                cmd.program_kind = "module"
+                i += 1
+            rest = rest[i:]
+            break
+        else:
+            cmd.program_kind = "cli" if Path(head).name in CLI_PROGRAMS else cmd.program_kind
+            break
+    if not rest:
+        raise LoraflowError(f"found no training program in `{shlex.join(argv)}`: after the launcher there must be a "
+                            "script, `-m module` or a CLI such as trl, swift, llamafactory-cli or axolotl.")
+    cmd.program, rest = rest[0], rest[1:]
+    if cmd.program_kind == "script" and Path(cmd.program).name in CLI_PROGRAMS:
+        cmd.program_kind = "cli"
+    if cmd.program_kind == "cli":
+        cmd.program = Path(cmd.program).name
+        if rest and not is_flag(rest[0]):
+            cmd.subcommand, rest = rest[0], rest[1:]
+    cmd.args = rest
+    _world_from_launcher(cmd)
+    return cmd
+
+
+def parse_bool(value: str | list[str] | None, where: str) -> bool:
+    """A switch (None) is True; otherwise the usual spellings HfArgumentParser and OmegaConf accept."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if value is None or value is True:
+        return True
+    if value is False:
+        return False
+    text = str(value).strip().lower()
+    if text in ("1", "true", "t", "yes", "y", "on"):
+        return True
+    if text in ("0", "false", "f", "no", "n", "off", "none", "null"):
+        return False
+    raise LoraflowError(f"{where}: `{value}` is not a boolean; write true or false.")
+
+
+_ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|'[^']*'|[^\s"'#]*)\s*(?:#.*)?$""")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d)")
+_STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "ray")
+
+
+def command_from_script(path: str) -> list[str]:
+    """The launch line of a shell script: line continuations joined, simple `VAR=value` assignments expanded
+    (the last assignment wins, so `if [ -z "$X" ]; then X=3; fi` style defaults come through), redirections dropped.
+    Positional parameters ($1, $2) expand to nothing, as when the script runs without arguments."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise LoraflowError(f"cannot read the launch script {path}: {exc.strerror}.") from None
+    variables: dict[str, str] = {}
+    joined = re.sub(r"\\\s*\n", " ", text)
+
+    def expand(s: str) -> str:
+        return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(3), m.group(2) or ""), s)
+
+    for line in joined.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        assign = _ASSIGN.match(line)
+        if assign:
+            variables[assign.group(1)] = expand(assign.group(2)[1:-1] if assign.group(2)[:1] in "'\"" and
+                                                assign.group(2) else assign.group(2))
+            continue
+        words = stripped.split()
+        first = next((w for w in words if not _ENV.match(w)), "")
+        if Path(first).name in _STARTS or _PYTHON.match(first):
+            body = re.split(r"\s(?:&>|2>&1|>>|>|\||&&|;|&)(?:\s|$)", " " + expand(stripped) + " ")[0]
+            tokens = shlex.split(body.split(" #")[0])
+            if tokens:
+                return tokens
+    raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
+                        "python, llamafactory-cli, swift, axolotl or trl).")
+
+
+def resolve_path(name: str, *bases: str | os.PathLike | None) -> Path | None:
+    """An existing file: `name` as given (relative to the working directory), then relative to each base."""
+    candidate = Path(name).expanduser()
+    if candidate.is_file():
+        return candidate
+    for base in bases:
+        if base is not None and (Path(base) / name).is_file():
+            return Path(base) / name
+    return None

@@ -1,0 +1,223 @@
+"""Axolotl: a config YAML on its own, `axolotl train config.yml [--key value ...] [-- launcher args]`,
+`accelerate launch -m axolotl.cli.train config.yml`, or `python -m axolotl.cli.train config.yml`.
+
+Axolotl fills gradient_checkpointing_kwargs itself: `{use_reentrant: true}` for SFT-style runs without
+unfrozen_parameters (src/axolotl/utils/config/__init__.py normalize_config), `{use_reentrant: false}` for RL
+(src/axolotl/core/builders/base.py); adapters always get enable_input_require_grads() (src/axolotl/loaders/adapter.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from loraflow.errors import LoraflowError
+from loraflow.frontends import FrontendResult, deepspeed, keys
+from loraflow.frontends.argv import (Command, command_from_script, parse_flags, resolve_path, split_command,
+                                     _launcher_options, _world_from_launcher)
+from loraflow.frontends.common import (Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
+                                       embedding_targets, finish_world, load_mapping)
+
+NAME = "axolotl"
+CFG = "src/axolotl/utils/config/__init__.py"
+_RL = {"dpo": "dpo", "ipo": "dpo", "orpo": "dpo", "kto": "dpo", "simpo": "dpo", "gdpo": "dpo", "grpo": "grpo",
+       "ebft": "sft"}
+# Setup field -> the Axolotl config key that changes it (also read by `loraflow explain` through flags_for).
+FLAGS = {"checkpointing": "gradient_checkpointing", "reentrant": "gradient_checkpointing_kwargs: {use_reentrant: ...}",
+         "zero_stage": "deepspeed (e.g. deepspeed_configs/zero2.json)", "engine": "deepspeed / fsdp / fsdp_version",
+         "adapter": "adapter / peft_use_dora", "precision": "bf16 / fp16", "quantization": "load_in_4bit",
+         "matched_modules": "lora_target_modules / lora_target_linear", "packing": "sample_packing",
+         "find_unused_parameters": "ddp_find_unused_parameters", "embeddings_trainable": "lora_modules_to_save",
+         "lm_head_trainable": "lora_modules_to_save", "weight_tying_enforced": "peft_ensure_weight_tying",
+         "offload": "deepspeed offload config / fsdp_config.offload_params",
+         "fsdp_use_orig_params": "fsdp_config.use_orig_params", "world_size": "accelerate --num_processes",
+         "adapter_save_gather": "gather_16bit_weights_on_model_save in the DeepSpeed JSON"}
+_CLI = {"launcher", "cloud", "use_exec", "no_use_exec", "accelerate", "debug", "shard", "sweep"}
+
+
+def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, bases: list) -> None:
+    def get(name: str, default: Any = None) -> Any:
+        return cfg[name][0] if name in cfg else default
+
+    def src(name: str) -> str:
+        return cfg[name][1]
+
+    def on(name: str, default: bool = False) -> bool:
+        return as_bool(get(name), src(name)) if name in cfg and get(name) is not None else default
+
+    rl = get("rl")
+    if rl:
+        if str(rl) not in _RL:
+            raise LoraflowError(f"{src('rl')}: `{rl}` is not an Axolotl rl type ({', '.join(_RL)}).")
+        draft.set("stage", _RL[str(rl)], src("rl"))
+    else:
+        draft.set("stage", "rm" if get("reward_model") else "sft", src("reward_model") if get("reward_model") else
+                  "default (no rl: supervised fine-tuning)")
+
+    acc = apply_accelerate(draft, cmd, tuple(bases)) if cmd is not None and cmd.launcher == "accelerate" else {}
+    info: dict[str, Any] = {}
+    if get("deepspeed"):
+        ds = deepspeed.read(get("deepspeed"), src("deepspeed"), tuple(bases))
+        info, label = deepspeed.apply(draft, ds), ds.label
+    fsdp_cfg = get("fsdp_config") or {}
+    if get("fsdp") or fsdp_cfg:
+        options = {k.removeprefix("fsdp_"): v for k, v in dict(fsdp_cfg).items()}
+        version = int(get("fsdp_version") or options.get("version") or 1)
+        draft.set("engine", "fsdp2" if version == 2 else "fsdp1", src("fsdp_version") if "fsdp_version" in cfg else
+                  (src("fsdp_config") if "fsdp_config" in cfg else src("fsdp")) + f" (FSDP{version})")
+        if "offload" in as_list(get("fsdp")):
+            draft.set("offload", True, src("fsdp"))
+        apply_fsdp_options(draft, options, src("fsdp_config") if "fsdp_config" in cfg else src("fsdp"))
+
+    # bf16: auto resolves to true on GPUs with bf16 (resolve_dtype in src/axolotl/utils/config/__init__.py).
+    bf16 = get("bf16")
+    bf = (bf16 == "auto" or on("bf16") or on("bfloat16")) and not on("fp16")
+    fp = on("fp16") or on("float16")
+    if bf16 == "auto" and not on("fp16"):
+        draft.note("bf16: auto turns bf16 on when the GPU supports it (Ampere or newer): assumed it does")
+    if info:
+        deepspeed.resolve_precision(draft, info, label, bf, fp, "bf16/fp16 in the config")
+    if not draft.has("precision") and (bf or fp):
+        key = next(k for k in ("bf16", "bfloat16", "fp16", "float16") if k in cfg and (bf if "b" in k else fp))
+        draft.set("precision", "bf16-mixed" if bf else "fp16-mixed", src(key))
+
+    adapter = get("adapter")
+    if adapter in ("lora", "qlora"):
+        dora = on("peft_use_dora")
+        draft.set("adapter", "dora" if dora else "lora", f"{src('adapter')}" + (f" + {src('peft_use_dora')}" if dora
+                                                                                   else ""))
+        draft.set("input_grad_hook", True, "load_adapter calls enable_input_require_grads() "
+                  "(src/axolotl/loaders/adapter.py)")
+        targets = as_list(get("lora_target_modules"))
+        if "lora_target_modules" in cfg and not targets and not on("lora_target_linear"):
+            draft.set("matched_modules", 0, f"{src('lora_target_modules')} (empty, lora_target_linear off)")
+        if "lora_modules_to_save" in cfg:
+            embedding_targets(draft, as_list(get("lora_modules_to_save")), src("lora_modules_to_save"))
+        if on("peft_ensure_weight_tying"):
+            draft.set("weight_tying_enforced", True, src("peft_ensure_weight_tying"))
+    elif adapter:
+        raise LoraflowError(f"{src('adapter')}: `{adapter}`: Axolotl adapters are lora and qlora.")
+    else:
+        draft.set("adapter", "full", "no adapter key: full fine-tuning")
+    if on("load_in_4bit"):
+        draft.set("quantization", "4bit", src("load_in_4bit"))
+        # qlora: bnb_4bit_quant_storage=bfloat16 (src/axolotl/loaders/model.py), the model dtype when bf16 trains.
+        draft.set("quant_storage_matches", bf, "Axolotl stores 4-bit weights as bfloat16 "
+                  "(src/axolotl/loaders/model.py)")
+    elif on("load_in_8bit"):
+        draft.set("quantization", "8bit", src("load_in_8bit"))
+
+    gc = get("gradient_checkpointing", False)
+    offloading = get("activation_offloading")
+    if offloading and offloading != "hidden_states" and draft.get("adapter") != "full":
+        draft.note(f"{src('activation_offloading')}: the TRL offloader replaces recompute for adapters, so "
+                   "gradient checkpointing is off (src/axolotl/core/builders/base.py)")
+        gc = False
+    elif offloading == "hidden_states":
+        gc = True
+    if gc and draft.get("checkpoint_impl") != "torch-wrapper":
+        draft.set("checkpointing", "all", src("gradient_checkpointing") if "gradient_checkpointing" in cfg
+                  else src("activation_offloading"))
+        draft.set("checkpoint_impl", "transformers", "HF Trainer gradient_checkpointing (src/axolotl/core/builders/"
+                  "base.py)")
+        kwargs = get("gradient_checkpointing_kwargs") or {}
+        model_type = str(get("model_config_type") or get("base_model") or "")
+        if "use_reentrant" in kwargs:
+            draft.set("reentrant", as_bool(kwargs["use_reentrant"], "use_reentrant"),
+                      src("gradient_checkpointing_kwargs"))
+        elif "gemma4" in model_type.lower() or "gemma-4" in model_type.lower():
+            draft.set("reentrant", False, f"Axolotl forces use_reentrant false for Gemma4 ({CFG})")
+        elif rl or get("unfrozen_parameters") or offloading == "hidden_states":
+            draft.set("reentrant", False, "default (Axolotl: use_reentrant false for rl / unfrozen_parameters, "
+                      "src/axolotl/core/builders/base.py)")
+        else:
+            draft.set("reentrant", True, f"default (Axolotl {CFG}: gradient_checkpointing_kwargs "
+                      "{use_reentrant: true} when unset)")
+        if gc in ("offload", "offload_disk"):
+            draft.note(f"gradient_checkpointing: {gc} offloads the checkpointed activations to CPU/disk")
+    draft.set("use_cache", False, "Axolotl sets config.use_cache = False (src/axolotl/loaders/utils.py)")
+    if on("sample_packing"):
+        draft.set("packing", True, src("sample_packing"))
+
+    if "ddp_find_unused_parameters" in cfg:
+        draft.set("find_unused_parameters", on("ddp_find_unused_parameters"), src("ddp_find_unused_parameters"))
+    elif draft.get("engine") not in ("deepspeed", "fsdp1", "fsdp2"):
+        draft.set("find_unused_parameters", False, "default (Axolotl passes bool(ddp_find_unused_parameters) "
+                  "under DDP, src/axolotl/core/builders/causal.py)")
+    if draft.get("stage") == "dpo":
+        draft.set("forwards_per_step", 1, "TRL's DPOTrainer concatenates chosen and rejected "
+                  "(trl/trainer/dpo_trainer.py)")
+    if draft.get("stage") == "grpo":
+        trl = get("trl") or {}
+        vllm = as_bool(trl.get("use_vllm", False), "trl.use_vllm")
+        draft.set("generation", not vllm, "trl.use_vllm (rollouts from vLLM)" if vllm else
+                  "default (Axolotl trl.use_vllm false: model.generate, src/axolotl/utils/schemas/trl.py)")
+        if not vllm:
+            draft.set("generation_gather", True, "TRL GRPOTrainer ds3_gather_for_generation default true "
+                      "(trl/trainer/grpo_config.py)")
+    draft.set("train_mode_at_backward", True, "Trainer.training_step calls model.train()")
+    if draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3:
+        new = at_least(draft, "transformers", "5.0.0")
+        gather = new or bool(info.get("gather")) or bool(acc.get("zero3_save_16bit_model"))
+        draft.set("adapter_save_gather", gather, "transformers >= 5 Trainer.save_model consolidates the trainable "
+                  "ZeRO-3 params (transformers trainer.py)" if new else
+                  f"{info.get('gather_key', 'gather_16bit_weights_on_model_save')} in the DeepSpeed config")
+
+    for name, (value, source) in cfg.items():
+        if name not in keys.AXOLOTL and name not in _CLI:
+            draft.unknown.append(source)
+    draft.flag(**FLAGS)
+
+
+def _read(paths: list[str], draft: Draft) -> tuple[dict[str, tuple[Any, str]], list]:
+    cfg: dict[str, tuple[Any, str]] = {}
+    bases: list = []
+    ds_files = []
+    for path in paths:
+        data = load_mapping(path, "Axolotl config")
+        bases.append(Path(path).parent)
+        if "zero_optimization" in data:
+            ds_files.append(str(path))
+            continue
+        for key, value in data.items():
+            cfg[key] = (value, f"{Path(path).name}: {key}")
+    for path in ds_files:  # a DeepSpeed JSON given alongside replaces the YAML's `deepspeed:` path
+        cfg["deepspeed"] = (path, path)
+    return cfg, bases
+
+
+def from_command(cmd: Command, versions: dict) -> FrontendResult:
+    draft = Draft(NAME, versions)
+    if cmd.program_kind == "cli" and cmd.subcommand != "train":
+        raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads training runs (axolotl train CONFIG).")
+    args, positionals, after = parse_flags(cmd.args)
+    configs = [p for p in positionals if p.endswith((".yml", ".yaml"))]
+    if len(configs) != 1:
+        raise LoraflowError(f"`{cmd.describe()}` needs exactly one config YAML, got {len(configs)}.")
+    path = resolve_path(configs[0])
+    if path is None:
+        raise LoraflowError(f"{configs[0]}: Axolotl config not found (relative to the working directory).")
+    cfg, bases = _read([str(path)], draft)
+    for extra in positionals:
+        if extra != configs[0]:
+            draft.unknown.append(f"{extra} (positional argument)")
+    for a in args:  # CLI flags override config keys (axolotl's --key value overrides)
+        cfg[a.name] = (a.value if a.value is not None else True, a.raw)
+    if after and cmd.program_kind == "cli":  # `axolotl train cfg.yml -- --num_processes 4` goes to accelerate
+        options, _ = _launcher_options(after, set())
+        cmd.launcher, cmd.launcher_args = "accelerate", options
+        _world_from_launcher(cmd)
+    _apply(draft, cfg, cmd, bases)
+    finish_world(draft, cmd)
+    return draft.result()
+
+
+def from_files(paths: list[str], versions: dict) -> FrontendResult:
+    """An Axolotl YAML (optionally with the DeepSpeed JSON it uses), or a launch script (.sh)."""
+    if any(p.endswith(".sh") for p in paths):
+        return from_command(split_command(command_from_script(next(p for p in paths if p.endswith(".sh")))), versions)
+    draft = Draft(NAME, versions)
+    cfg, bases = _read(paths, draft)
+    _apply(draft, cfg, None, bases)
+    finish_world(draft, None)
+    return draft.result()

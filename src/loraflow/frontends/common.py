@@ -1,0 +1,262 @@
+"""What every frontend shares: a draft Setup that remembers where each value came from, version tests, config
+files (YAML/JSON) and accelerate's launch configuration (a `--config_file` YAML and `accelerate launch` flags)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from loraflow.errors import LoraflowError
+from loraflow.frontends import FrontendResult, keys
+from loraflow.frontends.argv import Command, parse_bool, resolve_path, visible_devices
+from loraflow.rules.setup import Setup
+
+_DEFAULTS = {f.name: f.default for f in fields(Setup) if f.name != "versions"}
+
+
+class Draft:
+    """Setup values with their sources; `default()` never overrides what a flag or file already set."""
+
+    def __init__(self, framework: str, versions: dict[str, Version | None]):
+        self.framework = framework
+        self.versions = dict(versions)
+        self.values: dict[str, Any] = {}
+        self.sources: dict[str, str] = {}
+        self.flags: dict[str, str] = {}
+        self.unknown: list[str] = []
+        self.notes: list[str] = []
+
+    def set(self, name: str, value: Any, source: str) -> None:
+        if name not in _DEFAULTS:
+            raise KeyError(f"{name} is not a Setup field")
+        self.values[name] = value
+        self.sources[name] = source
+
+    def default(self, name: str, value: Any, source: str) -> None:
+        if name not in self.values:
+            self.set(name, value, f"default ({source})")
+
+    def get(self, name: str) -> Any:
+        return self.values.get(name, _DEFAULTS[name])
+
+    def has(self, name: str) -> bool:
+        return name in self.values
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def flag(self, **mapping: str) -> None:
+        self.flags.update(mapping)
+
+    def result(self) -> FrontendResult:
+        setup = Setup(**self.values, versions=dict(self.versions))
+        return FrontendResult(self.framework, setup, dict(self.sources), list(dict.fromkeys(self.unknown)),
+                              list(self.notes), dict(self.flags))
+
+
+def at_least(draft: Draft, package: str, version: str) -> bool:
+    """Installed (or --versions) `package` >= version; unknown counts as the current release, with a note."""
+    installed = draft.versions.get(package)
+    if installed is None:
+        draft.note(f"{package} version unknown: assumed a current release; pass --versions {package}=X.Y.Z "
+                   f"(behaviour changes at {package} {version})")
+        return True
+    return installed >= Version(version)
+
+
+def load_mapping(path: str | Path, what: str) -> dict[str, Any]:
+    """A YAML or JSON file whose top level is a mapping (JSON is valid YAML, but JSON errors read better)."""
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise LoraflowError(f"cannot read {what} {path}: {exc.strerror}.") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise LoraflowError(f"{what} {path} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise LoraflowError(f"{what} {path} must hold a mapping of keys to values at the top level.")
+    return data
+
+
+def as_bool(value: Any, where: str) -> bool:
+    return value if isinstance(value, bool) else parse_bool(None if value is None else str(value), where)
+
+
+def as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [v for v in str(value).replace(",", " ").split() if v]
+
+
+def precision_from(bf16: bool, fp16: bool) -> str:
+    # bf16/fp16 switches of the HF Trainer and DeepSpeed are autocast (DeepSpeed keeps fp32 master weights), so the
+    # trainable weights stay fp32: `-mixed`. Pure half storage is set explicitly by the frontends that have it.
+    return "bf16-mixed" if bf16 else ("fp16-mixed" if fp16 else "fp32")
+
+
+def embedding_targets(draft: Draft, names: list[str], source: str) -> None:
+    """modules_to_save / additional targets that train the embeddings or the output head."""
+    if any(n in ("embed_tokens", "wte", "word_embeddings", "embed_in") or n.endswith("embed_tokens") for n in names):
+        draft.set("embeddings_trainable", True, source)
+    if any(n in ("lm_head", "embed_out", "output") or n.endswith("lm_head") for n in names):
+        draft.set("lm_head_trainable", True, source)
+    if draft.get("embeddings_trainable") or draft.get("lm_head_trainable"):
+        draft.note("whether the model ties embed_tokens and lm_head (tie_word_embeddings) is not visible here; if "
+                   "it does, see rule tied-embedding-adapter")
+
+
+# Accelerate configs shipped by the frameworks, inferred when the named file is not on this machine:
+# trl trl/accelerate_configs/*.yaml (also examples/accelerate_configs/), LLaMA-Factory examples/accelerate/*.yaml.
+_ACCELERATE_KNOWN = {
+    "zero1": {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 1}},
+    "zero2": {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2}},
+    "zero3": {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 3, "zero3_save_16bit_model": True}},
+    "fsdp1": {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 1, "fsdp_use_orig_params": True}},
+    "fsdp2": {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2}},
+    "multi_gpu": {"distributed_type": "MULTI_GPU"},
+    "single_gpu": {"distributed_type": "NO"},
+    "fsdp_config": {"distributed_type": "FSDP", "num_processes": 2, "fsdp_config": {"fsdp_use_orig_params": True}},
+    "fsdp2_config": {"distributed_type": "FSDP", "num_processes": 2, "fsdp_config": {"fsdp_version": 2}},
+    "fsdp_config_offload": {"distributed_type": "FSDP", "num_processes": 2,
+                            "fsdp_config": {"fsdp_use_orig_params": True, "fsdp_offload_params": True}},
+}
+for _name in ("zero1", "zero2", "zero3"):
+    _ACCELERATE_KNOWN[f"deepspeed_{_name}"] = _ACCELERATE_KNOWN[_name]
+for _cfg in _ACCELERATE_KNOWN.values():
+    _cfg.setdefault("mixed_precision", "bf16")
+    _cfg.setdefault("num_processes", 8)
+
+
+def read_accelerate_config(name: str, flag: str, bases: tuple = ()) -> tuple[dict[str, Any], str]:
+    path = resolve_path(name, *bases)
+    if path is not None:
+        return load_mapping(path, f"accelerate config ({flag})"), str(path)
+    stem = Path(name).name.removesuffix(".yaml").removesuffix(".yml")
+    if stem in _ACCELERATE_KNOWN:
+        origin = (f"LLaMA-Factory examples/accelerate/{stem}.yaml" if stem.startswith("fsdp_config") or stem ==
+                  "fsdp2_config" else f"trl examples/accelerate_configs/{stem}.yaml" if stem.startswith("deepspeed_")
+                  else f"trl trl/accelerate_configs/{stem}.yaml")
+        return dict(_ACCELERATE_KNOWN[stem]), f"{name} (inferred: {origin} as shipped)"
+    raise LoraflowError(f"{flag} {name}: no such file (looked in the working directory"
+                        f"{' and ' + ', '.join(map(str, bases)) if bases else ''}) and not a config name loraflow "
+                        f"knows, so the launch setup cannot be read. Run from the directory the path is relative to, "
+                        f"or pass the file to `loraflow check --framework NAME FILE...`.")
+
+
+def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str, Any]:
+    """`accelerate launch` config file and flags -> engine, world size, mixed precision. Returns what the caller
+    still needs: the DeepSpeed JSON named inside (`deepspeed_config_file`) and zero3_save_16bit_model."""
+    out: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    label = ""
+    name = cmd.launcher_value("config_file")
+    if name:
+        config, label = read_accelerate_config(name, "--config_file", bases)
+        for key in config:
+            if key not in keys.ACCELERATE_TOP:
+                draft.unknown.append(f"{label}: {key}")
+    elif cmd.launcher == "accelerate":
+        draft.note("accelerate launch without --config_file uses the machine's default accelerate config "
+                   "(~/.cache/huggingface/accelerate/default_config.yaml), which is not visible here")
+    flag = cmd.launcher_value
+    dtype = str(config.get("distributed_type", "")).upper()
+    if flag("use_deepspeed") or dtype == "DEEPSPEED":
+        ds = dict(config.get("deepspeed_config") or {})
+        for key in ds:
+            if key not in keys.ACCELERATE_DEEPSPEED:
+                draft.unknown.append(f"{label}: deepspeed_config.{key}")
+        src = "--use_deepspeed" if flag("use_deepspeed") else f"{label}: distributed_type"
+        draft.set("engine", "deepspeed", src)
+        stage = flag("zero_stage") or ds.get("zero_stage")
+        if stage is not None:
+            draft.set("zero_stage", int(stage),
+                      f"--zero_stage {stage}" if flag("zero_stage") else f"{label}: zero_stage")
+        devices = [flag("offload_optimizer_device") or ds.get("offload_optimizer_device"),
+                   flag("offload_param_device") or ds.get("offload_param_device")]
+        if any(d not in (None, "none") for d in devices):
+            draft.set("offload", True, f"{label or 'accelerate launch'}: offload_*_device")
+        out["deepspeed_config_file"] = flag("deepspeed_config_file") or ds.get("deepspeed_config_file")
+        save16 = flag("zero3_save_16bit_model") or ds.get("zero3_save_16bit_model")
+        out["zero3_save_16bit_model"] = None if save16 is None else as_bool(save16, "zero3_save_16bit_model")
+    elif flag("use_fsdp") or dtype == "FSDP":
+        fsdp = {k.removeprefix("fsdp_"): v for k, v in (config.get("fsdp_config") or {}).items()}
+        version = int(flag("fsdp_version") or fsdp.get("version") or 1)
+        draft.set("engine", "fsdp2" if version == 2 else "fsdp1", f"{label or 'accelerate launch'}: fsdp_version")
+        apply_fsdp_options(draft, fsdp, label or "accelerate launch", flag)
+    elif flag("multi_gpu") or dtype == "MULTI_GPU":
+        draft.set("engine", "ddp", "--multi_gpu" if flag("multi_gpu") else f"{label}: distributed_type")
+    mp = flag("mixed_precision") or config.get("mixed_precision")
+    if mp not in (None, "no"):
+        out["mixed_precision"] = str(mp)
+    procs = config.get("num_processes")
+    if cmd.world_size is None and procs:
+        machines = int(config.get("num_machines") or 1)
+        cmd.world_size, cmd.world_source = int(procs), f"{label}: num_processes"
+        if machines > 1:
+            cmd.world_source += f" (over {machines} machines)"
+    return out
+
+
+def apply_fsdp_options(draft: Draft, options: dict[str, Any], label: str, flag=lambda *a: None) -> None:
+    """FSDP options, keys without their `fsdp_` prefix (accelerate and the HF Trainer accept both spellings)."""
+    def opt(key: str):
+        value = flag(f"fsdp_{key}")
+        return value if value is not None else options.get(key)
+
+    if opt("offload_params") is not None and as_bool(opt("offload_params"), f"{label}: offload_params"):
+        draft.set("offload", True, f"{label}: offload_params")
+    if opt("use_orig_params") is not None:
+        draft.set("fsdp_use_orig_params", as_bool(opt("use_orig_params"), "use_orig_params"),
+                  f"{label}: use_orig_params")
+    else:
+        # accelerate's FullyShardedDataParallelPlugin reads FSDP_USE_ORIG_PARAMS, default "true"
+        # (accelerate src/accelerate/utils/dataclasses.py).
+        draft.default("fsdp_use_orig_params", True, "accelerate utils/dataclasses.py")
+    if opt("activation_checkpointing") is not None and as_bool(opt("activation_checkpointing"), label):
+        # accelerate wraps each layer in torch's checkpoint_wrapper (CheckpointImpl.NO_REENTRANT), before
+        # fully_shard for FSDP2 (accelerate accelerator.py, utils/fsdp_utils.py fsdp2_apply_ac): inside the unit.
+        source = f"{label}: activation_checkpointing"
+        draft.set("checkpointing", "all", source)
+        draft.set("checkpoint_impl", "torch-wrapper", source)
+        draft.set("reentrant", False, source + " (checkpoint_wrapper is non-reentrant)")
+        draft.set("checkpoint_outside_shard", False, source + " (applied before fully_shard)")
+
+
+def world_from_env(draft: Draft, cmd: Command, all_visible: bool) -> None:
+    """World size for CLIs that start torchrun themselves (llamafactory-cli, swift): NPROC_PER_NODE x NNODES, else
+    every visible device when `all_visible` (LLaMA-Factory launches one process per device)."""
+    if cmd.world_size is not None:
+        return
+    nproc = cmd.env.get("NPROC_PER_NODE")
+    if nproc and nproc.isdigit():
+        nodes = int(cmd.env.get("NNODES", "1") or 1)
+        cmd.world_size, cmd.world_source = int(nproc) * nodes, f"NPROC_PER_NODE={nproc} NNODES={nodes}"
+        return
+    count, source = visible_devices(cmd)
+    if all_visible and count:
+        cmd.world_size, cmd.world_source = count, source
+
+
+def finish_world(draft: Draft, cmd: Command | None) -> None:
+    if cmd is not None and cmd.world_size:
+        draft.set("world_size", cmd.world_size, cmd.world_source or "launcher")
+    elif not draft.has("world_size"):
+        draft.note("number of processes not visible in the command: assumed 1 (pass the launcher's "
+                   "--num_gpus / --nproc_per_node / --num_processes to check multi-process setups)")
+    if not draft.has("engine"):
+        multi = draft.get("world_size") > 1
+        draft.set("engine", "ddp" if multi else "single",
+                  "more than one process, no DeepSpeed or FSDP" if multi else "one process")

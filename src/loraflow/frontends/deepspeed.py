@@ -1,0 +1,182 @@
+"""DeepSpeed config JSON: read on its own (`loraflow check --framework deepspeed ds.json`) and wherever another
+framework names one (`--deepspeed ds.json`, `deepspeed: path` in YAML, ms-swift's `--deepspeed zero3`).
+
+Values "auto" are filled by the HF Trainer from its own flags (transformers integrations/deepspeed.py fill_match:
+bf16.enabled <- --bf16, fp16.enabled <- --fp16); the caller resolves them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loraflow.errors import LoraflowError
+from loraflow.frontends import FrontendResult, keys
+from loraflow.frontends.argv import resolve_path
+from loraflow.frontends.common import Draft, as_bool, finish_world, load_mapping
+
+NAME = "deepspeed"
+FLAGS = {"zero_stage": "zero_optimization.stage",
+         "offload": "zero_optimization.offload_optimizer.device / offload_param.device",
+         "precision": "bf16.enabled / fp16.enabled",
+         "adapter_save_gather": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+         "generation_gather": "hybrid_engine.enabled", "engine": "the DeepSpeed launcher"}
+
+
+def _known(stage: int, opt: bool = False, param: bool = False, bf16: Any = "auto", gather: bool = False) -> dict:
+    zero: dict[str, Any] = {"stage": stage}
+    if opt:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if param:
+        zero["offload_param"] = {"device": "cpu"}
+    if gather:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {"zero_optimization": zero, "bf16": {"enabled": bf16}, "fp16": {"enabled": "auto" if bf16 == "auto" else
+                                                                              False}}
+
+
+# Configs the frameworks ship, by file name, for when the path is relative to a checkout that is not here.
+WELL_KNOWN: dict[str, tuple[dict, str]] = {
+    # LLaMA-Factory examples/deepspeed/*.json
+    "ds_z0_config.json": (_known(0), "LLaMA-Factory examples/deepspeed/ds_z0_config.json"),
+    "ds_z2_config.json": (_known(2), "LLaMA-Factory examples/deepspeed/ds_z2_config.json"),
+    "ds_z2_autotp_config.json": (_known(2), "LLaMA-Factory examples/deepspeed/ds_z2_autotp_config.json"),
+    "ds_z2_offload_config.json": (_known(2, opt=True), "LLaMA-Factory examples/deepspeed/ds_z2_offload_config.json"),
+    "ds_z3_config.json": (_known(3, gather=True), "LLaMA-Factory examples/deepspeed/ds_z3_config.json"),
+    "ds_z3_fp8_config.json": (_known(3, opt=True, gather=True),
+                              "LLaMA-Factory examples/deepspeed/ds_z3_fp8_config.json"),
+    "ds_z3_offload_config.json": (_known(3, opt=True, param=True, gather=True),
+                                  "LLaMA-Factory examples/deepspeed/ds_z3_offload_config.json"),
+    # axolotl deepspeed_configs/*.json
+    "zero1.json": (_known(1), "axolotl deepspeed_configs/zero1.json"),
+    "zero1_torch_compile.json": (_known(1), "axolotl deepspeed_configs/zero1_torch_compile.json"),
+    "zero2.json": (_known(2, opt=True), "axolotl deepspeed_configs/zero2.json"),
+    "zero2_torch_compile.json": (_known(2, opt=True), "axolotl deepspeed_configs/zero2_torch_compile.json"),
+    "zero3.json": (_known(3, gather=True), "axolotl deepspeed_configs/zero3.json"),
+    "zero3_bf16.json": (_known(3, bf16=True, gather=True), "axolotl deepspeed_configs/zero3_bf16.json"),
+    "zero3_bf16_cpuoffload_all.json": (_known(3, opt=True, param=True, bf16=True, gather=True),
+                                       "axolotl deepspeed_configs/zero3_bf16_cpuoffload_all.json"),
+    "zero3_bf16_cpuoffload_params.json": (_known(3, param=True, bf16=True, gather=True),
+                                          "axolotl deepspeed_configs/zero3_bf16_cpuoffload_params.json"),
+}
+# ms-swift's `--deepspeed NAME` picks swift/config/NAME.json from the installed package (swift/arguments/sft_args.py).
+SWIFT_NAMES: dict[str, tuple[dict, str]] = {
+    "zero0": (_known(0), "ms-swift swift/config/zero0.json"),
+    "zero1": (_known(1), "ms-swift swift/config/zero1.json"),
+    "zero2": (_known(2), "ms-swift swift/config/zero2.json"),
+    "zero2_offload": (_known(2, opt=True), "ms-swift swift/config/zero2_offload.json"),
+    "zero3": (_known(3, gather=True), "ms-swift swift/config/zero3.json"),
+    "zero3_offload": (_known(3, opt=True, param=True, gather=True), "ms-swift swift/config/zero3_offload.json"),
+}
+
+
+@dataclass
+class DeepSpeedConfig:
+    config: dict[str, Any]
+    label: str
+    """The path read, or `<name> (inferred from the name: upstream file)`."""
+    notes: list[str] = field(default_factory=list)
+
+
+def read(ref: str | dict, flag: str, bases: tuple = (), names: dict | None = None) -> DeepSpeedConfig:
+    """The DeepSpeed config `ref` names: an inline dict, an existing file (relative to the working directory, then to
+    each of `bases`), a name in `names` (ms-swift), or a well-known shipped file name. Anything else is an error."""
+    if isinstance(ref, dict):
+        return DeepSpeedConfig(ref, f"{flag} (inline)")
+    if names and ref in names:
+        config, origin = names[ref]
+        return DeepSpeedConfig(config, f"{flag} {ref}", [f"{flag} {ref}: the config {origin} (as shipped)"])
+    path = resolve_path(ref, *bases)
+    if path is not None:
+        return DeepSpeedConfig(load_mapping(path, f"DeepSpeed config ({flag})"), str(path))
+    base = Path(ref).name
+    if base in WELL_KNOWN:
+        config, origin = WELL_KNOWN[base]
+        return DeepSpeedConfig(config, f"{ref} (inferred)",
+                               [f"{ref} is not on this machine; read as {origin} (as shipped upstream): ZeRO stage "
+                                f"{config['zero_optimization']['stage']}. Run from the framework's checkout to check "
+                                f"the file itself"])
+    where = ", ".join(str(b) for b in bases if b)
+    raise LoraflowError(f"{flag} {ref}: DeepSpeed config not found (looked in the working directory"
+                        f"{' and ' + where if where else ''}). Its ZeRO stage and offload settings decide several "
+                        f"rules, so loraflow will not guess: run from the directory the path is relative to, or fix "
+                        f"the path given to {flag}.")
+
+
+def _enabled(section: Any) -> Any:
+    """True/False, or "auto" (filled later by the HF Trainer), or None when the section is absent."""
+    if not isinstance(section, dict) or "enabled" not in section:
+        return None
+    value = section["enabled"]
+    return "auto" if value == "auto" else as_bool(value, "enabled")
+
+
+def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
+    """Set engine, zero_stage, offload and (when explicit) precision; list keys DeepSpeed would not know.
+    Returns {"bf16", "fp16": True/False/"auto"/None, "gather": bool, "hybrid_engine": bool}."""
+    cfg, label = ds.config, ds.label
+    for note in ds.notes:
+        draft.note(note)
+    for key in cfg:
+        if key not in keys.DEEPSPEED_TOP:
+            draft.unknown.append(f"{label}: {key}")
+    zero = cfg.get("zero_optimization") or {}
+    for key in zero:
+        if key not in keys.DEEPSPEED_ZERO:
+            draft.unknown.append(f"{label}: zero_optimization.{key}")
+    draft.set("engine", "deepspeed", label)
+    stage = zero.get("stage", 0)  # DeepSpeedZeroConfig.stage defaults to 0 (deepspeed/runtime/zero/config.py)
+    draft.set("zero_stage", int(stage), f"{label}: zero_optimization.stage" if "stage" in zero else
+              f"default (DeepSpeed deepspeed/runtime/zero/config.py): {label} has no zero_optimization.stage")
+    devices = [(zero.get(k) or {}).get("device") for k in ("offload_optimizer", "offload_param")]
+    if any(d not in (None, "none") for d in devices) or zero.get("cpu_offload"):
+        draft.set("offload", True, f"{label}: zero_optimization.offload_*.device")
+    gather_key = next((k for k in ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+                                   "stage3_gather_fp16_weights_on_model_save") if k in zero), None)
+    gather = zero.get(gather_key) if gather_key else False  # DeepSpeed default False (runtime/zero/config.py)
+    if gather == "auto":
+        # HF fills nothing here; accelerate fills it from zero3_save_16bit_model (default false).
+        draft.note(f"{label}: {gather_key} is \"auto\": filled from accelerate's zero3_save_16bit_model (default "
+                   "false), read as false")
+        gather = False
+    hybrid = cfg.get("hybrid_engine") or {}
+    return {"bf16": _enabled(cfg.get("bf16", cfg.get("bfloat16"))), "fp16": _enabled(cfg.get("fp16")),
+            "gather": as_bool(gather, f"{label}: {gather_key}") if gather_key else False,
+            "gather_key": gather_key or "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+            "hybrid_engine": bool(isinstance(hybrid, dict) and hybrid.get("enabled") is True)}
+
+
+def resolve_precision(draft: Draft, info: dict[str, Any], label: str, hf_bf16: bool | None, hf_fp16: bool | None,
+                      hf_source: str) -> None:
+    """DeepSpeed bf16/fp16 sections decide; "auto" takes the HF flag (transformers fill_match)."""
+    bf16 = hf_bf16 if info["bf16"] == "auto" else info["bf16"]
+    fp16 = hf_fp16 if info["fp16"] == "auto" else info["fp16"]
+    if info["bf16"] is True or info["fp16"] is True:
+        key = "bf16" if info["bf16"] is True else "fp16"
+        draft.set("precision", f"{key}-mixed", f"{label}: {key}.enabled (DeepSpeed keeps fp32 master weights)")
+    elif bf16 or fp16:
+        draft.set("precision", "bf16-mixed" if bf16 else "fp16-mixed", f"{hf_source} (fills \"auto\" in {label})")
+
+
+def from_files(paths: list[str], versions: dict) -> FrontendResult:
+    draft = Draft(NAME, versions)
+    if not paths:
+        raise LoraflowError("--framework deepspeed needs the DeepSpeed config JSON: loraflow check --framework "
+                            "deepspeed ds_config.json")
+    for path in paths:
+        info = apply(draft, read(path, "deepspeed config"))
+        label = path
+        resolve_precision(draft, info, label, None, None, "")
+        if "auto" in (info["bf16"], info["fp16"]):
+            draft.note(f"{label}: bf16/fp16 \"auto\" is filled by the launching framework's --bf16/--fp16 flags, "
+                       "not visible here; precision left at fp32")
+        draft.set("adapter_save_gather", info["gather"], f"{label}: {info['gather_key']}" + (
+            "" if info["gather"] else " (absent or false; a save through DeepSpeed writes the partitions as they are)"))
+        if info["hybrid_engine"]:
+            draft.set("generation_gather", True, f"{label}: hybrid_engine.enabled (gathers once per generate)")
+    draft.note("a DeepSpeed config alone does not say whether activations are checkpointed or which adapter is "
+               "trained: assumed LoRA, checkpointing off. Check the launch command for the full picture")
+    draft.flag(**FLAGS)
+    finish_world(draft, None)
+    return draft.result()

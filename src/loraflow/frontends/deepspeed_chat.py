@@ -1,0 +1,166 @@
+"""DeepSpeed-Chat (DeepSpeedExamples applications/DeepSpeed-Chat): `deepspeed main.py ...` in
+training/step1_supervised_finetuning, step2_reward_model_finetuning, step2_dpo_finetuning and step3_rlhf_finetuning,
+usually from their training_scripts/*.sh.
+
+DeepSpeed-Chat has its own LoRA (dschat/utils/module/lora.py, not PEFT): `--lora_dim N` swaps linear layers whose
+name contains `--lora_module_name` (default "decoder.layers.", OPT's naming) and only `--only_optimize_lora` freezes
+the base weights. Checkpointing is `model.gradient_checkpointing_enable()` without kwargs, so transformers' default
+decides reentrancy.
+"""
+
+from __future__ import annotations
+
+import re
+
+from loraflow.errors import LoraflowError
+from loraflow.frontends import FrontendResult, keys
+from loraflow.frontends.argv import Command, command_from_script, parse_bool, parse_flags, split_command
+from loraflow.frontends.common import Draft, at_least, finish_world
+
+NAME = "deepspeed-chat"
+_DIRS = {"step1_supervised_finetuning": "sft", "step2_reward_model_finetuning": "rm", "step2_dpo_finetuning": "dpo",
+         "step3_rlhf_finetuning": "ppo"}
+DISTINCT = {"lora_dim", "only_optimize_lora", "lora_module_name", "actor_zero_stage", "actor_lora_dim",
+            "enable_hybrid_engine", "actor_model_name_or_path", "critic_model_name_or_path",
+            "actor_gradient_checkpointing",
+            "offload_reference_model", "num_padding_at_beginning", "data_split", "data_output_path",
+            "sft_only_data_path"}
+_SWITCHES = {"gradient_checkpointing", "offload", "only_optimize_lora", "compute_fp32_loss", "enable_tensorboard",
+             "add_eot_token", "print_loss", "enable_hybrid_engine", "unpin_actor_parameters", "release_inference_cache",
+             "offload_reference_model", "offload_reward_model", "actor_gradient_checkpointing",
+             "critic_gradient_checkpointing", "enable_ema", "enable_mixed_precision_lora", "align_overflow",
+             "print_answers", "enable_test_mode", "deepspeed", "deepscale", "deepspeed_mpi"}
+# deepspeed.add_config_arguments(parser) in every main.py adds these (deepspeed/__init__.py).
+_DEEPSPEED_ARGS = {"deepspeed", "deepspeed_config", "deepscale", "deepscale_config", "deepspeed_mpi"}
+# Model families whose decoder layers are not named `decoder.layers.` (OPT's), so the default
+# --lora_module_name matches nothing in them.
+_NOT_OPT = re.compile(r"llama|mistral|mixtral|qwen|gemma|phi|falcon|bloom|gpt-?neox|pythia|baichuan|internlm|yi-",
+                      re.I)
+FLAGS = {"zero_stage": "--zero_stage (step 3: --actor_zero_stage)",
+         "checkpointing": "--gradient_checkpointing (step 3: --actor_gradient_checkpointing)",
+         "adapter": "--lora_dim / --only_optimize_lora", "input_grad_hook": "--only_optimize_lora",
+         "offload": "--offload", "precision": "--dtype", "matched_modules": "--lora_module_name",
+         "world_size": "deepspeed --num_gpus", "generation_gather": "--enable_hybrid_engine"}
+
+
+def stage_of(cmd: Command, given: set[str]) -> tuple[str, str]:
+    for part, stage in _DIRS.items():
+        if part in cmd.program:
+            return stage, cmd.program
+    if given & {"actor_zero_stage", "actor_model_name_or_path", "enable_hybrid_engine", "actor_lora_dim"}:
+        return "ppo", "step-3 flags (--actor_*)"
+    if "beta" in given:
+        return "dpo", "--beta (step2_dpo_finetuning)"
+    if "num_padding_at_beginning" in given:
+        return "rm", "--num_padding_at_beginning (step2_reward_model_finetuning)"
+    return "sft", f"{cmd.program} (not under a step directory; read as step 1)"
+
+
+def from_command(cmd: Command, versions: dict) -> FrontendResult:
+    draft = Draft(NAME, versions)
+    args, positionals, _ = parse_flags(cmd.args, switches=_SWITCHES, lists={"data_path"})
+    for extra in positionals:
+        draft.unknown.append(f"{extra} (a positional argument; main.py takes none)")
+    given = {a.name: a for a in args}
+    stage, stage_source = stage_of(cmd, set(given))
+    draft.set("stage", stage, stage_source)
+    step3 = stage == "ppo"
+    p = "actor_" if step3 else ""
+
+    def value(name: str, default=None):
+        a = given.get(name)
+        return a.one() if a is not None else default
+
+    def on(name: str) -> bool:
+        a = given.get(name)
+        return a is not None and parse_bool(a.value, a.raw)
+
+    main = f"DeepSpeed-Chat training/{next(k for k, v in _DIRS.items() if v == stage)}/main.py"
+    zero_flag = f"{p}zero_stage"
+    # deepspeed.initialize wraps the model at every stage, ZeRO 0 included (main.py).
+    draft.set("engine", "deepspeed", f"{main} always calls deepspeed.initialize")
+    if zero_flag in given:
+        draft.set("zero_stage", int(value(zero_flag)), given[zero_flag].raw)
+    else:
+        draft.set("zero_stage", 0, f"default ({main}: --{zero_flag} default 0)")
+    if on("offload"):
+        # get_train_ds_config offloads both optimizer and parameters (dschat/utils/ds_utils.py).
+        draft.set("offload", True, given["offload"].raw)
+    dtype = value("dtype", "fp16")
+    draft.set("precision", "bf16-mixed" if dtype == "bf16" else "fp16-mixed",
+              given["dtype"].raw if "dtype" in given else f"default ({main}: --dtype fp16; DeepSpeed fp16 keeps fp32 "
+              "master weights, dschat/utils/ds_utils.py)")
+
+    lora_dim = int(value(f"{p}lora_dim", 0))
+    lora_flag = f"--{p}lora_dim"
+    if lora_dim > 0 and on("only_optimize_lora"):
+        draft.set("adapter", "lora", f"{lora_flag} {lora_dim} --only_optimize_lora")
+    elif lora_dim > 0:
+        draft.set("adapter", "full", f"{lora_flag} {lora_dim} without --only_optimize_lora")
+        draft.note("without --only_optimize_lora DeepSpeed-Chat trains the base weights together with the LoRA "
+                   "weights (only_optimize_lora_parameters in dschat/utils/module/lora.py is what freezes them): "
+                   "read as full fine-tuning")
+    else:
+        draft.set("adapter", "full", given[f"{p}lora_dim"].raw if f"{p}lora_dim" in given else
+                  f"default ({main}: {lora_flag} 0, no LoRA)")
+    scope_flag = f"{p}lora_module_name"
+    scope = value(scope_flag, "decoder.layers.")
+    model = value("actor_model_name_or_path" if step3 else "model_name_or_path", "") or ""
+    if lora_dim > 0 and scope == "decoder.layers." and _NOT_OPT.search(model):
+        draft.set("matched_modules", 0, f"--{scope_flag} {'decoder.layers.' if scope_flag in given else 'default'} "
+                  f"(OPT's naming) with {model}")
+        draft.note(f"{model} names its decoder layers `model.layers.N`, so the scope `decoder.layers.` (the "
+                   f"default of --{scope_flag}) converts no linear layer to LoRA; DeepSpeed-Chat's Llama-2 scripts "
+                   "pass --lora_module_name \"layers.\"")
+
+    ckpt_flag = f"{p}gradient_checkpointing"
+    if on(ckpt_flag):
+        draft.set("checkpointing", "all", given[ckpt_flag].raw)
+        draft.set("checkpoint_impl", "transformers", f"{main}: model.gradient_checkpointing_enable()")
+        # No kwargs: transformers < 5 passes use_reentrant=True, >= 5 False (transformers PR #43203;
+        # trl/trainer/sft_trainer.py checks the same 5.0.0 boundary).
+        new = at_least(draft, "transformers", "5.0.0")
+        draft.set("reentrant", not new, f"default (transformers {'>=' if new else '<'} 5.0 "
+                  "gradient_checkpointing_enable without kwargs; DeepSpeed-Chat passes none)")
+        if lora_dim > 0 and on("only_optimize_lora"):
+            draft.set("input_grad_hook", True, "--only_optimize_lora: make_model_gradient_checkpointing_compatible "
+                      "calls enable_input_require_grads() (dschat/utils/module/lora.py)")
+            draft.note("DeepSpeed-Chat before PR #658 (Aug 2023) refused --gradient_checkpointing with "
+                       "--only_optimize_lora in an assert; current main.py adds the input-grad hook instead")
+        elif new:
+            draft.set("input_grad_hook", True, "transformers >= 5 gradient checkpointing hooks the embedding output "
+                      "for input_ids models (transformers modeling_utils.py)")
+    draft.set("use_cache", False, f"{main} calls the model with use_cache=False")
+    if stage in ("dpo", "rm"):
+        draft.set("forwards_per_step", 1, "chosen and rejected share one batch and one forward (step2 main.py)")
+    draft.set("adapter_save_gather", True, "save_zero_three_model gathers each parameter (dschat/utils/utils.py)")
+    if step3:
+        draft.set("generation", True, "step 3 samples with actor.generate (dschat/rlhf/ppo_trainer.py)")
+        hybrid = on("enable_hybrid_engine")
+        draft.set("generation_gather", hybrid, "--enable_hybrid_engine (gathers once per generate)" if hybrid else
+                  "default: no --enable_hybrid_engine, ZeRO-3 gathers at every decoding step")
+        draft.set("train_mode_at_backward", True, "generate_experience calls eval() then train() "
+                  "(dschat/rlhf/ppo_trainer.py)")
+
+    for a in args:
+        if a.name not in keys.DEEPSPEED_CHAT and a.name not in _DEEPSPEED_ARGS:
+            draft.unknown.append(a.raw)
+    draft.flag(zero_stage=f"--{zero_flag}", checkpointing=f"--{ckpt_flag}",
+               adapter=f"{lora_flag} / --only_optimize_lora",
+               input_grad_hook="--only_optimize_lora (adds enable_input_require_grads)", offload="--offload",
+               precision="--dtype", matched_modules=f"--{scope_flag}", world_size="deepspeed --num_gpus",
+               generation_gather="--enable_hybrid_engine")
+    finish_world(draft, cmd)
+    return draft.result()
+
+
+def from_files(paths: list[str], versions: dict) -> FrontendResult:
+    """DeepSpeed-Chat is configured by flags only: read the launch line of a training script."""
+    if len(paths) != 1:
+        raise LoraflowError("--framework deepspeed-chat takes one training script (e.g. training_scripts/llama2/"
+                            "run_llama2_7b_lora.sh), or give the command after `--`.")
+    cmd = split_command(command_from_script(paths[0]))
+    if "/" not in cmd.program and any(part in paths[0] for part in _DIRS):
+        # Scripts run `deepspeed main.py` from their step directory; keep which step it is.
+        cmd.program = next(f"{part}/main.py" for part in _DIRS if part in paths[0])
+    return from_command(cmd, versions)

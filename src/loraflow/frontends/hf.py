@@ -1,0 +1,379 @@
+"""HF Trainer and TRL: `trl sft|dpo|grpo ...`, `accelerate launch train.py ...`, `python train.py --deepspeed ds.json
+--use_peft --lora_r 16 ...`, or a YAML/JSON of TrainingArguments / SFTConfig / DPOConfig / GRPOConfig.
+
+TRL is recognised by its CLI, its config fields or its ModelConfig flags (`--use_peft`, `--lora_r`); anything else is
+read as a script built on transformers' Trainer. What the script itself does with the model (calling
+enable_input_require_grads, building a PeftModel) is not visible; the notes say what was assumed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loraflow.errors import LoraflowError
+from loraflow.frontends import FrontendResult, deepspeed, keys
+from loraflow.frontends.argv import (Arg, Command, command_from_script, parse_flags, pull_accelerate_options,
+                                     resolve_path, split_command)
+from loraflow.frontends.common import (Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
+                                       embedding_targets, finish_world, load_mapping, precision_from)
+
+NAME = "hf"
+TRL_COMMANDS = {"sft": "sft", "dpo": "dpo", "grpo": "grpo", "reward": "rm", "kto": "dpo", "rloo": "grpo"}
+_LISTS = {"lora_target_modules", "lora_modules_to_save", "report_to", "reward_funcs", "reward_weights", "label_names",
+          "lora_target_parameters", "reward_model_paths"}
+# Fields only TRL has: their presence means a TRL script (trl/trainer/*_config.py, trl/trainer/model_config.py).
+_TRL_MARKERS = {"use_peft", "lora_r", "lora_target_modules", "packing", "dataset_text_field", "num_generations",
+                "beta", "max_completion_length", "use_vllm", "dataset_name", "ds3_gather_for_generation", "use_dora"}
+_HANDLED = {"gradient_checkpointing", "activation_checkpointing", "gradient_checkpointing_kwargs",
+            "activation_checkpointing_kwargs", "bf16", "fp16", "deepspeed", "fsdp", "fsdp_config",
+            "ddp_find_unused_parameters", "ddp_static_graph", "use_cache", "use_peft", "use_dora",
+            "lora_target_modules", "lora_modules_to_save", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_storage",
+            "packing", "padding_free", "use_vllm", "ds3_gather_for_generation", "config", "accelerate_config", "dtype",
+            "torch_dtype"}
+
+
+# Setup field -> the HF Trainer / TRL flag that changes it (command-line spelling; also read by `loraflow explain`).
+FLAGS = {"checkpointing": "--gradient_checkpointing",
+         "reentrant": "--gradient_checkpointing_kwargs '{\"use_reentrant\": ...}'", "precision": "--bf16 / --fp16",
+         "engine": "--deepspeed / --fsdp", "find_unused_parameters": "--ddp_find_unused_parameters",
+         "ddp_static_graph": "--ddp_static_graph", "use_cache": "--use_cache", "adapter": "--use_peft / --use_dora",
+         "quantization": "--load_in_4bit", "matched_modules": "--lora_target_modules",
+         "quant_storage_matches": "--bnb_4bit_quant_storage", "packing": "--packing",
+         "generation_gather": "--ds3_gather_for_generation", "world_size": "the launcher's process count",
+         "zero_stage": "zero_optimization.stage in the --deepspeed JSON",
+         "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON"}
+
+
+@dataclass
+class Opt:
+    value: Any
+    source: str
+
+
+def _stage_from_name(text: str) -> str | None:
+    for pattern, stage in (("grpo|rloo", "grpo"), ("dpo|orpo|kto|simpo|cpo", "dpo"), ("ppo", "ppo"),
+                           ("reward|(^|_)rm($|_)", "rm"), ("sft", "sft")):
+        if re.search(pattern, text):
+            return stage
+    return None
+
+
+def _trl_since(draft: Draft, version: str) -> bool:
+    """TRL >= version. loraflow does not track TRL's version; unless a caller passed one, the current TRL is meant."""
+    installed = draft.versions.get("trl")
+    if installed is None:
+        draft.note("read with current TRL behaviour (>= 0.28): checkpointing on by default since 0.22, "
+                   "use_reentrant=False by default since 0.27, reentrant forced for PEFT + ZeRO-3 since 0.28")
+        return True
+    from packaging.version import Version
+
+    return installed >= Version(version)
+
+
+def _options_from_file(path: Path, into: dict[str, Opt], what: str) -> None:
+    for key, value in load_mapping(path, what).items():
+        if value is not None:  # `key: null` leaves the dataclass default, as HfArgumentParser does
+            into[key] = Opt(value, f"{path.name}: {key}")
+
+
+def _options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[str, Opt], bool]:
+    args, positionals, _ = parse_flags(cmd.args, lists=_LISTS)
+    opts: dict[str, Opt] = {}
+    for pos in positionals:  # HfArgumentParser reads a lone .yaml/.json positional as the whole config
+        path = resolve_path(pos, *bases)
+        if pos.endswith((".yaml", ".yml", ".json")) and path is not None:
+            _options_from_file(path, opts, "training config")
+            bases.append(path.parent)
+        else:
+            draft.unknown.append(f"{pos} (positional argument)")
+    config = next((a for a in args if a.name == "config"), None)
+    if config is not None:  # TRL's --config recipe.yaml; command-line flags override it (trl/scripts/utils.py)
+        path = resolve_path(config.one() or "", *bases)
+        if path is None:
+            raise LoraflowError(f"--config {config.one()}: no such file; TRL reads its training arguments from it.")
+        _options_from_file(path, opts, "--config")
+        bases.append(path.parent)
+    for a in args:
+        name = a.name[3:] if a.name.startswith("no_") and a.name[3:] in _HANDLED else a.name
+        value: Any = False if name != a.name else a.value
+        opts[name] = Opt(value, a.raw)
+    return opts, cmd.program == "trl" or cmd.program.startswith("trl.") or bool(set(opts) & _TRL_MARKERS)
+
+
+def _kwargs(opt: Opt | None) -> dict[str, Any]:
+    if opt is None or opt.value in (None, ""):
+        return {}
+    if isinstance(opt.value, dict):
+        return opt.value
+    try:
+        parsed = json.loads(str(opt.value))
+    except ValueError:
+        raise LoraflowError(f"{opt.source}: not a JSON object; write e.g. "
+                            "--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'.") from None
+    if not isinstance(parsed, dict):
+        raise LoraflowError(f"{opt.source}: expected a JSON object such as '{{\"use_reentrant\": false}}'.")
+    return parsed
+
+
+def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list) -> dict[str, Any]:
+    acc = apply_accelerate(draft, cmd, tuple(bases)) if cmd is not None and cmd.launcher == "accelerate" else {}
+    ds_ref = opts["deepspeed"].value if "deepspeed" in opts else acc.get("deepspeed_config_file")
+    info: dict[str, Any] = {"acc": acc}
+    if ds_ref:
+        if isinstance(ds_ref, str) and ds_ref.lstrip().startswith("{"):
+            ds_ref = json.loads(ds_ref)
+        ds = deepspeed.read(ds_ref, "--deepspeed" if "deepspeed" in opts else "deepspeed_config_file", tuple(bases))
+        info["ds"], info["ds_label"] = deepspeed.apply(draft, ds), ds.label
+    fsdp = opts.get("fsdp")
+    if fsdp is not None and fsdp.value not in (None, "", False, []):
+        words = as_list(fsdp.value) if fsdp.value is not True else ["full_shard"]
+        cfg = opts.get("fsdp_config")
+        options = cfg.value if cfg is not None else {}
+        if isinstance(options, str):
+            path = resolve_path(options, *bases)
+            if path is None:
+                raise LoraflowError(f"{cfg.source}: FSDP config file not found.")
+            options = load_mapping(path, "--fsdp_config")
+        options = {k.removeprefix("fsdp_"): v for k, v in (options or {}).items()}
+        version = int(options.get("version", 1))
+        which = (f" + fsdp_config version {version}" if "version" in options else
+                 " (FSDP1 unless fsdp_config sets version 2)")
+        draft.set("engine", "fsdp2" if version == 2 else "fsdp1", fsdp.source + which)
+        if "offload" in words:
+            draft.set("offload", True, fsdp.source)
+        apply_fsdp_options(draft, options, cfg.source if cfg is not None else fsdp.source)
+    return info
+
+
+def _arg(name: str, value: str) -> Arg:
+    return Arg(name, value, f"--{name} {value}")
+
+
+def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str], cmd: Command | None,
+          bases: list) -> None:
+    def on(name: str, default: bool = False) -> bool:
+        return as_bool(opts[name].value, opts[name].source) if name in opts else default
+
+    who = "TRL" if trl else "HF Trainer"
+    draft.set("stage", *stage)
+    info = _engine(draft, opts, cmd, bases)
+    zero3 = draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3
+
+    # Precision: TRL defaults bf16 on unless fp16 (trl/trainer/base_config.py); the Trainer defaults to fp32.
+    fp16 = on("fp16")
+    bf16 = on("bf16", default=trl and not fp16)
+    hf_src = (opts["bf16"].source if "bf16" in opts else opts["fp16"].source if "fp16" in opts else
+              "default (TRL trl/trainer/base_config.py: bf16 unless fp16)" if trl else "")
+    if "ds" in info:
+        deepspeed.resolve_precision(draft, info["ds"], info["ds_label"], bf16, fp16, hf_src or "--bf16/--fp16")
+    if not draft.has("precision"):
+        mp = info["acc"].get("mixed_precision")
+        if bf16 or fp16:
+            draft.set("precision", precision_from(bf16, fp16), hf_src)
+        elif mp in ("bf16", "fp16"):
+            draft.set("precision", precision_from(mp == "bf16", mp == "fp16"), "accelerate mixed_precision")
+
+    # Adapter: TRL scripts train a PEFT adapter only with --use_peft (ModelConfig.use_peft default False,
+    # trl/trainer/model_config.py); a plain Trainer script's adapter is not visible.
+    if "use_peft" in opts or trl:
+        peft = on("use_peft")
+        draft.set("adapter", ("dora" if on("use_dora") else "lora") if peft else "full",
+                  opts["use_peft"].source if "use_peft" in opts else
+                  "default (TRL trl/trainer/model_config.py: use_peft false, full fine-tuning)")
+    else:
+        draft.set("adapter", "dora" if on("use_dora") else "lora", "assumed: the script builds a PEFT adapter")
+        draft.note("a Trainer script's adapter setup is not visible in its flags: assumed a PEFT LoRA model; a "
+                   "script that calls model.enable_input_require_grads() itself changes the input_grad_hook finding")
+    if "lora_target_modules" in opts and opts["lora_target_modules"].value == []:
+        draft.set("matched_modules", 0, opts["lora_target_modules"].source + " (empty list)")
+    if "lora_modules_to_save" in opts:
+        embedding_targets(draft, as_list(opts["lora_modules_to_save"].value), opts["lora_modules_to_save"].source)
+    for bits in ("4", "8"):
+        if on(f"load_in_{bits}bit"):
+            draft.set("quantization", f"{bits}bit", opts[f"load_in_{bits}bit"].source)
+    if draft.get("quantization") == "4bit":
+        storage = str(opts["bnb_4bit_quant_storage"].value) if "bnb_4bit_quant_storage" in opts else None
+        dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)
+        same = storage is not None and storage in (dtype, "bfloat16" if bf16 else "float16" if fp16 else "float32")
+        draft.set("quant_storage_matches", same, opts["bnb_4bit_quant_storage"].source if storage else
+                  "default (bnb_4bit_quant_storage unset: packed uint8, trl/trainer/utils.py)")
+
+    # Checkpointing: TRL turns it on by default (trl/trainer/base_config.py, since TRL 0.22); the Trainer does not.
+    gc_name = next((n for n in ("activation_checkpointing", "gradient_checkpointing") if n in opts),
+                   "gradient_checkpointing")
+    kw_name = next((n for n in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs") if n in opts),
+                   "gradient_checkpointing_kwargs")
+    gc = on(gc_name, default=trl and _trl_since(draft, "0.22.0"))
+    gc_src = opts[gc_name].source if gc_name in opts else (f"default ({who} " + (
+        "trl/trainer/base_config.py: gradient_checkpointing true)" if trl else "TrainingArguments: false)"))
+    if gc and draft.get("checkpoint_impl") == "torch-wrapper":
+        draft.note("both the Trainer's gradient_checkpointing and FSDP activation_checkpointing are on; transformers "
+                   "refuses that combination")
+    if gc:
+        kwargs = _kwargs(opts.get(kw_name))
+        every = int(kwargs.get("every_n_layers", 1))
+        draft.set("checkpointing", "partial" if every > 1 else "all", gc_src)
+        if every > 1:
+            draft.set("checkpoint_every_n", every, opts[kw_name].source)
+        draft.set("checkpoint_impl", "transformers", f"{who} calls model.gradient_checkpointing_enable")
+        peft = draft.get("adapter") != "full"
+        if trl and peft and zero3 and _trl_since(draft, "0.28.0"):
+            # TRL forces reentrant for PEFT + ZeRO-3 (trl/trainer/sft_trainer.py, dpo_trainer.py, grpo_trainer.py;
+            # TRL >= 0.28, PR #4951), overriding an explicit false.
+            draft.set("reentrant", True, "TRL forces use_reentrant=True for PEFT + ZeRO-3 (trl/trainer/sft_trainer.py, "
+                      "dpo_trainer.py, grpo_trainer.py)")
+            if kwargs.get("use_reentrant") is False:
+                draft.note(f"{opts[kw_name].source}: TRL overrides use_reentrant=false to true under PEFT + ZeRO-3")
+        elif "use_reentrant" in kwargs:
+            draft.set("reentrant", as_bool(kwargs["use_reentrant"], kw_name), opts[kw_name].source)
+        elif trl and _trl_since(draft, "0.27.0"):
+            draft.set("reentrant", False, "default (TRL sets use_reentrant=False when unset, trl/trainer/"
+                      "sft_trainer.py; transformers >= 5 defaults to False as well)")
+        else:
+            new = at_least(draft, "transformers", "5.0.0")
+            draft.set("reentrant", not new, f"default (transformers {'>=' if new else '<'} 5.0: use_reentrant="
+                      f"{not new} when gradient_checkpointing_kwargs is unset; transformers PR #43203)")
+        if peft and trl:
+            draft.set("input_grad_hook", True, "TRL calls enable_input_require_grads() for PEFT + checkpointing "
+                      "(trl/trainer/sft_trainer.py)")
+        elif peft and at_least(draft, "transformers", "5.0.0"):
+            draft.set("input_grad_hook", True, "transformers >= 5 checkpointing hooks the embedding output of "
+                      "input_ids models (transformers modeling_utils.py activation_checkpointing_enable)")
+        elif peft:
+            draft.set("input_grad_hook", False, "transformers < 5: the Trainer's hook is skipped for a PeftModel "
+                      "(transformers issue #42489)")
+
+    if trl:
+        draft.set("use_cache", False, "TRL passes use_cache=False in the training forward (trl/trainer/sft_trainer.py)")
+    elif "use_cache" in opts:
+        draft.set("use_cache", on("use_cache"), opts["use_cache"].source)
+    elif at_least(draft, "transformers", "5.0.0"):
+        draft.set("use_cache", False, "default (transformers 5 Trainer sets config.use_cache = args.use_cache, "
+                  "default false; transformers trainer.py)")
+    for name in ("packing", "padding_free"):
+        if on(name):
+            draft.set("packing", True, opts[name].source)
+
+    sharded = draft.get("engine") in ("deepspeed", "fsdp1", "fsdp2")  # DDP settings do not apply there
+    if "ddp_find_unused_parameters" in opts:
+        draft.set("find_unused_parameters", on("ddp_find_unused_parameters"), opts["ddp_find_unused_parameters"].source)
+    elif sharded:
+        pass
+    elif draft.get("adapter") != "full":
+        draft.set("find_unused_parameters", True, "default (HF Trainer: a PeftModel is not a PreTrainedModel, so "
+                  "find_unused_parameters=True; transformers trainer.py)")
+    else:
+        draft.set("find_unused_parameters", not gc, "default (HF Trainer: not gradient_checkpointing; trainer.py)")
+    if on("ddp_static_graph"):
+        draft.set("ddp_static_graph", True, opts["ddp_static_graph"].source)
+
+    if draft.get("stage") in ("grpo", "ppo"):
+        if on("use_vllm"):
+            draft.set("generation", False, opts["use_vllm"].source + " (rollouts come from vLLM)")
+        else:
+            draft.set("generation", True, f"{draft.get('stage')} samples with model.generate (use_vllm false)")
+            gather = on("ds3_gather_for_generation", default=True)
+            draft.set("generation_gather", gather, opts["ds3_gather_for_generation"].source if
+                      "ds3_gather_for_generation" in opts else "default (TRL trl/trainer/grpo_config.py: "
+                      "ds3_gather_for_generation true)")
+    if draft.get("stage") == "dpo":
+        draft.set("forwards_per_step", 1, "TRL concatenates chosen and rejected in one forward "
+                  "(trl/trainer/dpo_trainer.py)")
+    draft.set("train_mode_at_backward", True, "Trainer.training_step calls model.train()")
+    if zero3:
+        if at_least(draft, "transformers", "5.0.0"):
+            draft.set("adapter_save_gather", True, "transformers >= 5 Trainer.save_model consolidates the trainable "
+                      "ZeRO-3 params of a PeftModel (transformers trainer.py)")
+        else:
+            gather = info.get("ds", {}).get("gather") or bool(info["acc"].get("zero3_save_16bit_model"))
+            draft.set("adapter_save_gather", gather, f"{info.get('ds_label', 'accelerate config')}: "
+                      "stage3_gather_16bit_weights_on_model_save (transformers < 5 saves through it)")
+
+    cli = cmd is not None
+    kw = f"--{kw_name} '{{\"use_reentrant\": ...}}'" if cli else f"{kw_name}: {{use_reentrant: ...}}"
+    draft.flag(checkpointing=f"--{gc_name}" if cli else gc_name, reentrant=kw, precision="--bf16 / --fp16" if cli else
+               "bf16 / fp16", engine="--deepspeed / --fsdp", find_unused_parameters="--ddp_find_unused_parameters",
+               ddp_static_graph="--ddp_static_graph", use_cache="--use_cache" if not trl else "",
+               adapter="--use_peft / --use_dora", quantization="--load_in_4bit",
+               matched_modules="--lora_target_modules",
+               quant_storage_matches="--bnb_4bit_quant_storage", packing="--packing",
+               generation_gather="--ds3_gather_for_generation", world_size="the launcher's process count",
+               zero_stage="zero_optimization.stage in the --deepspeed JSON" if "ds" in info else
+               "--zero_stage / zero_stage in the accelerate config",
+               adapter_save_gather="stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON" if "ds" in info
+               else "zero3_save_16bit_model in the accelerate config")
+    draft.flags = {k: v if cli else re.sub(r"(^|\s)--", r"\1", v) for k, v in draft.flags.items() if v}
+    known = keys.HF_TRAINER | keys.TRL | _HANDLED
+    for name, opt in opts.items():
+        if name not in known:
+            draft.unknown.append(opt.source)
+
+
+def from_command(cmd: Command, versions: dict) -> FrontendResult:
+    draft = Draft(NAME, versions)
+    bases: list = []
+    if cmd.program == "trl":
+        pull_accelerate_options(cmd)
+    opts, trl = _options_from_args(cmd, draft, bases)
+    if cmd.program == "trl":
+        if cmd.subcommand not in TRL_COMMANDS:
+            raise LoraflowError(f"`trl {cmd.subcommand}` is not a training command loraflow reads; expected one of "
+                                f"{', '.join(TRL_COMMANDS)}.")
+        stage = (TRL_COMMANDS[cmd.subcommand], f"trl {cmd.subcommand}")
+    else:
+        # `-m trl.scripts.dpo` names its stage in the last dotted part, a script in its file name.
+        name = cmd.program.rsplit(".", 1)[-1] if cmd.program_kind == "module" else Path(cmd.program).stem
+        found = _stage_from_name(name.lower())
+        stage = (found, f"script name {cmd.program}") if found else ("sft", f"assumed ({cmd.program} does not name "
+                                                                            "a stage)")
+    apply(draft, opts, trl, stage, cmd, bases)
+    finish_world(draft, cmd)
+    return draft.result()
+
+
+def from_files(paths: list[str], versions: dict) -> FrontendResult:
+    """Training-argument YAML/JSON files (later files override earlier keys), plus optionally a DeepSpeed JSON, an
+    accelerate config YAML, or a launch script (.sh) whose flags override the files."""
+    draft = Draft(NAME, versions)
+    opts: dict[str, Opt] = {}
+    cmd: Command | None = None
+    bases: list = []
+    ds_files = []
+    for path in paths:
+        p = Path(path)
+        if p.suffix == ".sh":
+            cmd = split_command(command_from_script(path))
+            continue
+        data = load_mapping(p, "config file")
+        bases.append(p.parent)
+        if "zero_optimization" in data:
+            ds_files.append(str(p))
+        elif "distributed_type" in data:
+            cmd = cmd or Command(argv=[], launcher="accelerate", program=path)
+            cmd.launcher_args.append(_arg("config_file", str(p)))
+        else:
+            _options_from_file(p, opts, "training config")
+    for path in ds_files:  # a DeepSpeed JSON given alongside replaces the config's `deepspeed:` path
+        opts["deepspeed"] = Opt(path, path)
+    trl = bool(set(opts) & _TRL_MARKERS)
+    stage_name = next((_stage_from_name(Path(p).stem.lower()) for p in paths if _stage_from_name(Path(p).stem.lower())),
+                      None)
+    if cmd is not None and cmd.args:
+        more, trl_cli = _options_from_args(cmd, draft, bases)
+        opts.update(more)
+        trl = trl or trl_cli
+        if cmd.program == "trl" and cmd.subcommand in TRL_COMMANDS:
+            stage_name = TRL_COMMANDS[cmd.subcommand]
+    named = next((Path(p).name for p in paths if _stage_from_name(Path(p).stem.lower())), "")
+    stage = (stage_name, f"file name {named}") if stage_name else ("sft", "assumed (no stage in the file names)")
+    if "beta" in opts and not stage_name:
+        stage = ("dpo", opts["beta"].source)
+    if "num_generations" in opts and not stage_name:
+        stage = ("grpo", opts["num_generations"].source)
+    apply(draft, opts, trl, stage, cmd, bases)
+    finish_world(draft, cmd)
+    return draft.result()

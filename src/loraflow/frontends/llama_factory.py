@@ -1,0 +1,223 @@
+"""LLaMA-Factory: `llamafactory-cli train examples/train_lora/x.yaml [key=value ...]` (or `--key value` flags), the
+same YAML on its own, `python src/train.py x.yaml`, or `accelerate launch --config_file examples/accelerate/...`.
+
+LLaMA-Factory checkpoints by default (`disable_gradient_checkpointing: false`) with `use_reentrant_gc: true`, and its
+own checkpoint function marks the hidden-state input of every checkpointed trainable layer as requiring grad
+(src/llamafactory/model/model_utils/checkpointing.py), which does what an input-grad hook does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from loraflow.errors import LoraflowError
+from loraflow.frontends import FrontendResult, deepspeed, keys
+from loraflow.frontends.argv import Command, command_from_script, parse_flags, resolve_path, split_command
+from loraflow.frontends.common import (Draft, apply_accelerate, as_bool, as_list, at_least, embedding_targets,
+                                       finish_world, load_mapping, precision_from, world_from_env)
+
+NAME = "llama-factory"
+HP = "src/llamafactory/hparams"
+STAGES = {"pt": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "kto": "dpo", "ppo": "ppo"}
+# Setup field -> the LLaMA-Factory key (YAML) or flag that changes it (also read by `loraflow explain`).
+FLAGS = {"checkpointing": "disable_gradient_checkpointing", "reentrant": "use_reentrant_gc",
+         "zero_stage": "deepspeed (e.g. examples/deepspeed/ds_z2_config.json)", "adapter": "finetuning_type / use_dora",
+         "precision": "bf16 / fp16 / pure_bf16", "quantization": "quantization_bit", "matched_modules": "lora_target",
+         "packing": "packing / neat_packing", "find_unused_parameters": "ddp_find_unused_parameters",
+         "embeddings_trainable": "additional_target", "lm_head_trainable": "additional_target",
+         "engine": "deepspeed / accelerate --config_file", "world_size": "NPROC_PER_NODE / CUDA_VISIBLE_DEVICES",
+         "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the deepspeed JSON"}
+_HANDLED = {"stage", "finetuning_type", "use_dora", "lora_target", "additional_target", "quantization_bit",
+            "quantization_method", "disable_gradient_checkpointing", "use_reentrant_gc", "use_unsloth_gc", "deepspeed",
+            "bf16", "fp16", "pure_bf16", "packing", "neat_packing", "ddp_find_unused_parameters", "ddp_static_graph",
+            "gradient_checkpointing", "fsdp", "fsdp_config", "model_name_or_path"}
+
+
+def _read(cmd: Command | None, paths: list[str], draft: Draft) -> tuple[dict[str, tuple[Any, str]], list]:
+    """Options from YAML/JSON files, then `key=value` overrides (OmegaConf) or `--key value` flags
+    (HfArgumentParser), as src/llamafactory/hparams/parser.py reads them."""
+    opts: dict[str, tuple[Any, str]] = {}
+    bases: list = []
+    ds_files = []
+    for path in paths:
+        data = load_mapping(path, "LLaMA-Factory config")
+        bases.append(Path(path).parent)
+        if "zero_optimization" in data:
+            ds_files.append(str(path))
+            continue
+        if "distributed_type" in data:
+            raise LoraflowError(f"{path} is an accelerate config: pass it on the launch line "
+                                f"(accelerate launch --config_file {path} src/train.py ...) after `--`.")
+        for key, value in data.items():
+            if value is not None:  # `key: null` (e.g. resume_from_checkpoint: null) keeps the default
+                opts[key] = (value, f"{Path(path).name}: {key}")
+    for path in ds_files:  # a DeepSpeed JSON given alongside replaces the YAML's `deepspeed:` path
+        opts["deepspeed"] = (path, path)
+    if cmd is None:
+        return opts, bases
+    args, positionals, _ = parse_flags(cmd.args)
+    for pos in positionals:
+        if "=" in pos:
+            key, _, value = pos.partition("=")
+            opts[key] = (value, pos)
+        elif pos.endswith((".yaml", ".yml", ".json")):
+            path = resolve_path(pos)
+            if path is None:
+                raise LoraflowError(f"{pos}: LLaMA-Factory config not found (relative to the working directory); "
+                                    f"run from the LLaMA-Factory checkout or pass the right path.")
+            more, more_bases = _read(None, [str(path)], draft)
+            opts = {**more, **opts}
+            bases += more_bases
+        else:
+            draft.unknown.append(f"{pos} (positional argument)")
+    for a in args:
+        opts[a.name] = (a.value, a.raw)
+    return opts, bases
+
+
+def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, bases: list) -> None:
+    def get(name: str, default: Any = None) -> Any:
+        return opts[name][0] if name in opts else default
+
+    def src(name: str) -> str:
+        return opts[name][1]
+
+    def on(name: str, default: bool = False) -> bool:
+        return as_bool(opts[name][0], src(name)) if name in opts else default
+
+    stage_raw = str(get("stage", "sft"))
+    if stage_raw not in STAGES:
+        raise LoraflowError(f"stage: `{stage_raw}` is not a LLaMA-Factory stage ({', '.join(STAGES)}).")
+    draft.set("stage", STAGES[stage_raw],
+              src("stage") if "stage" in opts else f"default ({HP}/finetuning_args.py: sft)")
+    if stage_raw in ("pt", "kto"):
+        draft.note(f"stage {stage_raw} is read as {STAGES[stage_raw]} (loraflow's stages are sft, rm, dpo, grpo, ppo)")
+
+    acc = apply_accelerate(draft, cmd, tuple(bases)) if cmd is not None and cmd.launcher == "accelerate" else {}
+    info: dict[str, Any] = {}
+    if "deepspeed" in opts and get("deepspeed"):
+        ds = deepspeed.read(get("deepspeed"), "deepspeed", tuple(bases))
+        info, label = deepspeed.apply(draft, ds), ds.label
+    fp16, bf16, pure = on("fp16"), on("bf16"), on("pure_bf16")
+    if pure:
+        # pure_bf16 keeps the trainable weights in bf16 too (no fp32 cast, src/llamafactory/model/adapter.py).
+        draft.set("precision", "bf16", src("pure_bf16"))
+    elif info:
+        deepspeed.resolve_precision(draft, info, label, bf16, fp16, src("bf16") if "bf16" in opts else
+                                    src("fp16") if "fp16" in opts else "bf16/fp16")
+    if not draft.has("precision") and (bf16 or fp16):
+        draft.set("precision", precision_from(bf16, fp16), src("bf16") if bf16 else src("fp16"))
+    elif not draft.has("precision") and acc.get("mixed_precision") in ("bf16", "fp16"):
+        draft.set("precision", precision_from(acc["mixed_precision"] == "bf16", acc["mixed_precision"] == "fp16"),
+                  "accelerate mixed_precision")
+
+    ftype = str(get("finetuning_type", "lora"))
+    ftsrc = src("finetuning_type") if "finetuning_type" in opts else f"default ({HP}/finetuning_args.py: lora)"
+    if ftype == "full":
+        draft.set("adapter", "full", ftsrc)
+    else:
+        draft.set("adapter", "dora" if ftype == "lora" and on("use_dora") else "lora",
+                  f"{ftsrc} + {src('use_dora')}" if on("use_dora") else ftsrc)
+        if ftype != "lora":
+            draft.note(f"finetuning_type {ftype} trains some weights and freezes the rest (embeddings included): "
+                       "read like an adapter setup")
+    if "additional_target" in opts:
+        embedding_targets(draft, as_list(get("additional_target")), src("additional_target"))
+    if "lora_target" in opts and not as_list(get("lora_target")):
+        draft.set("matched_modules", 0, f"{src('lora_target')} (empty)")
+    bits = get("quantization_bit")
+    if bits not in (None, "null", "None") and str(get("quantization_method", "bnb")) == "bnb":
+        draft.set("quantization", "4bit" if int(bits) == 4 else "8bit", src("quantization_bit"))
+        # bnb_4bit_quant_storage = compute dtype under ZeRO-3/FSDP (src/llamafactory/model/model_utils/quantization.py)
+        draft.set("quant_storage_matches", True, "LLaMA-Factory sets bnb_4bit_quant_storage to the compute dtype "
+                  "(model_utils/quantization.py)")
+
+    if "gradient_checkpointing" in opts:
+        draft.note(f"{src('gradient_checkpointing')}: LLaMA-Factory checkpoints through disable_gradient_checkpointing "
+                   "(default false, so on); the Trainer's own flag is not how it enables it")
+    if not on("disable_gradient_checkpointing"):
+        draft.set("checkpointing", "all", src("disable_gradient_checkpointing") if "disable_gradient_checkpointing"
+                  in opts else f"default ({HP}/model_args.py: disable_gradient_checkpointing false)")
+        draft.set("checkpoint_impl", "transformers", "model_utils/checkpointing.py: _set_gradient_checkpointing")
+        fsdp2 = draft.get("engine") == "fsdp2"
+        if fsdp2:
+            draft.set("reentrant", False, "LLaMA-Factory sets use_reentrant_gc false under FSDP2 "
+                      "(model_utils/checkpointing.py)")
+        elif "use_reentrant_gc" in opts:
+            draft.set("reentrant", on("use_reentrant_gc"), src("use_reentrant_gc"))
+        else:
+            draft.set("reentrant", True, f"default ({HP}/model_args.py: use_reentrant_gc true)")
+        draft.set("input_grad_hook", True, "LLaMA-Factory's checkpoint function marks each trainable layer's hidden-"
+                  "state input as requiring grad (model_utils/checkpointing.py)")
+        if on("use_unsloth_gc"):
+            draft.note("use_unsloth_gc: activations are offloaded to CPU by LLaMA-Factory's own autograd function")
+    else:
+        draft.set("checkpointing", "off", src("disable_gradient_checkpointing"))
+    draft.set("use_cache", False, "LLaMA-Factory turns the KV cache off for training (model_utils/kv_cache.py)")
+    packing = on("neat_packing") or (on("packing") if "packing" in opts else stage_raw == "pt")
+    if packing:
+        draft.set("packing", True, src("neat_packing") if on("neat_packing") else src("packing") if "packing" in opts
+                  else f"default ({HP}/parser.py: packing on for stage pt)")
+
+    if "ddp_find_unused_parameters" in opts:
+        draft.set("find_unused_parameters", on("ddp_find_unused_parameters"), src("ddp_find_unused_parameters"))
+    elif draft.get("engine") in ("deepspeed", "fsdp1", "fsdp2"):
+        pass  # DDP settings do not apply
+    elif ftype == "lora":
+        draft.set("find_unused_parameters", False, f"LLaMA-Factory sets it false for LoRA under DDP ({HP}/parser.py)")
+    else:
+        draft.set("find_unused_parameters", False, "default (HF Trainer: false with gradient checkpointing)")
+    if on("ddp_static_graph"):
+        draft.set("ddp_static_graph", True, src("ddp_static_graph"))
+    if stage_raw in ("dpo", "kto", "rm"):
+        draft.set("forwards_per_step", 1, "concatenated_forward (src/llamafactory/train/dpo/trainer.py)")
+    if stage_raw == "ppo":
+        draft.set("generation", True, "PPO samples with generate (src/llamafactory/train/ppo/trainer.py)")
+        draft.set("generation_gather", True, "trl unwrap_model_for_generation gathers ZeRO-3 weights once "
+                  "(train/ppo/trainer.py; trl/models/utils.py gather_deepspeed3_params=True)")
+    draft.set("train_mode_at_backward", True, "model.train() before each step (HF Trainer; ppo/trainer.py)")
+    if draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3:
+        if stage_raw != "ppo" and at_least(draft, "transformers", "5.0.0"):
+            draft.set("adapter_save_gather", True, "transformers >= 5 Trainer.save_model consolidates the trainable "
+                      "ZeRO-3 params of a PeftModel (transformers trainer.py)")
+        else:
+            gather = bool(info.get("gather")) or bool(acc.get("zero3_save_16bit_model"))
+            key = info.get("gather_key", "stage3_gather_16bit_weights_on_model_save")
+            why = ("PPO saves through accelerator.get_state_dict, train/ppo/trainer.py" if stage_raw == "ppo" else
+                   "transformers < 5 saves through it")
+            draft.set("adapter_save_gather", gather, f"{key} in the DeepSpeed config ({why})")
+
+    cli = cmd is not None and any(a.startswith("--") for a in cmd.args)
+    for name, (value, source) in opts.items():
+        if name not in _HANDLED and name not in keys.LLAMA_FACTORY and name not in keys.HF_TRAINER:
+            draft.unknown.append(source)
+    draft.flag(**{k: ("--" + v if cli and "/" not in v and " " not in v else v) for k, v in FLAGS.items()})
+
+
+def from_command(cmd: Command, versions: dict) -> FrontendResult:
+    draft = Draft(NAME, versions)
+    if cmd.program_kind == "cli" and cmd.subcommand != "train":
+        raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads training runs (llamafactory-cli train ...).")
+    opts, bases = _read(cmd, [], draft)
+    # llamafactory-cli runs torchrun itself: NPROC_PER_NODE x NNODES, or one process per visible device
+    # (src/llamafactory/launcher.py).
+    world_from_env(draft, cmd, all_visible=cmd.launcher is None)
+    _apply(draft, opts, cmd, bases)
+    finish_world(draft, cmd)
+    return draft.result()
+
+
+def from_files(paths: list[str], versions: dict) -> FrontendResult:
+    """A LLaMA-Factory YAML (and optionally the DeepSpeed JSON it names), or a launch script (.sh)."""
+    scripts = [p for p in paths if p.endswith(".sh")]
+    if scripts:
+        cmd = split_command(command_from_script(scripts[0]))
+        cmd.args += [a for a in paths if not a.endswith(".sh")]
+        return from_command(cmd, versions)
+    draft = Draft(NAME, versions)
+    opts, bases = _read(None, paths, draft)
+    _apply(draft, opts, None, bases)
+    finish_world(draft, None)
+    return draft.result()
+

@@ -1,0 +1,217 @@
+"""ms-swift: `swift sft|pt ...` and `swift rlhf --rlhf_type dpo|grpo|ppo|kto ...`, usually with
+`CUDA_VISIBLE_DEVICES=... NPROC_PER_NODE=N` in front (swift starts torchrun itself when NPROC_PER_NODE is set).
+
+ms-swift checkpoints by default and patches torch.utils.checkpoint so that, unless gradient_checkpointing_kwargs
+says otherwise, use_reentrant is False for plain multi-process DDP and True everywhere else (single process,
+DeepSpeed, FSDP) (swift/trainers/mixin.py _fix_gradient_checkpointing). It always adds the input-grad hook.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from loraflow.errors import LoraflowError
+from loraflow.frontends import FrontendResult, deepspeed, keys
+from loraflow.frontends.argv import Command, command_from_script, parse_flags, split_command
+from loraflow.frontends.common import (Draft, apply_fsdp_options, as_bool, as_list, at_least, embedding_targets,
+                                       finish_world, load_mapping, precision_from, world_from_env)
+
+NAME = "ms-swift"
+ARGS = "swift/trainers/arguments.py"
+RLHF = {"dpo": "dpo", "grpo": "grpo", "ppo": "ppo", "rm": "rm", "kto": "dpo", "orpo": "dpo", "simpo": "dpo",
+        "cpo": "dpo", "gkd": "sft"}
+# Setup field -> the ms-swift flag that changes it (also read by `loraflow explain` through flags_for).
+FLAGS = {"checkpointing": "--gradient_checkpointing",
+         "reentrant": "--gradient_checkpointing_kwargs '{\"use_reentrant\": ...}'",
+         "zero_stage": "--deepspeed (zero2, zero3, zero3_offload, ...)",
+         "offload": "--deepspeed zero2_offload / zero3_offload", "engine": "--deepspeed / --fsdp",
+         "adapter": "--tuner_type / --use_dora", "precision": "--torch_dtype / --bf16",
+         "quantization": "--quant_bits", "quant_storage_matches": "--bnb_4bit_quant_storage",
+         "matched_modules": "--target_modules", "packing": "--packing / --padding_free",
+         "find_unused_parameters": "--ddp_find_unused_parameters", "ddp_static_graph": "--ddp_static_graph",
+         "generation_gather": "--ds3_gather_for_generation", "embeddings_trainable": "--modules_to_save",
+         "lm_head_trainable": "--modules_to_save", "world_size": "NPROC_PER_NODE"}
+_HANDLED = {"train_type", "tuner_type", "sft_type", "use_dora", "target_modules", "modules_to_save",
+            "gradient_checkpointing", "gradient_checkpointing_kwargs", "deepspeed", "fsdp", "fsdp_config",
+            "torch_dtype", "bf16", "fp16", "quant_bits", "quant_method", "bnb_4bit_quant_storage", "packing",
+            "padding_free", "ddp_find_unused_parameters", "ddp_static_graph", "use_vllm", "ds3_gather_for_generation",
+            "rlhf_type", "model", "model_id_or_path"}
+
+
+def _first(value: Any) -> Any:
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
+def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Command | None) -> None:
+    def get(name: str, default: Any = None) -> Any:
+        return _first(opts[name][0]) if name in opts else default
+
+    def src(name: str) -> str:
+        return opts[name][1]
+
+    def on(name: str, default: bool = False) -> bool:
+        return as_bool(get(name), src(name)) if name in opts else default
+
+    if sub == "rlhf":
+        kind = str(get("rlhf_type", "dpo"))
+        if kind not in RLHF:
+            raise LoraflowError(f"--rlhf_type {kind}: not one loraflow reads ({', '.join(RLHF)}).")
+        draft.set("stage", RLHF[kind], src("rlhf_type") if "rlhf_type" in opts else
+                  "default (ms-swift swift/arguments/rlhf_args.py: rlhf_type dpo)")
+        if RLHF[kind] != kind:
+            draft.note(f"rlhf_type {kind} is read as stage {RLHF[kind]}")
+    else:
+        draft.set("stage", "sft", f"swift {sub}")
+        kind = sub
+
+    if get("deepspeed"):
+        ds = deepspeed.read(str(get("deepspeed")), "--deepspeed", (), names=deepspeed.SWIFT_NAMES)
+        info = deepspeed.apply(draft, ds)
+    else:
+        info = {}
+    if get("fsdp"):
+        ref = str(get("fsdp"))
+        if ref == "fsdp2":  # swift/config/fsdp2.json: FSDP2 with activation_checkpointing (swift/arguments/sft_args.py)
+            options = {"version": 2, "activation_checkpointing": True}
+            label = "--fsdp fsdp2 (swift/config/fsdp2.json)"
+        else:
+            if not Path(ref).is_file():
+                raise LoraflowError(f"--fsdp {ref}: neither the preset fsdp2 nor an existing FSDP config JSON.")
+            data = load_mapping(ref, "--fsdp")
+            options = {k.removeprefix("fsdp_"): v for k, v in (data.get("fsdp_config") or {}).items()}
+            label = src("fsdp")
+        draft.set("engine", "fsdp2" if int(options.get("version", 2)) == 2 else "fsdp1", label)
+        apply_fsdp_options(draft, options, label)
+
+    # Mixed precision follows torch_dtype: bfloat16 -> bf16, float16/float32 -> fp16
+    # (swift/arguments/base_args/model_args.py _init_mixed_precision); unset, the model's own dtype decides.
+    dtype = str(get("torch_dtype", "")) or None
+    bf16 = on("bf16", default=dtype == "bfloat16") if "bf16" in opts or dtype else None
+    fp16 = on("fp16", default=dtype in ("float16", "float32")) if "fp16" in opts or dtype else None
+    hf = src("bf16") if "bf16" in opts else src("fp16") if "fp16" in opts else (src("torch_dtype") if dtype else "")
+    if bf16 is None and fp16 is None:
+        bf16, fp16, hf = True, False, "default (ms-swift: torch_dtype from the model config, bfloat16 for most LLMs)"
+        draft.note("--torch_dtype not given: ms-swift takes the model's dtype; assumed bfloat16 (bf16 mixed precision)")
+    if info:
+        deepspeed.resolve_precision(draft, info, src("deepspeed"), bool(bf16), bool(fp16), hf)
+    if not draft.has("precision"):
+        draft.set("precision", precision_from(bool(bf16), bool(fp16)), hf)
+
+    ttype_name = next((n for n in ("tuner_type", "train_type", "sft_type") if n in opts), None)
+    ttype = str(get(ttype_name)) if ttype_name else "lora"
+    tsrc = src(ttype_name) if ttype_name else "default (ms-swift swift/arguments/base_args/base_args.py: lora)"
+    if ttype == "full":
+        draft.set("adapter", "full", tsrc)
+    else:
+        draft.set("adapter", "dora" if on("use_dora") else "lora", f"{tsrc} + {src('use_dora')}" if on("use_dora")
+                  else tsrc)
+        if ttype not in ("lora", "longlora"):
+            draft.note(f"tuner_type {ttype} is read like LoRA (frozen base weights, small trained modules)")
+    if "target_modules" in opts and not as_list(opts["target_modules"][0]):
+        draft.set("matched_modules", 0, f"{src('target_modules')} (empty)")
+    if "modules_to_save" in opts:
+        embedding_targets(draft, as_list(opts["modules_to_save"][0]), src("modules_to_save"))
+    bits = get("quant_bits")
+    if bits is not None and str(get("quant_method", "bnb")) == "bnb":
+        draft.set("quantization", "4bit" if int(bits) == 4 else "8bit", src("quant_bits"))
+        storage = get("bnb_4bit_quant_storage")
+        draft.set("quant_storage_matches", storage is not None and storage == (dtype or "bfloat16"),
+                  src("bnb_4bit_quant_storage") if storage else "default (bnb_4bit_quant_storage unset: uint8, "
+                  "swift/arguments/base_args/quant_args.py)")
+
+    fsdp_ac = draft.get("checkpoint_impl") == "torch-wrapper"
+    gc = on("gradient_checkpointing", default=not fsdp_ac)
+    if fsdp_ac and on("gradient_checkpointing"):
+        draft.note("ms-swift turns --gradient_checkpointing off when FSDP activation_checkpointing is on "
+                   "(swift/arguments/sft_args.py)")
+    if gc and not fsdp_ac:
+        draft.set("checkpointing", "all", src("gradient_checkpointing") if "gradient_checkpointing" in opts
+                  else f"default (ms-swift {ARGS}: gradient_checkpointing true)")
+        draft.set("checkpoint_impl", "transformers", "model.gradient_checkpointing_enable (swift/trainers/mixin.py)")
+        kwargs = get("gradient_checkpointing_kwargs")
+        try:
+            kwargs = json.loads(kwargs) if isinstance(kwargs, str) and kwargs.strip() else (kwargs or {})
+        except ValueError:
+            raise LoraflowError(f"{src('gradient_checkpointing_kwargs')}: not JSON; write e.g. "
+                                "--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'.") from None
+        if "use_reentrant" in kwargs:
+            draft.set("reentrant", as_bool(kwargs["use_reentrant"], "use_reentrant"),
+                      src("gradient_checkpointing_kwargs"))
+        else:
+            plain_ddp = draft.get("world_size") > 1 and draft.get("engine") not in ("deepspeed", "fsdp1", "fsdp2")
+            draft.set("reentrant", not plain_ddp, "default (ms-swift swift/trainers/mixin.py: use_reentrant "
+                      + ("False for multi-process DDP)" if plain_ddp else "True unless multi-process DDP)"))
+        draft.set("input_grad_hook", True, "ms-swift calls enable_input_require_grads() with gradient "
+                  "checkpointing (swift/trainers/mixin.py)")
+    draft.set("use_cache", False, "ms-swift sets config.use_cache = False for training (swift/trainers/mixin.py)")
+    for name in ("packing", "padding_free"):
+        if on(name):
+            draft.set("packing", True, src(name))
+    if "ddp_find_unused_parameters" in opts:
+        draft.set("find_unused_parameters", on("ddp_find_unused_parameters"), src("ddp_find_unused_parameters"))
+    elif draft.get("adapter") != "full" and draft.get("engine") not in ("deepspeed", "fsdp1", "fsdp2"):
+        draft.set("find_unused_parameters", True, "default (HF Trainer: a PeftModel is not a PreTrainedModel, so "
+                  "find_unused_parameters=True; transformers trainer.py)")
+    if on("ddp_static_graph"):
+        draft.set("ddp_static_graph", True, src("ddp_static_graph"))
+    if draft.get("stage") in ("grpo", "ppo"):
+        if on("use_vllm"):
+            draft.set("generation", False, f"{src('use_vllm')} (rollouts come from vLLM)")
+        else:
+            draft.set("generation", True, "default (ms-swift swift/rlhf_trainers/args_mixin.py: use_vllm false, "
+                      "model.generate)")
+            draft.set("generation_gather", on("ds3_gather_for_generation", True),
+                      src("ds3_gather_for_generation") if "ds3_gather_for_generation" in opts else
+                      f"default (ms-swift {ARGS}: ds3_gather_for_generation true)")
+    if draft.get("stage") == "dpo":
+        draft.set("forwards_per_step", 1, "concatenated_forward (swift/rlhf_trainers/dpo_trainer.py)")
+    draft.set("train_mode_at_backward", True, "Trainer.training_step calls model.train()")
+    if draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3:
+        gather = at_least(draft, "transformers", "5.0.0") or bool(info.get("gather"))
+        why = ("ms-swift gathers the trainable ZeRO-3 params on save (swift/trainers/mixin.py "
+               "_fix_zero3_gather_all_parameters) when the DeepSpeed config gathers 16-bit weights" if gather else
+               f"{src('deepspeed')}: stage3_gather_16bit_weights_on_model_save false")
+        draft.set("adapter_save_gather", gather, why)
+
+    for name, (value, source) in opts.items():
+        if name not in _HANDLED and name not in keys.MS_SWIFT and name not in keys.HF_TRAINER:
+            draft.unknown.append(source)
+    draft.flag(**FLAGS)
+
+
+def from_command(cmd: Command, versions: dict) -> FrontendResult:
+    draft = Draft(NAME, versions)
+    sub = cmd.subcommand or cmd.program.rsplit(".", 1)[-1]
+    if sub not in ("sft", "pt", "rlhf"):
+        raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads `swift sft`, `swift pt` and `swift rlhf`.")
+    args, positionals, _ = parse_flags(cmd.args, lists=keys.MS_SWIFT | keys.HF_TRAINER | _HANDLED)
+    for pos in positionals:
+        draft.unknown.append(f"{pos} (positional argument)")
+    opts: dict[str, tuple[Any, str]] = {}
+    for a in args:
+        if a.name == "config":  # --config file.yaml holds the same keys
+            for key, value in load_mapping(str(_first(a.value)), "--config").items():
+                if value is not None:
+                    opts.setdefault(key, (value, f"{_first(a.value)}: {key}"))
+            continue
+        opts[a.name] = (a.value, a.raw)
+    # swift runs one process unless NPROC_PER_NODE is set; several visible devices without it means device_map
+    # model parallelism in one process (swift/cli/main.py).
+    world_from_env(draft, cmd, all_visible=False)
+    if cmd.world_size is None and cmd.launcher is None:
+        cmd.world_size, cmd.world_source = 1, "one process: NPROC_PER_NODE not set (swift/cli/main.py)"
+    if cmd.world_size:
+        draft.set("world_size", cmd.world_size, cmd.world_source or "")
+    _apply(draft, opts, sub, cmd)
+    finish_world(draft, cmd)
+    return draft.result()
+
+
+def from_files(paths: list[str], versions: dict) -> FrontendResult:
+    """A launch script (.sh) with `swift sft|rlhf ...`."""
+    scripts = [p for p in paths if p.endswith(".sh")]
+    if len(scripts) != 1 or len(paths) != 1:
+        raise LoraflowError("--framework ms-swift takes one launch script (.sh); or give the command after `--`.")
+    return from_command(split_command(command_from_script(scripts[0])), versions)

@@ -1,0 +1,175 @@
+"""OpenRLHF: `deepspeed --module openrlhf.cli.train_sft ...`, `python -m openrlhf.cli.train_dpo`, `torchrun -m ...`,
+`ray job submit ... -- python3 -m openrlhf.cli.train_ppo_ray ...`.
+
+Two CLI generations exist: flat flags up to v0.10.1 (`--zero_stage`, `--gradient_checkpointing`, `--lora_rank`) and the
+dotted ones from v0.10.2 (`--ds.zero_stage`, `--model.gradient_checkpointing_enable`, `--ds.lora.rank`, PPO's
+`--actor.*`). Both are read; fixes name the spelling the command used.
+"""
+
+from __future__ import annotations
+
+from loraflow.errors import LoraflowError
+from loraflow.frontends import FrontendResult, keys
+from loraflow.frontends.argv import Command, command_from_script, parse_bool, parse_flags, split_command
+from loraflow.frontends.common import Draft, finish_world
+
+NAME = "openrlhf"
+CLI = "openrlhf/cli/train_sft.py"
+STAGES = {"train_sft": "sft", "train_rm": "rm", "train_dpo": "dpo", "train_ppo": "ppo", "train_ppo_ray": "ppo",
+          "train_kto": "dpo", "train_prm": "rm", "train_kd": "sft"}
+
+# Setup field -> (flat flag, dotted flag, PPO-dotted flag). None: that generation has no such flag.
+_FLAGS = {
+    "checkpointing": ("gradient_checkpointing", "model.gradient_checkpointing_enable",
+                      "actor.gradient_checkpointing_enable"),
+    "reentrant": ("gradient_checkpointing_use_reentrant", "model.gradient_checkpointing_reentrant",
+                  "actor.gradient_checkpointing_reentrant"),
+    "zero_stage": ("zero_stage", "ds.zero_stage", "ds.zero_stage"),
+    "offload": ("adam_offload", "ds.adam_offload", "ds.adam_offload"),
+    "adapter": ("lora_rank", "ds.lora.rank", "ds.lora.rank"),
+    "matched_modules": ("target_modules", "ds.lora.target_modules", "ds.lora.target_modules"),
+    "quantization": ("load_in_4bit", "ds.load_in_4bit", "ds.load_in_4bit"),
+    "packing": ("packing_samples", "ds.packing_samples", "ds.packing_samples"),
+    "precision": ("param_dtype", "ds.param_dtype", "ds.param_dtype"),
+}
+FLAGS = {**{field: "--" + names[0] for field, names in _FLAGS.items()},
+         "world_size": "the launcher's --num_gpus / --nproc_per_node"}
+"""Flat spellings (OpenRLHF <= v0.10.1); a command in the dotted style gets its fixes in dotted flags."""
+_SWITCHES = {"gradient_checkpointing", "gradient_checkpointing_use_reentrant", "adam_offload", "load_in_4bit",
+             "packing_samples", "bf16", "flash_attn", "model.gradient_checkpointing_enable",
+             "model.gradient_checkpointing_reentrant", "actor.gradient_checkpointing_enable",
+             "actor.gradient_checkpointing_reentrant", "ds.adam_offload", "ds.load_in_4bit", "ds.packing_samples"}
+_LISTS = {"target_modules", "ds.lora.target_modules", "adam_betas", "adam.betas", "reward_clip_range",
+          "eps_clip_low_high", "pretrain_data", "prompt_data", "dataset", "eval_dataset"}
+
+
+def entry(cmd: Command) -> str | None:
+    """The OpenRLHF entry point a command runs (`train_sft`...), or None."""
+    program = cmd.program.replace("/", ".").removesuffix(".py")
+    if "openrlhf.cli." in program or program.startswith("openrlhf.cli"):
+        return program.rsplit(".", 1)[-1]
+    return None
+
+
+def from_command(cmd: Command, versions: dict) -> FrontendResult:
+    name = entry(cmd)
+    if name not in STAGES:
+        raise LoraflowError(f"`{cmd.describe()}` is not an OpenRLHF training entry point loraflow reads; expected "
+                            f"openrlhf.cli.{{{','.join(STAGES)}}}.")
+    draft = Draft(NAME, versions)
+    args, positionals, _ = parse_flags(cmd.args, switches=_SWITCHES, lists=_LISTS, underscore=False)
+    for extra in positionals:
+        draft.unknown.append(f"{extra} (a positional argument; OpenRLHF takes none)")
+    given = {a.name: a for a in args}
+    style = 2 if any(n.startswith("actor.") for n in given) or (name == "train_ppo_ray" and any(
+        "." in n for n in given)) else (1 if any("." in n for n in given) else 0)
+    spelled = {field: "--" + (names[style] or names[0]) for field, names in _FLAGS.items()}
+
+    def arg(field: str):
+        return next((given[n] for n in _FLAGS[field] if n in given), None)
+
+    def on(field: str) -> bool:
+        a = arg(field)
+        return a is not None and parse_bool(a.value, a.raw)
+
+    stage = STAGES[name]
+    algo = given.get("advantage_estimator") or given.get("algo.advantage.estimator")
+    if algo is not None and algo.one() in ("group_norm", "dr_grpo"):
+        stage = "grpo"  # OpenRLHF runs GRPO as its PPO entry point with a group-normalised advantage
+        draft.set("stage", stage, algo.raw)
+    else:
+        draft.set("stage", stage, f"openrlhf.cli.{name}")
+    if name in ("train_kto", "train_prm", "train_kd"):
+        draft.note(f"{name} is read as stage {stage} (loraflow's stages are sft, rm, dpo, grpo, ppo)")
+
+    # Every trainer runs on DeepSpeed (openrlhf/utils/deepspeed/deepspeed.py), ZeRO stage 2 unless told otherwise.
+    draft.set("engine", "deepspeed", "OpenRLHF always trains through DeepSpeed (openrlhf/utils/deepspeed/deepspeed.py)")
+    z = arg("zero_stage")
+    if z is not None:
+        draft.set("zero_stage", int(z.one()), z.raw)
+    else:
+        draft.set("zero_stage", 2, f"default (OpenRLHF {CLI}: --zero_stage default 2)")
+    if on("offload"):
+        draft.set("offload", True, arg("offload").raw)
+
+    rank = arg("adapter")
+    if rank is not None and int(rank.one()) > 0:
+        draft.set("adapter", "lora", rank.raw)
+        # LoRA models get enable_input_require_grads() before get_peft_model (openrlhf/models/actor.py).
+        draft.set("input_grad_hook", True, "OpenRLHF calls enable_input_require_grads() for LoRA "
+                  "(openrlhf/models/actor.py)")
+    else:
+        draft.set("adapter", "full", (rank.raw if rank is not None else
+                                      f"default (OpenRLHF {CLI}: --lora_rank 0 trains every weight)"))
+    targets = arg("matched_modules")
+    if targets is not None and isinstance(targets.value, list) and not targets.value:
+        draft.set("matched_modules", 0, f"{targets.raw} (empty list)")
+
+    if on("checkpointing"):
+        draft.set("checkpointing", "all", arg("checkpointing").raw)
+        r = arg("reentrant")
+        if r is not None:
+            draft.set("reentrant", parse_bool(r.value, r.raw), r.raw)
+        else:
+            # The flag is store_true and passed as use_reentrant to gradient_checkpointing_enable
+            # (openrlhf/cli/train_sft.py; Actor.gradient_checkpointing_enable default in openrlhf/models/actor.py).
+            draft.set("reentrant", False, f"default (OpenRLHF {CLI}: {spelled['reentrant']} not given)")
+        draft.set("checkpoint_impl", "transformers", "model.gradient_checkpointing_enable (openrlhf/models/actor.py)")
+    draft.set("use_cache", False, "OpenRLHF sets model.config.use_cache = False (openrlhf/models/actor.py)")
+    if on("packing"):
+        draft.set("packing", True, arg("packing").raw)
+    if on("quantization"):
+        draft.set("quantization", "4bit", arg("quantization").raw)
+        # BitsAndBytesConfig without bnb_4bit_quant_storage: packed uint8 (openrlhf/models/actor.py).
+        draft.set("quant_storage_matches", False, "OpenRLHF sets no bnb_4bit_quant_storage (openrlhf/models/actor.py)")
+
+    if "bf16" in given:
+        draft.set("precision", "bf16-mixed", "--bf16 (DeepSpeed bf16 keeps fp32 master weights)")
+    elif arg("precision") is not None:
+        dtype = arg("precision").one()
+        draft.set("precision", "fp16-mixed" if dtype == "fp16" else "bf16-mixed", arg("precision").raw)
+    else:
+        draft.set("precision", "bf16-mixed", f"default (OpenRLHF {CLI}: --param_dtype bf16; DeepSpeed bf16 keeps fp32 "
+                  "master weights)")
+        if style == 0:
+            draft.note("OpenRLHF releases before --param_dtype (older than v0.9) trained in fp32 unless --bf16 was "
+                       "given")
+
+    if stage in ("dpo", "rm"):  # chosen and rejected in one concatenated forward (openrlhf/trainer/dpo_trainer.py)
+        draft.set("forwards_per_step", 1, "concatenated_forward (openrlhf/trainer/dpo_trainer.py, rm_trainer.py)")
+    draft.set("train_mode_at_backward", True, "the trainers call model.train() before each step "
+              "(openrlhf/trainer/*_trainer.py, trainer/ray/ppo_actor.py)")
+    # save_model gathers ZeRO-3 partitions (_consolidated_16bit_state_dict) before writing the adapter.
+    draft.set("adapter_save_gather", True, "save_model gathers ZeRO-3 weights (openrlhf/utils/deepspeed/deepspeed.py)")
+    if name == "train_ppo":
+        draft.set("generation", True, "train_ppo samples with actor.generate (openrlhf/trainer/ppo_utils/"
+                  "experience_maker.py, v0.6 and earlier)")
+        draft.set("generation_gather", False, "actor.generate runs on the ZeRO-partitioned model, no gather")
+    elif name == "train_ppo_ray":
+        draft.set("generation", False, "rollouts come from vLLM engines, not from the DeepSpeed actor "
+                  "(openrlhf/trainer/ppo_utils/samples_generator.py)")
+        nodes = given.get("actor_num_nodes") or given.get("actor.num_nodes")
+        gpus = given.get("actor_num_gpus_per_node") or given.get("actor.num_gpus_per_node")
+        n, g = int(nodes.one()) if nodes else 1, int(gpus.one()) if gpus else 8
+        cmd.world_size = n * g
+        cmd.world_source = (f"actor nodes x GPUs per node = {n} x {g}" +
+                            ("" if gpus else f" (default {g}, openrlhf/cli/train_ppo_ray.py)"))
+
+    known = set().union(*_FLAGS.values()) | {"bf16", "advantage_estimator", "algo.advantage.estimator"}
+    for a in args:
+        if a.name not in known and a.name not in keys.OPENRLHF:
+            draft.unknown.append(a.raw)
+    draft.flag(**spelled, world_size="--actor_num_gpus_per_node" if name == "train_ppo_ray" else
+               "the launcher's --num_gpus / --nproc_per_node")
+    if "bf16" in given:
+        draft.flag(precision="--bf16")
+    finish_world(draft, cmd)
+    return draft.result()
+
+
+def from_files(paths: list[str], versions: dict) -> FrontendResult:
+    """OpenRLHF has no config file of its own: read the launch line of a training script (.sh)."""
+    if len(paths) != 1:
+        raise LoraflowError("--framework openrlhf takes one training script (.sh) holding the launch command, or "
+                            "give the command itself after `--`.")
+    return from_command(split_command(command_from_script(paths[0])), versions)

@@ -1,0 +1,91 @@
+"""The `loraflow check` report for another framework's setup: what was read (each value with its source), what was
+not understood, and each rule that holds with its cause and the fix in that framework's own flags."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from loraflow.frontends import TITLES, FrontendResult
+from loraflow.rules import evaluate
+from loraflow.rules.setup import SETUP_FIELDS
+
+# Always shown, even when no flag or default set them: they decide most rules.
+_CORE = ("stage", "adapter", "engine", "zero_stage", "world_size", "checkpointing", "reentrant", "input_grad_hook",
+         "precision")
+_SERIOUS = ("crash", "silent")
+
+
+def _value(value: Any) -> Any:
+    return value if isinstance(value, (bool, int, float, str)) or value is None else str(value)
+
+
+def fix_here(result: FrontendResult, knobs: tuple[str, ...]) -> list[str]:
+    """The rule's knobs in this framework's flags: `change --zero_stage (zero_stage is now 3)`."""
+    out = []
+    for knob in knobs:
+        now = _value(getattr(result.setup, knob))
+        flag = result.flags.get(knob)
+        if flag:
+            out.append(f"change {flag} ({knob} is now {now})")
+        else:
+            out.append(f"{knob} is {now}; {TITLES.get(result.framework, result.framework)} has no flag for it (its "
+                       "training code decides)")
+    return out
+
+
+def _exit_code(result: FrontendResult, findings) -> int:
+    if any(f.rule.impact in _SERIOUS for f in findings):
+        return 2
+    return 1 if findings or result.unknown else 0
+
+
+def render(result: FrontendResult, as_json: bool) -> tuple[str, int]:
+    _, findings = evaluate(result.setup, apply_fixes=False)
+    code = _exit_code(result, findings)
+    items = [{"rule": f.rule.id, "title": f.rule.title, "impact": f.rule.impact, "verdict": f.rule.verdict,
+              "cause": f.rule.cause, "fix_here": fix_here(result, f.rule.knobs) + (
+                  [f"in general: {f.rule.elsewhere}"] if f.rule.elsewhere else []),
+              "fix_loraflow": f.rule.fix, "notes": list(f.notes), "references": list(f.rule.references)}
+             for f in findings]
+    if as_json:
+        doc = {"framework": result.framework, "setup": {k: _value(getattr(result.setup, k)) for k in SETUP_FIELDS},
+               "versions": {k: str(v) for k, v in result.setup.versions.items() if v is not None},
+               "sources": result.sources, "flags": result.flags, "unknown": result.unknown, "notes": result.notes,
+               "findings": items, "exit_code": code}
+        return json.dumps(doc, indent=2), code
+    return _text(result, items, code), code
+
+
+def _text(result: FrontendResult, items: list[dict], code: int) -> str:
+    s = result.setup
+    world = result.sources.get("world_size", "not visible, assumed")
+    lines = [f"{TITLES.get(result.framework, result.framework)} setup, world size {s.world_size} ({world})", ""]
+    shown = [k for k in SETUP_FIELDS if k in _CORE or k in result.sources]
+    width = max(len(k) for k in shown)
+    vwidth = max(len(str(_value(getattr(s, k)))) for k in shown)
+    lines.append("setup (value, where it came from):")
+    for name in shown:
+        source = result.sources.get(name, "not set by this framework: loraflow's neutral default")
+        lines.append(f"  {name:<{width}}  {str(_value(getattr(s, name))):<{vwidth}}  {source}")
+    if result.unknown:
+        lines += ["", f"not understood, so not checked ({len(result.unknown)}):"]
+        lines += [f"  {u}" for u in result.unknown]
+    if result.notes:
+        lines += ["", "notes:"] + [f"  - {n}" for n in result.notes]
+    lines.append("")
+    if not items:
+        lines.append("no known conflict between these memory savers and the adapter setup.")
+    for item in items:
+        lines.append(f"[{item['impact']}] {item['rule']}: {item['title']}")
+        lines.append(f"    cause: {item['cause']}")
+        for note in item["notes"]:
+            lines.append(f"    note: {note}")
+        for fix in item["fix_here"]:
+            lines.append(f"    {fix}" if fix.startswith("in general:") else f"    fix here: {fix}")
+        lines.append(f"    in loraflow: {item['fix_loraflow']}")
+        lines.append("")
+    meaning = {2: "a finding crashes or silently corrupts training", 1: "only slow findings or unread flags",
+               0: "clean"}[code]
+    lines.append(f"exit code {code}: {meaning}")
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,445 @@
+"""Frontends of `loraflow check`: other frameworks' launch lines and configs -> Setup -> rule findings.
+
+Pure parsing: no model, no process group. Each framework has realistic inputs in the style of its own examples
+(tests/fixtures/frontends/<framework>/), at least one where the framework's own defaults decide the outcome, and the
+rule ids expected among the findings.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from loraflow.environment import parse_versions
+from loraflow.errors import LoraflowError
+from loraflow.frontends import FRAMEWORKS, detect, flags_for, from_command, from_files, run_check
+from loraflow.frontends.argv import command_from_script, parse_flags, split_command
+from loraflow.rules import evaluate
+from loraflow.rules.setup import SETUP_FIELDS
+
+FIX = Path(__file__).parent / "fixtures" / "frontends"
+CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2"),
+           "deepspeed": Version("0.19.8")}
+OLD = {"torch": Version("2.5.1"), "transformers": Version("4.46.3"), "peft": Version("0.13.2"),
+       "deepspeed": Version("0.15.3")}
+
+
+def fx(*parts: str) -> str:
+    return str(FIX.joinpath(*parts))
+
+
+def ids(result) -> set[str]:
+    return {f.rule.id for f in evaluate(result.setup, apply_fixes=False)[1]}
+
+
+def run(text: str, versions=CURRENT):
+    return from_command(shlex.split(text), versions)
+
+
+def with_versions(text: str) -> dict:
+    return {**CURRENT, **parse_versions(text)}
+
+
+# ---------------------------------------------------------------- OpenRLHF
+
+OPENRLHF_Z3 = ("deepspeed --num_gpus 8 --module openrlhf.cli.train_sft --pretrain meta-llama/Meta-Llama-3-8B "
+               "--dataset Open-Orca/OpenOrca --input_key question --output_key response --max_len 2048 "
+               "--zero_stage 3 --bf16 --learning_rate 5e-6 --lora_rank 64 --lora_alpha 64 --gradient_checkpointing")
+
+
+def test_openrlhf_script_zero3_lora_uses_nonreentrant_default():
+    r = from_files("openrlhf", [fx("openrlhf", "train_sft_mistral_lora_z3.sh")], OLD)
+    s = r.setup
+    assert (s.stage, s.adapter, s.engine, s.zero_stage, s.world_size) == ("sft", "lora", "deepspeed", 3, 4)
+    assert (s.checkpointing, s.reentrant, s.input_grad_hook) == ("all", False, True)
+    assert (s.use_cache, s.packing) == (False, True)
+    assert s.precision == "bf16-mixed" and s.adapter_save_gather
+    # The default that matters: OpenRLHF checkpoints non-reentrant unless told otherwise.
+    assert r.sources["reentrant"].startswith("default (OpenRLHF openrlhf/cli/train_sft.py")
+    assert r.flags["reentrant"] == "--gradient_checkpointing_use_reentrant"
+    assert r.flags["zero_stage"] == "--zero_stage"
+    found = ids(r)
+    assert "zero3-frozen-recompute" in found
+    assert "packing-cache-cross-attention" not in found  # OpenRLHF turns use_cache off
+    assert r.unknown == []
+
+
+def test_openrlhf_versions_decide_zero3_recompute():
+    old = run(OPENRLHF_Z3, with_versions("deepspeed=0.15.3"))
+    new = run(OPENRLHF_Z3, with_versions("deepspeed=0.19.8"))
+    assert "zero3-frozen-recompute" in ids(old)
+    assert "zero3-frozen-recompute" not in ids(new)
+    fixed = run(OPENRLHF_Z3 + " --gradient_checkpointing_use_reentrant", with_versions("deepspeed=0.15.3"))
+    assert fixed.setup.reentrant is True and "zero3-frozen-recompute" not in ids(fixed)
+
+
+def test_openrlhf_defaults_full_finetune_on_zero2():
+    r = run("python -m openrlhf.cli.train_sft --pretrain Qwen/Qwen2.5-0.5B --dataset x --gradient_checkpointing")
+    s = r.setup
+    assert (s.adapter, s.zero_stage, s.engine, s.world_size) == ("full", 2, "deepspeed", 1)
+    assert "default (OpenRLHF" in r.sources["zero_stage"] and "--lora_rank 0" in r.sources["adapter"]
+    assert not ids(r) & {"zero3-frozen-recompute", "reentrant-frozen-inputs"}
+
+
+def test_openrlhf_dotted_dpo_script_qlora_on_zero3():
+    r = from_files("openrlhf", [fx("openrlhf", "train_dpo_qwen_dotted.sh")], OLD)
+    s = r.setup
+    assert (s.stage, s.world_size, s.zero_stage, s.reentrant, s.forwards_per_step) == ("dpo", 8, 3, True, 1)
+    assert (s.quantization, s.quant_storage_matches, s.precision) == ("4bit", False, "bf16-mixed")
+    assert r.flags["reentrant"] == "--model.gradient_checkpointing_reentrant" and r.unknown == []
+    found = ids(r)
+    assert "qlora-storage-dtype" in found  # OpenRLHF sets no bnb_4bit_quant_storage
+    assert "zero3-frozen-recompute" not in found  # reentrant requested
+
+
+def test_openrlhf_dotted_ppo_ray_grpo_and_empty_targets():
+    r = run("ray job submit --address=http://127.0.0.1:8265 -- python3 -m openrlhf.cli.train_ppo_ray "
+            "--actor.num_nodes 1 --actor.num_gpus_per_node 4 --vllm.num_engines 2 --ds.zero_stage 3 "
+            "--actor.gradient_checkpointing_enable --ds.lora.rank 64 --algo.advantage.estimator group_norm")
+    s = r.setup
+    assert (s.stage, s.world_size, s.generation, s.reentrant) == ("grpo", 4, False, False)
+    assert r.flags["reentrant"] == "--actor.gradient_checkpointing_reentrant"
+    assert r.flags["zero_stage"] == "--ds.zero_stage"
+    empty = run("torchrun --nproc_per_node=2 -m openrlhf.cli.train_dpo --ds.zero_stage 2 --ds.lora.rank 16 "
+                "--ds.lora.target_modules --model.gradient_checkpointing_enable")
+    assert empty.setup.matched_modules == 0 and empty.setup.forwards_per_step == 1
+    assert "no-adapter-matched" in ids(empty)
+
+
+# ---------------------------------------------------------------- DeepSpeed-Chat
+
+def test_deepspeed_chat_step1_llama_with_default_lora_scope():
+    script = fx("deepspeed-chat", "step1_supervised_finetuning", "run_llama2_13b_lora.sh")
+    r = from_files("deepspeed-chat", [script], {**CURRENT, "deepspeed": Version("0.15.3")})
+    s = r.setup
+    assert (s.stage, s.zero_stage, s.adapter, s.precision) == ("sft", 3, "lora", "fp16-mixed")
+    # --lora_module_name defaults to OPT's "decoder.layers.": nothing in a Llama matches it.
+    assert s.matched_modules == 0
+    assert "no-adapter-matched" in ids(r)
+    # transformers >= 5 checkpoints non-reentrant when DeepSpeed-Chat passes no kwargs.
+    assert s.reentrant is False and "zero3-frozen-recompute" in ids(r)
+    older = from_files("deepspeed-chat", [script], OLD)
+    assert older.setup.reentrant is True and older.setup.input_grad_hook is True
+    assert not ids(older) & {"zero3-frozen-recompute", "reentrant-frozen-inputs"}
+
+
+def test_deepspeed_chat_step3_without_hybrid_engine():
+    r = from_files("deepspeed-chat", [fx("deepspeed-chat", "step3_rlhf_finetuning", "run_opt_1.3b_lora.sh")], CURRENT)
+    s = r.setup
+    assert (s.stage, s.world_size, s.zero_stage, s.generation, s.generation_gather) == ("ppo", 8, 3, True, False)
+    assert s.adapter == "full"  # no --only_optimize_lora: base weights train too
+    assert "zero3-generation-gather" in ids(r)
+    hybrid = run("deepspeed --num_gpus 8 main.py --actor_model_name_or_path facebook/opt-1.3b --actor_zero_stage 3 "
+                 "--critic_zero_stage 3 --actor_lora_dim 64 --only_optimize_lora --enable_hybrid_engine --deepspeed")
+    assert hybrid.setup.generation_gather is True and "zero3-generation-gather" not in ids(hybrid)
+
+
+def test_deepspeed_chat_only_optimize_lora_on_old_transformers_is_clean():
+    r = run("deepspeed --num_gpus 2 main.py --model_name_or_path meta-llama/Llama-2-7b-hf --zero_stage 2 "
+            "--gradient_checkpointing --lora_dim 128 --lora_module_name layers. --only_optimize_lora --dtype bf16 "
+            "--deepspeed --data_split 2,4,4", OLD)
+    s = r.setup
+    assert (s.reentrant, s.input_grad_hook, s.matched_modules, s.precision) == (True, True, None, "bf16-mixed")
+    assert r.unknown == [] and not {"crash", "silent"} & {f.rule.impact for f in evaluate(s, apply_fixes=False)[1]}
+
+
+def test_deepspeed_chat_defaults_zero0_fp16():
+    r = run("deepspeed main.py --model_name_or_path facebook/opt-1.3b --lora_dim 8 --only_optimize_lora "
+            "--data_split 2,4,4")
+    s = r.setup
+    assert (s.engine, s.zero_stage, s.precision, s.checkpointing, s.matched_modules) == (
+        "deepspeed", 0, "fp16-mixed", "off", None)
+    assert "--zero_stage default 0" in r.sources["zero_stage"] and "--dtype fp16" in r.sources["precision"]
+    assert r.flags["zero_stage"] == "--zero_stage" and r.flags["checkpointing"] == "--gradient_checkpointing"
+
+
+# ---------------------------------------------------------------- HF Trainer / TRL
+
+def test_trl_recipe_file_alone_uses_trl_defaults():
+    r = from_files("hf", [fx("hf", "sft_qwen_lora.yaml")], CURRENT)
+    s = r.setup
+    assert (s.stage, s.adapter, s.engine, s.checkpointing, s.reentrant, s.precision) == (
+        "sft", "lora", "single", "all", False, "bf16-mixed")
+    assert "TRL sets use_reentrant=False" in r.sources["reentrant"]
+    assert r.flags["reentrant"] == "gradient_checkpointing_kwargs: {use_reentrant: ...}"
+    assert r.unknown == [] and ids(r) == set()
+
+
+def test_trl_cli_recipe_on_zero3_gets_trl_workaround():
+    r = run(f"trl sft --config {fx('hf', 'sft_qwen_lora.yaml')} --accelerate_config zero3", OLD)
+    s = r.setup
+    assert (s.stage, s.adapter, s.engine, s.zero_stage, s.world_size) == ("sft", "lora", "deepspeed", 3, 8)
+    # TRL defaults: checkpointing on, bf16 on; and it forces reentrant + the input hook for PEFT + ZeRO-3.
+    assert s.checkpointing == "all" and "trl/trainer/base_config.py" in r.sources["checkpointing"]
+    assert (s.reentrant, s.input_grad_hook, s.use_cache, s.packing) == (True, True, False, True)
+    assert s.precision == "bf16-mixed"
+    assert not ids(r) & {"zero3-frozen-recompute", "packing-cache-cross-attention", "reentrant-frozen-inputs"}
+    assert "inferred" in r.sources["engine"]
+
+
+def test_hf_trainer_ddp_reentrant_default_depends_on_transformers():
+    line = (f"accelerate launch --config_file {fx('hf', 'accelerate_multi_gpu.yaml')} train.py "
+            "--model_name_or_path meta-llama/Llama-3.1-8B --output_dir out --gradient_checkpointing --bf16")
+    old, new = run(line, OLD), run(line, CURRENT)
+    assert (old.setup.engine, old.setup.world_size, old.setup.find_unused_parameters) == ("ddp", 4, True)
+    assert old.setup.reentrant is True and new.setup.reentrant is False
+    assert {"reentrant-frozen-inputs", "ddp-reentrant-unused"} <= ids(old)
+    assert not ids(new) & {"reentrant-frozen-inputs", "ddp-reentrant-unused"}
+    assert old.flags["reentrant"].startswith("--gradient_checkpointing_kwargs")
+
+
+def test_hf_trainer_deepspeed_json_and_unknown_flag():
+    line = (f"torchrun --nproc_per_node 8 train.py --deepspeed {fx('hf', 'ds_zero3.json')} --gradient_checkpointing "
+            "True --gradient_checkpointing_kwargs '{\"use_reentrant\": false}' --bf16 --output_dir out "
+            "--report_to wandb tensorboard --weird_flag 1")
+    r = run(line, OLD)
+    assert (r.setup.zero_stage, r.setup.precision, r.setup.reentrant) == (3, "bf16-mixed", False)
+    assert r.unknown == ["--weird_flag 1"]
+    assert {"zero3-frozen-recompute", "zero3-empty-adapter-save"} <= ids(r)
+    # transformers >= 5 gathers the adapter on save and deepspeed >= 0.19.3 fixed the recompute.
+    assert not ids(run(line, CURRENT)) & {"zero3-frozen-recompute", "zero3-empty-adapter-save"}
+
+
+def test_trl_dpo_yaml_dora_on_zero3():
+    r = from_files("hf", [fx("hf", "dpo_dora_zero3.yaml")], OLD)
+    s = r.setup
+    assert (s.stage, s.adapter, s.forwards_per_step, s.reentrant) == ("dpo", "dora", 1, True)
+    assert any("overrides use_reentrant=false" in n for n in r.notes)
+    assert {"dora-sharded-weight", "zero3-empty-adapter-save"} <= ids(r)
+    assert r.flags["reentrant"] == "gradient_checkpointing_kwargs: {use_reentrant: ...}"
+
+
+def test_trl_grpo_generation_and_vllm():
+    base = "trl grpo --model_name_or_path Qwen/Qwen2.5-0.5B --use_peft --num_processes 2 --use_deepspeed --zero_stage 3"
+    r = run(base + " --ds3_gather_for_generation false")
+    s = r.setup
+    assert (s.stage, s.generation, s.generation_gather, s.world_size) == ("grpo", True, False, 2)
+    assert "zero3-generation-gather" in ids(r)
+    assert run(base + " --use_vllm").setup.generation is False
+
+
+# ---------------------------------------------------------------- LLaMA-Factory
+
+def test_llama_factory_yaml_with_shipped_ds3_name():
+    r = from_files("llama-factory", [fx("llama-factory", "llama3_lora_sft_ds3.yaml")], OLD)
+    s = r.setup
+    assert (s.stage, s.adapter, s.zero_stage, s.precision) == ("sft", "lora", 3, "bf16-mixed")
+    # LLaMA-Factory's own defaults: checkpointing on, reentrant, hidden-state input marked as requiring grad.
+    assert (s.checkpointing, s.reentrant, s.input_grad_hook, s.use_cache) == ("all", True, True, False)
+    assert "model_args.py" in r.sources["reentrant"] and "model_args.py" in r.sources["checkpointing"]
+    assert any("ds_z3_config.json is not on this machine" in n for n in r.notes)
+    assert s.adapter_save_gather is True  # the shipped ds_z3_config.json gathers 16-bit weights
+    assert not {"crash", "silent"} & {f.rule.impact for f in evaluate(s, apply_fixes=False)[1]}
+
+
+def test_llama_factory_dora_dpo_nonreentrant_zero3():
+    r = from_files("llama-factory", [fx("llama-factory", "qwen_dora_dpo_z3.yaml")], OLD)
+    s = r.setup
+    assert (s.stage, s.adapter, s.reentrant, s.offload, s.forwards_per_step) == ("dpo", "dora", False, True, 1)
+    assert {"zero3-frozen-recompute", "dora-sharded-weight"} <= ids(r)
+    assert r.flags["reentrant"] == "use_reentrant_gc"
+
+
+def test_llama_factory_cli_overrides_and_world_size():
+    r = run(f"FORCE_TORCHRUN=1 NNODES=1 NPROC_PER_NODE=4 llamafactory-cli train "
+            f"{fx('llama-factory', 'llama3_lora_sft_ds3.yaml')} disable_gradient_checkpointing=true bogus_key=1")
+    assert (r.setup.world_size, r.setup.checkpointing) == (4, "off")
+    assert r.unknown == ["bogus_key=1"]
+    ddp = run("CUDA_VISIBLE_DEVICES=0,1 llamafactory-cli train --model_name_or_path Qwen/Qwen2.5-7B --stage sft "
+              "--do_train --finetuning_type lora --lora_target all --dataset alpaca_en_demo --template qwen "
+              "--output_dir out --bf16")
+    s = ddp.setup
+    assert (s.engine, s.world_size, s.reentrant, s.find_unused_parameters) == ("ddp", 2, True, False)
+    assert "ddp-reentrant-unused" not in ids(ddp)  # LLaMA-Factory sets find_unused_parameters=False for LoRA
+
+
+# ---------------------------------------------------------------- ms-swift
+
+def test_ms_swift_grpo_on_zero3_without_gather():
+    r = from_files("ms-swift", [fx("ms-swift", "grpo_lora_zero3.sh")], CURRENT)
+    s = r.setup
+    assert (s.stage, s.world_size, s.zero_stage, s.generation, s.generation_gather) == ("grpo", 4, 3, True, False)
+    assert (s.checkpointing, s.reentrant, s.input_grad_hook) == ("all", True, True)
+    assert "zero3-generation-gather" in ids(r)
+    assert r.flags["generation_gather"] == "--ds3_gather_for_generation"
+
+
+def test_ms_swift_reentrant_default_depends_on_ddp():
+    r = from_files("ms-swift", [fx("ms-swift", "sft_ddp_reentrant.sh")], CURRENT)
+    assert (r.setup.engine, r.setup.reentrant, r.setup.find_unused_parameters) == ("ddp", True, True)
+    assert "ddp-reentrant-unused" in ids(r)
+    ddp_default = run("NPROC_PER_NODE=2 swift sft --model Qwen/Qwen2.5-7B-Instruct --dataset x --train_type lora")
+    assert ddp_default.setup.reentrant is False and "swift/trainers/mixin.py" in ddp_default.sources["reentrant"]
+    assert "ddp-reentrant-unused" not in ids(ddp_default)
+    single = run("swift sft --model Qwen/Qwen2.5-7B-Instruct --dataset x --deepspeed zero3_offload")
+    assert (single.setup.world_size, single.setup.reentrant, single.setup.offload) == (1, True, True)
+
+
+# ---------------------------------------------------------------- Axolotl
+
+def test_axolotl_lora_zero3_reads_json_next_to_yaml():
+    r = from_files("axolotl", [fx("axolotl", "llama3_lora_zero3.yml")], CURRENT)
+    s = r.setup
+    assert (s.adapter, s.engine, s.zero_stage, s.packing, s.use_cache) == ("lora", "deepspeed", 3, True, False)
+    assert s.precision == "bf16-mixed" and "bf16.enabled" in r.sources["precision"]
+    # Axolotl's default for SFT: {use_reentrant: true}, with enable_input_require_grads for adapters.
+    assert (s.reentrant, s.input_grad_hook) == (True, True) and "utils/config" in r.sources["reentrant"]
+    assert r.unknown == []
+    assert not {"crash", "silent"} & {f.rule.impact for f in evaluate(s, apply_fixes=False)[1]}
+
+
+def test_axolotl_qlora_dora_fsdp1():
+    r = from_files("axolotl", [fx("axolotl", "qwen_qlora_dora_fsdp1.yml")], CURRENT)
+    s = r.setup
+    assert (s.stage, s.adapter, s.engine, s.quantization, s.fsdp_use_orig_params) == ("dpo", "dora", "fsdp1", "4bit",
+                                                                                      False)
+    assert (s.embeddings_trainable, s.lm_head_trainable, s.reentrant, s.offload) == (True, True, False, True)
+    assert "fsdp1-mixed-requires-grad" in ids(r)
+    assert "dora-sharded-weight" in ids(from_files("axolotl", [fx("axolotl", "qwen_qlora_dora_fsdp1.yml")],
+                                                   with_versions("peft=0.11.1")))
+    assert r.unknown == ["qwen_qlora_dora_fsdp1.yml: unknown_axolotl_key"]
+
+
+def test_axolotl_yaml_plus_deepspeed_json_given_alongside(tmp_path):
+    cfg = tmp_path / "cfg.yml"
+    cfg.write_text("adapter: lora\nlora_target_linear: true\ngradient_checkpointing: true\n"
+                   "deepspeed: /nowhere/custom_zero3.json\n")
+    ds = tmp_path / "zero2.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}))
+    r = from_files("axolotl", [str(ds), str(cfg)], CURRENT)
+    assert (r.setup.zero_stage, r.setup.offload, r.setup.reentrant) == (2, True, True)
+
+
+def test_axolotl_cli_launcher_args():
+    r = run(f"axolotl train {fx('axolotl', 'llama3_lora_zero3.yml')} --learning-rate 1e-4 -- --num_processes 4")
+    assert (r.setup.world_size, r.setup.zero_stage) == (4, 3) and r.unknown == []
+
+
+# ---------------------------------------------------------------- DeepSpeed JSON
+
+def test_deepspeed_json_zero3_offload_without_gather():
+    r = from_files("deepspeed", [fx("deepspeed", "zero3_offload_auto.json")], CURRENT)
+    s = r.setup
+    assert (s.engine, s.zero_stage, s.offload, s.adapter_save_gather, s.precision) == ("deepspeed", 3, True, False,
+                                                                                     "fp32")
+    assert "zero3-empty-adapter-save" in ids(r)
+    assert any("auto" in n for n in r.notes)
+    assert r.unknown == [f"{fx('deepspeed', 'zero3_offload_auto.json')}: zero_magic_knob"]
+    assert r.flags["adapter_save_gather"] == "zero_optimization.stage3_gather_16bit_weights_on_model_save"
+
+
+def test_deepspeed_json_defaults(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"overlap_comm": True}, "fp16": {"enabled": True}}))
+    r = from_files("deepspeed", [str(path)], CURRENT)
+    assert (r.setup.zero_stage, r.setup.precision, r.setup.offload) == (0, "fp16-mixed", False)
+    assert r.sources["zero_stage"].startswith("default (DeepSpeed")
+
+
+def test_deepspeed_json_zero2_bf16_hybrid_engine():
+    r = from_files("deepspeed", [fx("deepspeed", "zero2_bf16.json")], CURRENT)
+    assert (r.setup.zero_stage, r.setup.precision, r.setup.generation_gather) == (2, "bf16-mixed", True)
+    assert ids(r) == set()
+
+
+# ---------------------------------------------------------------- detection, errors, report
+
+@pytest.mark.parametrize("line,framework", [
+    ("deepspeed --module openrlhf.cli.train_dpo --zero_stage 3", "openrlhf"),
+    ("torchrun --nproc_per_node 8 -m openrlhf.cli.train_rm --zero_stage 3", "openrlhf"),
+    ("deepspeed main.py --lora_dim 128 --only_optimize_lora --zero_stage 3", "deepspeed-chat"),
+    ("deepspeed --num_gpus 1 main.py --model_name_or_path facebook/opt-1.3b --data_split 2,4,4", "deepspeed-chat"),
+    ("trl dpo --model_name_or_path x --use_peft", "hf"),
+    ("accelerate launch --num_processes 2 train.py --output_dir out --gradient_checkpointing", "hf"),
+    ("llamafactory-cli train examples/train_lora/llama3_lora_sft.yaml", "llama-factory"),
+    ("NPROC_PER_NODE=4 swift rlhf --rlhf_type dpo --model x", "ms-swift"),
+    ("axolotl train examples/llama-3/lora-1b.yml", "axolotl"),
+    ("accelerate launch -m axolotl.cli.train examples/llama-3/lora-1b.yml", "axolotl"),
+])
+def test_detect_launch_lines(line, framework):
+    assert detect(shlex.split(line)) == framework
+    assert framework in FRAMEWORKS
+
+
+def test_flags_for_every_framework_name_setup_fields():
+    for name in FRAMEWORKS:
+        flags = flags_for(name)
+        assert flags and set(flags) <= set(SETUP_FIELDS), name
+    assert flags_for("openrlhf")["reentrant"] == "--gradient_checkpointing_use_reentrant"
+    assert flags_for("llama-factory")["reentrant"] == "use_reentrant_gc"
+
+
+def test_deepspeed_launcher_world_size_from_visible_devices():
+    r = run("CUDA_VISIBLE_DEVICES=0,1,2 deepspeed main.py --model_name_or_path facebook/opt-350m --lora_dim 8 "
+            "--data_split 2,4,4")
+    assert (r.setup.world_size, r.sources["world_size"]) == (3, "CUDA_VISIBLE_DEVICES=0,1,2")
+
+
+def test_detect_unknown_suggests_framework_flag():
+    with pytest.raises(LoraflowError, match="--framework"):
+        detect(shlex.split("python my_loop.py --epochs 3"))
+
+
+def test_unknown_framework_name_suggests_close_match():
+    with pytest.raises(LoraflowError, match="Did you mean axolotl"):
+        from_files("axolotel", [fx("axolotl", "llama3_lora_zero3.yml")], CURRENT)
+
+
+def test_missing_deepspeed_json_names_file_and_flag(tmp_path):
+    with pytest.raises(LoraflowError) as err:
+        run("torchrun --nproc_per_node 2 train.py --deepspeed configs/my_ds_config.json --output_dir out")
+    assert "configs/my_ds_config.json" in str(err.value) and "--deepspeed" in str(err.value)
+    cfg = tmp_path / "lf.yaml"
+    cfg.write_text("stage: sft\nfinetuning_type: lora\ndeepspeed: my_zero3.json\n")
+    with pytest.raises(LoraflowError, match="deepspeed my_zero3.json"):
+        from_files("llama-factory", [str(cfg)], CURRENT)
+
+
+def test_run_check_json_and_exit_codes():
+    text, code = run_check(shlex.split(OPENRLHF_Z3), None, [], OLD, as_json=True)
+    doc = json.loads(text)
+    assert code == doc["exit_code"] == 2
+    assert doc["framework"] == "openrlhf" and doc["setup"]["zero_stage"] == 3
+    finding = next(f for f in doc["findings"] if f["rule"] == "zero3-frozen-recompute")
+    assert finding["impact"] == "crash" and finding["cause"] and finding["fix_loraflow"]
+    assert any("--gradient_checkpointing_use_reentrant" in fix for fix in finding["fix_here"])
+    assert set(finding) >= {"rule", "title", "impact", "cause", "fix_here", "fix_loraflow", "notes", "references"}
+    # Only an unread flag: exit code 1. Nothing at all: 0.
+    _, code = run_check(shlex.split(OPENRLHF_Z3 + " --made_up_flag"), None, [], CURRENT, as_json=False)
+    assert code == 1
+    text, code = run_check(shlex.split(OPENRLHF_Z3), None, [], CURRENT, as_json=False)
+    assert code == 0 and "exit code 0" in text and "--zero_stage 3" in text
+    with pytest.raises(LoraflowError, match="not both"):
+        run_check(["deepspeed", "main.py"], "deepspeed-chat", ["x.sh"], CURRENT, False)
+
+
+def test_run_check_text_names_the_fix_flag():
+    text, code = run_check(None, "ms-swift", [fx("ms-swift", "sft_ddp_reentrant.sh")], CURRENT, as_json=False)
+    assert code == 2
+    assert "[crash] ddp-reentrant-unused" in text
+    assert "change --ddp_find_unused_parameters (find_unused_parameters is now True)" in text
+
+
+def test_argv_parsing_forms():
+    args, positionals, after = parse_flags(["pos", "--a=1", "--b", "2", "--c", "--d", "x", "y", "--", "--e"],
+                                           switches={"c"}, lists={"d"})
+    assert [(a.name, a.value) for a in args] == [("a", "1"), ("b", "2"), ("c", None), ("d", ["x", "y"])]
+    assert positionals == ["pos"] and after == ["--e"]
+    cmd = split_command(shlex.split("CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node=2 --nnodes 2 -m pkg.mod --x 1"))
+    assert (cmd.env, cmd.launcher, cmd.program, cmd.program_kind, cmd.world_size) == (
+        {"CUDA_VISIBLE_DEVICES": "0,1"}, "torchrun", "pkg.mod", "module", 4)
+    assert split_command(["python", "-m", "torch.distributed.run", "--nproc_per_node", "3", "t.py"]).world_size == 3
+    assert split_command(shlex.split("deepspeed --include localhost:0,1,2 main.py")).world_size == 3
+
+
+def test_script_reader_expands_variables_and_drops_redirects():
+    tokens = command_from_script(fx("deepspeed-chat", "step3_rlhf_finetuning", "run_opt_1.3b_lora.sh"))
+    assert tokens[:3] == ["deepspeed", "--num_gpus", "8"]
+    assert "--actor_zero_stage" in tokens and tokens[tokens.index("--actor_zero_stage") + 1] == "3"
+    assert "&>" not in tokens and "facebook/opt-1.3b" in tokens
+    r = run(f"bash {fx('openrlhf', 'train_sft_mistral_lora_z3.sh')}")
+    assert r.framework == "openrlhf" and r.setup.zero_stage == 3
