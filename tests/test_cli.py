@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import write_jsonl
@@ -75,3 +77,21 @@ def test_cli_surface_is_stable():
     assert options["probe"] >= {"--only", "--json", "--list", "--logs"}
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "dpo"])  # stages arrive with their issues, not before
+
+
+def test_check_reads_another_frameworks_command_line(capsys):
+    argv = ["check", "--json", "--versions", "deepspeed=0.15.3", "--", "deepspeed", "--num_gpus", "2", "--module",
+            "openrlhf.cli.train_sft", "--lora_rank", "16", "--gradient_checkpointing", "--zero_stage", "3"]
+    assert main(argv) == 2
+    data = json.loads(capsys.readouterr().out)
+    assert "zero3-frozen-recompute" in [f["rule"] for f in data["findings"]]
+
+
+def test_check_with_nothing_after_the_separator_is_an_error(capsys):
+    assert main(["check", "--"]) == 2
+    assert "nothing after `--`" in capsys.readouterr().err
+
+
+def test_check_versions_must_be_package_equals_version(capsys):
+    assert main(["check", "--versions", "deepspeed"]) == 2
+    assert "--versions" in capsys.readouterr().err

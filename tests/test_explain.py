@@ -83,3 +83,15 @@ def test_recompute_metadata_logs_rank_by_evidence():
     ids = [m.rule.id for m in matches]
     assert ids[0] == "zero3-frozen-recompute"
     assert "fsdp2-recompute-cast" in ids and ids.index("fsdp2-recompute-cast") > 0
+
+
+def test_fix_is_worded_for_the_framework_the_log_came_from():
+    from loraflow.explain import detect_framework, fix_for
+    from loraflow.rules import get_rule
+
+    rule = get_rule("zero3-frozen-recompute")
+    assert "--gradient_checkpointing_use_reentrant" in fix_for(rule, "openrlhf")
+    assert "use_reentrant" in fix_for(rule, "hf")
+    assert fix_for(rule, None) == rule.elsewhere
+    trace = 'File "/opt/conda/lib/python3.10/site-packages/openrlhf/trainer/sft_trainer.py", line 140, in fit'
+    assert detect_framework(trace) == "openrlhf"
