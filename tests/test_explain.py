@@ -75,14 +75,16 @@ def test_versions_in_a_log_are_read():
 
 
 def test_recompute_metadata_logs_rank_by_evidence():
-    """Three rules share torch's CheckpointError text; the ZeRO-3 log's shape [0] and DeepSpeed paths put
-    zero3-frozen-recompute first, above fsdp2-recompute-cast and cache-during-recompute."""
+    """Three rules share torch's CheckpointError text; the ZeRO-3 log's shape [0], DeepSpeed paths and printed
+    version put zero3-frozen-recompute first, cache-during-recompute below it, and rule fsdp2-recompute-cast out."""
     name = next((n for n, m in MANIFEST.items() if m["rule"] == "zero3-frozen-recompute"), None)
     assert name, "the zero3-frozen-recompute fixture (DeepSpeed 0.15.3) is missing; run scripts/capture_failure_logs.py"
     matches, _, versions = explain_text((LOGS / name).read_text())
     ids = [m.rule.id for m in matches]
     assert ids[0] == "zero3-frozen-recompute"
-    assert "fsdp2-recompute-cast" in ids and ids.index("fsdp2-recompute-cast") > 0
+    assert "cache-during-recompute" in ids  # same signature, ranked below
+    assert "fsdp2-recompute-cast" not in ids  # the shape-[0] evidence rules it out
+    assert str(versions["deepspeed"]) == "0.15.3"
 
 
 def test_fix_is_worded_for_the_framework_the_log_came_from():

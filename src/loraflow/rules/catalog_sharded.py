@@ -140,7 +140,7 @@ register(Rule(
     references=("torch/distributed/fsdp/_flat_param.py: FlatParamHandle._validate_tensors_to_flatten",
                 "https://github.com/huggingface/peft/issues/1702"),
     fixed_in="design",
-    signatures=(r"Must flatten tensors with uniform requires_grad when use_orig_params=False",),
+    signatures=(r"Must flatten tensors with uniform `?requires_grad`? when `?use_orig_params=False",),
 ))
 
 register(Rule(
@@ -249,7 +249,8 @@ register(Rule(
     references=("https://github.com/huggingface/peft/issues/1731", "https://github.com/huggingface/peft/issues/1737",
                 "https://github.com/huggingface/peft/pull/1806"),
     fixed_in="peft 0.12.0 for FSDP (PR #1806); not fixed for ZeRO-3",
-    weak_signatures=(r"IndexError: tuple index out of range", r"mat1 and mat2 shapes cannot be multiplied"),
+    weak_signatures=(r"IndexError: tuple index out of range", r"mat1 and mat2 shapes cannot be multiplied",
+                     r"The size of tensor a \(0\) must match the size of tensor b"),
     evidence=(Evidence(r"peft[/\\]tuners[/\\]lora[/\\]dora\.py|DoraLinearLayer|get_weight_norm", 4,
                        "DoRA's code is in the traceback"),
               Evidence(r"deepspeed|fsdp", 1, "a sharding engine is in use")),
@@ -271,6 +272,6 @@ register(Rule(
     references=("https://huggingface.co/docs/peft/accelerate/fsdp",
                 "https://github.com/huggingface/transformers/pull/29587"),
     fixed_in="design",
-    signatures=(r"Cannot flatten integer dtype tensors", r"Must flatten tensors with uniform dtype"),
+    signatures=(r"Cannot flatten integer dtype tensors", r"Must flatten tensors with uniform `?dtype"),
     evidence=(Evidence(r"bitsandbytes|Params4bit|uint8", 3, "4-bit storage is in the traceback"),),
 ))

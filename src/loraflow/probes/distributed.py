@@ -1,0 +1,208 @@
+"""Reproductions on 2 ranks (gloo, CPU): DeepSpeed ZeRO, DDP, FSDP2 and FSDP1.
+
+Each `execute` runs one step (or a save, or a generate) of the tiny Llama exactly as the Setup says, on both ranks
+with the same batch, so the engine's averaged gradients must equal the single-process fp32 reference; a silent
+failure shows as `wrong`, a crash as the library's own error (the worker logs its traceback).
+Engine plumbing (DeepSpeed config, sharding, gathering gradients) lives in `distributed_engines.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from loraflow.probes import Context, Observation, case
+from loraflow.probes.cases import _checkpoint, reference_grads
+from loraflow.probes.distributed_engines import (
+    deepspeed_engine, dora_gather_base_weight, ds_full_grads, fsdp2_shard, full_grads, generation_gathers,
+    sgd_reference_adapter, zero3_partition, zero3_visible_to_peft, zero_config)
+from loraflow.probes.tiny import compare, tiny_llama, token_batch, with_adapters
+from loraflow.rules.setup import Setup
+
+LORA = Setup(adapter="lora", matched_modules=14, world_size=2)
+ZERO3 = LORA.replace(engine="deepspeed", zero_stage=3)
+DS = ("deepspeed",)
+
+
+def _model(setup: Setup):
+    model = with_adapters(tiny_llama(use_cache=setup.use_cache), setup)
+    if setup.engine != "fsdp2":  # FSDP2 applies its torch wrapper around or inside the sharded units itself
+        _checkpoint(model, setup)
+    return model
+
+
+def zero_step(setup: Setup, ctx: Context) -> Observation:
+    """one LoRA step under DeepSpeed ZeRO (stage from the Setup, fp32, a torch optimizer), the same batch on both
+    ranks; the gathered adapter gradients compared with the single-process fp32 reference"""
+    model = _model(setup)
+    engine = deepspeed_engine(model, setup)
+    engine.module.train(setup.train_mode_at_backward)
+    batch = token_batch()
+    loss = engine(**batch, use_cache=setup.use_cache).loss
+    engine.backward(loss)
+    grads = ds_full_grads(engine)
+    engine.step()
+    return compare(grads, reference_grads(setup, batch))
+
+
+case("zero3-frozen-recompute", ZERO3.replace(checkpointing="all", reentrant=False), ranks=2, requires=DS)(zero_step)
+
+
+@case("zero3-eval-backward", ZERO3.replace(train_mode_at_backward=False), ranks=2, requires=DS)
+def zero_eval_step(setup: Setup, ctx: Context) -> Observation:
+    """one LoRA step under ZeRO-3 with the model in the Setup's mode (eval, as after generate) during loss and
+    backward; adapter gradients compared with the reference"""
+    return zero_step(setup, ctx)
+
+
+@case("dora-sharded-weight", ZERO3.replace(adapter="dora"), ranks=2, requires=DS)
+def zero_dora_step(setup: Setup, ctx: Context) -> Observation:
+    """DoRA added to a ZeRO-3-partitioned Llama (as from_pretrained under ZeRO-3 leaves it) in a hand-written
+    DeepSpeed loop, a log-prob forward of the unwrapped module (an RLHF rollout), then one step through the engine;
+    logits and gradients compared with the single-process reference"""
+    model = tiny_llama(use_cache=False)
+    zero3_partition(model, setup)
+    # peft's DoRA init computes ||W|| of every base weight: gather them (per layer, peft's own gather) or not.
+    with zero3_visible_to_peft(zero_config(setup), enabled=setup.dora_weight_gather):
+        model = with_adapters(model, setup)
+    if setup.dora_weight_gather:
+        dora_gather_base_weight(model)  # and in every forward, also outside the engine's
+    engine = deepspeed_engine(model, setup)
+    batch = token_batch()
+    with torch.no_grad():  # the rollout's log-probs come first in RLHF, before any step through the engine
+        logits = engine.module(**batch, use_cache=False).logits
+    engine.backward(engine(**batch, use_cache=False).loss)
+    grads = ds_full_grads(engine)
+    reference = with_adapters(tiny_llama(use_cache=False), setup)
+    with torch.no_grad():
+        expected = reference(**batch, use_cache=False).logits
+    diff = float((logits - expected).abs().max())
+    if diff > 1e-4:
+        return Observation("wrong", f"no error raised, but the unwrapped module's logits differ by {diff:.3g}")
+    return compare(grads, reference_grads(setup, batch))
+
+
+@case("zero3-empty-adapter-save", ZERO3, ranks=2, requires=DS)
+def zero_adapter_save(setup: Setup, ctx: Context) -> Observation:
+    """one LoRA step under ZeRO-3 (SGD), save_pretrained of the adapter (gathering the trainable partitions or
+    not), reload with PeftModel.from_pretrained and compare with the same step taken in one process"""
+    import deepspeed
+    import torch.distributed as dist
+    from peft import PeftModel, get_peft_model_state_dict
+
+    model = _model(setup)
+    engine = deepspeed_engine(model, setup)
+    batch = token_batch()
+    engine.backward(engine(**batch).loss)
+    engine.step()
+    path = _shared_dir(ctx)
+    trainable = [p for p in engine.module.parameters() if p.requires_grad]
+    # GatheredParameters is collective: every rank enters it, rank 0 writes.
+    with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None, enabled=setup.adapter_save_gather):
+        if ctx.rank == 0:
+            engine.module.save_pretrained(path)
+    dist.barrier()
+    if ctx.rank != 0:
+        return Observation("ok", "rank 0 saves and checks")
+    reloaded = PeftModel.from_pretrained(tiny_llama(), path)  # raises on shape-[0] tensors
+    saved = get_peft_model_state_dict(reloaded)
+    expected = sgd_reference_adapter(setup, batch)
+    empty = [n for n, t in saved.items() if t.numel() == 0 or not t.any()]
+    if empty:
+        return Observation("wrong", f"no error raised, but {len(empty)} of {len(saved)} saved adapter tensors are "
+                                    f"empty or zero (e.g. {empty[0]})")
+    worst = max(float((saved[n] - t).norm() / t.norm()) for n, t in expected.items())
+    if worst > 1e-5:
+        return Observation("wrong", f"no error raised, but the saved adapter differs from the trained one by "
+                                    f"relative error {worst:.3g}")
+    return Observation("ok", f"the reloaded adapter equals the single-process step ({len(saved)} tensors, max "
+                             f"relative error {worst:.1e})")
+
+
+def _shared_dir(ctx: Context) -> str:
+    """One directory for both ranks: rank 0's workdir, broadcast."""
+    import torch.distributed as dist
+
+    box = [ctx.workdir]
+    dist.broadcast_object_list(box, src=0)
+    return box[0] + "/adapter"
+
+
+@case("zero3-generation-gather", ZERO3.replace(stage="grpo", generation=True), ranks=2, requires=DS)
+def zero_generate(setup: Setup, ctx: Context) -> Observation:
+    """greedy generate() of 8 tokens from the ZeRO-3 engine's module, counting the all-gather collectives while it
+    decodes (per token, or once per rollout with GatheredParameters and DeepSpeed's hooks lifted)"""
+    model = _model(setup)
+    engine = deepspeed_engine(model, setup)
+    tokens = 8
+    before, during, seconds = generation_gathers(engine, tokens, gather_once=setup.generation_gather)
+    if during > 0:
+        return Observation("wrong", f"no error raised, but generating {tokens} tokens ran {during} all-gather ops "
+                                    f"({during / tokens:.0f} per token, every weight again at each step; "
+                                    f"{seconds:.2f}s)")
+    return Observation("ok", f"{before} all-gather ops once before the rollout, none while generating {tokens} "
+                             f"tokens ({seconds:.2f}s)")
+
+
+@case("ddp-reentrant-unused", LORA.replace(engine="ddp", checkpointing="all", reentrant=True, input_grad_hook=True,
+                                           find_unused_parameters=True), ranks=2)
+def ddp_step(setup: Setup, ctx: Context) -> Observation:
+    """one LoRA step under DDP (gloo) with transformers' checkpointing as the Setup says and the Setup's
+    find_unused_parameters / static_graph; adapter gradients compared with the reference"""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_model(setup), find_unused_parameters=setup.find_unused_parameters,
+                static_graph=setup.ddp_static_graph)
+    batch = token_batch()
+    model(**batch, use_cache=setup.use_cache).loss.backward()
+    return compare(full_grads(model.module), reference_grads(setup, batch))
+
+
+FSDP2 = LORA.replace(engine="fsdp2", checkpointing="all", reentrant=False, checkpoint_impl="torch-wrapper",
+                     use_cache=False)
+
+
+@case("fsdp2-recompute-cast", FSDP2.replace(precision="bf16-mixed", checkpoint_outside_shard=True), ranks=2)
+def fsdp2_mixed_step(setup: Setup, ctx: Context) -> Observation:
+    """one LoRA step under FSDP2 (fully_shard per layer, MixedPrecisionPolicy bf16 params / fp32 reduce) with
+    torch's checkpoint wrapper around or inside each sharded layer; gradients against the fp32 reference within
+    bf16 tolerance"""
+    model = fsdp2_shard(_model(setup), setup)
+    batch = token_batch()
+    model(**batch, use_cache=False).loss.backward()
+    return compare(full_grads(model), reference_grads(setup, batch), tolerance=5e-2)
+
+
+@case("fsdp2-multi-forward-dtensor", FSDP2.replace(stage="dpo", forwards_per_step=2), ranks=2)
+def fsdp2_two_forwards(setup: Setup, ctx: Context) -> Observation:
+    """FSDP2 with checkpointing inside each sharded layer: chosen and rejected rows as two forwards before one
+    backward (or concatenated in one); gradients compared with the reference on both rows"""
+    model = fsdp2_shard(_model(setup), setup)
+    batch = token_batch(rows=2)
+    if setup.forwards_per_step > 1:
+        rows = [{k: v[i:i + 1] for k, v in batch.items()} for i in range(2)]
+        losses = [model(**row, use_cache=False).loss for row in rows]  # both forwards first, as DPO does
+        loss = sum(losses) / len(losses)  # equal lengths: the same as the mean over the concatenated batch
+    else:
+        loss = model(**batch, use_cache=False).loss
+    loss.backward()
+    return compare(full_grads(model), reference_grads(setup, batch))
+
+
+@case("fsdp1-mixed-requires-grad", LORA.replace(engine="fsdp1", fsdp_use_orig_params=False), ranks=2)
+def fsdp1_wrap(setup: Setup, ctx: Context) -> Observation:
+    """FSDP1 (FullyShardedDataParallel on CPU, one unit per decoder layer) around a LoRA model with the Setup's
+    use_orig_params, then one step; gradients compared with the reference"""
+    import functools
+
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
+    model = FSDP(_model(setup), auto_wrap_policy=policy, use_orig_params=setup.fsdp_use_orig_params,
+                 device_id=torch.device("cpu"))
+    batch = token_batch()
+    model(**batch, use_cache=setup.use_cache).loss.backward()
+    with FSDP.summon_full_params(model, with_grads=True):
+        grads = full_grads(model)
+    return compare(grads, reference_grads(setup, batch))
