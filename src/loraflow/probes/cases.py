@@ -12,16 +12,16 @@ from loraflow.rules.setup import Setup
 LORA = Setup(adapter="lora", matched_modules=14)
 
 
-def _checkpoint(model, setup: Setup) -> None:
+def checkpoint_as_setup(model, setup: Setup) -> None:
     """Checkpoint the decoder layers the way the Setup says: transformers' own layer mechanism or torch's
     checkpoint_wrapper; then keep or remove the input-grad hook (transformers 5 adds one on its own)."""
-    from loraflow.setup.checkpointing import _enable, hf_model, set_input_grad_hook
+    from loraflow.setup.checkpointing import enable_layer_checkpointing, hf_model, set_input_grad_hook
 
     if setup.checkpointing == "off":
         return
     every = 1 if setup.checkpointing == "all" else setup.checkpoint_every_n
     if setup.checkpoint_impl == "transformers":
-        _enable(hf_model(model), bool(setup.reentrant), every)
+        enable_layer_checkpointing(hf_model(model), bool(setup.reentrant), every)
     else:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
@@ -37,7 +37,7 @@ def _checkpoint(model, setup: Setup) -> None:
 
 def step_grads(setup: Setup, batch=None) -> dict:
     model = with_adapters(tiny_llama(use_cache=setup.use_cache, tie=setup.tied_embeddings), setup)
-    _checkpoint(model, setup)
+    checkpoint_as_setup(model, setup)
     model.train(setup.train_mode_at_backward)
     batch = batch or token_batch()
     model(**batch, use_cache=setup.use_cache).loss.backward()
@@ -133,7 +133,7 @@ def eval_mode_saved_bytes(setup: Setup, ctx: Context) -> Observation:
     """bytes saved for backward by a checkpointed 2-layer Llama, in the Setup's mode vs without checkpointing"""
     def saved_bytes(s: Setup) -> int:
         model = with_adapters(tiny_llama(use_cache=False), s)
-        _checkpoint(model, s)
+        checkpoint_as_setup(model, s)
         model.train(s.train_mode_at_backward)
         total = 0
 

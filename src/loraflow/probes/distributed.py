@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from loraflow.probes import Context, Observation, case
-from loraflow.probes.cases import _checkpoint, reference_grads
+from loraflow.probes.cases import checkpoint_as_setup, reference_grads
 from loraflow.probes.distributed_engines import (
     deepspeed_engine, dora_gather_base_weight, ds_full_grads, fsdp2_shard, full_grads, generation_gathers,
     sgd_reference_adapter, zero3_partition, zero3_visible_to_peft, zero_config)
@@ -26,7 +26,7 @@ DS = ("deepspeed",)
 def _model(setup: Setup):
     model = with_adapters(tiny_llama(use_cache=setup.use_cache), setup)
     if setup.engine != "fsdp2":  # FSDP2 applies its torch wrapper around or inside the sharded units itself
-        _checkpoint(model, setup)
+        checkpoint_as_setup(model, setup)
     return model
 
 

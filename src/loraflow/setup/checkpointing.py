@@ -29,7 +29,7 @@ def checkpointed_layers(model: torch.nn.Module) -> list[int]:
     return [i for i, m in enumerate(layers) if m.gradient_checkpointing]
 
 
-def _enable(base: torch.nn.Module, reentrant: bool, every_n: int) -> None:
+def enable_layer_checkpointing(base: torch.nn.Module, reentrant: bool, every_n: int) -> None:
     kwargs = {"use_reentrant": reentrant}
     enable = getattr(base, "activation_checkpointing_enable", None)
     if enable is not None and "every_n_layers" in inspect.signature(enable).parameters:
@@ -56,7 +56,7 @@ def set_input_grad_hook(model: torch.nn.Module, enabled: bool) -> None:
 def apply_checkpointing(model: torch.nn.Module, plan) -> None:
     base = hf_model(model)
     if plan.checkpoint_layers:
-        _enable(base, bool(plan.reentrant), plan.config.checkpointing.every_n_layers)
+        enable_layer_checkpointing(base, bool(plan.reentrant), plan.config.checkpointing.every_n_layers)
     set_input_grad_hook(model, plan.input_grad_hook)
     actual = checkpointed_layers(model)
     if actual != plan.checkpoint_layers:
