@@ -20,10 +20,19 @@ def _value(value: Any) -> Any:
     return value if isinstance(value, (bool, int, float, str)) or value is None else str(value)
 
 
-def fix_here(result: FrontendResult, knobs: tuple[str, ...]) -> list[str]:
+def _could_help(rule, setup, knob: str) -> bool:
+    """False for a yes/no knob whose other value leaves the rule's condition standing (e.g. the input-grad hook
+    for zero3-frozen-recompute): naming it would send the user to a flag that cannot help."""
+    value = getattr(setup, knob)
+    if not isinstance(value, bool):
+        return True
+    return not rule.when(setup.replace(**{knob: not value}))
+
+
+def fix_here(result: FrontendResult, rule) -> list[str]:
     """The rule's knobs in this framework's flags: `change --zero_stage (zero_stage is now 3)`."""
     out = []
-    for knob in knobs:
+    for knob in (k for k in rule.knobs if _could_help(rule, result.setup, k)):
         now = _value(getattr(result.setup, knob))
         flag = result.flags.get(knob)
         if flag:
@@ -44,7 +53,7 @@ def render(result: FrontendResult, as_json: bool) -> tuple[str, int]:
     _, findings = evaluate(result.setup, apply_fixes=False)
     code = _exit_code(result, findings)
     items = [{"rule": f.rule.id, "title": f.rule.title, "impact": f.rule.impact, "verdict": f.rule.verdict,
-              "cause": f.rule.cause, "fix_here": fix_here(result, f.rule.knobs) + (
+              "cause": f.rule.cause, "fix_here": fix_here(result, f.rule) + (
                   [f"in general: {f.rule.elsewhere}"] if f.rule.elsewhere else []),
               "fix_loraflow": f.rule.fix, "notes": list(f.notes), "references": list(f.rule.references)}
              for f in findings]
