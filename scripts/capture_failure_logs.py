@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                 if must_raise:
                     failed.append(f"{label}: expected an error, got {observation.status}: {observation.detail}")
                 print(f"skip {label}: naive run is {observation.status}, no failure log to keep")
-                if manifest.pop(name, None) is not None:  # a stale fixture of a failure this stack no longer has
+                # Only a clean or silently-wrong run proves the failure is gone from this stack; a timeout or a
+                # crashed probe says nothing, so its old fixture stays.
+                if observation.status in ("ok", "wrong") and manifest.pop(name, None) is not None:
                     (FIXTURES / name).unlink(missing_ok=True)
                 continue
             (FIXTURES / name).write_text(text)

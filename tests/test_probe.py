@@ -73,3 +73,31 @@ def test_probe_only_runs_the_named_rule(capsys):
     rows = json.loads(capsys.readouterr().out)["results"]
     assert [r["rule"] for r in rows] == ["fp16-trainable-unscale"]
     assert rows[0]["affected"] == "yes" and rows[0]["safe_under_loraflow"] == "yes"
+
+
+def test_a_timeout_kills_the_whole_process_group(tmp_path):
+    """torchrun's ranks must not outlive a timed-out probe."""
+    from loraflow.probes.runner import _run_isolated
+
+    log = tmp_path / "hang.log"
+    code = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            "print(child.pid, flush=True)\ntime.sleep(120)")
+    assert _run_isolated([sys.executable, "-c", code], log, timeout=5) is None
+    child = int(log.read_text().split()[0])
+    for _ in range(50):  # the orphan is reaped by init shortly after the kill
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, 9)
+        pytest.fail("the child of the timed-out probe survived")
+
+
+def test_a_probe_that_dies_is_reported_as_failed_not_as_a_reproduction(tmp_path):
+    from loraflow.probes.runner import run_case
+
+    result = run_case(all_cases()["fp16-trainable-unscale"], tmp_path, python="/bin/false")
+    assert (result.affected, result.safe, result.matches_registry) == ("failed", "n/a", None)

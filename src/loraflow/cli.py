@@ -91,7 +91,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
         for rule_id, case in all_cases().items():
             print(f"{rule_id} ({case.ranks} rank{'s' if case.ranks > 1 else ''}): {case.what}")
         return 0
-    only = [r for item in args.only or [] for r in item.split(",") if r]
+    only = [r.strip() for item in args.only or [] for r in item.split(",") if r.strip()]
+    if args.only is not None and not only:
+        raise LoraflowError("probe --only: no rule id given; `loraflow probe --list` shows them.")
     env = detect_environment()
     versions = ", ".join(f"{k} {v}" for k, v in env.versions.items() if v) + f" ({env.device})"
     progress = None if args.json else (lambda rule: print(f"probing {rule} ...", file=sys.stderr, flush=True))
@@ -100,7 +102,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         print(json.dumps({"versions": versions, "results": [r.to_dict() for r in results]}, indent=2))
     else:
         print(render_table(results, versions))
-    unsafe = [r for r in results if r.safe == "no"]
+    unsafe = [r for r in results if r.safe == "no" or "failed" in (r.affected, r.safe)]
     return 2 if unsafe else 0
 
 
@@ -149,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_check, command_line=None)
 
     e = sub.add_parser("explain", help="say what broke in a failed run's log, why, and how to fix it "
-                                       "(exit 0 explained, 1 nothing matched)")
+                                       "(exit 0 explained, 1 nothing matched, 2 unreadable input)")
     e.add_argument("log", nargs="?", metavar="LOGFILE", help="the log file, or - for stdin")
     e.add_argument("--list", action="store_true", help="list the failure signatures loraflow knows")
     e.add_argument("--json", action="store_true", help="machine-readable output")
@@ -199,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; the last complete checkpoint (if any) is intact", file=sys.stderr)
         return 130
+    except Exception:  # a bug, not bad input: keep the traceback, and never exit 1 (which means "warnings")
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: loraflow {args.command} failed unexpectedly (a bug; please report it with the traceback "
+              "above)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from loraflow.rules import Rule, all_rules
 STRONG, WEAK = 10.0, 4.0
 VERSION_AFFECTED, VERSION_FIXED = 3.0, -12.0
 MIN_SCORE = 8.0  # a weak signature alone (4) never reaches it; with evidence it may
+MAX_LINES, MAX_LINE_CHARS = 20_000, 2_000
 
 # Where a traceback runs through a framework's own code, its path says which one produced the log.
 FRAMEWORK_PATHS = (
@@ -56,22 +57,35 @@ class Match:
 
 
 def read_log(source: str) -> str:
-    if source == "-":
-        return sys.stdin.read()
+    """The log as text; undecodable bytes become U+FFFD rather than an error (logs mix encodings)."""
     try:
-        with open(source, errors="replace") as f:
-            return f.read()
+        if source == "-":
+            return sys.stdin.buffer.read().decode("utf-8", errors="replace")
+        with open(source, "rb") as f:
+            return f.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         raise LoraflowError(f"explain: log file {source} does not exist; pass a file or `-` for stdin.") from None
     except IsADirectoryError:
         raise LoraflowError(f"explain: {source} is a directory; pass the log file itself.") from None
+    except OSError as exc:
+        raise LoraflowError(f"explain: cannot read {source}: {exc.strerror or exc}.") from None
+
+
+def _scanned_lines(text: str) -> list[str]:
+    """The lines explain reads: the last MAX_LINES of the log, each cut to MAX_LINE_CHARS. Failures end a log;
+    the cap keeps a 100 MB training log or a megabyte-long line from making the regular expressions crawl."""
+    lines = text.splitlines()[-MAX_LINES:]
+    return [line[:MAX_LINE_CHARS] for line in lines]
 
 
 def log_versions(text: str) -> dict[str, Version]:
     found: dict[str, Version] = {}
     for package, names in _PACKAGES.items():
         patterns = (rf"(?i)\b(?:{names})\s+info:\s*version\s*=\s*{_VERSION}",
-                    rf"(?i)\b(?:{names})(?:\s+version)?(?:\s*\([^)]*\))?\s*(?:==|:|=|\s)\s*v?{_VERSION}\b",
+                    # ds_report's dot leaders: "torch version .... 2.1.0+cu121", "deepspeed info ... 0.15.3, ..."
+                    rf"(?i)\b(?:{names})\s+(?:version|info)\s*\.{{3,}}\s*v?{_VERSION}",
+                    # "deepspeed==0.15.3", "torch 2.5.1", "- `transformers` version: 4.40.0", "PyTorch version (GPU?): 2.1"
+                    rf"(?i)`?\b(?:{names})`?(?:\s+version)?(?:\s*\([^)]*\))?\s*(?:==|:|=|\s)\s*v?{_VERSION}\b",
                     rf"(?i)\b(?:{names})-{_VERSION}\.dist-info")
         for pattern in patterns:
             m = re.search(pattern, text)
@@ -124,11 +138,12 @@ def score_rule(rule: Rule, text: str, lines: list[str], versions: dict[str, Vers
 
 
 def explain_text(text: str) -> tuple[list[Match], str | None, dict[str, Version]]:
-    lines = text.splitlines()
-    versions = log_versions(text)
-    matches = [m for rule in all_rules() if (m := score_rule(rule, text, lines, versions))]
+    lines = _scanned_lines(text)
+    scanned = "\n".join(lines)
+    versions = log_versions(scanned)
+    matches = [m for rule in all_rules() if (m := score_rule(rule, scanned, lines, versions))]
     matches.sort(key=lambda m: -m.score)
-    return matches, detect_framework(text), versions
+    return matches, detect_framework(scanned), versions
 
 
 def fix_for(rule: Rule, framework: str | None) -> str:

@@ -15,7 +15,9 @@ from typing import Callable, Literal
 
 from loraflow.rules.setup import Setup
 
-Status = Literal["ok", "error", "wrong", "refused", "n/a", "timeout"]
+Status = Literal["ok", "error", "wrong", "refused", "n/a", "timeout", "failed"]
+"""`failed`: the probe process died before reporting (a probe bug or a broken install), which says nothing
+about the rule."""
 
 
 @dataclass

@@ -33,19 +33,19 @@ class ProbeResult:
 
     @property
     def affected(self) -> str:
-        if self.naive.status == "n/a":
-            return "n/a"
+        if self.naive.status in ("n/a", "failed"):
+            return self.naive.status  # not applicable here, or the probe itself broke: neither yes nor no
         return "yes" if self.naive.broken else "no"
 
     @property
     def safe(self) -> str:
-        if self.plan.status == "n/a":
-            return "n/a"
+        if self.plan.status in ("n/a", "failed"):
+            return self.plan.status
         return "no" if self.plan.broken else "yes"
 
     @property
     def matches_registry(self) -> bool | None:
-        return None if self.affected == "n/a" else (self.affected == "yes") == self.predicted
+        return None if self.affected not in ("yes", "no") else (self.affected == "yes") == self.predicted
 
     def to_dict(self) -> dict:
         return {"rule": self.rule, "affected": self.affected, "safe_under_loraflow": self.safe,
@@ -100,25 +100,37 @@ def run_case(case: Case, log_dir: Path, python: str = sys.executable, only_naive
     out = str(log_dir / f"{case.rule}.jsonl")
     log = log_dir / f"{case.rule}.log"
     start = time.monotonic()
-    with open(log, "w") as sink:
-        try:
-            proc = subprocess.run(command(case, out, python, only_naive), stdout=sink, stderr=subprocess.STDOUT,
-                                  env=probe_env(), timeout=case.timeout)
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            code = None
+    code = _run_isolated(command(case, out, python, only_naive), log, case.timeout)
     seconds = time.monotonic() - start
     modes = {}
     if os.path.exists(out):
         for line in open(out):
             row = json.loads(line)
             modes[row["mode"]] = Observation(row["status"], row["detail"])
-    if code is None and not modes:
-        modes["naive"] = Observation("timeout", f"no result within {case.timeout:.0f}s (a hang counts as broken)")
-    missing = Observation("error", f"the probe process exited with code {code} before reporting; see {log}")
-    return ProbeResult(case.rule, modes.get("naive", missing),
-                       modes.get("plan", Observation("n/a", "not run")) if only_naive else modes.get("plan", missing),
-                       expected, seconds, str(log), case.what)
+    if "naive" not in modes:
+        modes["naive"] = (Observation("timeout", f"no result within {case.timeout:.0f}s (a hang counts as broken)")
+                          if code is None else
+                          Observation("failed", f"the probe process exited with code {code} before reporting; "
+                                                f"see {log}"))
+    if "plan" not in modes:
+        modes["plan"] = Observation("n/a", "not run" + ("" if only_naive else ": the naive run did not finish"))
+    return ProbeResult(case.rule, modes["naive"], modes["plan"], expected, seconds, str(log), case.what)
+
+
+def _run_isolated(argv: list[str], log: Path, timeout: float) -> int | None:
+    """Run in a new session and, on timeout, kill the whole process group: torchrun's ranks would otherwise
+    outlive their launcher. Returns the exit code, or None after a timeout."""
+    import signal
+
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=probe_env(),
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
 
 
 def run_probes(only: list[str] | None = None, log_dir: str | None = None, progress=None) -> list[ProbeResult]:

@@ -37,11 +37,13 @@ register(Rule(
                 "https://pytorch.org/docs/stable/checkpoint.html"),
     fixed_in="transformers 5.x adds the hook for input_ids models in its own checkpointing; raw "
              "torch.utils.checkpoint does not",
-    signatures=(r"element 0 of tensors does not require grad and does not have a grad_fn",
-                r"None of the inputs have requires_grad=True"),
+    # The error alone also follows a plain backward under no_grad, and the warning alone is harmless: the
+    # error counts only with checkpointing evidence from the same log.
+    weak_signatures=(r"element 0 of tensors does not require grad and does not have a grad_fn",),
     evidence=(Evidence(r"None of the inputs have requires_grad=True", 3, "torch's reentrant-checkpoint warning"),
-              Evidence(r"use_reentrant=True|use_reentrant\W+True", 2, "reentrant checkpointing is named"),
-              Evidence(r"gradient_checkpointing|checkpoint", 1, "checkpointing is in use")),
+              Evidence(r"torch[/\\]utils[/\\]checkpoint\.py|CheckpointFunction", 4,
+                       "the traceback runs through torch's checkpoint"),
+              Evidence(r"use_reentrant=True|use_reentrant\W+True", 2, "reentrant checkpointing is named")),
 ))
 
 register(Rule(
@@ -83,8 +85,8 @@ register(Rule(
     references=("https://github.com/huggingface/transformers/issues/28056",
                 "https://github.com/huggingface/transformers/pull/30320"),
     fixed_in="transformers' own checkpointing forces it off; torch wrappers never will",
-    signatures=(r"Recomputed values for the following tensors have different metadata",),
-    weak_signatures=(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)",),
+    weak_signatures=(r"Recomputed values for the following tensors have different metadata",
+                     r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"),
     evidence=(Evidence(r"past_key_values?|use_cache|DynamicCache", 2, "the KV cache appears in the traceback"),
               Evidence(r"checkpoint_wrapper", 2, "torch's checkpoint_wrapper is in the traceback"),
               Evidence(r"must match the size of tensor b", 1, "a sequence length doubled by the second cache write")),

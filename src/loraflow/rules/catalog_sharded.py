@@ -11,6 +11,8 @@ from packaging.version import Version
 from loraflow.rules.registry import Evidence, Rule, register
 from loraflow.rules.setup import Setup
 
+# torch's CheckpointError text: shared by three rules (and by unrelated recompute bugs), so it is weak for each and
+# the engine or cache evidence in the same log decides.
 _RECOMPUTE_METADATA = r"Recomputed values for the following tensors have different metadata"
 
 
@@ -44,7 +46,7 @@ register(Rule(
               "else ZeRO-2",
     references=("https://github.com/deepspeedai/DeepSpeed/pull/8148",),
     fixed_in="deepspeed 0.19.3 (PR #8148)",
-    signatures=(_RECOMPUTE_METADATA,),
+    weak_signatures=(_RECOMPUTE_METADATA,),
     evidence=(Evidence(r"torch\.Size\(\[0\]\)|shape[=:]?\s*\[0\]|'shape': torch\.Size\(\[0\]\)", 4,
                        "a recomputed shape [0]: a released ZeRO-3 partition"),
               Evidence(r"deepspeed[/\\]runtime[/\\]zero|partition_parameters|stage3", 3,
@@ -72,7 +74,8 @@ register(Rule(
     elsewhere="upgrade to torch>=2.13; else apply the checkpoint wrapper before fully_shard",
     references=("https://github.com/pytorch/pytorch/pull/182580",),
     fixed_in="torch 2.13.0 (PR #182580)",
-    signatures=(_RECOMPUTE_METADATA, r"Expected query, key, and value to have the same dtype"),
+    signatures=(r"Expected query, key, and value to have the same dtype",),
+    weak_signatures=(_RECOMPUTE_METADATA,),
     evidence=(Evidence(r"dtype[=:]\s*torch\.(bfloat16|float16)|torch\.(bfloat16|float16)", 3,
                        "a half-precision dtype is in the mismatch"),
               Evidence(r"fsdp|fully_shard|_fsdp_param|FSDPModule", 3, "FSDP is in the traceback"),
