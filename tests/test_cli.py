@@ -95,3 +95,11 @@ def test_check_with_nothing_after_the_separator_is_an_error(capsys):
 def test_check_versions_must_be_package_equals_version(capsys):
     assert main(["check", "--versions", "deepspeed"]) == 2
     assert "--versions" in capsys.readouterr().err
+
+
+def test_check_on_another_frameworks_config_points_to_its_frontend(capsys):
+    from pathlib import Path
+
+    axolotl = Path(__file__).parent / "fixtures/frontends/axolotl/llama3_lora_zero3.yml"
+    assert main(["check", str(axolotl)]) == 2
+    assert f"use `loraflow check --framework axolotl {axolotl}`" in capsys.readouterr().err

@@ -12,11 +12,13 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.version import Version
 
 from loraflow.environment import parse_versions
 from loraflow.errors import LoraflowError
-from loraflow.frontends import FRAMEWORKS, detect, flags_for, from_command, from_files, run_check
+from loraflow.frontends import (FRAMEWORKS, detect, flags_for, from_command, from_files, guess_framework_for_files,
+                                run_check)
 from loraflow.frontends.argv import command_from_script, parse_flags, split_command
 from loraflow.rules import evaluate
 from loraflow.rules.setup import SETUP_FIELDS
@@ -40,8 +42,8 @@ def run(text: str, versions=CURRENT):
     return from_command(shlex.split(text), versions)
 
 
-def with_versions(text: str) -> dict:
-    return {**CURRENT, **parse_versions(text)}
+def with_versions(text: str, base: dict = CURRENT) -> dict:
+    return {**base, **parse_versions(text)}
 
 
 # ---------------------------------------------------------------- OpenRLHF
@@ -164,13 +166,14 @@ def test_trl_recipe_file_alone_uses_trl_defaults():
     s = r.setup
     assert (s.stage, s.adapter, s.engine, s.checkpointing, s.reentrant, s.precision) == (
         "sft", "lora", "single", "all", False, "bf16-mixed")
-    assert "TRL sets use_reentrant=False" in r.sources["reentrant"]
+    assert "TRL >= 0.27 sets use_reentrant=False" in r.sources["reentrant"]
     assert r.flags["reentrant"] == "gradient_checkpointing_kwargs: {use_reentrant: ...}"
     assert r.unknown == [] and ids(r) == set()
 
 
 def test_trl_cli_recipe_on_zero3_gets_trl_workaround():
-    r = run(f"trl sft --config {fx('hf', 'sft_qwen_lora.yaml')} --accelerate_config zero3", OLD)
+    line = f"trl sft --config {fx('hf', 'sft_qwen_lora.yaml')} --accelerate_config zero3"
+    r = run(line, with_versions("transformers=4.57.1,trl=0.28.0", OLD))
     s = r.setup
     assert (s.stage, s.adapter, s.engine, s.zero_stage, s.world_size) == ("sft", "lora", "deepspeed", 3, 8)
     # TRL defaults: checkpointing on, bf16 on; and it forces reentrant + the input hook for PEFT + ZeRO-3.
@@ -179,23 +182,28 @@ def test_trl_cli_recipe_on_zero3_gets_trl_workaround():
     assert s.precision == "bf16-mixed"
     assert not ids(r) & {"zero3-frozen-recompute", "packing-cache-cross-attention", "reentrant-frozen-inputs"}
     assert "inferred" in r.sources["engine"]
+    # No trl version: the TRL that installs with transformers 4.46 (< 0.19): no checkpointing or bf16 by default.
+    era = run(line, OLD)
+    assert era.setup.checkpointing == "off" and any("read as TRL 0.18.2" in n for n in era.notes)
+    assert any("read as TRL 0.26.2" in n for n in run(line, with_versions("transformers=4.57.1", OLD)).notes)
 
 
 def test_hf_trainer_ddp_reentrant_default_depends_on_transformers():
     line = (f"accelerate launch --config_file {fx('hf', 'accelerate_multi_gpu.yaml')} train.py "
             "--model_name_or_path meta-llama/Llama-3.1-8B --output_dir out --gradient_checkpointing --bf16")
-    old, new = run(line, OLD), run(line, CURRENT)
-    assert (old.setup.engine, old.setup.world_size, old.setup.find_unused_parameters) == ("ddp", 4, True)
-    assert old.setup.reentrant is True and new.setup.reentrant is False
-    assert {"reentrant-frozen-inputs", "ddp-reentrant-unused"} <= ids(old)
-    assert not ids(new) & {"reentrant-frozen-inputs", "ddp-reentrant-unused"}
+    old, new = run(line, OLD), run(line, CURRENT)  # no PEFT flag: full fine-tuning, nothing to find
+    assert (old.setup.engine, old.setup.world_size, old.setup.adapter) == ("ddp", 4, "full")
+    assert old.setup.reentrant is True and new.setup.reentrant is False and not ids(old) | ids(new)
+    old, new = run(line + " --use_peft --lora_r 16", OLD), run(line + " --use_peft --lora_r 16", CURRENT)
+    assert (old.setup.find_unused_parameters, old.setup.reentrant, new.setup.reentrant) == (True, True, False)
+    assert "ddp-reentrant-unused" in ids(old) and "ddp-reentrant-unused" not in ids(new)
     assert old.flags["reentrant"].startswith("--gradient_checkpointing_kwargs")
 
 
 def test_hf_trainer_deepspeed_json_and_unknown_flag():
     line = (f"torchrun --nproc_per_node 8 train.py --deepspeed {fx('hf', 'ds_zero3.json')} --gradient_checkpointing "
             "True --gradient_checkpointing_kwargs '{\"use_reentrant\": false}' --bf16 --output_dir out "
-            "--report_to wandb tensorboard --weird_flag 1")
+            "--report_to wandb tensorboard --weird_flag 1 --use_peft --lora_r 16")
     r = run(line, OLD)
     assert (r.setup.zero_stage, r.setup.precision, r.setup.reentrant) == (3, "bf16-mixed", False)
     assert r.unknown == ["--weird_flag 1"]
@@ -205,11 +213,14 @@ def test_hf_trainer_deepspeed_json_and_unknown_flag():
 
 
 def test_trl_dpo_yaml_dora_on_zero3():
-    r = from_files("hf", [fx("hf", "dpo_dora_zero3.yaml")], OLD)
+    # DPOTrainer forces reentrant for PEFT + ZeRO-3 only since TRL 1.9 (PR #6356; SFT since 0.28, PR #4951).
+    r = from_files("hf", [fx("hf", "dpo_dora_zero3.yaml")], with_versions("transformers=4.57.1,trl=1.9.0", OLD))
     s = r.setup
     assert (s.stage, s.adapter, s.forwards_per_step, s.reentrant) == ("dpo", "dora", 1, True)
     assert any("overrides use_reentrant=false" in n for n in r.notes)
     assert {"dora-sharded-weight", "zero3-empty-adapter-save"} <= ids(r)
+    older = from_files("hf", [fx("hf", "dpo_dora_zero3.yaml")], with_versions("transformers=4.57.1,trl=1.8.0", OLD))
+    assert older.setup.reentrant is False and "zero3-frozen-recompute" in ids(older)
     assert r.flags["reentrant"] == "gradient_checkpointing_kwargs: {use_reentrant: ...}"
 
 
@@ -220,6 +231,18 @@ def test_trl_grpo_generation_and_vllm():
     assert (s.stage, s.generation, s.generation_gather, s.world_size) == ("grpo", True, False, 2)
     assert "zero3-generation-gather" in ids(r)
     assert run(base + " --use_vllm").setup.generation is False
+
+
+def test_transformers_example_script_is_not_trl_and_trains_every_weight():
+    r = run("torchrun --nproc_per_node 2 run_clm.py --model_name_or_path gpt2 --dataset_name wikitext "
+            "--dataset_config_name wikitext-2-raw-v1 --block_size 512 --do_train --output_dir out")
+    s = r.setup  # no TRL defaults (checkpointing, bf16) and run_clm.py's own flags are known
+    assert (s.checkpointing, s.precision, s.adapter, r.unknown) == ("off", "fp32", "full", [])
+    assert any("full fine-tuning" in n and "--use_peft --lora_r 16" in n for n in r.notes)
+    line = f"torchrun --nproc_per_node 2 train.py --deepspeed {fx('hf', 'ds_zero3.json')} --gradient_checkpointing"
+    assert ids(run(line, with_versions("deepspeed=0.15.3"))) == set()  # a full fine-tune has no frozen weights
+    lora = run(line + " --use_peft --lora_r 16", with_versions("deepspeed=0.15.3,trl=0.27.0"))
+    assert lora.setup.adapter == "lora" and "zero3-frozen-recompute" in ids(lora)
 
 
 # ---------------------------------------------------------------- LLaMA-Factory
@@ -277,6 +300,9 @@ def test_ms_swift_reentrant_default_depends_on_ddp():
     assert "ddp-reentrant-unused" not in ids(ddp_default)
     single = run("swift sft --model Qwen/Qwen2.5-7B-Instruct --dataset x --deepspeed zero3_offload")
     assert (single.setup.world_size, single.setup.reentrant, single.setup.offload) == (1, True, True)
+    switches = run("swift sft --model M --use_dora --packing")  # bare switches are true
+    assert (switches.setup.adapter, switches.setup.packing) == ("dora", True)
+    assert run("swift rlhf --rlhf_type grpo --use_vllm").setup.generation is False
 
 
 # ---------------------------------------------------------------- Axolotl
@@ -332,15 +358,12 @@ def test_deepspeed_json_zero3_offload_without_gather():
     assert r.flags["adapter_save_gather"] == "zero_optimization.stage3_gather_16bit_weights_on_model_save"
 
 
-def test_deepspeed_json_defaults(tmp_path):
+def test_deepspeed_json_defaults_and_zero2_bf16_hybrid_engine(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"overlap_comm": True}, "fp16": {"enabled": True}}))
     r = from_files("deepspeed", [str(path)], CURRENT)
     assert (r.setup.zero_stage, r.setup.precision, r.setup.offload) == (0, "fp16-mixed", False)
     assert r.sources["zero_stage"].startswith("default (DeepSpeed")
-
-
-def test_deepspeed_json_zero2_bf16_hybrid_engine():
     r = from_files("deepspeed", [fx("deepspeed", "zero2_bf16.json")], CURRENT)
     assert (r.setup.zero_stage, r.setup.precision, r.setup.generation_gather) == (2, "bf16-mixed", True)
     assert ids(r) == set()
@@ -373,33 +396,30 @@ def test_flags_for_every_framework_name_setup_fields():
     assert flags_for("llama-factory")["reentrant"] == "use_reentrant_gc"
 
 
-def test_deepspeed_launcher_world_size_from_visible_devices():
-    r = run("CUDA_VISIBLE_DEVICES=0,1,2 deepspeed main.py --model_name_or_path facebook/opt-350m --lora_dim 8 "
-            "--data_split 2,4,4")
-    assert (r.setup.world_size, r.sources["world_size"]) == (3, "CUDA_VISIBLE_DEVICES=0,1,2")
-
-
-def test_detect_unknown_suggests_framework_flag():
-    with pytest.raises(LoraflowError, match="--framework"):
-        detect(shlex.split("python my_loop.py --epochs 3"))
-
-
-def test_unknown_framework_name_suggests_close_match():
-    with pytest.raises(LoraflowError, match="Did you mean axolotl"):
-        from_files("axolotel", [fx("axolotl", "llama3_lora_zero3.yml")], CURRENT)
-
-
-def test_missing_deepspeed_json_names_file_and_flag(tmp_path):
+@pytest.mark.parametrize("case", yaml.safe_load((FIX / "bad_inputs.yaml").read_text()), ids=lambda c: c["error"])
+def test_bad_inputs_name_the_flag_key_or_file(tmp_path, case):
+    for name, content in case.get("files", {}).items():
+        (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(LoraflowError) as err:
-        run("torchrun --nproc_per_node 2 train.py --deepspeed configs/my_ds_config.json --output_dir out")
-    assert "configs/my_ds_config.json" in str(err.value) and "--deepspeed" in str(err.value)
-    cfg = tmp_path / "lf.yaml"
-    cfg.write_text("stage: sft\nfinetuning_type: lora\ndeepspeed: my_zero3.json\n")
-    with pytest.raises(LoraflowError, match="deepspeed my_zero3.json"):
-        from_files("llama-factory", [str(cfg)], CURRENT)
+        if "command" in case:
+            run(case["command"])
+        else:
+            from_files(case["framework"], [str(tmp_path / name) for name in case["files"]], CURRENT)
+    assert case["error"] in str(err.value)
 
 
-def test_run_check_json_and_exit_codes():
+def test_guess_framework_for_files(tmp_path):
+    cases = {"axolotl/llama3_lora_zero3.yml": "axolotl", "hf/sft_qwen_lora.yaml": "hf",
+             "llama-factory/llama3_lora_sft_ds3.yaml": "llama-factory", "deepspeed/zero2_bf16.json": "deepspeed"}
+    for path, name in cases.items():
+        assert guess_framework_for_files([fx(path)]) == name
+    own = tmp_path / "mine.yaml"  # loraflow's own config with a typo is not another framework's
+    own.write_text("stage: sft\nadapter: {rank: 8}\ndatasets: x\ntrain: {max_steps: 10}\n")
+    assert guess_framework_for_files([str(own)]) is None
+    assert guess_framework_for_files([str(tmp_path / "missing.yaml")]) is None
+
+
+def test_run_check_json_text_and_exit_codes():
     text, code = run_check(shlex.split(OPENRLHF_Z3), None, [], OLD, as_json=True)
     doc = json.loads(text)
     assert code == doc["exit_code"] == 2
@@ -415,9 +435,6 @@ def test_run_check_json_and_exit_codes():
     assert code == 0 and "exit code 0" in text and "--zero_stage 3" in text
     with pytest.raises(LoraflowError, match="not both"):
         run_check(["deepspeed", "main.py"], "deepspeed-chat", ["x.sh"], CURRENT, False)
-
-
-def test_run_check_text_names_the_fix_flag():
     text, code = run_check(None, "ms-swift", [fx("ms-swift", "sft_ddp_reentrant.sh")], CURRENT, as_json=False)
     assert code == 2
     assert "[crash] ddp-reentrant-unused" in text
@@ -434,6 +451,9 @@ def test_argv_parsing_forms():
         {"CUDA_VISIBLE_DEVICES": "0,1"}, "torchrun", "pkg.mod", "module", 4)
     assert split_command(["python", "-m", "torch.distributed.run", "--nproc_per_node", "3", "t.py"]).world_size == 3
     assert split_command(shlex.split("deepspeed --include localhost:0,1,2 main.py")).world_size == 3
+    r = run("CUDA_VISIBLE_DEVICES=0,1,2 deepspeed main.py --model_name_or_path facebook/opt-350m --lora_dim 8 "
+            "--data_split 2,4,4")
+    assert (r.setup.world_size, r.sources["world_size"]) == (3, "CUDA_VISIBLE_DEVICES=0,1,2")
 
 
 def test_script_reader_expands_variables_and_drops_redirects():

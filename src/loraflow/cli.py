@@ -54,9 +54,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     from loraflow.plan import resolve
     from loraflow.run import demo_config
 
+    from loraflow.errors import ConfigError
+
     config_path, overrides = _split_config_and_overrides(args.items)
-    # No config: check the same embedded default that `loraflow train sft` would train.
-    plan = resolve(load_config(config_path or demo_config("sft"), overrides), env)
+    try:
+        # No config: check the same embedded default that `loraflow train sft` would train.
+        config = load_config(config_path or demo_config("sft"), overrides)
+    except ConfigError as exc:
+        from loraflow.frontends import guess_framework_for_files
+
+        other = guess_framework_for_files([config_path]) if config_path else None
+        if other:
+            raise LoraflowError(f"{exc}\n{config_path} is a config for {other}, not loraflow: use `loraflow "
+                              f"check --framework {other} {config_path}`.") from None
+        raise
+    plan = resolve(config, env)
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())
     if plan.errors:
         return 2

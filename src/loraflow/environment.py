@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
 
-TRACKED_PACKAGES = ("torch", "transformers", "peft", "deepspeed", "bitsandbytes", "accelerate")
+TRACKED_PACKAGES = ("torch", "transformers", "peft", "deepspeed", "bitsandbytes", "accelerate", "trl")
 
 
 def installed_version(package: str) -> Version | None:
@@ -50,7 +50,7 @@ def detect_environment() -> Environment:
 
 
 def parse_versions(text: str) -> dict[str, Version]:
-    """`deepspeed=0.15.3,torch=2.5.1` -> {package: Version}; the `--versions` flag of check, explain and probe."""
+    """`deepspeed=0.15.3,torch=2.5.1` -> {package: Version}; the `--versions` flag of `loraflow check`."""
     from loraflow.errors import LoraflowError
 
     out: dict[str, Version] = {}

@@ -61,6 +61,43 @@ def detect(argv: list[str]) -> str:
     return _detect(split_command(argv))
 
 
+# Config-file keys that only one framework uses (a YAML on a launch line, or a file handed to `loraflow check`).
+_FILE_MARKERS = (("llama-factory", frozenset({"finetuning_type", "lora_target", "template", "stage"})),
+                 ("axolotl", frozenset({"base_model", "adapter", "datasets", "sequence_len"})))
+
+
+def guess_framework_for_files(paths) -> str | None:
+    """The framework whose config file `paths` holds, judged by its keys - for the error `loraflow check FILE` gives
+    when FILE is not a loraflow config, to suggest `--framework NAME`. None when the files look like loraflow's own
+    config (a typo in one is not another framework), cannot be read, or match no framework clearly. Never raises."""
+    from dataclasses import fields
+
+    from loraflow.config.schema import Config
+    from loraflow.errors import LoraflowError
+    from loraflow.frontends import keys
+    from loraflow.frontends.common import load_mapping
+
+    own = {f.name for f in fields(Config)}
+    known = {"llama-factory": keys.LLAMA_FACTORY | keys.HF_TRAINER, "axolotl": keys.AXOLOTL}
+    for path in paths:
+        try:
+            found = {str(k) for k in load_mapping(path, "config file")}
+        except (LoraflowError, OSError, TypeError, ValueError):
+            continue
+        if "zero_optimization" in found:
+            return "deepspeed"
+        foreign = found - own
+        for name, markers in _FILE_MARKERS:
+            # A marker outside loraflow's own keys, and most of the other keys are that framework's too.
+            hits = foreign & known[name]
+            if foreign & markers and len(hits) >= 2 and 2 * len(hits) >= len(foreign):
+                return name
+        hf = foreign & (keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES)
+        if "output_dir" in found and len(hf) >= 3 and 2 * len(hf) >= len(foreign):
+            return "hf"  # TrainingArguments always need output_dir
+    return None
+
+
 def _detect(cmd) -> str:
     from pathlib import Path
 
@@ -89,15 +126,14 @@ def _detect(cmd) -> str:
             from loraflow.frontends.common import load_mapping
 
             found = set(load_mapping(path, "config file"))
-            if found & {"finetuning_type", "lora_target", "template", "stage"}:
-                return "llama-factory"
-            if found & {"base_model", "adapter", "datasets", "sequence_len"}:
-                return "axolotl"
+            for name, markers in _FILE_MARKERS:
+                if found & markers:
+                    return name
         if pos.endswith((".yaml", ".yml")) and Path(program).name == "train.py" and "src" in program:
             return "llama-factory"  # LLaMA-Factory's src/train.py CONFIG.yaml (file not here to peek into)
     from loraflow.frontends import keys
 
-    if program.endswith(".py") and names & (keys.HF_TRAINER | keys.TRL):
+    if program.endswith(".py") and names & (keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES):
         return "hf"
     raise LoraflowError(f"cannot tell which framework `{cmd.describe()}` belongs to. loraflow check reads "
                         f"{', '.join(FRAMEWORKS)}; name it with --framework NAME (e.g. `loraflow check --framework hf "

@@ -16,7 +16,8 @@ from loraflow.frontends import FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import (Command, command_from_script, parse_flags, resolve_path, split_command,
                                      _launcher_options, _world_from_launcher)
 from loraflow.frontends.common import (Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
-                                       embedding_targets, finish_world, load_mapping)
+                                       embedding_targets, finish_world, int_value, load_mapping,
+                                       mapping_value)
 
 NAME = "axolotl"
 CFG = "src/axolotl/utils/config/__init__.py"
@@ -59,10 +60,12 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
     if get("deepspeed"):
         ds = deepspeed.read(get("deepspeed"), src("deepspeed"), tuple(bases))
         info, label = deepspeed.apply(draft, ds), ds.label
-    fsdp_cfg = get("fsdp_config") or {}
+    fsdp_cfg = mapping_value(get("fsdp_config"), src("fsdp_config") if "fsdp_config" in cfg else "fsdp_config")
     if get("fsdp") or fsdp_cfg:
-        options = {k.removeprefix("fsdp_"): v for k, v in dict(fsdp_cfg).items()}
-        version = int(get("fsdp_version") or options.get("version") or 1)
+        options = {str(k).removeprefix("fsdp_"): v for k, v in fsdp_cfg.items()}
+        where = src("fsdp_version") if "fsdp_version" in cfg else (f"{src('fsdp_config')}.fsdp_version" if
+                                                                  "fsdp_config" in cfg else "fsdp_version")
+        version = int_value(get("fsdp_version") or options.get("version") or 1, where, "an FSDP version", (1, 2))
         draft.set("engine", "fsdp2" if version == 2 else "fsdp1", src("fsdp_version") if "fsdp_version" in cfg else
                   (src("fsdp_config") if "fsdp_config" in cfg else src("fsdp")) + f" (FSDP{version})")
         if "offload" in as_list(get("fsdp")):
@@ -120,7 +123,8 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
                   else src("activation_offloading"))
         draft.set("checkpoint_impl", "transformers", "HF Trainer gradient_checkpointing (src/axolotl/core/builders/"
                   "base.py)")
-        kwargs = get("gradient_checkpointing_kwargs") or {}
+        kwargs = mapping_value(get("gradient_checkpointing_kwargs"), src("gradient_checkpointing_kwargs") if
+                               "gradient_checkpointing_kwargs" in cfg else "gradient_checkpointing_kwargs")
         model_type = str(get("model_config_type") or get("base_model") or "")
         if "use_reentrant" in kwargs:
             draft.set("reentrant", as_bool(kwargs["use_reentrant"], "use_reentrant"),
@@ -148,7 +152,7 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
         draft.set("forwards_per_step", 1, "TRL's DPOTrainer concatenates chosen and rejected "
                   "(trl/trainer/dpo_trainer.py)")
     if draft.get("stage") == "grpo":
-        trl = get("trl") or {}
+        trl = mapping_value(get("trl"), src("trl") if "trl" in cfg else "trl")
         vllm = as_bool(trl.get("use_vllm", False), "trl.use_vllm")
         draft.set("generation", not vllm, "trl.use_vllm (rollouts from vLLM)" if vllm else
                   "default (Axolotl trl.use_vllm false: model.generate, src/axolotl/utils/schemas/trl.py)")

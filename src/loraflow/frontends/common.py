@@ -70,23 +70,67 @@ def at_least(draft: Draft, package: str, version: str) -> bool:
 
 
 def load_mapping(path: str | Path, what: str) -> dict[str, Any]:
-    """A YAML or JSON file whose top level is a mapping (JSON is valid YAML, but JSON errors read better)."""
+    """A YAML or JSON file whose top level is a mapping (JSON is valid YAML, but JSON errors read better). Unreadable,
+    binary or malformed files raise LoraflowError naming the file (and the line, where the parser says)."""
     import yaml
 
     p = Path(path)
+    kind = "JSON" if p.suffix == ".json" else "YAML"
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise LoraflowError(f"cannot read {what} {path}: {exc.strerror}.") from None
+    except UnicodeDecodeError as exc:
+        raise LoraflowError(f"{what} {path} is not a text file (byte {exc.start} is not UTF-8); expected {kind}."
+                            ) from None
     try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise LoraflowError(f"{what} {path} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
+        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise LoraflowError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}."
+                            ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise LoraflowError(f"{what} {path} is not valid YAML{where}: {problem}.") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise LoraflowError(f"{what} {path} must hold a mapping of keys to values at the top level.")
     return data
+
+
+def int_value(value: Any, where: str, expected: str = "an integer", choices: tuple[int, ...] = ()) -> int:
+    """A flag's or key's whole-number value (`3`, "3", 3.0, a one-item list). Anything else - "auto", "three", a
+    missing value, a mapping - raises LoraflowError naming `where` (the flag, key or file) and what was expected."""
+    item = value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
+    number: int | None = None
+    if isinstance(item, bool):
+        number = None
+    elif isinstance(item, int):
+        number = item
+    elif isinstance(item, float) and item.is_integer():
+        number = int(item)
+    elif isinstance(item, str) and item.strip().lstrip("+-").isdigit():
+        number = int(item.strip())
+    if number is None or (choices and number not in choices):
+        allowed = f" ({', '.join(map(str, choices))})" if choices else ""
+        if item is None or item == []:
+            raise LoraflowError(f"{where}: no value given; expected {expected}{allowed}, a whole number.")
+        raise LoraflowError(f"{where}: `{item}` is not {expected}{allowed}; write a whole number"
+                            f"{' such as ' + str(choices[-1]) if choices else ''}.")
+    return number
+
+
+def mapping_value(value: Any, where: str) -> dict[str, Any]:
+    """A nested section (`zero_optimization`, `fsdp_config`, `trl`...): a mapping, or absent. Anything else raises
+    LoraflowError naming `where`, instead of failing on `.get`."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return value
+    raise LoraflowError(f"{where}: expected a mapping of keys to values (e.g. {{stage: 3}}), got "
+                        f"{type(value).__name__} `{value}`.")
 
 
 def as_bool(value: Any, where: str) -> bool:
@@ -174,7 +218,7 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
     flag = cmd.launcher_value
     dtype = str(config.get("distributed_type", "")).upper()
     if flag("use_deepspeed") or dtype == "DEEPSPEED":
-        ds = dict(config.get("deepspeed_config") or {})
+        ds = mapping_value(config.get("deepspeed_config"), f"{label}: deepspeed_config")
         for key in ds:
             if key not in keys.ACCELERATE_DEEPSPEED:
                 draft.unknown.append(f"{label}: deepspeed_config.{key}")
@@ -182,8 +226,8 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         draft.set("engine", "deepspeed", src)
         stage = flag("zero_stage") or ds.get("zero_stage")
         if stage is not None:
-            draft.set("zero_stage", int(stage),
-                      f"--zero_stage {stage}" if flag("zero_stage") else f"{label}: zero_stage")
+            where = f"--zero_stage {stage}" if flag("zero_stage") else f"{label}: deepspeed_config.zero_stage"
+            draft.set("zero_stage", int_value(stage, where, "a ZeRO stage", (0, 1, 2, 3)), where)
         devices = [flag("offload_optimizer_device") or ds.get("offload_optimizer_device"),
                    flag("offload_param_device") or ds.get("offload_param_device")]
         if any(d not in (None, "none") for d in devices):
@@ -192,8 +236,10 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         save16 = flag("zero3_save_16bit_model") or ds.get("zero3_save_16bit_model")
         out["zero3_save_16bit_model"] = None if save16 is None else as_bool(save16, "zero3_save_16bit_model")
     elif flag("use_fsdp") or dtype == "FSDP":
-        fsdp = {k.removeprefix("fsdp_"): v for k, v in (config.get("fsdp_config") or {}).items()}
-        version = int(flag("fsdp_version") or fsdp.get("version") or 1)
+        fsdp = {str(k).removeprefix("fsdp_"): v for k, v in
+                mapping_value(config.get("fsdp_config"), f"{label}: fsdp_config").items()}
+        version = int_value(flag("fsdp_version") or fsdp.get("version") or 1, "--fsdp_version" if flag("fsdp_version")
+                            else f"{label}: fsdp_config.fsdp_version", "an FSDP version", (1, 2))
         draft.set("engine", "fsdp2" if version == 2 else "fsdp1", f"{label or 'accelerate launch'}: fsdp_version")
         apply_fsdp_options(draft, fsdp, label or "accelerate launch", flag)
     elif flag("multi_gpu") or dtype == "MULTI_GPU":
@@ -203,8 +249,9 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         out["mixed_precision"] = str(mp)
     procs = config.get("num_processes")
     if cmd.world_size is None and procs:
-        machines = int(config.get("num_machines") or 1)
-        cmd.world_size, cmd.world_source = int(procs), f"{label}: num_processes"
+        machines = int_value(config.get("num_machines") or 1, f"{label}: num_machines", "a number of machines")
+        cmd.world_size = int_value(procs, f"{label}: num_processes", "a number of processes")
+        cmd.world_source = f"{label}: num_processes"
         if machines > 1:
             cmd.world_source += f" (over {machines} machines)"
     return out
@@ -242,7 +289,7 @@ def world_from_env(draft: Draft, cmd: Command, all_visible: bool) -> None:
         return
     nproc = cmd.env.get("NPROC_PER_NODE")
     if nproc and nproc.isdigit():
-        nodes = int(cmd.env.get("NNODES", "1") or 1)
+        nodes = int_value(cmd.env.get("NNODES") or 1, f"NNODES={cmd.env.get('NNODES')}", "a number of nodes")
         cmd.world_size, cmd.world_source = int(nproc) * nodes, f"NPROC_PER_NODE={nproc} NNODES={nodes}"
         return
     count, source = visible_devices(cmd)

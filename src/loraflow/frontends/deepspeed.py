@@ -14,7 +14,7 @@ from typing import Any
 from loraflow.errors import LoraflowError
 from loraflow.frontends import FrontendResult, keys
 from loraflow.frontends.argv import resolve_path
-from loraflow.frontends.common import Draft, as_bool, finish_world, load_mapping
+from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, load_mapping, mapping_value
 
 NAME = "deepspeed"
 FLAGS = {"zero_stage": "zero_optimization.stage",
@@ -84,6 +84,9 @@ def read(ref: str | dict, flag: str, bases: tuple = (), names: dict | None = Non
     each of `bases`), a name in `names` (ms-swift), or a well-known shipped file name. Anything else is an error."""
     if isinstance(ref, dict):
         return DeepSpeedConfig(ref, f"{flag} (inline)")
+    if not isinstance(ref, str):
+        raise LoraflowError(f"{flag}: `{ref}` is not a DeepSpeed config; expected the path of its JSON file (or a "
+                            f"mapping of its keys).")
     if names and ref in names:
         config, origin = names[ref]
         return DeepSpeedConfig(config, f"{flag} {ref}", [f"{flag} {ref}: the config {origin} (as shipped)"])
@@ -104,12 +107,12 @@ def read(ref: str | dict, flag: str, bases: tuple = (), names: dict | None = Non
                         f"the path given to {flag}.")
 
 
-def _enabled(section: Any) -> Any:
+def _enabled(section: Any, where: str) -> Any:
     """True/False, or "auto" (filled later by the HF Trainer), or None when the section is absent."""
     if not isinstance(section, dict) or "enabled" not in section:
         return None
     value = section["enabled"]
-    return "auto" if value == "auto" else as_bool(value, "enabled")
+    return "auto" if value == "auto" else as_bool(value, f"{where}.enabled")
 
 
 def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
@@ -121,15 +124,17 @@ def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
     for key in cfg:
         if key not in keys.DEEPSPEED_TOP:
             draft.unknown.append(f"{label}: {key}")
-    zero = cfg.get("zero_optimization") or {}
+    zero = mapping_value(cfg.get("zero_optimization"), f"{label}: zero_optimization")
     for key in zero:
         if key not in keys.DEEPSPEED_ZERO:
             draft.unknown.append(f"{label}: zero_optimization.{key}")
     draft.set("engine", "deepspeed", label)
     stage = zero.get("stage", 0)  # DeepSpeedZeroConfig.stage defaults to 0 (deepspeed/runtime/zero/config.py)
-    draft.set("zero_stage", int(stage), f"{label}: zero_optimization.stage" if "stage" in zero else
+    where = f"{label}: zero_optimization.stage"
+    draft.set("zero_stage", int_value(stage, where, "a ZeRO stage", (0, 1, 2, 3)), where if "stage" in zero else
               f"default (DeepSpeed deepspeed/runtime/zero/config.py): {label} has no zero_optimization.stage")
-    devices = [(zero.get(k) or {}).get("device") for k in ("offload_optimizer", "offload_param")]
+    devices = [mapping_value(zero.get(k), f"{label}: zero_optimization.{k}").get("device")
+               for k in ("offload_optimizer", "offload_param")]
     if any(d not in (None, "none") for d in devices) or zero.get("cpu_offload"):
         draft.set("offload", True, f"{label}: zero_optimization.offload_*.device")
     gather_key = next((k for k in ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
@@ -141,7 +146,8 @@ def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
                    "false), read as false")
         gather = False
     hybrid = cfg.get("hybrid_engine") or {}
-    return {"bf16": _enabled(cfg.get("bf16", cfg.get("bfloat16"))), "fp16": _enabled(cfg.get("fp16")),
+    return {"bf16": _enabled(cfg.get("bf16", cfg.get("bfloat16")), f"{label}: bf16"),
+            "fp16": _enabled(cfg.get("fp16"), f"{label}: fp16"),
             "gather": as_bool(gather, f"{label}: {gather_key}") if gather_key else False,
             "gather_key": gather_key or "zero_optimization.stage3_gather_16bit_weights_on_model_save",
             "hybrid_engine": bool(isinstance(hybrid, dict) and hybrid.get("enabled") is True)}

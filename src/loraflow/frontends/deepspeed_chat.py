@@ -15,7 +15,7 @@ import re
 from loraflow.errors import LoraflowError
 from loraflow.frontends import FrontendResult, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_bool, parse_flags, split_command
-from loraflow.frontends.common import Draft, at_least, finish_world
+from loraflow.frontends.common import Draft, at_least, finish_world, int_value
 
 NAME = "deepspeed-chat"
 _DIRS = {"step1_supervised_finetuning": "sft", "step2_reward_model_finetuning": "rm", "step2_dpo_finetuning": "dpo",
@@ -80,7 +80,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     # deepspeed.initialize wraps the model at every stage, ZeRO 0 included (main.py).
     draft.set("engine", "deepspeed", f"{main} always calls deepspeed.initialize")
     if zero_flag in given:
-        draft.set("zero_stage", int(value(zero_flag)), given[zero_flag].raw)
+        draft.set("zero_stage", int_value(given[zero_flag].value, given[zero_flag].raw, "a ZeRO stage", (0, 1, 2, 3)),
+                  given[zero_flag].raw)
     else:
         draft.set("zero_stage", 0, f"default ({main}: --{zero_flag} default 0)")
     if on("offload"):
@@ -91,7 +92,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
               given["dtype"].raw if "dtype" in given else f"default ({main}: --dtype fp16; DeepSpeed fp16 keeps fp32 "
               "master weights, dschat/utils/ds_utils.py)")
 
-    lora_dim = int(value(f"{p}lora_dim", 0))
+    dim_arg = given.get(f"{p}lora_dim")
+    lora_dim = int_value(dim_arg.value, dim_arg.raw, "a LoRA dimension") if dim_arg is not None else 0
     lora_flag = f"--{p}lora_dim"
     if lora_dim > 0 and on("only_optimize_lora"):
         draft.set("adapter", "lora", f"{lora_flag} {lora_dim} --only_optimize_lora")

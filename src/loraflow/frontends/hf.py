@@ -1,9 +1,11 @@
 """HF Trainer and TRL: `trl sft|dpo|grpo ...`, `accelerate launch train.py ...`, `python train.py --deepspeed ds.json
 --use_peft --lora_r 16 ...`, or a YAML/JSON of TrainingArguments / SFTConfig / DPOConfig / GRPOConfig.
 
-TRL is recognised by its CLI, its config fields or its ModelConfig flags (`--use_peft`, `--lora_r`); anything else is
-read as a script built on transformers' Trainer. What the script itself does with the model (calling
-enable_input_require_grads, building a PeftModel) is not visible; the notes say what was assumed.
+TRL is recognised by its CLI or by flags only TRL has (ModelConfig's `--use_peft`, `--lora_r`; SFT/GRPO config fields);
+anything else, transformers' own example scripts (run_clm.py...) included, is read as a script built on transformers'
+Trainer, training every weight unless PEFT flags say otherwise. What the script itself does with the model (calling
+enable_input_require_grads, building a PeftModel) is not visible; the notes say what was assumed. TRL's defaults
+changed across releases; without `--versions trl=X`, the TRL that goes with the given transformers is assumed.
 """
 
 from __future__ import annotations
@@ -14,20 +16,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from loraflow.errors import LoraflowError
 from loraflow.frontends import FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import (Arg, Command, command_from_script, parse_flags, pull_accelerate_options,
                                      resolve_path, split_command)
 from loraflow.frontends.common import (Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
-                                       embedding_targets, finish_world, load_mapping, precision_from)
+                                       embedding_targets, finish_world, int_value, load_mapping, mapping_value,
+                                       precision_from)
 
 NAME = "hf"
 TRL_COMMANDS = {"sft": "sft", "dpo": "dpo", "grpo": "grpo", "reward": "rm", "kto": "dpo", "rloo": "grpo"}
 _LISTS = {"lora_target_modules", "lora_modules_to_save", "report_to", "reward_funcs", "reward_weights", "label_names",
           "lora_target_parameters", "reward_model_paths"}
-# Fields only TRL has: their presence means a TRL script (trl/trainer/*_config.py, trl/trainer/model_config.py).
-_TRL_MARKERS = {"use_peft", "lora_r", "lora_target_modules", "packing", "dataset_text_field", "num_generations",
-                "beta", "max_completion_length", "use_vllm", "dataset_name", "ds3_gather_for_generation", "use_dora"}
+# Flags only TRL has - not TrainingArguments, not transformers' example scripts (whose --dataset_name, and the generic
+# --packing / --beta, say nothing about TRL): ModelConfig (trl/trainer/model_config.py), ScriptArguments
+# (trl/scripts/utils.py) and SFT/GRPO config fields (trl/trainer/*_config.py).
+_TRL_MARKERS = {"use_peft", "lora_r", "lora_target_modules", "lora_modules_to_save", "lora_task_type",
+                "lora_target_parameters", "use_rslora", "use_dora", "use_bnb_nested_quant", "dataset_train_split",
+                "dataset_test_split", "dataset_streaming", "gradient_checkpointing_use_reentrant",
+                "ignore_bias_buffers", "dataset_text_field", "completion_only_loss", "assistant_only_loss",
+                "num_generations", "max_completion_length", "use_vllm", "vllm_mode", "ds3_gather_for_generation",
+                "reward_funcs"}
+# TRL trainer (CLI subcommand or script name) -> loraflow stage.
+_TRAINERS = {"grpo": "grpo", "rloo": "grpo", "online_dpo": "dpo", "kto": "dpo", "orpo": "dpo", "simpo": "dpo",
+             "cpo": "dpo", "dpo": "dpo", "ppo": "ppo", "reward": "rm", "sft": "sft"}
+# TRL forces use_reentrant=True for PEFT + ZeRO-3 + checkpointing: SFTTrainer since 0.28.0 (PR #4951), DPO, GRPO,
+# RLOO, KTO and reward trainers since 1.9.0 (PR #6356); the other trainers never.
+_FORCED_SINCE = {"sft": "0.28.0", "dpo": "1.9.0", "grpo": "1.9.0", "rloo": "1.9.0", "kto": "1.9.0", "reward": "1.9.0"}
+TRL_CURRENT = "1.9.0"
+"""The newest TRL release these defaults were read from."""
+# Newest TRL that installs with a transformers 4.x, from TRL's declared minimum (setup.cfg / pyproject.toml): 0.19
+# needs transformers >= 4.51.0, 0.21 >= 4.55.0, 0.23 >= 4.56.1, 0.27 up to 1.9 >= 4.56.2.
+_TRL_FOR_TRANSFORMERS = (("4.51.0", "0.18.2"), ("4.55.0", "0.20.0"), ("4.56.1", "0.22.2"), ("4.56.2", "0.26.2"))
 _HANDLED = {"gradient_checkpointing", "activation_checkpointing", "gradient_checkpointing_kwargs",
             "activation_checkpointing_kwargs", "bf16", "fp16", "deepspeed", "fsdp", "fsdp_config",
             "ddp_find_unused_parameters", "ddp_static_graph", "use_cache", "use_peft", "use_dora",
@@ -54,24 +76,40 @@ class Opt:
     source: str
 
 
-def _stage_from_name(text: str) -> str | None:
-    for pattern, stage in (("grpo|rloo", "grpo"), ("dpo|orpo|kto|simpo|cpo", "dpo"), ("ppo", "ppo"),
-                           ("reward|(^|_)rm($|_)", "rm"), ("sft", "sft")):
-        if re.search(pattern, text):
-            return stage
+def _trainer_from_name(text: str) -> str | None:
+    """The TRL trainer a script, module or file name names (`dpo_llama.yaml` -> dpo), or None."""
+    for trainer in _TRAINERS:
+        if re.search(r"(?<![a-z])(reward|rm)(?![a-z])" if trainer == "reward" else rf"(?<![a-z]){trainer}(?![a-z])",
+                     text):
+            return trainer
     return None
 
 
-def _trl_since(draft: Draft, version: str) -> bool:
-    """TRL >= version. loraflow does not track TRL's version; unless a caller passed one, the current TRL is meant."""
-    installed = draft.versions.get("trl")
-    if installed is None:
-        draft.note("read with current TRL behaviour (>= 0.28): checkpointing on by default since 0.22, "
-                   "use_reentrant=False by default since 0.27, reentrant forced for PEFT + ZeRO-3 since 0.28")
-        return True
-    from packaging.version import Version
+def _trl_version(draft: Draft) -> Version:
+    """The TRL whose defaults apply: --versions trl=X; else the newest TRL the given transformers 4.x can run (TRL
+    0.26.2, the last before TRL's use_reentrant changes, where newer ones could run too); else the current TRL."""
+    given = draft.versions.get("trl")
+    if given is not None:
+        return given
+    ask = ("pass --versions trl=X.Y.Z (TRL defaults: bf16 on since 0.19, gradient_checkpointing on since 0.22, "
+           "use_reentrant=False since 0.27, reentrant forced for PEFT + ZeRO-3 in SFT since 0.28 and in DPO, GRPO, "
+           "RLOO, KTO and reward since 1.9)")
+    transformers = draft.versions.get("transformers")
+    if transformers is None or transformers >= Version("5.0.0"):
+        draft.note(f"TRL version unknown: read as the current TRL {TRL_CURRENT}; {ask}")
+        return Version(TRL_CURRENT)
+    for limit, trl in _TRL_FOR_TRANSFORMERS:
+        if transformers < Version(limit):
+            draft.note(f"TRL version unknown: read as TRL {trl}, the newest that installs with transformers "
+                       f"{transformers} (later TRL needs transformers >= {limit}); {ask}")
+            return Version(trl)
+    draft.note(f"TRL version unknown: read as TRL 0.26.2, the last release before TRL's use_reentrant changes; TRL "
+               f"0.27 to {TRL_CURRENT} also install with transformers {transformers} and change reentrancy; {ask}")
+    return Version("0.26.2")
 
-    return installed >= Version(version)
+
+def _trl_since(draft: Draft, version: str) -> bool:
+    return _trl_version(draft) >= Version(version)
 
 
 def _options_from_file(path: Path, into: dict[str, Opt], what: str) -> None:
@@ -125,7 +163,11 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
     info: dict[str, Any] = {"acc": acc}
     if ds_ref:
         if isinstance(ds_ref, str) and ds_ref.lstrip().startswith("{"):
-            ds_ref = json.loads(ds_ref)
+            try:
+                ds_ref = json.loads(ds_ref)
+            except ValueError as exc:
+                raise LoraflowError(f"{opts['deepspeed'].source if 'deepspeed' in opts else 'deepspeed_config_file'}: "
+                                    f"inline DeepSpeed config is not valid JSON ({exc}).") from None
         ds = deepspeed.read(ds_ref, "--deepspeed" if "deepspeed" in opts else "deepspeed_config_file", tuple(bases))
         info["ds"], info["ds_label"] = deepspeed.apply(draft, ds), ds.label
     fsdp = opts.get("fsdp")
@@ -138,8 +180,9 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
             if path is None:
                 raise LoraflowError(f"{cfg.source}: FSDP config file not found.")
             options = load_mapping(path, "--fsdp_config")
-        options = {k.removeprefix("fsdp_"): v for k, v in (options or {}).items()}
-        version = int(options.get("version", 1))
+        where = cfg.source if cfg is not None else "fsdp_config"
+        options = {str(k).removeprefix("fsdp_"): v for k, v in mapping_value(options or None, where).items()}
+        version = int_value(options.get("version", 1), f"{where}: fsdp_version", "an FSDP version", (1, 2))
         which = (f" + fsdp_config version {version}" if "version" in options else
                  " (FSDP1 unless fsdp_config sets version 2)")
         draft.set("engine", "fsdp2" if version == 2 else "fsdp1", fsdp.source + which)
@@ -154,7 +197,9 @@ def _arg(name: str, value: str) -> Arg:
 
 
 def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str], cmd: Command | None,
-          bases: list) -> None:
+          bases: list, trainer: str = "") -> None:
+    """`trainer`: the TRL trainer (sft, dpo, grpo, rloo, kto, reward, orpo...), which decides TRL's per-trainer
+    behaviour; empty means the one named by the stage."""
     def on(name: str, default: bool = False) -> bool:
         return as_bool(opts[name].value, opts[name].source) if name in opts else default
 
@@ -163,11 +208,13 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     info = _engine(draft, opts, cmd, bases)
     zero3 = draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3
 
-    # Precision: TRL defaults bf16 on unless fp16 (trl/trainer/base_config.py); the Trainer defaults to fp32.
+    trainer = trainer or {"rm": "reward"}.get(stage[0], stage[0])
+    # Precision: TRL defaults bf16 on unless fp16 (trl/trainer/*_config.py since 0.19, base_config.py now); the
+    # Trainer defaults to fp32.
     fp16 = on("fp16")
-    bf16 = on("bf16", default=trl and not fp16)
+    bf16 = on("bf16") if "bf16" in opts else bool(trl and not fp16 and _trl_since(draft, "0.19.0"))
     hf_src = (opts["bf16"].source if "bf16" in opts else opts["fp16"].source if "fp16" in opts else
-              "default (TRL trl/trainer/base_config.py: bf16 unless fp16)" if trl else "")
+              "default (TRL trl/trainer/base_config.py: bf16 unless fp16, since TRL 0.19)" if bf16 else "")
     if "ds" in info:
         deepspeed.resolve_precision(draft, info["ds"], info["ds_label"], bf16, fp16, hf_src or "--bf16/--fp16")
     if not draft.has("precision"):
@@ -178,16 +225,17 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
             draft.set("precision", precision_from(mp == "bf16", mp == "fp16"), "accelerate mixed_precision")
 
     # Adapter: TRL scripts train a PEFT adapter only with --use_peft (ModelConfig.use_peft default False,
-    # trl/trainer/model_config.py); a plain Trainer script's adapter is not visible.
+    # trl/trainer/model_config.py). A plain Trainer script trains what it builds; with no PEFT flag, every weight.
     if "use_peft" in opts or trl:
         peft = on("use_peft")
         draft.set("adapter", ("dora" if on("use_dora") else "lora") if peft else "full",
                   opts["use_peft"].source if "use_peft" in opts else
                   "default (TRL trl/trainer/model_config.py: use_peft false, full fine-tuning)")
     else:
-        draft.set("adapter", "dora" if on("use_dora") else "lora", "assumed: the script builds a PEFT adapter")
-        draft.note("a Trainer script's adapter setup is not visible in its flags: assumed a PEFT LoRA model; a "
-                   "script that calls model.enable_input_require_grads() itself changes the input_grad_hook finding")
+        draft.set("adapter", "full", "assumed: no PEFT flag, so full fine-tuning")
+        draft.note("no PEFT flag in the command: read as full fine-tuning. If the script wraps the model in a PEFT "
+                   "adapter itself, tell check so by passing the PEFT flags (e.g. --use_peft --lora_r 16, TRL's "
+                   "ModelConfig flags, which read the script as TRL)")
     if "lora_target_modules" in opts and opts["lora_target_modules"].value == []:
         draft.set("matched_modules", 0, opts["lora_target_modules"].source + " (empty list)")
     if "lora_modules_to_save" in opts:
@@ -207,32 +255,35 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                    "gradient_checkpointing")
     kw_name = next((n for n in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs") if n in opts),
                    "gradient_checkpointing_kwargs")
-    gc = on(gc_name, default=trl and _trl_since(draft, "0.22.0"))
+    gc = on(gc_name) if gc_name in opts else bool(trl and _trl_since(draft, "0.22.0"))
     gc_src = opts[gc_name].source if gc_name in opts else (f"default ({who} " + (
-        "trl/trainer/base_config.py: gradient_checkpointing true)" if trl else "TrainingArguments: false)"))
+        "trl/trainer/base_config.py: gradient_checkpointing true since TRL 0.22)" if trl else
+        "TrainingArguments: false)"))
     if gc and draft.get("checkpoint_impl") == "torch-wrapper":
         draft.note("both the Trainer's gradient_checkpointing and FSDP activation_checkpointing are on; transformers "
                    "refuses that combination")
     if gc:
         kwargs = _kwargs(opts.get(kw_name))
-        every = int(kwargs.get("every_n_layers", 1))
+        every = int_value(kwargs.get("every_n_layers", 1), f"{opts[kw_name].source if kw_name in opts else kw_name}: "
+                          "every_n_layers", "a number of layers")
         draft.set("checkpointing", "partial" if every > 1 else "all", gc_src)
         if every > 1:
             draft.set("checkpoint_every_n", every, opts[kw_name].source)
         draft.set("checkpoint_impl", "transformers", f"{who} calls model.gradient_checkpointing_enable")
         peft = draft.get("adapter") != "full"
-        if trl and peft and zero3 and _trl_since(draft, "0.28.0"):
-            # TRL forces reentrant for PEFT + ZeRO-3 (trl/trainer/sft_trainer.py, dpo_trainer.py, grpo_trainer.py;
-            # TRL >= 0.28, PR #4951), overriding an explicit false.
-            draft.set("reentrant", True, "TRL forces use_reentrant=True for PEFT + ZeRO-3 (trl/trainer/sft_trainer.py, "
-                      "dpo_trainer.py, grpo_trainer.py)")
+        forced = _FORCED_SINCE.get(trainer)
+        if trl and peft and zero3 and forced and _trl_since(draft, forced):
+            # TRL forces reentrant for PEFT + ZeRO-3, overriding an explicit false: SFT since 0.28 (PR #4951), the
+            # DPO, GRPO, RLOO, KTO and reward trainers since 1.9 (PR #6356).
+            draft.set("reentrant", True, f"TRL >= {forced} forces use_reentrant=True for PEFT + ZeRO-3 "
+                      f"(trl/trainer/{trainer}_trainer.py)")
             if kwargs.get("use_reentrant") is False:
                 draft.note(f"{opts[kw_name].source}: TRL overrides use_reentrant=false to true under PEFT + ZeRO-3")
         elif "use_reentrant" in kwargs:
             draft.set("reentrant", as_bool(kwargs["use_reentrant"], kw_name), opts[kw_name].source)
         elif trl and _trl_since(draft, "0.27.0"):
-            draft.set("reentrant", False, "default (TRL sets use_reentrant=False when unset, trl/trainer/"
-                      "sft_trainer.py; transformers >= 5 defaults to False as well)")
+            draft.set("reentrant", False, "default (TRL >= 0.27 sets use_reentrant=False when unset, trl/trainer/"
+                      f"{trainer}_trainer.py; transformers >= 5 defaults to False as well)")
         else:
             new = at_least(draft, "transformers", "5.0.0")
             draft.set("reentrant", not new, f"default (transformers {'>=' if new else '<'} 5.0: use_reentrant="
@@ -307,7 +358,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                adapter_save_gather="stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON" if "ds" in info
                else "zero3_save_16bit_model in the accelerate config")
     draft.flags = {k: v if cli else re.sub(r"(^|\s)--", r"\1", v) for k, v in draft.flags.items() if v}
-    known = keys.HF_TRAINER | keys.TRL | _HANDLED
+    known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | _HANDLED
     for name, opt in opts.items():
         if name not in known:
             draft.unknown.append(opt.source)
@@ -323,14 +374,14 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         if cmd.subcommand not in TRL_COMMANDS:
             raise LoraflowError(f"`trl {cmd.subcommand}` is not a training command loraflow reads; expected one of "
                                 f"{', '.join(TRL_COMMANDS)}.")
-        stage = (TRL_COMMANDS[cmd.subcommand], f"trl {cmd.subcommand}")
+        trainer, source = cmd.subcommand, f"trl {cmd.subcommand}"
     else:
-        # `-m trl.scripts.dpo` names its stage in the last dotted part, a script in its file name.
+        # `-m trl.scripts.dpo` names its trainer in the last dotted part, a script in its file name.
         name = cmd.program.rsplit(".", 1)[-1] if cmd.program_kind == "module" else Path(cmd.program).stem
-        found = _stage_from_name(name.lower())
-        stage = (found, f"script name {cmd.program}") if found else ("sft", f"assumed ({cmd.program} does not name "
-                                                                            "a stage)")
-    apply(draft, opts, trl, stage, cmd, bases)
+        trainer, source = _trainer_from_name(name.lower()), f"script name {cmd.program}"
+    if trainer is None:
+        trainer, source = "sft", f"assumed ({cmd.program} does not name a stage)"
+    apply(draft, opts, trl, (_TRAINERS[trainer], source), cmd, bases, trainer)
     finish_world(draft, cmd)
     return draft.result()
 
@@ -360,20 +411,20 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
     for path in ds_files:  # a DeepSpeed JSON given alongside replaces the config's `deepspeed:` path
         opts["deepspeed"] = Opt(path, path)
     trl = bool(set(opts) & _TRL_MARKERS)
-    stage_name = next((_stage_from_name(Path(p).stem.lower()) for p in paths if _stage_from_name(Path(p).stem.lower())),
-                      None)
+    named = next((Path(p).name for p in paths if _trainer_from_name(Path(p).stem.lower())), None)
+    trainer, source = (_trainer_from_name(Path(named).stem.lower()), f"file name {named}") if named else (None, "")
     if cmd is not None and cmd.args:
         more, trl_cli = _options_from_args(cmd, draft, bases)
         opts.update(more)
         trl = trl or trl_cli
         if cmd.program == "trl" and cmd.subcommand in TRL_COMMANDS:
-            stage_name = TRL_COMMANDS[cmd.subcommand]
-    named = next((Path(p).name for p in paths if _stage_from_name(Path(p).stem.lower())), "")
-    stage = (stage_name, f"file name {named}") if stage_name else ("sft", "assumed (no stage in the file names)")
-    if "beta" in opts and not stage_name:
-        stage = ("dpo", opts["beta"].source)
-    if "num_generations" in opts and not stage_name:
-        stage = ("grpo", opts["num_generations"].source)
-    apply(draft, opts, trl, stage, cmd, bases)
+            trainer, source = cmd.subcommand, f"trl {cmd.subcommand}"
+    for key, implied in (("num_generations", "grpo"), ("beta", "dpo")):
+        if trainer is None and key in opts:
+            trainer, source = implied, opts[key].source
+    if trainer is None:
+        trainer, source = "sft", "assumed (no stage in the file names)"
+    stage = (_TRAINERS[trainer], source)
+    apply(draft, opts, trl, stage, cmd, bases, trainer)
     finish_world(draft, cmd)
     return draft.result()

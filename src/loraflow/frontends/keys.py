@@ -42,6 +42,18 @@ use_cache use_cpu use_ipex use_legacy_prediction_loop use_liger_kernel use_mps_d
 weight_decay xpu_backend
 """)
 
+# transformers' own example scripts: ModelArguments / DataTrainingArguments of examples/pytorch/language-modeling/
+# run_{clm,mlm,plm,fim}.py (current and older, e.g. use_auth_token, torch_dtype), read by HfArgumentParser beside
+# TrainingArguments. --dataset_name is one of them, so it says nothing about TRL.
+HF_EXAMPLES = _names("""
+attn_implementation block_size cache_dir config_name config_overrides dataset_config_name dataset_name dtype
+fim_middle_token fim_prefix_token fim_rate fim_spm_rate fim_suffix_token keep_linebreaks line_by_line
+low_cpu_mem_usage max_eval_samples max_seq_length max_span_length max_train_samples mlm_probability
+model_name_or_path model_revision model_type overwrite_cache pad_to_max_length pad_to_multiple_of pad_token
+plm_probability preprocessing_num_workers streaming token tokenizer_name torch_dtype train_file trust_remote_code
+truncate_or_pad use_auth_token use_fast_tokenizer validation_file validation_split_percentage
+""")
+
 # trl trl/trainer/{base,sft,dpo,grpo,reward,kto,rloo}_config.py, trl/trainer/model_config.py, trl/scripts/utils.py
 TRL = _names("""
 accelerate_config activation_offloading assistant_only_loss attn_implementation beta bnb_4bit_quant_storage
@@ -58,7 +70,8 @@ max_completion_length max_length max_seq_length max_tool_calling_iterations min_
 model_name_or_path model_revision multi_objective_aggregation normalize_advantages num_completions_to_print
 num_generations num_generations_eval num_iterations off_policy_mask_threshold packing packing_strategy
 pad_to_multiple_of pad_token padding_free precompute_ref_batch_size precompute_ref_log_probs ref_model_mixup_alpha
-ref_model_sync_steps repetition_penalty reward_clip_range reward_weights router_aux_loss_coef sapo_temperature_neg
+ref_model_sync_steps repetition_penalty reward_clip_range reward_funcs reward_model_paths reward_weights
+router_aux_loss_coef sapo_temperature_neg
 sapo_temperature_pos scale_rewards shuffle_dataset steps_per_generation streaming sync_ref_model temperature
 test_split_size top_entropy_quantile top_k top_p torch_dtype transformers_continuous_batching_config truncation_mode
 trust_remote_code undesirable_weight use_adaptive_entropy use_bias_correction_kl use_bnb_nested_quant use_dora

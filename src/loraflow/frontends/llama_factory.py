@@ -15,7 +15,7 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, resolve_path, split_command
 from loraflow.frontends.common import (Draft, apply_accelerate, as_bool, as_list, at_least, embedding_targets,
-                                       finish_world, load_mapping, precision_from, world_from_env)
+                                       finish_world, int_value, load_mapping, precision_from, world_from_env)
 
 NAME = "llama-factory"
 HP = "src/llamafactory/hparams"
@@ -128,7 +128,8 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
         draft.set("matched_modules", 0, f"{src('lora_target')} (empty)")
     bits = get("quantization_bit")
     if bits not in (None, "null", "None") and str(get("quantization_method", "bnb")) == "bnb":
-        draft.set("quantization", "4bit" if int(bits) == 4 else "8bit", src("quantization_bit"))
+        bits = int_value(bits, src("quantization_bit"), "a number of bits")
+        draft.set("quantization", "4bit" if bits == 4 else "8bit", src("quantization_bit"))
         # bnb_4bit_quant_storage = compute dtype under ZeRO-3/FSDP (src/llamafactory/model/model_utils/quantization.py)
         draft.set("quant_storage_matches", True, "LLaMA-Factory sets bnb_4bit_quant_storage to the compute dtype "
                   "(model_utils/quantization.py)")

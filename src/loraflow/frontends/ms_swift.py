@@ -16,7 +16,8 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, split_command
 from loraflow.frontends.common import (Draft, apply_fsdp_options, as_bool, as_list, at_least, embedding_targets,
-                                       finish_world, load_mapping, precision_from, world_from_env)
+                                       finish_world, int_value, load_mapping, mapping_value, precision_from,
+                                       world_from_env)
 
 NAME = "ms-swift"
 ARGS = "swift/trainers/arguments.py"
@@ -80,9 +81,11 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
             if not Path(ref).is_file():
                 raise LoraflowError(f"--fsdp {ref}: neither the preset fsdp2 nor an existing FSDP config JSON.")
             data = load_mapping(ref, "--fsdp")
-            options = {k.removeprefix("fsdp_"): v for k, v in (data.get("fsdp_config") or {}).items()}
+            options = {str(k).removeprefix("fsdp_"): v for k, v in
+                       mapping_value(data.get("fsdp_config"), f"{ref}: fsdp_config").items()}
             label = src("fsdp")
-        draft.set("engine", "fsdp2" if int(options.get("version", 2)) == 2 else "fsdp1", label)
+        version = int_value(options.get("version", 2), f"{label}: fsdp_version", "an FSDP version", (1, 2))
+        draft.set("engine", "fsdp2" if version == 2 else "fsdp1", label)
         apply_fsdp_options(draft, options, label)
 
     # Mixed precision follows torch_dtype: bfloat16 -> bf16, float16/float32 -> fp16
@@ -115,7 +118,8 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
         embedding_targets(draft, as_list(opts["modules_to_save"][0]), src("modules_to_save"))
     bits = get("quant_bits")
     if bits is not None and str(get("quant_method", "bnb")) == "bnb":
-        draft.set("quantization", "4bit" if int(bits) == 4 else "8bit", src("quant_bits"))
+        bits = int_value(bits, src("quant_bits"), "a number of bits")
+        draft.set("quantization", "4bit" if bits == 4 else "8bit", src("quant_bits"))
         storage = get("bnb_4bit_quant_storage")
         draft.set("quant_storage_matches", storage is not None and storage == (dtype or "bfloat16"),
                   src("bnb_4bit_quant_storage") if storage else "default (bnb_4bit_quant_storage unset: uint8, "
@@ -136,6 +140,8 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
         except ValueError:
             raise LoraflowError(f"{src('gradient_checkpointing_kwargs')}: not JSON; write e.g. "
                                 "--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'.") from None
+        kwargs = mapping_value(kwargs, src("gradient_checkpointing_kwargs") if "gradient_checkpointing_kwargs" in opts
+                               else "gradient_checkpointing_kwargs")
         if "use_reentrant" in kwargs:
             draft.set("reentrant", as_bool(kwargs["use_reentrant"], "use_reentrant"),
                       src("gradient_checkpointing_kwargs"))
@@ -196,7 +202,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
                 if value is not None:
                     opts.setdefault(key, (value, f"{_first(a.value)}: {key}"))
             continue
-        opts[a.name] = (a.value, a.raw)
+        # Every name is parsed as a list (nargs); a flag with nothing after it is a bare switch: `--use_dora`.
+        opts[a.name] = (True if a.value == [] else a.value, a.raw)
     # swift runs one process unless NPROC_PER_NODE is set; several visible devices without it means device_map
     # model parallelism in one process (swift/cli/main.py).
     world_from_env(draft, cmd, all_visible=False)

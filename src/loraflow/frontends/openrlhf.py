@@ -11,7 +11,7 @@ from __future__ import annotations
 from loraflow.errors import LoraflowError
 from loraflow.frontends import FrontendResult, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_bool, parse_flags, split_command
-from loraflow.frontends.common import Draft, finish_world
+from loraflow.frontends.common import Draft, finish_world, int_value
 
 NAME = "openrlhf"
 CLI = "openrlhf/cli/train_sft.py"
@@ -86,14 +86,14 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft.set("engine", "deepspeed", "OpenRLHF always trains through DeepSpeed (openrlhf/utils/deepspeed/deepspeed.py)")
     z = arg("zero_stage")
     if z is not None:
-        draft.set("zero_stage", int(z.one()), z.raw)
+        draft.set("zero_stage", int_value(z.value, z.raw, "a ZeRO stage", (0, 1, 2, 3)), z.raw)
     else:
         draft.set("zero_stage", 2, f"default (OpenRLHF {CLI}: --zero_stage default 2)")
     if on("offload"):
         draft.set("offload", True, arg("offload").raw)
 
     rank = arg("adapter")
-    if rank is not None and int(rank.one()) > 0:
+    if rank is not None and int_value(rank.value, rank.raw, "a LoRA rank") > 0:
         draft.set("adapter", "lora", rank.raw)
         # LoRA models get enable_input_require_grads() before get_peft_model (openrlhf/models/actor.py).
         draft.set("input_grad_hook", True, "OpenRLHF calls enable_input_require_grads() for LoRA "
@@ -150,7 +150,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
                   "(openrlhf/trainer/ppo_utils/samples_generator.py)")
         nodes = given.get("actor_num_nodes") or given.get("actor.num_nodes")
         gpus = given.get("actor_num_gpus_per_node") or given.get("actor.num_gpus_per_node")
-        n, g = int(nodes.one()) if nodes else 1, int(gpus.one()) if gpus else 8
+        n = int_value(nodes.value, nodes.raw, "a number of nodes") if nodes else 1
+        g = int_value(gpus.value, gpus.raw, "a number of GPUs") if gpus else 8
         cmd.world_size = n * g
         cmd.world_source = (f"actor nodes x GPUs per node = {n} x {g}" +
                             ("" if gpus else f" (default {g}, openrlhf/cli/train_ppo_ray.py)"))
