@@ -8,7 +8,6 @@ unfrozen_parameters (src/axolotl/utils/config/__init__.py normalize_config), `{u
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
@@ -16,8 +15,7 @@ from loraflow.frontends import FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import (Command, command_from_script, parse_flags, resolve_path, split_command,
                                      _launcher_options, _world_from_launcher)
 from loraflow.frontends.common import (Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
-                                       embedding_targets, finish_world, int_value, load_mapping,
-                                       mapping_value)
+                                       embedding_targets, finish_world, int_value, mapping_value, read_keyed_files)
 
 NAME = "axolotl"
 CFG = "src/axolotl/utils/config/__init__.py"
@@ -174,20 +172,7 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
 
 
 def _read(paths: list[str], draft: Draft) -> tuple[dict[str, tuple[Any, str]], list]:
-    cfg: dict[str, tuple[Any, str]] = {}
-    bases: list = []
-    ds_files = []
-    for path in paths:
-        data = load_mapping(path, "Axolotl config")
-        bases.append(Path(path).parent)
-        if "zero_optimization" in data:
-            ds_files.append(str(path))
-            continue
-        for key, value in data.items():
-            cfg[key] = (value, f"{Path(path).name}: {key}")
-    for path in ds_files:  # a DeepSpeed JSON given alongside replaces the YAML's `deepspeed:` path
-        cfg["deepspeed"] = (path, path)
-    return cfg, bases
+    return read_keyed_files(paths, "Axolotl config")
 
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:

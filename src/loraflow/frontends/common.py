@@ -307,3 +307,27 @@ def finish_world(draft: Draft, cmd: Command | None) -> None:
         multi = draft.get("world_size") > 1
         draft.set("engine", "ddp" if multi else "single",
                   "more than one process, no DeepSpeed or FSDP" if multi else "one process")
+
+
+def read_keyed_files(paths: list[str], label: str, keep_null: bool = True,
+                     inspect=None) -> tuple[dict[str, tuple[Any, str]], list[Path]]:
+    """The top-level keys of several YAML/JSON files as {key: (value, "file: key")}, later files winning, plus the
+    files' folders (to resolve relative paths in them). A DeepSpeed JSON among the files replaces the `deepspeed:`
+    key, as passing it beside an Axolotl or LLaMA-Factory YAML means. `inspect(path, data)` may refuse a file."""
+    found: dict[str, tuple[Any, str]] = {}
+    bases: list[Path] = []
+    ds_files: list[str] = []
+    for path in paths:
+        data = load_mapping(path, label)
+        bases.append(Path(path).parent)
+        if "zero_optimization" in data:
+            ds_files.append(str(path))
+            continue
+        if inspect is not None:
+            inspect(path, data)
+        for key, value in data.items():
+            if keep_null or value is not None:
+                found[key] = (value, f"{Path(path).name}: {key}")
+    for path in ds_files:
+        found["deepspeed"] = (path, path)
+    return found, bases

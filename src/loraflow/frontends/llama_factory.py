@@ -8,14 +8,13 @@ own checkpoint function marks the hidden-state input of every checkpointed train
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, resolve_path, split_command
 from loraflow.frontends.common import (Draft, apply_accelerate, as_bool, as_list, at_least, embedding_targets,
-                                       finish_world, int_value, load_mapping, precision_from, world_from_env)
+                                       finish_world, int_value, precision_from, read_keyed_files, world_from_env)
 
 NAME = "llama-factory"
 HP = "src/llamafactory/hparams"
@@ -34,26 +33,17 @@ _HANDLED = {"stage", "finetuning_type", "use_dora", "lora_target", "additional_t
             "gradient_checkpointing", "fsdp", "fsdp_config", "model_name_or_path"}
 
 
+def _refuse_accelerate(path: str, data: dict) -> None:
+    if "distributed_type" in data:
+        raise LoraflowError(f"{path} is an accelerate config: pass it on the launch line "
+                            f"(accelerate launch --config_file {path} src/train.py ...) after `--`.")
+
+
 def _read(cmd: Command | None, paths: list[str], draft: Draft) -> tuple[dict[str, tuple[Any, str]], list]:
     """Options from YAML/JSON files, then `key=value` overrides (OmegaConf) or `--key value` flags
     (HfArgumentParser), as src/llamafactory/hparams/parser.py reads them."""
-    opts: dict[str, tuple[Any, str]] = {}
-    bases: list = []
-    ds_files = []
-    for path in paths:
-        data = load_mapping(path, "LLaMA-Factory config")
-        bases.append(Path(path).parent)
-        if "zero_optimization" in data:
-            ds_files.append(str(path))
-            continue
-        if "distributed_type" in data:
-            raise LoraflowError(f"{path} is an accelerate config: pass it on the launch line "
-                                f"(accelerate launch --config_file {path} src/train.py ...) after `--`.")
-        for key, value in data.items():
-            if value is not None:  # `key: null` (e.g. resume_from_checkpoint: null) keeps the default
-                opts[key] = (value, f"{Path(path).name}: {key}")
-    for path in ds_files:  # a DeepSpeed JSON given alongside replaces the YAML's `deepspeed:` path
-        opts["deepspeed"] = (path, path)
+    # `key: null` (e.g. resume_from_checkpoint: null) keeps LLaMA-Factory's default, so nulls are dropped.
+    opts, bases = read_keyed_files(paths, "LLaMA-Factory config", keep_null=False, inspect=_refuse_accelerate)
     if cmd is None:
         return opts, bases
     args, positionals, _ = parse_flags(cmd.args)
