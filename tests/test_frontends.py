@@ -463,3 +463,13 @@ def test_script_reader_expands_variables_and_drops_redirects():
     assert "&>" not in tokens and "facebook/opt-1.3b" in tokens
     r = run(f"bash {fx('openrlhf', 'train_sft_mistral_lora_z3.sh')}")
     assert r.framework == "openrlhf" and r.setup.zero_stage == 3
+
+
+def test_llama_factory_bare_switch_on_the_command_line_is_on():
+    from pathlib import Path
+
+    from loraflow.frontends import from_command
+
+    yaml = Path(__file__).parent / "fixtures/frontends/llama-factory/llama3_lora_sft_ds3.yaml"
+    result = from_command(["llamafactory-cli", "train", str(yaml), "--use_dora"], {})
+    assert result.setup.adapter == "dora"

@@ -14,8 +14,9 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import (Command, command_from_script, parse_flags, resolve_path, split_command,
                                      _launcher_options, _world_from_launcher)
-from loraflow.frontends.common import (Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
-                                       embedding_targets, finish_world, int_value, mapping_value, read_keyed_files)
+from loraflow.frontends.common import (Draft, accessors, apply_accelerate, apply_fsdp_options, as_bool, as_list,
+                                       at_least, embedding_targets, finish_world, int_value, mapping_value,
+                                       read_keyed_files)
 
 NAME = "axolotl"
 CFG = "src/axolotl/utils/config/__init__.py"
@@ -35,14 +36,7 @@ _CLI = {"launcher", "cloud", "use_exec", "no_use_exec", "accelerate", "debug", "
 
 
 def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, bases: list) -> None:
-    def get(name: str, default: Any = None) -> Any:
-        return cfg[name][0] if name in cfg else default
-
-    def src(name: str) -> str:
-        return cfg[name][1]
-
-    def on(name: str, default: bool = False) -> bool:
-        return as_bool(get(name), src(name)) if name in cfg and get(name) is not None else default
+    get, src, on = accessors(cfg)
 
     rl = get("rl")
     if rl:

@@ -331,3 +331,17 @@ def read_keyed_files(paths: list[str], label: str, keep_null: bool = True,
     for path in ds_files:
         found["deepspeed"] = (path, path)
     return found, bases
+
+
+def accessors(options: dict[str, tuple[Any, str]]):
+    """get(name, default), src(name) and on(name, default) over {key: (value, where it came from)}: how the YAML
+    frontends read their merged options. A key set to null counts as unset."""
+    def get(name: str, default: Any = None) -> Any:
+        return options[name][0] if name in options else default
+
+    def src(name: str) -> str:
+        return options[name][1]
+
+    def on(name: str, default: bool = False) -> bool:
+        return as_bool(get(name), src(name)) if get(name) is not None else default
+    return get, src, on

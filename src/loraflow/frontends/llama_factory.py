@@ -13,7 +13,7 @@ from typing import Any
 from loraflow.errors import LoraflowError
 from loraflow.frontends import FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, resolve_path, split_command
-from loraflow.frontends.common import (Draft, apply_accelerate, as_bool, as_list, at_least, embedding_targets,
+from loraflow.frontends.common import (Draft, accessors, apply_accelerate, as_list, at_least, embedding_targets,
                                        finish_world, int_value, precision_from, read_keyed_files, world_from_env)
 
 NAME = "llama-factory"
@@ -62,19 +62,12 @@ def _read(cmd: Command | None, paths: list[str], draft: Draft) -> tuple[dict[str
         else:
             draft.unknown.append(f"{pos} (positional argument)")
     for a in args:
-        opts[a.name] = (a.value, a.raw)
+        opts[a.name] = (a.value if a.value is not None else True, a.raw)  # a bare `--switch` is on
     return opts, bases
 
 
 def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, bases: list) -> None:
-    def get(name: str, default: Any = None) -> Any:
-        return opts[name][0] if name in opts else default
-
-    def src(name: str) -> str:
-        return opts[name][1]
-
-    def on(name: str, default: bool = False) -> bool:
-        return as_bool(opts[name][0], src(name)) if name in opts else default
+    get, src, on = accessors(opts)
 
     stage_raw = str(get("stage", "sft"))
     if stage_raw not in STAGES:
