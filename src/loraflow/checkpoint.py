@@ -49,9 +49,12 @@ def write_atomic_text(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
-def save_weights(model: torch.nn.Module, directory: Path, tokenizer=None) -> None:
-    """The trained weights in the format their users expect: a PEFT adapter, or a whole HF model."""
-    model.save_pretrained(directory, safe_serialization=True)
+def save_weights(model: torch.nn.Module, directory: Path, state: dict[str, torch.Tensor] | None = None,
+                 tokenizer=None) -> None:
+    """The trained weights in the format their users expect: a PEFT adapter, or a whole HF model. `state` holds
+    full tensors gathered by the engine (a sharded module's own tensors are partitions or placeholders); PEFT
+    keeps only the adapter's keys of it."""
+    model.save_pretrained(directory, safe_serialization=True, state_dict=state)
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
 
@@ -68,11 +71,12 @@ def _publish(tmp: Path, final: Path) -> None:
     shutil.rmtree(stale, ignore_errors=True)
 
 
-def export_weights(model: torch.nn.Module, directory: Path, tokenizer=None) -> None:
-    """Write the final weights next to the checkpoints with the same all-or-nothing rename."""
+def export_weights(model: torch.nn.Module, directory: Path, state: dict[str, torch.Tensor] | None = None,
+                   tokenizer=None) -> None:
+    """Write the final weights next to the checkpoints with the same all-or-nothing rename (one process)."""
     tmp = directory.with_name(f".tmp-{directory.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_weights(model, tmp, tokenizer)
+    save_weights(model, tmp, state, tokenizer)
     _publish(tmp, directory)
 
 
@@ -90,21 +94,34 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model, trainer_state: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(run_dir: Path, step: int, model, weights: dict[str, torch.Tensor] | None,
+                    trainer_state: dict[str, Any], keep: int, engine=None) -> Path:
+    """Every rank calls this (collective with an engine). Rank 0 writes the weights (already gathered) and the
+    trainer state; an engine with per-rank state (DeepSpeed) writes its files into the same temporary directory
+    first. The directory name is the same on every rank, so they agree on where to write."""
+    main = engine is None or engine.rank == 0
+    sync = engine.barrier if engine is not None else (lambda: None)
     root = run_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    for leftover in root.glob(".tmp-*"):  # an earlier save that was killed midway
-        shutil.rmtree(leftover, ignore_errors=True)
     final = root / f"step-{step:07d}"
-    tmp = root / f".tmp-step-{step:07d}-{os.getpid()}"
-    tmp.mkdir()
-    save_weights(model, tmp)
-    torch.save(trainer_state, tmp / "trainer_state.pt")
-    (tmp / MARKER).write_text(json.dumps({"step": step, "files": sorted(p.name for p in tmp.iterdir())}))
-    _publish(tmp, final)  # also covers re-saving a step (a resumed run that ends where it resumed)
-    write_atomic_text(run_dir / "latest", final.name + "\n")
-    for old in complete_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    tmp = root / f".tmp-step-{step:07d}"
+    if main:
+        root.mkdir(parents=True, exist_ok=True)
+        for leftover in root.glob(".tmp-*"):  # an earlier save that was killed midway
+            shutil.rmtree(leftover, ignore_errors=True)
+        tmp.mkdir()
+    sync()
+    if engine is not None:
+        engine.save_engine_files(tmp)
+    sync()
+    if main:
+        save_weights(model, tmp, weights)
+        torch.save(trainer_state, tmp / "trainer_state.pt")
+        (tmp / MARKER).write_text(json.dumps({"step": step, "files": sorted(p.name for p in tmp.iterdir())}))
+        _publish(tmp, final)  # also covers re-saving a step (a resumed run that ends where it resumed)
+        write_atomic_text(run_dir / "latest", final.name + "\n")
+        for old in complete_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    sync()
     return final
 
 
@@ -122,7 +139,7 @@ def is_complete(path: Path) -> bool:
         listed = json.loads((path / MARKER).read_text())["files"]
     except (OSError, ValueError, KeyError):
         return False
-    return all((path / name).is_file() for name in listed)
+    return all((path / name).exists() for name in listed)
 
 
 def latest_checkpoint(run_dir: Path) -> Path:

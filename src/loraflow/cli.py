@@ -24,6 +24,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config_path, overrides = _split_config_and_overrides(args.items)
     summary = train(args.stage, config_path, overrides, args.resume, args.verbose)
+    if not summary.get("main", True):
+        return 0  # rank 0 prints the summary of a distributed run
     before, after = summary.get("before"), summary.get("after")
     print(f"\nrun directory: {summary['run_dir']}")
     if after:
@@ -140,6 +142,8 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loraflow", description=__doc__)
+    # The deepspeed launcher passes --local_rank=N before the arguments; LOCAL_RANK in the environment says the same.
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a stage; with no config, the built-in demo")

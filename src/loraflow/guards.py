@@ -41,18 +41,20 @@ def assert_train_mode(model: torch.nn.Module) -> None:
                      "the loss.")
 
 
-def check_first_gradients(model: torch.nn.Module, plan) -> None:
-    """After the first backward (all accumulated micro-batches), before the optimizer step."""
-    missing, non_finite = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if p.grad is None:
-            missing.append(name)
-        elif not torch.isfinite(p.grad).all():
-            non_finite.append(name)
-    dead = [name for name, params in adapter_modules(model).items()
-            if all(p.grad is None or not torch.any(p.grad) for p in params)]
+def check_first_gradients(model: torch.nn.Module, plan, grads: dict[str, torch.Tensor | None] | None = None) -> None:
+    """After the first backward (all accumulated micro-batches), before the optimizer step. `grads` are the full
+    gradients by single-process parameter name (an engine gathers them from its shards); default: `.grad`."""
+    from loraflow.engines.base import clean_name
+
+    if grads is None:
+        grads = {clean_name(n): p.grad for n, p in model.named_parameters() if p.requires_grad}
+    missing = [n for n, g in grads.items() if g is None]
+    non_finite = [n for n, g in grads.items() if g is not None and not torch.isfinite(g).all()]
+    dead = []
+    for name, module in adapter_modules(model, with_modules=True).items():
+        names = [clean_name(f"{name}.{n}") for n, p in module.named_parameters() if p.requires_grad]
+        if all(grads.get(n) is None or not torch.any(grads[n]) for n in names):
+            dead.append(clean_name(name))
     problems = []
     if missing:
         problems.append(f"{len(missing)} trainable parameters got no gradient (first: {missing[0]}).")
@@ -81,8 +83,11 @@ class FrozenWeights:
     and sum of squares per tensor: any update changes them, and storing them costs two numbers per tensor
     instead of a copy of the model."""
 
-    def __init__(self, model: torch.nn.Module):
-        self.prints = {n: self._print(p) for n, p in model.named_parameters() if not p.requires_grad}
+    def __init__(self, model: torch.nn.Module, local=lambda p: p.detach()):
+        # `local`: the part of a parameter this rank stores (its shard under ZeRO-3 or FSDP2); each rank checks
+        # its own part, so together they check every frozen weight without gathering any.
+        self.local = local
+        self.prints = {n: self._print(local(p)) for n, p in model.named_parameters() if not p.requires_grad}
 
     @staticmethod
     @torch.no_grad()
@@ -92,7 +97,7 @@ class FrozenWeights:
 
     def assert_unchanged(self, model: torch.nn.Module) -> None:
         params = dict(model.named_parameters())
-        changed = [n for n, fp in self.prints.items() if n in params and self._print(params[n]) != fp]
+        changed = [n for n, fp in self.prints.items() if n in params and self._print(self.local(params[n])) != fp]
         if changed:
             raise GuardError(f"{len(changed)} frozen parameters changed in the first optimizer step (first: "
                              f"{changed[0]}). Something outside the optimizer of trainable parameters writes to "

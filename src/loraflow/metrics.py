@@ -9,15 +9,20 @@ from typing import Any
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: Path, tensorboard: bool):
+    """Written by one process (rank 0 of a distributed run); `enabled=False` makes every call a no-op."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool, enabled: bool = True):
         self.path = run_dir / "metrics.jsonl"
+        self.enabled = enabled
         self._tb = None
-        if tensorboard:
+        if tensorboard and enabled:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
     def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
         with self.path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")

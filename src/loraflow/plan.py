@@ -50,6 +50,8 @@ class Plan:
     reentrant: bool | None = None
     input_grad_hook: bool = False
     use_cache: bool = False
+    checkpoint_in_engine: bool = False
+    """FSDP2 with checkpointing inside the sharded unit: the engine wraps the layers, not transformers."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -167,6 +169,23 @@ def _precision(config: Config) -> tuple[list[str], torch.dtype, torch.dtype, tor
         f"precision.mode=bf16-mixed: {why}; trainable parameters float32; matmuls under bfloat16 autocast"
 
 
+def resolve_engine(config: Config, env: Environment) -> tuple[str, int, bool]:
+    """(engine, ZeRO stage, offload) from parallel.* and the launch; a ConfigError for a contradiction."""
+    engine = config.parallel.engine
+    if engine == "auto":
+        engine = "ddp" if env.world_size > 1 else "single"
+    if engine == "single" and env.world_size > 1:
+        raise ConfigError([f"parallel.engine=single, but {env.world_size} processes were launched (WORLD_SIZE="
+                           f"{env.world_size}); set parallel.engine to ddp, deepspeed or fsdp2, or launch one "
+                           "process."])
+    if engine != "deepspeed":
+        return engine, 0, False
+    from loraflow.engines.deepspeed_config import deepspeed_settings
+
+    ds = deepspeed_settings(config.parallel)
+    return engine, ds.stage, ds.offload_optimizer or ds.offload_params
+
+
 def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_to_save: list[str],
                      layers: list[int], reentrant: bool | None) -> Setup:
     """The setup as asked (with `auto` settled by the plan's defaults), before any rule fix: what a framework
@@ -191,6 +210,22 @@ def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_
         precision=config.precision.mode,
         world_size=env.world_size,
         versions=dict(env.versions),
+        **_engine_fields(config, env),
+    )
+
+
+def _engine_fields(config: Config, env: Environment) -> dict[str, Any]:
+    engine, stage, offload = resolve_engine(config, env)
+    return dict(
+        engine=engine, zero_stage=stage, offload=offload,
+        find_unused_parameters=engine == "ddp" and config.parallel.find_unused_parameters == "true",
+        # What HF/accelerate do under FSDP2: transformers' layer checkpointing, which encloses the sharded unit.
+        checkpoint_outside_shard=engine == "fsdp2",
+        # loraflow's FSDP2 layout for LoRA (DoRA reads its base weight after the base forward, so it stays in the
+        # layer's unit): see engines/fsdp2.py.
+        fsdp_frozen_units_separate=engine == "fsdp2" and config.adapter.method == "lora",
+        # Exact-match evaluation generates with the trained model.
+        generation=bool(config.data.eval and config.eval.generate),
     )
 
 
@@ -216,7 +251,8 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
                 load_dtype=load_dtype, trainable_dtype=trainable_dtype, autocast_dtype=autocast_dtype,
                 modules_to_save=modules_to_save, ensure_weight_tying=final.weight_tying_enforced,
                 checkpoint_layers=layers, reentrant=final.reentrant, input_grad_hook=final.input_grad_hook,
-                use_cache=False)
+                use_cache=False,
+                checkpoint_in_engine=bool(layers) and final.engine == "fsdp2" and not final.checkpoint_outside_shard)
     from loraflow.plan_reasons import explain_choices
 
     plan.decisions = explain_choices(plan, naive, changed_by, precision_reason)

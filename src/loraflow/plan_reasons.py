@@ -74,11 +74,81 @@ def _use_cache(plan: Plan, naive: Setup, changed_by: dict[str, str]) -> Decision
                     "KV cache; turning it off saves its memory and keeps the forward free of cache state")
 
 
+def _engine(plan: Plan, naive: Setup, changed_by: dict[str, str]) -> list[Decision]:
+    s, cfg = plan.setup, plan.config
+    t, n = cfg.train, s.world_size
+    asked = f"parallel.engine={cfg.parallel.engine}" + (f" with {n} processes" if n > 1 else "")
+    names = {"single": "one process", "ddp": "DDP (replicated weights, all-reduced gradients)",
+             "fsdp2": "FSDP2 fully_shard (every parameter sharded)"}
+    if s.engine == "deepspeed":
+        offload = [k for k in ("offload_optimizer", "offload_params") if getattr(_ds(cfg), k)]
+        value = f"DeepSpeed ZeRO-{s.zero_stage}" + (f", {' + '.join(offload)} to cpu" if offload else "")
+        why = f"{asked}; stage and offload from {_ds(cfg).source}"
+    else:
+        value = names[s.engine]
+        why = asked if s.engine != "single" or cfg.parallel.engine != "auto" else "one process was launched"
+    out = [Decision("engine", value, why)]
+    if n > 1 or s.engine != "single":
+        out.append(Decision("global batch", f"{t.micro_batch_size} x {t.gradient_accumulation_steps} x {n} = "
+                            f"{t.micro_batch_size * t.gradient_accumulation_steps * n} samples per optimizer step",
+                            "train.micro_batch_size per process x train.gradient_accumulation_steps x processes; "
+                            "the loss is normalised by the learned tokens of all processes, so the averaged "
+                            "gradient equals one process's on the same global batch"))
+    if s.engine == "ddp":
+        rule = changed_by.get("find_unused_parameters")
+        out.append(Decision("find_unused_parameters", s.find_unused_parameters,
+                            "every trainable weight gets a gradient every step, so the search only costs time"
+                            if not rule else "the search marks parameters ready twice under reentrant recompute",
+                            rule))
+    if s.engine == "fsdp2":
+        out += _fsdp2(plan, changed_by)
+    if s.zero3:
+        out.append(Decision("adapter save", "gathers the trainable partitions only", "under ZeRO-3 the module holds "
+                            "empty placeholders between uses", changed_by.get("adapter_save_gather")))
+        if s.generation:
+            out.append(Decision("generation", "weights gathered once per rollout", "generate() would all-gather "
+                                "every weight at every token", changed_by.get("generation_gather")))
+    if s.dora_weight_gather:
+        out.append(Decision("dora weight norm", "reads the gathered base weight", "DoRA reads the base weight after "
+                            "ZeRO-3 released it", changed_by.get("dora_weight_gather")))
+    return out
+
+
+def _fsdp2(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
+    s = plan.setup
+    out = [Decision("fsdp units", "each decoder layer, then the root" + (
+        "; the frozen base Linear of every LoRA module in a unit of its own" if s.fsdp_frozen_units_separate else ""),
+        "frozen weights never share a gather or gradient buffer with the adapters, so gradient memory is the "
+        "adapters' (fsdp-frozen-grad-memory)" if s.fsdp_frozen_units_separate else
+        "full fine-tuning trains every weight" if s.adapter == "full" else
+        "DoRA reads its base weight after the base forward, so the base stays gathered with its layer")]
+    if plan.checkpoint_layers:
+        rule = changed_by.get("checkpoint_outside_shard")
+        where = "outside each sharded unit (transformers' layer checkpointing)" if s.checkpoint_outside_shard \
+            else "inside each sharded unit (torch checkpoint_wrapper, applied before fully_shard)"
+        out.append(Decision("checkpoint placement", where, "recompute outside the unit skips FSDP2's mixed-precision "
+                            "cast on this torch" if rule else "this torch recomputes correctly either way; "
+                            "transformers' own mechanism is the default", rule))
+    if plan.autocast_dtype is not None:
+        out.append(Decision("fsdp mixed precision", "param_dtype bfloat16, reduce_dtype float32",
+                            "precision.mode=bf16-mixed: bf16 compute, fp32 gradient reduction and sharded fp32 "
+                            "trainable weights"))
+    return out
+
+
+def _ds(cfg):
+    from loraflow.engines.deepspeed_config import deepspeed_settings
+
+    return deepspeed_settings(cfg.parallel)
+
+
 def explain_choices(plan: Plan, naive: Setup, changed_by: dict[str, str], precision_reason: str) -> list[Decision]:
     cfg = plan.config
+    n = plan.setup.world_size
     out = [
-        Decision("device", plan.device, "single process on the only device available" if plan.device == "cpu"
-                 else "single process on the first accelerator"),
+        Decision("device", plan.device if n == 1 else f"{plan.device}, {n} processes",
+                 "the only device available" if plan.device == "cpu" else "one accelerator per process"),
+        *_engine(plan, naive, changed_by),
         Decision("precision", f"load {_dt(plan.load_dtype)}, trainable {_dt(plan.trainable_dtype)}, autocast "
                  f"{_dt(plan.autocast_dtype) if plan.autocast_dtype else 'off'}", precision_reason),
         _adapter(plan),

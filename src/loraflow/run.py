@@ -27,14 +27,23 @@ class _TqdmHandler(logging.StreamHandler):
         tqdm.write(self.format(record), file=sys.stdout)
 
 
-def setup_logging(run_dir: Path | None, verbose: bool = False) -> None:
+def setup_logging(run_dir: Path | None, verbose: bool = False, main: bool = True) -> None:
+    """Console (and run_dir/train.log) logging. In a distributed run only rank 0 logs information; the other
+    ranks print warnings and errors only, prefixed with their rank."""
     log.handlers.clear()
     log.setLevel(logging.DEBUG)
     log.propagate = False
     console = _TqdmHandler()
-    console.setLevel(logging.DEBUG if verbose else logging.INFO)
-    console.setFormatter(logging.Formatter("%(message)s"))
-    log.addHandler(console)
+    console.setLevel((logging.DEBUG if verbose else logging.INFO) if main else logging.WARNING)
+    if not main:
+        import os
+
+        console.setFormatter(logging.Formatter(f"[rank {os.environ.get('RANK', '?')}] %(message)s"))
+        log.addHandler(console)
+        run_dir = None
+    else:
+        console.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(console)
     if run_dir is not None:
         fh = logging.FileHandler(run_dir / "train.log")
         fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -65,10 +74,12 @@ def _flat(config: Config) -> dict[str, Any]:
     return walk(config_to_dict(config), "")
 
 
-def prepare_run(stage: str, config_path: str | None, overrides: list[str], resume: str | None) -> tuple[Config, Path]:
+def prepare_run(stage: str, config_path: str | None, overrides: list[str], resume: str | None,
+                stamp: str | None = None, create: bool = True) -> tuple[Config, Path]:
     """Load the config and settle the run directory. A resumed run reuses the config saved in its directory; only
     train.max_steps, eval.* and output.* may be overridden. A new run never reuses a directory that holds one.
-    Nothing is written here: config.yaml is saved once the run has really started (see `train`)."""
+    Only the directory is created here (by one process: `create`); config.yaml is saved once the run has really
+    started (see `train`). `stamp` names a new run's default directory; every rank of a run gets rank 0's."""
     if resume:
         run_dir = Path(resume)
         saved = run_dir / "config.yaml"
@@ -88,11 +99,12 @@ def prepare_run(stage: str, config_path: str | None, overrides: list[str], resum
         if config_path is None:
             config_path = str(demo_config(stage))  # the embedded default: bundled model, data and settings
         config = load_config(config_path, [f"stage={stage}", *overrides])
-        run_dir = Path(config.output.dir or f"runs/{stage}-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir = Path(config.output.dir or f"runs/{stage}-{stamp or time.strftime('%Y%m%d-%H%M%S')}")
         if (run_dir / "config.yaml").exists():
             raise ConfigError([f"output.dir={run_dir} already holds a run. Continue it with --resume {run_dir}, or "
                                "choose another output.dir."])
-        run_dir.mkdir(parents=True, exist_ok=True)
+        if create:
+            run_dir.mkdir(parents=True, exist_ok=True)
     if config.stage != stage:
         raise ConfigError([f"the config says stage={config.stage}, but the command trains {stage}."])
     config.output.dir = str(run_dir)
@@ -116,14 +128,17 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
     from loraflow.setup import build_model
     from loraflow.setup.model import load_tokenizer
 
-    config, run_dir = prepare_run(stage, config_path, overrides, resume)
-    setup_logging(run_dir, verbose)
+    main, stamp = _start_processes(stage, config_path, overrides, resume)
+    config, run_dir = prepare_run(stage, config_path, overrides, resume, stamp, create=main)
+    _sync()
+    setup_logging(run_dir, verbose, main)
     log.info("run directory: %s", run_dir)
     if config_path is None and resume is None:
         log.info("no config given: training the built-in demo (%s)", demo_config(stage))
     plan = resolve(config, detect_environment())
     log.info("%s", plan.render())
-    (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
+    if main:
+        (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
     plan.raise_for_errors()
     seed_everything(config.train.seed)  # adapter initialisation, data order and dropout all follow train.seed
     tokenizer = load_tokenizer(config, plan.model.path)
@@ -135,11 +150,51 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
         log.info("%s", eval_split.stats.describe("eval data", config.data.max_length))
     model = build_model(plan, tokenizer)
     # Only now is this a run: a failure above leaves the directory free for a corrected retry.
-    write_atomic_text(run_dir / "config.yaml", dump_config(config))
+    if main:
+        write_atomic_text(run_dir / "config.yaml", dump_config(config))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("trainable parameters: %s of %s", f"{trainable:,}", f"{sum(p.numel() for p in model.parameters()):,}")
     stage_module = importlib.import_module(f"loraflow.stages.{stage}")
     summary = stage_module.run(plan, model, tokenizer, train_split, eval_split, run_dir, resume is not None)
     summary["run_dir"] = str(run_dir)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    summary["main"] = main
+    if main:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    _stop_processes()
     return summary
+
+
+def _start_processes(stage: str, config_path: str | None, overrides: list[str],
+                     resume: str | None) -> tuple[bool, str]:
+    """Join the launcher's process group when there is one (or the config asks for a distributed engine), and
+    agree on the run's time stamp. Returns (is rank 0, stamp)."""
+    import os
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    config_for_launch = load_config(Path(resume) / "config.yaml") if resume and (Path(resume) / "config.yaml").is_file() \
+        else load_config(config_path or str(demo_config(stage)), [f"stage={stage}", *overrides])
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1 and config_for_launch.parallel.engine in ("auto", "single"):
+        return True, stamp
+    import torch.distributed as dist
+
+    from loraflow.engines import init_distributed
+
+    init_distributed(config_for_launch.parallel.backend)
+    box = [stamp]
+    dist.broadcast_object_list(box, src=0)
+    return dist.get_rank() == 0, box[0]
+
+
+def _sync() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _stop_processes() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

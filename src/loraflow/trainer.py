@@ -1,7 +1,9 @@
-"""The training loop shared by every stage: accumulation, schedule, clipping, guards, logging, eval, checkpoints.
+"""The training loop shared by every stage and engine: data split over ranks, accumulation, guards, logging, eval,
+checkpoints and the memory report.
 
-A stage supplies two functions: `loss_fn(model, batch, num_items) -> loss` (a pure function of the batch) and
-`evaluate_fn(model) -> metrics`. Everything else lives here once.
+A stage supplies `loss_fn(model, batch, num_items) -> loss` (a pure function of the batch) and
+`evaluate_fn(engine) -> metrics`. The engine (engines/) owns wrapping, backward, the optimizer step and gathering;
+nothing here depends on which engine runs.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from tqdm.auto import tqdm
 
 from loraflow.checkpoint import (export_weights, latest_checkpoint, load_checkpoint, restore_rng, rng_state,
                                  save_checkpoint)
 from loraflow.data import BatchOrder, DataSplit, collate, learned_tokens
+from loraflow.engines import Engine, build_engine
+from loraflow.engines.memory import MemoryReport
 from loraflow.guards import FrozenWeights, assert_train_mode, check_first_gradients
 from loraflow.metrics import MetricsWriter
 from loraflow.setup.precision import autocast
@@ -26,24 +29,7 @@ from loraflow.setup.precision import autocast
 log = logging.getLogger("loraflow")
 
 LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor], int], torch.Tensor]
-EvalFn = Callable[[torch.nn.Module], dict[str, Any]]
-
-
-def lr_lambda(warmup: int, total: int, kind: str) -> Callable[[int], float]:
-    """Multiplier of the peak learning rate at optimizer step `s` (0-based): linear warmup, then the schedule
-    decays to 0 at the last step."""
-
-    def f(s: int) -> float:
-        if s < warmup:
-            return (s + 1) / warmup
-        progress = (s - warmup) / max(1, total - warmup)
-        if kind == "cosine":
-            return 0.5 * (1 + math.cos(math.pi * progress))
-        if kind == "linear":
-            return max(0.0, 1 - progress)
-        return 1.0
-
-    return f
+EvalFn = Callable[[Engine], dict[str, Any]]
 
 
 @dataclass
@@ -51,109 +37,136 @@ class Progress:
     step: int = 0
     """Optimizer steps done."""
     position: int = 0
-    """Micro-batches consumed (the data position)."""
+    """Global micro-batches consumed (the data position)."""
     tokens: int = 0
+
+
+def rank_slice(indices: list[int], rank: int, world: int) -> tuple[list[int], bool]:
+    """This rank's share of a global micro-batch, and whether it is real. A short last batch of an epoch can
+    leave a rank without rows; it then computes a zero-weighted loss on the first row, because sharded engines
+    need every rank in every forward."""
+    per = math.ceil(len(indices) / world)
+    mine = indices[rank * per:(rank + 1) * per]
+    return (mine, True) if mine else (indices[:1], False)
 
 
 class Trainer:
     def __init__(self, plan, model: torch.nn.Module, tokenizer, train: DataSplit, loss_fn: LossFn,
-                 evaluate_fn: EvalFn | None, run_dir: Path):
-        self.plan, self.model, self.tokenizer, self.train = plan, model, tokenizer, train
+                 evaluate_fn: EvalFn | None, run_dir: Path, resume: bool = False):
+        self.plan, self.tokenizer, self.train = plan, tokenizer, train
         self.loss_fn, self.evaluate_fn, self.run_dir = loss_fn, evaluate_fn, Path(run_dir)
         t = plan.config.train
         self.accum = t.gradient_accumulation_steps
-        self.order = BatchOrder(len(train.rows), t.micro_batch_size, t.seed)
+        world = plan.setup.world_size
+        self.order = BatchOrder(len(train.rows), t.micro_batch_size * world, t.seed)
         self.total_steps = t.max_steps or max(1, math.ceil(t.epochs * self.order.per_epoch / self.accum))
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=t.learning_rate, betas=tuple(t.adam_betas),
-                                           weight_decay=t.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(t.warmup_steps, self.total_steps, t.schedule))
         self.progress = Progress()
+        state, self.resumed_from = None, None
+        if resume:  # weights go into the plain model, before any engine shards it
+            self.resumed_from = latest_checkpoint(self.run_dir)
+            state = load_checkpoint(self.resumed_from, model)
+        self.engine = build_engine(plan, model, self.total_steps)
+        self.main = self.engine.rank == 0
+        if state is not None:
+            self.engine.load_optimizer_state(state, self.resumed_from)
+            self.progress = Progress(**state["progress"])
+            rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
+            restore_rng(rngs[self.engine.rank] if self.engine.rank < len(rngs) else rngs[0])
         self.pad_id = tokenizer.pad_token_id
-        self.metrics = MetricsWriter(self.run_dir, plan.config.output.tensorboard)
+        self.metrics = MetricsWriter(self.run_dir, plan.config.output.tensorboard, enabled=self.main)
+        self.memory: MemoryReport | None = None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The unwrapped model (names, saving, generation)."""
+        return self.engine.module
 
     # -- one optimizer step -------------------------------------------------------------------------------
     def accumulate(self) -> dict[str, float]:
-        """Forward and backward over one optimizer step's micro-batches; gradients are left in .grad."""
-        batches = [collate([self.train.rows[i] for i in self.order.indices(self.progress.position + k)],
-                           self.pad_id) for k in range(self.accum)]
+        """Forward and backward over one optimizer step's micro-batches; gradients are left to the engine."""
+        e = self.engine
+        shares = [rank_slice(self.order.indices(self.progress.position + k), e.rank, e.world_size)
+                  for k in range(self.accum)]
+        batches = [(collate([self.train.rows[i] for i in rows], self.pad_id), real) for rows, real in shares]
         self.progress.position += self.accum
-        num_items = sum(learned_tokens(b) for b in batches)  # normalise by the whole step (see losses/sft.py)
+        local_items = sum(learned_tokens(b) for b, real in batches if real)
+        (num_items,) = e.all_sum([local_items])  # normalise by the whole global step (see losses/sft.py)
         total_loss, tokens = 0.0, 0
-        for batch in batches:
-            batch = {k: v.to(self.plan.device) for k, v in batch.items()}
+        for k, (batch, real) in enumerate(batches):
+            batch = {key: v.to(self.plan.device) for key, v in batch.items()}
             # Real tokens: the attention mask (pad may equal eos), or every position of a packed row.
             mask = batch.get("attention_mask")
-            tokens += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
-            with autocast(self.plan.device, self.plan.autocast_dtype):
-                loss = self.loss_fn(self.model, batch, num_items)
-            assert_train_mode(self.model)
-            loss.backward()
-            total_loss += float(loss.detach())
-        return {"loss": total_loss, "tokens": tokens}
+            tokens += (int(mask.sum()) if mask is not None else batch["input_ids"].numel()) if real else 0
+            with e.micro_step(last=k == self.accum - 1):
+                with autocast(self.plan.device, self.plan.autocast_dtype):
+                    loss = self.loss_fn(e.model, batch, int(num_items))
+                weight = e.loss_scale if real else 0.0  # engines average over ranks; see engines/__init__.py
+                assert_train_mode(e.module)
+                e.backward(loss * weight)
+            total_loss += float(loss.detach()) if real else 0.0
+        total_loss, tokens = e.all_sum([total_loss, tokens])
+        return {"loss": total_loss, "tokens": int(tokens)}
 
     def apply_update(self) -> float:
         """Clip, step the optimizer and the schedule, clear gradients; returns the pre-clip gradient norm."""
-        max_norm = self.plan.config.train.max_grad_norm or float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm
+        return self.engine.step()
 
     def optimizer_step(self, guard: FrozenWeights | None) -> dict[str, float]:
         """One optimizer step. With a guard (the first step of a process), gradients are checked after the
-        backward and frozen weights after the update."""
+        backward, frozen weights after the update, and the memory report is taken."""
         stats = self.accumulate()
         if guard is not None:
-            check_first_gradients(self.model, self.plan)
+            check_first_gradients(self.model, self.plan, self.engine.full_grads())
+            self.memory = MemoryReport.after_backward(self.engine)
         stats["grad_norm"] = self.apply_update()
         if guard is not None:
             guard.assert_unchanged(self.model)
+            self.memory.after_step(self.engine)
+            self._report_memory()
         self.progress.step += 1
         self.progress.tokens += stats["tokens"]
         return stats
 
+    def _report_memory(self) -> None:
+        report = self.memory.gathered(self.engine)
+        if self.main:
+            log.info("%s", report.render())
+            self.metrics.write("memory", self.progress.step, report.to_metrics())
+
     # -- state ----------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "progress": vars(self.progress).copy(), "rng": rng_state(), "total_steps": self.total_steps}
-
     def save(self) -> Path:
-        return save_checkpoint(self.run_dir, self.progress.step, self.model, self.state_dict(),
-                               self.plan.config.output.keep_checkpoints)
-
-    def resume(self) -> Path:
-        path = latest_checkpoint(self.run_dir)
-        state = load_checkpoint(path, self.model)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.progress = Progress(**state["progress"])
-        restore_rng(state["rng"])
-        return path
+        e = self.engine
+        state = {"progress": vars(self.progress).copy(), "rng": e.gather_objects(rng_state()),
+                 "total_steps": self.total_steps, **e.optimizer_state()}
+        weights = e.full_state() if self.plan.config.adapter.method == "full" else e.trainable_state()
+        return save_checkpoint(self.run_dir, self.progress.step, self.model, weights, state,
+                               self.plan.config.output.keep_checkpoints, e)
 
     # -- the loop -------------------------------------------------------------------------------------------
     def evaluate(self, label: str) -> dict[str, Any]:
         if self.evaluate_fn is None:
             return {}
-        values = self.evaluate_fn(self.model)
+        values = self.evaluate_fn(self.engine)
         self.metrics.write("eval", self.progress.step, values)
         shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in values.items())
-        log.info("eval (%s, step %d): %s", label, self.progress.step, shown)
+        if self.main:
+            log.info("eval (%s, step %d): %s", label, self.progress.step, shown)
         return values
 
-    def fit(self, resume: bool = False) -> dict[str, Any]:
+    def fit(self) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
         out = self.plan.config.output
         before = None
-        if resume:
-            path = self.resume()
-            log.info("resumed from %s at step %d (micro-batch %d)", path, self.progress.step, self.progress.position)
+        if self.resumed_from is not None:
+            if self.main:
+                log.info("resumed from %s at step %d (micro-batch %d)", self.resumed_from, self.progress.step,
+                         self.progress.position)
         else:
             before = self.evaluate("before training")
-        guard = FrozenWeights(self.model)  # the first step this process runs is checked
+        guard = FrozenWeights(self.model, self.engine.local_tensor)  # the first step this process runs is checked
         # mininterval + refresh=False below: at most two redraws a second, so logs of non-terminal runs stay short.
-        bar = tqdm(total=self.total_steps, initial=self.progress.step, disable=not out.progress_bar,
+        bar = tqdm(total=self.total_steps, initial=self.progress.step, disable=not (out.progress_bar and self.main),
                    desc=f"{self.plan.config.stage}", dynamic_ncols=True, mininterval=0.5)
         window, start = [], time.perf_counter()
         tokens_at_start = self.progress.tokens
@@ -168,7 +181,7 @@ class Trainer:
             step = self.progress.step
             if step % out.log_every_steps == 0 or step == self.total_steps:
                 self.metrics.write("train", step, {"loss": sum(window) / len(window), "grad_norm": stats["grad_norm"],
-                                                   "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": tps,
+                                                   "lr": self.engine.lr(), "tokens_per_s": tps,
                                                    "tokens": self.progress.tokens})
                 window = []
             if self.plan.config.eval.every_steps and step % self.plan.config.eval.every_steps == 0 \
@@ -180,8 +193,13 @@ class Trainer:
         wall = time.perf_counter() - start
         self.save()
         weights = self.run_dir / ("model" if self.plan.config.adapter.method == "full" else "adapter")
-        export_weights(self.model, weights, self.tokenizer)
+        state = self.engine.full_state() if self.plan.config.adapter.method == "full" else \
+            self.engine.trainable_state()
+        if self.main:
+            export_weights(self.model, weights, state, self.tokenizer)
+        self.engine.barrier()
         after = self.evaluate("after training")
         self.metrics.close()
         return {"before": before, "after": after, "steps": self.progress.step, "train_seconds": wall,
-                "tokens": self.progress.tokens, "weights": str(weights)}
+                "tokens": self.progress.tokens, "weights": str(weights),
+                "memory": self.memory.to_metrics() if self.memory and self.main else None}

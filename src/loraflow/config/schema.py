@@ -17,6 +17,8 @@ Reentrant = Literal["auto", "true", "false"]
 DataFormat = Literal["auto", "messages", "prompt_completion"]
 Schedule = Literal["cosine", "linear", "constant"]
 Stage = Literal["sft"]
+EngineName = Literal["auto", "single", "ddp", "deepspeed", "fsdp2"]
+Switch = Literal["auto", "true", "false"]
 
 
 @dataclass(kw_only=True)
@@ -80,6 +82,40 @@ class PrecisionConfig:
     mode: Precision = "fp32"
     """`fp32`; `bf16-mixed` (bf16 base weights and autocast, fp32 adapters and optimizer); `bf16` (everything
     bf16, adapters included)."""
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    engine: EngineName = "auto"
+    """`single` (one process), `ddp` (replicated weights), `deepspeed` (ZeRO, stage below) or `fsdp2` (PyTorch
+    `fully_shard`). `auto` is `single` in one process and `ddp` under torchrun or the deepspeed launcher. Launch
+    several processes with `torchrun --nproc_per_node N -m loraflow train ...` (docs/distributed.md)."""
+
+    zero_stage: int | None = None
+    """DeepSpeed ZeRO stage (0-3): 1 shards optimizer state, 2 also gradients, 3 also the weights. Empty means
+    the stage of parallel.deepspeed_config, or 2 without one."""
+
+    offload_optimizer: Switch = "auto"
+    """DeepSpeed: keep optimizer state (and ZeRO's fp32 master weights) in CPU memory. `auto` follows
+    parallel.deepspeed_config, or off without one."""
+
+    offload_params: Switch = "auto"
+    """DeepSpeed ZeRO-3: keep the weight partitions in CPU memory between uses. `auto` as for offload_optimizer."""
+
+    deepspeed_config: str | None = None
+    """A DeepSpeed JSON to start from. Its settings are kept, `auto` values are filled in from this config, and any
+    value that contradicts this config (batch size, accumulation, clipping, ZeRO stage, offload, precision) is an
+    error naming both keys."""
+
+    find_unused_parameters: Switch = "auto"
+    """DDP's find_unused_parameters; `auto` lets the plan choose (off: every trainable weight gets a gradient every
+    step, and the search breaks reentrant checkpointing, rule ddp-reentrant-unused)."""
+
+    fsdp_reshard_after_forward: bool = True
+    """FSDP2: free each unit's gathered weights after its forward (less memory, one more all-gather in backward)."""
+
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend; `auto` is nccl on CUDA and gloo on CPU."""
 
 
 @dataclass(kw_only=True)
@@ -194,6 +230,7 @@ class Config:
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -241,4 +278,13 @@ class Config:
         positive("output.save_every_steps", self.output.save_every_steps, allow_zero=True)
         positive("output.keep_checkpoints", self.output.keep_checkpoints)
         positive("output.log_every_steps", self.output.log_every_steps)
+        p = self.parallel
+        if p.zero_stage is not None and p.zero_stage not in (0, 1, 2, 3):
+            out.append(f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3.")
+        if p.engine not in ("auto", "deepspeed"):
+            asked = [k for k in ("zero_stage", "deepspeed_config") if getattr(p, k) is not None]
+            asked += [k for k in ("offload_optimizer", "offload_params") if getattr(p, k) == "true"]
+            for key in asked:
+                out.append(f"parallel.{key} is set but parallel.engine={p.engine}; set parallel.engine=deepspeed "
+                           f"or remove parallel.{key}.")
         return out

@@ -10,6 +10,7 @@ import contextlib
 import io
 import re
 import warnings
+from typing import Any
 
 import torch
 
@@ -84,8 +85,9 @@ def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Par
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def adapter_modules(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]:
-    """Each adapter-carrying module (and each trained full copy) with its trainable parameters."""
+def adapter_modules(model: torch.nn.Module, with_modules: bool = False) -> dict[str, Any]:
+    """Each adapter-carrying module (and each trained full copy) with its trainable parameters (or, with
+    `with_modules`, the module itself)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
     from peft.utils.other import ModulesToSaveWrapper
 
@@ -94,5 +96,5 @@ def adapter_modules(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter
         if isinstance(module, (BaseTunerLayer, ModulesToSaveWrapper)):
             params = [p for p in module.parameters() if p.requires_grad]
             if params:
-                out[name] = params
+                out[name] = module if with_modules else params
     return out

@@ -55,9 +55,12 @@ def set_input_grad_hook(model: torch.nn.Module, enabled: bool) -> None:
 
 def apply_checkpointing(model: torch.nn.Module, plan) -> None:
     base = hf_model(model)
+    if plan.checkpoint_in_engine:  # FSDP2 wraps the layers inside their sharded units itself (engines/fsdp2.py)
+        set_input_grad_hook(model, plan.input_grad_hook)
+        return
     if plan.checkpoint_layers:
         enable_layer_checkpointing(base, bool(plan.reentrant), plan.config.checkpointing.every_n_layers)
-    set_input_grad_hook(model, plan.input_grad_hook)
+    set_input_grad_hook(model, plan.input_grad_hook)  # after: transformers 5 adds its own hook when enabling
     actual = checkpointed_layers(model)
     if actual != plan.checkpoint_layers:
         raise LoraflowError(f"checkpointing applied to layers {actual}, but the plan says {plan.checkpoint_layers}; "

@@ -29,12 +29,14 @@ def evaluator(plan, tokenizer, split: DataSplit | None):
         return None
     e = plan.config.eval
 
-    def evaluate(model: torch.nn.Module) -> dict[str, Any]:
-        values: dict[str, Any] = {"loss": eval_loss(model, split.rows, e.batch_size, tokenizer.pad_token_id,
+    def evaluate(engine) -> dict[str, Any]:
+        # Every rank evaluates the whole split: sharded engines need every rank in every forward.
+        values: dict[str, Any] = {"loss": eval_loss(engine.module, split.rows, e.batch_size, tokenizer.pad_token_id,
                                                     plan.device, plan.autocast_dtype)}
         if split.prompts:
-            em = exact_match(model, tokenizer, split.prompts, e.max_new_tokens, e.batch_size, plan.device,
-                             plan.autocast_dtype)
+            with engine.gathered_for_generation() as model:
+                em = exact_match(model, tokenizer, split.prompts, e.max_new_tokens, e.batch_size, plan.device,
+                                 plan.autocast_dtype)
             values["exact_match"] = em.accuracy
             for origin, ref, got in em.examples[:3]:
                 log.debug("  %s: reference %r, generated %r", origin, ref, got)
@@ -48,7 +50,8 @@ def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, 
     from loraflow.trainer import Trainer
 
     trainer = Trainer(plan, model, tokenizer, train, loss_fn(plan.use_cache), evaluator(plan, tokenizer, eval_split),
-                      run_dir)
-    log.info("training: %d optimizer steps of %d x %d micro-batches", trainer.total_steps,
-             plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size)
-    return trainer.fit(resume=resume)
+                      run_dir, resume=resume)
+    log.info("training: %d optimizer steps of %d x %d micro-batches x %d processes", trainer.total_steps,
+             plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
+             plan.setup.world_size)
+    return trainer.fit()

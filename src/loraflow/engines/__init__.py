@@ -1,0 +1,47 @@
+"""Engines: one interface over how a model is wrapped, stepped, gathered and saved.
+
+    single     one process, the reference path
+    ddp        torch DistributedDataParallel: replicated weights, all-reduced gradients
+    deepspeed  DeepSpeed ZeRO stage 0-3, optional optimizer / parameter CPU offload
+    fsdp2      torch `fully_shard` (per-parameter sharding) with a MixedPrecisionPolicy
+
+The trainer only talks to `Engine`. Every engine computes the same thing: each rank's loss is its share of the
+global sum over learned tokens divided by the global learned-token count, multiplied by the world size because
+every engine averages gradients over ranks; the averaged gradient is then exactly the single-process gradient of
+the whole global batch. Collective methods (marked so) must be called by every rank in the same order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from loraflow.engines.base import Engine, make_optimizer, make_scheduler  # noqa: F401
+from loraflow.engines.launch import distributed_env, init_distributed, is_main  # noqa: F401
+
+
+def build_engine(plan, model: torch.nn.Module, total_steps: int) -> Engine:
+    """Wrap the ready model (loaded, adapted, frozen, checkpointed) for the plan's engine and build its optimizer:
+    the last two steps of the documented order (engine wrap -> optimizer)."""
+    name = plan.setup.engine
+    if name == "single":
+        from loraflow.engines.base import SingleEngine
+
+        return SingleEngine(plan, model, total_steps)
+    if name == "ddp":
+        from loraflow.engines.ddp import DDPEngine
+
+        return DDPEngine(plan, model, total_steps)
+    if name == "deepspeed":
+        from loraflow.engines.deepspeed import DeepSpeedEngine
+
+        return DeepSpeedEngine(plan, model, total_steps)
+    if name == "fsdp2":
+        from loraflow.engines.fsdp2 import FSDP2Engine
+
+        return FSDP2Engine(plan, model, total_steps)
+    raise ValueError(f"unknown engine {name}")  # the config schema admits no other value

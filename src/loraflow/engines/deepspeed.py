@@ -1,0 +1,210 @@
+"""DeepSpeed ZeRO stage 0-3 with optional CPU offload, driven by loraflow's own AdamW and schedule.
+
+The registry's remedies for ZeRO-3 are carried out here, each only when the plan says so:
+- adapter_save_gather (zero3-empty-adapter-save): saving gathers only the trainable partitions;
+- generation_gather (zero3-generation-gather): one gather of every weight per rollout, with DeepSpeed's per-module
+  fetch/release hooks lifted for its duration;
+- dora_weight_gather (dora-sharded-weight): DoRA's weight norm reads the gathered base weight.
+The plan has already chosen the checkpoint mode for the installed DeepSpeed (zero3-frozen-recompute).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import Any, Iterator
+
+import torch
+
+from loraflow.engines.base import Engine, clean_name, make_optimizer, make_scheduler
+
+
+def import_deepspeed(device: str):
+    """DeepSpeed picks its accelerator at import; on a machine without CUDA it must be told (DS_ACCELERATOR=cpu).
+    DeepSpeed 0.15's CPU accelerator also reads LOCAL_SIZE, which torchrun calls LOCAL_WORLD_SIZE."""
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    import torch._dynamo  # noqa: F401  zero.Init on torch 2.13 + deepspeed 0.19 fails on dynamo's lazy import
+    import deepspeed
+
+    skip_shm_build(deepspeed)
+    return deepspeed
+
+
+def skip_shm_build(deepspeed) -> None:
+    """The CPU accelerator builds a shared-memory all-reduce op with g++ when DeepSpeed's communication backend
+    starts (about 40 s the first time). Only inference_all_reduce uses it; ZeRO training communicates through
+    torch.distributed, so mark it unavailable and skip the build."""
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible["deepspeed_shm_comm"] = False
+
+
+class DeepSpeedEngine(Engine):
+    name = "deepspeed"
+
+    def __init__(self, plan, model: torch.nn.Module, total_steps: int):
+        super().__init__(plan, model, total_steps)
+        from loraflow.engines.deepspeed_config import build_config, deepspeed_settings
+
+        deepspeed = import_deepspeed(plan.device)
+        self.settings = deepspeed_settings(plan.config.parallel)
+        self.ds_config = build_config(plan.config, self.settings, self.world_size)
+        self.zero3 = self.settings.stage == 3
+        if plan.setup.dora_weight_gather and self.zero3:
+            dora_gather_base_weight(model)
+        optimizer = make_optimizer([p for _, p in self.trainable], self.train_cfg)
+        self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=self.ds_config, dist_init_required=False,
+            lr_scheduler=lambda opt: make_scheduler(opt, self.train_cfg, total_steps))
+        self.module = self.model.module
+        self._last = True
+
+    @contextlib.contextmanager
+    def micro_step(self, last: bool) -> Iterator[None]:
+        self._last = last
+        yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # The loss is already normalised by the whole step's tokens: DeepSpeed must not divide it by the
+        # accumulation steps again.
+        self.model.backward(loss, scale_wrt_gas=False)
+        if not self._last:
+            self.model.step()  # only advances DeepSpeed's micro-step count; it updates at the boundary
+
+    def step(self) -> float:
+        self.model.step()  # clips (gradient_clipping), steps optimizer and schedule, clears gradients
+        norm = self.model.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def full_grads(self) -> dict[str, torch.Tensor | None]:
+        from deepspeed.utils import safe_get_full_grad
+
+        return {clean_name(n): safe_get_full_grad(p) for n, p in self.trainable}
+
+    def local_tensor(self, p: torch.Tensor) -> torch.Tensor:
+        ds_tensor = getattr(p, "ds_tensor", None)
+        return ds_tensor.detach() if ds_tensor is not None else p.detach()
+
+    @contextlib.contextmanager
+    def _gathered(self, params: list[torch.nn.Parameter]) -> Iterator[None]:
+        if not self.zero3:
+            yield
+            return
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            yield
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        # zero3-empty-adapter-save: only the trainable partitions are gathered, never the frozen base.
+        with self._gathered([p for _, p in self.trainable]):
+            return super().trainable_state()
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        with self._gathered(list(self.module.parameters())):
+            return super().full_state()
+
+    @contextlib.contextmanager
+    def gathered_for_generation(self) -> Iterator[torch.nn.Module]:
+        if not (self.zero3 and self.plan.setup.generation_gather):
+            yield self.module
+            return
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
+            lift_zero3_hooks(self.model)
+            try:
+                yield self.module
+            finally:
+                restore_zero3_hooks(self.model)
+
+    # -- resumable state: DeepSpeed's own partitioned checkpoint, inside loraflow's atomic directory ----------
+    def optimizer_state(self) -> dict[str, Any]:
+        return {}
+
+    def save_engine_files(self, directory) -> None:
+        self.model.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False,
+                                   exclude_frozen_parameters=True)
+
+    def load_optimizer_state(self, state: dict[str, Any], checkpoint_dir) -> None:
+        path, _ = self.model.load_checkpoint(str(checkpoint_dir / "deepspeed"), tag="state",
+                                             load_module_strict=False, load_optimizer_states=True,
+                                             load_lr_scheduler_states=True)
+        if path is None:
+            from loraflow.errors import CheckpointError
+
+            raise CheckpointError(f"{checkpoint_dir}/deepspeed holds no DeepSpeed state for this run's ranks.")
+
+    # -- memory ---------------------------------------------------------------------------------------------
+    def optimizer_tensors(self) -> list[torch.Tensor]:
+        """Adam's moments plus ZeRO's fp32 master partitions (the optimizer steps those, not the weights)."""
+        opt = self.optimizer
+        out = [t for s in getattr(opt, "optimizer", opt).state.values() for t in s.values() if torch.is_tensor(t)]
+        for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
+            out += [t for t in getattr(opt, attr, []) or [] if torch.is_tensor(t)]
+        return out
+
+    def gradient_tensors(self) -> list[torch.Tensor]:
+        opt = self.optimizer
+        out: list[torch.Tensor] = []
+        for attr in ("averaged_gradients", "fp32_partitioned_groups_flat", "single_partition_of_fp32_groups"):
+            holder = getattr(opt, attr, None)
+            values = holder.values() if isinstance(holder, dict) else (holder or [])
+            for v in values:
+                items = v if isinstance(v, (list, tuple)) else [v]
+                out += [t.grad if attr != "averaged_gradients" else t for t in items
+                        if torch.is_tensor(t) and (attr == "averaged_gradients" or t.grad is not None)]
+        out += [p.grad for _, p in self.trainable if p.grad is not None]
+        return out
+
+
+def lift_zero3_hooks(engine) -> None:
+    """What TRL's unwrap_model_for_generation does inside GatheredParameters: take DeepSpeed's per-module fetch and
+    release hooks off, so the gathered weights stay whole for the rollout instead of being released after each
+    module and fetched again at the next token."""
+    offload = engine.optimizer.parameter_offload
+    for p in offload.module.parameters():
+        p.ds_active_sub_modules.clear()
+    for hook in offload.forward_hooks + offload.backward_hooks:
+        hook.remove()
+    offload.forward_hooks, offload.backward_hooks = [], []
+
+
+def restore_zero3_hooks(engine) -> None:
+    offload = engine.optimizer.parameter_offload
+    register = getattr(offload, "_register_deepspeed_module", None) or offload._register_hooks_recursively
+    register(offload.module)
+
+
+def dora_gather_base_weight(model) -> None:
+    """dora_weight_gather, in forward: gather what DoRA reads around each DoRA module's forward, and nothing else.
+
+    peft's DoraLinearLayer reads `base_layer.weight` for ||W + s*BA|| after the base layer's own forward (when
+    ZeRO-3 has released it to an empty partition), and `lora_A.weight.shape[1]` before lora_A's forward (to build
+    the identity it pushes through lora_A and lora_B). Inside the engine's forward ZeRO-3's external-parameter
+    discovery fetches such reads on access (on 0.15.3 only through `engine(...)`); a forward of the unwrapped
+    module on 0.15.3, e.g. a rollout before any step, reads shape [0]: `IndexError: tuple index out of range`.
+    GatheredParameters over just those two tensors (read-only, re-partitioned on exit), only when they are
+    released, is the smallest change that makes the norm correct; gathering whole layers would give up the
+    sharding the user asked for.
+    """
+    import deepspeed
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from peft.tuners.lora import LoraLayer
+
+    def gathered(forward, *args, **kwargs):
+        read = [kwargs["base_layer"].weight, kwargs["lora_A"].weight]
+        released = [p for p in read if getattr(p, "ds_status", None) == ZeroParamStatus.NOT_AVAILABLE]
+        with deepspeed.zero.GatheredParameters(released, modifier_rank=None, enabled=bool(released)):
+            return forward(*args, **kwargs)
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer) and any(module.use_dora.values()):
+            for dora in module.lora_magnitude_vector.values():
+                dora.forward = functools.partial(gathered, dora.forward)

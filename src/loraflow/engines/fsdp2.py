@@ -1,0 +1,139 @@
+"""PyTorch FSDP2 (`fully_shard`): every parameter sharded on its own across ranks, gathered per unit.
+
+Units: each decoder layer, then the root (embeddings, final norm, head). With LoRA the frozen base Linear of every
+adapted module is a unit of its own first (plan.fsdp_frozen_units_separate, rule fsdp-frozen-grad-memory): the
+frozen weights never share a gather or reduce buffer with trainable ones, so the gradient memory is the adapters'.
+Precision: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) for bf16-mixed (sharded fp32 adapters,
+bf16 compute, fp32 gradient reduction). Checkpointing sits where the plan says (fsdp2-recompute-cast): outside the
+unit (transformers' layer checkpointing, already applied) or inside it (torch's checkpoint_wrapper, applied here
+before sharding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+
+from loraflow.engines.base import Engine, clean_name, make_optimizer, make_scheduler
+
+
+def _is_dtensor(t: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+class FSDP2Engine(Engine):
+    name = "fsdp2"
+
+    def __init__(self, plan, model: torch.nn.Module, total_steps: int):
+        super().__init__(plan, model, total_steps)
+        self._shard(model)
+        self.optimizer = make_optimizer([p for _, p in self.trainable], self.train_cfg)
+        self.scheduler = make_scheduler(self.optimizer, self.train_cfg, total_steps)
+
+    def _shard(self, model: torch.nn.Module) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from loraflow.setup.checkpointing import hf_model
+
+        plan = self.plan
+        mesh = init_device_mesh(plan.device, (self.world_size,))
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if plan.autocast_dtype == torch.bfloat16 else MixedPrecisionPolicy())
+        reshard = plan.config.parallel.fsdp_reshard_after_forward
+        layers = hf_model(model).model.layers
+        for i, layer in enumerate(layers):
+            if plan.setup.fsdp_frozen_units_separate:
+                for base in _frozen_base_layers(layer):
+                    fully_shard(base, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+            if i in plan.checkpoint_layers and plan.checkpoint_in_engine:
+                layer = _checkpoint_wrapper(layer, bool(plan.reentrant))
+            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+            layers[i] = layer
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        self._units = [m for m in model.modules() if _is_fsdp(m)]
+
+    def full_grads(self) -> dict[str, torch.Tensor | None]:
+        out = {}
+        for n, p in self.trainable:
+            g = p.grad
+            out[clean_name(n)] = None if g is None else (g.full_tensor() if _is_dtensor(g) else g.detach().clone())
+        return out
+
+    def local_tensor(self, p: torch.Tensor) -> torch.Tensor:
+        return p.to_local().detach() if _is_dtensor(p) else p.detach()
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for n, p in self.trainable:
+            full = p.full_tensor() if _is_dtensor(p) else p.detach()  # collective: every rank takes part
+            if self.rank == 0:
+                out[clean_name(n)] = full.detach().to("cpu", copy=True)
+        return out
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for k, v in self.module.state_dict().items():
+            full = v.full_tensor() if _is_dtensor(v) else v
+            if self.rank == 0:
+                out[clean_name(k)] = full.detach().to("cpu", copy=True)
+        return out
+
+    @contextlib.contextmanager
+    def gathered_for_generation(self) -> Iterator[torch.nn.Module]:
+        """Every unit gathered once and kept whole for the rollout (not re-gathered at every decoded token)."""
+        for unit in self._units:
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        try:
+            yield self.module
+        finally:
+            for unit in self._units:
+                unit.reshard()
+            reshard = self.plan.config.parallel.fsdp_reshard_after_forward
+            for unit in self._units[:-1] if self._units and self._units[-1] is self.module else self._units:
+                unit.set_reshard_after_forward(reshard, recurse=False)
+
+    # -- resumable state: the full optimizer state on rank 0, broadcast back on resume ------------------------
+    def optimizer_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {"optimizer": get_optimizer_state_dict(self.module, self.optimizer, options=options),
+                "scheduler": self.scheduler.state_dict()}
+
+    def load_optimizer_state(self, state: dict[str, Any], checkpoint_dir) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"] if self.rank == 0 else {},
+                                 options=options)
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _is_fsdp(module: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def _frozen_base_layers(layer: torch.nn.Module) -> list[torch.nn.Module]:
+    """The frozen Linear inside each LoRA module of a decoder layer."""
+    from peft.tuners.lora import LoraLayer
+
+    return [m.get_base_layer() for m in layer.modules() if isinstance(m, LoraLayer)
+            and not any(p.requires_grad for p in m.get_base_layer().parameters())]
+
+
+def _checkpoint_wrapper(layer: torch.nn.Module, reentrant: bool) -> torch.nn.Module:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    return checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.REENTRANT if reentrant
+                              else CheckpointImpl.NO_REENTRANT)
+
+

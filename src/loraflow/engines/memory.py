@@ -1,0 +1,121 @@
+"""Per-rank memory accounting: bytes of parameters, gradients and optimizer state this rank actually holds,
+counted from the tensors themselves (each storage once), set beside the textbook formula for adapters under full
+sharding: (b x base params + 16 x adapter params) / world size, where b is the base weights' bytes per element
+(2 in bf16) and 16 = fp32 weight 4 + fp32 gradient 4 + Adam's two fp32 moments 8.
+
+Taken on the first step: gradients right after the first backward, optimizer state right after the first update
+(Adam allocates its moments lazily), so the figures are what the run holds from then on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+MiB = 2**20
+
+
+def _bytes(tensors) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None or not torch.is_tensor(t):
+            continue
+        if hasattr(t, "to_local"):  # a DTensor (FSDP2 parameter, gradient or optimizer state): this rank's shard
+            t = t.to_local()
+        if t.numel() == 0:
+            continue
+        storage = t.untyped_storage()
+        seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+    return sum(seen.values())
+
+
+@dataclass
+class RankMemory:
+    frozen_params: int = 0
+    trainable_params: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.frozen_params + self.trainable_params + self.gradients + self.optimizer
+
+
+@dataclass
+class MemoryReport:
+    engine: str
+    world_size: int
+    base_elements: int
+    adapter_elements: int
+    base_bytes_per_element: int
+    ranks: list[RankMemory] = field(default_factory=list)
+    mine: RankMemory = field(default_factory=RankMemory)
+
+    @classmethod
+    def after_backward(cls, engine) -> "MemoryReport":
+        params = list(engine.module.named_parameters())
+        frozen = [p for _, p in params if not p.requires_grad]
+        trainable = [p for _, p in params if p.requires_grad]
+        numel = _full_numel
+        report = cls(engine=_label(engine), world_size=engine.world_size,
+                     base_elements=sum(numel(p) for p in frozen), adapter_elements=sum(numel(p) for p in trainable),
+                     base_bytes_per_element=frozen[0].element_size() if frozen else 4)
+        report.mine.frozen_params = _bytes(engine.local_tensor(p) for p in frozen)
+        report.mine.trainable_params = _bytes(engine.local_tensor(p) for p in trainable)
+        report.mine.gradients = _bytes(engine.gradient_tensors())
+        return report
+
+    def after_step(self, engine) -> None:
+        self.mine.optimizer = _bytes(engine.optimizer_tensors())
+
+    def gathered(self, engine) -> "MemoryReport":
+        """Every rank's figures on every rank (collective)."""
+        self.ranks = engine.gather_objects(self.mine)
+        return self
+
+    @property
+    def formula(self) -> float:
+        """(b x base + 16 x adapter) / world size, in bytes."""
+        return (self.base_bytes_per_element * self.base_elements + 16 * self.adapter_elements) / self.world_size
+
+    def render(self) -> str:
+        lines = [f"memory per rank after the first step ({self.engine}, {self.world_size} processes; "
+                 f"{self.base_elements:,} frozen and {self.adapter_elements:,} trainable elements):",
+                 "  rank  frozen params  trainable params   gradients  optimizer state      total"]
+        for r, m in enumerate(self.ranks):
+            lines.append(f"  {r:>4}  {_mib(m.frozen_params):>13}  {_mib(m.trainable_params):>16}  "
+                         f"{_mib(m.gradients):>10}  {_mib(m.optimizer):>15}  {_mib(m.total):>9}")
+        worst = max((m.total for m in self.ranks), default=0)
+        lines.append(f"  formula (fully sharded): ({self.base_bytes_per_element} x base + 16 x adapter) / "
+                     f"{self.world_size} = {_mib(self.formula)}; largest rank / formula = "
+                     f"{worst / self.formula:.2f}" if self.formula else "")
+        return "\n".join(lines)
+
+    def to_metrics(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"engine": self.engine, "world_size": self.world_size,
+                               "base_elements": self.base_elements, "adapter_elements": self.adapter_elements,
+                               "formula_bytes": self.formula}
+        for r, m in enumerate(self.ranks):
+            for key in ("frozen_params", "trainable_params", "gradients", "optimizer"):
+                out[f"rank{r}_{key}_bytes"] = getattr(m, key)
+            out[f"rank{r}_total_bytes"] = m.total
+        return out
+
+
+def _full_numel(p: torch.Tensor) -> int:
+    ds_numel = getattr(p, "ds_numel", None)  # a ZeRO-3 placeholder's real size
+    return int(ds_numel) if ds_numel is not None else p.numel()
+
+
+def _label(engine) -> str:
+    if engine.name == "deepspeed":
+        s = engine.settings
+        offload = [k for k, on in (("optimizer", s.offload_optimizer), ("params", s.offload_params)) if on]
+        return f"deepspeed ZeRO-{s.stage}" + (f" offload {'+'.join(offload)}" if offload else "")
+    return engine.name
+
+
+def _mib(n: float) -> str:
+    return f"{n / MiB:.3f} MiB"
