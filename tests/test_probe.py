@@ -77,13 +77,13 @@ def test_probe_only_runs_the_named_rule(capsys):
 
 def test_a_timeout_kills_the_whole_process_group(tmp_path):
     """torchrun's ranks must not outlive a timed-out probe."""
-    from loraflow.probes.runner import _run_isolated
+    from loraflow.engines.launch import run_isolated
 
     log = tmp_path / "hang.log"
     code = ("import subprocess, sys, time\n"
             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
             "print(child.pid, flush=True)\ntime.sleep(120)")
-    assert _run_isolated([sys.executable, "-c", code], log, timeout=5) is None
+    assert run_isolated([sys.executable, "-c", code], log, timeout=5) is None
     child = int(log.read_text().split()[0])
     for _ in range(50):  # the orphan is reaped by init shortly after the kill
         try:

@@ -13,15 +13,12 @@ the whole global batch. Collective methods (marked so) must be called by every r
 
 from __future__ import annotations
 
-import contextlib
-import math
-from typing import Any, Iterator
-
 import torch
-import torch.distributed as dist
 
-from loraflow.engines.base import Engine, make_optimizer, make_scheduler  # noqa: F401
-from loraflow.engines.launch import distributed_env, init_distributed, is_main  # noqa: F401
+from loraflow.engines.base import Engine
+from loraflow.engines.launch import distributed_env, init_distributed, is_main
+
+__all__ = ["Engine", "build_engine", "distributed_env", "init_distributed", "is_main"]
 
 
 def build_engine(plan, model: torch.nn.Module, total_steps: int) -> Engine:

@@ -6,10 +6,11 @@ them are collective."""
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
+from loraflow.engines.deepspeed import (dora_gather_base_weight, import_deepspeed, lift_zero3_hooks,  # noqa: F401
+                                       restore_zero3_hooks)
 from loraflow.probes.tiny import tiny_llama, with_adapters
 from loraflow.rules.setup import Setup
 
@@ -29,15 +30,6 @@ def _clean(name: str) -> str:
 # --- DeepSpeed -----------------------------------------------------------------------------------------------
 
 
-def _skip_shm_build() -> None:
-    """The CPU accelerator builds a shared-memory all-reduce op with g++ when DeepSpeed's communication backend
-    starts (about 40 s the first time, cached in ~/.cache/torch_extensions). Only inference_all_reduce uses it;
-    ZeRO training communicates through torch.distributed (gloo here), so mark it unavailable and skip the build."""
-    import deepspeed
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
 def zero_config(setup: Setup) -> dict:
     """fp32, the ZeRO stage from the Setup, and every parameter partitioned however small and released right after
     use, as a real model's are (the default persistence threshold of 100k elements would keep all of this tiny
@@ -53,9 +45,7 @@ def zero_config(setup: Setup) -> dict:
 def deepspeed_engine(model, setup: Setup):
     """`deepspeed.initialize` with a config dict (zero_config) and a torch SGD optimizer: no DeepSpeed op to
     compile, and the single-process reference step stays exact."""
-    import deepspeed
-
-    _skip_shm_build()
+    deepspeed = import_deepspeed("cpu")
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=zero_config(setup))
     return engine
@@ -67,9 +57,7 @@ def zero3_partition(model, setup: Setup) -> None:
     (Converting a built model keeps the reference's exact initial values; constructing inside `zero.Init` would
     not, and on torch 2.13 + deepspeed 0.19.8 entering it fails on torch._dynamo's lazy import unless that was
     imported first.)"""
-    import deepspeed
-
-    _skip_shm_build()
+    deepspeed = import_deepspeed("cpu")
     deepspeed.zero.Init(module=model, config_dict_or_path=zero_config(setup))
 
 
@@ -111,36 +99,6 @@ def sgd_reference_adapter(setup: Setup, batch) -> dict:
     return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
 
 
-def dora_gather_base_weight(model) -> None:
-    """dora_weight_gather, in forward: gather what DoRA reads around each DoRA module's forward, and nothing else.
-
-    peft's DoraLinearLayer reads `base_layer.weight` for ||W + s*BA|| after the base layer's own forward (when
-    ZeRO-3 has released it to an empty partition), and `lora_A.weight.shape[1]` before lora_A's forward (to build
-    the identity it pushes through lora_A and lora_B). Inside the engine's forward ZeRO-3's external-parameter
-    discovery fetches such reads on access (on 0.15.3 only through `engine(...)`, from some later version also
-    when the unwrapped module is called); a first forward of the unwrapped module on 0.15.3, e.g. a rollout
-    before any step, reads shape [0]: `IndexError: tuple index out of range`.
-    GatheredParameters over just those two tensors (modifier_rank=None: read-only, re-partitioned on exit), only
-    when they are released, is the smallest change that makes the norm correct: the other parameters keep ZeRO-3's
-    fetch/release, no gradient flows through the norm (peft detaches it), and a checkpoint recompute re-runs the
-    same wrapper. Gathering whole layers or the whole model would give up the sharding the user asked for.
-    """
-    import deepspeed
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-    from peft.tuners.lora import LoraLayer
-
-    def gathered(forward, *args, **kwargs):
-        read = [kwargs["base_layer"].weight, kwargs["lora_A"].weight]
-        released = [p for p in read if getattr(p, "ds_status", None) == ZeroParamStatus.NOT_AVAILABLE]
-        with deepspeed.zero.GatheredParameters(released, modifier_rank=None, enabled=bool(released)):
-            return forward(*args, **kwargs)
-
-    for module in model.modules():
-        if isinstance(module, LoraLayer) and any(module.use_dora.values()):
-            for dora in module.lora_magnitude_vector.values():
-                dora.forward = functools.partial(gathered, dora.forward)
-
-
 @contextlib.contextmanager
 def _count_all_gathers(box: list):
     """Counts the all-gather collectives dispatched inside (torch's profiler records each c10d op)."""
@@ -151,24 +109,6 @@ def _count_all_gathers(box: list):
     # one c10d::_allgather_base_ (or allgather_*) dispatcher op per collective; the backend's own gloo:all_gather
     # record would count each one twice
     box.append(sum(e.count for e in prof.key_averages() if e.key.startswith("c10d::") and "allgather" in e.key))
-
-
-def _lift_zero3_hooks(engine):
-    """What TRL's unwrap_model_for_generation does inside GatheredParameters: take DeepSpeed's per-module fetch and
-    release hooks off, so the gathered weights stay whole for the rollout instead of being released after each
-    module and fetched again at the next token."""
-    offload = engine.optimizer.parameter_offload
-    for p in offload.module.parameters():
-        p.ds_active_sub_modules.clear()
-    for hook in offload.forward_hooks + offload.backward_hooks:
-        hook.remove()
-    offload.forward_hooks, offload.backward_hooks = [], []
-
-
-def _restore_zero3_hooks(engine):
-    offload = engine.optimizer.parameter_offload
-    register = getattr(offload, "_register_deepspeed_module", None) or offload._register_hooks_recursively
-    register(offload.module)
 
 
 def generation_gathers(engine, tokens: int, gather_once: bool) -> tuple[int, int, float]:
@@ -196,14 +136,14 @@ def generation_gathers(engine, tokens: int, gather_once: bool) -> tuple[int, int
             with _count_all_gathers(before):
                 gathered = deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
                 gathered.__enter__()
-                _lift_zero3_hooks(engine)
+                lift_zero3_hooks(engine)
             try:
                 with _count_all_gathers(during):
                     start = time.perf_counter()
                     model.generate(prompt, **kwargs)
                     seconds = time.perf_counter() - start
             finally:
-                _restore_zero3_hooks(engine)
+                restore_zero3_hooks(engine)
                 gathered.__exit__(None, None, None)
     return before[0], during[0], seconds
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraflow.engines.launch import run_isolated, torchrun_argv
 from loraflow.probes import Case, Observation, all_cases
 
 
@@ -54,12 +53,6 @@ class ProbeResult:
                 "what": self.what}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def not_applicable(case: Case) -> str | None:
     missing = [p for p in case.requires if importlib.util.find_spec(p) is None]
     if missing:
@@ -72,21 +65,11 @@ def not_applicable(case: Case) -> str | None:
     return None
 
 
-def probe_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # Two ranks on two cores: one thread each (more threads made a rank 20x slower here); DeepSpeed on its CPU
-    # accelerator with gloo; LOCAL_SIZE lets DeepSpeed 0.15.3 run without numactl.
-    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", LOCAL_SIZE=env.get("LOCAL_SIZE", "2"),
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    return env
-
-
 def command(case: Case, out: str, python: str, only_naive: bool = False) -> list[str]:
     tail = ["-m", "loraflow.probes.worker", case.rule, "--out", out] + (["--only-naive"] if only_naive else [])
     if case.ranks == 1:
         return [python, *tail]
-    return [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(case.ranks),
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *tail]
+    return torchrun_argv(case.ranks, tail, python)
 
 
 def run_case(case: Case, log_dir: Path, python: str = sys.executable, only_naive: bool = False) -> ProbeResult:
@@ -100,7 +83,7 @@ def run_case(case: Case, log_dir: Path, python: str = sys.executable, only_naive
     out = str(log_dir / f"{case.rule}.jsonl")
     log = log_dir / f"{case.rule}.log"
     start = time.monotonic()
-    code = _run_isolated(command(case, out, python, only_naive), log, case.timeout)
+    code = run_isolated(command(case, out, python, only_naive), log, case.timeout)
     seconds = time.monotonic() - start
     modes = {}
     if os.path.exists(out):
@@ -115,22 +98,6 @@ def run_case(case: Case, log_dir: Path, python: str = sys.executable, only_naive
     if "plan" not in modes:
         modes["plan"] = Observation("n/a", "not run" + ("" if only_naive else ": the naive run did not finish"))
     return ProbeResult(case.rule, modes["naive"], modes["plan"], expected, seconds, str(log), case.what)
-
-
-def _run_isolated(argv: list[str], log: Path, timeout: float) -> int | None:
-    """Run in a new session and, on timeout, kill the whole process group: torchrun's ranks would otherwise
-    outlive their launcher. Returns the exit code, or None after a timeout."""
-    import signal
-
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=probe_env(),
-                                start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return None
 
 
 def run_probes(only: list[str] | None = None, log_dir: str | None = None, progress=None) -> list[ProbeResult]:

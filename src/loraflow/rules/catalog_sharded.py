@@ -199,7 +199,8 @@ register(Rule(
     cause=("Each decoding step is a full forward, and ZeRO-3 all-gathers every layer's parameters for each one, so "
            "generation runs 10-100x slower; ranks that finish early stop joining the gathers and the others hang "
            "unless synced_gpus=True."),
-    fix="loraflow gathers the parameters once per rollout (GatheredParameters) and generates with synced_gpus.",
+    fix="loraflow gathers the parameters once per rollout (GatheredParameters, with DeepSpeed's per-module "
+        "fetch/release hooks lifted meanwhile), so decoding runs no collective at all.",
     remedy=lambda s: {"generation_gather": True},
     elsewhere="gather once per rollout (TRL's unwrap_model_for_generation, OpenRLHF/ms-swift vLLM engines), and "
               "pass synced_gpus=True when generating from a sharded model",

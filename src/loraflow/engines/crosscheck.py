@@ -1,0 +1,193 @@
+"""Engine cross-check: the same few optimizer steps under an engine and in one fp32 process, compared.
+
+Each *cell* is one combination (adapter x checkpointing x precision x engine). Under an engine it trains exactly as
+`loraflow train` does (config -> plan -> model -> Trainer -> engine) for `steps` optimizer steps on a global batch
+of `global_batch` samples, and records the full (gathered, rank-averaged) trainable gradients after the first
+backward, the loss of every step and the trainable weights at the end. The reference is the same config in one
+process, fp32, no checkpointing, engine single. A cell the plan refuses records the rule that refused it.
+
+    torchrun --nproc_per_node 2 -m loraflow.engines.crosscheck --model DIR --data FILE --cells cells.json --out r.pt
+    python -m loraflow.engines.crosscheck ... --reference      (one process; each cell's own reference)
+
+Used by tests/test_engines.py and scripts/compatibility_matrix.py, so the matrix and the tests measure the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import traceback
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STEPS = 3
+GLOBAL_BATCH = 4
+ZERO3_SHARD_ALL = {"zero_optimization": {"stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 0,
+                                         "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}}
+"""Tiny models fall under ZeRO-3's default persistence threshold (100k elements) and would not be partitioned at
+all; the cross-check partitions every weight, as a real model's are."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    adapter: str = "lora"  # lora | dora | full
+    checkpointing: str = "off"  # off | reentrant | non-reentrant
+    precision: str = "fp32"  # fp32 | bf16-mixed
+    engine: str = "ddp"  # single | ddp | zero2 | zero3 | zero3-offload | fsdp2
+
+    @property
+    def id(self) -> str:
+        return f"{self.adapter}/{self.checkpointing}/{self.precision}/{self.engine}"
+
+    def reference(self) -> "Cell":
+        return Cell(self.adapter, "off", "fp32", "single")
+
+    def overrides(self, world_size: int, workdir: Path) -> list[str]:
+        out = [f"adapter.method={self.adapter}", f"precision.mode={self.precision}",
+               f"checkpointing.enabled={'false' if self.checkpointing == 'off' else 'true'}",
+               f"train.micro_batch_size={GLOBAL_BATCH // world_size}", f"train.max_steps={STEPS}",
+               "train.learning_rate=1e-3", "train.warmup_steps=0", "train.schedule=constant", "train.seed=3",
+               "adapter.rank=4", "adapter.alpha=8", "adapter.dropout=0", "data.eval=", "output.progress_bar=false",
+               "output.tensorboard=false", f"output.dir={workdir / self.id.replace('/', '_')}"]
+        if self.adapter == "full":
+            out.append("adapter.target_modules=all-linear")
+        if self.checkpointing != "off":
+            out.append(f"checkpointing.reentrant={'true' if self.checkpointing == 'reentrant' else 'false'}")
+        engine = {"single": "single", "ddp": "ddp", "fsdp2": "fsdp2"}.get(self.engine, "deepspeed")
+        out.append(f"parallel.engine={engine}")
+        if self.engine.startswith("zero"):
+            stage = int(self.engine[4])
+            out.append(f"parallel.zero_stage={stage}")
+            if stage == 3:
+                path = workdir / "zero3-shard-all.json"
+                path.write_text(json.dumps(ZERO3_SHARD_ALL))
+                out.append(f"parallel.deepspeed_config={path}")
+            if self.engine.endswith("offload"):
+                out += ["parallel.offload_optimizer=true", "parallel.offload_params=true"]
+        return out
+
+
+def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Path) -> dict[str, Any]:
+    """One cell on this process (every rank calls it). Returns rank 0's record; other ranks' is empty."""
+    from loraflow.config import load_config
+    from loraflow.data import load_split
+    from loraflow.environment import detect_environment
+    from loraflow.errors import ConfigError
+    from loraflow.plan import resolve
+    from loraflow.run import seed_everything
+    from loraflow.setup import build_model
+    from loraflow.setup.model import load_tokenizer
+    from loraflow.stages.sft import loss_fn
+    from loraflow.trainer import Trainer
+
+    overrides = [f"model.path={model_dir}", f"data.train={data}", *cell.overrides(world_size, workdir)]
+    config = load_config(None, overrides)
+    try:
+        plan = resolve(config, detect_environment())
+    except ConfigError as exc:
+        return {"status": "refused", "rule": None, "message": str(exc)}
+    if plan.errors:
+        return {"status": "refused", "rule": ",".join(f.rule.id for f in plan.errors),
+                "message": "; ".join(f.rule.title for f in plan.errors)}
+    seed_everything(config.train.seed)
+    tokenizer = load_tokenizer(config, plan.model.path)
+    split = load_split(config, tokenizer, "train")
+    model = build_model(plan, tokenizer)
+    trainer = Trainer(plan, model, tokenizer, split, loss_fn(plan.use_cache), None, Path(config.output.dir))
+    losses, grads = [], None
+    for step in range(STEPS):
+        stats = trainer.accumulate()
+        if step == 0:
+            grads = trainer.engine.full_grads()
+        trainer.apply_update()
+        losses.append(stats["loss"])
+    final = trainer.engine.trainable_state()
+    if trainer.engine.rank != 0:
+        return {}
+    return {"status": "ok", "losses": losses, "grads": {k: v.float().cpu() for k, v in grads.items() if v is not None},
+            "missing": [k for k, v in grads.items() if v is None],
+            "final": {k: v.float() for k, v in final.items()}, "decisions": [
+                (d.key, str(d.value), d.rule) for d in plan.decisions if d.rule]}
+
+
+def relative_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """The largest per-tensor relative error ||got - want|| / ||want||, and where; a missing tensor is inf."""
+    worst, where = 0.0, ""
+    for name, ref in want.items():
+        if name not in got:
+            return float("inf"), name
+        err = float((got[name] - ref).norm() / ref.norm().clamp_min(1e-12))
+        if err > worst:
+            worst, where = err, name
+    return worst, where
+
+
+def compare(result: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """Gradient, loss and final-weight agreement of a cell's result with its reference."""
+    if result.get("status") != "ok":
+        return {"status": result.get("status", "failed"), "rule": result.get("rule"),
+                "message": result.get("message", "")}
+    grad_err, where = relative_error(result["grads"], reference["grads"])
+    if result["missing"]:
+        grad_err, where = float("inf"), result["missing"][0]
+    loss_err = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(result["losses"], reference["losses"]))
+    weight_err, _ = relative_error(result["final"], reference["final"])
+    return {"status": "ok", "grad_error": grad_err, "worst": where, "loss_error": loss_err,
+            "weight_error": weight_err, "losses": result["losses"], "rules": sorted({r for _, _, r in
+                                                                                      result["decisions"] if r})}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loraflow.engines.crosscheck")
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--cells", required=True, help="JSON list of cells (adapter, checkpointing, precision, engine)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--reference", action="store_true", help="run each cell's single-process fp32 reference")
+    args = p.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cells = [Cell(**c) for c in json.loads(Path(args.cells).read_text())]
+    if args.reference:
+        cells = list(dict.fromkeys(c.reference() for c in cells))
+    from loraflow.run import setup_logging
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 or any(c.engine != "single" for c in cells):
+        from loraflow.engines import init_distributed
+
+        init_distributed("gloo")
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    setup_logging(None, main=False)  # warnings only: the caller prints the comparison
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        shared = [tmp]
+        if dist.is_initialized():
+            dist.broadcast_object_list(shared, src=0)  # one directory for every rank's checkpoint files
+        for cell in cells:
+            try:
+                results[cell.id] = run_cell(cell, args.model, args.data, world, Path(shared[0]))
+            except Exception as exc:  # recorded, and the next cell still runs (both ranks fail alike)
+                results[cell.id] = {"status": "error", "message": f"{type(exc).__name__}: {exc}",
+                                    "traceback": traceback.format_exc()}
+            if rank == 0:
+                r = results[cell.id]
+                print(f"{cell.id}: {r.get('status')} {r.get('message', '')[:200]}", flush=True)
+    if rank == 0:
+        torch.save({"cells": [asdict(c) for c in cells], "results": results}, args.out)
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
