@@ -32,7 +32,7 @@ def _freezing(plan: Plan) -> Decision:
                     "adapter.train_modules is empty (DeepSpeed-Chat's only_optimize_lora)")
 
 
-def _checkpointing(plan: Plan) -> list[Decision]:
+def _checkpointing(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     c = plan.config.checkpointing
     if not plan.checkpoint_layers:
         return [Decision("checkpointing", "off", "checkpointing.enabled=false: activations are kept for backward")]
@@ -41,7 +41,11 @@ def _checkpointing(plan: Plan) -> list[Decision]:
         f"layers {', '.join(map(str, plan.checkpoint_layers))} of {total} (every {c.every_n_layers})"
     out = [Decision("checkpointing", where, "checkpointing.enabled=true with checkpointing.every_n_layers="
                     f"{c.every_n_layers}, through transformers' own layer checkpointing")]
-    if c.reentrant == "auto":
+    rule = changed_by.get("reentrant")
+    if rule:
+        out.append(Decision("checkpointing.reentrant", plan.reentrant, f"checkpointing.reentrant={c.reentrant} "
+                            "would fail on the installed versions with this engine", rule))
+    elif c.reentrant == "auto":
         out.append(Decision("checkpointing.reentrant", False,
                             "chosen: non-reentrant records gradients for weights that are not layer inputs "
                             "(the adapters), so it needs no input-grad hook and is exact with partial "
@@ -157,7 +161,7 @@ def explain_choices(plan: Plan, naive: Setup, changed_by: dict[str, str], precis
     if plan.ensure_weight_tying:
         out.append(Decision("ensure_weight_tying", True, "tied embeddings are trained",
                             changed_by.get("weight_tying_enforced")))
-    out += _checkpointing(plan)
+    out += _checkpointing(plan, changed_by)
     out.append(_input_grad_hook(plan, naive, changed_by))
     out.append(_use_cache(plan, naive, changed_by))
     out.append(Decision("loss", "sum over completion tokens / completion tokens in the optimizer step",
