@@ -203,7 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         if not command_line:
             print("error: nothing after `--`; give the launch command line to check", file=sys.stderr)
             return 2
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "command", None) == "train" and all("=" in e and not e.startswith("-") for e in extra):
+        args.items += extra  # `train sft --resume DIR key=value`: argparse stops the positional list at --resume
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if command_line is not None:
         args.command_line = command_line
     try:
