@@ -188,21 +188,52 @@ def fsdp2_two_forwards(setup: Setup, ctx: Context) -> Observation:
     return compare(full_grads(model), reference_grads(setup, batch))
 
 
+def _fsdp1(setup: Setup):
+    """FSDP1 (FullyShardedDataParallel on CPU) around a LoRA model: one unit per decoder layer, and with
+    fsdp_frozen_units_separate also one per frozen base Linear (a lambda policy, the catalog's remedy)."""
+    import functools
+
+    from peft.tuners.lora import LoraLayer
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    model = _model(setup)
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
+    if setup.fsdp_frozen_units_separate:
+        bases = {id(m.get_base_layer()) for m in model.modules() if isinstance(m, LoraLayer)}
+        frozen = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in bases)
+        policy = functools.partial(_or_policy, policies=[frozen, policy])
+    return FSDP(model, auto_wrap_policy=policy, use_orig_params=setup.fsdp_use_orig_params,
+                device_id=torch.device("cpu"))
+
+
 @case("fsdp1-mixed-requires-grad", LORA.replace(engine="fsdp1", fsdp_use_orig_params=False), ranks=2)
 def fsdp1_wrap(setup: Setup, ctx: Context) -> Observation:
     """FSDP1 (FullyShardedDataParallel on CPU, one unit per decoder layer) around a LoRA model with the Setup's
     use_orig_params, then one step; gradients compared with the reference"""
-    import functools
-
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
-    model = FSDP(_model(setup), auto_wrap_policy=policy, use_orig_params=setup.fsdp_use_orig_params,
-                 device_id=torch.device("cpu"))
+    model = _fsdp1(setup)
     batch = token_batch()
     model(**batch, use_cache=setup.use_cache).loss.backward()
     with FSDP.summon_full_params(model, with_grads=True):
         grads = full_grads(model)
     return compare(grads, reference_grads(setup, batch))
+
+
+@case("fsdp-frozen-grad-memory", LORA.replace(engine="fsdp1"), ranks=2)
+def fsdp1_grad_memory(setup: Setup, ctx: Context) -> Observation:
+    """FSDP1 with use_orig_params=True, one LoRA step; the gradient bytes this rank holds (every unit's flat
+    gradient shard) compared with the trainable parameters' share, which is all an adapter needs"""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    model = _fsdp1(setup)
+    model(**token_batch(), use_cache=setup.use_cache).loss.backward()
+    units = [m for m in model.modules() if isinstance(m, FSDP) and m._handle is not None]
+    held = sum(u._handle.flat_param.grad.numel() for u in units if u._handle.flat_param.grad is not None)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)  # this rank's shard of each
+    if held > 2 * trainable:
+        return Observation("wrong", f"no error raised, but this rank holds {held:,} gradient elements for "
+                                    f"{trainable:,} trainable ones ({held / trainable:.1f}x)")
+    return Observation("ok", f"gradient buffers hold {held:,} elements for {trainable:,} trainable ones")

@@ -149,7 +149,7 @@ register(Rule(
 register(Rule(
     id="fsdp-frozen-grad-memory",
     title="FSDP1 units mixing frozen and trainable weights allocate full gradient buffers",
-    verdict="warning",
+    verdict="fix",
     impact="slow",
     conditions="FSDP1 units holding both frozen base weights and adapters (use_orig_params=True)",
     knobs=("fsdp_frozen_units_separate", "engine"),
@@ -158,7 +158,9 @@ register(Rule(
     cause=("With use_orig_params=True FSDP1 still keeps one flat gradient buffer per unit, sized for all of its "
            "parameters. A unit of frozen weights plus small adapters allocates gradient memory as large as full "
            "fine-tuning: no error, the memory saving of the adapter is gone."),
-    fix="loraflow shards with FSDP2, which allocates gradients only for parameters that require them.",
+    fix="loraflow puts frozen weights in sharded units of their own (its FSDP2 engine shards each frozen base "
+        "Linear separately), so gradient buffers hold only trainable parameters.",
+    remedy=lambda s: {"fsdp_frozen_units_separate": True},
     elsewhere="wrap so frozen weights form their own units (a lambda policy on the LoRA modules); prefer FSDP2",
     references=("https://github.com/pytorch/pytorch/issues/91167", "https://github.com/pytorch/pytorch/issues/91165"),
     fixed_in="design (FSDP2 shards per parameter)",
