@@ -92,3 +92,9 @@ def test_stopped_resumed_engine_run_equals_one_uninterrupted_process(engine, ref
     assert evals[0]["exact_match"] == evals[1]["exact_match"]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 4
+
+    if engine == "ddp":  # a checkpoint of 2 processes is not resumed by another number of them
+        log = tmp_path / "wrong-world.log"
+        code = run_isolated([torchrun_argv(1, [])[0], "-m", "loraflow", "train", "sft", "--resume", str(run),
+                             "train.max_steps=6"], log, 300, launch_env(), cwd=str(tmp_path))
+        assert code == 2 and "written by 2 processes; resume it with the same number" in log.read_text()

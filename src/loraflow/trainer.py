@@ -65,6 +65,12 @@ class Trainer:
         if resume:  # weights go into the plain model, before any engine shards it
             self.resumed_from = latest_checkpoint(self.run_dir)
             state = load_checkpoint(self.resumed_from, model)
+            if state.get("world_size", 1) != world:
+                from loraflow.errors import CheckpointError
+
+                raise CheckpointError(f"{self.resumed_from} was written by {state.get('world_size', 1)} processes; "
+                                      f"resume it with the same number (this launch has {world}): the data order "
+                                      "and any sharded optimizer state depend on it.")
         self.engine = build_engine(plan, model, self.total_steps)
         self.main = self.engine.rank == 0
         if state is not None:
@@ -137,7 +143,7 @@ class Trainer:
     def save(self) -> Path:
         e = self.engine
         state = {"progress": vars(self.progress).copy(), "rng": e.gather_objects(rng_state()),
-                 "total_steps": self.total_steps, **e.optimizer_state()}
+                 "total_steps": self.total_steps, "world_size": e.world_size, **e.optimizer_state()}
         weights = e.full_state() if self.plan.config.adapter.method == "full" else e.trainable_state()
         return save_checkpoint(self.run_dir, self.progress.step, self.model, weights, state,
                                self.plan.config.output.keep_checkpoints, e)

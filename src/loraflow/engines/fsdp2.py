@@ -96,8 +96,9 @@ class FSDP2Engine(Engine):
             for unit in self._units:
                 unit.reshard()
             reshard = self.plan.config.parallel.fsdp_reshard_after_forward
-            for unit in self._units[:-1] if self._units and self._units[-1] is self.module else self._units:
-                unit.set_reshard_after_forward(reshard, recurse=False)
+            for unit in self._units:
+                if unit is not self.module:  # the root never reshards after forward: backward needs it at once
+                    unit.set_reshard_after_forward(reshard, recurse=False)
 
     # -- resumable state: the full optimizer state on rank 0, broadcast back on resume ------------------------
     def optimizer_state(self) -> dict[str, Any]:
