@@ -127,3 +127,14 @@ def test_ddp_never_pairs_reentrant_checkpointing_with_the_unused_parameter_searc
 def test_the_plan_states_the_global_batch():
     plan = plan_for("parallel.engine=fsdp2", "train.micro_batch_size=4", "train.gradient_accumulation_steps=2")
     assert decision(plan, "global batch").value.startswith("4 x 2 x 2 = 16")
+
+
+def test_check_plans_a_config_for_a_given_process_count(capsys):
+    from loraflow.cli import main
+
+    code = main(["check", "--nproc", "2", "--versions", "torch=2.12.0", "parallel.engine=fsdp2",
+                 "checkpointing.enabled=true", "precision.mode=bf16-mixed"])
+    out = capsys.readouterr().out
+    assert code == 0 and "cpu, 2 processes" in out
+    assert "inside each sharded unit (torch checkpoint_wrapper, applied before fully_shard) [fsdp2-recompute-cast]" \
+        in out and "through torch's checkpoint_wrapper inside each FSDP2 unit" in out

@@ -39,7 +39,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _versions(args: argparse.Namespace):
     from loraflow.environment import detect_environment, parse_versions, with_versions
 
-    return with_versions(detect_environment(), parse_versions(args.versions or ""))
+    env = with_versions(detect_environment(), parse_versions(args.versions or ""))
+    nproc = getattr(args, "nproc", None)
+    if nproc is not None:
+        import dataclasses
+
+        if nproc < 1:
+            raise LoraflowError(f"--nproc {nproc}: give the number of processes the run will launch (>= 1).")
+        env = dataclasses.replace(env, world_size=nproc)
+    return env
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -164,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--versions", metavar="PKG=VER,...", help="evaluate against these versions instead of the "
                                                              "installed ones, e.g. deepspeed=0.15.3,torch=2.5.1")
     c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--nproc", type=int, metavar="N", help="plan a loraflow config as launched on N processes "
+                   "(torchrun --nproc_per_node N); default: this process's WORLD_SIZE")
     c.set_defaults(func=cmd_check, command_line=None)
 
     e = sub.add_parser("explain", help="say what broke in a failed run's log, why, and how to fix it "

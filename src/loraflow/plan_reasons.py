@@ -39,8 +39,10 @@ def _checkpointing(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     n, total = len(plan.checkpoint_layers), plan.model.num_layers
     where = "every layer" if n == total else \
         f"layers {', '.join(map(str, plan.checkpoint_layers))} of {total} (every {c.every_n_layers})"
+    how = "torch's checkpoint_wrapper inside each FSDP2 unit" if plan.checkpoint_in_engine else \
+        "transformers' own layer checkpointing"
     out = [Decision("checkpointing", where, "checkpointing.enabled=true with checkpointing.every_n_layers="
-                    f"{c.every_n_layers}, through transformers' own layer checkpointing")]
+                    f"{c.every_n_layers}, through {how}")]
     rule = changed_by.get("reentrant")
     if rule:
         out.append(Decision("checkpointing.reentrant", plan.reentrant, f"checkpointing.reentrant={c.reentrant} "
