@@ -27,12 +27,13 @@ ENGINES = {  # engine -> adapters the issue asks for on it
 }
 
 
-def run_worker(tmp: Path, cells: list[Cell], ranks: int, timeout: float) -> dict:
+def run_worker(tmp: Path, cells: list[Cell], ranks: int, timeout: float, extra: tuple[str, ...] = ()) -> dict:
+    tmp.mkdir(parents=True, exist_ok=True)
     spec = tmp / "cells.json"
     spec.write_text(json.dumps([vars(c) for c in cells]))
     out = tmp / "result.pt"
     tail = ["-m", "loraflow.engines.crosscheck", "--model", MODEL, "--data", DATA, "--cells", str(spec),
-            "--out", str(out)]
+            "--out", str(out), *extra]
     argv = torchrun_argv(ranks, tail) if ranks > 1 else [torchrun_argv(1, [])[0], *tail, "--reference"]
     log = tmp / "worker.log"
     code = run_isolated(argv, log, timeout, launch_env())
@@ -62,3 +63,18 @@ def test_engine_matches_the_single_process_reference(engine, references, tmp_pat
             bad.append(lines[-1])
     print("\n".join(lines))
     assert not bad, "\n".join(bad)
+
+
+def test_fsdp2_checkpointing_inside_the_sharded_unit_matches_outside(tmp_path):
+    """The fsdp2-recompute-cast remedy (torch's checkpoint_wrapper inside each unit, what the plan picks on
+    torch < 2.13 with bf16) run on this torch, against the default placement (transformers' checkpointing around
+    the unit): the same bf16 computation, so the same gradients."""
+    cells = [Cell(a, c, "bf16-mixed", "fsdp2") for a in ("lora", "dora") for c in ("reentrant", "non-reentrant")]
+    inside = run_worker(tmp_path / "inside", cells, 2, 600, ("--plan-versions", "torch=2.12.0"))
+    outside = run_worker(tmp_path / "outside", cells, 2, 600)
+    for cell in cells:
+        r = compare(inside[cell.id], outside[cell.id])
+        print(cell.id, r)
+        assert r["status"] == "ok" and "fsdp2-recompute-cast" in r["rules"], r
+        assert inside[cell.id]["wrapped_layers"] > 0 and outside[cell.id]["wrapped_layers"] == 0  # really inside
+        assert r["grad_error"] <= TOLERANCE and r["loss_error"] <= TOLERANCE, r

@@ -73,11 +73,14 @@ class Cell:
         return out
 
 
-def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Path) -> dict[str, Any]:
-    """One cell on this process (every rank calls it). Returns rank 0's record; other ranks' is empty."""
+def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Path,
+             plan_versions: str = "") -> dict[str, Any]:
+    """One cell on this process (every rank calls it). Returns rank 0's record; other ranks' is empty.
+    `plan_versions` (PKG=VER,...) makes the plan decide as for those versions, so a remedy for an older stack can be
+    run, and checked, on the installed one."""
     from loraflow.config import load_config
     from loraflow.data import load_split
-    from loraflow.environment import detect_environment
+    from loraflow.environment import detect_environment, parse_versions, with_versions
     from loraflow.errors import ConfigError
     from loraflow.plan import resolve
     from loraflow.run import seed_everything
@@ -89,7 +92,7 @@ def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Pa
     overrides = [f"model.path={model_dir}", f"data.train={data}", *cell.overrides(world_size, workdir)]
     config = load_config(None, overrides)
     try:
-        plan = resolve(config, detect_environment())
+        plan = resolve(config, with_versions(detect_environment(), parse_versions(plan_versions)))
     except ConfigError as exc:
         return {"status": "refused", "rule": None, "message": str(exc)}
     if plan.errors:
@@ -99,6 +102,7 @@ def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Pa
     tokenizer = load_tokenizer(config, plan.model.path)
     split = load_split(config, tokenizer, "train")
     model = build_model(plan, tokenizer)
+    _randomize_lora_b(model)
     trainer = Trainer(plan, model, tokenizer, split, loss_fn(plan.use_cache), None, Path(config.output.dir))
     losses, grads = [], None
     for step in range(STEPS):
@@ -112,8 +116,21 @@ def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Pa
         return {}
     return {"status": "ok", "losses": losses, "grads": {k: v.float().cpu() for k, v in grads.items() if v is not None},
             "missing": [k for k, v in grads.items() if v is None],
-            "final": {k: v.float() for k, v in final.items()}, "decisions": [
+            "final": {k: v.float() for k, v in final.items()},
+            "wrapped_layers": sum("_checkpoint_wrapped_module" in n for n, _ in trainer.engine.module.named_modules()),
+            "decisions": [
                 (d.key, str(d.value), d.rule) for d in plan.decisions if d.rule]}
+
+
+def _randomize_lora_b(model: torch.nn.Module, seed: int = 5) -> None:
+    """LoRA starts with B = 0, which makes every lora_A gradient exactly zero on the first step and the first-step
+    comparison blind to lora_A; a seeded random B (the same on every rank and in the reference) gives each adapter
+    weight a real gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad and "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype) * 0.02)
 
 
 def relative_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[float, str]:
@@ -143,6 +160,13 @@ def compare(result: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]
                                                                                       result["decisions"] if r})}
 
 
+def save(cells: list[Cell], results: dict[str, Any], out: str) -> None:
+    """Write the results so far (atomically: a reader never sees half a file)."""
+    part = f"{out}.part"
+    torch.save({"cells": [asdict(c) for c in cells], "results": results}, part)
+    os.replace(part, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loraflow.engines.crosscheck")
     p.add_argument("--model", required=True)
@@ -150,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cells", required=True, help="JSON list of cells (adapter, checkpointing, precision, engine)")
     p.add_argument("--out", required=True)
     p.add_argument("--reference", action="store_true", help="run each cell's single-process fp32 reference")
+    p.add_argument("--plan-versions", default="", metavar="PKG=VER,...",
+                   help="let the plan decide as for these versions (run an older stack's remedy on this one)")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -174,15 +200,17 @@ def main(argv: list[str] | None = None) -> int:
             dist.broadcast_object_list(shared, src=0)  # one directory for every rank's checkpoint files
         for cell in cells:
             try:
-                results[cell.id] = run_cell(cell, args.model, args.data, world, Path(shared[0]))
+                results[cell.id] = run_cell(cell, args.model, args.data, world, Path(shared[0]),
+                                          args.plan_versions)
             except Exception as exc:  # recorded, and the next cell still runs (both ranks fail alike)
                 results[cell.id] = {"status": "error", "message": f"{type(exc).__name__}: {exc}",
                                     "traceback": traceback.format_exc()}
             if rank == 0:
                 r = results[cell.id]
                 print(f"{cell.id}: {r.get('status')} {r.get('message', '')[:200]}", flush=True)
+                save(cells, results, args.out)  # after every cell: a launch killed on a hang keeps what it finished
     if rank == 0:
-        torch.save({"cells": [asdict(c) for c in cells], "results": results}, args.out)
+        save(cells, results, args.out)
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

@@ -1,0 +1,443 @@
+"""Run every adapter x checkpointing x engine x precision cell on 2 CPU processes and write
+docs/compatibility-matrix.md from the results.
+
+    python scripts/compatibility_matrix.py                      # all 108 cells, writes docs/compatibility-matrix.md
+    python scripts/compatibility_matrix.py --only-engines ddp,zero3 --out /tmp/m.md --json /tmp/m.json
+
+Measuring is loraflow.engines.crosscheck's (the same worker and comparison as tests/test_engines.py); this script
+only launches it per group of cells, judges each cell and renders the tables:
+
+- the references (one process, fp32, no checkpointing, engine single), one plain process;
+- the `single` engine cells (checkpointing and bf16-mixed in one process), one plain process;
+- each other engine's 18 cells, one `torchrun --nproc_per_node 2` launch (gloo, OMP_NUM_THREADS=1,
+  DS_ACCELERATOR=cpu), bounded by --timeout. A launch that hangs or dies keeps the cells it finished (the worker
+  saves after every cell); the cell in flight is marked timeout / error and the rest are launched again.
+
+Exit code 1 when an fp32 cell fails its criterion, crashes or times out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import itertools
+import json
+import math
+import platform
+import re
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loraflow.engines.crosscheck import GLOBAL_BATCH, STEPS, Cell, compare
+from loraflow.engines.launch import launch_env, run_isolated, torchrun_argv
+from loraflow.setup.model import ASSETS
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "docs" / "compatibility-matrix.md"
+COMMAND = "python scripts/compatibility_matrix.py"
+
+ADAPTERS = ("lora", "dora", "full")
+CHECKPOINTING = ("off", "reentrant", "non-reentrant")
+ENGINES = ("single", "ddp", "zero2", "zero3", "zero3-offload", "fsdp2")
+PRECISIONS = ("fp32", "bf16-mixed")
+RANKS = 2
+
+FP32_TOLERANCE = 1e-5
+"""fp32 cells: gradient and every step's loss within this relative error of the reference (as tests/test_engines)."""
+BF16_FACTOR = 2.0
+"""bf16-mixed cells: gradient error against the fp32 reference at most this times the error that bf16-mixed
+costs in one process (the yardstick: the single-process bf16-mixed cell of the same adapter without checkpointing)."""
+
+VERDICTS = ("pass", "fail", "refused", "error", "timeout", "not run")
+
+
+# --- the cells --------------------------------------------------------------------------------------------------
+
+
+def all_cells() -> list[Cell]:
+    """The 108 cells, in table order: precision, adapter, checkpointing, engine."""
+    return [Cell(adapter, ckpt, precision, engine) for precision, adapter, ckpt, engine in
+            itertools.product(PRECISIONS, ADAPTERS, CHECKPOINTING, ENGINES)]
+
+
+def yardstick(cell: Cell) -> Cell:
+    """The same-precision single-process cell a cell's precision is judged by (itself for fp32 references)."""
+    return Cell(cell.adapter, "off", cell.precision, "single")
+
+
+def groups(engines: list[str]) -> dict[str, list[Cell]]:
+    """Launch groups in run order. `single` always runs: its bf16-mixed cells are the yardsticks."""
+    cells = [c for c in all_cells() if c.engine in engines or c.engine == "single"]
+    out: dict[str, list[Cell]] = {"reference": list(dict.fromkeys(c.reference() for c in cells))}
+    for engine in ENGINES:
+        if any(c.engine == engine for c in cells):
+            out[engine] = [c for c in cells if c.engine == engine]
+    return out
+
+
+# --- running ----------------------------------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def fmt_time(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def run_group(name: str, cells: list[Cell], model: str, data: str, workdir: Path, timeout: float,
+              max_relaunches: int = 2, started: float | None = None) -> dict[str, dict[str, Any]]:
+    """Run one group's cells (reference: one plain process with --reference; single: one plain process; else
+    torchrun on RANKS ranks) and return the worker's raw record per cell id."""
+    started = time.monotonic() if started is None else started
+    results: dict[str, dict[str, Any]] = {}
+    todo, launches = list(cells), 0
+    while todo:
+        launches += 1
+        tag = f"{name}.{launches}"
+        spec, out, logfile = workdir / f"{tag}.cells.json", workdir / f"{tag}.pt", workdir / f"{tag}.log"
+        spec.write_text(json.dumps([vars(c) for c in todo]))
+        tail = ["-m", "loraflow.engines.crosscheck", "--model", model, "--data", data, "--cells", str(spec),
+                "--out", str(out)]
+        if name in ("reference", "single"):
+            argv, how = [sys.executable, *tail, *(["--reference"] if name == "reference" else [])], "one process"
+        else:
+            argv = torchrun_argv(RANKS, tail)
+            how = f"torchrun, {RANKS} ranks, port {argv[argv.index('--master_port') + 1]}"
+        code = _wait(tag, how, argv, logfile, timeout, [c.id for c in todo], started)
+        got = torch.load(out, weights_only=False)["results"] if out.exists() else {}
+        results.update(got)
+        missing = [c for c in todo if c.id not in got]
+        if code == 0 and not missing:
+            break
+        if not missing:  # every cell recorded, then the launch failed on the way out: the figures stand
+            log(f"[{tag}] {'timed out' if code is None else f'exited with {code}'} after its last cell; results kept")
+            break
+        stuck, todo = missing[0], missing[1:]
+        tail_text = _log_tail(logfile)
+        if code is None:
+            results[stuck.id] = {"status": "timeout", "message": f"no result {timeout:.0f}s into its launch",
+                                 "log": tail_text}
+        else:
+            results[stuck.id] = {"status": "error", "message": f"worker exited with code {code}: "
+                                 f"{_last_error(tail_text)}", "log": tail_text}
+        log(f"[{tag}] {results[stuck.id]['status']} in {stuck.id}; cells left: {len(todo)}")
+        if todo and launches > max_relaunches:
+            for c in todo:
+                results[c.id] = {"status": "timeout" if code is None else "error",
+                                 "message": f"not run: {launches} launches of group {name} failed"}
+            break
+    return results
+
+
+def _wait(tag: str, how: str, argv: list[str], logfile: Path, timeout: float, ids: list[str],
+          started: float) -> int | None:
+    """run_isolated in a thread (it kills the process group on timeout); report progress from the log meanwhile.
+    Returns the exit code, None after a timeout."""
+    t0 = time.monotonic()
+    log(f"[{tag}] {len(ids)} cells, {how}, limit {fmt_time(timeout)}")
+    seen: set[str] = set()
+    pattern = re.compile(r"^(\S+/\S+/\S+/\S+): (\w+) ?(.*)$")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(run_isolated, argv, logfile, timeout, launch_env())
+        last_beat = t0
+        while True:
+            try:
+                code = future.result(timeout=2)
+                finished = True
+            except concurrent.futures.TimeoutError:
+                finished = False
+            for line in (logfile.read_text(errors="replace").splitlines() if logfile.exists() else []):
+                m = pattern.match(line)
+                if m and m.group(1) in ids and m.group(1) not in seen:
+                    seen.add(m.group(1))
+                    log(f"[{tag}] {len(seen)}/{len(ids)} {m.group(1)}: {m.group(2)} {m.group(3)[:120]}  "
+                        f"({fmt_time(time.monotonic() - t0)} in group, {fmt_time(time.monotonic() - started)} total)")
+            now = time.monotonic()
+            if finished:
+                break
+            if now - last_beat >= 30:
+                last_beat = now
+                log(f"[{tag}] running, {len(seen)}/{len(ids)} cells done, {fmt_time(now - t0)} in group "
+                    f"(limit {fmt_time(timeout)}), {fmt_time(now - started)} total")
+    log(f"[{tag}] {'timed out' if code is None else f'exit {code}'} after {fmt_time(time.monotonic() - t0)}")
+    return code
+
+
+def _log_tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+def _last_error(text: str) -> str:
+    lines = [line for line in text.splitlines() if re.search(r"(Error|Exception|error:)", line)]
+    return (lines[-1] if lines else (text.strip().splitlines() or [""])[-1]).strip()[:300]
+
+
+# --- judging ----------------------------------------------------------------------------------------------------
+
+
+def evaluate(raw: dict[str, dict[str, Any]], references: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Judge every cell of the matrix from the workers' raw records. `references`: reference cell id -> record.
+    Returns cell id -> a JSON-able record with `verdict` (one of VERDICTS), the figures and why."""
+    out: dict[str, dict[str, Any]] = {}
+    for cell in all_cells():  # fp32 before bf16-mixed: yardsticks are judged before the cells that use them
+        if cell.id not in raw:
+            out[cell.id] = {"verdict": "not run"}
+            continue
+        ref = references.get(cell.reference().id)
+        if not ref or ref.get("status") != "ok":
+            out[cell.id] = {"verdict": "error", "message": f"reference {cell.reference().id} did not run: "
+                            f"{(ref or {}).get('message', 'missing')}"}
+            continue
+        r = compare(raw[cell.id], ref)
+        rec: dict[str, Any] = {"status": r["status"]}
+        if r["status"] == "refused":
+            rec.update(verdict="refused", rule=r.get("rule") or "config", message=r.get("message", ""))
+        elif r["status"] != "ok":
+            rec.update(verdict="timeout" if r["status"] == "timeout" else "error", message=r.get("message", ""))
+        else:
+            rec.update({k: r[k] for k in ("grad_error", "worst", "loss_error", "weight_error", "rules", "losses")})
+            if cell.precision == "fp32":
+                rec["criterion"] = f"gradient and loss error <= {FP32_TOLERANCE:.0e}"
+                ok = rec["grad_error"] <= FP32_TOLERANCE and rec["loss_error"] <= FP32_TOLERANCE
+            else:
+                stick = raw.get(yardstick(cell).id, {})
+                if stick.get("status") != "ok":
+                    rec.update(verdict="error", message=f"yardstick {yardstick(cell).id} did not run")
+                    out[cell.id] = rec
+                    continue
+                limit = BF16_FACTOR * compare(stick, ref)["grad_error"]
+                same = compare(raw[cell.id], stick)
+                rec.update(same_precision_error=same["grad_error"], same_precision_loss_error=same["loss_error"],
+                           limit=limit, criterion=f"gradient error <= {BF16_FACTOR:g} x {yardstick(cell).id}'s")
+                ok = rec["grad_error"] <= limit
+            rec["verdict"] = "pass" if ok else "fail"
+        out[cell.id] = rec
+    return out
+
+
+def failed_fp32(records: dict[str, dict[str, Any]]) -> list[str]:
+    return [cid for cid, r in records.items() if Cell(*cid.split("/")).precision == "fp32"
+            and r["verdict"] in ("fail", "error", "timeout")]
+
+
+# --- rendering --------------------------------------------------------------------------------------------------
+
+
+def fmt_error(x: float) -> str:
+    if x == 0:
+        return "0"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.1e}"
+
+
+def rule_keys(records: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Rule id -> short key (a, b, ...) for every rule the plan applied in some cell."""
+    rules = sorted({rule for r in records.values() for rule in r.get("rules", [])})
+    return {rule: chr(ord("a") + i) for i, rule in enumerate(rules)}
+
+
+def render_markdown(records: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
+    """docs/compatibility-matrix.md from evaluate()'s records and the run's meta (versions, date, times)."""
+    keys = rule_keys(records)
+    notes: list[str] = []  # E1, E2 ...: errors and timeouts, in full below the tables
+    cells = all_cells()
+
+    def entry(cell: Cell, figure: str = "grad_error") -> str:
+        r = records.get(cell.id, {"verdict": "not run"})
+        v = r["verdict"]
+        if v == "not run":
+            return "not run"
+        if v == "refused":
+            return f"refused: `{r['rule']}`"
+        if v in ("error", "timeout"):
+            if figure != "grad_error":
+                return v
+            notes.append(f"{cell.id}: {r.get('message', '')}")
+            kind = re.match(r"([A-Za-z_][\w.]*): ", r.get("message", ""))  # "RuntimeError: ..." -> RuntimeError
+            short = kind.group(1)[-40:] if kind and v == "error" else ""
+            return f"{v}: {short} (E{len(notes)})" if short else f"{v} (E{len(notes)})"
+        text = fmt_error(r[figure])
+        if figure == "grad_error":
+            if v == "fail":
+                text = f"**FAIL {text}**"
+            if cell.precision != "fp32" and cell == yardstick(cell):
+                text += " (yardstick)"
+            if r.get("rules"):
+                text += f" [{','.join(keys[k] for k in r['rules'])}]"
+        return text
+
+    def table(precision: str, figure: str = "grad_error") -> list[str]:
+        lines = ["| adapter | checkpointing | " + " | ".join(ENGINES) + " |",
+                 "|---|---|" + "---|" * len(ENGINES)]
+        for adapter, ckpt in itertools.product(ADAPTERS, CHECKPOINTING):
+            row = [entry(Cell(adapter, ckpt, precision, e), figure) for e in ENGINES]
+            lines.append(f"| {adapter} | {ckpt} | " + " | ".join(row) + " |")
+        return lines
+
+    counts = {v: sum(records.get(c.id, {"verdict": "not run"})["verdict"] == v for c in cells) for v in VERDICTS}
+    by_precision = {p: {v: sum(records.get(c.id, {"verdict": "not run"})["verdict"] == v for c in cells
+                               if c.precision == p) for v in VERDICTS} for p in PRECISIONS}
+    refused: dict[str, list[str]] = {}
+    for c in cells:
+        r = records.get(c.id, {})
+        if r.get("verdict") == "refused":
+            refused.setdefault(r["rule"], []).append(c.id)
+
+    def count_line(d: dict[str, int]) -> str:
+        return ", ".join(f"{n} {v}" for v, n in d.items() if n or v in ("pass", "fail", "refused"))
+
+    bf16_sticks = ", ".join(
+        f"{a} {fmt_error(records[yardstick(Cell(a, 'off', 'bf16-mixed', 'single')).id]['grad_error'])}"
+        for a in ADAPTERS if records.get(Cell(a, "off", "bf16-mixed", "single").id, {}).get("verdict") == "pass")
+    m = meta
+    out = [
+        "# Compatibility matrix: adapter x checkpointing x engine x precision",
+        "",
+        f"Generated by `{COMMAND}` from a run of every cell; never edit by hand (run the script again).",
+        "",
+        f"- **Run:** {m.get('date', '?')}, {fmt_time(m.get('wall_s', 0))} wall time"
+        + (f" ({', '.join(f'{g} {fmt_time(s)}' for g, s in m.get('group_s', {}).items())})"
+           if m.get("group_s") else "") + ".",
+        f"- **Stack:** torch {m.get('torch')}, transformers {m.get('transformers')}, peft {m.get('peft')}, "
+        f"deepspeed {m.get('deepspeed')}, Python {m.get('python')}; CPU only ({m.get('cpu')}); "
+        f"{RANKS} processes per distributed engine under torchrun, gloo backend, OMP_NUM_THREADS=1, "
+        "DS_ACCELERATOR=cpu.",
+        f"- **Model and data:** `{m.get('model')}`, `{m.get('data')}`.",
+        "",
+        "## What is measured",
+        "",
+        "Each cell trains as `loraflow train` does (config -> plan -> model -> trainer -> engine, "
+        "`src/loraflow/engines/crosscheck.py`) for "
+        f"{STEPS} optimizer steps on a global batch of {GLOBAL_BATCH} samples (split over the ranks), "
+        "AdamW lr 1e-3, LoRA/DoRA rank 4 (full: every linear layer trainable), ZeRO-3 partitioning every weight.",
+        "",
+        "- **Figure in the tables:** the gradient after the first optimizer step (gathered and rank-averaged), "
+        "as max over trainable tensors of ||g - g_ref|| / ||g_ref||. The reference is one process in fp32 "
+        "without checkpointing (engine `single`) on the same global batch. Also compared: the losses of the "
+        f"{STEPS} steps (relative error; in `--json` with the final weights).",
+        f"- **fp32 cells pass** when the gradient error and every step's loss error are <= {FP32_TOLERANCE:.0e}.",
+        "- **bf16-mixed cells** differ from the fp32 reference by bf16 rounding whatever the engine, so they are "
+        f"judged against what bf16-mixed costs in one process: a cell passes when its gradient error is at most "
+        f"{BF16_FACTOR:g}x that of the single-process bf16-mixed cell of the same adapter without checkpointing "
+        f"(the *yardstick*{': ' + bf16_sticks if bf16_sticks else ''}). "
+        "An engine that adds no more than rounding of the same order passes; a lost, doubled or unaveraged "
+        "gradient (error of order 1) or a missing tensor (inf) does not. The last table shows the same cells "
+        "against the yardstick itself (a same-precision reference), for information.",
+        "- **refused:** the plan refuses the combination before step 1; the rule that refuses it is named "
+        "(`loraflow explain <rule>`, docs/compatibility.md). **error / timeout:** the cell crashed or hung "
+        "(details below the tables).",
+        "",
+        "## Summary",
+        "",
+        f"- **All {len(cells)} cells:** {count_line(counts)}.",
+    ]
+    for p in PRECISIONS:
+        out.append(f"- **{p}** ({sum(by_precision[p].values())} cells): {count_line(by_precision[p])}.")
+    if refused:
+        out.append("- **Refused, by rule:** " + "; ".join(
+            f"`{rule}` {len(ids)} ({', '.join(ids)})" for rule, ids in sorted(refused.items())) + ".")
+    else:
+        out.append("- **Refused:** none.")
+    fails = [c.id for c in cells if records.get(c.id, {}).get("verdict") == "fail"]
+    out.append(f"- **Failing their criterion:** {', '.join(fails) if fails else 'none'}.")
+    out += ["", "Marks: [a], [b] ... = rules whose remedy the plan applied in that cell (legend below the tables); "
+            "**FAIL** = outside the criterion; (E*n*) = error or timeout, in full below."]
+    for title, precision, figure in (
+            ("fp32: gradient error against the fp32 reference", "fp32", "grad_error"),
+            ("bf16-mixed: gradient error against the fp32 reference", "bf16-mixed", "grad_error"),
+            ("bf16-mixed: gradient error against the single-process bf16-mixed cell (information)", "bf16-mixed",
+             "same_precision_error")):
+        out += ["", f"## {title}", "", *table(precision, figure)]
+    out += ["", "## Rules the plan applied", ""]
+    out += [f"- [{k}] `{rule}`" for rule, k in keys.items()] or ["None."]
+    out += ["", "## Errors and timeouts", ""]
+    out += [f"- E{i}: {note}" for i, note in enumerate(notes, 1)] or ["None."]
+    return "\n".join(out) + "\n"
+
+
+# --- meta and main ----------------------------------------------------------------------------------------------
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("torch", "transformers", "peft", "deepspeed"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    out["python"] = platform.python_version()
+    return out
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def display_path(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=str(ASSETS / "tiny-base"))
+    p.add_argument("--data", default=str(ASSETS / "reverse" / "train.jsonl"))
+    p.add_argument("--only-engines", default=",".join(ENGINES),
+                   help="comma-separated engines to run (single always runs: it holds the bf16 yardsticks)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="markdown to write")
+    p.add_argument("--json", default=None, help="also write the raw figures here")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per launch")
+    args = p.parse_args(argv)
+    engines = [e.strip() for e in args.only_engines.split(",") if e.strip()]
+    unknown = set(engines) - set(ENGINES)
+    if unknown:
+        p.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(ENGINES)}")
+
+    started = time.monotonic()
+    raw: dict[str, dict[str, Any]] = {}
+    references: dict[str, dict[str, Any]] = {}
+    group_s: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="compat-matrix-") as tmp:
+        for name, cells in groups(engines).items():
+            t0 = time.monotonic()
+            got = run_group(name, cells, args.model, args.data, Path(tmp), args.timeout, started=started)
+            group_s[name] = time.monotonic() - t0
+            (references if name == "reference" else raw).update(got)
+    records = evaluate(raw, references)
+    meta = {**versions(), "cpu": cpu_name(), "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M UTC"), "wall_s": time.monotonic() - started, "group_s": group_s,
+            "model": display_path(args.model), "data": display_path(args.data), "engines": engines}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(render_markdown(records, meta))
+    log(f"wrote {args.out} in {fmt_time(meta['wall_s'])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "cells": records}, indent=1))
+        log(f"wrote {args.json}")
+    counts = {v: sum(r["verdict"] == v for r in records.values()) for v in VERDICTS}
+    log("cells: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n))
+    bad = failed_fp32(records)
+    for cid in bad:
+        log(f"fp32 cell {cid}: {records[cid]['verdict']} {records[cid].get('message', '')[:300]}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
