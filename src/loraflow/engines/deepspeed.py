@@ -85,7 +85,11 @@ class DeepSpeedEngine(Engine):
     def full_grads(self) -> dict[str, torch.Tensor | None]:
         from deepspeed.utils import safe_get_full_grad
 
-        return {clean_name(n): safe_get_full_grad(p) for n, p in self.trainable}
+        out = {}
+        for n, p in self.trainable:
+            g = safe_get_full_grad(p)  # under ZeRO-0 this is p.grad itself, which the step clips in place: copy
+            out[clean_name(n)] = None if g is None else g.detach().clone()
+        return out
 
     def local_tensor(self, p: torch.Tensor) -> torch.Tensor:
         ds_tensor = getattr(p, "ds_tensor", None)
