@@ -136,5 +136,29 @@ def test_check_plans_a_config_for_a_given_process_count(capsys):
                  "checkpointing.enabled=true", "precision.mode=bf16-mixed"])
     out = capsys.readouterr().out
     assert code == 0 and "cpu, 2 processes" in out
-    assert "inside each sharded unit (torch checkpoint_wrapper, applied before fully_shard) [fsdp2-recompute-cast]" \
-        in out and "through torch's checkpoint_wrapper inside each FSDP2 unit" in out
+    assert "inside each sharded unit (torch checkpoint around the layer's forward, under FSDP2's hooks) " \
+        "[fsdp2-recompute-cast]" in out and "inside its FSDP2 unit" in out
+
+
+def test_auto_engine_follows_deepspeed_keys_and_ddp_keys_need_ddp():
+    assert plan_for("parallel.zero_stage=3").setup.engine == "deepspeed"
+    assert plan_for("parallel.offload_optimizer=true", "parallel.zero_stage=2").setup.zero3 is False
+    with pytest.raises(ConfigError, match="find_unused_parameters is a DDP setting"):
+        load_config(None, ["parallel.engine=fsdp2", "parallel.find_unused_parameters=true"])
+
+
+def test_pure_bf16_is_refused_under_zero_which_keeps_fp32_masters():
+    with pytest.raises(ConfigError, match="precision.mode=bf16 .* ZeRO-2 always keeps fp32 master weights"):
+        plan_for("parallel.engine=deepspeed", "parallel.zero_stage=2", "precision.mode=bf16")
+    assert plan_for("parallel.engine=deepspeed", "parallel.zero_stage=0", "precision.mode=bf16").setup.engine \
+        == "deepspeed"
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"managed_gradient_accumulation": False}, "managed_gradient_accumulation=false"),
+    ({"torch_autocast": {"enabled": True}}, "sets `torch_autocast`"),
+])
+def test_deepspeed_json_keys_that_would_change_the_step_are_refused(tmp_path, data, message):
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError, match=message):
+        plan_for("parallel.engine=deepspeed", f"parallel.deepspeed_config={path}")

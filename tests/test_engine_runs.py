@@ -16,7 +16,9 @@ from loraflow.metrics import read_metrics
 from loraflow.setup.model import ASSETS
 
 ZERO3_JSON = Path(__file__).resolve().parent.parent / "examples" / "deepspeed" / "zero3-shard-small-models.json"
-COMMON = ["train.max_steps=4", "train.learning_rate=1e-3", "train.warmup_steps=0", "train.schedule=constant",
+# Warmup over 3 steps: the lr of step 3 depends on the restored schedule state (and not on max_steps), so a resume
+# that lost it would log different losses.
+COMMON = ["train.max_steps=4", "train.learning_rate=1e-3", "train.warmup_steps=3", "train.schedule=constant",
           "output.log_every_steps=1", "output.progress_bar=false", "output.tensorboard=false", "eval.max_samples=8",
           "eval.max_new_tokens=8", "adapter.rank=4", "data.max_length=48"]
 ENGINES = {
@@ -98,3 +100,31 @@ def test_stopped_resumed_engine_run_equals_one_uninterrupted_process(engine, ref
         code = run_isolated([torchrun_argv(1, [])[0], "-m", "loraflow", "train", "sft", "--resume", str(run),
                              "train.max_steps=6"], log, 300, launch_env(), cwd=str(tmp_path))
         assert code == 2 and "written by 2 processes; resume it with the same number" in log.read_text()
+
+
+@pytest.mark.parametrize("engine", ["zero3", "fsdp2"])
+def test_a_distributed_engine_runs_in_one_process_without_a_launcher(engine, reference, tmp_path):
+    """One process, no torchrun: a one-rank group of its own (DeepSpeed's offload on one GPU is the use)."""
+    run = tmp_path / "run"
+    args = [*COMMON, *ENGINES[engine], f"train.micro_batch_size={GLOBAL_BATCH}", f"output.dir={run}"]
+    train(tmp_path, 1, *args)
+    assert losses(run) == pytest.approx(losses(reference), rel=1e-5)
+
+
+def test_full_fine_tuning_under_zero3_saves_the_whole_model(reference, tmp_path_factory):
+    """Gathered one parameter at a time; the saved model equals one process's and loads with transformers."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    runs = {}
+    for name, ranks, extra in (("single", 1, []), ("zero3", 2, ENGINES["zero3"])):
+        tmp = tmp_path_factory.mktemp(f"full-{name}")
+        runs[name] = tmp / "run"
+        train(tmp, ranks, *COMMON, "adapter.method=full", "train.max_steps=2", "eval.generate=false", *extra,
+              f"train.micro_batch_size={GLOBAL_BATCH // ranks}", f"output.dir={runs[name]}")
+    got, want = (load_file(runs[n] / "model" / "model.safetensors") for n in ("zero3", "single"))
+    assert got.keys() == want.keys() and len(want) > 10
+    for key, ref in want.items():
+        err = float((got[key] - ref).norm() / ref.norm().clamp_min(1e-12))
+        assert err < 1e-3, (key, err)
+    AutoModelForCausalLM.from_pretrained(runs["zero3"] / "model")

@@ -171,9 +171,12 @@ def _precision(config: Config) -> tuple[list[str], torch.dtype, torch.dtype, tor
 
 def resolve_engine(config: Config, env: Environment) -> tuple[str, int, bool]:
     """(engine, ZeRO stage, offload) from parallel.* and the launch; a ConfigError for a contradiction."""
-    engine = config.parallel.engine
+    p = config.parallel
+    engine = p.engine
     if engine == "auto":
-        engine = "ddp" if env.world_size > 1 else "single"
+        deepspeed_asked = p.zero_stage is not None or p.deepspeed_config or "true" in (p.offload_optimizer,
+                                                                                       p.offload_params)
+        engine = "deepspeed" if deepspeed_asked else ("ddp" if env.world_size > 1 else "single")
     if engine == "single" and env.world_size > 1:
         raise ConfigError([f"parallel.engine=single, but {env.world_size} processes were launched (WORLD_SIZE="
                            f"{env.world_size}); set parallel.engine to ddp, deepspeed or fsdp2, or launch one "
@@ -183,6 +186,11 @@ def resolve_engine(config: Config, env: Environment) -> tuple[str, int, bool]:
     from loraflow.engines.deepspeed_config import deepspeed_settings
 
     ds = deepspeed_settings(config.parallel)
+    if config.precision.mode == "bf16" and ds.stage >= 1:
+        raise ConfigError([f"precision.mode=bf16 keeps weights, gradients and optimizer state in bfloat16, but "
+                           f"DeepSpeed ZeRO-{ds.stage} always keeps fp32 master weights and gradients for loraflow's "
+                           "optimizer, so it would train differently from one process. Use precision.mode="
+                           "bf16-mixed, or parallel.zero_stage=0, or parallel.engine=fsdp2."])
     return engine, ds.stage, ds.offload_optimizer or ds.offload_params
 
 

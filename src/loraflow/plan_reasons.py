@@ -39,7 +39,7 @@ def _checkpointing(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     n, total = len(plan.checkpoint_layers), plan.model.num_layers
     where = "every layer" if n == total else \
         f"layers {', '.join(map(str, plan.checkpoint_layers))} of {total} (every {c.every_n_layers})"
-    how = "torch's checkpoint_wrapper inside each FSDP2 unit" if plan.checkpoint_in_engine else \
+    how = "torch's checkpoint around each layer's forward, inside its FSDP2 unit" if plan.checkpoint_in_engine else \
         "transformers' own layer checkpointing"
     out = [Decision("checkpointing", where, "checkpointing.enabled=true with checkpointing.every_n_layers="
                     f"{c.every_n_layers}, through {how}")]
@@ -131,7 +131,7 @@ def _fsdp2(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     if plan.checkpoint_layers:
         rule = changed_by.get("checkpoint_outside_shard")
         where = "outside each sharded unit (transformers' layer checkpointing)" if s.checkpoint_outside_shard \
-            else "inside each sharded unit (torch checkpoint_wrapper, applied before fully_shard)"
+            else "inside each sharded unit (torch checkpoint around the layer's forward, under FSDP2's hooks)"
         out.append(Decision("checkpoint placement", where, "recompute outside the unit skips FSDP2's mixed-precision "
                             "cast on this torch" if rule else "this torch recomputes correctly either way; "
                             "transformers' own mechanism is the default", rule))

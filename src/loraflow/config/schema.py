@@ -88,7 +88,8 @@ class PrecisionConfig:
 class ParallelConfig:
     engine: EngineName = "auto"
     """`single` (one process), `ddp` (replicated weights), `deepspeed` (ZeRO, stage below) or `fsdp2` (PyTorch
-    `fully_shard`). `auto` is `single` in one process and `ddp` under torchrun or the deepspeed launcher. Launch
+    `fully_shard`). `auto` is `deepspeed` when a DeepSpeed key below is set, else `single` in one process and `ddp`
+    under torchrun or the deepspeed launcher. Launch
     several processes with `torchrun --nproc_per_node N -m loraflow train ...` (docs/distributed.md)."""
 
     zero_stage: int | None = None
@@ -281,6 +282,9 @@ class Config:
         p = self.parallel
         if p.zero_stage is not None and p.zero_stage not in (0, 1, 2, 3):
             out.append(f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3.")
+        if p.engine not in ("auto", "ddp") and p.find_unused_parameters != "auto":
+            out.append(f"parallel.find_unused_parameters is a DDP setting but parallel.engine={p.engine}; remove it "
+                       "or set parallel.engine=ddp.")
         if p.engine not in ("auto", "deepspeed"):
             asked = [k for k in ("zero_stage", "deepspeed_config") if getattr(p, k) is not None]
             asked += [k for k in ("offload_optimizer", "offload_params") if getattr(p, k) == "true"]

@@ -39,19 +39,24 @@ class Cell:
     adapter: str = "lora"  # lora | dora | full
     checkpointing: str = "off"  # off | reentrant | non-reentrant
     precision: str = "fp32"  # fp32 | bf16-mixed
-    engine: str = "ddp"  # single | ddp | zero2 | zero3 | zero3-offload | fsdp2
+    engine: str = "ddp"  # single | ddp | zero0..zero3 | zero3-offload | fsdp2
+    accumulation: int = 1  # micro-batches per optimizer step (the global batch per step stays GLOBAL_BATCH)
 
     @property
     def id(self) -> str:
-        return f"{self.adapter}/{self.checkpointing}/{self.precision}/{self.engine}"
+        gas = f"/gas{self.accumulation}" if self.accumulation > 1 else ""
+        return f"{self.adapter}/{self.checkpointing}/{self.precision}/{self.engine}{gas}"
 
     def reference(self) -> "Cell":
-        return Cell(self.adapter, "off", "fp32", "single")
+        """One fp32 process without checkpointing, with the same global micro-batches (and so the same data
+        order: an epoch's last global micro-batch may be short)."""
+        return Cell(self.adapter, "off", "fp32", "single", self.accumulation)
 
     def overrides(self, world_size: int, workdir: Path) -> list[str]:
         out = [f"adapter.method={self.adapter}", f"precision.mode={self.precision}",
                f"checkpointing.enabled={'false' if self.checkpointing == 'off' else 'true'}",
-               f"train.micro_batch_size={GLOBAL_BATCH // world_size}", f"train.max_steps={STEPS}",
+               f"train.micro_batch_size={max(1, GLOBAL_BATCH // (world_size * self.accumulation))}",
+               f"train.gradient_accumulation_steps={self.accumulation}", f"train.max_steps={STEPS}",
                "train.learning_rate=1e-3", "train.warmup_steps=0", "train.schedule=constant", "train.seed=3",
                "adapter.rank=4", "adapter.alpha=8", "adapter.dropout=0", "data.eval=", "output.progress_bar=false",
                "output.tensorboard=false", f"output.dir={workdir / self.id.replace('/', '_')}"]
@@ -114,12 +119,25 @@ def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Pa
     final = trainer.engine.trainable_state()
     if trainer.engine.rank != 0:
         return {}
+    saved = _saved_tensors(trainer.model, final, Path(config.output.dir) / "adapter") if cell.adapter != "full" else 0
     return {"status": "ok", "losses": losses, "grads": {k: v.float().cpu() for k, v in grads.items() if v is not None},
             "missing": [k for k, v in grads.items() if v is None],
             "final": {k: v.float() for k, v in final.items()},
-            "wrapped_layers": sum("_checkpoint_wrapped_module" in n for n, _ in trainer.engine.module.named_modules()),
+            "saved_tensors": saved,
+            "engine_checkpointed_layers": sum(bool(getattr(m, "_loraflow_checkpointed", False))
+                                              for m in trainer.engine.module.modules()),
             "decisions": [
                 (d.key, str(d.value), d.rule) for d in plan.decisions if d.rule]}
+
+
+def _saved_tensors(model, state: dict[str, torch.Tensor], directory: Path) -> int:
+    """Save the adapter as the trainer does and count the tensors PEFT wrote (0 would be an empty adapter)."""
+    from safetensors.torch import load_file
+
+    from loraflow.checkpoint import save_weights
+
+    save_weights(model, directory, state)
+    return len(load_file(directory / "adapter_model.safetensors"))
 
 
 def _randomize_lora_b(model: torch.nn.Module, seed: int = 5) -> None:

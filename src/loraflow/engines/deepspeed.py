@@ -75,9 +75,13 @@ class DeepSpeedEngine(Engine):
             self.model.step()  # only advances DeepSpeed's micro-step count; it updates at the boundary
 
     def step(self) -> float:
+        own = None
+        if self.settings.stage == 0:  # DeepSpeed reports no norm for a client optimizer without ZeRO: measure it
+            grads = [p.grad.detach().float().norm() for _, p in self.trainable if p.grad is not None]
+            own = float(torch.stack(grads).norm()) if grads else 0.0
         self.model.step()  # clips (gradient_clipping), steps optimizer and schedule, clears gradients
-        norm = self.model.get_global_grad_norm()
-        return float(norm) if norm is not None else float("nan")
+        norm = self.model.get_global_grad_norm() if own is None else own
+        return float(norm) if norm is not None else 0.0
 
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
@@ -111,8 +115,26 @@ class DeepSpeedEngine(Engine):
             return super().trainable_state()
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        with self._gathered(list(self.module.parameters())):
+        """Full fine-tuning's whole model on rank 0, gathered one parameter at a time (never the whole model at
+        once on every rank, which is what ZeRO-3 exists to avoid)."""
+        if not self.zero3:
             return super().full_state()
+        params = dict(self.module.named_parameters(remove_duplicate=False))
+        copies: dict[int, torch.Tensor] = {}  # tied weights are gathered once
+        out = {}
+        for key, value in self.module.state_dict(keep_vars=True).items():
+            p = params.get(key)
+            if p is None:
+                tensor = value.detach().to("cpu", copy=True) if self.rank == 0 else None  # a buffer: whole already
+            elif id(p) in copies:
+                tensor = copies[id(p)]
+            else:
+                with self._gathered([p]):
+                    tensor = p.detach().to("cpu", copy=True) if self.rank == 0 else None
+                copies[id(p)] = tensor
+            if self.rank == 0:
+                out[clean_name(key)] = tensor
+        return out
 
     @contextlib.contextmanager
     def gathered_for_generation(self) -> Iterator[torch.nn.Module]:

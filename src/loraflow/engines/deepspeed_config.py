@@ -21,6 +21,7 @@ OWNED_SECTIONS = {
     "fp16": "precision.mode",
     "bf16": "precision.mode",
     "amp": "precision.mode",
+    "torch_autocast": "precision.mode",
 }
 
 
@@ -67,7 +68,8 @@ def deepspeed_settings(parallel) -> DeepSpeedSettings:
     problems = []
     for section, owner in OWNED_SECTIONS.items():
         value = user.get(section)
-        if value is not None and not (section in ("fp16", "bf16", "amp") and _disabled(value)):
+        switchable = section not in ("optimizer", "scheduler")  # a precision section that is off is harmless
+        if value is not None and not (switchable and _disabled(value)):
             problems.append(f"parallel.deepspeed_config sets `{section}`, which loraflow decides from {owner}; "
                             f"remove `{section}` from the JSON and set those keys instead.")
     json_stage = zero.get("stage")
@@ -89,6 +91,10 @@ def deepspeed_settings(parallel) -> DeepSpeedSettings:
     if offload["offload_optimizer"] and stage == 0:
         problems.append("parallel.offload_optimizer needs ZeRO stage 1 or more (it moves the partitioned "
                         "optimizer state). Set parallel.zero_stage.")
+    if user.get("managed_gradient_accumulation") is False:
+        problems.append("parallel.deepspeed_config sets managed_gradient_accumulation=false, which makes every "
+                        "micro-batch an optimizer step; loraflow accumulates train.gradient_accumulation_steps "
+                        "micro-batches itself. Remove the key.")
     if problems:
         raise ConfigError(problems)
     source = "parallel.deepspeed_config" if user else "parallel.*"
@@ -113,7 +119,7 @@ def build_config(config, settings: DeepSpeedSettings, world_size: int) -> dict[s
     t = config.train
     ds = json.loads(json.dumps(settings.user))  # a deep copy
     problems: list[str] = []
-    for section in ("fp16", "bf16", "amp"):
+    for section in ("fp16", "bf16", "amp", "torch_autocast"):
         ds.pop(section, None)  # only disabled or auto ones reach here; precision is the plan's
     _fill(ds, "train_micro_batch_size_per_gpu", t.micro_batch_size, "train.micro_batch_size", problems)
     _fill(ds, "gradient_accumulation_steps", t.gradient_accumulation_steps, "train.gradient_accumulation_steps",

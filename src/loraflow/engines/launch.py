@@ -85,6 +85,9 @@ def init_distributed(backend: str = "auto", timeout_minutes: float = 30) -> Dist
         torch.cuda.set_device(env.local_rank)
     timeout = datetime.timedelta(minutes=timeout_minutes)
     if "MASTER_ADDR" not in os.environ:  # one process, no launcher: a private one-rank group
+        # ... and the variables a launcher would set, which DeepSpeed asserts on (LOCAL_RANK) even for one rank.
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
+            os.environ.setdefault(key, value)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
                                 timeout=timeout)
     else:
