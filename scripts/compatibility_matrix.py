@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from loraflow.engines.crosscheck import GLOBAL_BATCH, STEPS, Cell, compare
-from loraflow.engines.launch import launch_env, run_isolated, torchrun_argv
+from loraflow.engines.crosscheck import GLOBAL_BATCH, STEPS, Cell, compare, worker_argv
+from loraflow.engines.launch import launch_env, run_isolated
 from loraflow.setup.model import ASSETS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,15 +103,10 @@ def run_group(name: str, cells: list[Cell], model: str, data: str, workdir: Path
     while todo:
         launches += 1
         tag = f"{name}.{launches}"
-        spec, out, logfile = workdir / f"{tag}.cells.json", workdir / f"{tag}.pt", workdir / f"{tag}.log"
-        spec.write_text(json.dumps([vars(c) for c in todo]))
-        tail = ["-m", "loraflow.engines.crosscheck", "--model", model, "--data", data, "--cells", str(spec),
-                "--out", str(out)]
-        if name in ("reference", "single"):
-            argv, how = [sys.executable, *tail, *(["--reference"] if name == "reference" else [])], "one process"
-        else:
-            argv = torchrun_argv(RANKS, tail)
-            how = f"torchrun, {RANKS} ranks, port {argv[argv.index('--master_port') + 1]}"
+        logfile = workdir / f"{tag}.log"
+        one = name in ("reference", "single")
+        argv, out = worker_argv(todo, model, data, workdir, tag, 1 if one else RANKS, reference=name == "reference")
+        how = "one process" if one else f"torchrun, {RANKS} ranks, port {argv[argv.index('--master_port') + 1]}"
         code = _wait(tag, how, argv, logfile, timeout, [c.id for c in todo], started)
         got = torch.load(out, weights_only=False)["results"] if out.exists() else {}
         results.update(got)

@@ -6,6 +6,7 @@ loads with peft.PeftModel.from_pretrained; the evaluation (loss and generated ex
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ GLOBAL_BATCH = 8
 
 def train(tmp: Path, ranks: int, *args: str, timeout: float = 300) -> str:
     tail = ["-m", "loraflow", "train", "sft", *args]
-    argv = torchrun_argv(ranks, tail) if ranks > 1 else [torchrun_argv(1, [])[0], *tail]
+    argv = torchrun_argv(ranks, tail) if ranks > 1 else [sys.executable, *tail]
     log = tmp / f"train-{len(list(tmp.glob('train-*.log')))}.log"
     code = run_isolated(argv, log, timeout, launch_env(), cwd=str(tmp))
     text = log.read_text()
@@ -97,7 +98,7 @@ def test_stopped_resumed_engine_run_equals_one_uninterrupted_process(engine, ref
 
     if engine == "ddp":  # a checkpoint of 2 processes is not resumed by another number of them
         log = tmp_path / "wrong-world.log"
-        code = run_isolated([torchrun_argv(1, [])[0], "-m", "loraflow", "train", "sft", "--resume", str(run),
+        code = run_isolated([sys.executable, "-m", "loraflow", "train", "sft", "--resume", str(run),
                              "train.max_steps=6"], log, 300, launch_env(), cwd=str(tmp_path))
         assert code == 2 and "written by 2 processes; resume it with the same number" in log.read_text()
 

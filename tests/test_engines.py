@@ -5,14 +5,13 @@ the same code path as `loraflow train` (engines/crosscheck.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from loraflow.engines.crosscheck import Cell, compare
-from loraflow.engines.launch import launch_env, run_isolated, torchrun_argv
+from loraflow.engines.crosscheck import Cell, compare, worker_argv
+from loraflow.engines.launch import launch_env, run_isolated
 from loraflow.setup.model import ASSETS
 
 MODEL = str(ASSETS / "tiny-base")
@@ -32,12 +31,7 @@ ENGINES = {  # engine -> adapters the issue asks for on it
 def run_worker(tmp: Path, cells: list[Cell], ranks: int, timeout: float, extra: tuple[str, ...] = (),
                data: str = DATA) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
-    spec = tmp / "cells.json"
-    spec.write_text(json.dumps([vars(c) for c in cells]))
-    out = tmp / "result.pt"
-    tail = ["-m", "loraflow.engines.crosscheck", "--model", MODEL, "--data", data, "--cells", str(spec),
-            "--out", str(out), *extra]
-    argv = torchrun_argv(ranks, tail) if ranks > 1 else [torchrun_argv(1, [])[0], *tail, "--reference"]
+    argv, out = worker_argv(cells, MODEL, data, tmp, "worker", ranks, reference=ranks == 1, extra=extra)
     log = tmp / "worker.log"
     code = run_isolated(argv, log, timeout, launch_env())
     assert code == 0, f"worker exited with {code}:\n{log.read_text()[-4000:]}"

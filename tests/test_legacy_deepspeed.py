@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from loraflow.engines.crosscheck import Cell, compare
-from loraflow.engines.launch import launch_env, run_isolated, torchrun_argv
+from loraflow.engines.crosscheck import Cell, compare, worker_argv
+from loraflow.engines.launch import launch_env, run_isolated
 from loraflow.setup.model import ASSETS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,17 +47,16 @@ def test_naive_zero3_non_reentrant_frozen_reproduces_the_checkpoint_error(legacy
 
 def test_loraflow_plan_trains_correctly_on_deepspeed_0_15_3(legacy_python, tmp_path):
     cells = [Cell("lora", "non-reentrant", "fp32", "zero3"), Cell("dora", "non-reentrant", "fp32", "zero3")]
-    spec = tmp_path / "cells.json"
-    spec.write_text(json.dumps([vars(c) for c in cells]))
-    common = ["-m", "loraflow.engines.crosscheck", "--model", str(ASSETS / "tiny-base"), "--data",
-              str(ASSETS / "reverse" / "train.jsonl"), "--cells", str(spec)]
-    for argv, out in (([legacy_python, *common, "--reference"], "ref.pt"),
-                      (torchrun_argv(2, common, legacy_python), "run.pt")):
-        log = tmp_path / f"{out}.log"
-        code = run_isolated([*argv, "--out", str(tmp_path / out)], log, 600, launch_env())
+    model, data = str(ASSETS / "tiny-base"), str(ASSETS / "reverse" / "train.jsonl")
+    outs = {}
+    for tag, ranks in (("ref", 1), ("run", 2)):
+        argv, outs[tag] = worker_argv(cells, model, data, tmp_path, tag, ranks, reference=ranks == 1,
+                                      python=legacy_python)
+        log = tmp_path / f"{tag}.log"
+        code = run_isolated(argv, log, 600, launch_env())
         assert code == 0, log.read_text()[-4000:]
-    ref = torch.load(tmp_path / "ref.pt", weights_only=False)["results"]
-    run = torch.load(tmp_path / "run.pt", weights_only=False)["results"]
+    ref = torch.load(outs["ref"], weights_only=False)["results"]
+    run = torch.load(outs["run"], weights_only=False)["results"]
     for cell in cells:
         r = compare(run[cell.id], ref[cell.reference().id])
         assert r["status"] == "ok", r

@@ -9,12 +9,12 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 
 
 def clean_name(name: str) -> str:
     """A parameter's name without wrapper prefixes: the name the single-process model gives it."""
-    for part in WRAPPER_PREFIXES[:2]:
+    for part in WRAPPER_PREFIXES:
         name = name.replace(part, "")
     return name
 

@@ -178,6 +178,21 @@ def compare(result: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]
                                                                                       result["decisions"] if r})}
 
 
+def worker_argv(cells: list[Cell], model: str, data: str, workdir: Path, tag: str, ranks: int,
+                reference: bool = False, python: str | None = None, extra: tuple[str, ...] = ()) -> tuple[list[str], Path]:
+    """The command that runs `cells` in this worker (under torchrun for ranks > 1), and the file its results go
+    to: the one way the tests, the legacy job and the matrix script launch it."""
+    import sys
+
+    from loraflow.engines.launch import torchrun_argv
+
+    spec, out = workdir / f"{tag}.cells.json", workdir / f"{tag}.pt"
+    spec.write_text(json.dumps([asdict(c) for c in cells]))
+    tail = ["-m", "loraflow.engines.crosscheck", "--model", model, "--data", data, "--cells", str(spec),
+            "--out", str(out), *(["--reference"] if reference else []), *extra]
+    return (torchrun_argv(ranks, tail, python) if ranks > 1 else [python or sys.executable, *tail]), out
+
+
 def save(cells: list[Cell], results: dict[str, Any], out: str) -> None:
     """Write the results so far (atomically: a reader never sees half a file)."""
     part = f"{out}.part"

@@ -9,6 +9,7 @@ import contextlib
 
 import torch
 
+from loraflow.engines.base import clean_name
 from loraflow.engines.deepspeed import (dora_gather_base_weight, import_deepspeed, lift_zero3_hooks,  # noqa: F401
                                        restore_zero3_hooks)
 from loraflow.probes.tiny import tiny_llama, with_adapters
@@ -16,16 +17,6 @@ from loraflow.rules.setup import Setup
 
 LR = 0.1
 """SGD learning rate of the DeepSpeed step (plain SGD keeps the single-process reference step exact)."""
-
-_WRAPPERS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
-
-
-def _clean(name: str) -> str:
-    """A parameter's name without the wrappers' prefixes: the single-process reference's name."""
-    for part in _WRAPPERS:
-        name = name.replace(part, "")
-    return name
-
 
 # --- DeepSpeed -----------------------------------------------------------------------------------------------
 
@@ -162,7 +153,7 @@ def full_grads(model) -> dict:
         g = p.grad
         if isinstance(g, DTensor):
             g = g.full_tensor()
-        out[_clean(name)] = None if g is None else g.detach().clone()
+        out[clean_name(name)] = None if g is None else g.detach().clone()
     return out
 
 
