@@ -75,8 +75,11 @@ def test_cli_surface_is_stable():
     assert options["check"] >= {"--framework", "--versions", "--json"}
     assert options["explain"] >= {"--json", "--list"}
     assert options["probe"] >= {"--only", "--json", "--list", "--logs"}
+    train = sub.choices["train"]
+    stage = next(a for a in train._actions if a.dest == "stage")
+    assert list(stage.choices) == ["sft", "rm", "dpo", "grpo", "ppo"]
     with pytest.raises(SystemExit):
-        parser.parse_args(["train", "dpo"])  # stages arrive with their issues, not before
+        parser.parse_args(["train", "kto"])  # an unknown stage is refused by argparse
 
 
 def test_check_reads_another_frameworks_command_line(capsys):

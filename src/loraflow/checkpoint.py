@@ -22,6 +22,19 @@ import torch
 from loraflow.errors import CheckpointError
 
 MARKER = "checkpoint.json"  # written last inside the temporary dir: its presence means complete
+EXTRA_WEIGHTS = "extra_weights.safetensors"
+"""Trained tensors outside the PEFT adapter (PPO's value head), kept beside it so the adapter stays loadable
+by peft.PeftModel.from_pretrained on the plain base model."""
+
+
+def extra_trainable(model, state: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """Tensors of `state` that PEFT's save leaves out: trainable parameters that are neither adapter weights nor
+    a modules_to_save copy. Empty for full fine-tuning (the whole model is saved)."""
+    from peft import PeftModel
+
+    if not isinstance(model, PeftModel) or not state:
+        return {}
+    return {k: v for k, v in state.items() if "lora_" not in k and ".modules_to_save." not in k}
 
 
 def _fsync_tree(path: Path) -> None:
@@ -55,6 +68,11 @@ def save_weights(model: torch.nn.Module, directory: Path, state: dict[str, torch
     full tensors gathered by the engine (a sharded module's own tensors are partitions or placeholders); PEFT
     keeps only the adapter's keys of it."""
     model.save_pretrained(directory, safe_serialization=True, state_dict=state)
+    extras = extra_trainable(model, state)
+    if extras:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in extras.items()}, str(directory / EXTRA_WEIGHTS))
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
 
@@ -170,6 +188,10 @@ def load_checkpoint(path: Path, model) -> dict[str, Any]:
         if wrong:
             raise CheckpointError(f"{adapter} does not fit this model's adapter ({wrong[0]}); adapter.method, "
                                   "adapter.target_modules or adapter.train_modules differ from the checkpoint's run.")
+        if (path / EXTRA_WEIGHTS).is_file():
+            _, unexpected = model.load_state_dict(load_file(path / EXTRA_WEIGHTS), strict=False)
+            if unexpected:
+                raise CheckpointError(f"{path / EXTRA_WEIGHTS} does not fit this model ({unexpected[0]}).")
     else:
         state = {}
         for shard in sorted(path.glob("model*.safetensors")):

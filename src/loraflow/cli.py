@@ -8,7 +8,7 @@ import sys
 
 from loraflow.errors import LoraflowError
 
-STAGES = ("sft",)
+STAGES = ("sft", "rm", "dpo", "grpo", "ppo")
 
 
 def _split_config_and_overrides(items: list[str]) -> tuple[str | None, list[str]]:

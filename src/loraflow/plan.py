@@ -52,6 +52,13 @@ class Plan:
     use_cache: bool = False
     checkpoint_in_engine: bool = False
     """FSDP2 with checkpointing inside the sharded unit: the engine wraps the layers, not transformers."""
+    head: str = "lm"
+    """`lm` (a causal LM), `score` (a scalar score head: the reward model) or `value` (a causal LM with PPO's value
+    head)."""
+    reference: str | None = None
+    """How the stage gets reference log-probs: adapters-disabled, copy, precomputed, or None (no reference)."""
+    phases: list = field(default_factory=list)
+    """The phases of one step with each model's mode (phases.Phase)."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -194,6 +201,19 @@ def resolve_engine(config: Config, env: Environment) -> tuple[str, int, bool]:
     return engine, ds.stage, ds.offload_optimizer or ds.offload_params
 
 
+def resolve_reference(config: Config) -> str | None:
+    """The reference policy of dpo, grpo and ppo. With adapters it is the same model with its adapters switched
+    off (no second copy); full fine-tuning needs a copy, or for DPO, whose pairs are fixed, log-probs computed
+    once before training. GRPO and PPO score fresh samples every step, so they cannot precompute."""
+    stage, full = config.stage, config.adapter.method == "full"
+    if stage in ("sft", "rm") or (stage in ("grpo", "ppo") and config.rl.kl_coef == 0):
+        return None
+    if stage == "dpo":
+        asked = config.dpo.reference
+        return asked if asked != "auto" else ("precomputed" if full else "adapters-disabled")
+    return "copy" if full else "adapters-disabled"
+
+
 def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_to_save: list[str],
                      layers: list[int], reentrant: bool | None) -> Setup:
     """The setup as asked (with `auto` settled by the plan's defaults), before any rule fix: what a framework
@@ -232,8 +252,12 @@ def _engine_fields(config: Config, env: Environment) -> dict[str, Any]:
         # loraflow's FSDP2 layout for LoRA (DoRA reads its base weight after the base forward, so it stays in the
         # layer's unit): see engines/fsdp2.py.
         fsdp_frozen_units_separate=engine == "fsdp2" and config.adapter.method == "lora",
-        # Exact-match evaluation generates with the trained model.
-        generation=bool(config.data.eval and config.eval.generate),
+        # Rollouts, and exact-match evaluation, generate with the trained model.
+        generation=config.stage in ("grpo", "ppo") or (config.stage in ("sft", "dpo") and bool(config.data.eval)
+                                                        and config.eval.generate),
+        # Chosen and rejected (rm, dpo) go through one concatenated forward; the reference forward runs without
+        # autograd, so it leaves nothing for the backward to meet (fsdp2-multi-forward-dtensor).
+        forwards_per_step=1,
     )
 
 
@@ -261,6 +285,12 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
                 checkpoint_layers=layers, reentrant=final.reentrant, input_grad_hook=final.input_grad_hook,
                 use_cache=False,
                 checkpoint_in_engine=bool(layers) and final.engine == "fsdp2" and not final.checkpoint_outside_shard)
+    plan.head = {"rm": "score", "ppo": "value"}.get(config.stage, "lm")
+    plan.reference = resolve_reference(config)
+    from loraflow.phases import stage_phases
+
+    plan.phases = stage_phases(config.stage, plan.reference, bool(config.rl.reward_model)
+                               and config.stage in ("grpo", "ppo"))
     from loraflow.plan_reasons import explain_choices
 
     plan.decisions = explain_choices(plan, naive, changed_by, precision_reason)

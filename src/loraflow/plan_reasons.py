@@ -166,12 +166,65 @@ def explain_choices(plan: Plan, naive: Setup, changed_by: dict[str, str], precis
     out += _checkpointing(plan, changed_by)
     out.append(_input_grad_hook(plan, naive, changed_by))
     out.append(_use_cache(plan, naive, changed_by))
-    out.append(Decision("loss", "sum over completion tokens / completion tokens in the optimizer step",
-                        "only assistant/completion tokens are learned; normalising by the whole step's tokens "
-                        "makes gradient accumulation exact (micro-batch 1 x 4 = 4 x 1)"))
-    out.append(Decision("packing", cfg.data.packing, "data.packing; position ids restart per sample so packed "
-                        "samples never attend to each other" if cfg.data.packing else "data.packing=false: one "
-                        "sample per row, right-padded"))
+    out += _stage(plan, changed_by)
+    return out
+
+
+# The loss of each stage and why its normalisation keeps gradient accumulation exact.
+LOSSES = {
+    "sft": ("NLL of completion tokens / completion tokens in the optimizer step",
+            "only assistant/completion tokens are learned; normalising by the whole step's tokens makes gradient "
+            "accumulation exact (micro-batch 1 x 4 = 4 x 1)"),
+    "rm": ("pairwise -log sigmoid(r_chosen - r_rejected) / pairs in the step",
+           "Bradley-Terry preference loss (InstructGPT eq. 1) on the score head's output at each answer's last token"),
+    "dpo": ("{loss} loss, beta={beta:g}, label smoothing {ls:g} / pairs in the step",
+            "dpo.loss, dpo.beta, dpo.label_smoothing (DPO eq. 7 / IPO eq. 17 / conservative DPO)"),
+    "grpo": ("clipped surrogate with group-normalised advantages - beta*KL(k3), beta={kl:g}, clip {clip:g}",
+             "DeepSeekMath eq. 3: per-completion token mean, averaged over the completions of the step"),
+    "ppo": ("clipped surrogate on GAE advantages + {vc:g} x clipped value loss; KL {kl:g} in the reward",
+            "PPO eq. 7 with GAE (gamma {gamma:g}, lambda {lam:g}) and InstructGPT's per-token KL penalty"),
+}
+
+
+def _stage(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
+    cfg = plan.config
+    stage, d, r = cfg.stage, cfg.dpo, cfg.rl
+    value, why = LOSSES[stage]
+    out = [Decision("loss", value.format(loss=d.loss, beta=d.beta, ls=d.label_smoothing, kl=r.kl_coef,
+                                         clip=r.clip_eps, vc=r.value_coef), why.format(gamma=r.gamma, lam=r.lam))]
+    if stage == "sft":
+        out.append(Decision("packing", cfg.data.packing, "data.packing; position ids restart per sample so packed "
+                            "samples never attend to each other" if cfg.data.packing else "data.packing=false: one "
+                            "sample per row, right-padded"))
+        return out
+    if stage == "rm":
+        out.append(Decision("head", "scalar score head (trained in full, saved with the adapter)",
+                            "a reward model scores a whole answer; the body carries the adapters"))
+    if stage in ("rm", "dpo"):
+        out.append(Decision("pairs", "chosen and rejected concatenated into one forward",
+                            "one forward per micro-batch: under FSDP2 with checkpointing, two forwards before one "
+                            "backward fail", "fsdp2-multi-forward-dtensor" if plan.setup.engine == "fsdp2" else None))
+    if plan.reference:
+        reasons = {
+            "adapters-disabled": "the base with the adapters switched off is the starting policy: no second copy "
+                                 "of the weights",
+            "copy": "full fine-tuning changes every weight, so the reference is a separately loaded frozen copy",
+            "precomputed": "reference log-probs of every pair are computed once before training; no reference "
+                           "model runs during it"}
+        key = "dpo.reference" if stage == "dpo" else "the adapter method"
+        out.append(Decision("reference", plan.reference, f"{reasons[plan.reference]} ({key})"))
+    if stage in ("grpo", "ppo"):
+        gather = plan.setup.generation_gather or not plan.setup.sharded_params
+        out.append(Decision("rollout", f"{r.group_size} completions per prompt, up to {r.max_new_tokens} tokens at "
+                            f"temperature {r.temperature:g}; " + ("weights gathered once per rollout" if
+                                                                 plan.setup.sharded_params else "local weights"),
+                            "sampling noise is keyed by (seed, step, prompt, completion, position), so the tokens "
+                            "do not depend on how prompts are split over processes"
+                            + ("" if gather else "; weights gathered at every token"),
+                            changed_by.get("generation_gather")))
+    out.append(Decision("phases", "; ".join(p.describe() for p in plan.phases),
+                        "the policy is in train mode before every backward (asserted), and reference, reward and "
+                        "rollout forwards run without autograd", changed_by.get("train_mode_at_backward")))
     return out
 
 

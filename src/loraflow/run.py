@@ -122,7 +122,6 @@ def seed_everything(seed: int) -> None:
 
 def train(stage: str, config_path: str | None, overrides: list[str], resume: str | None,
           verbose: bool = False) -> dict[str, Any]:
-    from loraflow.data import load_split
     from loraflow.environment import detect_environment
     from loraflow.plan import resolve
     from loraflow.setup import build_model
@@ -143,8 +142,8 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
     seed_everything(config.train.seed)  # adapter initialisation, data order and dropout all follow train.seed
     tokenizer = load_tokenizer(config, plan.model.path)
     # Data before the model: a malformed line should fail in seconds, not after loading weights.
-    train_split = load_split(config, tokenizer, "train")
-    eval_split = load_split(config, tokenizer, "eval")
+    stage_module = importlib.import_module(f"loraflow.stages.{stage}")
+    train_split, eval_split = stage_module.load_data(config, tokenizer)
     log.info("%s", train_split.stats.describe("train data", config.data.max_length))
     if eval_split is not None:
         log.info("%s", eval_split.stats.describe("eval data", config.data.max_length))
@@ -154,7 +153,6 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
         write_atomic_text(run_dir / "config.yaml", dump_config(config))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("trainable parameters: %s of %s", f"{trainable:,}", f"{sum(p.numel() for p in model.parameters()):,}")
-    stage_module = importlib.import_module(f"loraflow.stages.{stage}")
     summary = stage_module.run(plan, model, tokenizer, train_split, eval_split, run_dir, resume is not None)
     summary["run_dir"] = str(run_dir)
     summary["main"] = main

@@ -1,9 +1,10 @@
 """The training loop shared by every stage and engine: data split over ranks, accumulation, guards, logging, eval,
 checkpoints and the memory report.
 
-A stage supplies `loss_fn(model, batch, num_items) -> loss` (a pure function of the batch) and
-`evaluate_fn(engine) -> metrics`. The engine (engines/) owns wrapping, backward, the optimizer step and gathering;
-nothing here depends on which engine runs.
+A stage supplies its `StageHooks`: the loss (a pure function of the batch), how rows become a batch and what one
+item of the loss's normalisation is, an optional `prepare` that turns the step's batches into what the update
+trains on (rollouts, reference and reward scoring: no autograd) and its evaluation. The engine (engines/) owns
+wrapping, backward, the optimizer step and gathering; nothing here depends on which engine runs.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,8 +29,26 @@ from loraflow.setup.precision import autocast
 
 log = logging.getLogger("loraflow")
 
-LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor], int], torch.Tensor]
+LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor], int], Any]
 EvalFn = Callable[[Engine], dict[str, Any]]
+Batches = list[tuple[dict[str, torch.Tensor], bool]]
+
+
+@dataclass
+class StageHooks:
+    loss_fn: LossFn
+    """(model, batch, num_items) -> loss, or (loss, {name: sum}) where a sum is over this micro-batch's items
+    (reported as its mean over the step's items) or a (sum, count) pair (reported as sum / count over the
+    step)."""
+    evaluate_fn: EvalFn | None = None
+    collate: Callable[[list[Any], int], dict[str, torch.Tensor]] = field(default=collate)
+    count: Callable[[dict[str, torch.Tensor]], int] = field(default=learned_tokens)
+    """The items the loss is normalised by (learned tokens, pairs, completions) in one batch."""
+    prepare: Callable[[Engine, Batches, int], Batches] | None = None
+    """(engine, the step's (batch, real) pairs, step number) -> the batches the update trains on. Runs before the
+    first forward of the step: rollouts, reference and reward scoring."""
+    start: Callable[[Engine], None] | None = None
+    """Once the engine exists, before the first evaluation (e.g. reference log-probs computed once)."""
 
 
 @dataclass
@@ -51,10 +70,10 @@ def rank_slice(indices: list[int], rank: int, world: int) -> tuple[list[int], bo
 
 
 class Trainer:
-    def __init__(self, plan, model: torch.nn.Module, tokenizer, train: DataSplit, loss_fn: LossFn,
-                 evaluate_fn: EvalFn | None, run_dir: Path, resume: bool = False):
-        self.plan, self.tokenizer, self.train = plan, tokenizer, train
-        self.loss_fn, self.evaluate_fn, self.run_dir = loss_fn, evaluate_fn, Path(run_dir)
+    def __init__(self, plan, model: torch.nn.Module, tokenizer, train: DataSplit, hooks: StageHooks, run_dir: Path,
+                 resume: bool = False):
+        self.plan, self.tokenizer, self.train, self.hooks = plan, tokenizer, train, hooks
+        self.loss_fn, self.evaluate_fn, self.run_dir = hooks.loss_fn, hooks.evaluate_fn, Path(run_dir)
         t = plan.config.train
         self.accum = t.gradient_accumulation_steps
         world = plan.setup.world_size
@@ -90,28 +109,43 @@ class Trainer:
     # -- one optimizer step -------------------------------------------------------------------------------
     def accumulate(self) -> dict[str, float]:
         """Forward and backward over one optimizer step's micro-batches; gradients are left to the engine."""
-        e = self.engine
+        e, h = self.engine, self.hooks
         shares = [rank_slice(self.order.indices(self.progress.position + k), e.rank, e.world_size)
                   for k in range(self.accum)]
-        batches = [(collate([self.train.rows[i] for i in rows], self.pad_id), real) for rows, real in shares]
+        batches = []
+        for rows, real in shares:
+            batch = h.collate([self.train.rows[i] for i in rows], self.pad_id)
+            batch["index"] = torch.tensor(rows)  # the rows' positions in the data (reference log-probs, sampling)
+            batches.append(({key: v.to(self.plan.device) for key, v in batch.items()}, real))
         self.progress.position += self.accum
-        local_items = sum(learned_tokens(b) for b, real in batches if real)
+        if h.prepare is not None:
+            batches = h.prepare(e, batches, self.progress.step)
+        local_items = sum(h.count(b) for b, real in batches if real)
         (num_items,) = e.all_sum([local_items])  # normalise by the whole global step (see losses/sft.py)
-        total_loss, tokens = 0.0, 0
+        total_loss, tokens, sums = 0.0, 0, {}
         for k, (batch, real) in enumerate(batches):
-            batch = {key: v.to(self.plan.device) for key, v in batch.items()}
             # Real tokens: the attention mask (pad may equal eos), or every position of a packed row.
             mask = batch.get("attention_mask")
             tokens += (int(mask.sum()) if mask is not None else batch["input_ids"].numel()) if real else 0
             with e.micro_step(last=k == self.accum - 1):
                 with autocast(self.plan.device, self.plan.autocast_dtype):
-                    loss = self.loss_fn(e.model, batch, int(num_items))
+                    out = self.loss_fn(e.model, batch, int(num_items))
+                loss, stats = out if isinstance(out, tuple) else (out, {})
                 weight = e.loss_scale if real else 0.0  # engines average over ranks; see engines/__init__.py
                 assert_train_mode(e.module)
                 e.backward(loss * weight)
             total_loss += float(loss.detach()) if real else 0.0
-        total_loss, tokens = e.all_sum([total_loss, tokens])
-        return {"loss": total_loss, "tokens": int(tokens)}
+            for name, value in stats.items():  # a sum over the loss's items, or (sum, count of what it sums)
+                value, count = value if isinstance(value, tuple) else (value, None)
+                was = sums.get(name, (0.0, 0.0 if count is not None else None))
+                sums[name] = (was[0] + (float(value) if real else 0.0),
+                              None if count is None else was[1] + (float(count) if real else 0.0))
+        names = sorted(sums)
+        flat = [x for n in names for x in (sums[n][0], sums[n][1] or 0.0)]
+        total_loss, tokens, *values = e.all_sum([total_loss, tokens, *flat])
+        means = {n: values[2 * i] / max(values[2 * i + 1] if sums[n][1] is not None else num_items, 1e-12)
+                 for i, n in enumerate(names)}
+        return {"loss": total_loss, "tokens": int(tokens), **means}
 
     def apply_update(self) -> float:
         """Clip, step the optimizer and the schedule, clear gradients; returns the pre-clip gradient norm."""
@@ -163,6 +197,8 @@ class Trainer:
         from tqdm.auto import tqdm
 
         out = self.plan.config.output
+        if self.hooks.start is not None:
+            self.hooks.start(self.engine)
         before = None
         if self.resumed_from is not None:
             if self.main:
@@ -174,12 +210,15 @@ class Trainer:
         # mininterval + refresh=False below: at most two redraws a second, so logs of non-terminal runs stay short.
         bar = tqdm(total=self.total_steps, initial=self.progress.step, disable=not (out.progress_bar and self.main),
                    desc=f"{self.plan.config.stage}", dynamic_ncols=True, mininterval=0.5)
-        window, start = [], time.perf_counter()
+        window, extras, start = [], {}, time.perf_counter()
         tokens_at_start = self.progress.tokens
         while self.progress.step < self.total_steps:
             stats = self.optimizer_step(guard)
             guard = None
             window.append(stats["loss"])
+            for name, value in stats.items():
+                if name not in ("loss", "tokens", "grad_norm"):
+                    extras.setdefault(name, []).append(value)
             elapsed = time.perf_counter() - start
             tps = (self.progress.tokens - tokens_at_start) / max(elapsed, 1e-9)
             bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
@@ -188,8 +227,9 @@ class Trainer:
             if step % out.log_every_steps == 0 or step == self.total_steps:
                 self.metrics.write("train", step, {"loss": sum(window) / len(window), "grad_norm": stats["grad_norm"],
                                                    "lr": self.engine.lr(), "tokens_per_s": tps,
-                                                   "tokens": self.progress.tokens})
-                window = []
+                                                   "tokens": self.progress.tokens,
+                                                   **{n: sum(v) / len(v) for n, v in extras.items()}})
+                window, extras = [], {}
             if self.plan.config.eval.every_steps and step % self.plan.config.eval.every_steps == 0 \
                     and step != self.total_steps:
                 self.evaluate("during training")

@@ -16,7 +16,8 @@ Precision = Literal["fp32", "bf16-mixed", "bf16"]
 Reentrant = Literal["auto", "true", "false"]
 DataFormat = Literal["auto", "messages", "prompt_completion"]
 Schedule = Literal["cosine", "linear", "constant"]
-Stage = Literal["sft"]
+Stage = Literal["sft", "rm", "dpo", "grpo", "ppo"]
+ReferenceKind = Literal["auto", "adapters-disabled", "copy", "precomputed"]
 EngineName = Literal["auto", "single", "ddp", "deepspeed", "fsdp2"]
 Switch = Literal["auto", "true", "false"]
 
@@ -39,6 +40,11 @@ class ModelConfig:
 
     trust_remote_code: bool = False
     """Allow model code from the hub. Off by default: it runs arbitrary Python."""
+
+    merge_adapters: list[str] = field(default_factory=list)
+    """PEFT adapter directories (an earlier stage's RUN_DIR/adapter, or `builtin:NAME`) folded into the base
+    weights, in order, before this run's adapter is added. The merged model is where training starts and, for
+    dpo, grpo and ppo, the reference policy (so the reference of a DPO run after SFT is the SFT model)."""
 
 
 @dataclass(kw_only=True)
@@ -223,6 +229,64 @@ class OutputConfig:
 
 
 @dataclass(kw_only=True)
+class DPOConfig:
+    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    """`sigmoid` is DPO (Rafailov et al. 2023); `ipo` is IPO (Azar et al. 2023) on length-averaged log-probs."""
+
+    beta: float = 0.1
+    """Strength of the KL constraint to the reference: larger keeps the policy closer to it."""
+
+    label_smoothing: float = 0.0
+    """Conservative DPO: the assumed probability that a preference label is flipped (0 = plain DPO; sigmoid
+    only)."""
+
+    reference: ReferenceKind = "auto"
+    """The reference policy. `adapters-disabled`: the same model with its adapters switched off (no second copy
+    of the weights); `copy`: a separately loaded frozen model; `precomputed`: reference log-probs computed once
+    before training, so no reference runs during it. `auto` is adapters-disabled with adapters and precomputed
+    for full fine-tuning."""
+
+
+@dataclass(kw_only=True)
+class RLConfig:
+    rewards: list[str] = field(default_factory=list)
+    """Reward functions: `builtin:NAME` (loraflow.rewards) or `package.module:function`, each called as
+    fn(completions: list[str], fields: list[dict]) -> list[float] with the prompt records' other fields. Their
+    rewards are summed. Used by grpo (with or instead of rl.reward_model)."""
+
+    reward_model: str | None = None
+    """A reward model trained by `loraflow train rm`: its run directory's `adapter` (or `model`) directory, or
+    `builtin:NAME`. Its score is added to the reward functions' rewards. Required by ppo."""
+
+    group_size: int = 8
+    """Completions sampled per prompt in each rollout (GRPO normalises rewards within the group)."""
+
+    max_new_tokens: int = 32
+    """Generation budget per completion."""
+
+    temperature: float = 1.0
+    """Sampling temperature of rollouts; log-probs are taken at the same temperature."""
+
+    clip_eps: float = 0.2
+    """Clipping range of the policy ratio in the PPO/GRPO objective."""
+
+    kl_coef: float = 0.04
+    """Weight of the KL divergence to the reference: GRPO's beta, PPO's per-token KL penalty."""
+
+    gamma: float = 1.0
+    """PPO: discount of future rewards in GAE."""
+
+    lam: float = 0.95
+    """PPO: GAE lambda (bias-variance trade-off of the advantage)."""
+
+    value_coef: float = 0.1
+    """PPO: weight of the value (critic) loss beside the policy loss."""
+
+    value_clip: float = 0.2
+    """PPO: clipping range of the value prediction around its rollout value; 0 disables it."""
+
+
+@dataclass(kw_only=True)
 class Config:
     stage: Stage = "sft"
     """Training stage."""
@@ -236,6 +300,10 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """Used by stage dpo."""
+    rl: RLConfig = field(default_factory=RLConfig)
+    """Used by stages grpo and ppo."""
 
     def problems(self) -> list[str]:
         """Cross-field and range checks. Each message names the key to change; all are returned at once."""
@@ -279,6 +347,7 @@ class Config:
         positive("output.save_every_steps", self.output.save_every_steps, allow_zero=True)
         positive("output.keep_checkpoints", self.output.keep_checkpoints)
         positive("output.log_every_steps", self.output.log_every_steps)
+        out += self._stage_problems()
         p = self.parallel
         if p.zero_stage is not None and p.zero_stage not in (0, 1, 2, 3):
             out.append(f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3.")
@@ -291,4 +360,40 @@ class Config:
             for key in asked:
                 out.append(f"parallel.{key} is set but parallel.engine={p.engine}; set parallel.engine=deepspeed "
                            f"or remove parallel.{key}.")
+        return out
+
+    def _stage_problems(self) -> list[str]:
+        out: list[str] = []
+        d, r = self.dpo, self.rl
+        if not d.beta > 0 or not math.isfinite(d.beta):
+            out.append(f"dpo.beta={d.beta} must be > 0.")
+        if not 0 <= d.label_smoothing < 0.5:
+            out.append(f"dpo.label_smoothing={d.label_smoothing} must be in [0, 0.5).")
+        if d.loss == "ipo" and d.label_smoothing:
+            out.append("dpo.label_smoothing applies to dpo.loss=sigmoid only; set it to 0 for ipo.")
+        if d.reference == "adapters-disabled" and self.adapter.method == "full":
+            out.append("dpo.reference=adapters-disabled needs adapters, but adapter.method=full; use "
+                       "dpo.reference=copy or precomputed.")
+        if r.group_size < 1 or (self.stage == "grpo" and r.group_size < 2):
+            out.append(f"rl.group_size={r.group_size} must be >= 2 for grpo (advantages are relative to the "
+                       "group) and >= 1 for ppo.")
+        if r.max_new_tokens < 1:
+            out.append(f"rl.max_new_tokens={r.max_new_tokens} must be >= 1.")
+        if not r.temperature > 0:
+            out.append(f"rl.temperature={r.temperature} must be > 0 (rollouts sample).")
+        for key in ("clip_eps", "kl_coef", "value_coef", "value_clip"):
+            if getattr(r, key) < 0:
+                out.append(f"rl.{key}={getattr(r, key)} must be >= 0.")
+        for key in ("gamma", "lam"):
+            if not 0 <= getattr(r, key) <= 1:
+                out.append(f"rl.{key}={getattr(r, key)} must be in [0, 1].")
+        if self.stage == "grpo" and not r.rewards and not r.reward_model:
+            out.append("stage grpo needs a reward: set rl.rewards (e.g. [builtin:reverse_partial]) or "
+                       "rl.reward_model.")
+        if self.stage == "ppo" and not r.reward_model:
+            out.append("stage ppo scores rollouts with a reward model: set rl.reward_model to the adapter "
+                       "directory of a `loraflow train rm` run.")
+        if self.stage != "sft" and self.data.packing:
+            out.append(f"data.packing is for sft only (stage {self.stage} scores whole pairs or generated "
+                       "completions); remove it.")
         return out

@@ -92,7 +92,7 @@ def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Pa
     from loraflow.setup import build_model
     from loraflow.setup.model import load_tokenizer
     from loraflow.stages.sft import loss_fn
-    from loraflow.trainer import Trainer
+    from loraflow.trainer import StageHooks, Trainer
 
     overrides = [f"model.path={model_dir}", f"data.train={data}", *cell.overrides(world_size, workdir)]
     config = load_config(None, overrides)
@@ -108,7 +108,7 @@ def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Pa
     split = load_split(config, tokenizer, "train")
     model = build_model(plan, tokenizer)
     _randomize_lora_b(model)
-    trainer = Trainer(plan, model, tokenizer, split, loss_fn(plan.use_cache), None, Path(config.output.dir))
+    trainer = Trainer(plan, model, tokenizer, split, StageHooks(loss_fn(plan.use_cache)), Path(config.output.dir))
     losses, grads = [], None
     for step in range(STEPS):
         stats = trainer.accumulate()

@@ -18,7 +18,8 @@ from loraflow.config.schema import Config
 from loraflow.errors import GuardError
 
 
-def lora_config(config: Config, modules_to_save: list[str] | None = None, ensure_weight_tying: bool = False):
+def lora_config(config: Config, modules_to_save: list[str] | None = None, ensure_weight_tying: bool = False,
+                task_type: str = "CAUSAL_LM"):
     from peft import LoraConfig
 
     a = config.adapter
@@ -27,7 +28,7 @@ def lora_config(config: Config, modules_to_save: list[str] | None = None, ensure
     targets = "all-linear" if a.target_modules == ["all-linear"] else list(a.target_modules)
     return LoraConfig(
         r=a.rank, lora_alpha=a.alpha, lora_dropout=a.dropout, target_modules=targets,
-        use_dora=a.method == "dora", modules_to_save=modules_to_save or None, task_type="CAUSAL_LM", **extra,
+        use_dora=a.method == "dora", modules_to_save=modules_to_save or None, task_type=task_type, **extra,
     )
 
 
@@ -64,7 +65,9 @@ def apply_adapters(model: torch.nn.Module, plan) -> torch.nn.Module:
         return model
     from peft import get_peft_model
 
-    peft_config = lora_config(config, plan.modules_to_save, plan.ensure_weight_tying)
+    # SEQ_CLS makes PEFT train the score head in full and save it with the adapter (its modules_to_save).
+    peft_config = lora_config(config, plan.modules_to_save, plan.ensure_weight_tying,
+                              "SEQ_CLS" if plan.head == "score" else "CAUSAL_LM")
     with warnings.catch_warnings():
         # PEFT reads transformers' deprecated `is_gradient_checkpointing` (peft 0.21 / transformers 5.23): not
         # something a user can act on.

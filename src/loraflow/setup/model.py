@@ -146,10 +146,29 @@ def load_tokenizer(config: Config, model_path: str):
     return tok
 
 
-def load_model(config: Config, path: str, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
+def load_model(config: Config, path: str, dtype: torch.dtype, head: str = "lm"):
+    """The base model: a causal LM, or for `head="score"` the same body with a freshly initialised scalar score
+    head (transformers' *ForSequenceClassification with one label, which scores each row at its last non-pad
+    token)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    return AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation=config.model.attn_implementation,
-        trust_remote_code=config.model.trust_remote_code,
-    )
+    kwargs = dict(dtype=dtype, attn_implementation=config.model.attn_implementation,
+                  trust_remote_code=config.model.trust_remote_code)
+    if head == "score":
+        with _quiet():  # the report that lm_head is unused and score is new is expected here
+            return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+def merge_adapters(model: torch.nn.Module, specs: list[str]) -> torch.nn.Module:
+    """Fold each PEFT adapter (model.merge_adapters) into the base weights, in order."""
+    from peft import PeftModel
+
+    for spec in specs:
+        path = resolve_path(spec, "model.merge_adapters")
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise ConfigError([f"model.merge_adapters: {spec} holds no adapter_config.json; give the `adapter` "
+                               "directory of an earlier run."])
+        with _quiet():
+            model = PeftModel.from_pretrained(model, path).merge_and_unload()
+    return model

@@ -14,10 +14,12 @@ from loraflow.losses import sft_loss
 
 log = logging.getLogger("loraflow")
 
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
 
 def loss_fn(use_cache: bool):
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int) -> torch.Tensor:
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
         logits = model(**inputs, use_cache=use_cache).logits
         return sft_loss(logits, batch["labels"], num_items)
 
@@ -47,11 +49,17 @@ def evaluator(plan, tokenizer, split: DataSplit | None):
 
 def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
         resume: bool) -> dict[str, Any]:
-    from loraflow.trainer import Trainer
+    from loraflow.trainer import StageHooks, Trainer
 
-    trainer = Trainer(plan, model, tokenizer, train, loss_fn(plan.use_cache), evaluator(plan, tokenizer, eval_split),
-                      run_dir, resume=resume)
+    hooks = StageHooks(loss_fn(plan.use_cache), evaluator(plan, tokenizer, eval_split))
+    trainer = Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
     log.info("training: %d optimizer steps of %d x %d micro-batches x %d processes", trainer.total_steps,
              plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
              plan.setup.world_size)
     return trainer.fit()
+
+
+def load_data(config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
+    from loraflow.data import load_split
+
+    return load_split(config, tokenizer, "train"), load_split(config, tokenizer, "eval")

@@ -1,0 +1,146 @@
+"""Preference pairs (rm, dpo) and RL prompts (grpo, ppo): records -> token ids, with errors that name the record.
+
+Pair record: {"prompt": str or chat messages, "chosen": str, "rejected": str} ("messages" is accepted for a chat
+prompt). A chat prompt's answers are rendered as an assistant turn by the tokenizer's chat template, exactly as
+SFT renders one (formatting.tokenize), so the end-of-turn marker is part of what is compared; a plain prompt
+gets the answer appended with eos.
+Prompt record: {"prompt": str or chat messages, ...other fields}; the other fields go to reward functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from loraflow.data.batching import DataStats, Row, collate
+from loraflow.data.formatting import IGNORE, _render, tokenize
+from loraflow.data.readers import Record, read_records
+from loraflow.errors import DataError
+
+
+@dataclass
+class PairRow:
+    chosen: Row
+    rejected: Row
+    origin: str
+
+
+@dataclass
+class PromptRow:
+    prompt_ids: list[int]
+    fields: dict[str, Any] = field(default_factory=dict)
+    origin: str = ""
+
+
+def _prompt(record: Record) -> tuple[str, Any]:
+    data = record.data
+    key = "prompt" if "prompt" in data else "messages" if "messages" in data else None
+    if key is None:
+        raise DataError(f"{record.origin}: missing field `prompt` (a string, or a list of chat messages). Fields "
+                        f"present: {', '.join(sorted(data)) or 'none'}.")
+    prompt = data[key]
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise DataError(f"{record.origin}: field `{key}` is empty.")
+        return key, prompt
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
+        raise DataError(f"{record.origin}: field `{key}` must be a string or a non-empty list of {{role, content}} "
+                        f"messages, got {type(prompt).__name__}.")
+    if prompt[-1].get("role") == "assistant":
+        raise DataError(f"{record.origin}: field `{key}` ends with an assistant turn; the prompt must end where the "
+                        "answer starts (put the answers in chosen/rejected).")
+    return key, prompt
+
+
+def _answer(record: Record, prompt: Any, name: str, tokenizer) -> Row:
+    answer = record.data.get(name)
+    if not isinstance(answer, str) or not answer.strip():
+        got = "missing" if name not in record.data else "empty" if isinstance(answer, str) else \
+            f"a {type(answer).__name__}"
+        raise DataError(f"{record.origin}: field `{name}` must be a non-empty string, got {got}.")
+    if isinstance(prompt, str):
+        sample = tokenize(Record({"prompt": prompt, "completion": answer}, record.origin), "prompt_completion",
+                          tokenizer)
+    else:
+        sample = tokenize(Record({"messages": [*prompt, {"role": "assistant", "content": answer}]}, record.origin),
+                          "messages", tokenizer)
+    return Row(sample.input_ids, sample.labels)
+
+
+def tokenize_pair(record: Record, tokenizer) -> PairRow:
+    _, prompt = _prompt(record)
+    chosen = _answer(record, prompt, "chosen", tokenizer)
+    rejected = _answer(record, prompt, "rejected", tokenizer)
+    if record.data["chosen"].strip() == record.data["rejected"].strip():
+        raise DataError(f"{record.origin}: fields `chosen` and `rejected` are the same answer; there is no "
+                        "preference to learn. Fix or drop the record.")
+    return PairRow(chosen, rejected, record.origin)
+
+
+def truncate_pairs(pairs: list[PairRow], max_length: int) -> tuple[list[PairRow], DataStats]:
+    """Cut both answers to max_length tokens; a pair where either side keeps no learned token is dropped."""
+    stats, kept = DataStats(), []
+    for p in pairs:
+        rows = []
+        for row in (p.chosen, p.rejected):
+            if len(row.input_ids) > max_length:
+                stats.truncated += 1
+                row = Row(row.input_ids[:max_length], row.labels[:max_length])
+            rows.append(row)
+        learned = [sum(1 for t in r.labels[1:] if t != IGNORE) for r in rows]
+        if min(learned) == 0:
+            stats.dropped += 1
+            stats.dropped_origins.append(p.origin)
+            continue
+        stats.samples += 1
+        stats.tokens += sum(len(r.input_ids) for r in rows)
+        stats.label_tokens += sum(learned)
+        kept.append(PairRow(rows[0], rows[1], p.origin))
+    return kept, stats
+
+
+def collate_pairs(rows: list[PairRow], pad_id: int) -> dict[str, torch.Tensor]:
+    """One batch of 2P rows, chosen first then rejected, so both go through one forward."""
+    batch = collate([r.chosen for r in rows] + [r.rejected for r in rows], pad_id)
+    batch["num_pairs"] = torch.tensor(len(rows))
+    return batch
+
+
+def pair_count(batch: dict[str, torch.Tensor]) -> int:
+    return int(batch["num_pairs"])
+
+
+def tokenize_prompt(record: Record, tokenizer) -> PromptRow:
+    key, prompt = _prompt(record)
+    if isinstance(prompt, str):
+        ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    else:
+        ids = _render(tokenizer, prompt, True, record.origin)
+    fields = {k: v for k, v in record.data.items() if k != key}
+    return PromptRow(ids, fields, record.origin)
+
+
+def load_pairs(spec: str, key: str, tokenizer, max_length: int, split: str) -> tuple[list[PairRow], DataStats]:
+    records = read_records(spec, key, split)
+    pairs, stats = truncate_pairs([tokenize_pair(r, tokenizer) for r in records], max_length)
+    if not pairs:
+        raise DataError(f"{key}={spec}: no pair left after truncation to data.max_length={max_length}; raise it.")
+    return pairs, stats
+
+
+def load_prompts(spec: str, key: str, tokenizer, max_length: int, split: str) -> tuple[list[PromptRow], DataStats]:
+    rows, stats = [], DataStats()
+    for record in read_records(spec, key, split):
+        row = tokenize_prompt(record, tokenizer)
+        if len(row.prompt_ids) > max_length:
+            raise DataError(f"{record.origin}: the prompt has {len(row.prompt_ids)} tokens, more than "
+                            f"data.max_length={max_length}; cutting it would change the task. Raise "
+                            "data.max_length or shorten the prompt.")
+        rows.append(row)
+        stats.samples += 1
+        stats.tokens += len(row.prompt_ids)
+    if not rows:
+        raise DataError(f"{key}={spec}: no prompts.")
+    return rows, stats

@@ -1,0 +1,62 @@
+"""Loading a reward model trained by `loraflow train rm` (stages/rm.py) to score rollouts.
+
+The reward model is frozen, kept in eval mode and run without autograd; it is not part of the trained engine
+(every rank holds it whole, which is fine for the reward models this is used with; a sharded reward model is not
+built). Its tokenizer must be the policy's: it reads the policy's token ids directly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from loraflow.errors import ConfigError
+from loraflow.phases import phase
+from loraflow.setup.model import _quiet, resolve_path
+from loraflow.setup.precision import autocast
+
+MANIFEST = "reward_model.json"
+
+
+class RewardModel:
+    def __init__(self, model: torch.nn.Module, plan):
+        self.model, self.plan = model, plan
+
+    def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[N] scores of prompt + completion rows (read at each row's last non-pad token)."""
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+        with phase("reward scoring", self.model), autocast(self.plan.device, self.plan.autocast_dtype):
+            return self.model(**inputs, use_cache=False).logits.squeeze(-1).float()
+
+
+def load_reward_model(spec: str, plan, tokenizer) -> RewardModel:
+    from transformers import AutoModelForSequenceClassification
+
+    from loraflow.setup.model import merge_adapters
+
+    path = Path(resolve_path(spec, "rl.reward_model"))
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        raise ConfigError([f"rl.reward_model={spec}: no {MANIFEST} there. Point it at the `adapter` (or `model`) "
+                           "directory of a `loraflow train rm` run."])
+    info = json.loads(manifest.read_text())
+    kwargs = dict(num_labels=1, dtype=plan.load_dtype, attn_implementation=plan.config.model.attn_implementation)
+    with _quiet():
+        if info.get("method") == "full":
+            model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
+        else:
+            from peft import PeftModel
+
+            base = AutoModelForSequenceClassification.from_pretrained(resolve_path(info["base"], "rl.reward_model"),
+                                                                      **kwargs)
+            base = merge_adapters(base, info.get("merge_adapters", []))
+            model = PeftModel.from_pretrained(base, path).merge_and_unload()
+    if model.config.vocab_size < len(tokenizer):
+        raise ConfigError([f"rl.reward_model={spec} has a vocabulary of {model.config.vocab_size} tokens but the "
+                           f"policy's tokenizer has {len(tokenizer)}; the reward model must share the policy's "
+                           "tokenizer."])
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.requires_grad_(False)
+    return RewardModel(model.to(plan.device).eval(), plan)

@@ -1,0 +1,101 @@
+"""Direct preference optimisation (DPO, IPO, conservative DPO) on chosen/rejected pairs.
+
+Each micro-batch holds its pairs' chosen rows then their rejected rows, so both go through one forward
+(fsdp2-multi-forward-dtensor). The reference log-probs come from plan.reference (reference.py): the policy with
+adapters disabled, a frozen copy, or values computed once before training. Metrics: reward accuracy (the implicit
+reward beta * log pi/pi_ref ranks chosen above rejected) and margin, on held-out pairs; and, when eval.generate,
+greedy exact match of the held-out prompts against their chosen answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loraflow.data import DataSplit
+from loraflow.data.preference import collate_pairs, pair_count
+from loraflow.losses import dpo_loss, sequence_logps
+from loraflow.phases import phase
+from loraflow.reference import Reference
+from loraflow.setup.precision import autocast
+from loraflow.stages.pairs import eval_pairs, load_pair_data, model_inputs
+
+log = logging.getLogger("loraflow")
+REFERENCE_FILE = "reference_logps.pt"
+
+
+def pair_logps(average: bool, use_cache: bool):
+    """(model, pair batch) -> [P, 2] sequence log-probs of (chosen, rejected); IPO uses length-averaged ones."""
+    def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = model(**model_inputs(batch), use_cache=use_cache).logits
+        logps = sequence_logps(logits, batch["labels"], average=average)
+        p = logps.shape[0] // 2
+        return torch.stack([logps[:p], logps[p:]], dim=1)
+
+    return compute
+
+
+def loss_fn(plan):
+    d = plan.config.dpo
+    policy_logps = pair_logps(d.loss == "ipo", plan.use_cache)
+
+    def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int):
+        pol = policy_logps(model, batch)
+        ref = batch["reference_logps"]
+        out = dpo_loss(pol[:, 0], pol[:, 1], ref[:, 0], ref[:, 1], d.beta, num_items, d.loss, d.label_smoothing)
+        margin = out.chosen_rewards - out.rejected_rewards
+        return out.loss, {"reward_accuracy": float((margin > 0).sum()), "reward_margin": float(margin.sum())}
+
+    return compute
+
+
+def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
+        resume: bool) -> dict[str, Any]:
+    from loraflow.trainer import StageHooks, Trainer
+
+    d, e = plan.config.dpo, plan.config.eval
+    pad = tokenizer.pad_token_id
+    reference = Reference(plan, tokenizer)
+    score = pair_logps(d.loss == "ipo", plan.use_cache)
+
+    def prepare(engine, batches, step):
+        # Reference scoring phase: no autograd, reference in eval mode, policy back in train mode after it.
+        return [({**b, "reference_logps": reference.score(engine, b, score)}, real) for b, real in batches]
+
+    def start(engine) -> None:
+        if reference.kind != "precomputed":
+            return
+        saved = run_dir / REFERENCE_FILE
+        if resume and saved.is_file():  # the policy has trained since: its log-probs are no reference any more
+            reference.cache = torch.load(saved)
+            return
+        for split in (train, eval_split):
+            if split is not None:
+                reference.precompute(engine, split.name, split.rows, lambda rows: collate_pairs(rows, pad), score,
+                                     e.batch_size)
+        if engine.rank == 0:
+            torch.save(reference.cache, saved)
+        log.info("reference log-probs precomputed for %d pairs", len(reference.cache))
+
+    def evaluate(engine) -> dict[str, Any]:
+        def margins(batch):
+            with phase("evaluation", engine.module), autocast(plan.device, plan.autocast_dtype):
+                pol = score(engine.module, batch).float()
+            ref = reference.score(engine, batch, score, split="eval")
+            return d.beta * ((pol[:, 0] - ref[:, 0]) - (pol[:, 1] - ref[:, 1]))
+
+        return eval_pairs(plan, engine, tokenizer, eval_split, margins, prefix="reward")
+
+    hooks = StageHooks(loss_fn(plan), evaluate if eval_split is not None else None,
+                       collate=collate_pairs, count=pair_count, prepare=prepare, start=start)
+    trainer = Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
+    log.info("training: %d optimizer steps of %d x %d pairs x %d processes", trainer.total_steps,
+             plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
+             plan.setup.world_size)
+    return trainer.fit()
+
+
+load_data = load_pair_data

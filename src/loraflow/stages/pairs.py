@@ -1,0 +1,72 @@
+"""What the pairwise stages (rm, dpo) share: loading chosen/rejected pairs and measuring held-out pairs."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from loraflow.data import DataSplit, EvalPrompt
+from loraflow.data.formatting import IGNORE
+from loraflow.data.preference import collate_pairs, load_pairs
+
+log = logging.getLogger("loraflow")
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: batch[k] for k in MODEL_INPUTS if k in batch}
+
+
+def _answer_prompt(row, tokenizer) -> EvalPrompt:
+    """The prompt of a pair (the tokens before its chosen answer) and the chosen answer's text."""
+    first = next(i for i, t in enumerate(row.chosen.labels) if t != IGNORE)
+    answer = [t for t in row.chosen.labels if t != IGNORE]
+    return EvalPrompt(row.chosen.input_ids[:first], tokenizer.decode(answer, skip_special_tokens=True).strip(),
+                      row.origin)
+
+
+def load_pair_data(config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
+    d = config.data
+    splits = []
+    for which in ("train", "eval"):
+        spec = d.train if which == "train" else d.eval
+        if not spec:
+            splits.append(None)
+            continue
+        rows, stats = load_pairs(spec, f"data.{which}", tokenizer, d.max_length,
+                                 d.train_split if which == "train" else d.eval_split)
+        if which == "eval" and config.eval.max_samples:
+            rows = rows[: config.eval.max_samples]
+        prompts = [_answer_prompt(r, tokenizer) for r in rows] \
+            if which == "eval" and config.stage == "dpo" and config.eval.generate else []
+        splits.append(DataSplit(which, rows, stats, prompts))
+    return splits[0], splits[1]
+
+
+def eval_pairs(plan, engine, tokenizer, split: DataSplit, margin_fn: Callable[[dict], torch.Tensor],
+               prefix: str) -> dict[str, Any]:
+    """Accuracy (margin > 0) and mean margin over the held-out pairs, and greedy exact match of their prompts
+    against the chosen answers when the split has prompts. Every rank evaluates every pair (sharded engines need
+    every rank in every forward)."""
+    size = plan.config.eval.batch_size
+    margins = []
+    for start in range(0, len(split.rows), size):
+        index = list(range(start, min(start + size, len(split.rows))))
+        batch = collate_pairs([split.rows[i] for i in index], tokenizer.pad_token_id)
+        batch["index"] = torch.tensor(index)
+        margins.append(margin_fn({k: v.to(plan.device) for k, v in batch.items()}).float().cpu())
+    m = torch.cat(margins)
+    values: dict[str, Any] = {f"{prefix}_accuracy": float((m > 0).float().mean()),
+                              f"{prefix}_margin": float(m.mean())}
+    if split.prompts:
+        from loraflow.evaluate import exact_match
+
+        e = plan.config.eval
+        with engine.gathered_for_generation() as model:
+            em = exact_match(model, tokenizer, split.prompts, e.max_new_tokens, e.batch_size, plan.device,
+                             plan.autocast_dtype)
+        values["exact_match"] = em.accuracy
+    return values

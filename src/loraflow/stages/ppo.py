@@ -1,0 +1,90 @@
+"""PPO for language models (Schulman et al. 2017; the RLHF recipe of Ziegler et al. 2019 and InstructGPT):
+sample completions, score each with the reward model, add a per-token KL penalty to the reference, estimate
+advantages with GAE from the critic's values, and minimise the clipped policy loss plus the clipped value loss.
+
+The critic is a value head on the policy's body (setup/value_head.py), so actor and critic are one model in one
+engine. One optimizer step is one rollout with one update (the ratio is 1 at the update, as in GRPO here), and
+advantages are not whitened: whitening needs statistics of the whole step, which would tie each rank's loss to
+the others'.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loraflow.data import DataSplit, learned_tokens
+from loraflow.losses import gae, kl_penalized_rewards, ppo_policy_loss, token_logps, value_loss
+from loraflow.phases import phase
+from loraflow.reference import Reference
+from loraflow.setup.precision import autocast
+from loraflow.setup.value_head import find_value_head
+from loraflow.stages.rl import RolloutWorker, load_prompt_data, model_inputs
+
+log = logging.getLogger("loraflow")
+
+
+def logps_and_values(model: torch.nn.Module, head, batch: dict[str, torch.Tensor], temperature: float):
+    """Per-token log-probs [S, T-1], their mask, and the critic's values aligned with them: the value of the
+    state each token is sampled from (the hidden state one position before it)."""
+    logits = model(**model_inputs(batch), use_cache=False).logits
+    logps, mask = token_logps(logits, batch["labels"], temperature)
+    return logps, mask, head.values[:, :-1]
+
+
+def loss_fn(plan, head):
+    r = plan.config.rl
+
+    def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int):
+        logps, mask, values = logps_and_values(model, head, batch, r.temperature)
+        policy, stats = ppo_policy_loss(logps, logps.detach(), batch["advantages"], mask, r.clip_eps, num_items)
+        critic = value_loss(values, batch["old_values"], batch["returns"], mask, r.value_clip, num_items)
+        n = len(logps)
+        return policy + r.value_coef * critic, {"score": (float(batch["scores"].sum()), n),
+                                                "value_loss": float(critic.detach()) * num_items,
+                                                "clip_fraction": (stats["clip_fraction"] * n, n)}
+
+    return compute
+
+
+def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
+        resume: bool) -> dict[str, Any]:
+    from loraflow.trainer import StageHooks, Trainer
+
+    r = plan.config.rl
+    head = find_value_head(model)
+    reference = Reference(plan, tokenizer) if plan.reference else None
+    worker = RolloutWorker(plan, tokenizer, train, eval_split)
+
+    def reference_logps(ref_model, batch):
+        return token_logps(ref_model(**model_inputs(batch), use_cache=False).logits, batch["labels"],
+                           r.temperature)[0]
+
+    def prepare(engine, batches, step):
+        out = []
+        for (batch, real), sampled in zip(batches, worker.rollouts(engine, batches, step)):
+            scores = worker.rewards(engine, sampled).to(plan.device)
+            batch = dict(sampled.batch)
+            # Value estimation: the policy's log-probs and the critic's values at rollout time.
+            with phase("value estimation", engine.module), autocast(plan.device, plan.autocast_dtype):
+                old_logps, mask, old_values = logps_and_values(engine.module, head, batch, r.temperature)
+            ref = reference.score(engine, batch, reference_logps) if reference is not None else old_logps
+            rewards = kl_penalized_rewards(scores, old_logps, ref, mask, r.kl_coef if reference else 0.0)
+            advantages, returns = gae(rewards, old_values.float(), mask, r.gamma, r.lam)
+            out.append(({**batch, "scores": scores, "advantages": advantages, "returns": returns,
+                         "old_values": old_values.float()}, real))
+        return out
+
+    hooks = StageHooks(loss_fn(plan, head), worker.evaluate if eval_split is not None else None,
+                       collate=lambda rows, pad: {}, count=learned_tokens, prepare=prepare)
+    trainer = Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
+    log.info("training: %d optimizer steps of %d x %d prompts x %d completions x %d processes",
+             trainer.total_steps, plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
+             r.group_size, plan.setup.world_size)
+    return trainer.fit()
+
+
+load_data = load_prompt_data

@@ -1,0 +1,127 @@
+"""What the RL stages (grpo, ppo) share: prompt data, rollouts (sampling with the weights gathered once per
+rollout), rewards from functions and a reward model, and evaluation by greedy completions of held-out prompts."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from loraflow.data import DataSplit
+from loraflow.data.preference import load_prompts
+from loraflow.phases import phase
+from loraflow.rollout import build_rollout, decode, generate, stop_ids
+from loraflow.setup.precision import autocast
+from loraflow.stages.pairs import model_inputs
+
+__all__ = ["RolloutWorker", "load_prompt_data", "model_inputs"]
+log = logging.getLogger("loraflow")
+
+
+def load_prompt_data(config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
+    d = config.data
+    splits = []
+    for which in ("train", "eval"):
+        spec = d.train if which == "train" else d.eval
+        if not spec:
+            splits.append(None)
+            continue
+        rows, stats = load_prompts(spec, f"data.{which}", tokenizer, d.max_length,
+                                   d.train_split if which == "train" else d.eval_split)
+        if which == "eval" and config.eval.max_samples:
+            rows = rows[: config.eval.max_samples]
+        splits.append(DataSplit(which, rows, stats))
+    return splits[0], splits[1]
+
+
+@dataclass
+class Sampled:
+    batch: dict[str, torch.Tensor]
+    """input_ids, attention_mask, position_ids, labels of prompt + completion."""
+    texts: list[str]
+    fields: list[dict[str, Any]]
+
+
+class RolloutWorker:
+    def __init__(self, plan, tokenizer, train: DataSplit, eval_split: DataSplit | None):
+        from loraflow.rewards import load_reward_functions
+
+        self.plan, self.tokenizer, self.train, self.eval_split = plan, tokenizer, train, eval_split
+        self.cfg = plan.config.rl
+        self.functions = load_reward_functions(self.cfg.rewards)
+        self.reward_model = None
+        if self.cfg.reward_model:
+            from loraflow.reward_model import load_reward_model
+
+            self.reward_model = load_reward_model(self.cfg.reward_model, plan, tokenizer)
+        rows = train.rows + (eval_split.rows if eval_split is not None else [])
+        # One left-padded width for every rollout of the run: positions never depend on the process split.
+        self.width = max(len(row.prompt_ids) for row in rows)
+        self.pad = tokenizer.pad_token_id
+        # Sharded weights: ranks step through generate together (HF's synced_gpus), as sharded engines require.
+        self.synced = plan.setup.world_size > 1 and plan.setup.sharded_params
+
+    def _sample(self, model, rows: list[Any], keys: list[tuple[int, ...]] | None, group: int,
+                stop: list[int]) -> Sampled:
+        prompts = [row.prompt_ids for row in rows for _ in range(group)]
+        completions = generate(model, prompts, self.width, self.cfg.max_new_tokens, stop, self.pad,
+                               self.plan.device, keys, self.cfg.temperature, self.synced)
+        rollout = build_rollout(prompts, completions, self.width, stop, self.pad)
+        return Sampled(rollout.as_batch(self.plan.device), decode(self.tokenizer, completions, stop),
+                       [row.fields for row in rows for _ in range(group)])
+
+    def rollouts(self, engine, batches, step: int) -> list[Sampled]:
+        """Sample group_size completions for every prompt of the step's micro-batches, with the weights gathered
+        once for all of them (zero3-generation-gather)."""
+        g, seed = self.cfg.group_size, self.plan.config.train.seed
+        out = []
+        with engine.gathered_for_generation() as model:
+            stop = stop_ids(model, self.tokenizer)
+            with phase("rollout", model), autocast(self.plan.device, self.plan.autocast_dtype):
+                for batch, _ in batches:
+                    index = batch["index"].tolist()
+                    keys = [(seed, step, i, k) for i in index for k in range(g)]
+                    out.append(self._sample(model, [self.train.rows[i] for i in index], keys, g, stop))
+        return out
+
+    def rewards(self, engine, sampled: Sampled) -> torch.Tensor:
+        """The sum of the reward functions' rewards and the reward model's score, per completion."""
+        total = torch.zeros(len(sampled.texts), dtype=torch.float32)
+        for name, fn in self.functions:
+            values = fn(sampled.texts, sampled.fields)
+            if len(values) != len(sampled.texts):
+                raise ValueError(f"rl.rewards: {name} returned {len(values)} rewards for {len(sampled.texts)} "
+                                 "completions; it must return one float per completion.")
+            total += torch.tensor([float(v) for v in values])
+        if self.reward_model is not None:
+            total += self.reward_model.score(sampled.batch).cpu()
+        return total
+
+    def evaluate(self, engine) -> dict[str, Any]:
+        """Greedy completions of the held-out prompts: mean reward per source, and exact match against the
+        prompts' `answer` field when they have one."""
+        rows, size = self.eval_split.rows, self.plan.config.eval.batch_size
+        sums: dict[str, float] = {}
+        exact, with_answer = 0, 0
+        with engine.gathered_for_generation() as model:
+            stop = stop_ids(model, self.tokenizer)
+            with phase("evaluation", model), autocast(self.plan.device, self.plan.autocast_dtype):
+                samples = [self._sample(model, rows[s:s + size], None, 1, stop) for s in range(0, len(rows), size)]
+        for sampled in samples:
+            for name, fn in self.functions:
+                sums[name] = sums.get(name, 0.0) + sum(float(v) for v in fn(sampled.texts, sampled.fields))
+            if self.reward_model is not None:
+                sums["reward_model"] = sums.get("reward_model", 0.0) + float(self.reward_model.score(sampled.batch)
+                                                                           .sum())
+            for text, fields in zip(sampled.texts, sampled.fields):
+                if "answer" in fields:
+                    with_answer += 1
+                    exact += text == str(fields["answer"]).strip()
+        n = max(len(rows), 1)
+        values: dict[str, Any] = {"reward": sum(sums.values()) / n}
+        values.update({f"reward/{name}": v / n for name, v in sums.items()})
+        if with_answer:
+            values["exact_match"] = exact / with_answer
+        return values
