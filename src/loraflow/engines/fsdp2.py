@@ -83,6 +83,10 @@ class FSDP2Engine(Engine):
     @contextlib.contextmanager
     def gathered_for_generation(self) -> Iterator[torch.nn.Module]:
         """Every unit gathered once and kept whole for the rollout (not re-gathered at every decoded token)."""
+        # FSDP2 initialises lazily at the root's first forward. A rollout can come before any forward (GRPO's
+        # first step), and unsharding a layer unit first would make that unit a root of its own ("FSDP state
+        # has already been lazily initialized"), so the root is initialised here first (private torch API).
+        self.module._get_fsdp_state()._lazy_init()
         for unit in self._units:
             unit.set_reshard_after_forward(False, recurse=False)
             unit.unshard()

@@ -49,9 +49,9 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Ten
         J = 1/G sum_i 1/|o_i| sum_t [ min(rho A_i, clip(rho, 1-eps, 1+eps) A_i) - beta KL_t ],
         rho = pi(o_t) / pi_old(o_t),  KL_t = pi_ref/pi - log(pi_ref/pi) - 1  (the k3 estimator, eq. 4).
     The per-completion token means are summed and divided by N, the completions in the whole optimizer step."""
-    m = mask.float()
+    m = mask.to(logps.dtype)
     ratio = torch.exp(logps - old_logps.detach())
-    adv = advantages.detach().float().unsqueeze(-1)
+    adv = advantages.detach().to(logps.dtype).unsqueeze(-1)
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
     objective = torch.min(ratio * adv, clipped * adv)
     kl = torch.zeros_like(logps)
@@ -107,9 +107,9 @@ def ppo_policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: to
                     clip_eps: float, num_items: int) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate (Schulman et al. 2017 eq. 7): -min(rho A_t, clip(rho, 1-eps, 1+eps) A_t), summed over
     completion tokens / N, the completion tokens of the whole optimizer step."""
-    m = mask.float()
+    m = mask.to(logps.dtype)
     ratio = torch.exp(logps - old_logps.detach())
-    adv = advantages.detach().float()
+    adv = advantages.detach().to(logps.dtype)
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
     loss = -(torch.min(ratio * adv, clipped * adv) * m).sum() / max(num_items, 1)
     tokens = m.sum().clamp(min=1)
@@ -122,8 +122,9 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
                clip_range: float, num_items: int) -> torch.Tensor:
     """0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2) per completion token, summed / N (value clipping
     of OpenAI baselines' PPO2); c <= 0 disables the clipped term."""
-    m = mask.float()
-    v, old, ret = values.float(), old_values.detach().float(), returns.detach().float()
+    v = values.float() if values.dtype != torch.float64 else values
+    m = mask.to(v.dtype)
+    old, ret = old_values.detach().to(v.dtype), returns.detach().to(v.dtype)
     loss = (v - ret) ** 2
     if clip_range > 0:
         clipped = old + torch.clamp(v - old, -clip_range, clip_range)

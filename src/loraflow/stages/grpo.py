@@ -32,15 +32,17 @@ def loss_fn(plan):
         logps, mask = token_logps(logits, batch["labels"], r.temperature)
         loss, stats = grpo_loss(logps, logps.detach(), batch.get("reference_logps"), batch["advantages"], mask,
                                 r.clip_eps, r.kl_coef, num_items)
-        n = logps.shape[0]
-        return loss, {"reward": float(batch["rewards"].sum()), "kl": stats["kl"] * n,
-                      "completion_tokens": float(mask.sum())}  # sums over completions: means per completion
+        tokens = float(mask.sum())
+        # reward and completion length: sums over completions (means per completion); KL: mean per token.
+        return loss, {"reward": float(batch["rewards"].sum()), "kl": (stats["kl"] * tokens, tokens),
+                      "completion_tokens": tokens}
 
     return compute
 
 
-def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
-        resume: bool) -> dict[str, Any]:
+def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
+          resume: bool):
+    """The stage's trainer, ready to fit (tests drive single steps of it)."""
     from loraflow.trainer import StageHooks, Trainer
 
     r = plan.config.rl
@@ -68,7 +70,12 @@ def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, 
     log.info("training: %d optimizer steps of %d x %d prompts x %d completions x %d processes",
              trainer.total_steps, plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
              r.group_size, plan.setup.world_size)
-    return trainer.fit()
+    return trainer
+
+
+def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
+        resume: bool) -> dict[str, Any]:
+    return build(plan, model, tokenizer, train, eval_split, run_dir, resume).fit()
 
 
 load_data = load_prompt_data

@@ -50,8 +50,9 @@ def loss_fn(plan, head):
     return compute
 
 
-def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
-        resume: bool) -> dict[str, Any]:
+def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
+          resume: bool):
+    """The stage's trainer, ready to fit (tests drive single steps of it)."""
     from loraflow.trainer import StageHooks, Trainer
 
     r = plan.config.rl
@@ -84,7 +85,12 @@ def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, 
     log.info("training: %d optimizer steps of %d x %d prompts x %d completions x %d processes",
              trainer.total_steps, plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
              r.group_size, plan.setup.world_size)
-    return trainer.fit()
+    return trainer
+
+
+def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
+        resume: bool) -> dict[str, Any]:
+    return build(plan, model, tokenizer, train, eval_split, run_dir, resume).fit()
 
 
 load_data = load_prompt_data

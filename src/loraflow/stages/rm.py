@@ -37,8 +37,9 @@ def loss_fn(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: i
                                                          "margin": float(margin.sum())}
 
 
-def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
-        resume: bool) -> dict[str, Any]:
+def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
+          resume: bool):
+    """The stage's trainer, ready to fit (tests drive single steps of it)."""
     from loraflow.trainer import StageHooks, Trainer
 
     def evaluate(engine) -> dict[str, Any]:
@@ -56,6 +57,12 @@ def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, 
     log.info("training: %d optimizer steps of %d x %d pairs x %d processes", trainer.total_steps,
              plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
              plan.setup.world_size)
+    return trainer
+
+
+def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
+        resume: bool) -> dict[str, Any]:
+    trainer = build(plan, model, tokenizer, train, eval_split, run_dir, resume)
     summary = trainer.fit()
     if trainer.main:
         # Later stages load the head on the same base model; the adapter's own base path may be a temporary

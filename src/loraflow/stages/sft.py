@@ -47,8 +47,9 @@ def evaluator(plan, tokenizer, split: DataSplit | None):
     return evaluate
 
 
-def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
-        resume: bool) -> dict[str, Any]:
+def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
+          resume: bool):
+    """The stage's trainer, ready to fit (tests drive single steps of it)."""
     from loraflow.trainer import StageHooks, Trainer
 
     hooks = StageHooks(loss_fn(plan.use_cache), evaluator(plan, tokenizer, eval_split))
@@ -56,7 +57,12 @@ def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, 
     log.info("training: %d optimizer steps of %d x %d micro-batches x %d processes", trainer.total_steps,
              plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
              plan.setup.world_size)
-    return trainer.fit()
+    return trainer
+
+
+def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
+        resume: bool) -> dict[str, Any]:
+    return build(plan, model, tokenizer, train, eval_split, run_dir, resume).fit()
 
 
 def load_data(config, tokenizer) -> tuple[DataSplit, DataSplit | None]:

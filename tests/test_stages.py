@@ -1,0 +1,128 @@
+"""The preference and RL stages in one process: DPO's two references agree, the mode guard catches a policy left
+in eval mode, and each stage's embedded default reaches its metric."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from loraflow.config import load_config
+from loraflow.environment import detect_environment
+from loraflow.errors import GuardError
+from loraflow.plan import resolve
+from loraflow.run import demo_config, seed_everything
+from loraflow.setup import build_model
+from loraflow.setup.model import load_tokenizer
+
+
+def build_trainer(stage: str, overrides: list[str], tmp_path):
+    config = load_config(str(demo_config(stage)), [f"stage={stage}", "data.eval=", "output.progress_bar=false",
+                                                   "output.tensorboard=false", f"output.dir={tmp_path}",
+                                                   *overrides])
+    plan = resolve(config, detect_environment())
+    seed_everything(config.train.seed)
+    tokenizer = load_tokenizer(config, plan.model.path)
+    module = importlib.import_module(f"loraflow.stages.{stage}")
+    train, _ = module.load_data(config, tokenizer)
+    model = build_model(plan, tokenizer)
+    return module.build(plan, model, tokenizer, train, None, tmp_path, False)
+
+
+def losses(trainer, steps: int) -> list[float]:
+    out = []
+    for _ in range(steps):
+        out.append(trainer.accumulate()["loss"])
+        trainer.apply_update()
+    return out
+
+
+# The reference as the policy with adapters switched off equals a separately loaded frozen copy (and log-probs
+# computed once before training), step after step: the adapters really are off, and the copy really is frozen.
+def test_dpo_references_agree(tmp_path):
+    runs = {}
+    for kind in ("adapters-disabled", "copy", "precomputed"):
+        (tmp_path / kind).mkdir()
+        trainer = build_trainer("dpo", [f"dpo.reference={kind}", "train.micro_batch_size=4"], tmp_path / kind)
+        # 64 pairs (3 steps of 4 use 12), so precomputing them all stays short; the same rows for every kind.
+        trainer.train.rows = trainer.train.rows[:64]
+        trainer.order = type(trainer.order)(64, 4, trainer.plan.config.train.seed)
+        trainer.hooks.start(trainer.engine)
+        runs[kind] = losses(trainer, 3)
+    assert runs["adapters-disabled"][0] == pytest.approx(0.6931, abs=1e-3)  # B = 0: policy == reference
+    for kind in ("copy", "precomputed"):
+        assert runs[kind] == pytest.approx(runs["adapters-disabled"], rel=1e-6), kind
+    assert runs["copy"][2] < runs["copy"][0]
+
+
+# The ms-swift failure: generation leaves the policy in eval mode and the update runs anyway. The guard stops
+# it before the backward; the stage's own phases never trip it.
+def test_mode_guard_fires_when_the_policy_is_left_in_eval(tmp_path):
+    trainer = build_trainer("grpo", ["rl.group_size=2", "rl.max_new_tokens=4", "train.micro_batch_size=2"],
+                            tmp_path)
+    prepare = trainer.hooks.prepare
+    trainer.accumulate()  # the stage's own step
+    assert trainer.model.training
+
+    def leaves_eval(engine, batches, step):
+        out = prepare(engine, batches, step)
+        engine.module.eval()  # "generate in eval mode and forget to switch back"
+        return out
+
+    trainer.hooks.prepare = leaves_eval
+    with pytest.raises(GuardError, match="eval mode at backward"):
+        trainer.accumulate()
+
+
+# PPO saves its value head beside a plain PEFT adapter, and a checkpoint restores both.
+def test_ppo_value_head_is_saved_and_restored(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from loraflow.checkpoint import EXTRA_WEIGHTS, load_checkpoint
+    from loraflow.setup.value_head import find_value_head
+
+    trainer = build_trainer("ppo", ["rl.group_size=2", "rl.max_new_tokens=4", "train.micro_batch_size=2"], tmp_path)
+    losses(trainer, 2)
+    head = find_value_head(trainer.model)
+    assert float(head.linear.weight.abs().sum()) > 0  # the critic trained
+    path = trainer.save()
+    assert (path / EXTRA_WEIGHTS).is_file()
+    fresh = build_trainer("ppo", ["rl.group_size=2", "rl.max_new_tokens=4"], tmp_path / "fresh").model
+    load_checkpoint(path, fresh)
+    assert torch.equal(find_value_head(fresh).linear.weight, head.linear.weight)
+    base = AutoModelForCausalLM.from_pretrained(trainer.plan.model.path)
+    PeftModel.from_pretrained(base, path)  # the adapter alone loads on the plain base
+
+
+DEMOS = {  # stage: (metric, minimum after, minimum gain over before)
+    "rm": ("preference_accuracy", 0.9, 0.3),
+    "dpo": ("reward_accuracy", 0.9, 0.5),
+    "grpo": ("reward", 0.0, 0.08),
+    "ppo": ("reward", 0.0, 0.3),
+}
+
+
+# Each stage's embedded default (no config) moves its metric the right way on held-out data.
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", list(DEMOS))
+def test_embedded_default_reaches_its_metric(stage, tmp_path):
+    metric, floor, gain = DEMOS[stage]
+    run_dir = tmp_path / stage
+    proc = subprocess.run([sys.executable, "-m", "loraflow", "train", stage, f"output.dir={run_dir}",
+                           "output.progress_bar=false"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    before, after = summary["before"][metric], summary["after"][metric]
+    assert after >= floor and after - before >= gain, (stage, before, after)
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    base_cls = AutoModelForSequenceClassification if stage == "rm" else AutoModelForCausalLM
+    extra = {"num_labels": 1} if stage == "rm" else {}
+    base = base_cls.from_pretrained(str(demo_config("sft").parent.parent / "tiny-base"), **extra)
+    PeftModel.from_pretrained(base, run_dir / "adapter")
