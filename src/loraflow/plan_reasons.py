@@ -149,7 +149,6 @@ def _ds(cfg):
 
 
 def explain_choices(plan: Plan, naive: Setup, changed_by: dict[str, str], precision_reason: str) -> list[Decision]:
-    cfg = plan.config
     n = plan.setup.world_size
     out = [
         Decision("device", plan.device if n == 1 else f"{plan.device}, {n} processes",

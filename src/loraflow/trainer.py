@@ -49,6 +49,8 @@ class StageHooks:
     first forward of the step: rollouts, reference and reward scoring."""
     start: Callable[[Engine], None] | None = None
     """Once the engine exists, before the first evaluation (e.g. reference log-probs computed once)."""
+    unit: str = "samples"
+    """What one row of a micro-batch is, for the log: samples, pairs, prompts x N completions."""
 
 
 @dataclass
@@ -98,6 +100,8 @@ class Trainer:
             rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
             restore_rng(rngs[self.engine.rank] if self.engine.rank < len(rngs) else rngs[0])
         self.pad_id = tokenizer.pad_token_id
+        log.info("training: %d optimizer steps of %d x %d %s x %d processes", self.total_steps, self.accum,
+                 t.micro_batch_size, hooks.unit, world)
         self.metrics = MetricsWriter(self.run_dir, plan.config.output.tensorboard, enabled=self.main)
         self.memory: MemoryReport | None = None
 

@@ -12,7 +12,7 @@ from loraflow.data.formatting import EvalPrompt, Sample, eval_prompt, tokenize
 from loraflow.data.readers import Record, read_records
 
 __all__ = ["BatchOrder", "DataSplit", "DataStats", "EvalPrompt", "Record", "Row", "Sample", "collate",
-           "learned_tokens", "load_split", "read_records"]
+           "learned_tokens", "load_split", "load_splits", "read_records"]
 
 
 @dataclass
@@ -45,6 +45,22 @@ def load_split(config: Config, tokenizer, which: str) -> DataSplit | None:
     else:
         rows = as_rows(samples)
     return DataSplit(which, rows, stats, prompts)
+
+
+def load_splits(config: Config, read) -> tuple[DataSplit, DataSplit | None]:
+    """data.train and data.eval read by `read(spec, config key, hub split) -> (rows, stats)`, as the pair and
+    prompt stages read them; eval is cut to eval.max_samples."""
+    d = config.data
+    out: list[DataSplit | None] = []
+    for which, spec, split in (("train", d.train, d.train_split), ("eval", d.eval, d.eval_split)):
+        if not spec:
+            out.append(None)
+            continue
+        rows, stats = read(spec, f"data.{which}", split)
+        if which == "eval" and config.eval.max_samples:
+            rows = rows[: config.eval.max_samples]
+        out.append(DataSplit(which, rows, stats))
+    return out[0], out[1]
 
 
 def raise_empty(spec: str, which: str, max_length: int) -> None:

@@ -7,7 +7,6 @@ from position j; `mask` marks completion tokens.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from loraflow.losses.sft import IGNORE
 

@@ -91,12 +91,8 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
         return eval_pairs(plan, engine, tokenizer, eval_split, margins, prefix="reward")
 
     hooks = StageHooks(loss_fn(plan), evaluate if eval_split is not None else None,
-                       collate=collate_pairs, count=pair_count, prepare=prepare, start=start)
-    trainer = Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
-    log.info("training: %d optimizer steps of %d x %d pairs x %d processes", trainer.total_steps,
-             plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
-             plan.setup.world_size)
-    return trainer
+                       collate=collate_pairs, count=pair_count, prepare=prepare, start=start, unit="pairs")
+    return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 
 def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,

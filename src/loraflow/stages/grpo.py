@@ -10,7 +10,6 @@ is the group-normalised policy gradient plus the KL term; the clipped form is ke
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from loraflow.losses import grpo_loss, group_advantages, token_logps
 from loraflow.reference import Reference
 from loraflow.stages.rl import RolloutWorker, load_prompt_data, model_inputs
 
-log = logging.getLogger("loraflow")
 
 
 def loss_fn(plan):
@@ -65,12 +63,8 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
 
     hooks = StageHooks(loss_fn(plan), worker.evaluate if eval_split is not None else None,
                        collate=lambda rows, pad: {}, count=lambda batch: int(batch["input_ids"].shape[0]),
-                       prepare=prepare)
-    trainer = Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
-    log.info("training: %d optimizer steps of %d x %d prompts x %d completions x %d processes",
-             trainer.total_steps, plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
-             r.group_size, plan.setup.world_size)
-    return trainer
+                       prepare=prepare, unit=f"prompts x {r.group_size} completions")
+    return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 
 def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
 import torch
 
-from loraflow.data import DataSplit, EvalPrompt
+from loraflow.data import DataSplit, EvalPrompt, load_splits
 from loraflow.data.formatting import IGNORE
 from loraflow.data.preference import collate_pairs, load_pairs
 
-log = logging.getLogger("loraflow")
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
@@ -29,21 +27,11 @@ def _answer_prompt(row, tokenizer) -> EvalPrompt:
 
 
 def load_pair_data(config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
-    d = config.data
-    splits = []
-    for which in ("train", "eval"):
-        spec = d.train if which == "train" else d.eval
-        if not spec:
-            splits.append(None)
-            continue
-        rows, stats = load_pairs(spec, f"data.{which}", tokenizer, d.max_length,
-                                 d.train_split if which == "train" else d.eval_split)
-        if which == "eval" and config.eval.max_samples:
-            rows = rows[: config.eval.max_samples]
-        prompts = [_answer_prompt(r, tokenizer) for r in rows] \
-            if which == "eval" and config.stage == "dpo" and config.eval.generate else []
-        splits.append(DataSplit(which, rows, stats, prompts))
-    return splits[0], splits[1]
+    train, held_out = load_splits(config, lambda spec, key, split: load_pairs(spec, key, tokenizer,
+                                                                            config.data.max_length, split))
+    if held_out is not None and config.stage == "dpo" and config.eval.generate:
+        held_out.prompts = [_answer_prompt(r, tokenizer) for r in held_out.rows]
+    return train, held_out
 
 
 def eval_pairs(plan, engine, tokenizer, split: DataSplit, margin_fn: Callable[[dict], torch.Tensor],

@@ -10,7 +10,6 @@ the others'.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from loraflow.setup.precision import autocast
 from loraflow.setup.value_head import find_value_head
 from loraflow.stages.rl import RolloutWorker, load_prompt_data, model_inputs
 
-log = logging.getLogger("loraflow")
 
 
 def logps_and_values(model: torch.nn.Module, head, batch: dict[str, torch.Tensor], temperature: float):
@@ -80,12 +78,9 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
         return out
 
     hooks = StageHooks(loss_fn(plan, head), worker.evaluate if eval_split is not None else None,
-                       collate=lambda rows, pad: {}, count=learned_tokens, prepare=prepare)
-    trainer = Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
-    log.info("training: %d optimizer steps of %d x %d prompts x %d completions x %d processes",
-             trainer.total_steps, plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
-             r.group_size, plan.setup.world_size)
-    return trainer
+                       collate=lambda rows, pad: {}, count=learned_tokens, prepare=prepare,
+                       unit=f"prompts x {r.group_size} completions")
+    return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 
 def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,

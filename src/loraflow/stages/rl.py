@@ -3,13 +3,12 @@ rollout), rewards from functions and a reward model, and evaluation by greedy co
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from loraflow.data import DataSplit
+from loraflow.data import DataSplit, load_splits
 from loraflow.data.preference import load_prompts
 from loraflow.phases import phase
 from loraflow.rollout import build_rollout, decode, generate, stop_ids
@@ -17,23 +16,11 @@ from loraflow.setup.precision import autocast
 from loraflow.stages.pairs import model_inputs
 
 __all__ = ["RolloutWorker", "load_prompt_data", "model_inputs"]
-log = logging.getLogger("loraflow")
 
 
 def load_prompt_data(config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
-    d = config.data
-    splits = []
-    for which in ("train", "eval"):
-        spec = d.train if which == "train" else d.eval
-        if not spec:
-            splits.append(None)
-            continue
-        rows, stats = load_prompts(spec, f"data.{which}", tokenizer, d.max_length,
-                                   d.train_split if which == "train" else d.eval_split)
-        if which == "eval" and config.eval.max_samples:
-            rows = rows[: config.eval.max_samples]
-        splits.append(DataSplit(which, rows, stats))
-    return splits[0], splits[1]
+    return load_splits(config, lambda spec, key, split: load_prompts(spec, key, tokenizer, config.data.max_length,
+                                                                     split))
 
 
 @dataclass

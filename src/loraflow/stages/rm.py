@@ -7,7 +7,6 @@ naming its base is what grpo and ppo load as rl.reward_model.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from loraflow.reward_model import MANIFEST
 from loraflow.setup.precision import autocast
 from loraflow.stages.pairs import eval_pairs, load_pair_data, model_inputs
 
-log = logging.getLogger("loraflow")
 
 
 def scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -52,12 +50,8 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
         return eval_pairs(plan, engine, tokenizer, eval_split, margins, prefix="preference")
 
     hooks = StageHooks(loss_fn, evaluate if eval_split is not None else None, collate=collate_pairs,
-                       count=pair_count)
-    trainer = Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
-    log.info("training: %d optimizer steps of %d x %d pairs x %d processes", trainer.total_steps,
-             plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
-             plan.setup.world_size)
-    return trainer
+                       count=pair_count, unit="pairs")
+    return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 
 def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,

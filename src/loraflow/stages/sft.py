@@ -52,12 +52,8 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     """The stage's trainer, ready to fit (tests drive single steps of it)."""
     from loraflow.trainer import StageHooks, Trainer
 
-    hooks = StageHooks(loss_fn(plan.use_cache), evaluator(plan, tokenizer, eval_split))
-    trainer = Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
-    log.info("training: %d optimizer steps of %d x %d micro-batches x %d processes", trainer.total_steps,
-             plan.config.train.gradient_accumulation_steps, plan.config.train.micro_batch_size,
-             plan.setup.world_size)
-    return trainer
+    hooks = StageHooks(loss_fn(plan.use_cache), evaluator(plan, tokenizer, eval_split), unit="samples")
+    return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 
 def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
