@@ -99,6 +99,21 @@ def test_ppo_value_head_is_saved_and_restored(tmp_path):
     PeftModel.from_pretrained(base, path)  # the adapter alone loads on the plain base
 
 
+# A reward model can start from the SFT policy, as InstructGPT's does: the SFT adapter (a CAUSAL_LM adapter) is
+# folded into the sequence-classification body, whose weights then differ from the plain base's, and it trains.
+def test_reward_model_starts_from_an_sft_adapter(tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    trainer = build_trainer("rm", ["model.merge_adapters=[builtin:reverse-sft-weak]", "train.micro_batch_size=4"],
+                            tmp_path)
+    plain = AutoModelForSequenceClassification.from_pretrained(trainer.plan.model.path, num_labels=1)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    merged = {n.replace("base_model.model.", "").replace(".base_layer", ""): p
+              for n, p in trainer.model.named_parameters()}
+    assert not torch.allclose(merged[name], dict(plain.named_parameters())[name])
+    assert all(torch.isfinite(torch.tensor(loss)) for loss in losses(trainer, 2))
+
+
 DEMOS = {  # stage: (metric, minimum after, minimum gain over before)
     "rm": ("preference_accuracy", 0.9, 0.3),
     "dpo": ("reward_accuracy", 0.9, 0.5),

@@ -162,13 +162,18 @@ def load_model(config: Config, path: str, dtype: torch.dtype, head: str = "lm"):
 
 def merge_adapters(model: torch.nn.Module, specs: list[str]) -> torch.nn.Module:
     """Fold each PEFT adapter (model.merge_adapters) into the base weights, in order."""
-    from peft import PeftModel
+    from peft import PeftConfig, PeftModel
 
     for spec in specs:
         path = resolve_path(spec, "model.merge_adapters")
         if not (Path(path) / "adapter_config.json").is_file():
             raise ConfigError([f"model.merge_adapters: {spec} holds no adapter_config.json; give the `adapter` "
                                "directory of an earlier run."])
+        config = PeftConfig.from_pretrained(path)
+        # The adapter's task type names the head it was trained with (CAUSAL_LM for SFT). The weights folded in
+        # are the body's, so a reward model (a sequence-classification head) can start from an SFT model, as
+        # InstructGPT's does; the task-specific PeftModel subclass would expect the SFT model's generate().
+        config.task_type = None
         with _quiet():
-            model = PeftModel.from_pretrained(model, path).merge_and_unload()
+            model = PeftModel.from_pretrained(model, path, config=config).merge_and_unload()
     return model
