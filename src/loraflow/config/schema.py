@@ -252,11 +252,11 @@ class RLConfig:
     rewards: list[str] = field(default_factory=list)
     """Reward functions: `builtin:NAME` (loraflow.rewards) or `package.module:function`, each called as
     fn(completions: list[str], fields: list[dict]) -> list[float] with the prompt records' other fields. Their
-    rewards are summed. Used by grpo (with or instead of rl.reward_model)."""
+    rewards are summed. Used by grpo and ppo (with or instead of rl.reward_model)."""
 
     reward_model: str | None = None
     """A reward model trained by `loraflow train rm`: its run directory's `adapter` (or `model`) directory, or
-    `builtin:NAME`. Its score is added to the reward functions' rewards. Required by ppo."""
+    `builtin:NAME`. Its score is added to the reward functions' rewards."""
 
     group_size: int = 8
     """Completions sampled per prompt in each rollout (GRPO normalises rewards within the group)."""
@@ -284,6 +284,10 @@ class RLConfig:
 
     value_clip: float = 0.2
     """PPO: clipping range of the value prediction around its rollout value; 0 disables it."""
+
+    whiten_advantages: bool = True
+    """PPO: normalise the GAE advantages to zero mean and unit variance over the whole optimizer step (all
+    micro-batches and ranks), as OpenAI baselines, TRL and OpenRLHF do; the value targets keep the raw scale."""
 
 
 @dataclass(kw_only=True)
@@ -387,12 +391,9 @@ class Config:
         for key in ("gamma", "lam"):
             if not 0 <= getattr(r, key) <= 1:
                 out.append(f"rl.{key}={getattr(r, key)} must be in [0, 1].")
-        if self.stage == "grpo" and not r.rewards and not r.reward_model:
-            out.append("stage grpo needs a reward: set rl.rewards (e.g. [builtin:reverse_partial]) or "
-                       "rl.reward_model.")
-        if self.stage == "ppo" and not r.reward_model:
-            out.append("stage ppo scores rollouts with a reward model: set rl.reward_model to the adapter "
-                       "directory of a `loraflow train rm` run.")
+        if self.stage in ("grpo", "ppo") and not r.rewards and not r.reward_model:
+            out.append(f"stage {self.stage} needs a reward: set rl.rewards (e.g. [builtin:reverse_partial]) or "
+                       "rl.reward_model (the adapter directory of a `loraflow train rm` run).")
         if self.stage != "sft" and self.data.packing:
             out.append(f"data.packing is for sft only (stage {self.stage} scores whole pairs or generated "
                        "completions); remove it.")
