@@ -9,8 +9,8 @@ import statistics
 import pytest
 import torch
 
-from loraflow.losses import (dpo_loss, gae, group_advantages, grpo_loss, kl_penalized_rewards, pairwise_rm_loss,
-                             ppo_policy_loss, sequence_logps, token_logps, value_loss)
+from loraflow.losses import (dpo_loss, gae, group_advantages, grpo_loss, kl_penalized_rewards, masked_moments,
+                             pairwise_rm_loss, ppo_policy_loss, sequence_logps, token_logps, value_loss, whiten)
 
 
 def logsig(x: float) -> float:
@@ -190,3 +190,21 @@ def test_ppo_losses(gen):
                 clipped = float(v_old[i, t]) + max(min(float(v[i, t] - v_old[i, t]), 0.1), -0.1)
                 want += 0.5 * max((float(v[i, t]) - float(ret[i, t])) ** 2, (clipped - float(ret[i, t])) ** 2)
     assert float(got) == pytest.approx(want / 7, rel=1e-9)
+
+
+# Advantage whitening over a step split into two micro-batches (or ranks): the summed moments give the mean and
+# sample standard deviation of all masked entries together, as statistics.mean/stdev compute them.
+def test_whiten_uses_the_whole_steps_statistics(gen):
+    parts = [torch.randn(2, 5, generator=gen) * 3 + 1 for _ in range(2)]
+    masks = [torch.tensor([[0, 1, 1, 1, 0], [1, 1, 0, 0, 0]], dtype=torch.bool),
+             torch.tensor([[0, 0, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)]
+    moments = [sum(c) for c in zip(*(masked_moments(a, m) for a, m in zip(parts, masks)))]
+    pooled = [float(a[b, t]) for a, m in zip(parts, masks) for b in range(2) for t in range(5) if m[b, t]]
+    mean, std = statistics.mean(pooled), statistics.stdev(pooled)
+    assert moments[2] == len(pooled) == 8
+    for a, m in zip(parts, masks):
+        got = whiten(a, m, moments)
+        for b in range(2):
+            for t in range(5):
+                want = (float(a[b, t]) - mean) / std if m[b, t] else 0.0
+                assert float(got[b, t]) == pytest.approx(want, rel=1e-4, abs=1e-5)

@@ -102,6 +102,26 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return advantages, (advantages + v) * m
 
 
+def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> list[float]:
+    """[sum, sum of squares, count] of the masked entries: summed over micro-batches and ranks, they give the
+    whole step's mean and variance for `whiten`."""
+    m = mask.float()
+    v = values.float() * m
+    return [float(v.sum()), float((v * v).sum()), float(m.sum())]
+
+
+@torch.no_grad()
+def whiten(values: torch.Tensor, mask: torch.Tensor, moments: list[float], eps: float = 1e-8) -> torch.Tensor:
+    """(A - mean) / sqrt(var + eps) over the masked entries, with mean and (Bessel-corrected) variance from
+    `moments` = [sum, sum of squares, count] of the whole optimizer step, zero outside the mask. PPO implementations
+    whiten advantages this way (OpenAI baselines' PPO2, TRL, OpenRLHF): the critic starts untrained, so raw
+    advantages carry the reward model's offset and would push every sampled token the same way."""
+    total, squares, count = moments
+    mean = total / max(count, 1.0)
+    var = max(squares - count * mean * mean, 0.0) / max(count - 1.0, 1.0)
+    return (values.float() - mean) / (var + eps) ** 0.5 * mask.float()
+
+
 def ppo_policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                     clip_eps: float, num_items: int) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate (Schulman et al. 2017 eq. 7): -min(rho A_t, clip(rho, 1-eps, 1+eps) A_t), summed over

@@ -3,9 +3,9 @@ sample completions, score each with the reward model, add a per-token KL penalty
 advantages with GAE from the critic's values, and minimise the clipped policy loss plus the clipped value loss.
 
 The critic is a value head on the policy's body (setup/value_head.py), so actor and critic are one model in one
-engine. One optimizer step is one rollout with one update (the ratio is 1 at the update, as in GRPO here), and
-advantages are not whitened: whitening needs statistics of the whole step, which would tie each rank's loss to
-the others'.
+engine. One optimizer step is one rollout with one update (the ratio is 1 at the update, as in GRPO here).
+Advantages are whitened with the mean and variance of the whole step, summed over micro-batches and ranks, so a
+step on N ranks equals the same step on one process.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from loraflow.data import DataSplit, learned_tokens
-from loraflow.losses import gae, kl_penalized_rewards, ppo_policy_loss, token_logps, value_loss
+from loraflow.losses import (gae, kl_penalized_rewards, masked_moments, ppo_policy_loss, token_logps, value_loss,
+                             whiten)
 from loraflow.phases import phase
 from loraflow.reference import Reference
 from loraflow.setup.precision import autocast
@@ -63,7 +64,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
                            r.temperature)[0]
 
     def prepare(engine, batches, step):
-        out = []
+        out, masks = [], []
         for (batch, real), sampled in zip(batches, worker.rollouts(engine, batches, step)):
             scores = worker.rewards(engine, sampled).to(plan.device)
             batch = dict(sampled.batch)
@@ -75,6 +76,12 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
             advantages, returns = gae(rewards, old_values.float(), mask, r.gamma, r.lam)
             out.append(({**batch, "scores": scores, "advantages": advantages, "returns": returns,
                          "old_values": old_values.float()}, real))
+            masks.append(mask if real else torch.zeros_like(mask))  # a stand-in batch adds nothing to the moments
+        if r.whiten_advantages:
+            moments = engine.all_sum([sum(column) for column in
+                                      zip(*(masked_moments(b["advantages"], m) for (b, _), m in zip(out, masks)))])
+            for (batch, _), mask in zip(out, masks):
+                batch["advantages"] = whiten(batch["advantages"], mask, moments)
         return out
 
     hooks = StageHooks(loss_fn(plan, head), worker.evaluate if eval_split is not None else None,
