@@ -254,6 +254,11 @@ class RLConfig:
     fn(completions: list[str], fields: list[dict]) -> list[float] with the prompt records' other fields. Their
     rewards are summed. Used by grpo and ppo (with or instead of rl.reward_model)."""
 
+    eval_rewards: list[str] = field(default_factory=list)
+    """Reward functions (same forms as rl.rewards) reported at evaluation as `gold/NAME` but never optimised. With
+    a reward model as the trained reward, a verifiable one here measures over-optimisation: the reward model's
+    score can rise while the gold reward falls (Gao et al. 2022)."""
+
     reward_model: str | None = None
     """A reward model trained by `loraflow train rm`: its run directory's `adapter` (or `model`) directory, or
     `builtin:NAME`. Its score is added to the reward functions' rewards."""

@@ -38,6 +38,7 @@ class RolloutWorker:
         self.plan, self.tokenizer, self.train, self.eval_split = plan, tokenizer, train, eval_split
         self.cfg = plan.config.rl
         self.functions = load_reward_functions(self.cfg.rewards)
+        self.gold = load_reward_functions(self.cfg.eval_rewards)
         self.reward_model = None
         if self.cfg.reward_model:
             from loraflow.reward_model import load_reward_model
@@ -87,10 +88,11 @@ class RolloutWorker:
         return total
 
     def evaluate(self, engine) -> dict[str, Any]:
-        """Greedy completions of the held-out prompts: mean reward per source, and exact match against the
-        prompts' `answer` field when they have one."""
+        """Greedy completions of the held-out prompts: mean reward per source, the rl.eval_rewards (`gold/NAME`,
+        not part of `reward`), and exact match against the prompts' `answer` field when they have one."""
         rows, size = self.eval_split.rows, self.plan.config.eval.batch_size
         sums: dict[str, float] = {}
+        gold: dict[str, float] = {}
         exact, with_answer = 0, 0
         with engine.gathered_for_generation() as model:
             stop = stop_ids(model, self.tokenizer)
@@ -99,6 +101,8 @@ class RolloutWorker:
         for sampled in samples:
             for name, fn in self.functions:
                 sums[name] = sums.get(name, 0.0) + sum(float(v) for v in fn(sampled.texts, sampled.fields))
+            for name, fn in self.gold:
+                gold[name] = gold.get(name, 0.0) + sum(float(v) for v in fn(sampled.texts, sampled.fields))
             if self.reward_model is not None:
                 sums["reward_model"] = sums.get("reward_model", 0.0) + float(self.reward_model.score(sampled.batch)
                                                                            .sum())
@@ -109,6 +113,7 @@ class RolloutWorker:
         n = max(len(rows), 1)
         values: dict[str, Any] = {"reward": sum(sums.values()) / n}
         values.update({f"reward/{name}": v / n for name, v in sums.items()})
+        values.update({f"gold/{name}": v / n for name, v in gold.items()})
         if with_answer:
             values["exact_match"] = exact / with_answer
         return values
