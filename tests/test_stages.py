@@ -114,11 +114,13 @@ def test_reward_model_starts_from_an_sft_adapter(tmp_path):
     assert all(torch.isfinite(torch.tensor(loss)) for loss in losses(trainer, 2))
 
 
-DEMOS = {  # stage: (metric, minimum after, minimum gain over before)
-    "rm": ("preference_accuracy", 0.9, 0.3),
-    "dpo": ("reward_accuracy", 0.9, 0.5),
-    "grpo": ("reward", 0.0, 0.08),
-    "ppo": ("reward", 0.0, 0.3),
+DEMOS = {  # stage: [(metric, minimum after, minimum gain over before)]
+    "rm": [("preference_accuracy", 0.9, 0.3)],
+    "dpo": [("reward_accuracy", 0.9, 0.5)],
+    "grpo": [("reward", 0.0, 0.08)],
+    # PPO optimises the reward model's score; the verifiable reward it never sees must rise too, and exact match
+    # must not fall (an over-optimised reward model raises its score while both fall).
+    "ppo": [("reward", 0.0, 1.0), ("gold/reverse_partial", 0.42, 0.05), ("exact_match", 0.13, 0.0)],
 }
 
 
@@ -126,14 +128,14 @@ DEMOS = {  # stage: (metric, minimum after, minimum gain over before)
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", list(DEMOS))
 def test_embedded_default_reaches_its_metric(stage, tmp_path):
-    metric, floor, gain = DEMOS[stage]
     run_dir = tmp_path / stage
     proc = subprocess.run([sys.executable, "-m", "loraflow", "train", stage, f"output.dir={run_dir}",
                            "output.progress_bar=false"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    before, after = summary["before"][metric], summary["after"][metric]
-    assert after >= floor and after - before >= gain, (stage, before, after)
+    for metric, floor, gain in DEMOS[stage]:
+        before, after = summary["before"][metric], summary["after"][metric]
+        assert after >= floor and after - before >= gain, (stage, metric, before, after)
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
