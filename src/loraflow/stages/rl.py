@@ -99,10 +99,9 @@ class RolloutWorker:
             with phase("evaluation", model), autocast(self.plan.device, self.plan.autocast_dtype):
                 samples = [self._sample(model, rows[s:s + size], None, 1, stop) for s in range(0, len(rows), size)]
         for sampled in samples:
-            for name, fn in self.functions:
-                sums[name] = sums.get(name, 0.0) + sum(float(v) for v in fn(sampled.texts, sampled.fields))
-            for name, fn in self.gold:
-                gold[name] = gold.get(name, 0.0) + sum(float(v) for v in fn(sampled.texts, sampled.fields))
+            for functions, into in ((self.functions, sums), (self.gold, gold)):
+                for name, fn in functions:
+                    into[name] = into.get(name, 0.0) + sum(float(v) for v in fn(sampled.texts, sampled.fields))
             if self.reward_model is not None:
                 sums["reward_model"] = sums.get("reward_model", 0.0) + float(self.reward_model.score(sampled.batch)
                                                                            .sum())
