@@ -28,6 +28,17 @@ def test_check_json(tiny_model, capsys):
     assert json.loads(capsys.readouterr().out)["stage"] == "sft"
 
 
+def test_check_stage_checks_that_stages_demo(capsys):
+    import json
+
+    # With no config, --stage picks the stage's embedded default, the one `loraflow train ppo` would run.
+    assert main(["check", "--stage", "ppo", "--json"]) in (0, 1)
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["stage"] == "ppo"
+    assert main(["check", "--json"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)["stage"] == "sft"
+
+
 def test_config_errors_are_printed_without_traceback(capsys):
     assert main(["check", "adapter.rnak=4"]) == 2
     err = capsys.readouterr().err

@@ -67,9 +67,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     from loraflow.errors import ConfigError
 
     config_path, overrides = _split_config_and_overrides(args.items)
+    if args.stage:
+        overrides = [f"stage={args.stage}", *overrides]
     try:
-        # No config: check the same embedded default that `loraflow train sft` would train.
-        config = load_config(config_path or demo_config("sft"), overrides)
+        # No config: check the same embedded default that `loraflow train STAGE` would train.
+        config = load_config(config_path or demo_config(args.stage or "sft"), overrides)
     except ConfigError as exc:
         from loraflow.frontends import guess_framework_for_files
 
@@ -172,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--versions", metavar="PKG=VER,...", help="evaluate against these versions instead of the "
                                                              "installed ones, e.g. deepspeed=0.15.3,torch=2.5.1")
     c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--stage", choices=STAGES, help="check the config as this stage would train it; with no "
+                   "config, that stage's built-in demo (default: the config's stage, or sft)")
     c.add_argument("--nproc", type=int, metavar="N", help="plan a loraflow config as launched on N processes "
                    "(torchrun --nproc_per_node N); default: this process's WORLD_SIZE")
     c.set_defaults(func=cmd_check, command_line=None)
