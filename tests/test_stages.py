@@ -78,6 +78,43 @@ def test_mode_guard_fires_when_the_policy_is_left_in_eval(tmp_path):
         trainer.accumulate()
 
 
+# rl.updates_per_rollout: the first update on a rollout is the single-update step (the old log-probs scored at
+# rollout time equal the policy's), later ones reuse the same rollout with the ratio moved away from 1, so the
+# clip acts; the data advances once per rollout.
+@pytest.mark.parametrize("stage", ["grpo", "ppo"])
+def test_several_updates_per_rollout(stage, tmp_path):
+    common = ["rl.group_size=2", "rl.max_new_tokens=4", "train.micro_batch_size=2", "rl.clip_eps=0.001"]
+    runs = {}
+    for k in (1, 2):
+        trainer = build_trainer(stage, [*common, f"rl.updates_per_rollout={k}"], tmp_path / str(k))
+        steps = []
+        for _ in range(3):
+            stats = trainer.accumulate()
+            grads = {n: g.clone() for n, g in trainer.engine.full_grads().items()}
+            steps.append((stats, grads, trainer.progress.position, trainer.prepared[0][0][0]["input_ids"]))
+            trainer.apply_update()
+        runs[k] = steps
+    (s1, g1, _, ids1), (t1, h1, p1, rollout1), (t2, _, p2, rollout2), (t3, _, p3, rollout3) = runs[1][0], *runs[2]
+    assert t1["loss"] == pytest.approx(s1["loss"], rel=1e-6) and t1["clip_fraction"] == 0.0
+    assert torch.equal(rollout1, ids1)
+    for name, grad in g1.items():
+        assert torch.allclose(h1[name], grad, rtol=1e-5, atol=1e-8), name
+    # The second update trains on the first one's rollout, where the ratio has moved: some tokens are clipped.
+    assert p2 == p1 == 1 and rollout2 is rollout1
+    assert t2["clip_fraction"] > 0
+    assert p3 == 2 and not torch.equal(rollout3, rollout1) and t3["clip_fraction"] == 0.0
+
+
+def test_updates_per_rollout_keeps_checkpoints_between_rollouts():
+    from loraflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.max_steps=3 must be a multiple of rl.updates_per_rollout=2"):
+        load_config(str(demo_config("grpo")), ["stage=grpo", "rl.updates_per_rollout=2", "train.max_steps=3"])
+    with pytest.raises(ConfigError, match="output.save_every_steps=5 must be a multiple"):
+        load_config(str(demo_config("ppo")), ["stage=ppo", "rl.updates_per_rollout=2", "train.max_steps=10",
+                                              "output.save_every_steps=5"])
+
+
 # PPO saves its value head beside a plain PEFT adapter, and a checkpoint restores both.
 def test_ppo_value_head_is_saved_and_restored(tmp_path):
     from peft import PeftModel

@@ -29,8 +29,8 @@ class Phase:
         return f"{self.name}: {runs}; {'with' if self.autograd else 'no'} autograd"
 
 
-def stage_phases(stage: str, reference: str | None, reward_model: bool) -> list[Phase]:
-    """The phases of one optimizer step of `stage`, in order."""
+def stage_phases(stage: str, reference: str | None, reward_model: bool, updates: int = 1) -> list[Phase]:
+    """The phases of one rollout (or step) of `stage`, in order; `updates` optimizer steps per rollout."""
     ref_model = {"adapters-disabled": "policy (adapters disabled)", "copy": "reference copy",
                  "precomputed": None, None: None}[reference]
     phases: list[Phase] = []
@@ -42,8 +42,11 @@ def stage_phases(stage: str, reference: str | None, reward_model: bool) -> list[
         phases.append(Phase("reward scoring", (("reward model", "eval"),), autograd=False))
     if stage == "ppo":
         phases.append(Phase("value estimation", (("policy + value head", "eval"),), autograd=False))
+    if stage == "grpo" and updates > 1:
+        phases.append(Phase("old policy scoring", (("policy", "eval"),), autograd=False))
     trained = "reward model" if stage == "rm" else "policy + value head" if stage == "ppo" else "policy"
-    phases.append(Phase("update", ((trained, "train"),), autograd=True))
+    name = f"update (x{updates})" if stage in ("grpo", "ppo") and updates > 1 else "update"
+    phases.append(Phase(name, ((trained, "train"),), autograd=True))
     return phases
 
 

@@ -290,7 +290,7 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
     from loraflow.phases import stage_phases
 
     plan.phases = stage_phases(config.stage, plan.reference, bool(config.rl.reward_model)
-                               and config.stage in ("grpo", "ppo"))
+                               and config.stage in ("grpo", "ppo"), config.rl.updates_per_rollout)
     from loraflow.plan_reasons import explain_choices
 
     plan.decisions = explain_choices(plan, naive, changed_by, precision_reason)

@@ -213,6 +213,11 @@ def _stage(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
         key = "dpo.reference" if stage == "dpo" else "the adapter method"
         out.append(Decision("reference", plan.reference, f"{reasons[plan.reference]} ({key})"))
     if stage in ("grpo", "ppo"):
+        k = r.updates_per_rollout
+        out.append(Decision("updates", f"{k} optimizer step{'s' if k > 1 else ''} per rollout",
+                            "rl.updates_per_rollout: later updates take the ratio to the rollout's policy and are "
+                            "clipped" if k > 1 else "rl.updates_per_rollout=1: the ratio is 1 at the update, so the "
+                            "clip never acts (TRL's num_iterations=1)"))
         gather = plan.setup.generation_gather or not plan.setup.sharded_params
         out.append(Decision("rollout", f"{r.group_size} completions per prompt, up to {r.max_new_tokens} tokens at "
                             f"temperature {r.temperature:g}; " + ("weights gathered once per rollout" if

@@ -47,6 +47,9 @@ class StageHooks:
     prepare: Callable[[Engine, Batches, int], Batches] | None = None
     """(engine, the step's (batch, real) pairs, step number) -> the batches the update trains on. Runs before the
     first forward of the step: rollouts, reference and reward scoring."""
+    updates_per_prepare: int = 1
+    """Optimizer steps on each prepared set of batches (several PPO/GRPO updates on one rollout). The data
+    position advances once per set; checkpoints fall between sets (the config requires it)."""
     start: Callable[[Engine], None] | None = None
     """Once the engine exists, before the first evaluation (e.g. reference log-probs computed once)."""
     unit: str = "samples"
@@ -80,8 +83,12 @@ class Trainer:
         self.accum = t.gradient_accumulation_steps
         world = plan.setup.world_size
         self.order = BatchOrder(len(train.rows), t.micro_batch_size * world, t.seed)
-        self.total_steps = t.max_steps or max(1, math.ceil(t.epochs * self.order.per_epoch / self.accum))
+        self.reuse = hooks.updates_per_prepare
+        self.total_steps = t.max_steps or self.reuse * max(1, math.ceil(t.epochs * self.order.per_epoch /
+                                                                        self.accum))
         self.progress = Progress()
+        self.prepared: tuple[Batches, int] | None = None  # the batches the next updates reuse, and their item count
+        self.uses_left = 0
         state, self.resumed_from = None, None
         if resume:  # weights go into the plain model, before any engine shards it
             self.resumed_from = latest_checkpoint(self.run_dir)
@@ -92,6 +99,12 @@ class Trainer:
                 raise CheckpointError(f"{self.resumed_from} was written by {state.get('world_size', 1)} processes; "
                                       f"resume it with the same number (this launch has {world}): the data order "
                                       "and any sharded optimizer state depend on it.")
+            if state["progress"]["step"] % self.reuse:
+                from loraflow.errors import CheckpointError
+
+                raise CheckpointError(f"{self.resumed_from} was written after step {state['progress']['step']}, "
+                                      f"inside a rollout's {self.reuse} updates (rl.updates_per_rollout); resume "
+                                      "from a checkpoint whose step is a multiple of it.")
         self.engine = build_engine(plan, model, self.total_steps)
         self.main = self.engine.rank == 0
         if state is not None:
@@ -111,8 +124,15 @@ class Trainer:
         return self.engine.module
 
     # -- one optimizer step -------------------------------------------------------------------------------
-    def accumulate(self) -> dict[str, float]:
-        """Forward and backward over one optimizer step's micro-batches; gradients are left to the engine."""
+    def next_batches(self) -> tuple[Batches, int]:
+        """This step's (batch, real) micro-batches and the global item count the loss is normalised by: a fresh
+        draw from the data (prepared by the stage), or the previous one again while it has updates left."""
+        if self.uses_left == 0:
+            self.prepared, self.uses_left = self.draw(), self.reuse
+        self.uses_left -= 1
+        return self.prepared
+
+    def draw(self) -> tuple[Batches, int]:
         e, h = self.engine, self.hooks
         shares = [rank_slice(self.order.indices(self.progress.position + k), e.rank, e.world_size)
                   for k in range(self.accum)]
@@ -126,6 +146,12 @@ class Trainer:
             batches = h.prepare(e, batches, self.progress.step)
         local_items = sum(h.count(b) for b, real in batches if real)
         (num_items,) = e.all_sum([local_items])  # normalise by the whole global step (see losses/sft.py)
+        return batches, num_items
+
+    def accumulate(self) -> dict[str, float]:
+        """Forward and backward over one optimizer step's micro-batches; gradients are left to the engine."""
+        e = self.engine
+        batches, num_items = self.next_batches()
         total_loss, tokens, sums = 0.0, 0, {}
         for k, (batch, real) in enumerate(batches):
             # Real tokens: the attention mask (pad may equal eos), or every position of a packed row.

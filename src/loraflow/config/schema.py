@@ -290,6 +290,11 @@ class RLConfig:
     value_clip: float = 0.2
     """PPO: clipping range of the value prediction around its rollout value; 0 disables it."""
 
+    updates_per_rollout: int = 1
+    """Optimizer steps on each rollout (TRL's num_iterations, OpenRLHF's max_epochs). With 1 the policy ratio is 1
+    at the update and the clip never acts; with more, later updates see the ratio to the rollout's policy and the
+    clip bounds how far each rollout moves it. train.max_steps counts the updates."""
+
     whiten_advantages: bool = True
     """PPO: normalise the GAE advantages to zero mean and unit variance over the whole optimizer step (all
     micro-batches and ranks), as OpenAI baselines, TRL and OpenRLHF do; the value targets keep the raw scale."""
@@ -393,6 +398,15 @@ class Config:
         for key in ("clip_eps", "kl_coef", "value_coef", "value_clip"):
             if getattr(r, key) < 0:
                 out.append(f"rl.{key}={getattr(r, key)} must be >= 0.")
+        if r.updates_per_rollout < 1:
+            out.append(f"rl.updates_per_rollout={r.updates_per_rollout} must be >= 1.")
+        elif r.updates_per_rollout > 1 and self.stage in ("grpo", "ppo"):
+            # A checkpoint must fall between rollouts: resuming cannot recreate a rollout half consumed.
+            for key, steps in (("train.max_steps", self.train.max_steps),
+                               ("output.save_every_steps", self.output.save_every_steps)):
+                if steps % r.updates_per_rollout:
+                    out.append(f"{key}={steps} must be a multiple of rl.updates_per_rollout="
+                               f"{r.updates_per_rollout}, so that checkpoints fall between rollouts.")
         for key in ("gamma", "lam"):
             if not 0 <= getattr(r, key) <= 1:
                 out.append(f"rl.{key}={getattr(r, key)} must be in [0, 1].")

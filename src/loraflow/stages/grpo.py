@@ -2,10 +2,10 @@
 generate, reward them (functions named in rl.rewards and/or rl.reward_model), normalise rewards within each group
 into advantages, and maximise the clipped objective minus beta * KL to the reference.
 
-One optimizer step is one rollout: the weights are gathered once for it (ZeRO-3, FSDP2), every prompt of the
-step is sampled, then the update runs over the step's micro-batches. With one update per rollout the ratio is 1
-at the update (old log-probs are the current ones, as in TRL with num_iterations=1), so the objective's gradient
-is the group-normalised policy gradient plus the KL term; the clipped form is kept so the loss is the paper's.
+A rollout samples every prompt of an optimizer step (the weights gathered once for it under ZeRO-3 and FSDP2),
+then rl.updates_per_rollout optimizer steps train on it. With one update the ratio is 1 (the old log-probs are
+the current ones, as in TRL with num_iterations=1), so the gradient is the group-normalised policy gradient plus
+the KL term. With more, the old log-probs are scored once at rollout time and later updates are clipped.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import torch
 
 from loraflow.data import DataSplit
 from loraflow.losses import grpo_loss, group_advantages, token_logps
+from loraflow.phases import phase
 from loraflow.reference import Reference
+from loraflow.setup.precision import autocast
 from loraflow.stages.rl import RolloutWorker, load_prompt_data, model_inputs
 
 
@@ -28,12 +30,13 @@ def loss_fn(plan):
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int):
         logits = model(**model_inputs(batch), use_cache=False).logits
         logps, mask = token_logps(logits, batch["labels"], r.temperature)
-        loss, stats = grpo_loss(logps, logps.detach(), batch.get("reference_logps"), batch["advantages"], mask,
+        old = batch.get("old_logps", logps.detach())  # one update per rollout: the policy is the old policy
+        loss, stats = grpo_loss(logps, old, batch.get("reference_logps"), batch["advantages"], mask,
                                 r.clip_eps, r.kl_coef, num_items)
         tokens = float(mask.sum())
-        # reward and completion length: sums over completions (means per completion); KL: mean per token.
+        # reward and completion length: sums over completions (means per completion); KL, clipping: per token.
         return loss, {"reward": float(batch["rewards"].sum()), "kl": (stats["kl"] * tokens, tokens),
-                      "completion_tokens": tokens}
+                      "clip_fraction": (stats["clip_fraction"] * tokens, tokens), "completion_tokens": tokens}
 
     return compute
 
@@ -47,7 +50,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     reference = Reference(plan, tokenizer) if plan.reference else None
     worker = RolloutWorker(plan, tokenizer, train, eval_split)
 
-    def reference_logps(model, batch):
+    def completion_logps(model, batch):  # the reference's, or the rollout policy's
         return token_logps(model(**model_inputs(batch), use_cache=False).logits, batch["labels"], r.temperature)[0]
 
     def prepare(engine, batches, step):
@@ -57,13 +60,17 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
             batch = {**rollout.batch, "rewards": rewards.to(plan.device),
                      "advantages": group_advantages(rewards, r.group_size).to(plan.device)}
             if reference is not None:
-                batch["reference_logps"] = reference.score(engine, batch, reference_logps)
+                batch["reference_logps"] = reference.score(engine, batch, completion_logps)
+            if r.updates_per_rollout > 1:  # the rollout's policy, fixed for the ratio of every later update
+                with phase("old policy scoring", engine.module), autocast(plan.device, plan.autocast_dtype):
+                    batch["old_logps"] = completion_logps(engine.module, batch).float()
             out.append((batch, real))
         return out
 
     hooks = StageHooks(loss_fn(plan), worker.evaluate if eval_split is not None else None,
                        collate=lambda rows, pad: {}, count=lambda batch: int(batch["input_ids"].shape[0]),
-                       prepare=prepare, unit=f"prompts x {r.group_size} completions")
+                       prepare=prepare, unit=f"prompts x {r.group_size} completions",
+                       updates_per_prepare=r.updates_per_rollout)
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 

@@ -3,9 +3,10 @@ sample completions, score each with the reward model, add a per-token KL penalty
 advantages with GAE from the critic's values, and minimise the clipped policy loss plus the clipped value loss.
 
 The critic is a value head on the policy's body (setup/value_head.py), so actor and critic are one model in one
-engine. One optimizer step is one rollout with one update (the ratio is 1 at the update, as in GRPO here).
-Advantages are whitened with the mean and variance of the whole step, summed over micro-batches and ranks, so a
-step on N ranks equals the same step on one process.
+engine. rl.updates_per_rollout optimizer steps train on each rollout: with one, the ratio is 1 at the update;
+with more, later updates take the ratio to the log-probs scored at rollout time, and both losses are clipped.
+Advantages are whitened with the mean and variance of the whole rollout, summed over micro-batches and ranks, so
+a step on N ranks equals the same step on one process.
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ def loss_fn(plan, head):
 
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int):
         logps, mask, values = logps_and_values(model, head, batch, r.temperature)
-        policy, stats = ppo_policy_loss(logps, logps.detach(), batch["advantages"], mask, r.clip_eps, num_items)
+        old = batch.get("old_logps", logps.detach())  # one update per rollout: the policy is the old policy
+        policy, stats = ppo_policy_loss(logps, old, batch["advantages"], mask, r.clip_eps, num_items)
         critic = value_loss(values, batch["old_values"], batch["returns"], mask, r.value_clip, num_items)
-        n = len(logps)
+        n, tokens = len(logps), float(mask.sum())
+        # clip_fraction per completion token of the step, however the step is split into micro-batches and ranks
         return policy + r.value_coef * critic, {"score": (float(batch["scores"].sum()), n),
                                                 "value_loss": float(critic.detach()) * num_items,
-                                                "clip_fraction": (stats["clip_fraction"] * n, n)}
+                                                "clip_fraction": (stats["clip_fraction"] * tokens, tokens)}
 
     return compute
 
@@ -74,8 +77,11 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
             ref = reference.score(engine, batch, reference_logps) if reference is not None else old_logps
             rewards = kl_penalized_rewards(scores, old_logps, ref, mask, r.kl_coef if reference else 0.0)
             advantages, returns = gae(rewards, old_values.float(), mask, r.gamma, r.lam)
-            out.append(({**batch, "scores": scores, "advantages": advantages, "returns": returns,
-                         "old_values": old_values.float()}, real))
+            batch = {**batch, "scores": scores, "advantages": advantages, "returns": returns,
+                     "old_values": old_values.float()}
+            if r.updates_per_rollout > 1:
+                batch["old_logps"] = old_logps.float()
+            out.append((batch, real))
             masks.append(mask if real else torch.zeros_like(mask))  # a stand-in batch adds nothing to the moments
         if r.whiten_advantages:
             moments = engine.all_sum([sum(column) for column in
@@ -86,7 +92,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
 
     hooks = StageHooks(loss_fn(plan, head), worker.evaluate if eval_split is not None else None,
                        collate=lambda rows, pad: {}, count=learned_tokens, prepare=prepare,
-                       unit=f"prompts x {r.group_size} completions")
+                       unit=f"prompts x {r.group_size} completions", updates_per_prepare=r.updates_per_rollout)
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 

@@ -3,8 +3,11 @@ the loss and the stage's statistics, every trainable parameter's full gradient, 
 and, for the sharded engines, how often the weights were gathered for generation and how many all-gathers ran
 inside generate itself.
 
-    python -m loraflow.stages.stepcheck --stage grpo --out result.pt key=value ...
+    python -m loraflow.stages.stepcheck --stage grpo --out result.pt [--update N] key=value ...
     (under torchrun for several processes; every rank runs it, rank 0 writes the result)
+
+--update N records the N-th optimizer step (the earlier ones are applied first): with rl.updates_per_rollout=N,
+the last update on the first rollout, where the ratio has moved away from 1 and the clip acts.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ class GatherCounter:
         engine.gathered_for_generation = gathered
 
 
-def run(stage: str, overrides: list[str], out: str) -> dict[str, Any] | None:
+def run(stage: str, overrides: list[str], out: str, update: int = 1) -> dict[str, Any] | None:
     from loraflow.config import load_config
     from loraflow.engines import init_distributed
     from loraflow.engines.crosscheck import _randomize_lora_b
@@ -112,6 +115,9 @@ def run(stage: str, overrides: list[str], out: str) -> dict[str, Any] | None:
             return prepared
 
         trainer.hooks.prepare = recording
+    for _ in range(update - 1):
+        trainer.accumulate()
+        trainer.apply_update()
     stats = trainer.accumulate()
     grads = engine.full_grads()
     control = None
@@ -144,9 +150,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stage", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--update", type=int, default=1, help="record the N-th optimizer step")
     parser.add_argument("overrides", nargs="*")
     args, _ = parser.parse_known_args()
-    run(args.stage, args.overrides, args.out)
+    run(args.stage, args.overrides, args.out, args.update)
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
