@@ -115,6 +115,29 @@ def test_updates_per_rollout_keeps_checkpoints_between_rollouts():
                                               "output.save_every_steps=5"])
 
 
+# A run with two updates per rollout, stopped after its first rollout and resumed, gives the uninterrupted
+# run's losses: checkpoints fall between rollouts, and the resumed run draws the next rollout as it would have.
+def test_resume_between_rollouts_gives_the_same_losses(tmp_path):
+    from loraflow.run import train
+
+    small = ["data.eval=", "output.progress_bar=false", "output.tensorboard=false", "rl.group_size=2",
+             "rl.max_new_tokens=4", "train.micro_batch_size=2", "rl.updates_per_rollout=2",
+             "output.log_every_steps=1"]
+
+    def losses_of(run):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if r.get("kind") == "train"}
+
+    train("grpo", None, [*small, "train.max_steps=4", f"output.dir={tmp_path / 'full'}"], None)
+    stopped = tmp_path / "stopped"
+    train("grpo", None, [*small, "train.max_steps=2", f"output.dir={stopped}"], None)
+    (stopped / "metrics.jsonl").unlink()  # keep only what the resumed process logs
+    assert train("grpo", None, ["train.max_steps=4"], str(stopped))["steps"] == 4
+    full = losses_of(tmp_path / "full")
+    assert len(full) == 4 and full[3] != full[4]  # the second update on a rollout is a different step
+    assert losses_of(stopped) == pytest.approx({3: full[3], 4: full[4]}, rel=1e-6)
+
+
 # PPO saves its value head beside a plain PEFT adapter, and a checkpoint restores both.
 def test_ppo_value_head_is_saved_and_restored(tmp_path):
     from peft import PeftModel

@@ -91,17 +91,15 @@ class Trainer:
         self.uses_left = 0
         state, self.resumed_from = None, None
         if resume:  # weights go into the plain model, before any engine shards it
+            from loraflow.errors import CheckpointError
+
             self.resumed_from = latest_checkpoint(self.run_dir)
             state = load_checkpoint(self.resumed_from, model)
             if state.get("world_size", 1) != world:
-                from loraflow.errors import CheckpointError
-
                 raise CheckpointError(f"{self.resumed_from} was written by {state.get('world_size', 1)} processes; "
                                       f"resume it with the same number (this launch has {world}): the data order "
                                       "and any sharded optimizer state depend on it.")
             if state["progress"]["step"] % self.reuse:
-                from loraflow.errors import CheckpointError
-
                 raise CheckpointError(f"{self.resumed_from} was written after step {state['progress']['step']}, "
                                       f"inside a rollout's {self.reuse} updates (rl.updates_per_rollout); resume "
                                       "from a checkpoint whose step is a multiple of it.")
