@@ -296,7 +296,7 @@ class RLConfig:
     clip bounds how far each rollout moves it. train.max_steps counts the updates."""
 
     whiten_advantages: bool = True
-    """PPO: normalise the GAE advantages to zero mean and unit variance over the whole optimizer step (all
+    """PPO: normalise the GAE advantages to zero mean and unit variance over the whole rollout (all
     micro-batches and ranks), as OpenAI baselines, TRL and OpenRLHF do; the value targets keep the raw scale."""
 
 
