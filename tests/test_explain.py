@@ -73,8 +73,9 @@ def test_explain_reads_stdin_and_prints_json(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", errors="strict"))
     assert main(["explain", "-", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    top = data["matches"][0]
+    top = data["candidates"][0]
     assert top["rule"] == "reentrant-frozen-inputs" and top["cause"] and top["references"] and top["fix"]
+    assert top["confidence"] == "confirmed" and top["evidence_lines"] and data["log_shape"] == "full"
 
 
 def test_missing_log_is_a_clear_error(tmp_path, capsys):

@@ -78,6 +78,15 @@ CASES = {
     "qlora-storage-dtype": (
         FSDP2.replace(quantization="4bit", quant_storage_matches=False, checkpointing="off"),
         BASE.replace(quantization="4bit", quant_storage_matches=False)),
+    "zero3-lora-merge": (
+        ZERO3.replace(merge_in_sharded=True, adapter_save_gather=True),
+        ZERO3.replace(merge_in_sharded=True, adapter_save_gather=True, zero_stage=2)),
+    "fsdp1-mixed-dtype": (
+        FSDP1.replace(mixed_param_dtypes=True, precision="bf16-mixed", fsdp_use_orig_params=False),
+        FSDP1.replace(mixed_param_dtypes=True, precision="bf16-mixed", fsdp_frozen_units_separate=True)),
+    "sequence-parallel-recompute": (
+        FSDP2.replace(sequence_parallel=True),
+        FSDP2.replace(sequence_parallel=True, checkpointing="off")),
 }
 
 

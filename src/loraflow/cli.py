@@ -88,22 +88,19 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from loraflow.explain import explain_text, list_signatures, read_log, render
+    from loraflow.explain import as_dict, diagnose_log, list_signatures, read_log, render
 
     if args.list:
         print(list_signatures())
         return 0
     if not args.log:
         raise LoraflowError("explain: pass a log file, or `-` to read the log from stdin (or --list).")
-    text = read_log(args.log)
-    matches, framework, versions = explain_text(text)
+    log, candidates, framework = diagnose_log(read_log(args.log))
     if args.json:
-        print(json.dumps({"source": args.log, "framework": framework,
-                          "versions": {k: str(v) for k, v in versions.items()},
-                          "matches": [m.to_dict(framework) for m in matches]}, indent=2))
+        print(json.dumps(as_dict(candidates, framework, log.versions, log, args.log), indent=2))
     else:
-        print(render(matches, framework, versions, text, args.log))
-    return 0 if matches else 1
+        print(render(candidates, framework, log.versions, log, args.log))
+    return 0 if candidates else 1
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

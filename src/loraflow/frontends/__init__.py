@@ -49,6 +49,26 @@ def _module(framework: str):
     return import_module(f"loraflow.frontends.{FRONTENDS[framework]}")
 
 
+# Where a traceback runs through a framework's own code, its path says which one produced the log.
+_LOG_PATHS = (
+    ("openrlhf", r"openrlhf[/\\]|openrlhf\.cli"),
+    ("deepspeed-chat", r"dschat[/\\]|DeepSpeed-Chat|deepspeed_chat|applications[/\\]DeepSpeed-Chat"),
+    ("llama-factory", r"llamafactory[/\\]|llamafactory-cli|LLaMA-Factory"),
+    ("ms-swift", r"[/\\]swift[/\\](llm|trainers|cli)[/\\]|swift (sft|rlhf)"),
+    ("axolotl", r"axolotl[/\\]"),
+    ("hf", r"trl[/\\]trainer[/\\]|transformers[/\\]trainer\.py|accelerate[/\\]accelerator\.py"),
+)
+
+
+def framework_of_log(text: str) -> str | None:
+    import re
+
+    for name, pattern in _LOG_PATHS:
+        if re.search(pattern, text):
+            return name
+    return None
+
+
 def flags_for(framework: str) -> dict[str, str]:
     """Setup field -> that framework's flag or key, in its usual spelling (for wording fixes without a command)."""
     return dict(_module(framework).FLAGS)

@@ -7,8 +7,11 @@ and one that keeps it silent (tests/test_rules.py), and, where it can be reprodu
 
 from __future__ import annotations
 
-from loraflow.rules.registry import Evidence, Rule, register
+from loraflow.rules.registry import Rule, register
 from loraflow.rules.setup import Setup
+from loraflow.rules.signs import (NO_GRAD_FN as _NO_GRAD_FN, RECOMPUTE_COUNT, RECOMPUTE_FRAMES, RECOMPUTE_MESSAGES,
+                                  REENTRANT_WARNING as _REENTRANT_WARNING, Evidence, LogSigns, Message,
+                                  recompute_rivals)
 
 
 def _reentrant_without_input_grad(s: Setup) -> bool:
@@ -37,13 +40,19 @@ register(Rule(
                 "https://pytorch.org/docs/stable/checkpoint.html"),
     fixed_in="transformers 5.x adds the hook for input_ids models in its own checkpointing; raw "
              "torch.utils.checkpoint does not",
-    # The error alone also follows a plain backward under no_grad, and the warning alone is harmless: the
-    # error counts only with checkpointing evidence from the same log.
-    weak_signatures=(r"element 0 of tensors does not require grad and does not have a grad_fn",),
-    evidence=(Evidence(r"None of the inputs have requires_grad=True", 3, "torch's reentrant-checkpoint warning"),
-              Evidence(r"torch[/\\]utils[/\\]checkpoint\.py|CheckpointFunction", 4,
-                       "the traceback runs through torch's checkpoint"),
-              Evidence(r"use_reentrant=True|use_reentrant\W+True", 2, "reentrant checkpointing is named")),
+    # The error also follows a backward under no_grad or a model with nothing trainable: shared, and told apart
+    # by torch's reentrant-checkpoint warning and checkpointing in the same log.
+    log=LogSigns(
+        messages=(Message(_NO_GRAD_FN, "shared", "torch autograd: run_backward (torch/csrc/autograd/engine.cpp)"),),
+        evidence=(Evidence("reentrant_warning", 6, "torch's reentrant-checkpoint warning: a checkpointed segment got "
+                           "no input that requires grad", decisive=True, alone=True),
+                  Evidence("checkpointing", 3, "activation checkpointing is in use"),
+                  Evidence("reentrant", 2, "reentrant checkpointing is named"),
+                  Evidence("peft", 1, "adapters train on a frozen base")),
+        prior=3.0,
+        tells_apart="gradient checkpointing is on, the embeddings are frozen (an adapter, a frozen tower) and nothing "
+                    "calls enable_input_require_grads(); torch warned `None of the inputs have requires_grad=True` "
+                    "earlier in the log"),
 ))
 
 register(Rule(
@@ -64,7 +73,16 @@ register(Rule(
     references=("https://github.com/huggingface/transformers/issues/21381",
                 "https://github.com/huggingface/peft/issues/1142"),
     fixed_in="not fixed upstream",
-    signatures=(r"got no gradient", r"grad is None"),
+    log=LogSigns(
+        messages=(Message(_REENTRANT_WARNING, "warning", "torch/utils/checkpoint.py: CheckpointFunction.forward "
+                          "(check_backward_validity)"),
+                  Message(r"trainable parameters got no gradient", "own", "loraflow guards.check_first_gradients")),
+        evidence=(Evidence("checkpointing", 1, "activation checkpointing is in use"),
+                  Evidence("peft", 1, "adapters train on a frozen base")),
+        prior=1.0,
+        tells_apart="training runs on with torch's `None of the inputs have requires_grad=True` warning: the layers "
+                    "it names never update their adapters (harmless only if every warned layer is frozen, such as a "
+                    "frozen vision tower)"),
 ))
 
 register(Rule(
@@ -85,11 +103,20 @@ register(Rule(
     references=("https://github.com/huggingface/transformers/issues/28056",
                 "https://github.com/huggingface/transformers/pull/30320"),
     fixed_in="transformers' own checkpointing forces it off; torch wrappers never will",
-    weak_signatures=(r"Recomputed values for the following tensors have different metadata",
-                     r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"),
-    evidence=(Evidence(r"past_key_values?|use_cache|DynamicCache", 2, "the KV cache appears in the traceback"),
-              Evidence(r"checkpoint_wrapper", 2, "torch's checkpoint_wrapper is in the traceback"),
-              Evidence(r"must match the size of tensor b", 1, "a sequence length doubled by the second cache write")),
+    log=LogSigns(
+        messages=RECOMPUTE_MESSAGES + (RECOMPUTE_COUNT, Message(
+            r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)", "generic",
+            "attention over a cache of another length")),
+        frames=RECOMPUTE_FRAMES,
+        evidence=(Evidence("meta:cache-grown", 8, "a recomputed tensor grew along one dimension: the KV cache was "
+                           "written a second time during recompute", decisive=True, alone=True),
+                  *recompute_rivals("meta:cache-grown"),
+                  Evidence("kv_cache", 2, "the KV cache appears in the log"),
+                  Evidence("checkpoint_wrapper", 2, "torch's checkpoint_wrapper checkpoints outside transformers"),
+                  Evidence("mismatch:doubled", 2, "one length is twice the other: a sequence written twice")),
+        prior=2.0,
+        tells_apart="use_cache is on during training with checkpointing applied outside transformers (torch's "
+                    "checkpoint_wrapper, FSDP activation_checkpointing); a recomputed length twice the saved one"),
 ))
 
 register(Rule(
@@ -127,10 +154,19 @@ register(Rule(
     elsewhere="fix --lora_target_modules / target_modules to this model's module names",
     references=("peft: NoMatchingPeftModuleError in tuners/tuners_utils.py",),
     fixed_in="design: refuse before training",
-    signatures=(r"trainable params: 0\b", r"Target modules? .* not found in the base model"),
-    weak_signatures=(r"element 0 of tensors does not require grad",),
-    evidence=(Evidence(r"trainable params: 0\b", 3, "PEFT reports zero trainable parameters"),
-              Evidence(r"NoMatchingPeftModuleError|not found in the base model", 4, "PEFT found no target module")),
+    log=LogSigns(
+        messages=(Message(r"trainable params: 0\b", "own", "peft PeftModel.print_trainable_parameters"),
+                  Message(r"Target modules? .{0,400}not found in the base model", "own",
+                          "peft tuners_utils.py: inject_adapter (NoMatchingPeftModuleError since peft 0.14, "
+                          "ValueError before)"),
+                  Message(r"No modules were targeted for adaptation", "own", "peft tuners_utils.py"),
+                  Message(_NO_GRAD_FN, "shared", "torch autograd: run_backward")),
+        evidence=(Evidence("no_trainable", 6, "nothing in the model is trainable", decisive=True),
+                  Evidence("reentrant_warning", -3, "torch's reentrant warning points at checkpointing instead"),
+                  Evidence("checkpointing", -1, "checkpointing is in use, the more common cause")),
+        prior=2.0,
+        tells_apart="PEFT printed `trainable params: 0`, or the target module names (e.g. OPT's `decoder.layers.` "
+                    "or `query_key_value`) do not exist in this model family"),
 ))
 
 register(Rule(
@@ -195,5 +231,9 @@ register(Rule(
                 "https://github.com/axolotl-ai-cloud/axolotl/issues/1031",
                 "https://github.com/huggingface/diffusers/pull/6119"),
     fixed_in="design (PEFT's get_peft_model keeps adapters in fp32 by default: autocast_adapter_dtype=True)",
-    signatures=(r"Attempting to unscale FP16 gradients",),
+    log=LogSigns(
+        messages=(Message(r"Attempting to unscale FP16 gradients", "own",
+                          "torch/amp/grad_scaler.py: GradScaler._unscale_grads_"),),
+        frames=(Message(r"grad_scaler\.py:(_unscale_grads_|unscale_)$|accelerator\.py:unscale_gradients$", "own"),),
+        evidence=(Evidence("half", 1, "half precision is in use"),)),
 ))

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from loraflow.rules.registry import Evidence, Rule, register
+from loraflow.rules.registry import Rule, register
 from loraflow.rules.setup import Setup
+from loraflow.rules.signs import (FLAT_PARAM_FRAMES, RECOMPUTE_FRAMES, RECOMPUTE_MESSAGES, SIZE_ZERO_OPERAND, Evidence,
+                                  LogSigns, Message, recompute_rivals)
 
-# torch's CheckpointError text: shared by three rules (and by unrelated recompute bugs), so it is weak for each and
-# the engine or cache evidence in the same log decides.
-_RECOMPUTE_METADATA = r"Recomputed values for the following tensors have different metadata"
-
+# FSDP1's flattening refuses tensors of mixed dtypes; which mix (4-bit storage, float32 adapters) names the rule.
+FLATTEN_DTYPE = Message(r"(Must flatten tensors|FlatParameter`? requires) (with )?uniform `?dtype", "shared",
+                        "torch/distributed/fsdp/_flat_param.py: _validate_tensors_to_flatten ('FlatParameter requires "
+                        "uniform dtype' in torch<2.1)")
 
 def _checkpointed(s: Setup) -> bool:
     return s.checkpointing != "off"
@@ -46,13 +48,19 @@ register(Rule(
               "else ZeRO-2",
     references=("https://github.com/deepspeedai/DeepSpeed/pull/8148",),
     fixed_in="deepspeed 0.19.3 (PR #8148)",
-    weak_signatures=(_RECOMPUTE_METADATA,),
-    evidence=(Evidence(r"torch\.Size\(\[0\]\)|shape[=:]?\s*\[0\]|'shape': torch\.Size\(\[0\]\)", 4,
-                       "a recomputed shape [0]: a released ZeRO-3 partition"),
-              Evidence(r"deepspeed[/\\]runtime[/\\]zero|partition_parameters|stage3", 3,
-                       "ZeRO-3 code is in the traceback"),
-              Evidence(r"deepspeed", 1, "DeepSpeed is in use"),
-              Evidence(r"dtype=torch\.(bfloat16|float16)", -1, "a dtype difference points elsewhere")),
+    log=LogSigns(
+        messages=RECOMPUTE_MESSAGES,
+        frames=RECOMPUTE_FRAMES,
+        evidence=(Evidence("meta:released-partition", 8, "a recomputed tensor has shape [0] where the forward saved a "
+                           "full one: a ZeRO-3 partition released in between", decisive=True, alone=True),
+                  *recompute_rivals("meta:released-partition"),
+                  Evidence("zero3_hooks", 3, "ZeRO-3 parameter code is in the traceback"),
+                  Evidence("zero3", 2, "ZeRO-3 is in use"),
+                  Evidence("deepspeed", 1, "DeepSpeed is in use"),
+                  Evidence("peft", 1, "frozen base weights (an adapter)")),
+        prior=4.0,
+        tells_apart="DeepSpeed ZeRO-3 with frozen weights (LoRA, a frozen tower) and non-reentrant checkpointing on "
+                    "deepspeed < 0.19.3; the recomputed shapes read torch.Size([0])"),
 ))
 
 register(Rule(
@@ -74,12 +82,19 @@ register(Rule(
     elsewhere="upgrade to torch>=2.13; else apply the checkpoint wrapper before fully_shard",
     references=("https://github.com/pytorch/pytorch/pull/182580",),
     fixed_in="torch 2.13.0 (PR #182580)",
-    signatures=(r"Expected query, key, and value to have the same dtype",),
-    weak_signatures=(_RECOMPUTE_METADATA,),
-    evidence=(Evidence(r"dtype[=:]\s*torch\.(bfloat16|float16)|torch\.(bfloat16|float16)", 3,
-                       "a half-precision dtype is in the mismatch"),
-              Evidence(r"fsdp|fully_shard|_fsdp_param|FSDPModule", 3, "FSDP is in the traceback"),
-              Evidence(r"torch\.Size\(\[0\]\)", -3, "a shape-[0] tensor points at ZeRO-3 instead")),
+    log=LogSigns(
+        messages=RECOMPUTE_MESSAGES + (Message(r"Expected query, key, and value to have the same dtype", "generic",
+                                               "torch scaled_dot_product_attention (recompute in another dtype)"),),
+        frames=RECOMPUTE_FRAMES,
+        evidence=(Evidence("meta:precision-cast", 8, "a recomputed tensor has the saved shape in another precision: "
+                           "a mixed-precision cast skipped during recompute", decisive=True, alone=True),
+                  *recompute_rivals("meta:precision-cast"),
+                  Evidence("fsdp2", 3, "FSDP2 is in use"),
+                  Evidence("fsdp", 1, "FSDP is in use"),
+                  Evidence("zero3", -2, "ZeRO-3 is in use, a more common cause of this error")),
+        prior=1.5,
+        tells_apart="FSDP2 with a bf16/fp16 MixedPrecisionPolicy and the checkpoint wrapper applied around the "
+                    "sharded module on torch < 2.13; the recomputed dtype differs while the shape is the same"),
 ))
 
 register(Rule(
@@ -100,7 +115,14 @@ register(Rule(
     elsewhere="call model.train() before the loss; upgrade to deepspeed>=0.15.4",
     references=("https://github.com/deepspeedai/DeepSpeed/pull/6662",),
     fixed_in="deepspeed 0.15.4 (assert removed, PR #6662)",
-    signatures=(r"backward pass is invalid for module in evaluation mode",),
+    log=LogSigns(
+        messages=(Message(r"backward pass is invalid for module in evaluation mode", "own",
+                          "deepspeed/runtime/zero/parameter_offload.py: pre/post backward hooks (deepspeed<=0.15.3)"),),
+        frames=(Message(r"parameter_offload\.py:(_run_before_backward_function|_post_backward_module_hook|"
+                        r"_pre_backward_module_hook|pre_sub_module_backward_function|"
+                        r"post_sub_module_backward_function|_run_after_backward_function)", "own"),),
+        evidence=(Evidence("rlhf", 1, "an RLHF stage (generation in eval mode) runs"),
+                  Evidence("zero3", 1, "ZeRO-3 is in use"))),
 ))
 
 register(Rule(
@@ -122,9 +144,14 @@ register(Rule(
                 "https://github.com/pytorch/pytorch/issues/24005",
                 "https://github.com/huggingface/accelerate/issues/2017"),
     fixed_in="not a bug: configuration",
-    signatures=(r"Expected to mark a variable ready only once", r"marked as ready twice"),
-    evidence=(Evidence(r"find_unused_parameters", 2, "DDP's unused-parameter search is named"),
-              Evidence(r"checkpoint", 1, "checkpointing is in use")),
+    log=LogSigns(
+        messages=(Message(r"Expected to mark a variable ready only once", "own",
+                          "torch/csrc/distributed/c10d/reducer.cpp: mark_variable_ready"),
+                  Message(r"has been marked as ready twice|marked as ready twice", "own",
+                          "reducer.cpp (names the parameter, with TORCH_DISTRIBUTED_DEBUG)")),
+        evidence=(Evidence("find_unused", 2, "DDP's unused-parameter search is on"),
+                  Evidence("checkpointing", 1, "checkpointing is in use"),
+                  Evidence("reentrant", 1, "reentrant checkpointing is named"))),
 ))
 
 register(Rule(
@@ -143,7 +170,16 @@ register(Rule(
     references=("torch/distributed/fsdp/_flat_param.py: FlatParamHandle._validate_tensors_to_flatten",
                 "https://github.com/huggingface/peft/issues/1702"),
     fixed_in="design",
-    signatures=(r"Must flatten tensors with uniform `?requires_grad`? when `?use_orig_params=False",),
+    log=LogSigns(
+        messages=(Message(r"Must flatten tensors with uniform `?requires_grad`?", "own",
+                          "torch/distributed/fsdp/_flat_param.py: FlatParamHandle._validate_tensors_to_flatten"),
+                  Message(r"`?FlatParameter`? requires uniform `?requires_grad", "own",
+                          "torch/distributed/fsdp/flat_param.py: _init_flat_param (torch<2.1)", "torch<2.1")),
+        frames=FLAT_PARAM_FRAMES,
+        evidence=(Evidence("peft", 1, "adapters train on a frozen base"),
+                  Evidence("fsdp1", 1, "FSDP1 is in use")),
+        prior=2.5,
+        tells_apart="adapters (trainable) and base weights (frozen) in one FSDP1 unit with use_orig_params=False"),
 ))
 
 register(Rule(
@@ -184,9 +220,15 @@ register(Rule(
     references=("https://github.com/huggingface/peft/issues/2892",
                 "https://github.com/huggingface/trl/issues/4416"),
     fixed_in="transformers 5.0.0 for Trainer users",
-    signatures=(r"size mismatch for .*lora_[AB].*torch\.Size\(\[0\]\)",
-                r"copying a param with shape torch\.Size\(\[0\]\)"),
-    evidence=(Evidence(r"lora_[AB]|adapter_model", 2, "adapter tensors are named"),),
+    log=LogSigns(
+        messages=(Message(r"size mismatch for .{0,300}lora_[AB].{0,300}torch\.Size\(\[0\]\)", "own",
+                          "torch Module.load_state_dict on a saved adapter"),
+                  Message(r"copying a param with shape torch\.Size\(\[0\]\)", "own", "load_state_dict"),
+                  Message(r"size mismatch for", "generic", "load_state_dict")),
+        evidence=(Evidence("shape_zero", 4, "a saved tensor has size 0: an ungathered ZeRO-3 partition",
+                           decisive=True),
+                  Evidence("peft", 2, "adapter tensors are named"),
+                  Evidence("zero3", 2, "ZeRO-3 is in use"))),
 ))
 
 register(Rule(
@@ -209,9 +251,12 @@ register(Rule(
     references=("https://github.com/huggingface/trl/pull/1483",
                 "https://github.com/huggingface/transformers/issues/18281"),
     fixed_in="design",
-    weak_signatures=(r"Watchdog caught collective operation timeout", r"synced_gpus"),
-    evidence=(Evidence(r"generate|generation", 2, "generation is in the traceback"),
-              Evidence(r"_ALLGATHER|all_gather", 2, "an all-gather timed out")),
+    log=LogSigns(
+        messages=(Message(r"Watchdog caught collective operation timeout|collective operation timeout", "generic",
+                          "torch ProcessGroupNCCL watchdog"),),
+        evidence=(Evidence("generation", 2, "generation runs"),
+                  Evidence("allgather_timeout", 2, "an all-gather timed out"),
+                  Evidence("zero3", 1, "ZeRO-3 is in use"))),
 ))
 
 register(Rule(
@@ -233,7 +278,13 @@ register(Rule(
     references=("https://github.com/pytorch/pytorch/pull/171779", "https://github.com/pytorch/pytorch/issues/153354",
                 "https://github.com/pytorch/pytorch/issues/187437"),
     fixed_in="torch 2.11.0 (PR #171779); pytorch#187437 reports a variant (checkpoint around the sharded parent)",
-    signatures=(r"got mixed torch\.Tensor and DTensor",),
+    log=LogSigns(
+        messages=(Message(r"got mixed torch\.Tensor and DTensor", "own",
+                          "torch/distributed/tensor/_dispatch.py: OpDispatcher"),),
+        frames=RECOMPUTE_FRAMES,
+        evidence=(Evidence("fsdp2", 2, "FSDP2 is in use"),
+                  Evidence("dtensor", 2, "DTensor parameters are involved"),
+                  Evidence("multi_forward", 2, "a preference stage runs several forwards before one backward"))),
 ))
 
 register(Rule(
@@ -255,11 +306,15 @@ register(Rule(
     references=("https://github.com/huggingface/peft/issues/1731", "https://github.com/huggingface/peft/issues/1737",
                 "https://github.com/huggingface/peft/pull/1806"),
     fixed_in="peft 0.12.0 for FSDP (PR #1806); not fixed for ZeRO-3",
-    weak_signatures=(r"IndexError: tuple index out of range", r"mat1 and mat2 shapes cannot be multiplied",
-                     r"The size of tensor a \(0\) must match the size of tensor b"),
-    evidence=(Evidence(r"peft[/\\]tuners[/\\]lora[/\\]dora\.py|DoraLinearLayer|get_weight_norm", 4,
-                       "DoRA's code is in the traceback"),
-              Evidence(r"deepspeed|fsdp", 1, "a sharding engine is in use")),
+    log=LogSigns(
+        messages=(Message(r"IndexError: tuple index out of range", "generic", "peft DoRA weight norm"),
+                  Message(r"mat1 and mat2 shapes cannot be multiplied", "generic", "peft DoRA"),
+                  SIZE_ZERO_OPERAND),
+        frames=(Message(r"lora[/\\]dora\.py:|:get_weight_norm|:_get_weight_norm|DoraLinearLayer", "own"),),
+        evidence=(Evidence("dora_code", 5, "DoRA's code is in the traceback", decisive=True),
+                  Evidence("dora", 2, "DoRA is in use"),
+                  Evidence("fsdp", 1, "FSDP is in use"),
+                  Evidence("zero3", 1, "ZeRO-3 is in use"))),
 ))
 
 register(Rule(
@@ -278,6 +333,131 @@ register(Rule(
     references=("https://huggingface.co/docs/peft/accelerate/fsdp",
                 "https://github.com/huggingface/transformers/pull/29587"),
     fixed_in="design",
-    signatures=(r"Cannot flatten integer dtype tensors", r"Must flatten tensors with uniform `?dtype"),
-    evidence=(Evidence(r"bitsandbytes|Params4bit|uint8", 3, "4-bit storage is in the traceback"),),
+    log=LogSigns(
+        messages=(Message(r"Cannot flatten integer dtype tensors", "own",
+                          "torch/distributed/fsdp/_flat_param.py: _validate_tensors_to_flatten"),
+                  FLATTEN_DTYPE),
+        frames=FLAT_PARAM_FRAMES,
+        evidence=(Evidence("flatten:int", 8, "the flattened tensors include integer (packed 4-bit) storage",
+                           decisive=True, alone=True),
+                  Evidence("flatten:other", 4, "two half-precision types: 4-bit storage in a dtype unlike the "
+                           "model's"),
+                  Evidence("flatten:half-and-float", -6, "a half tensor beside a float32 one: mixed parameter "
+                           "dtypes, not 4-bit storage"),
+                  Evidence("quant4bit", 3, "a 4-bit base is in use")),
+        prior=1.5,
+        tells_apart="a 4-bit (bitsandbytes) base under FSDP without bnb_4bit_quant_storage set to the model dtype; "
+                    "the dtypes in the message include uint8"),
+))
+
+register(Rule(
+    id="zero3-lora-merge",
+    title="LoRA merged into ZeRO-3-partitioned base weights",
+    verdict="fix",
+    impact="crash",
+    conditions="DeepSpeed ZeRO-3 and adapter weights merged into the base weights while they are partitioned "
+               "(merge_and_unload before saving or for inference, a hybrid engine fusing LoRA for generation)",
+    knobs=("merge_in_sharded", "zero_stage"),
+    when=lambda s: s.zero3 and s.adapter != "full" and s.merge_in_sharded,
+    cause=("Under ZeRO-3 a module's weight is an empty placeholder (shape [0]) or a 1-D slice between uses; only "
+           "the forward's hooks gather it. Merging adds the LoRA product B @ A (out x in) onto that placeholder, so "
+           "the shapes do not fit (`size of tensor a (4096) must match the size of tensor b (0)`), or, where a "
+           "gathered copy is written back in the wrong layout, the merge is silently wrong."),
+    fix="loraflow never merges during training: it saves the adapter, and `loraflow merge` folds it into the whole "
+        "base in one process afterwards.",
+    remedy=lambda s: {"merge_in_sharded": False},
+    elsewhere="save the adapter and merge offline in one process, or gather first: with "
+              "deepspeed.zero.GatheredParameters(list(model.parameters())) around merge_and_unload; DeepSpeed-Chat: "
+              "no --enable_hybrid_engine with LoRA under ZeRO-3",
+    references=("https://github.com/huggingface/peft/issues/297", "https://github.com/huggingface/peft/pull/2446",
+                "https://github.com/hiyouga/LlamaFactory/issues/2081",
+                "https://github.com/deepspeedai/DeepSpeedExamples/issues/337"),
+    fixed_in="not fixed upstream (PEFT's DeepSpeed guide: merging under ZeRO-3 is unsupported)",
+    log=LogSigns(
+        messages=(Message(r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)", "generic",
+                          "peft LoraLayer.merge / merge_and_unload, DeepSpeed hybrid engine _fuse_lora"),
+                  Message(r"mat1 and mat2 shapes cannot be multiplied", "generic", "get_delta_weight"),
+                  SIZE_ZERO_OPERAND),
+        frames=(Message(r":(merge_and_unload|_unload_and_optionally_merge|merge_adapter|_fuse_lora|fuse_lora_weight|"
+                        r"fuse_lora|merge_lora)$", "own"),
+                Message(r"lora(/layer)?\.py:(merge|get_delta_weight)$", "own")),
+        evidence=(Evidence("merge_frames", 5, "the traceback runs through a LoRA merge", decisive=True),
+                  Evidence("merge", 2, "adapter weights are merged"),
+                  Evidence("shape_zero", 2, "a tensor of size 0 (a ZeRO-3 placeholder)"),
+                  Evidence("zero3", 2, "ZeRO-3 is in use"),
+                  Evidence("deepspeed", 1, "DeepSpeed is in use")),
+        prior=2.0,
+        tells_apart="merge_and_unload (or a hybrid engine's LoRA fuse) runs while DeepSpeed ZeRO-3 holds the model"),
+))
+
+register(Rule(
+    id="fsdp1-mixed-dtype",
+    title="FSDP1 cannot flatten float32 adapters beside a half-precision base",
+    verdict="error",
+    impact="crash",
+    conditions="FSDP1 units holding both a bf16/fp16 base and float32 adapters (PEFT upcasts adapters of a "
+               "half-precision base since peft 0.12), adapters not wrapped as their own units",
+    knobs=("mixed_param_dtypes", "fsdp_frozen_units_separate", "engine"),
+    when=lambda s: (s.engine == "fsdp1" and s.adapter != "full" and s.mixed_param_dtypes
+                    and not s.fsdp_frozen_units_separate),
+    cause=("FSDP1 flattens every parameter of a unit into one FlatParameter of a single dtype. A decoder layer whose "
+           "base weights were loaded in bf16 and whose LoRA weights are float32 cannot be flattened: `Must flatten "
+           "tensors with uniform dtype but got torch.bfloat16 and torch.float32`."),
+    fix="loraflow shards with FSDP2 (per-parameter sharding, where each tensor keeps its own dtype); choose engine "
+        "fsdp2.",
+    elsewhere="load the base in float32 and let FSDP's MixedPrecision cast it, or keep adapters in the base dtype "
+              "(get_peft_model(..., autocast_adapter_dtype=False)), or wrap the LoRA modules as their own units "
+              "(peft's fsdp_auto_wrap_policy); prefer FSDP2",
+    references=("https://github.com/huggingface/peft/issues/484",
+                "https://github.com/axolotl-ai-cloud/axolotl/pull/1462",
+                "torch/distributed/fsdp/_flat_param.py: FlatParamHandle._validate_tensors_to_flatten"),
+    fixed_in="design (FSDP2 shards per parameter)",
+    log=LogSigns(
+        messages=(FLATTEN_DTYPE,),
+        frames=FLAT_PARAM_FRAMES,
+        evidence=(Evidence("flatten:half-and-float", 8, "a half-precision tensor beside a float32 one in one unit",
+                           decisive=True, alone=True),
+                  Evidence("flatten:int", -8, "integer storage points at 4-bit quantization instead"),
+                  Evidence("peft", 2, "adapters train on a frozen base"),
+                  Evidence("half", 1, "half precision is in use"),
+                  Evidence("fsdp1", 1, "FSDP1 is in use"),
+                  Evidence("flatten:other", -4, "two half-precision types: a storage dtype unlike the model's"),
+                  Evidence("quant4bit", -2, "a 4-bit base points at its storage dtype instead")),
+        prior=2.0,
+        tells_apart="a bf16/fp16 base with float32 LoRA weights under FSDP1; the dtypes in the message are a half type "
+                    "and float32"),
+))
+
+register(Rule(
+    id="sequence-parallel-recompute",
+    title="Checkpoint recompute sees another sequence split than the forward (context/sequence parallelism)",
+    verdict="error",
+    impact="crash",
+    conditions="activation checkpointing (non-reentrant) with the sequence split across ranks by context or sequence "
+               "parallelism (FSDP2 context_parallel, Ulysses, ring attention) where the recompute runs outside the "
+               "split the forward ran in",
+    knobs=("sequence_parallel", "checkpointing"),
+    when=lambda s: s.sequence_parallel and _checkpointed(s) and s.reentrant is False,
+    cause=("Context and sequence parallelism shard or gather the sequence around each attention call (torch's "
+           "context_parallel rewrites buffers in place on entry; Ulysses all-to-alls heads and sequence). When the "
+           "checkpointed layers recompute in backward outside that context, attention sees the local slice instead "
+           "of the sequence the forward saw, and the recomputed tensors come back with the sequence dimension divided "
+           "by the parallel degree."),
+    fix="loraflow has no context or sequence parallelism; it refuses the combination rather than train with it.",
+    elsewhere="run backward inside the same context-parallel context as the forward, or turn off gradient "
+              "checkpointing for this run, or drop context parallelism",
+    references=("https://github.com/huggingface/trl/issues/4314", "https://github.com/verl-project/verl/issues/4664",
+                "https://github.com/ByteDance-Seed/VeOmni/issues/979"),
+    fixed_in="open upstream (trl#4314)",
+    log=LogSigns(
+        messages=RECOMPUTE_MESSAGES,
+        frames=RECOMPUTE_FRAMES,
+        evidence=(Evidence("meta:sequence-split", 8, "a recomputed tensor is shorter along one dimension by a whole "
+                           "factor: the sequence split between ranks differs between forward and recompute",
+                           decisive=True, alone=True),
+                  *recompute_rivals("meta:sequence-split"),
+                  Evidence("seq_parallel", 4, "context or sequence parallelism is in use")),
+        prior=1.0,
+        tells_apart="context/sequence parallelism (cp_size, ulysses_sequence_parallel_size, ring attention) together "
+                    "with gradient checkpointing; a recomputed sequence length the saved one divided by the degree"),
 ))

@@ -20,9 +20,10 @@ def _section(rule: Rule) -> list[str]:
              f"- **loraflow:** {rule.fix}"]
     if rule.elsewhere:
         lines.append(f"- **Other frameworks:** {rule.elsewhere}")
-    if rule.signatures:
-        shown = "; ".join(f"`{s}`" for s in rule.signatures)
-        lines.append(f"- **Log signatures (regular expressions):** {shown}")
+    if rule.log.messages:
+        shown = "; ".join(f"`{m.pattern}` ({m.kind}{', ' + m.releases if m.releases else ''})"
+                          for m in rule.log.messages)
+        lines.append(f"- **Log messages (regular expressions, with how much each alone says):** {shown}")
     lines.append(f"- **Fixed upstream:** {rule.fixed_in or 'no'}")
     lines.append("- **References:** " + ", ".join(rule.references))
     return lines + [""]

@@ -8,23 +8,17 @@ applies and announces with the rule id. No rule is written inline anywhere else:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from packaging.specifiers import SpecifierSet
 
 from loraflow.rules.setup import SETUP_FIELDS, Setup
+from loraflow.rules.signs import FACT_NAMES, LogSigns
 
 Verdict = Literal["error", "fix", "warning"]
 Impact = Literal["crash", "silent", "slow"]
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """A pattern in a failed run's log that makes this rule more (weight > 0) or less (< 0) likely."""
-    pattern: str
-    weight: float
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -50,12 +44,8 @@ class Rule:
     """Installed versions that have the bug, as specifiers ({"deepspeed": "<0.19.3"}); empty: every version."""
     references: tuple[str, ...] = ()
     fixed_in: str | None = None
-    signatures: tuple[str, ...] = ()
-    """Regular expressions a failed run's log shows when this rule was violated (read by guards and `explain`)."""
-    weak_signatures: tuple[str, ...] = ()
-    """Generic error texts (an IndexError, a shape mismatch) that point at this rule only with supporting
-    evidence in the same log."""
-    evidence: tuple[Evidence, ...] = ()
+    log: LogSigns = field(default_factory=LogSigns)
+    """How the failure shows in a log: its messages (every wording), raise-path frames and telling facts."""
 
     def __post_init__(self) -> None:
         if (self.verdict == "fix") != (self.remedy is not None):
@@ -65,6 +55,11 @@ class Rule:
             raise ValueError(f"rule {self.id}: knobs {unknown} are not Setup fields")
         for package, spec in self.affected.items():
             SpecifierSet(spec)  # raises on a typo
+        unknown_facts = [e.fact for e in self.log.evidence if e.fact not in FACT_NAMES]
+        if unknown_facts:
+            raise ValueError(f"rule {self.id}: evidence facts {unknown_facts} are not in rules/signs.py")
+        for m in (*self.log.messages, *self.log.frames):
+            re.compile(m.pattern)  # raises on a typo
 
     def version_notes(self, setup: Setup) -> tuple[bool, list[str]]:
         """(affected, notes): whether the setup's versions have the bug; unknown versions count as affected."""

@@ -70,6 +70,14 @@ class Setup:
     """Saving gathers sharded (ZeRO-3) adapter partitions before writing them."""
     dora_weight_gather: bool = False
     """DoRA's weight-norm computation gathers the sharded base weight first."""
+    merge_in_sharded: bool = False
+    """Adapter weights are merged into sharded (ZeRO-3-partitioned) base weights without gathering them first: a
+    hybrid engine fusing LoRA for generation, merge_and_unload before saving or for inference."""
+    sequence_parallel: bool = False
+    """The sequence is split across ranks (context parallelism, ring attention, Ulysses)."""
+    mixed_param_dtypes: bool = False
+    """Trainable adapters are stored in float32 beside a base stored in bf16/fp16 (PEFT's autocast_adapter_dtype
+    upcasts adapters of a half-precision base since peft 0.12)."""
     versions: dict[str, Version | None] = field(default_factory=dict, hash=False, compare=False)
 
     @property

@@ -1,0 +1,174 @@
+"""Rank the registry's rules as causes of one log, each with a confidence level and the evidence behind it.
+
+Confidence levels:
+- confirmed: the rule's own message is in the log, or a message it shares with other failures together with a fact
+  that only this failure produces (a recomputed shape [0]; 4-bit storage in a flatten error).
+- likely: a shared or generic message with facts that point here; a log that stops inside the rule's raise path
+  before its error line (truncated); a warning that means the run silently learns nothing, with no crash after it.
+- possible: a message that a small known set of failures print, with nothing in the log to tell them apart (a
+  famous one-line paste); ranked by how common each cause is, with what to check first.
+A log whose messages no rule knows, or whose facts rule every candidate out, gets no claim.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from packaging.specifiers import SpecifierSet
+
+from loraflow.explain.facts import Facts, read_facts
+from loraflow.explain.logread import LogView
+from loraflow.rules import Rule, all_rules
+from loraflow.rules.signs import Message, fact_reason
+
+LEVELS = ("confirmed", "likely", "possible")
+LIKELY_AT = 3.0  # evidence weight that turns a shared or generic message into a likely cause
+VERSION_AFFECTED, VERSION_FIXED = 2.0, -6.0
+
+
+@dataclass
+class Candidate:
+    rule: Rule
+    confidence: str
+    score: float
+    lines: list[tuple[int, str]] = field(default_factory=list)
+    """(line number, text) of the messages and frames that name this failure."""
+    reasons: list[str] = field(default_factory=list)
+    message_keys: frozenset[str] = frozenset()
+    """The shared messages it was found by (to let a confirmed sibling displace it)."""
+
+    @property
+    def rank_key(self) -> tuple[int, float]:
+        return (LEVELS.index(self.confidence), -self.score)
+
+
+@lru_cache(maxsize=None)
+def _rx(pattern: str) -> re.Pattern:
+    return re.compile(pattern, re.IGNORECASE)
+
+
+def _hits(messages: tuple[Message, ...], lines: list[str]) -> dict[str, list[tuple[Message, int, str]]]:
+    """Per message kind, the last line each message matches (in a traceback the error line comes last)."""
+    out: dict[str, list[tuple[Message, int, str]]] = {}
+    for m in messages:
+        rx = _rx(m.pattern)
+        last = next(((i, line) for i, line in zip(range(len(lines), 0, -1), reversed(lines)) if rx.search(line)),
+                    None)
+        if last:
+            out.setdefault(m.kind, []).append((m, last[0], last[1].strip()[:240]))
+    return out
+
+
+def _frame_hits(rule: Rule, log: LogView) -> tuple[list[tuple[Message, int, str]], bool]:
+    """Raise-path frames of this rule, and whether one lies in the log's unfinished last traceback."""
+    if not rule.log.frames or not log.frames:
+        return [], False
+    last_error = log.errors[-1][0] if log.errors else 0
+    hits = []
+    tail = False
+    for m in rule.log.frames:
+        rx = _rx(m.pattern)
+        found = [f for f in log.frames if rx.search(f.where)]
+        if found:
+            f = found[-1]
+            hits.append((m, f.line_no, f"in {f.function} ({f.path})"))
+            tail = tail or (log.truncated and f.line_no > last_error)
+    return hits, tail
+
+
+def _evidence(rule: Rule, facts: Facts, log: LogView) -> tuple[float, bool, bool, list[str]]:
+    """(weight, decisive, names the failure alone, reasons) of the rule's facts found in the log."""
+    score, decisive, alone, reasons = 0.0, False, False, []
+    for ev in rule.log.evidence:
+        if ev.fact in facts:
+            score += ev.weight
+            decisive = decisive or (ev.decisive and ev.weight > 0)
+            alone = alone or (ev.alone and ev.weight > 0)
+            shown = facts.lines.get(ev.fact)
+            where = f" (line {shown[0]})" if shown else ""
+            reasons.append(f"{'+' if ev.weight > 0 else '-'} {ev.reason}{where}")
+    for package, spec in rule.affected.items():
+        seen = log.versions.get(package)
+        if seen is None:
+            continue
+        if seen in SpecifierSet(spec):
+            score += VERSION_AFFECTED
+            reasons.append(f"+ the log shows {package} {seen}, which is affected ({package}{spec})")
+        else:
+            score += VERSION_FIXED
+            reasons.append(f"- the log shows {package} {seen}, which has the fix ({rule.fixed_in})")
+    return score, decisive, alone, reasons
+
+
+def score_rule(rule: Rule, log: LogView, facts: Facts) -> Candidate | None:
+    if not rule.log.messages and not rule.log.frames:
+        return None
+    hits = _hits(rule.log.messages, log.lines)
+    frames, in_tail = _frame_hits(rule, log)
+    weight, decisive, alone, reasons = _evidence(rule, facts, log)
+    own, shared, generic, warned = (hits.get(k, []) for k in ("own", "shared", "generic", "warning"))
+    # A shared message alone is a possible cause only where nothing shows a run unrelated to training: a short paste,
+    # an excerpt without a Python traceback, or a traceback through training code.
+    context = log.one_liner or not log.frames or "training" in facts or "meta:any" in facts
+    found = own + shared + generic
+    level = None
+    if own:
+        level = "confirmed" if weight > VERSION_FIXED / 2 else "likely"
+        reasons.insert(0, "its own error message is in the log")
+    elif shared or generic:
+        if decisive:
+            level = "confirmed"
+        elif weight >= LIKELY_AT:
+            level = "likely"
+        elif shared and weight >= 0 and context:
+            level = "possible"
+        reasons.insert(0, f"a message {'several failures share' if shared else 'many failures print'} is in the log")
+    elif in_tail:
+        own_frame = any(m.kind == "own" for m, _, _ in frames)
+        if own_frame or decisive or weight >= LIKELY_AT:
+            level = "likely"
+        elif weight > 0 and any(m.kind == "shared" for m, _, _ in frames):
+            level = "possible"
+        reasons.insert(0, "the log stops inside this failure's raise path, before the error line (truncated)")
+    elif log.truncated and alone and not warned:
+        level = "likely"
+        reasons.insert(0, "the log stops inside a traceback before its error line, and a fact only this failure "
+                          "produces is in it")
+    elif warned and not log.frames and not log.errors and weight >= 0:
+        level = "likely"
+        reasons.insert(0, "only its warning is in the log and no crash follows: the failure is silent")
+        found = warned
+    if level is None:
+        return None
+    frame_bonus = 1.5 * len(frames) if found else 0.0
+    base = {"own": 10.0, "shared": 6.0, "generic": 4.0, "warning": 5.0}
+    kind_score = max((base[m.kind] for m, _, _ in found), default=4.0) + 2.0 * max(len(own) - 1, 0)
+    score = kind_score + weight + frame_bonus + rule.log.prior
+    lines = sorted({(n, t) for _, n, t in found + frames})
+    keys = frozenset(m.pattern for m, _, _ in shared + generic)
+    return Candidate(rule, level, round(score, 2), lines, reasons, keys)
+
+
+def _displace(candidates: list[Candidate]) -> list[Candidate]:
+    """A rule confirmed by a fact only it produces displaces the siblings found by the same shared message."""
+    confirmed = [c for c in candidates if c.confidence == "confirmed" and c.message_keys]
+    out = []
+    for c in candidates:
+        if c.confidence != "confirmed" and any(c.message_keys & k.message_keys for k in confirmed):
+            continue
+        out.append(c)
+    return out
+
+
+def diagnose(log: LogView) -> list[Candidate]:
+    facts = read_facts(log)
+    found = [c for rule in all_rules() if (c := score_rule(rule, log, facts))]
+    found = _displace(found)
+    found.sort(key=lambda c: c.rank_key)
+    return found
+
+
+def fact_text(name: str) -> str:
+    return fact_reason(name)

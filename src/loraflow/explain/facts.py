@@ -1,0 +1,131 @@
+"""The facts of one log: the named patterns of rules/signs.py, plus what the numbers in some messages say.
+
+The checkpoint's metadata dump is read pair by pair: how the recomputed tensor differs from the saved one names the
+mechanism (a shape that became [0] is a released ZeRO-3 partition; the same shape in another precision is a skipped
+mixed-precision cast; a dimension that grew is a KV cache written twice; one divided by a whole factor is a sequence
+split across ranks). The verdict comes from the difference, not from which words happen to appear in the log.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from loraflow.explain.logread import LogView
+from loraflow.rules.signs import COMPILED_FACTS
+
+_SHAPE = re.compile(r"'shape':\s*torch\.Size\(\[([\d,\s]*)\]\)")
+_DTYPE = re.compile(r"'dtype':\s*torch\.(\w+)")
+_HALF = {"bfloat16", "float16", "half", "bf16", "fp16"}
+_FLOAT = {"float32", "float"}
+_INTS = {"uint8", "int8", "int16", "int32", "int64", "bool"}
+
+
+@dataclass
+class Tensor:
+    shape: tuple[int, ...] | None
+    dtype: str | None
+
+
+@dataclass
+class Facts:
+    names: set[str] = field(default_factory=set)
+    lines: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """For structured facts: the line that shows it."""
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names
+
+    def add(self, name: str, line: tuple[int, str] | None = None) -> None:
+        self.names.add(name)
+        if line is not None and name not in self.lines:
+            self.lines[name] = line
+
+
+def _tensor(line: str) -> Tensor:
+    shape = _SHAPE.search(line)
+    dtype = _DTYPE.search(line)
+    dims = tuple(int(x) for x in shape.group(1).replace(" ", "").split(",") if x) if shape else None
+    return Tensor(dims, dtype.group(1) if dtype else None)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def pair_verdict(saved: Tensor, recomputed: Tensor) -> str | None:
+    """How one recomputed tensor differs from the saved one; None when they agree or the dump is cut."""
+    if saved.shape is None or recomputed.shape is None:
+        if saved.dtype and recomputed.dtype and saved.dtype != recomputed.dtype:
+            return _dtype_verdict(saved.dtype, recomputed.dtype)
+        return None
+    if saved.shape == recomputed.shape:
+        if saved.dtype and recomputed.dtype and saved.dtype != recomputed.dtype:
+            return _dtype_verdict(saved.dtype, recomputed.dtype)
+        return None
+    if _numel(recomputed.shape) == 0 and _numel(saved.shape) > 0:
+        return "meta:released-partition"
+    if len(saved.shape) == len(recomputed.shape):
+        differ = [(s, r) for s, r in zip(saved.shape, recomputed.shape) if s != r]
+        if len(differ) == 1:
+            s, r = differ[0]
+            if r > s:
+                return "meta:cache-grown"
+            if r > 0 and s % r == 0:
+                return "meta:sequence-split"
+    return "meta:unexplained"
+
+
+def _dtype_verdict(a: str, b: str) -> str:
+    pair = {a, b}
+    if pair & _HALF and pair & _FLOAT:
+        return "meta:precision-cast"
+    return "meta:unexplained"
+
+
+def _metadata(log: LogView, facts: Facts) -> None:
+    saved: tuple[int, Tensor] | None = None
+    for i, line in enumerate(log.lines, 1):
+        if "saved metadata" in line:
+            saved = (i, _tensor(line))
+        elif "recomputed metadata" in line:
+            facts.add("meta:any", (i, line.strip()[:240]))
+            if saved is None:
+                continue
+            verdict = pair_verdict(saved[1], _tensor(line))
+            if verdict:
+                facts.add(verdict, (i, line.strip()[:240]))
+            saved = None
+
+
+def _flatten(log: LogView, facts: Facts) -> None:
+    for i, line in enumerate(log.lines, 1):
+        if re.search(r"Cannot flatten integer dtype", line):
+            facts.add("flatten:int", (i, line.strip()[:240]))
+        elif re.search(r"(flatten|FlatParameter).{0,60}uniform\W{0,2}dtype", line, re.IGNORECASE):
+            dtypes = set(re.findall(r"torch\.(\w+)", line))
+            name = ("flatten:int" if dtypes & _INTS else "flatten:half-and-float" if dtypes & _HALF and
+                    dtypes & _FLOAT else "flatten:other")
+            facts.add(name, (i, line.strip()[:240]))
+
+
+def read_facts(log: LogView) -> Facts:
+    facts = Facts()
+    for name, rx in COMPILED_FACTS.items():
+        if rx.search(log.text):
+            facts.add(name)
+    _metadata(log, facts)
+    _flatten(log, facts)
+    for i, line in enumerate(log.lines, 1):
+        if re.search(r"different number of tensors was saved|Number of tensors saved during forward", line):
+            facts.add("recompute:count", (i, line.strip()[:240]))
+        sizes = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)", line)
+        if sizes and {int(sizes.group(1)), int(sizes.group(2))} and max(map(int, sizes.groups())) == 2 * min(
+                map(int, sizes.groups())) > 0:
+            facts.add("mismatch:doubled", (i, line.strip()[:240]))
+    if log.truncated:
+        facts.add("truncated")
+    return facts

@@ -1,0 +1,135 @@
+"""Reading a pasted or captured log into what `explain` reasons about: its lines, the traceback frames, the error
+lines, the printed package versions, and its shape (a whole traceback, one that stops before its error line, only
+a warning, only a metadata dump, a one-line paste)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+
+from packaging.version import InvalidVersion, Version
+
+from loraflow.errors import LoraflowError
+
+MAX_LINES, MAX_LINE_CHARS = 20_000, 2_000
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in ([\w<>.]+)')
+# An exception line: `RuntimeError: ...`, `torch.utils.checkpoint.CheckpointError: ...`, a bare `AssertionError`,
+# after any `[rank0]:` style prefix. Warnings (`UserWarning: ...`) are not errors.
+_ERROR = re.compile(r"^\W*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]*(?:Error|Exception|Interrupt)|AssertionError|"
+                    r"KeyboardInterrupt|SystemExit)(?::\s?(.*))?$")
+# What launchers and tools put before each line of a process's output: `[rank0]: `, `[default0]:`, Ray's
+# `(WorkerDict pid=81325, ip=10.0.0.1) `, pytest's `E   `, `rank0: `, a timestamp.
+_PREFIX = re.compile(r"^(?:\s*(?:\[[^\]]{0,60}\]:?|\([A-Za-z]\w* pid=[^)]{0,80}\)|E {2,}|rank\d+:|"
+                     r"\d{4}-\d\d-\d\d[ T][\d:,.]+(?:\s*-)?)\s?)+")
+
+
+def strip_prefix(line: str) -> str:
+    return _PREFIX.sub("", line, count=1)
+_WARNING = re.compile(r"\b\w*Warning\b:|\[W(?:\s|\d)|\bWARNING\b|\bwarn(?:ing)?s?\.warn", re.IGNORECASE)
+_PACKAGES = {"torch": r"torch|pytorch", "deepspeed": r"deepspeed", "transformers": r"transformers",
+             "peft": r"peft", "bitsandbytes": r"bitsandbytes", "accelerate": r"accelerate", "trl": r"trl"}
+_VERSION = r"(\d+\.\d+(?:\.\d+)?(?:\.?(?:post|dev|rc)\d+)?)"
+
+
+@dataclass
+class Frame:
+    line_no: int
+    path: str
+    function: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.replace(chr(92), '/')}:{self.function}"
+
+
+@dataclass
+class LogView:
+    lines: list[str]
+    text: str
+    frames: list[Frame] = field(default_factory=list)
+    errors: list[tuple[int, str]] = field(default_factory=list)
+    """(line number, text) of each exception line."""
+    versions: dict[str, Version] = field(default_factory=dict)
+
+    @property
+    def final_error(self) -> tuple[int, str] | None:
+        return self.errors[-1] if self.errors else None
+
+    @property
+    def truncated(self) -> bool:
+        """The log stops inside a traceback: frames after the last error line, and no error line after them."""
+        if not self.frames:
+            return False
+        last_frame = self.frames[-1].line_no
+        return not any(n > last_frame for n, _ in self.errors)
+
+    @property
+    def one_liner(self) -> bool:
+        return sum(1 for line in self.lines if line.strip()) <= 3
+
+    @property
+    def shape(self) -> str:
+        if self.truncated:
+            return "truncated"
+        if self.one_liner:
+            return "one-liner"
+        if not self.errors:
+            has_metadata = any("recomputed metadata" in line for line in self.lines)
+            if has_metadata:
+                return "metadata-only"
+            return "warning-only" if any(_WARNING.search(line) for line in self.lines) else "no-error"
+        return "full"
+
+
+def read_log(source: str) -> str:
+    """The log as text; undecodable bytes become U+FFFD rather than an error (logs mix encodings)."""
+    try:
+        if source == "-":
+            return sys.stdin.buffer.read().decode("utf-8", errors="replace")
+        with open(source, "rb") as f:
+            return f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        raise LoraflowError(f"explain: log file {source} does not exist; pass a file or `-` for stdin.") from None
+    except IsADirectoryError:
+        raise LoraflowError(f"explain: {source} is a directory; pass the log file itself.") from None
+    except OSError as exc:
+        raise LoraflowError(f"explain: cannot read {source}: {exc.strerror or exc}.") from None
+
+
+def log_versions(text: str) -> dict[str, Version]:
+    """Package versions a log prints: `DeepSpeed info: version=0.15.3`, ds_report's dot leaders, `torch==2.5.1`,
+    `- PyTorch version (GPU?): 2.1.2+cu118`, `- `transformers` version: 4.40.0`, `deepspeed-0.15.3.dist-info`."""
+    found: dict[str, Version] = {}
+    for package, names in _PACKAGES.items():
+        patterns = (rf"(?i)\b(?:{names})\s+info:\s*version\s*=\s*{_VERSION}",
+                    rf"(?i)\b(?:{names})\s+(?:version|info)\s*\.{{3,}}\s*v?{_VERSION}",
+                    rf"(?i)(?<![\w/.-])`?(?:{names})`?(?:\s+version)?(?:\s*\([^)]*\))?\s*(?:==|:|=|\s)\s*v?{_VERSION}\b",
+                    rf"(?i)\b(?:{names})-{_VERSION}\.dist-info")
+        for pattern in patterns:
+            m = re.search(pattern, text)
+            if m:
+                try:
+                    found[package] = Version(m.group(1))
+                    break
+                except InvalidVersion:
+                    continue
+    return found
+
+
+def view(text: str) -> LogView:
+    """The last MAX_LINES lines of the log, each cut to MAX_LINE_CHARS: failures end a log, and the cap keeps a 100 MB
+    training log or a megabyte-long line from making the regular expressions crawl."""
+    lines = [line[:MAX_LINE_CHARS] for line in text.splitlines()[-MAX_LINES:]]
+    log = LogView(lines=lines, text="\n".join(lines))
+    for i, line in enumerate(lines, 1):
+        m = _FRAME.search(line)
+        if m:
+            log.frames.append(Frame(i, m.group(1), m.group(3)))
+            continue
+        bare = strip_prefix(line).strip()
+        if _ERROR.match(bare):
+            log.errors.append((i, bare[:400]))
+    log.versions = log_versions(log.text)
+    return log

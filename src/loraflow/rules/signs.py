@@ -1,0 +1,187 @@
+"""How a rule's failure shows in a log, declared on the rule itself (`Rule.log`) and read by `loraflow explain`.
+
+A failure leaves three kinds of traces: the message its raise site prints (with every wording that site has had
+across releases), the functions on its raise path (what a traceback shows even when the paste stops before the
+message), and facts about the run that tell it apart from other failures printing the same text (a shape that
+became [0], a ZeRO-3 frame, a dtype pair). The facts a rule may cite are named here once, in FACTS, with the
+spellings their sources use; `explain` computes them per log, plus the structured ones read from a message's
+numbers (STRUCTURED_FACTS).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+MessageKind = Literal["own", "shared", "generic", "warning"]
+
+
+@dataclass(frozen=True)
+class Message:
+    """A text the failure prints. `own`: only this failure prints it (found: confirmed). `shared`: a small known
+    set of failures print it (alone: a possible cause, ranked by `LogSigns.prior`; with facts: likely or confirmed).
+    `generic`: many unrelated failures print it (claimed only with facts that point here). `warning`: printed
+    while the run goes on; with no crash after it, the failure was silent."""
+    pattern: str
+    kind: MessageKind = "own"
+    raised_by: str = ""
+    """The raise site: `torch/utils/checkpoint.py: check_recomputed_tensors_match`."""
+    releases: str = ""
+    """The releases that print this wording (`torch<2.1`); empty: every release known to raise it."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A fact in the log that makes this rule more (weight > 0) or less (< 0) likely. `decisive`: with one of the
+    rule's shared or generic messages, this fact alone confirms the rule."""
+    fact: str
+    weight: float
+    reason: str
+    decisive: bool = False
+    alone: bool = False
+    """This fact names the failure even without its message: a log cut off before its error line still shows it
+    (a metadata pair, the dtypes of a flatten error, torch's reentrant warning before a crash)."""
+
+
+@dataclass(frozen=True)
+class LogSigns:
+    messages: tuple[Message, ...] = ()
+    frames: tuple[str, ...] = ()
+    """Regular expressions over `path:function` of traceback frames on the raise path. A log that stops inside
+    one of them, before any error line, still names the failure."""
+    evidence: tuple[Evidence, ...] = ()
+    prior: float = 1.0
+    """How common this cause is among those printing the same shared message (ranks `possible` candidates)."""
+    tells_apart: str = ""
+    """What in a log or setup points to this cause rather than the others sharing its message: what to check first."""
+
+
+# Facts read from a log by pattern. Paths match with / or \ and module dots; names in any case, as users paste them.
+_P = r"[/\\.]"
+FACTS: dict[str, tuple[str, str]] = {
+    "deepspeed": (r"\bdeepspeed\b|\bds_config|zero_optimization", "DeepSpeed is in use"),
+    "zero3": (rf"deepspeed{_P}runtime{_P}zero{_P}(stage3|partition_parameters|parameter_offload|"
+              rf"partitioned_param_coordinator)|\bzero[_-]?stage\W{{1,4}}3\b|\bzero[-_ ]?3\b|\bstage3_|"
+              r"\"stage\"\s*:\s*3\b|ZeRO[- ]Stage 3|\bds_z3|zero3\.json|\bdeepspeed_stage_3\b",
+              "DeepSpeed ZeRO-3 is in use"),
+    "zero3_hooks": (rf"deepspeed{_P}runtime{_P}zero{_P}(parameter_offload|partitioned_param_coordinator|stage3)",
+                    "ZeRO-3 parameter hooks are in the traceback"),
+    "fsdp1": (rf"torch{_P}distributed{_P}fsdp{_P}(_flat_param|fully_sharded_data_parallel|_runtime_utils|_init_utils|"
+              r"_wrap_utils)|FlatParam(eter|Handle)|FullyShardedDataParallel\b|fsdp_version\W{1,4}1\b",
+              "FSDP1 (flat parameters) is in use"),
+    "fsdp2": (rf"_composable{_P}fsdp|fsdp{_P}_fully_shard|\bfully_shard\b|FSDPModule|_fsdp_param|"
+              r"fsdp_version\W{1,4}2\b|MixedPrecisionPolicy", "FSDP2 (fully_shard) is in use"),
+    "fsdp": (r"\bfsdp|fully_?shard", "FSDP is in use"),
+    "checkpointing": (rf"torch{_P}utils{_P}checkpoint|gradient_checkpointing|activation_checkpointing|"
+                      r"checkpoint_wrapper|CheckpointFunction|CheckpointError|\brecompute",
+                      "activation checkpointing is in use"),
+    "reentrant": (r"CheckpointFunction|use_reentrant\W{1,4}true|use_reentrant_gc\W{1,4}true",
+                  "reentrant checkpointing is in use"),
+    "nonreentrant": (r"unpack_hook|_checkpoint_without_reentrant|check_recomputed_tensors_match|"
+                     r"use_reentrant\W{1,4}false", "non-reentrant checkpointing is in use"),
+    "peft": (rf"\bpeft{_P}|PeftModel|LoraConfig|\blora_[AB]\b|\blora[_-](rank|dim|r|alpha|target)|use_peft|"
+             r"\blora\b|finetuning_type\W{1,4}lora|--lora|qlora|\badapter", "an adapter (LoRA/PEFT) is trained"),
+    "dora": (rf"\bdora\b|use_dora|DoraLinear|lora{_P}dora", "DoRA is in use"),
+    "quant4bit": (r"bitsandbytes|Params4bit|Linear4bit|load_in_4bit|quantization_bit\W{1,4}4\b|\bnf4\b|\bqlora\b|"
+                  r"use_4bit", "a 4-bit quantized base is in use"),
+    "half": (r"bfloat16|float16|\bbf16\b|\bfp16\b|\bhalf\b", "half precision is in use"),
+    "kv_cache": (r"past_key_values?|\buse_cache\b|DynamicCache|\bkv[_ ]cache|cache_position|layer_past",
+                 "the KV cache is involved"),
+    "seq_parallel": (r"ring[_-]?attn|ring[_ -]attention|ulysses|sequence[_ -]parallel|context[_ -]parallel|"
+                     r"\bcp_size\b|\bsp_size\b|sequence_parallel_(size|degree)|\bsp_degree\b",
+                     "context or sequence parallelism is in use"),
+    "generation": (r"\bgenerate\b|generation|rollout|experience_maker|make_experience|\bvllm\b",
+                   "the model generates (RLHF rollouts)"),
+    "merge": (r"merge_and_unload|_unload_and_optionally_merge|fuse_lora|merge_adapter|\bin merge\b|"
+              r"get_delta_weight|unfuse_lora|merge_lora|\bmerged?\b", "adapter weights are merged into the base"),
+    "rlhf": (r"\bppo\b|\bgrpo\b|\brlhf\b|rollout|experience|actor|critic|reward", "an RLHF stage runs"),
+    "ddp": (rf"DistributedDataParallel|torch{_P}nn{_P}parallel{_P}distributed|find_unused_parameters|\bddp\b|"
+            r"reducer", "DDP is in use"),
+    "find_unused": (r"find_unused_parameters\W{1,4}true", "DDP's unused-parameter search is on"),
+    "save": (r"save_pretrained|save_model|save_checkpoint|\bsave_|state_dict|safetensors", "a model is saved"),
+    "load": (r"load_state_dict|from_pretrained|load_adapter|size mismatch for", "a saved model is loaded"),
+    "grad_scaler": (r"GradScaler|grad_scaler|unscale_", "fp16 loss scaling is in use"),
+    "eval_mode": (r"\.eval\(\)|evaluation mode|model\.training", "a module's train/eval mode is involved"),
+    "shape_zero": (r"torch\.Size\(\[0\]\)|size of tensor [ab] \(0\)|shape \[0\]|\[0\]\)|numel\W{1,4}0\b",
+                   "a tensor of size 0 (a released partition)"),
+    "dtensor": (r"\bDTensor\b", "DTensor parameters are involved"),
+    "checkpoint_wrapper": (r"checkpoint_wrapper|CheckpointWrapper|activation_checkpointing\W{1,4}true",
+                           "torch's checkpoint_wrapper (FSDP activation checkpointing) is in use"),
+    "multi_forward": (r"\bdpo\b|chosen|rejected|concatenated_forward|\bkto\b|\borpo\b",
+                      "a preference stage (chosen and rejected forwards)"),
+    "dora_code": (rf"lora{_P}dora\.py|DoraLinearLayer|get_weight_norm", "DoRA's code is in the traceback"),
+    "merge_frames": (r"in (merge_and_unload|_unload_and_optionally_merge|merge_adapter|_fuse_lora|fuse_lora_weight|"
+                     r"fuse_lora|merge_lora|get_delta_weight)\b|lora(/layer)?\.py\", line \d+, in merge\b",
+                     "the traceback runs through a LoRA merge"),
+    "allgather_timeout": (r"_ALLGATHER|all_gather", "an all-gather is involved"),
+    "reentrant_warning": (r"None of the inputs have requires_grad=True", "torch warned that a reentrant-checkpointed "
+                          "segment got no input that requires grad"),
+    "no_trainable": (r"trainable params: 0\b|NoMatchingPeftModuleError|not found in the base model|"
+                     r"No modules were targeted", "nothing in the model is trainable (no adapter matched)"),
+    # The project names a run's own training context: used to tell a training failure from a stray traceback.
+    "training": (rf"\bpeft\b|\blora\b|deepspeed|accelerate|transformers{_P}|\btrainer\b|fsdp|fully_shard|"
+                 r"gradient_checkpointing|"
+                 r"\btrl\b|llamafactory|llama_factory|\bswift\b|openrlhf|axolotl|dschat|fine-?tun|gradient_accum|"
+                 r"\bsft\b|\bdpo\b|\bppo\b|\bgrpo\b", "the log is from a training run"),
+}
+
+# Facts `explain` derives from the numbers in a message rather than from a pattern.
+STRUCTURED_FACTS: dict[str, str] = {
+    "meta:any": "the checkpoint's saved/recomputed metadata pairs are in the log",
+    "meta:released-partition": "a recomputed tensor has shape [0] where the forward saved a full one: a parameter "
+                               "partition released between forward and recompute (ZeRO-3)",
+    "meta:precision-cast": "a recomputed tensor has the saved shape in another precision (half vs float32): a "
+                           "mixed-precision cast skipped during recompute",
+    "meta:cache-grown": "a recomputed tensor is longer along one dimension (doubled): a KV cache written again "
+                        "during recompute",
+    "meta:sequence-split": "a recomputed tensor is shorter along one dimension by a whole factor: the sequence "
+                           "sharded across ranks (context/sequence parallelism) differs between forward and recompute",
+    "meta:unexplained": "the metadata pairs differ in a way none of the known causes produces",
+    "recompute:count": "the recompute saved a different number of tensors than the forward",
+    "mismatch:doubled": "an elementwise op met one length twice the other (a sequence written twice)",
+    "flatten:int": "FSDP was asked to flatten integer (packed 4-bit) storage",
+    "flatten:half-and-float": "FSDP was asked to flatten a half-precision tensor beside a float32 one",
+    "flatten:other": "FSDP was asked to flatten tensors of other mixed dtypes",
+    "truncated": "the log stops inside a traceback, before the error line",
+}
+
+FACT_NAMES = frozenset(FACTS) | frozenset(STRUCTURED_FACTS)
+COMPILED_FACTS = {name: re.compile(pattern, re.IGNORECASE) for name, (pattern, _) in FACTS.items()}
+
+
+def fact_reason(name: str) -> str:
+    return FACTS[name][1] if name in FACTS else STRUCTURED_FACTS[name]
+
+
+# Messages and frames several rules share, declared once here and cited by each rule that prints them.
+NO_GRAD_FN = r"element 0 of tensors does not require grad and does not have a grad_fn"
+REENTRANT_WARNING = r"None of the inputs have requires_grad=True"
+RECOMPUTE_MESSAGES = (
+    Message(r"Recomputed values for the following tensors have different metadata", "shared",
+            "torch/utils/checkpoint.py: _checkpoint_hook / check_recomputed_tensors_match (non-reentrant, torch>=2.0)"),
+    Message(r"recomputed metadata:", "shared", "the same error's per-tensor dump (its header may be cut off)"),
+)
+# The recompute saved another number of tensors: a code path taken on one pass only (a cache, a fused op,
+# torch.compile). Many causes print it, so it counts only with facts that point at one.
+RECOMPUTE_COUNT = Message(r"different number of tensors was saved during the original forward and recomputation|"
+                          r"Number of tensors saved during (forward|recomputation)|trying to save more tensors during "
+                          r"recomputation", "generic", "torch/utils/checkpoint.py: pack_hook / unpack_hook")
+RECOMPUTE_FRAMES = (Message(r"checkpoint\.py:(check_recomputed_tensors_match|unpack_hook|unpack_hook_with_error_cb|"
+                            r"recompute_fn|_checkpoint_hook)", "shared"),)
+# The flat-parameter handle FSDP1 builds per unit: where its three flattening errors are raised.
+FLAT_PARAM_FRAMES = (Message(r"_?flat_param\.py:(_validate_tensors_to_flatten|_init_flat_param|__init__|"
+                             r"flatten_tensors_into_flat_param|_init_flat_param_and_metadata)$|"
+                             r"_init_utils\.py:_init_param_handle_from_params$", "shared"),)
+# A ZeRO-3 placeholder of size 0 in an elementwise op: merging or DoRA's norm read the partitioned weight.
+SIZE_ZERO_OPERAND = Message(r"size of tensor a \(0\) must match the size of tensor b \(\d+\)|size of tensor a \(\d+\) "
+                            r"must match the size of tensor b \(0\)", "shared", "an elementwise op on a ZeRO-3 placeholder")
+_META = ("meta:released-partition", "meta:precision-cast", "meta:cache-grown", "meta:sequence-split")
+
+
+def recompute_rivals(own: str) -> tuple[Evidence, ...]:
+    """For a rule whose recompute mismatch shows as metadata verdict `own`: the other verdicts count against it."""
+    rivals = tuple(Evidence(v, -8, f"{STRUCTURED_FACTS[v].split(':')[0]}, which points elsewhere")
+                   for v in _META if v != own)
+    return rivals + (Evidence("meta:unexplained", -4, "the metadata pairs differ in a way this cause does not "
+                                                       "produce"),)
