@@ -184,8 +184,7 @@ def test_trl_cli_recipe_on_zero3_gets_trl_workaround():
     assert "inferred" in r.sources["engine"]
     # No trl version: the TRL that installs with transformers 4.46 (< 0.19): no checkpointing or bf16 by default.
     era = run(line, OLD)
-    assert era.setup.checkpointing == "off" and any("read as TRL 0.18.2" in n for n in era.notes)
-    assert any("read as TRL 0.26.2" in n for n in run(line, with_versions("transformers=4.57.1", OLD)).notes)
+    assert era.setup.checkpointing == "off" and any("trl<=0.18.2" in n for n in era.notes)
 
 
 def test_hf_trainer_ddp_reentrant_default_depends_on_transformers():

@@ -39,7 +39,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _versions(args: argparse.Namespace):
     from loraflow.environment import detect_environment, parse_versions, with_versions
 
-    env = with_versions(detect_environment(), parse_versions(args.versions or ""))
+    given = "" if (args.versions or "").strip() == "installed" else (args.versions or "")
+    env = with_versions(detect_environment(), parse_versions(given))
     nproc = getattr(args, "nproc", None)
     if nproc is not None:
         import dataclasses
@@ -51,15 +52,20 @@ def _versions(args: argparse.Namespace):
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    env = _versions(args)
     if args.command_line is not None or args.framework:
+        from loraflow.environment import parse_versions
         from loraflow.frontends import run_check
 
+        # Another framework's run does not happen on this machine: only the versions given are known (`installed`
+        # takes this machine's), and every finding says for which releases of the others it holds.
+        given = args.versions or ""
+        versions = dict(_versions(args).versions) if given.strip() == "installed" else parse_versions(given)
         files = args.items if args.framework else []
-        text, code = run_check(args.command_line if args.command_line else None, args.framework, files,
-                               dict(env.versions), args.json)
+        text, code = run_check(args.command_line if args.command_line else None, args.framework, files, versions,
+                               args.json)
         print(text)
         return code
+    env = _versions(args)
     from loraflow.config import load_config
     from loraflow.plan import resolve
     from loraflow.run import demo_config
@@ -168,8 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("items", nargs="*", metavar="CONFIG.yaml | key=value | FILE")
     c.add_argument("--framework", help="read FILE... as this framework's config (openrlhf, deepspeed-chat, hf, "
                                        "llama-factory, ms-swift, axolotl, deepspeed)")
-    c.add_argument("--versions", metavar="PKG=VER,...", help="evaluate against these versions instead of the "
-                                                             "installed ones, e.g. deepspeed=0.15.3,torch=2.5.1")
+    c.add_argument("--versions", metavar="PKG=VER,...", help="the versions the run used, e.g. deepspeed=0.15.3,"
+                   "torch=2.5.1,trl=0.12.2 (frameworks: openrlhf, ms-swift, llama-factory, axolotl, deepspeed-chat=DATE). "
+                   "Another framework's setup is checked over every release of what is not given; `installed` takes "
+                   "this machine's. A loraflow config is checked against the installed versions unless given")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--stage", choices=STAGES, help="check the config as this stage would train it; with no "
                    "config, that stage's built-in demo (default: the config's stage, or sft)")

@@ -105,7 +105,10 @@ def _flatten(log: LogView, facts: Facts) -> None:
     for i, line in enumerate(log.lines, 1):
         if re.search(r"Cannot flatten integer dtype", line):
             facts.add("flatten:int", (i, line.strip()[:240]))
-        elif re.search(r"(flatten|FlatParameter).{0,60}uniform\W{0,2}dtype", line, re.IGNORECASE):
+        elif re.search(r"Integer parameters are unsupported", line):
+            facts.add("flatten:int", (i, line.strip()[:240]))
+        elif re.search(r"(flatten|FlatParameter).{0,60}uniform\W{0,2}dtype|uniform original parameter dtype", line,
+                       re.IGNORECASE):
             dtypes = set(re.findall(r"torch\.(\w+)", line))
             name = ("flatten:int" if dtypes & _INTS else "flatten:half-and-float" if dtypes & _HALF and
                     dtypes & _FLOAT else "flatten:other")

@@ -1,6 +1,7 @@
 """Other frameworks' command lines and config files -> loraflow's normalized Setup, for `loraflow check`.
 
-Interface (one module per framework, registered in FRONTENDS):
+Interface (one module per framework, each declaring itself once in a module-level FRAMEWORK; _MODULES below is the
+dispatch order):
   result = from_command(argv, versions)            # argv: the launch line after `loraflow check --`
   result = from_files(framework, paths, versions)   # `loraflow check --framework NAME FILE...`
 A FrontendResult carries the Setup, where each field's value came from (a flag, a file key, or the framework's own
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from importlib import import_module
+from typing import Callable
 
 from loraflow.rules.setup import Setup
 
@@ -29,49 +31,112 @@ class FrontendResult:
     notes: list[str] = field(default_factory=list)
     flags: dict[str, str] = field(default_factory=dict)
     """Setup field -> this framework's flag or key that changes it (used to word fixes)."""
+    queried: dict = field(default_factory=dict)
+    """Package -> the versions the frontend compared it with (where its defaults change)."""
+    eras: dict = field(default_factory=dict)
+    """Package -> (specifier, reason): the release range the command itself reveals."""
+    unsure: dict = field(default_factory=dict)
+    """Setup field -> ({value: meaning}, why): choices made in the user's code, where no flag shows them."""
 
 
-FRAMEWORKS = ("openrlhf", "deepspeed-chat", "hf", "llama-factory", "ms-swift", "axolotl", "deepspeed")
-FRONTENDS = {"openrlhf": "openrlhf", "deepspeed-chat": "deepspeed_chat", "hf": "hf", "llama-factory": "llama_factory",
-             "ms-swift": "ms_swift", "axolotl": "axolotl", "deepspeed": "deepspeed"}
-TITLES = {"openrlhf": "OpenRLHF", "deepspeed-chat": "DeepSpeed-Chat", "hf": "HF Trainer / TRL",
-          "llama-factory": "LLaMA-Factory", "ms-swift": "ms-swift", "axolotl": "Axolotl",
-          "deepspeed": "DeepSpeed config"}
+@dataclass(frozen=True)
+class Framework:
+    """What a frontend module declares about its framework, once (its module-level FRAMEWORK)."""
+    name: str
+    title: str
+    module: str
+    recognise: Callable[["CommandView"], bool] | None
+    """Whether a launch command line runs this framework; None: it has no command line (a config format)."""
+    flags: dict[str, str]
+    """Setup field -> the framework's flag or key that changes it, in its usual spelling (words every fix)."""
+    log_paths: str = ""
+    """Where a traceback runs through this framework's own code (`loraflow explain` names the framework)."""
+    file_markers: frozenset[str] = frozenset()
+    """Config-file keys only this framework uses (to recognise its YAML on a launch line or given to check)."""
+    release: str | None = None
+    """The name of its own release in `--versions` (trl, openrlhf, ms-swift, ...); None: no release of its own."""
+    depends: tuple[tuple[str, str, dict[str, str]], ...] = ()
+    """(package, release range, {dependency: range}): what a release range pins (requirements.txt), so the
+    scenarios of `check` never pair a release with versions it cannot run with."""
 
 
-def _module(framework: str):
+# The frontends in dispatch order: the first whose `recognise` accepts a command line reads it; the general HF
+# Trainer reader comes last among those with command lines. This tuple is the one list of frameworks.
+_MODULES = ("openrlhf", "axolotl", "llama_factory", "ms_swift", "deepspeed_chat", "hf", "deepspeed")
+
+
+def frameworks() -> list[Framework]:
+    return [import_module(f"loraflow.frontends.{m}").FRAMEWORK for m in _MODULES]
+
+
+def framework(name: str) -> Framework:
     from loraflow.errors import LoraflowError
 
-    if framework not in FRONTENDS:
-        near = get_close_matches(framework.lower(), FRAMEWORKS, n=2, cutoff=0.5)
+    known = {f.name: f for f in frameworks()}
+    if name not in known:
+        near = get_close_matches(name.lower(), list(known), n=2, cutoff=0.5)
         hint = f" Did you mean {' or '.join(near)}?" if near else ""
-        raise LoraflowError(f"unknown framework `{framework}`: loraflow check reads {', '.join(FRAMEWORKS)}.{hint}")
-    return import_module(f"loraflow.frontends.{FRONTENDS[framework]}")
+        raise LoraflowError(f"unknown framework `{name}`: loraflow check reads {', '.join(known)}.{hint}")
+    return known[name]
 
 
-# Where a traceback runs through a framework's own code, its path says which one produced the log.
-_LOG_PATHS = (
-    ("openrlhf", r"openrlhf[/\\]|openrlhf\.cli"),
-    ("deepspeed-chat", r"dschat[/\\]|DeepSpeed-Chat|deepspeed_chat|applications[/\\]DeepSpeed-Chat"),
-    ("llama-factory", r"llamafactory[/\\]|llamafactory-cli|LLaMA-Factory"),
-    ("ms-swift", r"[/\\]swift[/\\](llm|trainers|cli)[/\\]|swift (sft|rlhf)"),
-    ("axolotl", r"axolotl[/\\]"),
-    ("hf", r"trl[/\\]trainer[/\\]|transformers[/\\]trainer\.py|accelerate[/\\]accelerator\.py"),
-)
+def _module(name: str):
+    return import_module(f"loraflow.frontends.{framework(name).module}")
+
+
+def __getattr__(attr: str):
+    # FRAMEWORKS and TITLES are read from the declarations, never listed a second time.
+    if attr == "FRAMEWORKS":
+        return tuple(f.name for f in frameworks())
+    if attr == "TITLES":
+        return {f.name: f.title for f in frameworks()}
+    raise AttributeError(attr)
 
 
 def framework_of_log(text: str) -> str | None:
+    """The framework whose code a log's traceback runs through (first match in dispatch order)."""
     import re
 
-    for name, pattern in _LOG_PATHS:
-        if re.search(pattern, text):
-            return name
+    for f in frameworks():
+        if f.log_paths and re.search(f.log_paths, text):
+            return f.name
     return None
 
 
-def flags_for(framework: str) -> dict[str, str]:
+def flags_for(name: str) -> dict[str, str]:
     """Setup field -> that framework's flag or key, in its usual spelling (for wording fixes without a command)."""
-    return dict(_module(framework).FLAGS)
+    return dict(framework(name).flags)
+
+
+@dataclass
+class CommandView:
+    """A launch command as the recognisers read it."""
+    program: str
+    dotted: str
+    cli: str | None
+    flags: set[str]
+    yaml_keys: set[str]
+    positionals: list[str]
+
+    def runs(self, package: str) -> bool:
+        """`python -m package.x`, `package/x.py`: the program is inside `package`."""
+        return self.dotted.startswith(f"{package}.") or f".{package}." in self.dotted
+
+
+def _view(cmd) -> CommandView:
+    from loraflow.frontends.argv import parse_flags, resolve_path
+    from loraflow.frontends.common import load_mapping
+
+    program = cmd.program.replace("\\", "/")
+    args, positionals, _ = parse_flags(cmd.args)
+    keys_found: set[str] = set()
+    for pos in positionals:
+        path = resolve_path(pos)
+        if pos.endswith((".yaml", ".yml")) and path is not None:
+            keys_found |= {str(k) for k in load_mapping(path, "config file")}
+    return CommandView(program, program.removesuffix(".py").replace("/", "."),
+                       program if cmd.program_kind == "cli" else None, {a.name for a in args}, keys_found,
+                       positionals)
 
 
 def detect(argv: list[str]) -> str:
@@ -79,11 +144,6 @@ def detect(argv: list[str]) -> str:
     from loraflow.frontends.argv import split_command
 
     return _detect(split_command(argv))
-
-
-# Config-file keys that only one framework uses (a YAML on a launch line, or a file handed to `loraflow check`).
-_FILE_MARKERS = (("llama-factory", frozenset({"finetuning_type", "lora_target", "template", "stage"})),
-                 ("axolotl", frozenset({"base_model", "adapter", "datasets", "sequence_len"})))
 
 
 def guess_framework_for_files(paths) -> str | None:
@@ -107,11 +167,11 @@ def guess_framework_for_files(paths) -> str | None:
         if "zero_optimization" in found:
             return "deepspeed"
         foreign = found - own
-        for name, markers in _FILE_MARKERS:
+        for f in frameworks():
             # A marker outside loraflow's own keys, and most of the other keys are that framework's too.
-            hits = foreign & known[name]
-            if foreign & markers and len(hits) >= 2 and 2 * len(hits) >= len(foreign):
-                return name
+            hits = foreign & known.get(f.name, set())
+            if foreign & f.file_markers and len(hits) >= 2 and 2 * len(hits) >= len(foreign):
+                return f.name
         hf = foreign & (keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES)
         if "output_dir" in found and len(hf) >= 3 and 2 * len(hf) >= len(foreign):
             return "hf"  # TrainingArguments always need output_dir
@@ -119,83 +179,56 @@ def guess_framework_for_files(paths) -> str | None:
 
 
 def _detect(cmd) -> str:
-    from pathlib import Path
-
     from loraflow.errors import LoraflowError
-    from loraflow.frontends.argv import parse_flags, resolve_path
 
-    program = cmd.program.replace("\\", "/")
-    dotted = program.removesuffix(".py").replace("/", ".")
-    by_cli = {"trl": "hf", "swift": "ms-swift", "llamafactory-cli": "llama-factory", "lmf": "llama-factory",
-              "axolotl": "axolotl"}
-    if cmd.program_kind == "cli" and program in by_cli:
-        return by_cli[program]
-    for prefix, name in (("openrlhf.", "openrlhf"), ("axolotl.", "axolotl"), ("llamafactory.", "llama-factory"),
-                         ("swift.", "ms-swift"), ("trl.", "hf")):
-        if dotted.startswith(prefix) or f".{prefix}" in dotted:
-            return name
-    args, positionals, _ = parse_flags(cmd.args)
-    names = {a.name for a in args}
-    from loraflow.frontends.deepspeed_chat import DISTINCT
-
-    if "DeepSpeed-Chat" in program or "_finetuning/" in program or names & DISTINCT:
-        return "deepspeed-chat"
-    for pos in positionals:
-        path = resolve_path(pos)
-        if pos.endswith((".yaml", ".yml")) and path is not None:
-            from loraflow.frontends.common import load_mapping
-
-            found = set(load_mapping(path, "config file"))
-            for name, markers in _FILE_MARKERS:
-                if found & markers:
-                    return name
-        if pos.endswith((".yaml", ".yml")) and Path(program).name == "train.py" and "src" in program:
-            return "llama-factory"  # LLaMA-Factory's src/train.py CONFIG.yaml (file not here to peek into)
-    from loraflow.frontends import keys
-
-    if program.endswith(".py") and names & (keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES):
-        return "hf"
-    raise LoraflowError(f"cannot tell which framework `{cmd.describe()}` belongs to. loraflow check reads "
-                        f"{', '.join(FRAMEWORKS)}; name it with --framework NAME (e.g. `loraflow check --framework hf "
-                        f"-- python train.py ...`).")
+    view = _view(cmd)
+    for f in frameworks():
+        if f.recognise is not None and f.recognise(view):
+            return f.name
+    names = ", ".join(f.name for f in frameworks())
+    raise LoraflowError(f"cannot tell which framework `{cmd.describe()}` belongs to. loraflow check reads {names}; "
+                        f"name it with --framework NAME (e.g. `loraflow check --framework hf -- python train.py ...`).")
 
 
-def from_command(argv: list[str], versions: dict, framework: str | None = None) -> FrontendResult:
+def from_command(argv: list[str], versions: dict, name: str | None = None) -> FrontendResult:
     from loraflow.frontends.argv import split_command
 
     cmd = split_command(argv)
-    name = framework or _detect(cmd)
-    result = _module(name).from_command(cmd, versions)
+    result = _module(name or _detect(cmd)).from_command(cmd, versions)
     result.notes[:0] = cmd.notes
     return result
 
 
-def from_files(framework: str, paths: list[str], versions: dict) -> FrontendResult:
+def from_files(name: str, paths: list[str], versions: dict) -> FrontendResult:
     from loraflow.errors import LoraflowError
 
-    module = _module(framework)
+    module = _module(name)
     if not paths:
-        raise LoraflowError(f"--framework {framework} needs at least one file (a config or a launch script), or give "
+        raise LoraflowError(f"--framework {name} needs at least one file (a config or a launch script), or give "
                             f"the launch command after `--`.")
     return module.from_files(list(paths), versions)
 
 
-def run_check(argv: list[str] | None, framework: str | None, files: list[str], versions: dict,
+def run_check(argv: list[str] | None, name: str | None, files: list[str], versions: dict,
               as_json: bool) -> tuple[str, int]:
     """Build the setup from a command line or files, evaluate the rules as they stand (nothing is fixed: loraflow
-    does not run this setup), and render the report. Exit code: 2 crash/silent findings, 1 slow findings or
-    unknown flags, 0 clean."""
+    does not run this setup) over every unknown version and choice, and render the report. Exit code: 2 when a
+    crash/silent finding holds whatever is unknown, 1 for conditional or slow findings or unknown flags, 0 clean."""
     from loraflow.errors import LoraflowError
     from loraflow.frontends.report import render
+    from loraflow.frontends.verdict import check_setup
 
     if argv and files:
         raise LoraflowError("give either the launch command after `--` or files with --framework, not both "
                             f"(files: {' '.join(files)}).")
     if argv:
-        result = from_command(list(argv), versions, framework)
-    elif framework:
-        result = from_files(framework, files, versions)
+        def build(v: dict) -> FrontendResult:
+            return from_command(list(argv), v, name)
+    elif name:
+        def build(v: dict) -> FrontendResult:
+            return from_files(name, files, v)
     else:
-        raise LoraflowError("nothing to check: put the launch command after `--`, or pass --framework NAME with "
-                            f"config files ({', '.join(FRAMEWORKS)}).")
-    return render(result, as_json)
+        names = ", ".join(f.name for f in frameworks())
+        raise LoraflowError(f"nothing to check: put the launch command after `--`, or pass --framework NAME with "
+                            f"config files ({names}).")
+    return render(check_setup(build, versions), as_json)

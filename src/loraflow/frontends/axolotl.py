@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import FrontendResult, deepspeed, keys
+from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import (Command, command_from_script, parse_flags, resolve_path, split_command,
                                      _launcher_options, _world_from_launcher)
 from loraflow.frontends.common import (Draft, accessors, apply_accelerate, apply_fsdp_options, as_bool, as_list,
@@ -204,3 +204,14 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
     _apply(draft, cfg, None, bases)
     finish_world(draft, None)
     return draft.result()
+
+
+MARKERS = frozenset({"base_model", "adapter", "datasets", "sequence_len"})
+
+
+def _recognise(view) -> bool:
+    return view.cli == "axolotl" or view.runs("axolotl") or bool(view.yaml_keys & MARKERS)
+
+
+FRAMEWORK = Framework(name=NAME, title="Axolotl", module="axolotl", recognise=_recognise, flags=FLAGS,
+                      log_paths=r"axolotl[/\\]", file_markers=MARKERS, release="axolotl")

@@ -8,6 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from loraflow.errors import LoraflowError
@@ -19,16 +20,24 @@ _DEFAULTS = {f.name: f.default for f in fields(Setup) if f.name != "versions"}
 
 
 class Draft:
-    """Setup values with their sources; `default()` never overrides what a flag or file already set."""
+    """Setup values with their sources; `default()` never overrides what a flag or file already set.
+
+    `versions` are the package versions of this evaluation: the ones the user gave, plus, in a scenario, the
+    release assumed for each unknown one. Every comparison a frontend makes against a version is recorded
+    (`queried`), so `check` knows which unknown versions change the setup; `era()` records what a flag spelling
+    reveals about a release, and `maybe()` a choice the user's own script makes where no flag shows it."""
 
     def __init__(self, framework: str, versions: dict[str, Version | None]):
         self.framework = framework
-        self.versions = dict(versions)
+        self.versions = {k: v for k, v in versions.items() if v is not None}
         self.values: dict[str, Any] = {}
         self.sources: dict[str, str] = {}
         self.flags: dict[str, str] = {}
         self.unknown: list[str] = []
         self.notes: list[str] = []
+        self.queried: dict[str, set[Version]] = {}
+        self.eras: dict[str, tuple[str, str]] = {}
+        self.unsure: dict[str, tuple[dict[Any, str], str]] = {}
 
     def set(self, name: str, value: Any, source: str) -> None:
         if name not in _DEFAULTS:
@@ -53,20 +62,44 @@ class Draft:
     def flag(self, **mapping: str) -> None:
         self.flags.update(mapping)
 
+    def version(self, package: str) -> Version | None:
+        return self.versions.get(package)
+
+    def era(self, package: str, spec: str, reason: str) -> None:
+        """The command reveals the release range of `package` (a flag spelling, a file layout): scenarios outside
+        it are not evaluated."""
+        if package not in self.eras and self.version(package) is None:
+            self.eras[package] = (spec, reason)
+            self.note(f"{package} release not given: {reason}, so only {package}{spec} is considered")
+
+    def maybe(self, name: str, labels: dict[Any, str], why: str) -> None:
+        """A Setup field the user's own code decides where no flag shows it: every value is evaluated."""
+        if name not in _DEFAULTS:
+            raise KeyError(f"{name} is not a Setup field")
+        self.unsure[name] = (labels, why)
+
     def result(self) -> FrontendResult:
         setup = Setup(**self.values, versions=dict(self.versions))
         return FrontendResult(self.framework, setup, dict(self.sources), list(dict.fromkeys(self.unknown)),
-                              list(self.notes), dict(self.flags))
+                              list(self.notes), dict(self.flags), {k: set(v) for k, v in self.queried.items()},
+                              dict(self.eras), dict(self.unsure))
 
 
 def at_least(draft: Draft, package: str, version: str) -> bool:
-    """Installed (or --versions) `package` >= version; unknown counts as the current release, with a note."""
-    installed = draft.versions.get(package)
-    if installed is None:
-        draft.note(f"{package} version unknown: assumed a current release; pass --versions {package}=X.Y.Z "
-                   f"(behaviour changes at {package} {version})")
-        return True
-    return installed >= Version(version)
+    """`package` >= version for this evaluation. An unknown version reads as a current release; the comparison is
+    recorded, and `check` evaluates the releases on both sides of it."""
+    boundary = Version(version)
+    draft.queried.setdefault(package, set()).add(boundary)
+    known = draft.version(package)
+    if known is not None:
+        return known >= boundary
+    if package in draft.eras:  # unknown within a known era: its newest release
+        for s in SpecifierSet(draft.eras[package][0]):
+            if s.operator == "<=":
+                return Version(s.version) >= boundary
+            if s.operator == "<":
+                return Version(s.version) > boundary
+    return True
 
 
 def load_mapping(path: str | Path, what: str) -> dict[str, Any]:

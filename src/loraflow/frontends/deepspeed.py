@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import FrontendResult, keys
+from loraflow.frontends import Framework, FrontendResult, keys
 from loraflow.frontends.argv import resolve_path
 from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, load_mapping, mapping_value
 
@@ -186,3 +186,6 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
     draft.flag(**FLAGS)
     finish_world(draft, None)
     return draft.result()
+
+
+FRAMEWORK = Framework(name=NAME, title="DeepSpeed config", module="deepspeed", recognise=None, flags=FLAGS)

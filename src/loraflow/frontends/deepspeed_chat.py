@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import FrontendResult, keys
+from loraflow.frontends import Framework, FrontendResult, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_bool, parse_flags, split_command
 from loraflow.frontends.common import Draft, at_least, finish_world, int_value
 
@@ -166,3 +166,12 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
         # Scripts run `deepspeed main.py` from their step directory; keep which step it is.
         cmd.program = next(f"{part}/main.py" for part in _DIRS if part in paths[0])
     return from_command(cmd, versions)
+
+
+def _recognise(view) -> bool:
+    return "DeepSpeed-Chat" in view.program or "_finetuning/" in view.program or bool(view.flags & DISTINCT)
+
+
+FRAMEWORK = Framework(name=NAME, title="DeepSpeed-Chat", module="deepspeed_chat", recognise=_recognise, flags=FLAGS,
+                      log_paths=r"dschat[/\\]|DeepSpeed-Chat|deepspeed_chat|applications[/\\]DeepSpeed-Chat",
+                      release="deepspeed-chat")

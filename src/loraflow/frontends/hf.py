@@ -19,7 +19,7 @@ from typing import Any
 from packaging.version import Version
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import FrontendResult, deepspeed, keys
+from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import (Arg, Command, command_from_script, parse_flags, pull_accelerate_options,
                                      resolve_path, split_command)
 from loraflow.frontends.common import (Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
@@ -85,31 +85,21 @@ def _trainer_from_name(text: str) -> str | None:
     return None
 
 
-def _trl_version(draft: Draft) -> Version:
-    """The TRL whose defaults apply: --versions trl=X; else the newest TRL the given transformers 4.x can run (TRL
-    0.26.2, the last before TRL's use_reentrant changes, where newer ones could run too); else the current TRL."""
-    given = draft.versions.get("trl")
-    if given is not None:
-        return given
-    ask = ("pass --versions trl=X.Y.Z (TRL defaults: bf16 on since 0.19, gradient_checkpointing on since 0.22, "
-           "use_reentrant=False since 0.27, reentrant forced for PEFT + ZeRO-3 in SFT since 0.28 and in DPO, GRPO, "
-           "RLOO, KTO and reward since 1.9)")
-    transformers = draft.versions.get("transformers")
-    if transformers is None or transformers >= Version("5.0.0"):
-        draft.note(f"TRL version unknown: read as the current TRL {TRL_CURRENT}; {ask}")
-        return Version(TRL_CURRENT)
+def _trl_era(draft: Draft) -> None:
+    """Without --versions trl=X, a given transformers 4.x bounds the TRL releases that install beside it (TRL's
+    declared minimum transformers per release); the scenarios of `check` cover every TRL release in that range."""
+    transformers = draft.version("transformers")
+    if draft.version("trl") is not None or transformers is None or transformers >= Version("5.0.0"):
+        return
     for limit, trl in _TRL_FOR_TRANSFORMERS:
         if transformers < Version(limit):
-            draft.note(f"TRL version unknown: read as TRL {trl}, the newest that installs with transformers "
-                       f"{transformers} (later TRL needs transformers >= {limit}); {ask}")
-            return Version(trl)
-    draft.note(f"TRL version unknown: read as TRL 0.26.2, the last release before TRL's use_reentrant changes; TRL "
-               f"0.27 to {TRL_CURRENT} also install with transformers {transformers} and change reentrancy; {ask}")
-    return Version("0.26.2")
+            draft.era("trl", f"<={trl}", f"TRL {trl} is the newest that installs with transformers {transformers} "
+                      f"(later TRL needs transformers >= {limit})")
+            return
 
 
 def _trl_since(draft: Draft, version: str) -> bool:
-    return _trl_version(draft) >= Version(version)
+    return at_least(draft, "trl", version)
 
 
 def _options_from_file(path: Path, into: dict[str, Opt], what: str) -> None:
@@ -204,6 +194,8 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
         return as_bool(opts[name].value, opts[name].source) if name in opts else default
 
     who = "TRL" if trl else "HF Trainer"
+    if trl:
+        _trl_era(draft)
     draft.set("stage", *stage)
     info = _engine(draft, opts, cmd, bases)
     zero3 = draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3
@@ -428,3 +420,14 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
     apply(draft, opts, trl, stage, cmd, bases, trainer)
     finish_world(draft, cmd)
     return draft.result()
+
+
+def _recognise(view) -> bool:
+    if view.cli == "trl" or view.runs("trl"):
+        return True
+    return view.program.endswith(".py") and bool(view.flags & (keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES))
+
+
+FRAMEWORK = Framework(name=NAME, title="HF Trainer / TRL", module="hf", recognise=_recognise, flags=FLAGS,
+                      log_paths=r"trl[/\\]trainer[/\\]|transformers[/\\]trainer\.py|accelerate[/\\]accelerator\.py",
+                      release="trl")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import FrontendResult, deepspeed, keys
+from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, resolve_path, split_command
 from loraflow.frontends.common import (Draft, accessors, apply_accelerate, as_list, at_least, embedding_targets,
                                        finish_world, int_value, precision_from, read_keyed_files, world_from_env)
@@ -205,3 +205,22 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
     finish_world(draft, None)
     return draft.result()
 
+
+MARKERS = frozenset({"finetuning_type", "lora_target", "template", "stage"})
+
+
+def _recognise(view) -> bool:
+    if view.cli in ("llamafactory-cli", "lmf") or view.runs("llamafactory") or view.runs("llmtuner"):
+        return True
+    if view.yaml_keys & MARKERS:
+        return True
+    script = view.program.rsplit("/", 2)
+    in_src = len(script) >= 2 and script[-2] == "src" and script[-1] in ("train.py", "train_bash.py")
+    # src/train.py CONFIG.yaml (the file may not be here to peek into), or the flags of src/train_bash.py.
+    return in_src and (any(p.endswith((".yaml", ".yml")) for p in view.positionals) or
+                       len(view.flags & MARKERS) >= 2) or script[-1] == "train_bash.py"
+
+
+FRAMEWORK = Framework(name=NAME, title="LLaMA-Factory", module="llama_factory", recognise=_recognise, flags=FLAGS,
+                      log_paths=r"llamafactory[/\\]|llmtuner[/\\]|llamafactory-cli|LLaMA-Factory",
+                      file_markers=MARKERS, release="llama-factory")

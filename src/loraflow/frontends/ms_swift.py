@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import FrontendResult, deepspeed, keys
+from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, split_command
 from loraflow.frontends.common import (Draft, apply_fsdp_options, as_bool, as_list, at_least, embedding_targets,
                                        finish_world, int_value, load_mapping, mapping_value, precision_from,
@@ -222,3 +222,12 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
     if len(scripts) != 1 or len(paths) != 1:
         raise LoraflowError("--framework ms-swift takes one launch script (.sh); or give the command after `--`.")
     return from_command(split_command(command_from_script(scripts[0])), versions)
+
+
+def _recognise(view) -> bool:
+    return view.cli == "swift" or view.runs("swift")
+
+
+FRAMEWORK = Framework(name=NAME, title="ms-swift", module="ms_swift", recognise=_recognise, flags=FLAGS,
+                      log_paths=r"[/\\]swift[/\\](llm|trainers|cli|rlhf_trainers)[/\\]|swift (sft|rlhf)",
+                      release="ms-swift")

@@ -9,7 +9,7 @@ dotted ones from v0.10.2 (`--ds.zero_stage`, `--model.gradient_checkpointing_ena
 from __future__ import annotations
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import FrontendResult, keys
+from loraflow.frontends import Framework, FrontendResult, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_bool, parse_flags, split_command
 from loraflow.frontends.common import Draft, finish_world, int_value
 
@@ -174,3 +174,17 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
         raise LoraflowError("--framework openrlhf takes one training script (.sh) holding the launch command, or "
                             "give the command itself after `--`.")
     return from_command(split_command(command_from_script(paths[0])), versions)
+
+
+def _recognise(view) -> bool:
+    # `-m openrlhf.cli.train_sft`, or an example script of the early releases (`deepspeed ../train_sft.py`) with
+    # OpenRLHF's own flags.
+    if view.runs("openrlhf"):
+        return True
+    script = view.program.rsplit("/", 1)[-1].removesuffix(".py")
+    return script in STAGES and len(view.flags & {"pretrain", "micro_train_batch_size", "save_path", "zero_stage",
+                                                   "max_len", "input_key"}) >= 2
+
+
+FRAMEWORK = Framework(name=NAME, title="OpenRLHF", module="openrlhf", recognise=_recognise, flags=FLAGS,
+                      log_paths=r"openrlhf[/\\]|openrlhf\.cli", release="openrlhf")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from loraflow.frontends import TITLES, FrontendResult
-from loraflow.rules import evaluate
+from loraflow.frontends import FrontendResult, frameworks
+from loraflow.frontends.verdict import Checked, Verdict
 from loraflow.rules.setup import SETUP_FIELDS
 
 # Always shown, even when no flag or default set them: they decide most rules.
@@ -38,38 +38,56 @@ def fix_here(result: FrontendResult, rule) -> list[str]:
         if flag:
             out.append(f"change {flag} ({knob} is now {now})")
         else:
-            out.append(f"{knob} is {now}; {TITLES.get(result.framework, result.framework)} has no flag for it (its "
+            title = {f.name: f.title for f in frameworks()}.get(result.framework, result.framework)
+            out.append(f"{knob} is {now}; {title} has no flag for it (its "
                        "training code decides)")
     return out
 
 
-def _exit_code(result: FrontendResult, findings) -> int:
-    if any(f.rule.impact in _SERIOUS for f in findings):
+def _exit_code(result: FrontendResult, findings: list[Checked]) -> int:
+    if any(f.rule.impact in _SERIOUS and f.holds_if is None for f in findings):
         return 2
     return 1 if findings or result.unknown else 0
 
 
-def render(result: FrontendResult, as_json: bool) -> tuple[str, int]:
-    _, findings = evaluate(result.setup, apply_fixes=False)
-    code = _exit_code(result, findings)
+def _condition_note(f: Checked, verdict: Verdict) -> list[str]:
+    if f.holds_if is None:
+        return []
+    deciding = [v for v in verdict.variables if v.name in f.decided_by]
+    asks = [f"--versions {v.name}=X.Y.Z" for v in deciding if v.kind == "version"]
+    shows = [f"{v.name} ({v.why})" for v in deciding if v.kind == "choice"]
+    tail = "; ".join(filter(None, [f"pass {' '.join(asks)} to decide" if asks else "",
+                                   f"not shown by the command: {', '.join(shows)}" if shows else ""]))
+    return [f"holds only if {f.holds_if}" + (f" ({tail})" if tail else "")]
+
+
+def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
+    result = verdict.result
+    code = _exit_code(result, verdict.findings)
     items = [{"rule": f.rule.id, "title": f.rule.title, "impact": f.rule.impact, "verdict": f.rule.verdict,
+              "holds_if": f.holds_if, "decided_by": list(f.decided_by), "affected": dict(f.rule.affected), "fixed_in": f.rule.fixed_in,
               "cause": f.rule.cause, "fix_here": fix_here(result, f.rule) + (
                   [f"in general: {f.rule.elsewhere}"] if f.rule.elsewhere else []),
-              "fix_loraflow": f.rule.fix, "notes": list(f.notes), "references": list(f.rule.references)}
-             for f in findings]
+              "fix_loraflow": f.rule.fix, "notes": _condition_note(f, verdict) + f.notes,
+              "references": list(f.rule.references)} for f in verdict.findings]
+    unknowns = [{"name": v.name, "kind": v.kind,
+                 "ranges": [v.describe(x) for x in v.domain()] if v.kind == "version" else
+                 [v.describe(x) for x in v.values], "why": v.why} for v in verdict.variables]
     if as_json:
         doc = {"framework": result.framework, "setup": {k: _value(getattr(result.setup, k)) for k in SETUP_FIELDS},
                "versions": {k: str(v) for k, v in result.setup.versions.items() if v is not None},
                "sources": result.sources, "flags": result.flags, "unknown": result.unknown, "notes": result.notes,
-               "findings": items, "exit_code": code}
+               "inferred_eras": {k: {"range": spec, "why": why} for k, (spec, why) in result.eras.items()},
+               "unknowns": unknowns, "scenarios": verdict.scenarios, "findings": items, "exit_code": code}
         return json.dumps(doc, indent=2), code
-    return _text(result, items, code), code
+    return _text(result, items, unknowns, code), code
 
 
-def _text(result: FrontendResult, items: list[dict], code: int) -> str:
+def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code: int) -> str:
     s = result.setup
     world = result.sources.get("world_size", "not visible, assumed")
-    lines = [f"{TITLES.get(result.framework, result.framework)} setup, world size {s.world_size} ({world})", ""]
+    title = {f.name: f.title for f in frameworks()}.get(result.framework, result.framework)
+    lines = [f"{title} setup, world size {s.world_size} ({world})", ""]
     shown = [k for k in SETUP_FIELDS if k in _CORE or k in result.sources]
     width = max(len(k) for k in shown)
     vwidth = max(len(str(_value(getattr(s, k)))) for k in shown)
@@ -82,6 +100,14 @@ def _text(result: FrontendResult, items: list[dict], code: int) -> str:
         lines += [f"  {u}" for u in result.unknown]
     if result.notes:
         lines += ["", "notes:"] + [f"  - {n}" for n in result.notes]
+    versions = [u for u in unknowns if u["kind"] == "version"]
+    if versions:
+        lines += ["", "versions not given that decide a finding (the setup above reads each at its newest release):"]
+        lines += [f"  {u['name']}: {', '.join(u['ranges'])}" for u in versions]
+    choices = [u for u in unknowns if u["kind"] == "choice"]
+    if choices:
+        lines += ["", "choices the command does not show that decide a finding:"]
+        lines += [f"  {u['name']}: {' / '.join(u['ranges'])} ({u['why']})" for u in choices]
     lines.append("")
     if not items:
         lines.append("no known conflict between these memory savers and the adapter setup.")
@@ -94,7 +120,8 @@ def _text(result: FrontendResult, items: list[dict], code: int) -> str:
             lines.append(f"    {fix}" if fix.startswith("in general:") else f"    fix here: {fix}")
         lines.append(f"    in loraflow: {item['fix_loraflow']}")
         lines.append("")
-    meaning = {2: "a finding crashes or silently corrupts training", 1: "only slow findings or unread flags",
+    meaning = {2: "a finding crashes or silently corrupts training whatever the unknown versions",
+               1: "findings that hold only for some versions or choices, slow findings, or unread flags",
                0: "clean"}[code]
     lines.append(f"exit code {code}: {meaning}")
     return "\n".join(lines).rstrip() + "\n"

@@ -159,7 +159,8 @@ register(Rule(
                   Message(r"Target modules? .{0,400}not found in the base model", "own",
                           "peft tuners_utils.py: inject_adapter (NoMatchingPeftModuleError since peft 0.14, "
                           "ValueError before)"),
-                  Message(r"No modules were targeted for adaptation", "own", "peft tuners_utils.py"),
+                  Message(r"No modules were targeted for adaptation|All modules were excluded", "own",
+                          "peft tuners_utils.py: inject_adapter (peft>=0.14)"),
                   Message(_NO_GRAD_FN, "shared", "torch autograd: run_backward")),
         evidence=(Evidence("no_trainable", 6, "nothing in the model is trainable", decisive=True),
                   Evidence("reentrant_warning", -3, "torch's reentrant warning points at checkpointing instead"),

@@ -14,9 +14,10 @@ from loraflow.rules.signs import (FLAT_PARAM_FRAMES, RECOMPUTE_FRAMES, RECOMPUTE
                                   LogSigns, Message, recompute_rivals)
 
 # FSDP1's flattening refuses tensors of mixed dtypes; which mix (4-bit storage, float32 adapters) names the rule.
-FLATTEN_DTYPE = Message(r"(Must flatten tensors|FlatParameter`? requires) (with )?uniform `?dtype", "shared",
-                        "torch/distributed/fsdp/_flat_param.py: _validate_tensors_to_flatten ('FlatParameter requires "
-                        "uniform dtype' in torch<2.1)")
+FLATTEN_DTYPE = Message(r"(Must flatten tensors|FlatParameter`? requires) (with )?uniform `?dtype|expects all parameters "
+                        r"to have same dtype|FSDP expects uniform original parameter dtype", "shared",
+                        "FSDP1 _flat_param.py _validate_tensors_to_flatten (`FlatParameter` requires uniform dtype in "
+                        "torch 1.13-2.0, an assert in 1.12); FSDP2 _fsdp_param_group.py _init_mp_dtypes")
 
 def _checkpointed(s: Setup) -> bool:
     return s.checkpointing != "off"
@@ -119,8 +120,8 @@ register(Rule(
         messages=(Message(r"backward pass is invalid for module in evaluation mode", "own",
                           "deepspeed/runtime/zero/parameter_offload.py: pre/post backward hooks (deepspeed<=0.15.3)"),),
         frames=(Message(r"parameter_offload\.py:(_run_before_backward_function|_post_backward_module_hook|"
-                        r"_pre_backward_module_hook|pre_sub_module_backward_function|"
-                        r"post_sub_module_backward_function|_run_after_backward_function)", "own"),),
+                        r"_pre_backward_module_hook|pre_sub_module_backward_function|backward|"
+                        r"post_sub_module_backward_function|_run_after_backward_function)$", "own"),),
         evidence=(Evidence("rlhf", 1, "an RLHF stage (generation in eval mode) runs"),
                   Evidence("zero3", 1, "ZeRO-3 is in use"))),
 ))
@@ -174,7 +175,10 @@ register(Rule(
         messages=(Message(r"Must flatten tensors with uniform `?requires_grad`?", "own",
                           "torch/distributed/fsdp/_flat_param.py: FlatParamHandle._validate_tensors_to_flatten"),
                   Message(r"`?FlatParameter`? requires uniform `?requires_grad", "own",
-                          "torch/distributed/fsdp/flat_param.py: _init_flat_param (torch<2.1)", "torch<2.1")),
+                          "torch/distributed/fsdp/flat_param.py: _init_flat_param (torch 1.13-2.0, even with "
+                          "use_orig_params=True)", "torch>=1.13,<2.1"),
+                  Message(r"expects all parameters to have same requires_grad", "own",
+                          "torch/distributed/fsdp/flatten_params_wrapper.py (an assert)", "torch<1.13")),
         frames=FLAT_PARAM_FRAMES,
         evidence=(Evidence("peft", 1, "adapters train on a frozen base"),
                   Evidence("fsdp1", 1, "FSDP1 is in use")),
@@ -335,7 +339,11 @@ register(Rule(
     fixed_in="design",
     log=LogSigns(
         messages=(Message(r"Cannot flatten integer dtype tensors", "own",
-                          "torch/distributed/fsdp/_flat_param.py: _validate_tensors_to_flatten"),
+                          "torch/distributed/fsdp/_flat_param.py: _validate_tensors_to_flatten", "torch>=2.1"),
+                  Message(r"Integer parameters are unsupported", "own", "torch/distributed/fsdp/flat_param.py",
+                          "torch>=1.13,<2.1"),
+                  Message(r"non-floating frozen Params4bit", "warning", "accelerate fsdp_utils.py fsdp2_prepare_model "
+                          "(excludes them from sharding)", "accelerate>=1.14"),
                   FLATTEN_DTYPE),
         frames=FLAT_PARAM_FRAMES,
         evidence=(Evidence("flatten:int", 8, "the flattened tensors include integer (packed 4-bit) storage",

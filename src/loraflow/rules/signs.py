@@ -74,9 +74,12 @@ FACTS: dict[str, tuple[str, str]] = {
               r"fsdp_version\W{1,4}2\b|MixedPrecisionPolicy", "FSDP2 (fully_shard) is in use"),
     "fsdp": (r"\bfsdp|fully_?shard", "FSDP is in use"),
     "checkpointing": (rf"torch{_P}utils{_P}checkpoint|gradient_checkpointing|activation_checkpointing|"
-                      r"checkpoint_wrapper|CheckpointFunction|CheckpointError|\brecompute",
+                      r"checkpoint_wrapper|CheckpointFunction|CheckpointError|\brecompute|grad_checkpoint|"
+                      r"incompatible with gradient checkpointing",
                       "activation checkpointing is in use"),
-    "reentrant": (r"CheckpointFunction|use_reentrant\W{1,4}true|use_reentrant_gc\W{1,4}true",
+    "reentrant": (r"CheckpointFunction|use_reentrant\W{1,4}true|use_reentrant_gc\W{1,4}true|pass in use_reentrant=True "
+                  r"or use_reentrant=False explicitly|use_reentrant parameter should be passed explicitly|"
+                  r"none of output has requires_grad=True",
                   "reentrant checkpointing is in use"),
     "nonreentrant": (r"unpack_hook|_checkpoint_without_reentrant|check_recomputed_tensors_match|"
                      r"use_reentrant\W{1,4}false", "non-reentrant checkpointing is in use"),
