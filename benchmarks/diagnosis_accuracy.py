@@ -17,7 +17,9 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
+import tempfile
 from collections import Counter, defaultdict
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,12 +90,22 @@ def _run_check(e: dict) -> dict:
     from loraflow.errors import LoraflowError
     from loraflow.frontends import run_check
 
-    files = [str(e["dir"] / f) for f in e["files"]]
+    # Launch lines name their configs by the paths of their own checkout (`configs/deepspeed_config.yaml`); the
+    # manifest's `paths` maps them to the stored files, which are laid out that way in a scratch directory.
+    scratch = Path(tempfile.mkdtemp(prefix="corpus-check-"))
+    for f in e["files"]:
+        shutil.copy(e["dir"] / f, scratch / f)
+    for original, stored in (e.get("paths") or {}).items():
+        target = (scratch / original).resolve()
+        if scratch.resolve() in target.parents:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(e["dir"] / stored, target)
+    files = [str(scratch / f) for f in e["files"]]
     versions = parse_versions(",".join(f"{k}={m.group(0)}" for k, v in (e.get("versions") or {}).items()
                                        if k in TRACKED and (m := re.search(r"\d+(\.\d+)+", str(v)))))
     invocation = e.get("invocation", "command")
     try:
-        with _cwd(e["dir"]):
+        with _cwd(scratch):
             if invocation == "files":
                 text, _ = run_check(None, e.get("framework"), files, dict(versions), True)
             elif invocation == "script":
@@ -103,6 +115,8 @@ def _run_check(e: dict) -> dict:
         return json.loads(text)
     except LoraflowError as exc:
         return {"error": str(exc).splitlines()[0][:200], "findings": []}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def score_check(entries: list[dict]) -> dict:
@@ -113,7 +127,10 @@ def score_check(entries: list[dict]) -> dict:
         serious = {f["rule"] for f in doc.get("findings", []) if f.get("impact") in ("crash", "silent")
                    and not f.get("holds_if")}
         expected = set(e.get("expected") or [])
-        ok = expected <= found if expected else (not serious and "error" not in doc)
+        if e.get("expected_error"):  # a malformed input: the right answer is a clear error naming it
+            ok = e["expected_error"] in (doc.get("error") or "")
+        else:
+            ok = expected <= found if expected else (not serious and "error" not in doc)
         rows.append({"file": f"{e['batch']}/{e['key']}", "batch": e["batch"], "expected": sorted(expected) or None,
                      "framework": e.get("framework") or "?", "ok": ok, "found": sorted(found),
                      "error": doc.get("error"), "decoy": not expected, "detected": doc.get("framework")})

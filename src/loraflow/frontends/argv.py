@@ -232,6 +232,12 @@ def split_command(argv: list[str], depth: int = 0) -> Command:
         if head in ("env", "nohup", "time", "exec", "command") or _ENV.match(head):
             if _ENV.match(head):
                 key, _, val = head.partition("=")
+                if val.startswith("$(") and val.count("(") > val.count(")"):
+                    # `N=$(nvidia-smi --list-gpus | wc -l) swift sft ...` split by a shell that did not run it: the
+                    # substitution's words go with it, and its value is unknown.
+                    end = next((i for i, t in enumerate(rest[1:], 1) if t.endswith(")")), 0)
+                    rest = rest[end:]
+                    val = ""
                 cmd.env[key] = val
             rest = rest[1:]
         elif head in ("bash", "sh") and len(rest) > 1 and Path(rest[1]).is_file() and depth < 3:
@@ -307,6 +313,8 @@ def parse_bool(value: str | list[str] | None, where: str) -> bool:
 
 _ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|'[^']*'|[^\s"'#]*)\s*(?:#.*)?$""")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d)")
+_HEREDOC = re.compile(r"^[ \t]*(?:read\s+(?:-\w+\s+(?:''\s+)?)*(?P<var>[A-Za-z_]\w*)|(?P<var2>[A-Za-z_]\w*)=\$\(cat)\s*"
+                      r"<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)^[ \t]*(?P=tag)\b[^\n]*\n?", re.M | re.S)
 _STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "ray")
 
 
@@ -319,6 +327,12 @@ def command_from_script(path: str) -> list[str]:
     except OSError as exc:
         raise LoraflowError(f"cannot read the launch script {path}: {exc.strerror}.") from None
     variables: dict[str, str] = {}
+    # `read -r -d '' VAR <<EOF ... EOF` (OpenRLHF's example scripts) and `VAR=$(cat <<EOF ... EOF)` hold the
+    # training flags in a here-document: its body becomes the variable's value.
+    for m in _HEREDOC.finditer(text):
+        variables[m.group("var") or m.group("var2")] = " ".join(re.sub(r"\\\s*$", "", line).strip()
+                                             for line in m.group("body").splitlines())
+    text = _HEREDOC.sub("", text)
     joined = re.sub(r"\\\s*\n", " ", text)
 
     def expand(s: str) -> str:

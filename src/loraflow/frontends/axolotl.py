@@ -154,7 +154,7 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
     draft.set("train_mode_at_backward", True, "Trainer.training_step calls model.train()")
     if draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3:
         new = at_least(draft, "transformers", "5.0.0")
-        gather = new or bool(info.get("gather")) or bool(acc.get("zero3_save_16bit_model"))
+        gather = new or deepspeed.gather_on_save(draft, info) or bool(acc.get("zero3_save_16bit_model"))
         draft.set("adapter_save_gather", gather, "transformers >= 5 Trainer.save_model consolidates the trainable "
                   "ZeRO-3 params (transformers trainer.py)" if new else
                   f"{info.get('gather_key', 'gather_16bit_weights_on_model_save')} in the DeepSpeed config")

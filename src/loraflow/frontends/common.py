@@ -4,6 +4,7 @@ files (YAML/JSON) and accelerate's launch configuration (a `--config_file` YAML 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -227,10 +228,42 @@ def read_accelerate_config(name: str, flag: str, bases: tuple = ()) -> tuple[dic
                   "fsdp2_config" else f"trl examples/accelerate_configs/{stem}.yaml" if stem.startswith("deepspeed_")
                   else f"trl trl/accelerate_configs/{stem}.yaml")
         return dict(_ACCELERATE_KNOWN[stem]), f"{name} (inferred: {origin} as shipped)"
-    raise LoraflowError(f"{flag} {name}: no such file (looked in the working directory"
-                        f"{' and ' + ', '.join(map(str, bases)) if bases else ''}) and not a config name loraflow "
-                        f"knows, so the launch setup cannot be read. Run from the directory the path is relative to, "
-                        f"or pass the file to `loraflow check --framework NAME FILE...`.")
+    config, said = _accelerate_from_name(stem)
+    if config is None:
+        raise LoraflowError(f"{flag} {name}: no such file (looked in the working directory"
+                            f"{' and ' + ', '.join(map(str, bases)) if bases else ''}), and its name says nothing about "
+                            f"the launch (DeepSpeed, FSDP or DDP). Run from the directory the path is relative to, or "
+                            f"pass the file to `loraflow check --framework NAME FILE...`.")
+    return config, f"{name} (inferred from its name: {said})"
+
+
+def _accelerate_from_name(stem: str) -> tuple[dict[str, Any] | None, str]:
+    """An accelerate config read from a missing file's name (`deepspeed_config_z3_qlora`, `fsdp_config`,
+    `multi_gpu`): the distributed type and what else the name says; nothing else is assumed."""
+    from loraflow.frontends.deepspeed import _STAGE_IN_NAME
+
+    low = stem.lower()
+    config: dict[str, Any] = {}
+    if "deepspeed" in low or re.search(r"(?<![a-z])(ds|zero)", low):
+        config["distributed_type"] = "DEEPSPEED"
+        m = _STAGE_IN_NAME.search(low)
+        if m:
+            config["deepspeed_config"] = {"zero_stage": int(next(g for g in m.groups() if g is not None))}
+        if "offload" in low:
+            config.setdefault("deepspeed_config", {})["offload_optimizer_device"] = "cpu"
+    elif "fsdp" in low:
+        config["distributed_type"] = "FSDP"
+        config["fsdp_config"] = {"fsdp_version": 2} if "fsdp2" in low else {}
+    elif re.search(r"multi[_-]?gpu|ddp", low):
+        config["distributed_type"] = "MULTI_GPU"
+    elif re.search(r"single|one[_-]?gpu", low):
+        config["distributed_type"] = "NO"
+    else:
+        return None, ""
+    said = config["distributed_type"].lower()
+    if "deepspeed_config" in config and "zero_stage" in config["deepspeed_config"]:
+        said += f" ZeRO-{config['deepspeed_config']['zero_stage']}"
+    return config, said
 
 
 def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str, Any]:
@@ -261,6 +294,9 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         if stage is not None:
             where = f"--zero_stage {stage}" if flag("zero_stage") else f"{label}: deepspeed_config.zero_stage"
             draft.set("zero_stage", int_value(stage, where, "a ZeRO stage", (0, 1, 2, 3)), where)
+        elif "(inferred" in label and not (flag("deepspeed_config_file") or ds.get("deepspeed_config_file")):
+            draft.maybe("zero_stage", {n: f"the accelerate config sets ZeRO stage {n}" for n in (0, 1, 2, 3)},
+                        f"{label}: the file is not here and its name gives no stage")
         devices = [flag("offload_optimizer_device") or ds.get("offload_optimizer_device"),
                    flag("offload_param_device") or ds.get("offload_param_device")]
         if any(d not in (None, "none") for d in devices):

@@ -7,6 +7,7 @@ bf16.enabled <- --bf16, fp16.enabled <- --fp16); the caller resolves them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,9 @@ SWIFT_NAMES: dict[str, tuple[dict, str]] = {
     "zero2_offload": (_known(2, opt=True), "ms-swift swift/config/zero2_offload.json"),
     "zero3": (_known(3, gather=True), "ms-swift swift/config/zero3.json"),
     "zero3_offload": (_known(3, opt=True, param=True, gather=True), "ms-swift swift/config/zero3_offload.json"),
+    # ms-swift v1.5.4 - v2.6 (swift/llm/ds_config/)
+    "default-zero2": (_known(2), "ms-swift 1.x/2.x swift/llm/ds_config/zero2.json"),
+    "default-zero3": (_known(3, gather=True), "ms-swift 1.x/2.x swift/llm/ds_config/zero3.json"),
 }
 
 
@@ -77,6 +81,41 @@ class DeepSpeedConfig:
     label: str
     """The path read, or `<name> (inferred from the name: upstream file)`."""
     notes: list[str] = field(default_factory=list)
+    unsure: tuple[str, ...] = ()
+    """What neither the file (absent) nor its name says: `stage`, `gather`."""
+
+
+# What a config's file name says about it: `ds_config_zero3.json`, `zero_stage3_config.json`, `ds_z2_offload.json`,
+# `deepspeed_config_s2.json`, ms-swift's `default-zero3`.
+_STAGE_IN_NAME = re.compile(r"(?:zero|stage|ds_?z|z)[_-]?(?:stage)?[_-]?([0-3])(?![0-9])|(?<![a-z])s([0-3])(?![0-9])")
+
+
+def infer_from_name(ref: str) -> tuple[dict, tuple[str, ...], str]:
+    """A config inferred from a missing file's name: the ZeRO stage and offload it names, DeepSpeed's defaults for
+    the rest. Returns (config, what stays unknown, what was inferred in words)."""
+    name = Path(ref).name.lower()
+    m = _STAGE_IN_NAME.search(name)
+    stage = int(next(g for g in m.groups() if g is not None)) if m else None
+    offload = "offload" in name
+    zero: dict[str, Any] = {}
+    unsure = ["gather"]
+    if stage is not None:
+        zero["stage"] = stage
+    else:
+        unsure.append("stage")
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu"}
+    half = "bf16" if "bf16" in name else "fp16" if "fp16" in name else None
+    config: dict[str, Any] = {"zero_optimization": zero, "bf16": {"enabled": half == "bf16" or "auto"},
+                              "fp16": {"enabled": half == "fp16" or "auto"}}
+    said = [f"ZeRO stage {stage}" if stage is not None else "no ZeRO stage (every stage is evaluated)"]
+    if offload:
+        said.append("CPU offload")
+    if half:
+        said.append(half)
+    return config, tuple(unsure), ", ".join(said)
 
 
 def read(ref: str | dict, flag: str, bases: tuple = (), names: dict | None = None) -> DeepSpeedConfig:
@@ -100,11 +139,15 @@ def read(ref: str | dict, flag: str, bases: tuple = (), names: dict | None = Non
                                [f"{ref} is not on this machine; read as {origin} (as shipped upstream): ZeRO stage "
                                 f"{config['zero_optimization']['stage']}. Run from the framework's checkout to check "
                                 f"the file itself"])
+    if not ref.strip() or ref.lstrip().startswith(("{", "[")):
+        raise LoraflowError(f"{flag} {ref!r}: not a DeepSpeed config path.")
+    config, unsure, said = infer_from_name(ref)
     where = ", ".join(str(b) for b in bases if b)
-    raise LoraflowError(f"{flag} {ref}: DeepSpeed config not found (looked in the working directory"
-                        f"{' and ' + where if where else ''}). Its ZeRO stage and offload settings decide several "
-                        f"rules, so loraflow will not guess: run from the directory the path is relative to, or fix "
-                        f"the path given to {flag}.")
+    return DeepSpeedConfig(config, f"{ref} (inferred from its name)",
+                           [f"{flag} {ref}: no such file here (looked in the working directory"
+                            f"{' and ' + where if where else ''}), so read from its name: {said}; DeepSpeed's defaults "
+                            f"for the rest. Run from the directory the path is relative to for the file itself"],
+                           unsure)
 
 
 def _enabled(section: Any, where: str) -> Any:
@@ -129,6 +172,9 @@ def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
         if key not in keys.DEEPSPEED_ZERO:
             draft.unknown.append(f"{label}: zero_optimization.{key}")
     draft.set("engine", "deepspeed", label)
+    if "stage" in ds.unsure:
+        draft.maybe("zero_stage", {n: f"the DeepSpeed config sets ZeRO stage {n}" for n in (0, 1, 2, 3)},
+                    f"{label}: the file is not here and its name gives no stage")
     stage = zero.get("stage", 0)  # DeepSpeedZeroConfig.stage defaults to 0 (deepspeed/runtime/zero/config.py)
     where = f"{label}: zero_optimization.stage"
     draft.set("zero_stage", int_value(stage, where, "a ZeRO stage", (0, 1, 2, 3)), where if "stage" in zero else
@@ -148,9 +194,20 @@ def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
     hybrid = cfg.get("hybrid_engine") or {}
     return {"bf16": _enabled(cfg.get("bf16", cfg.get("bfloat16")), f"{label}: bf16"),
             "fp16": _enabled(cfg.get("fp16"), f"{label}: fp16"),
-            "gather": as_bool(gather, f"{label}: {gather_key}") if gather_key else False,
+            "gather": as_bool(gather, f"{label}: {gather_key}") if gather_key else "gather" in ds.unsure,
+            "gather_unknown": "gather" in ds.unsure, "label": label,
             "gather_key": gather_key or "zero_optimization.stage3_gather_16bit_weights_on_model_save",
             "hybrid_engine": bool(isinstance(hybrid, dict) and hybrid.get("enabled") is True)}
+
+
+def gather_on_save(draft: Draft, info: dict[str, Any]) -> bool:
+    """Whether the DeepSpeed config gathers 16-bit weights on save (for the frontends whose save goes through it).
+    When its file is not here, both answers are evaluated."""
+    if info.get("gather_unknown"):
+        draft.maybe("adapter_save_gather", {True: "the DeepSpeed config gathers 16-bit weights on save",
+                                            False: "the DeepSpeed config does not gather weights on save"},
+                    f"{info.get('label')}: stage3_gather_16bit_weights_on_model_save is not visible")
+    return bool(info.get("gather"))
 
 
 def resolve_precision(draft: Draft, info: dict[str, Any], label: str, hf_bf16: bool | None, hf_fp16: bool | None,
@@ -177,7 +234,7 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
         if "auto" in (info["bf16"], info["fp16"]):
             draft.note(f"{label}: bf16/fp16 \"auto\" is filled by the launching framework's --bf16/--fp16 flags, "
                        "not visible here; precision left at fp32")
-        draft.set("adapter_save_gather", info["gather"], f"{label}: {info['gather_key']}" + (
+        draft.set("adapter_save_gather", gather_on_save(draft, info), f"{label}: {info['gather_key']}" + (
             "" if info["gather"] else " (absent or false; a save through DeepSpeed writes the partitions as they are)"))
         if info["hybrid_engine"]:
             draft.set("generation_gather", True, f"{label}: hybrid_engine.enabled (gathers once per generate)")

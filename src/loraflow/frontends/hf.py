@@ -22,6 +22,7 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import (Arg, Command, command_from_script, parse_flags, pull_accelerate_options,
                                      resolve_path, split_command)
+from loraflow.frontends.intent import infer
 from loraflow.frontends.common import (Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
                                        embedding_targets, finish_world, int_value, load_mapping, mapping_value,
                                        precision_from)
@@ -216,9 +217,19 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
         elif mp in ("bf16", "fp16"):
             draft.set("precision", precision_from(mp == "bf16", mp == "fp16"), "accelerate mixed_precision")
 
+    # A script's own flags (not TrainingArguments', not TRL's): what they say about adapters, quantization,
+    # reentrancy and frozen towers (frontends/intent.py).
+    known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | _HANDLED
+    intent = infer({n: (o.value, o.source) for n, o in opts.items() if n not in known})
+    custom = bool(intent.used)
     # Adapter: TRL scripts train a PEFT adapter only with --use_peft (ModelConfig.use_peft default False,
     # trl/trainer/model_config.py). A plain Trainer script trains what it builds; with no PEFT flag, every weight.
-    if "use_peft" in opts or trl:
+    if intent.adapter and "use_peft" not in opts:
+        draft.set("adapter", intent.adapter, f"{intent.sources['adapter']} (inferred from the script's own flag)")
+        draft.note(f"{intent.sources['adapter']}: read as {intent.adapter} on a frozen base (a flag of the script "
+                   "itself, not of the HF Trainer)" if intent.adapter != "full" else
+                   f"{intent.sources['adapter']}: read as full fine-tuning")
+    elif "use_peft" in opts or trl:
         peft = on("use_peft")
         draft.set("adapter", ("dora" if on("use_dora") else "lora") if peft else "full",
                   opts["use_peft"].source if "use_peft" in opts else
@@ -235,11 +246,17 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     for bits in ("4", "8"):
         if on(f"load_in_{bits}bit"):
             draft.set("quantization", f"{bits}bit", opts[f"load_in_{bits}bit"].source)
+    if intent.quantization and not draft.has("quantization"):
+        draft.set("quantization", intent.quantization, f"{intent.sources['quantization']} (inferred)")
+    if intent.frozen_modules:
+        draft.set("frozen_modules", True, f"{intent.sources['frozen_modules']} (inferred: a tower stays frozen)")
     if draft.get("quantization") == "4bit":
-        storage = str(opts["bnb_4bit_quant_storage"].value) if "bnb_4bit_quant_storage" in opts else None
+        storage = (str(opts["bnb_4bit_quant_storage"].value) if "bnb_4bit_quant_storage" in opts else
+                   intent.storage)
         dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)
         same = storage is not None and storage in (dtype, "bfloat16" if bf16 else "float16" if fp16 else "float32")
-        draft.set("quant_storage_matches", same, opts["bnb_4bit_quant_storage"].source if storage else
+        draft.set("quant_storage_matches", same, (opts["bnb_4bit_quant_storage"].source if "bnb_4bit_quant_storage"
+                                                  in opts else f"{storage} (the script's storage flag)") if storage else
                   "default (bnb_4bit_quant_storage unset: packed uint8, trl/trainer/utils.py)")
 
     # Checkpointing: TRL turns it on by default (trl/trainer/base_config.py, since TRL 0.22); the Trainer does not.
@@ -273,6 +290,9 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                 draft.note(f"{opts[kw_name].source}: TRL overrides use_reentrant=false to true under PEFT + ZeRO-3")
         elif "use_reentrant" in kwargs:
             draft.set("reentrant", as_bool(kwargs["use_reentrant"], kw_name), opts[kw_name].source)
+        elif intent.reentrant is not None:
+            draft.set("reentrant", intent.reentrant, f"{intent.sources['reentrant']} (inferred: the script passes it "
+                      "to gradient_checkpointing_enable)")
         elif trl and _trl_since(draft, "0.27.0"):
             draft.set("reentrant", False, "default (TRL >= 0.27 sets use_reentrant=False when unset, trl/trainer/"
                       f"{trainer}_trainer.py; transformers >= 5 defaults to False as well)")
@@ -280,7 +300,17 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
             new = at_least(draft, "transformers", "5.0.0")
             draft.set("reentrant", not new, f"default (transformers {'>=' if new else '<'} 5.0: use_reentrant="
                       f"{not new} when gradient_checkpointing_kwargs is unset; transformers PR #43203)")
-        if peft and trl:
+        if custom and kw_name not in opts and intent.reentrant is None:
+            draft.maybe("reentrant", {True: "the script checkpoints reentrant", False: "the script checkpoints "
+                                      "non-reentrant (use_reentrant=False)"},
+                        "a training script of its own may pass gradient_checkpointing_kwargs itself")
+        if peft and custom:
+            draft.set("input_grad_hook", True, "assumed: scripts that train adapters with checkpointing call "
+                      "enable_input_require_grads() themselves")
+            draft.maybe("input_grad_hook", {True: "the script calls enable_input_require_grads()",
+                                            False: "the script adds no input-grad hook"},
+                        "only the script's code shows whether it hooks the embedding output")
+        elif peft and trl:
             draft.set("input_grad_hook", True, "TRL calls enable_input_require_grads() for PEFT + checkpointing "
                       "(trl/trainer/sft_trainer.py)")
         elif peft and at_least(draft, "transformers", "5.0.0"):
@@ -332,7 +362,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
             draft.set("adapter_save_gather", True, "transformers >= 5 Trainer.save_model consolidates the trainable "
                       "ZeRO-3 params of a PeftModel (transformers trainer.py)")
         else:
-            gather = info.get("ds", {}).get("gather") or bool(info["acc"].get("zero3_save_16bit_model"))
+            gather = deepspeed.gather_on_save(draft, info.get("ds", {})) or bool(info["acc"].get("zero3_save_16bit_model"))
             draft.set("adapter_save_gather", gather, f"{info.get('ds_label', 'accelerate config')}: "
                       "stage3_gather_16bit_weights_on_model_save (transformers < 5 saves through it)")
 
@@ -350,9 +380,8 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                adapter_save_gather="stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON" if "ds" in info
                else "zero3_save_16bit_model in the accelerate config")
     draft.flags = {k: v if cli else re.sub(r"(^|\s)--", r"\1", v) for k, v in draft.flags.items() if v}
-    known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | _HANDLED
     for name, opt in opts.items():
-        if name not in known:
+        if name not in known and name not in intent.used:
             draft.unknown.append(opt.source)
 
 

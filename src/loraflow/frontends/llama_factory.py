@@ -166,7 +166,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
             draft.set("adapter_save_gather", True, "transformers >= 5 Trainer.save_model consolidates the trainable "
                       "ZeRO-3 params of a PeftModel (transformers trainer.py)")
         else:
-            gather = bool(info.get("gather")) or bool(acc.get("zero3_save_16bit_model"))
+            gather = deepspeed.gather_on_save(draft, info) or bool(acc.get("zero3_save_16bit_model"))
             key = info.get("gather_key", "stage3_gather_16bit_weights_on_model_save")
             why = ("PPO saves through accelerator.get_state_dict, train/ppo/trainer.py" if stage_raw == "ppo" else
                    "transformers < 5 saves through it")

@@ -175,7 +175,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
         draft.set("forwards_per_step", 1, "concatenated_forward (swift/rlhf_trainers/dpo_trainer.py)")
     draft.set("train_mode_at_backward", True, "Trainer.training_step calls model.train()")
     if draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3:
-        gather = at_least(draft, "transformers", "5.0.0") or bool(info.get("gather"))
+        gather = at_least(draft, "transformers", "5.0.0") or deepspeed.gather_on_save(draft, info)
         why = ("ms-swift gathers the trainable ZeRO-3 params on save (swift/trainers/mixin.py "
                "_fix_zero3_gather_all_parameters) when the DeepSpeed config gathers 16-bit weights" if gather else
                f"{src('deepspeed')}: stage3_gather_16bit_weights_on_model_save false")
@@ -189,7 +189,8 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
-    sub = cmd.subcommand or cmd.program.rsplit(".", 1)[-1]
+    # `swift sft`, `python -m swift.cli.sft`, `swift/cli/sft.py`
+    sub = cmd.subcommand or Path(cmd.program.replace(".", "/").removesuffix("/py")).name
     if sub not in ("sft", "pt", "rlhf"):
         raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads `swift sft`, `swift pt` and `swift rlhf`.")
     args, positionals, _ = parse_flags(cmd.args, lists=keys.MS_SWIFT | keys.HF_TRAINER | _HANDLED)

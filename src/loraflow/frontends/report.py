@@ -68,7 +68,7 @@ def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
               "holds_if": f.holds_if, "decided_by": list(f.decided_by), "affected": dict(f.rule.affected), "fixed_in": f.rule.fixed_in,
               "cause": f.rule.cause, "fix_here": fix_here(result, f.rule) + (
                   [f"in general: {f.rule.elsewhere}"] if f.rule.elsewhere else []),
-              "fix_loraflow": f.rule.fix, "notes": _condition_note(f, verdict) + f.notes,
+              "fix_loraflow": f.rule.fix, "notes": _condition_note(f, verdict),
               "references": list(f.rule.references)} for f in verdict.findings]
     unknowns = [{"name": v.name, "kind": v.kind,
                  "ranges": [v.describe(x) for x in v.domain()] if v.kind == "version" else

@@ -1,9 +1,14 @@
 """The verdict of `check` on another framework's setup: every rule that holds, and under which unknown versions or
-choices it holds (frontends/scenarios.py enumerates them)."""
+choices it holds (frontends/scenarios.py enumerates them).
+
+The frontend is run once per combination of unknown package releases (its defaults change with them); the choices
+a run's own code makes (`Draft.maybe`) are collected from every such run and apply only where that run declared
+them; the rules are then evaluated on every combination.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from packaging.specifiers import SpecifierSet
@@ -15,6 +20,7 @@ from loraflow.frontends.scenarios import (FLOOR, Variable, describe, enumerate_s
 from loraflow.rules import Rule, all_rules, evaluate
 
 Build = Callable[[dict[str, Version]], FrontendResult]
+MAX_ROUNDS = 3
 
 
 @dataclass
@@ -24,7 +30,6 @@ class Checked:
     """None: holds in every scenario; else the condition in words (`deepspeed<0.19.3`)."""
     decided_by: tuple[str, ...] = ()
     """The unknown versions or choices the condition names."""
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -34,57 +39,106 @@ class Verdict:
     set it (what the report shows)."""
     findings: list[Checked]
     variables: list[Variable]
+    """The unknowns that decide some finding."""
     scenarios: int
 
 
-def _consistent(result: FrontendResult) -> Callable[[dict[str, Any]], bool]:
-    """A framework release pins its dependencies: scenarios that pair a release with other versions are dropped."""
+def _meets(spec: SpecifierSet, lo: Version, hi: Version | None) -> bool:
+    """Whether some version in [lo, hi) satisfies `spec` (lo == FLOOR: from the first release)."""
+    candidates = {lo} | {p for p in spec_points(str(spec)) if p >= lo and (hi is None or p < hi)}
+    if lo == FLOOR:
+        candidates |= {p for p in spec_points(str(spec)) if hi is None or p < hi}
+    return any(c in spec for c in candidates if c != FLOOR) or (lo == FLOOR and not candidates - {FLOOR})
+
+
+def _consistent(result: FrontendResult, variables: list[Variable]) -> Callable[[dict[str, Any]], bool]:
+    """A framework release pins its dependencies: scenarios that pair a release range with dependency versions it
+    cannot run with are dropped."""
     from loraflow.frontends import framework
 
     depends = framework(result.framework).depends
+    domains = {v.name: v.domain() for v in variables if v.kind == "version"}
+
+    def bounds(name: str, value: Version) -> tuple[Version, Version | None]:
+        dom = domains[name]
+        i = dom.index(value)
+        return value, (dom[i + 1] if i + 1 < len(dom) else None)
 
     def ok(scenario: dict[str, Any]) -> bool:
         for package, within, pins in depends:
             release = scenario.get(package)
-            if not isinstance(release, Version) or release not in SpecifierSet(within) and release != FLOOR:
+            if not isinstance(release, Version) or not _meets(SpecifierSet(within), *bounds(package, release)):
+                continue
+            # Only when the whole release interval lies in `within` do its pins bind.
+            lo, hi = bounds(package, release)
+            whole = SpecifierSet(within)
+            if not all(p in whole for p in {lo} | {x for x in spec_points(within) if x > lo and (hi is None or x < hi)}
+                       if p != FLOOR):
                 continue
             for dep, spec in pins.items():
                 value = scenario.get(dep)
-                if isinstance(value, Version) and value != FLOOR and value not in SpecifierSet(spec):
+                if isinstance(value, Version) and dep in domains and not _meets(SpecifierSet(spec),
+                                                                                 *bounds(dep, value)):
                     return False
         return True
     return ok
+
+
+def _version_space(first: FrontendResult, queried: dict[str, set[Version]], given: dict[str, Version]
+                   ) -> list[Variable]:
+    from loraflow.frontends import framework
+
+    for package, within, _ in framework(first.framework).depends:
+        queried.setdefault(package, set()).update(spec_points(within))
+    for rule in all_rules():
+        for package, spec in rule.affected.items():
+            queried.setdefault(package, set()).update(spec_points(spec))
+    eras = {p: SpecifierSet(spec) for p, (spec, _) in first.eras.items()}
+    return version_variables(queried, given, eras)
 
 
 def check_setup(build: Build, given: dict[str, Version | None]) -> Verdict:
     given = {k: v for k, v in given.items() if v is not None}
     first = build(dict(given))
     queried: dict[str, set[Version]] = {p: set(v) for p, v in first.queried.items()}
-    for rule in all_rules():
-        for package, spec in rule.affected.items():
-            queried.setdefault(package, set()).update(spec_points(spec))
-    eras = {p: SpecifierSet(spec) for p, (spec, _) in first.eras.items()}
-    variables = version_variables(queried, given, eras)
-    for name, (labels, why) in first.unsure.items():
-        variables.append(Variable(name, "choice", values=list(labels), labels=labels, why=why))
-    scenarios = enumerate_scenarios(variables, _consistent(first))
-    frontend_versions = set(first.queried)
     rebuilt: dict[tuple, FrontendResult] = {}
+    for _ in range(MAX_ROUNDS):
+        variables = _version_space(first, {p: set(v) for p, v in queried.items()}, given)
+        scenarios = enumerate_scenarios(variables, _consistent(first, variables))
+        frontend_packages = set(queried)
+        grew = False
+        for scenario in scenarios:
+            versions = {**given, **scenario}
+            key = tuple(sorted((k, str(v)) for k, v in versions.items() if k in frontend_packages))
+            if key not in rebuilt:
+                rebuilt[key] = build(versions)
+                for package, points in rebuilt[key].queried.items():
+                    if not points <= queried.setdefault(package, set()):
+                        queried[package] |= points
+                        grew = True
+        if not grew:
+            break
+    # Choices a run's own code makes, from every build; each applies where its build declared it.
+    choices: dict[str, tuple[dict, str]] = {}
+    for result in [first, *rebuilt.values()]:
+        for name, (labels, why) in result.unsure.items():
+            choices.setdefault(name, (dict(labels), why))[0].update(labels)
+    choice_vars = [Variable(n, "choice", values=list(labels), labels=labels, why=why)
+                   for n, (labels, why) in choices.items()]
+    full = [dict(s, **c) for s in scenarios for c in enumerate_scenarios(choice_vars)]
+    all_vars = variables + choice_vars
     holds: dict[str, list[bool]] = {}
-    notes: dict[str, list[str]] = {}
-    for i, scenario in enumerate(scenarios):
+    for i, scenario in enumerate(full):
         versions = {**given, **{k: v for k, v in scenario.items() if isinstance(v, Version)}}
-        key = tuple(sorted((k, str(v)) for k, v in versions.items() if k in frontend_versions))
-        if key not in rebuilt:
-            rebuilt[key] = build(versions)
-        choices = {k: v for k, v in scenario.items() if not isinstance(v, Version)}
-        setup = rebuilt[key].setup.replace(versions=versions, **choices)
+        key = tuple(sorted((k, str(v)) for k, v in versions.items() if k in queried))
+        result = rebuilt.get(key) or build(versions)
+        overrides = {k: v for k, v in scenario.items() if k in result.unsure}
+        setup = result.setup.replace(versions=versions, **overrides)
         for f in evaluate(setup, apply_fixes=False)[1]:
-            holds.setdefault(f.rule.id, [False] * len(scenarios))[i] = True
-            notes.setdefault(f.rule.id, [])
+            holds.setdefault(f.rule.id, [False] * len(full))[i] = True
     order = {r.id: n for n, r in enumerate(all_rules())}
     rules = {r.id: r for r in all_rules()}
-    findings = [Checked(rules[rid], *describe(h, scenarios, variables)) for rid, h in
+    findings = [Checked(rules[rid], *describe(h, full, all_vars)) for rid, h in
                 sorted(holds.items(), key=lambda kv: order[kv[0]])]
     deciding = {name for f in findings for name in f.decided_by}
-    return Verdict(first, findings, [v for v in variables if v.name in deciding], len(scenarios))
+    return Verdict(first, findings, [v for v in all_vars if v.name in deciding], len(full))

@@ -70,6 +70,9 @@ class Setup:
     """Saving gathers sharded (ZeRO-3) adapter partitions before writing them."""
     dora_weight_gather: bool = False
     """DoRA's weight-norm computation gathers the sharded base weight first."""
+    frozen_modules: bool = False
+    """Base weights stay frozen beyond those an adapter wraps: a frozen vision tower or language model in a
+    vision-language run (frozen weights count for the ZeRO-3 and FSDP rules even in full fine-tuning)."""
     merge_in_sharded: bool = False
     """Adapter weights are merged into sharded (ZeRO-3-partitioned) base weights without gathering them first: a
     hybrid engine fusing LoRA for generation, merge_and_unload before saving or for inference."""
@@ -83,11 +86,12 @@ class Setup:
     @property
     def frozen_params(self) -> bool:
         """Whether any base weight is frozen (every adapter setup; not full fine-tuning)."""
-        return self.adapter != "full"
+        return self.adapter != "full" or self.frozen_modules
 
     @property
     def embedding_output_requires_grad(self) -> bool:
-        return self.embeddings_trainable or self.input_grad_hook or self.adapter == "full"
+        return (self.embeddings_trainable or self.input_grad_hook
+                or (self.adapter == "full" and not self.frozen_modules))
 
     @property
     def zero3(self) -> bool:

@@ -1,0 +1,119 @@
+"""What a training script's own flags say it does, for scripts that are not a framework's entry point: PEFT's
+example scripts, model vendors' `finetune_lora.sh`, forks. Their flags are their own (`--use_peft_lora`,
+`--use_lora true`, `--lora_enable True`, `--use_llm_lora 16`, `--use_4bit_quantization`, `--q_lora`, `--use_reentrant`,
+`--tune_vision`, `--fix_vit`), but the spellings follow a few common patterns. Each inference is reported as such,
+with the flag it came from; a flag that suggests an adapter makes `check` evaluate the adapter case rather than
+silently assume full fine-tuning.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from loraflow.frontends.argv import parse_bool
+
+_TRUE_INT = re.compile(r"^\d+$")
+# Adapter switches (a boolean) and ranks (a number > 0 means an adapter), by name pattern.
+_ADAPTER_SWITCH = re.compile(r"^(use_(peft_)?lora|lora_enable|enable_lora|use_(llm_|vision_)?lora|vision_lora|"
+                             r"llm_lora|use_peft|peft|q_?lora|use_q_?lora|lora)$")
+_ADAPTER_RANK = re.compile(r"^(lora_(r|rank|dim)|(llm|vision|actor)_lora_(r|rank|dim)|use_(llm|vision)_lora)$")
+_ADAPTER_TYPE = re.compile(r"^(finetun(e|ing)_type|train_type|tuner_type|sft_type|peft_type|adapter)$")
+_QUANT4 = re.compile(r"^(use_4bit(_quantization)?|load_in_4bit|q_?lora|use_q_?lora|4bit)$")
+_QUANT8 = re.compile(r"^(use_8bit(_quantization)?|load_in_8bit|8bit)$")
+_QUANT_BITS = re.compile(r"^(bits|quantization_bit|quant_bits|load_bits)$")
+_STORAGE = re.compile(r"^bnb_4bit_quant_storage(_dtype)?$")
+_REENTRANT = re.compile(r"^(use_reentrant|gradient_checkpointing_use_reentrant|use_reentrant_gc|reentrant)$")
+_DORA = re.compile(r"^use_dora$")
+# Towers a vision-language script trains or freezes: `--tune_vision true`, `--tune_llm false`, `--fix_vit True`,
+# `--freeze_vision_tower`, `--freeze_llm`, `--freeze_backbone`, `--tune_mm_mlp_adapter` (only the projector trains).
+_TUNE = re.compile(r"^(tune|train)_(vision|vit|llm|language_model|backbone|visual|mm_mlp_adapter|merger|img_projector)$")
+_FREEZE = re.compile(r"^(freeze|fix)_(vision(_tower)?|vit|llm|language_model|backbone|visual|mlp|merger|vision_model)$")
+
+
+@dataclass
+class Intent:
+    adapter: str | None = None
+    """lora / dora / full, or None when no flag says."""
+    quantization: str | None = None
+    storage: str | None = None
+    reentrant: bool | None = None
+    frozen_modules: bool = False
+    """A tower (vision encoder, language model, projector) stays frozen."""
+    sources: dict[str, str] = field(default_factory=dict)
+    used: set[str] = field(default_factory=set)
+    """The flags read (so they are not listed as not understood)."""
+
+
+def _truthy(value: Any, where: str) -> bool | None:
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if value is None or isinstance(value, bool):
+        return True if value is None else value
+    text = str(value).strip()
+    if _TRUE_INT.match(text):
+        return int(text) > 0
+    try:
+        return parse_bool(text, where)
+    except Exception:  # noqa: BLE001 - a non-boolean value (a module list, a name) says nothing
+        return None
+
+
+def infer(options: dict[str, tuple[Any, str]]) -> Intent:
+    """`options`: flag name -> (value, as written). Reads the flags that match the common patterns."""
+    out = Intent()
+    for name, (value, raw) in options.items():
+        if _ADAPTER_TYPE.match(name) and isinstance(value, (str, list)):
+            kind = str(value[0] if isinstance(value, list) and value else value).lower()
+            if kind in ("lora", "qlora", "dora", "longlora", "full", "freeze"):
+                out.adapter = "full" if kind == "full" else "dora" if kind == "dora" else "lora"
+                out.sources["adapter"] = raw
+                if kind == "qlora":
+                    out.quantization, out.sources["quantization"] = "4bit", raw
+                out.used.add(name)
+            continue
+        if _ADAPTER_SWITCH.match(name) or _ADAPTER_RANK.match(name):
+            on = _truthy(value, raw)
+            if on is not None:
+                out.used.add(name)
+                if on and out.adapter in (None, "full"):
+                    out.adapter, out.sources["adapter"] = "lora", raw
+                elif on is False and out.adapter is None and _ADAPTER_SWITCH.match(name):
+                    out.adapter, out.sources["adapter"] = "full", raw
+            if _QUANT4.match(name) and on:
+                out.quantization, out.sources["quantization"] = "4bit", raw
+            continue
+        if _QUANT4.match(name) or _QUANT8.match(name):
+            on = _truthy(value, raw)
+            out.used.add(name)
+            if on:
+                out.quantization = "4bit" if _QUANT4.match(name) else "8bit"
+                out.sources["quantization"] = raw
+        elif _QUANT_BITS.match(name) and str(value).strip() in ("4", "8"):
+            out.quantization, out.sources["quantization"] = f"{str(value).strip()}bit", raw
+            out.used.add(name)
+        elif _STORAGE.match(name):
+            out.storage = str(value[0] if isinstance(value, list) and value else value)
+            out.used.add(name)
+        elif _REENTRANT.match(name):
+            on = _truthy(value, raw)
+            if on is not None:
+                out.reentrant, out.sources["reentrant"] = on, raw
+                out.used.add(name)
+        elif _DORA.match(name) and _truthy(value, raw):
+            out.adapter, out.sources["adapter"] = "dora", raw
+            out.used.add(name)
+        elif _TUNE.match(name) or _FREEZE.match(name):
+            on = _truthy(value, raw)
+            if on is None:
+                continue
+            out.used.add(name)
+            # `--tune_llm false`, `--freeze_vision_tower`, `--fix_vit True`, `--tune_mm_mlp_adapter` (only the
+            # projector trains): some base weights stay frozen.
+            frozen = (on is False) if _TUNE.match(name) else on
+            if name == "tune_mm_mlp_adapter" and on:
+                frozen = True
+            if frozen:
+                out.frozen_modules, out.sources["frozen_modules"] = True, raw
+    return out
