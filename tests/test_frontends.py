@@ -323,7 +323,10 @@ def test_axolotl_qlora_dora_fsdp1():
     assert (s.stage, s.adapter, s.engine, s.quantization, s.fsdp_use_orig_params) == ("dpo", "dora", "fsdp1", "4bit",
                                                                                       False)
     assert (s.embeddings_trainable, s.lm_head_trainable, s.reentrant, s.offload) == (True, True, False, True)
-    assert "fsdp1-mixed-requires-grad" in ids(r)
+    # transformers >= 4.39 with peft >= 0.11: the Trainer wraps the adapters in FSDP units of their own.
+    assert "fsdp1-mixed-requires-grad" not in ids(r) and r.setup.fsdp_frozen_units_separate
+    older = from_files("axolotl", [fx("axolotl", "qwen_qlora_dora_fsdp1.yml")], with_versions("transformers=4.38.2"))
+    assert {"fsdp1-mixed-requires-grad", "fsdp1-mixed-dtype"} <= ids(older)
     assert "dora-sharded-weight" in ids(from_files("axolotl", [fx("axolotl", "qwen_qlora_dora_fsdp1.yml")],
                                                    with_versions("peft=0.11.1")))
     assert r.unknown == ["qwen_qlora_dora_fsdp1.yml: unknown_axolotl_key"]

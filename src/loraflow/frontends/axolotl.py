@@ -14,7 +14,7 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import (Command, command_from_script, parse_flags, resolve_path, split_command,
                                      _launcher_options, _world_from_launcher)
-from loraflow.frontends.common import (Draft, accessors, apply_accelerate, apply_fsdp_options, as_bool, as_list,
+from loraflow.frontends.common import (trainer_fsdp1, Draft, accessors, apply_accelerate, apply_fsdp_options, as_bool, as_list,
                                        at_least, embedding_targets, finish_world, int_value, mapping_value,
                                        read_keyed_files)
 
@@ -162,6 +162,7 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
     for name, (value, source) in cfg.items():
         if name not in keys.AXOLOTL and name not in _CLI:
             draft.unknown.append(source)
+    trainer_fsdp1(draft, draft.get("precision") != "fp32", "Axolotl loads the model in bf16/fp16 when set")
     draft.flag(**FLAGS)
 
 

@@ -69,9 +69,14 @@ class Draft:
     def era(self, package: str, spec: str, reason: str) -> None:
         """The command reveals the release range of `package` (a flag spelling, a file layout): scenarios outside
         it are not evaluated."""
-        if package not in self.eras and self.version(package) is None:
-            self.eras[package] = (spec, reason)
-            self.note(f"{package} release not given: {reason}, so only {package}{spec} is considered")
+        if self.version(package) is not None:
+            return
+        if package in self.eras:  # several spellings: the releases that have all of them
+            old_spec, old_reason = self.eras[package]
+            spec, reason = f"{old_spec},{spec}", f"{old_reason}; {reason}"
+            self.notes = [n for n in self.notes if not n.startswith(f"{package} release not given:")]
+        self.eras[package] = (spec, reason)
+        self.note(f"{package} release not given: {reason}, so only {package}{spec} is considered")
 
     def maybe(self, name: str, labels: dict[Any, str], why: str) -> None:
         """A Setup field the user's own code decides where no flag shows it: every value is evaluated."""
@@ -364,6 +369,27 @@ def world_from_env(draft: Draft, cmd: Command, all_visible: bool) -> None:
     count, source = visible_devices(cmd)
     if all_visible and count:
         cmd.world_size, cmd.world_source = count, source
+
+
+def trainer_fsdp1(draft: Draft, base_half: bool, dtype_source: str) -> None:
+    """What the HF Trainer does to a PEFT model under FSDP1, for every framework built on it.
+
+    - Since transformers 4.39 (`Trainer._fsdp_qlora_plugin_updates`) a LoRA model is wrapped with PEFT's
+      fsdp_auto_wrap_policy, which puts the adapter leaves in units of their own; PEFT < 0.11 called a helper
+      accelerate had moved, so the policy was not applied (peft PR #1694).
+    - Float32 beside a half-precision base: k-bit preparation upcasts the weights it does not quantize, and
+      PEFT >= 0.12 keeps adapters of a half-precision base in float32 (autocast_adapter_dtype)."""
+    if draft.get("engine") != "fsdp1" or draft.get("adapter") == "full":
+        return
+    separate = at_least(draft, "transformers", "4.39.0") and at_least(draft, "peft", "0.11.0")
+    draft.default("fsdp_frozen_units_separate", separate,
+                  "transformers >= 4.39 Trainer wraps PEFT adapters as their own FSDP units (peft >= 0.11)" if separate
+                  else "the Trainer's adapter wrap policy is missing (transformers < 4.39) or broken (peft < 0.11)")
+    if draft.get("quantization") in ("4bit", "8bit"):
+        draft.set("mixed_param_dtypes", True, "k-bit preparation keeps the non-quantized weights in float32")
+    elif base_half and at_least(draft, "peft", "0.12.0"):
+        draft.set("mixed_param_dtypes", True, f"{dtype_source}: a half-precision base, and peft >= 0.12 keeps "
+                  "adapters in float32 (autocast_adapter_dtype)")
 
 
 def finish_world(draft: Draft, cmd: Command | None) -> None:

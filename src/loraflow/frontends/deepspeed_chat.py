@@ -32,15 +32,35 @@ _SWITCHES = {"gradient_checkpointing", "offload", "only_optimize_lora", "compute
              "print_answers", "enable_test_mode", "deepspeed", "deepscale", "deepspeed_mpi"}
 # deepspeed.add_config_arguments(parser) in every main.py adds these (deepspeed/__init__.py).
 _DEEPSPEED_ARGS = {"deepspeed", "deepspeed_config", "deepscale", "deepscale_config", "deepspeed_mpi"}
-# Model families whose decoder layers are not named `decoder.layers.` (OPT's), so the default
-# --lora_module_name matches nothing in them.
-_NOT_OPT = re.compile(r"llama|mistral|mixtral|qwen|gemma|phi|falcon|bloom|gpt-?neox|pythia|baichuan|internlm|yi-",
-                      re.I)
 FLAGS = {"zero_stage": "--zero_stage (step 3: --actor_zero_stage)",
          "checkpointing": "--gradient_checkpointing (step 3: --actor_gradient_checkpointing)",
          "adapter": "--lora_dim / --only_optimize_lora", "input_grad_hook": "--only_optimize_lora",
          "offload": "--offload", "precision": "--dtype", "matched_modules": "--lora_module_name",
          "world_size": "deepspeed --num_gpus", "generation_gather": "--enable_hybrid_engine"}
+
+
+HOOK_SINCE = "2023.8.3"  # PR #658: enable_input_require_grads() for --only_optimize_lora with checkpointing
+# Flags that date a launch line (commit dates of DeepSpeedExamples applications/DeepSpeed-Chat).
+_ERAS = (("lora_learning_rate", ">=2023.8.14"), ("enable_mixed_precision_lora", ">=2023.8.18"),
+         ("dtype", ">=2023.9.22"), ("dropout", ">=2023.10.3"), ("actor_dropout", ">=2023.10.3"),
+         ("disable_dropout", "<2023.10.3"), ("disable_actor_dropout", "<2023.10.3"),
+         ("compute_fp32_loss", ">=2023.10.4"), ("add_eot_token", ">=2023.10.17"), ("eot_token", ">=2024.10.30"))
+# Model families whose layers live under `decoder.layers.` (OPT's naming), the default --lora_module_name scope.
+_OPT_STYLE = re.compile(r"(^|[/_-])opt([-_]|$)|galactica", re.I)
+
+
+def _lora_scope(draft: Draft, model: str, flag: str, given: bool) -> None:
+    """The default scope `decoder.layers.` matches OPT's layers only: decide, or leave to the unseen model."""
+    shown = f"--{flag} {'decoder.layers.' if given else '(default decoder.layers.)'}"
+    if model and "$" not in model and not _OPT_STYLE.search(model):
+        draft.set("matched_modules", 0, f"{shown} (OPT's naming) with {model}")
+        draft.note(f"{model} does not name its decoder layers `decoder.layers.N` (OPT's naming), so the scope "
+                   f"`decoder.layers.` converts no linear layer to LoRA; DeepSpeed-Chat's Llama-2 scripts pass "
+                   "--lora_module_name \"layers.\"")
+    elif not _OPT_STYLE.search(model):
+        draft.maybe("matched_modules", {None: "the model is OPT-style (layers under decoder.layers.)",
+                                        0: "the model is not OPT-style, so no layer becomes LoRA"},
+                    f"{shown} matches OPT's layer names only, and the model ({model or 'not given'}) is not visible")
 
 
 def stage_of(cmd: Command, given: set[str]) -> tuple[str, str]:
@@ -66,6 +86,9 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft.set("stage", stage, stage_source)
     step3 = stage == "ppo"
     p = "actor_" if step3 else ""
+    for flag, spec in _ERAS:
+        if flag in given:
+            draft.era("deepspeed-chat", spec, f"--{flag} dates the script to DeepSpeed-Chat {spec}")
 
     def value(name: str, default=None):
         a = given.get(name)
@@ -108,12 +131,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     scope_flag = f"{p}lora_module_name"
     scope = value(scope_flag, "decoder.layers.")
     model = value("actor_model_name_or_path" if step3 else "model_name_or_path", "") or ""
-    if lora_dim > 0 and scope == "decoder.layers." and _NOT_OPT.search(model):
-        draft.set("matched_modules", 0, f"--{scope_flag} {'decoder.layers.' if scope_flag in given else 'default'} "
-                  f"(OPT's naming) with {model}")
-        draft.note(f"{model} names its decoder layers `model.layers.N`, so the scope `decoder.layers.` (the "
-                   f"default of --{scope_flag}) converts no linear layer to LoRA; DeepSpeed-Chat's Llama-2 scripts "
-                   "pass --lora_module_name \"layers.\"")
+    if lora_dim > 0 and scope == "decoder.layers.":
+        _lora_scope(draft, model, scope_flag, scope_flag in given)
 
     ckpt_flag = f"{p}gradient_checkpointing"
     if on(ckpt_flag):
@@ -125,10 +144,12 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         draft.set("reentrant", not new, f"default (transformers {'>=' if new else '<'} 5.0 "
                   "gradient_checkpointing_enable without kwargs; DeepSpeed-Chat passes none)")
         if lora_dim > 0 and on("only_optimize_lora"):
-            draft.set("input_grad_hook", True, "--only_optimize_lora: make_model_gradient_checkpointing_compatible "
-                      "calls enable_input_require_grads() (dschat/utils/module/lora.py)")
-            draft.note("DeepSpeed-Chat before PR #658 (Aug 2023) refused --gradient_checkpointing with "
-                       "--only_optimize_lora in an assert; current main.py adds the input-grad hook instead")
+            hooked = at_least(draft, "deepspeed-chat", HOOK_SINCE)
+            draft.set("input_grad_hook", hooked, "--only_optimize_lora: make_model_gradient_checkpointing_compatible "
+                      "calls enable_input_require_grads() (dschat/utils/module/lora.py, since PR #658, 2023-08-03)"
+                      if hooked else "DeepSpeed-Chat before PR #658 (2023-08-03) adds no input-grad hook (its main.py "
+                      "asserts against --gradient_checkpointing with --only_optimize_lora; copies without the assert "
+                      "crash in backward)")
         elif new:
             draft.set("input_grad_hook", True, "transformers >= 5 gradient checkpointing hooks the embedding output "
                       "for input_ids models (transformers modeling_utils.py)")
@@ -139,6 +160,9 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     if step3:
         draft.set("generation", True, "step 3 samples with actor.generate (dschat/rlhf/ppo_trainer.py)")
         hybrid = on("enable_hybrid_engine")
+        if hybrid and lora_dim > 0:
+            draft.set("merge_in_sharded", True, "--enable_hybrid_engine fuses the LoRA weights into the actor's "
+                      "weights before each generation (fuse_lora_weight, deepspeed/runtime/hybrid_engine.py)")
         draft.set("generation_gather", hybrid, "--enable_hybrid_engine (gathers once per generate)" if hybrid else
                   "default: no --enable_hybrid_engine, ZeRO-3 gathers at every decoding step")
         draft.set("train_mode_at_backward", True, "generate_experience calls eval() then train() "

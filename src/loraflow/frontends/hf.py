@@ -23,7 +23,7 @@ from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import (Arg, Command, command_from_script, parse_flags, pull_accelerate_options,
                                      resolve_path, split_command)
 from loraflow.frontends.intent import infer
-from loraflow.frontends.common import (Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
+from loraflow.frontends.common import (trainer_fsdp1, Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
                                        embedding_targets, finish_world, int_value, load_mapping, mapping_value,
                                        precision_from)
 
@@ -366,6 +366,8 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
             draft.set("adapter_save_gather", gather, f"{info.get('ds_label', 'accelerate config')}: "
                       "stage3_gather_16bit_weights_on_model_save (transformers < 5 saves through it)")
 
+    dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)
+    trainer_fsdp1(draft, dtype in ("bfloat16", "float16", "bf16", "fp16"), "--dtype / --torch_dtype")
     cli = cmd is not None
     kw = f"--{kw_name} '{{\"use_reentrant\": ...}}'" if cli else f"{kw_name}: {{use_reentrant: ...}}"
     draft.flag(checkpointing=f"--{gc_name}" if cli else gc_name, reentrant=kw, precision="--bf16 / --fp16" if cli else

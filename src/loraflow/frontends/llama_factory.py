@@ -13,7 +13,7 @@ from typing import Any
 from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, resolve_path, split_command
-from loraflow.frontends.common import (Draft, accessors, apply_accelerate, as_list, at_least, embedding_targets,
+from loraflow.frontends.common import (trainer_fsdp1, Draft, accessors, apply_accelerate, as_list, at_least, embedding_targets,
                                        finish_world, int_value, precision_from, read_keyed_files, world_from_env)
 
 NAME = "llama-factory"
@@ -172,6 +172,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
                    "transformers < 5 saves through it")
             draft.set("adapter_save_gather", gather, f"{key} in the DeepSpeed config ({why})")
 
+    trainer_fsdp1(draft, draft.get("precision") != "fp32", "LLaMA-Factory loads the model in the compute dtype")
     cli = cmd is not None and any(a.startswith("--") for a in cmd.args)
     for name, (value, source) in opts.items():
         if name not in _HANDLED and name not in keys.LLAMA_FACTORY and name not in keys.HF_TRAINER:

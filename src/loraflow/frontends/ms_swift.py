@@ -15,7 +15,7 @@ from typing import Any
 from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, split_command
-from loraflow.frontends.common import (Draft, apply_fsdp_options, as_bool, as_list, at_least, embedding_targets,
+from loraflow.frontends.common import (trainer_fsdp1, Draft, apply_fsdp_options, as_bool, as_list, at_least, embedding_targets,
                                        finish_world, int_value, load_mapping, mapping_value, precision_from,
                                        world_from_env)
 
@@ -184,6 +184,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     for name, (value, source) in opts.items():
         if name not in _HANDLED and name not in keys.MS_SWIFT and name not in keys.HF_TRAINER:
             draft.unknown.append(source)
+    trainer_fsdp1(draft, draft.get("precision") != "fp32", "ms-swift loads the model in --torch_dtype")
     draft.flag(**FLAGS)
 
 

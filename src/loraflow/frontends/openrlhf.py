@@ -11,7 +11,7 @@ from __future__ import annotations
 from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_bool, parse_flags, split_command
-from loraflow.frontends.common import Draft, finish_world, int_value
+from loraflow.frontends.common import Draft, at_least, finish_world, int_value
 
 NAME = "openrlhf"
 CLI = "openrlhf/cli/train_sft.py"
@@ -44,18 +44,64 @@ _LISTS = {"target_modules", "ds.lora.target_modules", "adam_betas", "adam.betas"
 
 
 def entry(cmd: Command) -> str | None:
-    """The OpenRLHF entry point a command runs (`train_sft`...), or None."""
+    """The OpenRLHF entry point a command runs (`train_sft`...), or None. Up to v0.3.5 the entry points were example
+    scripts (`deepspeed ../train_sft.py`, examples/train_*.py)."""
     program = cmd.program.replace("/", ".").removesuffix(".py")
     if "openrlhf.cli." in program or program.startswith("openrlhf.cli"):
         return program.rsplit(".", 1)[-1]
-    return None
+    script = program.rsplit(".", 1)[-1]
+    return script if script in STAGES else None
+
+
+# What a flag's spelling reveals about the release (OpenRLHF's git history: the tag that added or removed it).
+_ERAS = (("--gradient_checkpointing_use_reentrant", "gradient_checkpointing_use_reentrant", ">=0.1.10,<0.10.2"),
+         ("--load_in_4bit / --target_modules", "target_modules", ">=0.1.5,<0.10.2"),
+         ("--packing_samples", "packing_samples", ">=0.3.4,<0.10.2"),
+         ("--advantage_estimator", "advantage_estimator", ">=0.5.1,<0.10.2"),
+         ("--param_dtype", "param_dtype", ">=0.9.2,<0.10.2"),
+         ("--bf16", "bf16", "<0.9.2"),
+         ("--flash_attn", "flash_attn", "<0.8.10"),
+         ("--attn_implementation", "attn_implementation", ">=0.8.10,<0.10.2"))
+# Defaults that changed across releases (first tag holding each change).
+HOOK_SINCE = "0.1.5"        # enable_input_require_grads() before get_peft_model (PR #189)
+NONREENTRANT_SINCE = "0.1.10"  # {"use_reentrant": args.gradient_checkpointing_use_reentrant}, a store_true (PR #206)
+GATHER_SAVE_SINCE = "0.1.5"   # earlier saves merged LoRA into the partitioned weights before gathering
+# requirements.txt pins DeepSpeed exactly in most releases: a release range fixes the DeepSpeed it ran with.
+DEPENDS = (("openrlhf", "<0.1.0", {"deepspeed": "==0.11.1"}), ("openrlhf", ">=0.1.0,<0.1.7", {"deepspeed": "==0.12.6"}),
+           ("openrlhf", ">=0.1.9,<0.2.6", {"deepspeed": ">=0.13.1,<0.13.3"}),
+           ("openrlhf", ">=0.2.6,<0.2.8", {"deepspeed": "==0.14.0"}),
+           ("openrlhf", ">=0.2.8,<0.3.6", {"deepspeed": "==0.13.5"}),
+           ("openrlhf", ">=0.3.6,<0.4.3", {"deepspeed": "==0.14.4"}),
+           ("openrlhf", ">=0.4.3,<0.5.8", {"deepspeed": "==0.15.0"}),
+           ("openrlhf", ">=0.5.8,<0.6.1", {"deepspeed": "==0.16.3"}),
+           ("openrlhf", ">=0.6.1,<0.8.3", {"deepspeed": ">=0.16.4,<0.17"}),
+           ("openrlhf", ">=0.8.3,<0.9.0", {"deepspeed": ">=0.17.0,<0.18"}),
+           ("openrlhf", ">=0.9.0,<0.10.4", {"deepspeed": ">=0.18.1,<0.19"}),
+           ("openrlhf", ">=0.10.4,<0.11.0", {"deepspeed": "==0.19.1"}),
+           ("openrlhf", ">=0.11.0", {"deepspeed": ">=0.19.5"}))
+
+
+def _eras(draft: Draft, cmd: Command, given: dict, style: int) -> None:
+    if style:
+        draft.era("openrlhf", ">=0.10.2", "the dotted flags (--ds.*, --model.*, --actor.*) came in v0.10.2")
+    elif "openrlhf.cli" not in cmd.program.replace("/", "."):
+        draft.era("openrlhf", "<0.3.6", f"`{cmd.program}` is an example script; -m openrlhf.cli.* replaced them in "
+                  "v0.3.6")
+    else:
+        draft.era("openrlhf", ">=0.3.6", "the entry points moved to openrlhf.cli in v0.3.6")
+    for shown, flag, spec in _ERAS:
+        if flag in given:
+            draft.era("openrlhf", spec, f"{shown} exists in OpenRLHF {spec}")
+    if not style:
+        draft.era("openrlhf", "<0.10.2", "flat flags (--zero_stage, --lora_rank) are the spelling before v0.10.2")
 
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     name = entry(cmd)
     if name not in STAGES:
         raise LoraflowError(f"`{cmd.describe()}` is not an OpenRLHF training entry point loraflow reads; expected "
-                            f"openrlhf.cli.{{{','.join(STAGES)}}}.")
+                            f"openrlhf.cli.{{{','.join(STAGES)}}} (or an example script train_*.py of v0.3.5 and "
+                            "earlier).")
     draft = Draft(NAME, versions)
     args, positionals, _ = parse_flags(cmd.args, switches=_SWITCHES, lists=_LISTS, underscore=False)
     for extra in positionals:
@@ -72,6 +118,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         a = arg(field)
         return a is not None and parse_bool(a.value, a.raw)
 
+    _eras(draft, cmd, given, style)
     stage = STAGES[name]
     algo = given.get("advantage_estimator") or given.get("algo.advantage.estimator")
     if algo is not None and algo.one() in ("group_norm", "dr_grpo"):
@@ -93,11 +140,15 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         draft.set("offload", True, arg("offload").raw)
 
     rank = arg("adapter")
-    if rank is not None and int_value(rank.value, rank.raw, "a LoRA rank") > 0:
+    lora = rank is not None and int_value(rank.value, rank.raw, "a LoRA rank") > 0
+    if lora:
         draft.set("adapter", "lora", rank.raw)
-        # LoRA models get enable_input_require_grads() before get_peft_model (openrlhf/models/actor.py).
-        draft.set("input_grad_hook", True, "OpenRLHF calls enable_input_require_grads() for LoRA "
-                  "(openrlhf/models/actor.py)")
+        # LoRA models get enable_input_require_grads() before get_peft_model (openrlhf/models/actor.py), since
+        # v0.1.5; before, get_peft_model ran before checkpointing was enabled, so PEFT added no hook either.
+        hooked = at_least(draft, "openrlhf", HOOK_SINCE)
+        draft.set("input_grad_hook", hooked, "OpenRLHF >= 0.1.5 calls enable_input_require_grads() for LoRA "
+                  "(openrlhf/models/actor.py)" if hooked else "OpenRLHF < 0.1.5 adds no input-grad hook "
+                  "(get_peft_model ran before checkpointing was enabled)")
     else:
         draft.set("adapter", "full", (rank.raw if rank is not None else
                                       f"default (OpenRLHF {CLI}: --lora_rank 0 trains every weight)"))
@@ -110,10 +161,14 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         r = arg("reentrant")
         if r is not None:
             draft.set("reentrant", parse_bool(r.value, r.raw), r.raw)
-        else:
+        elif at_least(draft, "openrlhf", NONREENTRANT_SINCE):
             # The flag is store_true and passed as use_reentrant to gradient_checkpointing_enable
             # (openrlhf/cli/train_sft.py; Actor.gradient_checkpointing_enable default in openrlhf/models/actor.py).
-            draft.set("reentrant", False, f"default (OpenRLHF {CLI}: {spelled['reentrant']} not given)")
+            draft.set("reentrant", False, f"default (OpenRLHF {CLI}: {spelled['reentrant']} not given; non-reentrant "
+                      "since v0.1.10)")
+        else:
+            draft.set("reentrant", True, "OpenRLHF < 0.1.10 calls gradient_checkpointing_enable() without kwargs "
+                      "(transformers 4.x: reentrant)")
         draft.set("checkpoint_impl", "transformers", "model.gradient_checkpointing_enable (openrlhf/models/actor.py)")
     draft.set("use_cache", False, "OpenRLHF sets model.config.use_cache = False (openrlhf/models/actor.py)")
     if on("packing"):
@@ -132,15 +187,20 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         draft.set("precision", "bf16-mixed", f"default (OpenRLHF {CLI}: --param_dtype bf16; DeepSpeed bf16 keeps fp32 "
                   "master weights)")
         if style == 0:
-            draft.note("OpenRLHF releases before --param_dtype (older than v0.9) trained in fp32 unless --bf16 was "
+            draft.note("OpenRLHF releases before --param_dtype (older than v0.9.2) trained in fp32 unless --bf16 was "
                        "given")
 
     if stage in ("dpo", "rm"):  # chosen and rejected in one concatenated forward (openrlhf/trainer/dpo_trainer.py)
         draft.set("forwards_per_step", 1, "concatenated_forward (openrlhf/trainer/dpo_trainer.py, rm_trainer.py)")
     draft.set("train_mode_at_backward", True, "the trainers call model.train() before each step "
               "(openrlhf/trainer/*_trainer.py, trainer/ray/ppo_actor.py)")
-    # save_model gathers ZeRO-3 partitions (_consolidated_16bit_state_dict) before writing the adapter.
+    # save_model gathers ZeRO-3 partitions before writing the adapter; before v0.1.5 it merged LoRA into the
+    # partitioned weights first.
+    gathered = at_least(draft, "openrlhf", GATHER_SAVE_SINCE)
     draft.set("adapter_save_gather", True, "save_model gathers ZeRO-3 weights (openrlhf/utils/deepspeed/deepspeed.py)")
+    if lora and not gathered:
+        draft.set("merge_in_sharded", True, "OpenRLHF < 0.1.5 saves by merging LoRA into the partitioned weights, "
+                  "then gathering (openrlhf/utils/deepspeed.py)")
     if name == "train_ppo":
         draft.set("generation", True, "train_ppo samples with actor.generate (openrlhf/trainer/ppo_utils/"
                   "experience_maker.py, v0.6 and earlier)")
@@ -187,4 +247,4 @@ def _recognise(view) -> bool:
 
 
 FRAMEWORK = Framework(name=NAME, title="OpenRLHF", module="openrlhf", recognise=_recognise, flags=FLAGS,
-                      log_paths=r"openrlhf[/\\]|openrlhf\.cli", release="openrlhf")
+                      log_paths=r"openrlhf[/\\]|openrlhf\.cli", release="openrlhf", depends=DEPENDS)

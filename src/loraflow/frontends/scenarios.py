@@ -79,32 +79,38 @@ class Variable:
         return f"{lo}<={name}<{hi}"
 
 
+def meets(spec: SpecifierSet, lo: Version, hi: Version | None) -> bool:
+    """Whether some release in [lo, hi) satisfies `spec` (lo == FLOOR: any release below hi). The candidates are the
+    interval's first release, each boundary of `spec` inside it, and the release just below each of those."""
+    start = lo if lo != FLOOR else Version("0.0.1")
+    edges = spec_points(str(spec)) | ({hi} if hi is not None else set())
+    candidates = {start} | edges | {b for p in edges if (b := _below(p)) is not None}
+    return any(c in spec for c in candidates if start <= c and (hi is None or c < hi))
+
+
+def _below(v: Version) -> Version | None:
+    parts = list(v.release)
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] > 0:
+            parts[i] -= 1
+            return Version(".".join(map(str, parts[:i + 1])) + ".999")
+    return None
+
+
 def version_variables(queried: dict[str, set[Version]], known: dict[str, Version | None],
                       eras: dict[str, SpecifierSet]) -> list[Variable]:
     out = []
     for package, points in sorted(queried.items()):
         if known.get(package) is not None or not points:
             continue
-        out.append(Variable(package, "version", sorted(points)))
-    # An era the frontend inferred drops the intervals outside it.
-    for var in out:
-        era = eras.get(var.name)
-        if era is not None:
-            kept = [p for p in var.domain() if p in era or (p == FLOOR and _floor_allowed(era, var.points))]
-            var.points = [p for p in var.points if p in kept]
-            var.floor_allowed = FLOOR in kept  # type: ignore[attr-defined]
+        var = Variable(package, "version", sorted(points))
+        era = eras.get(package)
+        if era is not None:  # an era the frontend inferred drops the intervals outside it
+            dom = var.domain()
+            var.allowed = [meets(era, lo, dom[i + 1] if i + 1 < len(dom) else None)  # type: ignore[attr-defined]
+                           for i, lo in enumerate(dom)]
+        out.append(var)
     return out
-
-
-def _floor_allowed(era: SpecifierSet, points: list[Version]) -> bool:
-    """Whether some version below the first boundary lies in the era (the floor interval stays)."""
-    first = points[0] if points else None
-    for s in era:
-        if s.operator in ("<", "<="):
-            return True
-        if s.operator in (">", ">=", "==", "~=") and first is not None and Version(s.version.replace(".*", "")) < first:
-            return True
-    return not list(era)
 
 
 def enumerate_scenarios(variables: list[Variable], consistent: Callable[[dict], bool] = lambda s: True
@@ -112,9 +118,8 @@ def enumerate_scenarios(variables: list[Variable], consistent: Callable[[dict], 
     domains = []
     for var in variables:
         dom = var.domain()
-        if var.kind == "version" and not getattr(var, "floor_allowed", True):
-            dom = dom[1:]
-        domains.append(dom)
+        allowed = getattr(var, "allowed", None)
+        domains.append([d for i, d in enumerate(dom) if allowed is None or allowed[i]] or dom)
     combos = [dict(zip((v.name for v in variables), values)) for values in itertools.product(*domains)]
     combos = [c for c in combos if consistent(c)] or combos
     return combos[:MAX_SCENARIOS]

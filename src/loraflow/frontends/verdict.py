@@ -15,7 +15,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from loraflow.frontends import FrontendResult
-from loraflow.frontends.scenarios import (FLOOR, Variable, describe, enumerate_scenarios, spec_points,
+from loraflow.frontends.scenarios import (FLOOR, Variable, describe, enumerate_scenarios, meets, spec_points,
                                           version_variables)
 from loraflow.rules import Rule, all_rules, evaluate
 
@@ -43,14 +43,6 @@ class Verdict:
     scenarios: int
 
 
-def _meets(spec: SpecifierSet, lo: Version, hi: Version | None) -> bool:
-    """Whether some version in [lo, hi) satisfies `spec` (lo == FLOOR: from the first release)."""
-    candidates = {lo} | {p for p in spec_points(str(spec)) if p >= lo and (hi is None or p < hi)}
-    if lo == FLOOR:
-        candidates |= {p for p in spec_points(str(spec)) if hi is None or p < hi}
-    return any(c in spec for c in candidates if c != FLOOR) or (lo == FLOOR and not candidates - {FLOOR})
-
-
 def _consistent(result: FrontendResult, variables: list[Variable]) -> Callable[[dict[str, Any]], bool]:
     """A framework release pins its dependencies: scenarios that pair a release range with dependency versions it
     cannot run with are dropped."""
@@ -67,7 +59,7 @@ def _consistent(result: FrontendResult, variables: list[Variable]) -> Callable[[
     def ok(scenario: dict[str, Any]) -> bool:
         for package, within, pins in depends:
             release = scenario.get(package)
-            if not isinstance(release, Version) or not _meets(SpecifierSet(within), *bounds(package, release)):
+            if not isinstance(release, Version) or not meets(SpecifierSet(within), *bounds(package, release)):
                 continue
             # Only when the whole release interval lies in `within` do its pins bind.
             lo, hi = bounds(package, release)
@@ -77,7 +69,7 @@ def _consistent(result: FrontendResult, variables: list[Variable]) -> Callable[[
                 continue
             for dep, spec in pins.items():
                 value = scenario.get(dep)
-                if isinstance(value, Version) and dep in domains and not _meets(SpecifierSet(spec),
+                if isinstance(value, Version) and dep in domains and not meets(SpecifierSet(spec),
                                                                                  *bounds(dep, value)):
                     return False
         return True

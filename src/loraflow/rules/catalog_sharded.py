@@ -366,7 +366,7 @@ register(Rule(
     conditions="DeepSpeed ZeRO-3 and adapter weights merged into the base weights while they are partitioned "
                "(merge_and_unload before saving or for inference, a hybrid engine fusing LoRA for generation)",
     knobs=("merge_in_sharded", "zero_stage"),
-    when=lambda s: s.zero3 and s.adapter != "full" and s.merge_in_sharded,
+    when=lambda s: s.zero3 and s.merge_in_sharded,
     cause=("Under ZeRO-3 a module's weight is an empty placeholder (shape [0]) or a 1-D slice between uses; only "
            "the forward's hooks gather it. Merging adds the LoRA product B @ A (out x in) onto that placeholder, so "
            "the shapes do not fit (`size of tensor a (4096) must match the size of tensor b (0)`), or, where a "
@@ -441,11 +441,12 @@ register(Rule(
     title="Checkpoint recompute sees another sequence split than the forward (context/sequence parallelism)",
     verdict="error",
     impact="crash",
-    conditions="activation checkpointing (non-reentrant) with the sequence split across ranks by context or sequence "
-               "parallelism (FSDP2 context_parallel, Ulysses, ring attention) where the recompute runs outside the "
-               "split the forward ran in",
+    conditions="activation checkpointing (non-reentrant) of a model with frozen weights (LoRA) with the sequence "
+               "split across ranks by context or sequence parallelism (FSDP2 context_parallel, Ulysses), where the "
+               "recompute runs outside the split the forward ran in (reported with LoRA; full fine-tuning with "
+               "context parallelism runs in TRL's own examples)",
     knobs=("sequence_parallel", "checkpointing"),
-    when=lambda s: s.sequence_parallel and _checkpointed(s) and s.reentrant is False,
+    when=lambda s: s.sequence_parallel and s.frozen_params and _checkpointed(s) and s.reentrant is False,
     cause=("Context and sequence parallelism shard or gather the sequence around each attention call (torch's "
            "context_parallel rewrites buffers in place on entry; Ulysses all-to-alls heads and sequence). When the "
            "checkpointed layers recompute in backward outside that context, attention sees the local slice instead "
