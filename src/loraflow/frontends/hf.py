@@ -22,35 +22,15 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import (Arg, Command, command_from_script, parse_flags, pull_accelerate_options,
                                      resolve_path, split_command)
+from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.intent import infer
 from loraflow.frontends.common import (trainer_fsdp1, Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
                                        embedding_targets, finish_world, int_value, load_mapping, mapping_value,
                                        precision_from)
 
 NAME = "hf"
-TRL_COMMANDS = {"sft": "sft", "dpo": "dpo", "grpo": "grpo", "reward": "rm", "kto": "dpo", "rloo": "grpo"}
 _LISTS = {"lora_target_modules", "lora_modules_to_save", "report_to", "reward_funcs", "reward_weights", "label_names",
           "lora_target_parameters", "reward_model_paths"}
-# Flags only TRL has - not TrainingArguments, not transformers' example scripts (whose --dataset_name, and the generic
-# --packing / --beta, say nothing about TRL): ModelConfig (trl/trainer/model_config.py), ScriptArguments
-# (trl/scripts/utils.py) and SFT/GRPO config fields (trl/trainer/*_config.py).
-_TRL_MARKERS = {"use_peft", "lora_r", "lora_target_modules", "lora_modules_to_save", "lora_task_type",
-                "lora_target_parameters", "use_rslora", "use_dora", "use_bnb_nested_quant", "dataset_train_split",
-                "dataset_test_split", "dataset_streaming", "gradient_checkpointing_use_reentrant",
-                "ignore_bias_buffers", "dataset_text_field", "completion_only_loss", "assistant_only_loss",
-                "num_generations", "max_completion_length", "use_vllm", "vllm_mode", "ds3_gather_for_generation",
-                "reward_funcs"}
-# TRL trainer (CLI subcommand or script name) -> loraflow stage.
-_TRAINERS = {"grpo": "grpo", "rloo": "grpo", "online_dpo": "dpo", "kto": "dpo", "orpo": "dpo", "simpo": "dpo",
-             "cpo": "dpo", "dpo": "dpo", "ppo": "ppo", "reward": "rm", "sft": "sft"}
-# TRL forces use_reentrant=True for PEFT + ZeRO-3 + checkpointing: SFTTrainer since 0.28.0 (PR #4951), DPO, GRPO,
-# RLOO, KTO and reward trainers since 1.9.0 (PR #6356); the other trainers never.
-_FORCED_SINCE = {"sft": "0.28.0", "dpo": "1.9.0", "grpo": "1.9.0", "rloo": "1.9.0", "kto": "1.9.0", "reward": "1.9.0"}
-TRL_CURRENT = "1.9.0"
-"""The newest TRL release these defaults were read from."""
-# Newest TRL that installs with a transformers 4.x, from TRL's declared minimum (setup.cfg / pyproject.toml): 0.19
-# needs transformers >= 4.51.0, 0.21 >= 4.55.0, 0.23 >= 4.56.1, 0.27 up to 1.9 >= 4.56.2.
-_TRL_FOR_TRANSFORMERS = (("4.51.0", "0.18.2"), ("4.55.0", "0.20.0"), ("4.56.1", "0.22.2"), ("4.56.2", "0.26.2"))
 _HANDLED = {"gradient_checkpointing", "activation_checkpointing", "gradient_checkpointing_kwargs",
             "activation_checkpointing_kwargs", "bf16", "fp16", "deepspeed", "fsdp", "fsdp_config",
             "ddp_find_unused_parameters", "ddp_static_graph", "use_cache", "use_peft", "use_dora",
@@ -79,28 +59,11 @@ class Opt:
 
 def _trainer_from_name(text: str) -> str | None:
     """The TRL trainer a script, module or file name names (`dpo_llama.yaml` -> dpo), or None."""
-    for trainer in _TRAINERS:
+    for trainer in trl_rel.TRAINERS:
         if re.search(r"(?<![a-z])(reward|rm)(?![a-z])" if trainer == "reward" else rf"(?<![a-z]){trainer}(?![a-z])",
                      text):
             return trainer
     return None
-
-
-def _trl_era(draft: Draft) -> None:
-    """Without --versions trl=X, a given transformers 4.x bounds the TRL releases that install beside it (TRL's
-    declared minimum transformers per release); the scenarios of `check` cover every TRL release in that range."""
-    transformers = draft.version("transformers")
-    if draft.version("trl") is not None or transformers is None or transformers >= Version("5.0.0"):
-        return
-    for limit, trl in _TRL_FOR_TRANSFORMERS:
-        if transformers < Version(limit):
-            draft.era("trl", f"<={trl}", f"TRL {trl} is the newest that installs with transformers {transformers} "
-                      f"(later TRL needs transformers >= {limit})")
-            return
-
-
-def _trl_since(draft: Draft, version: str) -> bool:
-    return at_least(draft, "trl", version)
 
 
 def _options_from_file(path: Path, into: dict[str, Opt], what: str) -> None:
@@ -130,7 +93,7 @@ def _options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[st
         name = a.name[3:] if a.name.startswith("no_") and a.name[3:] in _HANDLED else a.name
         value: Any = False if name != a.name else a.value
         opts[name] = Opt(value, a.raw)
-    return opts, cmd.program == "trl" or cmd.program.startswith("trl.") or bool(set(opts) & _TRL_MARKERS)
+    return opts, cmd.program == "trl" or cmd.program.startswith("trl.") or bool(set(opts) & trl_rel.MARKERS)
 
 
 def _kwargs(opt: Opt | None) -> dict[str, Any]:
@@ -195,8 +158,9 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
         return as_bool(opts[name].value, opts[name].source) if name in opts else default
 
     who = "TRL" if trl else "HF Trainer"
+    cli = cmd.subcommand if cmd is not None and cmd.program == "trl" else None
     if trl:
-        _trl_era(draft)
+        trl_rel.eras(draft, set(opts), cli)
     draft.set("stage", *stage)
     info = _engine(draft, opts, cmd, bases)
     zero3 = draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3
@@ -205,7 +169,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     # Precision: TRL defaults bf16 on unless fp16 (trl/trainer/*_config.py since 0.19, base_config.py now); the
     # Trainer defaults to fp32.
     fp16 = on("fp16")
-    bf16 = on("bf16") if "bf16" in opts else bool(trl and not fp16 and _trl_since(draft, "0.19.0"))
+    bf16 = on("bf16") if "bf16" in opts else bool(trl and not fp16 and trl_rel.since(draft, "0.19.0"))
     hf_src = (opts["bf16"].source if "bf16" in opts else opts["fp16"].source if "fp16" in opts else
               "default (TRL trl/trainer/base_config.py: bf16 unless fp16, since TRL 0.19)" if bf16 else "")
     if "ds" in info:
@@ -264,7 +228,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                    "gradient_checkpointing")
     kw_name = next((n for n in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs") if n in opts),
                    "gradient_checkpointing_kwargs")
-    gc = on(gc_name) if gc_name in opts else bool(trl and _trl_since(draft, "0.22.0"))
+    gc = on(gc_name) if gc_name in opts else bool(trl and trl_rel.since(draft, "0.22.0"))
     gc_src = opts[gc_name].source if gc_name in opts else (f"default ({who} " + (
         "trl/trainer/base_config.py: gradient_checkpointing true since TRL 0.22)" if trl else
         "TrainingArguments: false)"))
@@ -280,8 +244,8 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
             draft.set("checkpoint_every_n", every, opts[kw_name].source)
         draft.set("checkpoint_impl", "transformers", f"{who} calls model.gradient_checkpointing_enable")
         peft = draft.get("adapter") != "full"
-        forced = _FORCED_SINCE.get(trainer)
-        if trl and peft and zero3 and forced and _trl_since(draft, forced):
+        forced = trl_rel.FORCED_SINCE.get(trainer)
+        if trl and peft and zero3 and forced and trl_rel.since(draft, forced):
             # TRL forces reentrant for PEFT + ZeRO-3, overriding an explicit false: SFT since 0.28 (PR #4951), the
             # DPO, GRPO, RLOO, KTO and reward trainers since 1.9 (PR #6356).
             draft.set("reentrant", True, f"TRL >= {forced} forces use_reentrant=True for PEFT + ZeRO-3 "
@@ -290,10 +254,12 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                 draft.note(f"{opts[kw_name].source}: TRL overrides use_reentrant=false to true under PEFT + ZeRO-3")
         elif "use_reentrant" in kwargs:
             draft.set("reentrant", as_bool(kwargs["use_reentrant"], kw_name), opts[kw_name].source)
+        elif trl and (by_cli := trl_rel.cli_reentrant(draft, cli)):
+            draft.set("reentrant", *by_cli)
         elif intent.reentrant is not None:
             draft.set("reentrant", intent.reentrant, f"{intent.sources['reentrant']} (inferred: the script passes it "
                       "to gradient_checkpointing_enable)")
-        elif trl and _trl_since(draft, "0.27.0"):
+        elif trl and trl_rel.since(draft, "0.27.0"):
             draft.set("reentrant", False, "default (TRL >= 0.27 sets use_reentrant=False when unset, trl/trainer/"
                       f"{trainer}_trainer.py; transformers >= 5 defaults to False as well)")
         else:
@@ -311,8 +277,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                                             False: "the script adds no input-grad hook"},
                         "only the script's code shows whether it hooks the embedding output")
         elif peft and trl:
-            draft.set("input_grad_hook", True, "TRL calls enable_input_require_grads() for PEFT + checkpointing "
-                      "(trl/trainer/sft_trainer.py)")
+            draft.set("input_grad_hook", *trl_rel.hook(draft, trainer))
         elif peft and at_least(draft, "transformers", "5.0.0"):
             draft.set("input_grad_hook", True, "transformers >= 5 checkpointing hooks the embedding output of "
                       "input_ids models (transformers modeling_utils.py activation_checkpointing_enable)")
@@ -356,7 +321,16 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     if draft.get("stage") == "dpo":
         draft.set("forwards_per_step", 1, "TRL concatenates chosen and rejected in one forward "
                   "(trl/trainer/dpo_trainer.py)")
-    draft.set("train_mode_at_backward", True, "Trainer.training_step calls model.train()")
+    if trl and trl_rel.paged_eval(draft, trainer, on("use_transformers_paged")):
+        draft.set("train_mode_at_backward", False, f"TRL 0.20 - 0.23 {trainer} with --use_transformers_paged: the "
+                  "continuous-batching generator leaves the policy in eval mode (restored from 0.24, PR #4065)")
+    else:
+        draft.set("train_mode_at_backward", True, "Trainer.training_step calls model.train()")
+    if trl and trainer == "ppo" and not trl_rel.since(draft, "0.12.0"):
+        # The legacy PPOTrainer (to 0.11): generate without gathering before 0.8.2, save without gathering.
+        draft.set("generation", True, "legacy PPOTrainer samples with generate (trl/trainer/ppo_trainer.py)")
+        draft.set("generation_gather", trl_rel.since(draft, "0.8.2"), "unwrap_model_for_generation gathers once "
+                  "since TRL 0.8.2 (PR #1483)")
     if zero3:
         if at_least(draft, "transformers", "5.0.0"):
             draft.set("adapter_save_gather", True, "transformers >= 5 Trainer.save_model consolidates the trainable "
@@ -394,9 +368,9 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         pull_accelerate_options(cmd)
     opts, trl = _options_from_args(cmd, draft, bases)
     if cmd.program == "trl":
-        if cmd.subcommand not in TRL_COMMANDS:
+        if cmd.subcommand not in trl_rel.TRL_COMMANDS:
             raise LoraflowError(f"`trl {cmd.subcommand}` is not a training command loraflow reads; expected one of "
-                                f"{', '.join(TRL_COMMANDS)}.")
+                                f"{', '.join(trl_rel.TRL_COMMANDS)}.")
         trainer, source = cmd.subcommand, f"trl {cmd.subcommand}"
     else:
         # `-m trl.scripts.dpo` names its trainer in the last dotted part, a script in its file name.
@@ -404,7 +378,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         trainer, source = _trainer_from_name(name.lower()), f"script name {cmd.program}"
     if trainer is None:
         trainer, source = "sft", f"assumed ({cmd.program} does not name a stage)"
-    apply(draft, opts, trl, (_TRAINERS[trainer], source), cmd, bases, trainer)
+    apply(draft, opts, trl, (trl_rel.TRAINERS[trainer], source), cmd, bases, trainer)
     finish_world(draft, cmd)
     return draft.result()
 
@@ -433,21 +407,21 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
             _options_from_file(p, opts, "training config")
     for path in ds_files:  # a DeepSpeed JSON given alongside replaces the config's `deepspeed:` path
         opts["deepspeed"] = Opt(path, path)
-    trl = bool(set(opts) & _TRL_MARKERS)
+    trl = bool(set(opts) & trl_rel.MARKERS)
     named = next((Path(p).name for p in paths if _trainer_from_name(Path(p).stem.lower())), None)
     trainer, source = (_trainer_from_name(Path(named).stem.lower()), f"file name {named}") if named else (None, "")
     if cmd is not None and cmd.args:
         more, trl_cli = _options_from_args(cmd, draft, bases)
         opts.update(more)
         trl = trl or trl_cli
-        if cmd.program == "trl" and cmd.subcommand in TRL_COMMANDS:
+        if cmd.program == "trl" and cmd.subcommand in trl_rel.TRL_COMMANDS:
             trainer, source = cmd.subcommand, f"trl {cmd.subcommand}"
     for key, implied in (("num_generations", "grpo"), ("beta", "dpo")):
         if trainer is None and key in opts:
             trainer, source = implied, opts[key].source
     if trainer is None:
         trainer, source = "sft", "assumed (no stage in the file names)"
-    stage = (_TRAINERS[trainer], source)
+    stage = (trl_rel.TRAINERS[trainer], source)
     apply(draft, opts, trl, stage, cmd, bases, trainer)
     finish_world(draft, cmd)
     return draft.result()
@@ -461,4 +435,4 @@ def _recognise(view) -> bool:
 
 FRAMEWORK = Framework(name=NAME, title="HF Trainer / TRL", module="hf", recognise=_recognise, flags=FLAGS,
                       log_paths=r"trl[/\\]trainer[/\\]|transformers[/\\]trainer\.py|accelerate[/\\]accelerator\.py",
-                      release="trl")
+                      release="trl", depends=trl_rel.DEPENDS)

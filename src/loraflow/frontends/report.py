@@ -54,9 +54,9 @@ def _condition_note(f: Checked, verdict: Verdict) -> list[str]:
     if f.holds_if is None:
         return []
     deciding = [v for v in verdict.variables if v.name in f.decided_by]
-    asks = [f"--versions {v.name}=X.Y.Z" for v in deciding if v.kind == "version"]
+    asks = [f"{v.name}=X.Y.Z" for v in deciding if v.kind == "version"]
     shows = [f"{v.name} ({v.why})" for v in deciding if v.kind == "choice"]
-    tail = "; ".join(filter(None, [f"pass {' '.join(asks)} to decide" if asks else "",
+    tail = "; ".join(filter(None, [f"pass --versions {','.join(asks)} to decide" if asks else "",
                                    f"not shown by the command: {', '.join(shows)}" if shows else ""]))
     return [f"holds only if {f.holds_if}" + (f" ({tail})" if tail else "")]
 
@@ -70,9 +70,8 @@ def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
                   [f"in general: {f.rule.elsewhere}"] if f.rule.elsewhere else []),
               "fix_loraflow": f.rule.fix, "notes": _condition_note(f, verdict),
               "references": list(f.rule.references)} for f in verdict.findings]
-    unknowns = [{"name": v.name, "kind": v.kind,
-                 "ranges": [v.describe(x) for x in v.domain()] if v.kind == "version" else
-                 [v.describe(x) for x in v.values], "why": v.why} for v in verdict.variables]
+    unknowns = [{"name": v.name, "kind": v.kind, "ranges": [v.describe(x) for x in v.considered()], "why": v.why}
+                for v in verdict.variables]
     if as_json:
         doc = {"framework": result.framework, "setup": {k: _value(getattr(result.setup, k)) for k in SETUP_FIELDS},
                "versions": {k: str(v) for k, v in result.setup.versions.items() if v is not None},

@@ -59,6 +59,11 @@ class Variable:
             return list(self.values)
         return [FLOOR] + list(self.points)
 
+    def considered(self) -> list[Any]:
+        """The values evaluated: the whole domain, less the release ranges outside an inferred era."""
+        allowed = getattr(self, "allowed", None)
+        return [d for i, d in enumerate(self.domain()) if allowed is None or allowed[i]] or self.domain()
+
     def describe(self, value: Any) -> str:
         if self.kind == "choice":
             return self.labels.get(value, f"{self.name}={value}")
@@ -117,9 +122,7 @@ def enumerate_scenarios(variables: list[Variable], consistent: Callable[[dict], 
                         ) -> list[dict[str, Any]]:
     domains = []
     for var in variables:
-        dom = var.domain()
-        allowed = getattr(var, "allowed", None)
-        domains.append([d for i, d in enumerate(dom) if allowed is None or allowed[i]] or dom)
+        domains.append(var.considered())
     combos = [dict(zip((v.name for v in variables), values)) for values in itertools.product(*domains)]
     combos = [c for c in combos if consistent(c)] or combos
     return combos[:MAX_SCENARIOS]
@@ -145,16 +148,26 @@ def describe(holds: list[bool], scenarios: list[dict[str, Any]], variables: list
 
 
 def _words(subset: tuple[str, ...], keys: list[tuple], by_name: dict[str, Variable]) -> str:
-    if len(subset) == 1:
-        var = by_name[subset[0]]
-        values = [k[0] for k in keys]
-        if var.kind == "version":
-            return " or ".join(var.interval(run) for run in _runs(values, var.domain()))
-        return " or ".join(var.describe(v) for v in values)
-    parts = []
-    for key in keys:
-        parts.append(" and ".join(by_name[n].describe(v) for n, v in zip(subset, key)))
-    return " or ".join(f"({p})" if len(keys) > 1 else p for p in parts)
+    """The holding combinations in words, adjacent release ranges of one variable merged: of all ways to merge,
+    the one with the fewest alternatives."""
+    variables = [by_name[n] for n in subset]
+    best: list[str] | None = None
+    for i, var in enumerate(variables):
+        groups: dict[tuple, list[Any]] = {}
+        for key in keys:
+            groups.setdefault(key[:i] + key[i + 1:], []).append(key[i])
+        terms = []
+        for rest, values in groups.items():
+            others = [v.describe(x) for v, x in zip(variables[:i] + variables[i + 1:], rest)]
+            if var.kind == "version":
+                runs = [var.interval(run) for run in _runs(values, var.domain())]
+            else:
+                runs = [var.describe(x) for x in values]
+            terms += [" and ".join([run, *others]) for run in runs]
+        if best is None or len(terms) < len(best):
+            best = terms
+    assert best is not None
+    return " or ".join(f"({t})" if len(best) > 1 and " and " in t else t for t in best)
 
 
 def _runs(values: list[Any], domain: list[Any]) -> list[list[Any]]:
