@@ -92,20 +92,23 @@ def _run_check(e: dict) -> dict:
 
     # Launch lines name their configs by the paths of their own checkout (`configs/deepspeed_config.yaml`); the
     # manifest's `paths` maps them to the stored files, which are laid out that way in a scratch directory.
+    # The launch runs two levels down, so that `../accelerate/x.yaml` stays inside the scratch directory.
     scratch = Path(tempfile.mkdtemp(prefix="corpus-check-"))
+    cwd = scratch / "checkout" / "run"
+    cwd.mkdir(parents=True)
     for f in e["files"]:
-        shutil.copy(e["dir"] / f, scratch / f)
+        shutil.copy(e["dir"] / f, cwd / f)
     for original, stored in (e.get("paths") or {}).items():
-        target = (scratch / original).resolve()
+        target = (cwd / original).resolve()
         if scratch.resolve() in target.parents:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(e["dir"] / stored, target)
-    files = [str(scratch / f) for f in e["files"]]
+    files = [str(cwd / f) for f in e["files"]]
     versions = parse_versions(",".join(f"{k}={m.group(0)}" for k, v in (e.get("versions") or {}).items()
                                        if k in TRACKED and (m := re.search(r"\d+(\.\d+)+", str(v)))))
     invocation = e.get("invocation", "command")
     try:
-        with _cwd(scratch):
+        with _cwd(cwd):
             if invocation == "files":
                 text, _ = run_check(None, e.get("framework"), files, dict(versions), True)
             elif invocation == "script":
@@ -159,6 +162,11 @@ def _pct(a: int, b: int) -> str:
     return f"{a}/{b} ({100 * a / b:.0f}%)" if b else "0/0"
 
 
+def _by_shape(rows: list[dict]) -> str:
+    shapes = sorted(Counter(r["shape"] for r in rows).items())
+    return ", ".join(f"{s} {_pct(sum(r['ok'] for r in rows if r['shape'] == s), n)}" for s, n in shapes)
+
+
 def render(explain: dict, check: dict, misses_only: bool) -> str:
     out = []
     if not misses_only:
@@ -167,8 +175,7 @@ def render(explain: dict, check: dict, misses_only: bool) -> str:
                 f"{_pct(explain['decoys_clean'], explain['decoys'])}",
                 "  by source: " + ", ".join(f"{b} {n}" for b, n in sorted(Counter(
                     r['batch'] for r in explain['rows']).items())),
-                "  by log shape: " + ", ".join(f"{s} {_pct(sum(r['ok'] for r in explain['rows'] if r['shape'] == s), n)}"
-                                               for s, n in sorted(Counter(r['shape'] for r in explain['rows']).items())),
+                "  by log shape: " + _by_shape(explain["rows"]),
                 "  by rule:"]
         out += [f"    {k:<32} {_pct(v.get('ok', 0), v['n'])}" for k, v in explain["per_rule"].items()]
         out += ["  by framework:"] + [f"    {k:<32} {_pct(v.get('ok', 0), v['n'])}"

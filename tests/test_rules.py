@@ -84,6 +84,9 @@ CASES = {
     "fsdp1-mixed-dtype": (
         FSDP1.replace(mixed_param_dtypes=True, precision="bf16-mixed", fsdp_use_orig_params=False),
         FSDP1.replace(mixed_param_dtypes=True, precision="bf16-mixed", fsdp_frozen_units_separate=True)),
+    "zero3-mixed-dtype-gather": (
+        ZERO3.replace(mixed_param_dtypes=True, adapter_save_gather=True, versions={"deepspeed": Version("0.19.2")}),
+        ZERO3.replace(mixed_param_dtypes=True, adapter_save_gather=True, versions=NEW_DS)),
     "sequence-parallel-recompute": (
         FSDP2.replace(sequence_parallel=True),
         FSDP2.replace(sequence_parallel=True, checkpointing="off")),

@@ -16,11 +16,10 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from packaging.specifiers import SpecifierSet
-
 from loraflow.explain.facts import Facts, read_facts
 from loraflow.explain.logread import LogView
 from loraflow.rules import Rule, all_rules
+from loraflow.rules.registry import affected_by
 from loraflow.rules.signs import Message, fact_reason
 
 LEVELS = ("confirmed", "likely", "possible")
@@ -93,7 +92,7 @@ def _evidence(rule: Rule, facts: Facts, log: LogView) -> tuple[float, bool, bool
         seen = log.versions.get(package)
         if seen is None:
             continue
-        if seen in SpecifierSet(spec):
+        if affected_by(seen, spec):
             score += VERSION_AFFECTED
             reasons.append(f"+ the log shows {package} {seen}, which is affected ({package}{spec})")
         else:

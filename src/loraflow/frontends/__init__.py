@@ -117,6 +117,7 @@ class CommandView:
     flags: set[str]
     yaml_keys: set[str]
     positionals: list[str]
+    launcher: str | None = None
 
     def runs(self, package: str) -> bool:
         """`python -m package.x`, `package/x.py`: the program is inside `package`."""
@@ -136,7 +137,7 @@ def _view(cmd) -> CommandView:
             keys_found |= {str(k) for k in load_mapping(path, "config file")}
     return CommandView(program, program.removesuffix(".py").replace("/", "."),
                        program if cmd.program_kind == "cli" else None, {a.name for a in args}, keys_found,
-                       positionals)
+                       positionals, cmd.launcher)
 
 
 def detect(argv: list[str]) -> str:

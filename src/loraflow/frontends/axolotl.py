@@ -14,9 +14,9 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import (Command, command_from_script, parse_flags, resolve_path, split_command,
                                      _launcher_options, _world_from_launcher)
-from loraflow.frontends.common import (trainer_fsdp1, Draft, accessors, apply_accelerate, apply_fsdp_options, as_bool, as_list,
+from loraflow.frontends.common import (Draft, accessors, apply_accelerate, apply_fsdp_options, as_bool, as_list,
                                        at_least, embedding_targets, finish_world, int_value, mapping_value,
-                                       read_keyed_files)
+                                       read_keyed_files, trainer_dtypes)
 
 NAME = "axolotl"
 CFG = "src/axolotl/utils/config/__init__.py"
@@ -37,6 +37,7 @@ _CLI = {"launcher", "cloud", "use_exec", "no_use_exec", "accelerate", "debug", "
 
 def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, bases: list) -> None:
     get, src, on = accessors(cfg)
+    _eras(draft, cfg, cmd)
 
     rl = get("rl")
     if rl:
@@ -81,13 +82,17 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
         dora = on("peft_use_dora")
         draft.set("adapter", "dora" if dora else "lora", f"{src('adapter')}" + (f" + {src('peft_use_dora')}" if dora
                                                                                    else ""))
-        draft.set("input_grad_hook", True, "load_adapter calls enable_input_require_grads() "
-                  "(src/axolotl/loaders/adapter.py)")
+        # load_adapter hooks the embedding output since v0.3.0 (PR #345); before, only k-bit preparation did.
+        hooked = adapter == "qlora" or on("load_in_8bit") or at_least(draft, "axolotl", "0.3.0")
+        draft.set("input_grad_hook", hooked, "load_adapter calls enable_input_require_grads() "
+                  "(src/axolotl/loaders/adapter.py, since v0.3.0)" if hooked else "Axolotl < 0.3.0 hooks only "
+                  "k-bit models (prepare_model_for_kbit_training)")
         targets = as_list(get("lora_target_modules"))
         if "lora_target_modules" in cfg and not targets and not on("lora_target_linear"):
             draft.set("matched_modules", 0, f"{src('lora_target_modules')} (empty, lora_target_linear off)")
         if "lora_modules_to_save" in cfg:
-            embedding_targets(draft, as_list(get("lora_modules_to_save")), src("lora_modules_to_save"))
+            embedding_targets(draft, as_list(get("lora_modules_to_save")), src("lora_modules_to_save"),
+                              str(get("base_model") or ""))
         if on("peft_ensure_weight_tying"):
             draft.set("weight_tying_enforced", True, src("peft_ensure_weight_tying"))
     elif adapter:
@@ -102,6 +107,8 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
     elif on("load_in_8bit"):
         draft.set("quantization", "8bit", src("load_in_8bit"))
 
+    if get("unfrozen_parameters"):
+        draft.set("frozen_modules", True, f"{src('unfrozen_parameters')}: every other weight stays frozen")
     gc = get("gradient_checkpointing", False)
     offloading = get("activation_offloading")
     if offloading and offloading != "hidden_states" and draft.get("adapter") != "full":
@@ -123,12 +130,13 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
                       src("gradient_checkpointing_kwargs"))
         elif "gemma4" in model_type.lower() or "gemma-4" in model_type.lower():
             draft.set("reentrant", False, f"Axolotl forces use_reentrant false for Gemma4 ({CFG})")
-        elif rl or get("unfrozen_parameters") or offloading == "hidden_states":
-            draft.set("reentrant", False, "default (Axolotl: use_reentrant false for rl / unfrozen_parameters, "
-                      "src/axolotl/core/builders/base.py)")
+        elif (rl and at_least(draft, "axolotl", "0.5.0")) or get("unfrozen_parameters") or \
+                offloading == "hidden_states":
+            draft.set("reentrant", False, "default (Axolotl: use_reentrant false for rl (since v0.5.0) / "
+                      "unfrozen_parameters, src/axolotl/core/builders/base.py)")
         else:
             draft.set("reentrant", True, f"default (Axolotl {CFG}: gradient_checkpointing_kwargs "
-                      "{use_reentrant: true} when unset)")
+                      "{use_reentrant: true} when unset; transformers 4.x's reentrant default before v0.4.0)")
         if gc in ("offload", "offload_disk"):
             draft.note(f"gradient_checkpointing: {gc} offloads the checkpointed activations to CPU/disk")
     draft.set("use_cache", False, "Axolotl sets config.use_cache = False (src/axolotl/loaders/utils.py)")
@@ -162,8 +170,33 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
     for name, (value, source) in cfg.items():
         if name not in keys.AXOLOTL and name not in _CLI:
             draft.unknown.append(source)
-    trainer_fsdp1(draft, draft.get("precision") != "fp32", "Axolotl loads the model in bf16/fp16 when set")
+    trainer_dtypes(draft, draft.get("precision") != "fp32", "Axolotl loads the model in bf16/fp16 when set")
     draft.flag(**FLAGS)
+
+
+# What a key or launch form says about the release (Axolotl's git history).
+_ERAS = (("peft_use_dora", ">=0.5.0"), ("fsdp_version", ">=0.8.1"), ("activation_offloading", ">=0.12.0"))
+DEPENDS = (("axolotl", ">=0.5.0,<0.5.1", {"deepspeed": "==0.15.3"}),
+           ("axolotl", ">=0.5.1,<0.6.0", {"deepspeed": "==0.15.4"}),
+           ("axolotl", ">=0.6.0,<0.8.0", {"deepspeed": "==0.16.1"}), ("axolotl", ">=0.10.0,<0.13.0",
+                                                                     {"deepspeed": ">=0.17.0,<0.18"}),
+           ("axolotl", ">=0.15.0", {"deepspeed": ">=0.18.6,<0.19.0"}),
+           ("axolotl", "<0.14.0", {"transformers": "<5.0.0"}))
+
+
+def _eras(draft: Draft, cfg: dict, cmd: Command | None) -> None:
+    for key, spec in _ERAS:
+        if key in cfg:
+            draft.era("axolotl", spec, f"{key} exists in Axolotl {spec}")
+    if cfg.get("rl", (None,))[0] == "grpo":
+        draft.era("axolotl", ">=0.7.0", "rl: grpo exists in Axolotl >=0.7.0")
+    if str(cfg.get("gradient_checkpointing", (None,))[0]) == "unsloth":
+        draft.era("axolotl", ">=0.5.0,<0.12.0", "gradient_checkpointing: unsloth exists in Axolotl 0.5 - 0.11")
+    if cmd is not None:
+        if cmd.program == "axolotl":
+            draft.era("axolotl", ">=0.6.0", "the `axolotl` command came in v0.6.0")
+        elif cmd.program.endswith("finetune.py"):
+            draft.era("axolotl", "<0.7.0", "scripts/finetune.py was removed in v0.7.0")
 
 
 def _read(paths: list[str], draft: Draft) -> tuple[dict[str, tuple[Any, str]], list]:
@@ -215,4 +248,4 @@ def _recognise(view) -> bool:
 
 
 FRAMEWORK = Framework(name=NAME, title="Axolotl", module="axolotl", recognise=_recognise, flags=FLAGS,
-                      log_paths=r"axolotl[/\\]", file_markers=MARKERS, release="axolotl")
+                      log_paths=r"axolotl[/\\]", file_markers=MARKERS, release="axolotl", depends=DEPENDS)

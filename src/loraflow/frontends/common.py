@@ -190,15 +190,26 @@ def precision_from(bf16: bool, fp16: bool) -> str:
     return "bf16-mixed" if bf16 else ("fp16-mixed" if fp16 else "fp32")
 
 
-def embedding_targets(draft: Draft, names: list[str], source: str) -> None:
-    """modules_to_save / additional targets that train the embeddings or the output head."""
+# Checkpoints whose config.json sets tie_word_embeddings: true (embed_tokens and lm_head share one matrix), by name.
+_TIED = re.compile(r"qwen(2(\.5)?|3)[-_]?(0\.5|0\.6|1\.5|1\.7|3|4)b|gemma|llama-?3\.2-?(1|3)b|smollm|gpt2|"
+                   r"(^|/)opt-|phi-?1|tinyllama", re.I)
+
+
+def embedding_targets(draft: Draft, names: list[str], source: str, model: str = "") -> None:
+    """modules_to_save / additional targets that train the embeddings or the output head. Whether the model ties
+    them (tie_word_embeddings) decides rule tied-embedding-adapter: read from the model's name where it is known."""
     if any(n in ("embed_tokens", "wte", "word_embeddings", "embed_in") or n.endswith("embed_tokens") for n in names):
         draft.set("embeddings_trainable", True, source)
     if any(n in ("lm_head", "embed_out", "output") or n.endswith("lm_head") for n in names):
         draft.set("lm_head_trainable", True, source)
-    if draft.get("embeddings_trainable") or draft.get("lm_head_trainable"):
-        draft.note("whether the model ties embed_tokens and lm_head (tie_word_embeddings) is not visible here; if "
-                   "it does, see rule tied-embedding-adapter")
+    if not (draft.get("embeddings_trainable") or draft.get("lm_head_trainable")):
+        return
+    if model and _TIED.search(model):
+        draft.set("tied_embeddings", True, f"{model} ties its word embeddings (config.json tie_word_embeddings: true)")
+    else:
+        draft.maybe("tied_embeddings", {True: "the model ties embed_tokens and lm_head (tie_word_embeddings)",
+                                        False: "the model does not tie them"},
+                    f"whether {model or 'the model'} ties its word embeddings is in its config.json, not visible here")
 
 
 # Accelerate configs shipped by the frameworks, inferred when the named file is not on this machine:
@@ -236,9 +247,9 @@ def read_accelerate_config(name: str, flag: str, bases: tuple = ()) -> tuple[dic
     config, said = _accelerate_from_name(stem)
     if config is None:
         raise LoraflowError(f"{flag} {name}: no such file (looked in the working directory"
-                            f"{' and ' + ', '.join(map(str, bases)) if bases else ''}), and its name says nothing about "
-                            f"the launch (DeepSpeed, FSDP or DDP). Run from the directory the path is relative to, or "
-                            f"pass the file to `loraflow check --framework NAME FILE...`.")
+                            f"{' and ' + ', '.join(map(str, bases)) if bases else ''}), and its name says nothing "
+                            f"about the launch (DeepSpeed, FSDP or DDP). Run from the directory the path is relative "
+                            f"to, or pass the file to `loraflow check --framework NAME FILE...`.")
     return config, f"{name} (inferred from its name: {said})"
 
 
@@ -318,6 +329,10 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         apply_fsdp_options(draft, fsdp, label or "accelerate launch", flag)
     elif flag("multi_gpu") or dtype == "MULTI_GPU":
         draft.set("engine", "ddp", "--multi_gpu" if flag("multi_gpu") else f"{label}: distributed_type")
+    parallel = mapping_value(config.get("parallelism_config"), f"{label}: parallelism_config")
+    cp = parallel.get("parallelism_config_cp_size", parallel.get("cp_size"))
+    if cp is not None and int_value(cp, f"{label}: parallelism_config_cp_size", "a context-parallel size") > 1:
+        draft.set("sequence_parallel", True, f"{label}: parallelism_config_cp_size {cp} (context parallelism)")
     mp = flag("mixed_precision") or config.get("mixed_precision")
     if mp not in (None, "no"):
         out["mixed_precision"] = str(mp)
@@ -371,25 +386,28 @@ def world_from_env(draft: Draft, cmd: Command, all_visible: bool) -> None:
         cmd.world_size, cmd.world_source = count, source
 
 
-def trainer_fsdp1(draft: Draft, base_half: bool, dtype_source: str) -> None:
-    """What the HF Trainer does to a PEFT model under FSDP1, for every framework built on it.
+def trainer_dtypes(draft: Draft, base_half: bool, dtype_source: str) -> None:
+    """What the HF Trainer and PEFT do to an adapter model under FSDP1 and ZeRO-3, for every framework built on them.
 
-    - Since transformers 4.39 (`Trainer._fsdp_qlora_plugin_updates`) a LoRA model is wrapped with PEFT's
+    - Float32 beside a half-precision base: k-bit preparation keeps the weights it does not quantize in float32, and
+      PEFT >= 0.12 keeps adapters of a half-precision base in float32 (autocast_adapter_dtype).
+    - Since transformers 4.39 (`Trainer._fsdp_qlora_plugin_updates`) a LoRA model under FSDP1 is wrapped with PEFT's
       fsdp_auto_wrap_policy, which puts the adapter leaves in units of their own; PEFT < 0.11 called a helper
-      accelerate had moved, so the policy was not applied (peft PR #1694).
-    - Float32 beside a half-precision base: k-bit preparation upcasts the weights it does not quantize, and
-      PEFT >= 0.12 keeps adapters of a half-precision base in float32 (autocast_adapter_dtype)."""
-    if draft.get("engine") != "fsdp1" or draft.get("adapter") == "full":
+      accelerate had moved, so the policy was not applied (peft PR #1694)."""
+    sharded = draft.get("engine") == "fsdp1" or (draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3)
+    if not sharded or draft.get("adapter") == "full":
         return
-    separate = at_least(draft, "transformers", "4.39.0") and at_least(draft, "peft", "0.11.0")
-    draft.default("fsdp_frozen_units_separate", separate,
-                  "transformers >= 4.39 Trainer wraps PEFT adapters as their own FSDP units (peft >= 0.11)" if separate
-                  else "the Trainer's adapter wrap policy is missing (transformers < 4.39) or broken (peft < 0.11)")
     if draft.get("quantization") in ("4bit", "8bit"):
         draft.set("mixed_param_dtypes", True, "k-bit preparation keeps the non-quantized weights in float32")
     elif base_half and at_least(draft, "peft", "0.12.0"):
         draft.set("mixed_param_dtypes", True, f"{dtype_source}: a half-precision base, and peft >= 0.12 keeps "
                   "adapters in float32 (autocast_adapter_dtype)")
+    if draft.get("engine") == "fsdp1":
+        separate = at_least(draft, "transformers", "4.39.0") and at_least(draft, "peft", "0.11.0")
+        draft.default("fsdp_frozen_units_separate", separate,
+                      "transformers >= 4.39 Trainer wraps PEFT adapters as their own FSDP units (peft >= 0.11)"
+                      if separate else "the Trainer's adapter wrap policy is missing (transformers < 4.39) or "
+                      "broken (peft < 0.11)")
 
 
 def finish_world(draft: Draft, cmd: Command | None) -> None:

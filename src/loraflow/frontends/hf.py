@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packaging.version import Version
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
@@ -24,9 +23,9 @@ from loraflow.frontends.argv import (Arg, Command, command_from_script, parse_fl
                                      resolve_path, split_command)
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.intent import infer
-from loraflow.frontends.common import (trainer_fsdp1, Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
+from loraflow.frontends.common import (Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
                                        embedding_targets, finish_world, int_value, load_mapping, mapping_value,
-                                       precision_from)
+                                       precision_from, trainer_dtypes)
 
 NAME = "hf"
 _LISTS = {"lora_target_modules", "lora_modules_to_save", "report_to", "reward_funcs", "reward_weights", "label_names",
@@ -206,7 +205,8 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     if "lora_target_modules" in opts and opts["lora_target_modules"].value == []:
         draft.set("matched_modules", 0, opts["lora_target_modules"].source + " (empty list)")
     if "lora_modules_to_save" in opts:
-        embedding_targets(draft, as_list(opts["lora_modules_to_save"].value), opts["lora_modules_to_save"].source)
+        embedding_targets(draft, as_list(opts["lora_modules_to_save"].value), opts["lora_modules_to_save"].source,
+                          str((opts.get("model_name_or_path") or Opt("", "")).value))
     for bits in ("4", "8"):
         if on(f"load_in_{bits}bit"):
             draft.set("quantization", f"{bits}bit", opts[f"load_in_{bits}bit"].source)
@@ -336,12 +336,16 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
             draft.set("adapter_save_gather", True, "transformers >= 5 Trainer.save_model consolidates the trainable "
                       "ZeRO-3 params of a PeftModel (transformers trainer.py)")
         else:
-            gather = deepspeed.gather_on_save(draft, info.get("ds", {})) or bool(info["acc"].get("zero3_save_16bit_model"))
+            gather = (deepspeed.gather_on_save(draft, info.get("ds", {}))
+                      or bool(info["acc"].get("zero3_save_16bit_model")))
             draft.set("adapter_save_gather", gather, f"{info.get('ds_label', 'accelerate config')}: "
                       "stage3_gather_16bit_weights_on_model_save (transformers < 5 saves through it)")
 
     dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)
-    trainer_fsdp1(draft, dtype in ("bfloat16", "float16", "bf16", "fp16"), "--dtype / --torch_dtype")
+    # The base is half precision when loaded so, or when ZeRO-3's zero.Init partitions it in the DeepSpeed dtype.
+    half_init = zero3 and draft.get("precision") in ("bf16-mixed", "fp16-mixed")
+    trainer_dtypes(draft, dtype in ("bfloat16", "float16", "bf16", "fp16") or half_init,
+                   "--dtype / --torch_dtype" if not half_init else "ZeRO-3 zero.Init in the DeepSpeed dtype")
     cli = cmd is not None
     kw = f"--{kw_name} '{{\"use_reentrant\": ...}}'" if cli else f"{kw_name}: {{use_reentrant: ...}}"
     draft.flag(checkpointing=f"--{gc_name}" if cli else gc_name, reentrant=kw, precision="--bf16 / --fp16" if cli else
@@ -430,7 +434,11 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
 def _recognise(view) -> bool:
     if view.cli == "trl" or view.runs("trl"):
         return True
-    return view.program.endswith(".py") and bool(view.flags & (keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES))
+    if not view.program.endswith(".py"):
+        return False
+    # HF TrainingArguments flags, or a script launched by accelerate (the HF launcher) with none of another
+    # framework's markers.
+    return bool(view.flags & (keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES)) or view.launcher == "accelerate"
 
 
 FRAMEWORK = Framework(name=NAME, title="HF Trainer / TRL", module="hf", recognise=_recognise, flags=FLAGS,

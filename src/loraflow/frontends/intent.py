@@ -28,7 +28,8 @@ _REENTRANT = re.compile(r"^(use_reentrant|gradient_checkpointing_use_reentrant|u
 _DORA = re.compile(r"^use_dora$")
 # Towers a vision-language script trains or freezes: `--tune_vision true`, `--tune_llm false`, `--fix_vit True`,
 # `--freeze_vision_tower`, `--freeze_llm`, `--freeze_backbone`, `--tune_mm_mlp_adapter` (only the projector trains).
-_TUNE = re.compile(r"^(tune|train)_(vision|vit|llm|language_model|backbone|visual|mm_mlp_adapter|merger|img_projector)$")
+_TUNE = re.compile(r"^(tune|train)_(vision|vit|llm|language_model|backbone|visual|mm_mlp_adapter|merger|"
+                   r"img_projector)$")
 _FREEZE = re.compile(r"^(freeze|fix)_(vision(_tower)?|vit|llm|language_model|backbone|visual|mlp|merger|vision_model)$")
 
 

@@ -8,13 +8,16 @@ own checkpoint function marks the hidden-state input of every checkpointed train
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, resolve_path, split_command
-from loraflow.frontends.common import (trainer_fsdp1, Draft, accessors, apply_accelerate, as_list, at_least, embedding_targets,
-                                       finish_world, int_value, precision_from, read_keyed_files, world_from_env)
+from loraflow.frontends.common import (Draft, accessors, apply_accelerate, as_list, at_least, embedding_targets,
+                                       finish_world, int_value, precision_from, read_keyed_files, trainer_dtypes,
+                                       world_from_env)
 
 NAME = "llama-factory"
 HP = "src/llamafactory/hparams"
@@ -54,8 +57,9 @@ def _read(cmd: Command | None, paths: list[str], draft: Draft) -> tuple[dict[str
         elif pos.endswith((".yaml", ".yml", ".json")):
             path = resolve_path(pos)
             if path is None:
-                raise LoraflowError(f"{pos}: LLaMA-Factory config not found (relative to the working directory); "
-                                    f"run from the LLaMA-Factory checkout or pass the right path.")
+                more, more_bases = _from_name(pos, draft), []
+                opts = {**more, **opts}
+                continue
             more, more_bases = _read(None, [str(path)], draft)
             opts = {**more, **opts}
             bases += more_bases
@@ -66,8 +70,70 @@ def _read(cmd: Command | None, paths: list[str], draft: Draft) -> tuple[dict[str
     return opts, bases
 
 
+def _from_name(name: str, draft: Draft) -> dict[str, tuple[Any, str]]:
+    """A config the launch names but this machine lacks (`examples/train_lora/llama3_lora_sft_ds3.yaml`): what its
+    name says (stage, finetuning type, DeepSpeed stage), LLaMA-Factory's defaults for the rest."""
+    stem = Path(name).stem.lower()
+    said = f"{name} (inferred from its name)"
+    opts: dict[str, tuple[Any, str]] = {}
+    for stage in ("sft", "dpo", "kto", "ppo", "rm", "pt"):
+        if re.search(rf"(^|[_-]){stage}([_-]|$)", stem):
+            opts["stage"] = (stage, said)
+            break
+    kind = "qlora" if "qlora" in stem else "lora" if "lora" in stem else "full" if "full" in stem else None
+    if kind:
+        opts["finetuning_type"] = ("full" if kind == "full" else "lora", said)
+        if kind == "qlora":
+            opts["quantization_bit"] = (4, said)
+    m = re.search(r"(?:ds|zero|z)[_-]?(\d)|(?:^|[_-])ds(?:[_-]|$)", stem)
+    if m:
+        opts["deepspeed"] = (f"ds_z{m.group(1)}_config.json" if m.group(1) else "ds_config.json", said)
+    read = ", ".join(f"{k}: {v[0]}" for k, v in opts.items()) or "nothing"
+    draft.note(f"{name}: no such file here, so read from its name ({read}); LLaMA-Factory's defaults for the rest")
+    return opts
+
+
+# What a key or launch form says about the release (LLaMA-Factory's git history).
+_ERAS = (("disable_gradient_checkpointing", ">=0.5.0"), ("use_dora", ">=0.5.3"), ("pure_bf16", ">=0.6.0"),
+         ("neat_packing", ">=0.8.3"), ("use_reentrant_gc", ">=0.9.2"), ("use_unsloth_gc", ">=0.9.0"))
+# Its `deepspeed` extra caps DeepSpeed per release (setup.py / pyproject.toml).
+DEPENDS = (("llama-factory", ">=0.7.1,<0.8.3", {"deepspeed": "<=0.14.0"}),
+           ("llama-factory", ">=0.9.0,<0.9.2", {"deepspeed": "<=0.14.4"}),
+           ("llama-factory", ">=0.9.2,<0.9.3", {"deepspeed": "<=0.16.4"}),
+           ("llama-factory", ">=0.9.3,<0.9.5", {"deepspeed": "<=0.16.9"}),
+           ("llama-factory", "<0.9.5", {"transformers": "<5.0.0"}))
+
+
+def _eras(draft: Draft, opts: dict, cmd: Command | None) -> None:
+    for key, spec in _ERAS:
+        if key in opts:
+            draft.era("llama-factory", spec, f"{key} exists in LLaMA-Factory {spec}")
+    if str(opts.get("stage", ("",))[0]) == "kto":
+        draft.era("llama-factory", ">=0.8.0", "stage kto exists from LLaMA-Factory 0.8.0")
+    if cmd is not None:
+        if cmd.program.endswith("train_bash.py"):
+            draft.era("llama-factory", "<0.7.1", "src/train_bash.py was replaced by llamafactory-cli in v0.7.1")
+        elif cmd.program in ("llamafactory-cli", "lmf"):
+            draft.era("llama-factory", ">=0.7.1", "llamafactory-cli came in v0.7.1")
+
+
+def _reentrant(draft: Draft, opts: dict, on) -> tuple[bool, str]:
+    """use_reentrant per release: transformers' default (reentrant) to v0.4; v0.5.0 non-reentrant; reentrant again
+    from v0.5.2 (use_reentrant_gc from v0.9.2), forced off under FSDP2 from v0.9.4."""
+    if draft.get("engine") == "fsdp2" and at_least(draft, "llama-factory", "0.9.4"):
+        return False, "LLaMA-Factory >= 0.9.4 sets use_reentrant_gc false under FSDP2 (model_utils/checkpointing.py)"
+    if "use_reentrant_gc" in opts:
+        return on("use_reentrant_gc"), opts["use_reentrant_gc"][1]
+    if at_least(draft, "llama-factory", "0.5.2"):
+        return True, f"default ({HP}/model_args.py: use_reentrant_gc true; reentrant since v0.5.2)"
+    if at_least(draft, "llama-factory", "0.5.0"):
+        return False, "LLaMA-Factory 0.5.0 - 0.5.1 checkpoints with use_reentrant=False (model/patcher.py)"
+    return True, "LLaMA-Factory < 0.5: gradient_checkpointing_enable() without kwargs (transformers 4.x: reentrant)"
+
+
 def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, bases: list) -> None:
     get, src, on = accessors(opts)
+    _eras(draft, opts, cmd)
 
     stage_raw = str(get("stage", "sft"))
     if stage_raw not in STAGES:
@@ -106,7 +172,8 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
             draft.note(f"finetuning_type {ftype} trains some weights and freezes the rest (embeddings included): "
                        "read like an adapter setup")
     if "additional_target" in opts:
-        embedding_targets(draft, as_list(get("additional_target")), src("additional_target"))
+        embedding_targets(draft, as_list(get("additional_target")), src("additional_target"),
+                          str(get("model_name_or_path") or ""))
     if "lora_target" in opts and not as_list(get("lora_target")):
         draft.set("matched_modules", 0, f"{src('lora_target')} (empty)")
     bits = get("quantization_bit")
@@ -124,14 +191,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
         draft.set("checkpointing", "all", src("disable_gradient_checkpointing") if "disable_gradient_checkpointing"
                   in opts else f"default ({HP}/model_args.py: disable_gradient_checkpointing false)")
         draft.set("checkpoint_impl", "transformers", "model_utils/checkpointing.py: _set_gradient_checkpointing")
-        fsdp2 = draft.get("engine") == "fsdp2"
-        if fsdp2:
-            draft.set("reentrant", False, "LLaMA-Factory sets use_reentrant_gc false under FSDP2 "
-                      "(model_utils/checkpointing.py)")
-        elif "use_reentrant_gc" in opts:
-            draft.set("reentrant", on("use_reentrant_gc"), src("use_reentrant_gc"))
-        else:
-            draft.set("reentrant", True, f"default ({HP}/model_args.py: use_reentrant_gc true)")
+        draft.set("reentrant", *_reentrant(draft, opts, on))
         draft.set("input_grad_hook", True, "LLaMA-Factory's checkpoint function marks each trainable layer's hidden-"
                   "state input as requiring grad (model_utils/checkpointing.py)")
         if on("use_unsloth_gc"):
@@ -158,8 +218,10 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
         draft.set("forwards_per_step", 1, "concatenated_forward (src/llamafactory/train/dpo/trainer.py)")
     if stage_raw == "ppo":
         draft.set("generation", True, "PPO samples with generate (src/llamafactory/train/ppo/trainer.py)")
-        draft.set("generation_gather", True, "trl unwrap_model_for_generation gathers ZeRO-3 weights once "
-                  "(train/ppo/trainer.py; trl/models/utils.py gather_deepspeed3_params=True)")
+        gathers = at_least(draft, "llama-factory", "0.8.0")
+        draft.set("generation_gather", gathers, "trl unwrap_model_for_generation gathers ZeRO-3 weights once "
+                  "(train/ppo/trainer.py, since v0.8.0)" if gathers else "LLaMA-Factory < 0.8 generates on the "
+                  "partitioned model (unwrap_model().generate)")
     draft.set("train_mode_at_backward", True, "model.train() before each step (HF Trainer; ppo/trainer.py)")
     if draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3:
         if stage_raw != "ppo" and at_least(draft, "transformers", "5.0.0"):
@@ -172,7 +234,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
                    "transformers < 5 saves through it")
             draft.set("adapter_save_gather", gather, f"{key} in the DeepSpeed config ({why})")
 
-    trainer_fsdp1(draft, draft.get("precision") != "fp32", "LLaMA-Factory loads the model in the compute dtype")
+    trainer_dtypes(draft, draft.get("precision") != "fp32", "LLaMA-Factory loads the model in the compute dtype")
     cli = cmd is not None and any(a.startswith("--") for a in cmd.args)
     for name, (value, source) in opts.items():
         if name not in _HANDLED and name not in keys.LLAMA_FACTORY and name not in keys.HF_TRAINER:
@@ -224,4 +286,4 @@ def _recognise(view) -> bool:
 
 FRAMEWORK = Framework(name=NAME, title="LLaMA-Factory", module="llama_factory", recognise=_recognise, flags=FLAGS,
                       log_paths=r"llamafactory[/\\]|llmtuner[/\\]|llamafactory-cli|LLaMA-Factory",
-                      file_markers=MARKERS, release="llama-factory")
+                      file_markers=MARKERS, release="llama-factory", depends=DEPENDS)

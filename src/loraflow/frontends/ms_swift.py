@@ -15,9 +15,9 @@ from typing import Any
 from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, split_command
-from loraflow.frontends.common import (trainer_fsdp1, Draft, apply_fsdp_options, as_bool, as_list, at_least, embedding_targets,
+from loraflow.frontends.common import (Draft, apply_fsdp_options, as_bool, as_list, at_least, embedding_targets,
                                        finish_world, int_value, load_mapping, mapping_value, precision_from,
-                                       world_from_env)
+                                       world_from_env, trainer_dtypes)
 
 NAME = "ms-swift"
 ARGS = "swift/trainers/arguments.py"
@@ -67,9 +67,14 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
         draft.set("stage", "sft", f"swift {sub}")
         kind = sub
 
+    _eras(draft, opts, sub, cmd)
     if get("deepspeed"):
-        ds = deepspeed.read(str(get("deepspeed")), "--deepspeed", (), names=deepspeed.SWIFT_NAMES)
+        ref = str(get("deepspeed"))
+        ds = deepspeed.read(ref, "--deepspeed", (), names=deepspeed.SWIFT_NAMES)
         info = deepspeed.apply(draft, ds)
+        if ref == "default-zero3" and not at_least(draft, "ms-swift", "1.5.4"):
+            # The preset gained stage3_gather_16bit_weights_on_model_save in v1.5.4 (swift/llm/ds_config/zero3.json).
+            info["gather"] = False
     else:
         info = {}
     if get("fsdp"):
@@ -115,7 +120,8 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     if "target_modules" in opts and not as_list(opts["target_modules"][0]):
         draft.set("matched_modules", 0, f"{src('target_modules')} (empty)")
     if "modules_to_save" in opts:
-        embedding_targets(draft, as_list(opts["modules_to_save"][0]), src("modules_to_save"))
+        embedding_targets(draft, as_list(opts["modules_to_save"][0]), src("modules_to_save"),
+                          str(get("model") or get("model_id_or_path") or ""))
     bits = get("quant_bits")
     if bits is not None and str(get("quant_method", "bnb")) == "bnb":
         bits = int_value(bits, src("quant_bits"), "a number of bits")
@@ -126,7 +132,8 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
                   "swift/arguments/base_args/quant_args.py)")
 
     fsdp_ac = draft.get("checkpoint_impl") == "torch-wrapper"
-    gc = on("gradient_checkpointing", default=not fsdp_ac)
+    # Checkpointing by default from v1.3 (llm_sft.py of v1.1 - v1.2 had it off).
+    gc = on("gradient_checkpointing", default=not fsdp_ac and at_least(draft, "ms-swift", "1.3.0"))
     if fsdp_ac and on("gradient_checkpointing"):
         draft.note("ms-swift turns --gradient_checkpointing off when FSDP activation_checkpointing is on "
                    "(swift/arguments/sft_args.py)")
@@ -146,9 +153,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
             draft.set("reentrant", as_bool(kwargs["use_reentrant"], "use_reentrant"),
                       src("gradient_checkpointing_kwargs"))
         else:
-            plain_ddp = draft.get("world_size") > 1 and draft.get("engine") not in ("deepspeed", "fsdp1", "fsdp2")
-            draft.set("reentrant", not plain_ddp, "default (ms-swift swift/trainers/mixin.py: use_reentrant "
-                      + ("False for multi-process DDP)" if plain_ddp else "True unless multi-process DDP)"))
+            draft.set("reentrant", *_reentrant_default(draft))
         draft.set("input_grad_hook", True, "ms-swift calls enable_input_require_grads() with gradient "
                   "checkpointing (swift/trainers/mixin.py)")
     draft.set("use_cache", False, "ms-swift sets config.use_cache = False for training (swift/trainers/mixin.py)")
@@ -184,8 +189,46 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     for name, (value, source) in opts.items():
         if name not in _HANDLED and name not in keys.MS_SWIFT and name not in keys.HF_TRAINER:
             draft.unknown.append(source)
-    trainer_fsdp1(draft, draft.get("precision") != "fp32", "ms-swift loads the model in --torch_dtype")
+    trainer_dtypes(draft, draft.get("precision") != "fp32", "ms-swift loads the model in --torch_dtype")
     draft.flag(**FLAGS)
+
+
+# What a flag's spelling says about the release (ms-swift's git history).
+_ERAS = (("sft_type", "<3.0.0"), ("model_id_or_path", "<3.0.0"), ("model_type", "<3.0.0"),
+         ("train_type", ">=3.0.0,<4.1.0"), ("tuner_type", ">=4.0.0"), ("ds3_gather_for_generation", ">=3.1.1"))
+DEPENDS = (("ms-swift", "<2.0.0", {"transformers": "<4.41"}), ("ms-swift", ">=2.0.0,<3.0.0", {"transformers": "<4.48"}),
+           ("ms-swift", ">=3.0.0,<4.0.0", {"transformers": "<4.58"}))
+
+
+def _eras(draft: Draft, opts: dict, sub: str, cmd: Command | None) -> None:
+    for flag, spec in _ERAS:
+        if flag in opts:
+            draft.era("ms-swift", spec, f"--{flag} exists in ms-swift {spec}")
+    preset = str(_first(opts["deepspeed"][0])) if "deepspeed" in opts else ""
+    if preset.startswith("default-zero"):
+        draft.era("ms-swift", ">=1.5.0,<3.0.0", f"--deepspeed {preset} is the preset name of ms-swift 1.5 - 2.x")
+    elif preset in deepspeed.SWIFT_NAMES:
+        draft.era("ms-swift", ">=3.0.0", f"--deepspeed {preset} is the preset name from ms-swift 3.0")
+    if "model" in opts:
+        draft.era("ms-swift", ">=3.0.0", "--model replaced --model_id_or_path in ms-swift 3.0")
+
+
+def _reentrant_default(draft: Draft) -> tuple[bool, str]:
+    """use_reentrant when the command does not set it, per ms-swift release."""
+    if at_least(draft, "ms-swift", "3.6.0"):
+        plain_ddp = draft.get("world_size") > 1 and draft.get("engine") not in ("deepspeed", "fsdp1", "fsdp2")
+        return not plain_ddp, ("default (ms-swift >= 3.6 swift/trainers/mixin.py: use_reentrant " +
+                               ("False for multi-process DDP)" if plain_ddp else "True unless multi-process DDP)"))
+    if at_least(draft, "ms-swift", "3.0.0"):
+        return True, "default (ms-swift 3.0 - 3.5 swift/trainers/arguments.py: use_reentrant True for every launch)"
+    if at_least(draft, "ms-swift", "1.4.0"):
+        # ms-swift patches the checkpoint functions to default to non-reentrant, but transformers >= 4.45 passes
+        # use_reentrant=True explicitly, which wins.
+        explicit = at_least(draft, "transformers", "4.45.0")
+        return explicit, ("transformers >= 4.45 passes use_reentrant=True, overriding ms-swift 1.4 - 2.x's "
+                          "non-reentrant patch" if explicit else "default (ms-swift 1.4 - 2.x patch torch's checkpoint "
+                          "to non-reentrant)")
+    return True, "default (ms-swift < 1.4: transformers 4.x checkpoints reentrant)"
 
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
@@ -232,4 +275,4 @@ def _recognise(view) -> bool:
 
 FRAMEWORK = Framework(name=NAME, title="ms-swift", module="ms_swift", recognise=_recognise, flags=FLAGS,
                       log_paths=r"[/\\]swift[/\\](llm|trainers|cli|rlhf_trainers)[/\\]|swift (sft|rlhf)",
-                      release="ms-swift")
+                      release="ms-swift", depends=DEPENDS)

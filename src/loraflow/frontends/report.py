@@ -65,7 +65,8 @@ def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
     result = verdict.result
     code = _exit_code(result, verdict.findings)
     items = [{"rule": f.rule.id, "title": f.rule.title, "impact": f.rule.impact, "verdict": f.rule.verdict,
-              "holds_if": f.holds_if, "decided_by": list(f.decided_by), "affected": dict(f.rule.affected), "fixed_in": f.rule.fixed_in,
+              "holds_if": f.holds_if, "decided_by": list(f.decided_by), "affected": dict(f.rule.affected),
+              "fixed_in": f.rule.fixed_in,
               "cause": f.rule.cause, "fix_here": fix_here(result, f.rule) + (
                   [f"in general: {f.rule.elsewhere}"] if f.rule.elsewhere else []),
               "fix_loraflow": f.rule.fix, "notes": _condition_note(f, verdict),

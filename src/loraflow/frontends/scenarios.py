@@ -32,9 +32,9 @@ def bump(v: Version) -> Version:
 
 
 def spec_points(spec: str) -> set[Version]:
-    """The versions at which a specifier set changes its answer."""
+    """The versions at which a specifier set (or several joined by `||`) changes its answer."""
     points = set()
-    for s in SpecifierSet(spec):
+    for s in (item for part in spec.split("||") for item in SpecifierSet(part)):
         v = Version(s.version.replace(".*", ""))
         points.add(bump(v) if s.operator in ("<=", ">") else v)
         if s.operator in ("==", "~="):

@@ -175,7 +175,8 @@ register(Rule(
     title="Training tied embeddings without keeping them tied",
     verdict="fix",
     impact="silent",
-    conditions="tie_word_embeddings=True and embed_tokens or lm_head trained (adapted or modules_to_save) without ensure_weight_tying",
+    conditions="tie_word_embeddings=True and embed_tokens or lm_head trained (adapted or modules_to_save) without "
+               "ensure_weight_tying",
     knobs=('weight_tying_enforced',),
     when=lambda s: (s.tied_embeddings and (s.embeddings_trainable or s.lm_head_trainable)
                     and not s.weight_tying_enforced),

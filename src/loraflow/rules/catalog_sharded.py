@@ -14,8 +14,9 @@ from loraflow.rules.signs import (FLAT_PARAM_FRAMES, RECOMPUTE_FRAMES, RECOMPUTE
                                   LogSigns, Message, recompute_rivals)
 
 # FSDP1's flattening refuses tensors of mixed dtypes; which mix (4-bit storage, float32 adapters) names the rule.
-FLATTEN_DTYPE = Message(r"(Must flatten tensors|FlatParameter`? requires) (with )?uniform `?dtype|expects all parameters "
-                        r"to have same dtype|FSDP expects uniform original parameter dtype", "shared",
+FLATTEN_DTYPE = Message(r"(Must flatten tensors|FlatParameter`? requires) (with )?uniform `?dtype|"
+                        r"expects all parameters to have same dtype|FSDP expects uniform original parameter dtype",
+                        "shared",
                         "FSDP1 _flat_param.py _validate_tensors_to_flatten (`FlatParameter` requires uniform dtype in "
                         "torch 1.13-2.0, an assert in 1.12); FSDP2 _fsdp_param_group.py _init_mp_dtypes")
 
@@ -469,4 +470,43 @@ register(Rule(
         prior=1.0,
         tells_apart="context/sequence parallelism (cp_size, ulysses_sequence_parallel_size, ring attention) together "
                     "with gradient checkpointing; a recomputed sequence length the saved one divided by the degree"),
+))
+
+register(Rule(
+    id="zero3-mixed-dtype-gather",
+    title="ZeRO-3 gathers float32 adapters and half-precision base weights in one collective",
+    verdict="error",
+    impact="crash",
+    conditions="DeepSpeed ZeRO-3 with trainable float32 adapters beside a bf16/fp16 base (PEFT's "
+               "autocast_adapter_dtype, or LoRA created after a half-precision zero.Init), deepspeed < 0.12.3 or "
+               "deepspeed 0.19.2",
+    knobs=("mixed_param_dtypes", "zero_stage"),
+    affected={"deepspeed": "<0.12.3 || ==0.19.2"},
+    when=lambda s: s.zero3 and s.mixed_param_dtypes,
+    cause=("ZeRO-3 all-gathers a module's partitions in coalesced buckets whose buffer takes one dtype. Before "
+           "DeepSpeed 0.12.3 the bucket refused mixed dtypes outright (`expected there to be only one unique "
+           "element`); 0.19.2 stopped casting every parameter to bf16 and sized the output buffers by the first "
+           "parameter's dtype (`output tensor must have the same type as input tensor`)."),
+    fix="loraflow refuses ZeRO-3 with mixed parameter dtypes on these DeepSpeed releases: upgrade DeepSpeed.",
+    elsewhere="upgrade deepspeed (>=0.12.3, and not 0.19.2); else keep adapters in the base dtype "
+              "(get_peft_model(..., autocast_adapter_dtype=False)) or load the base in float32",
+    references=("https://github.com/deepspeedai/DeepSpeed/pull/4647", "https://github.com/deepspeedai/DeepSpeed/issues/8072",
+                "https://github.com/deepspeedai/DeepSpeed/pull/8073", "https://github.com/huggingface/trl/pull/6091",
+                "https://github.com/bigcode-project/starcoder/issues/96"),
+    fixed_in="deepspeed 0.12.3 (PR #4647); regressed in 0.19.2, fixed again in 0.19.3 (PR #8073)",
+    log=LogSigns(
+        messages=(Message(r"expected there to be only one unique element in <generator object .{0,80}"
+                          r"all_gather_coalesced", "own",
+                          "deepspeed/runtime/zero/partition_parameters.py: all_gather_coalesced (get_only_unique_item)",
+                          "deepspeed<0.12.3"),
+                  Message(r"output tensor must have the same type as input tensor", "shared",
+                          "torch.distributed all_gather_into_tensor from ZeRO-3's _allgather_params_coalesced")),
+        frames=(Message(r"partition_parameters\.py:(all_gather_coalesced|_allgather_params_coalesced)$", "shared"),),
+        evidence=(Evidence("zero3_hooks", 3, "ZeRO-3 parameter code is in the traceback"),
+                  Evidence("zero3", 2, "ZeRO-3 is in use"),
+                  Evidence("peft", 2, "adapters (float32 by default) train on a half-precision base"),
+                  Evidence("half", 1, "half precision is in use")),
+        prior=1.0,
+        tells_apart="ZeRO-3 with LoRA on a bf16/fp16 base; the traceback runs through partition_parameters.py's "
+                    "coalesced all-gather"),
 ))

@@ -21,6 +21,11 @@ Verdict = Literal["error", "fix", "warning"]
 Impact = Literal["crash", "silent", "slow"]
 
 
+def affected_by(version, spec: str) -> bool:
+    """Whether `version` lies in `spec`, a specifier set or several joined by `||`."""
+    return any(version in SpecifierSet(part) for part in spec.split("||"))
+
+
 @dataclass(frozen=True)
 class Rule:
     id: str
@@ -41,7 +46,8 @@ class Rule:
     elsewhere: str = ""
     """The fix in other frameworks, in general terms (frontends add their exact flag names)."""
     affected: dict[str, str] = field(default_factory=dict)
-    """Installed versions that have the bug, as specifiers ({"deepspeed": "<0.19.3"}); empty: every version."""
+    """Installed versions that have the bug, as specifiers ({"deepspeed": "<0.19.3"}; `||` separates ranges: a bug
+    fixed and later reintroduced); empty: every version."""
     references: tuple[str, ...] = ()
     fixed_in: str | None = None
     log: LogSigns = field(default_factory=LogSigns)
@@ -54,7 +60,8 @@ class Rule:
         if unknown:
             raise ValueError(f"rule {self.id}: knobs {unknown} are not Setup fields")
         for package, spec in self.affected.items():
-            SpecifierSet(spec)  # raises on a typo
+            for part in spec.split("||"):
+                SpecifierSet(part)  # raises on a typo
         unknown_facts = [e.fact for e in self.log.evidence if e.fact not in FACT_NAMES]
         if unknown_facts:
             raise ValueError(f"rule {self.id}: evidence facts {unknown_facts} are not in rules/signs.py")
@@ -69,7 +76,7 @@ class Rule:
             if installed is None:
                 notes.append(f"{package} version unknown, assumed affected ({package}{spec}); "
                              f"pass --versions {package}=X.Y.Z")
-            elif installed not in SpecifierSet(spec):
+            elif not affected_by(installed, spec):
                 return False, [f"{package} {installed} is not affected ({package}{spec})"]
         return True, notes
 

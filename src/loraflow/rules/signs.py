@@ -177,8 +177,9 @@ FLAT_PARAM_FRAMES = (Message(r"_?flat_param\.py:(_validate_tensors_to_flatten|_i
                              r"flatten_tensors_into_flat_param|_init_flat_param_and_metadata)$|"
                              r"_init_utils\.py:_init_param_handle_from_params$", "shared"),)
 # A ZeRO-3 placeholder of size 0 in an elementwise op: merging or DoRA's norm read the partitioned weight.
-SIZE_ZERO_OPERAND = Message(r"size of tensor a \(0\) must match the size of tensor b \(\d+\)|size of tensor a \(\d+\) "
-                            r"must match the size of tensor b \(0\)", "shared", "an elementwise op on a ZeRO-3 placeholder")
+SIZE_ZERO_OPERAND = Message(r"size of tensor a \(0\) must match the size of tensor b \(\d+\)|"
+                            r"size of tensor a \(\d+\) must match the size of tensor b \(0\)", "shared",
+                            "an elementwise op on a ZeRO-3 placeholder")
 _META = ("meta:released-partition", "meta:precision-cast", "meta:cache-grown", "meta:sequence-split")
 
 
