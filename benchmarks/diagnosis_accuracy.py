@@ -60,7 +60,12 @@ def score_explain(entries: list[dict]) -> dict:
         top = candidates[0] if candidates else None
         expected = e.get("expected")
         ok = (not candidates) if e.get("decoy") or expected is None else bool(top and top.rule.id == expected)
+        if e.get("evidence_in_log") is False:
+            # The stored excerpt stops before anything that names its failure: no one could tell the cause from it.
+            # Scored apart: a claim there must still be the right one.
+            ok = not candidates or (top is not None and top.rule.id == expected)
         rows.append({"file": str(e["file"].relative_to(ROOT)), "batch": e["batch"], "expected": expected,
+                     "uninformative": e.get("evidence_in_log") is False,
                      "decoy": bool(e.get("decoy") or expected is None), "framework": e.get("framework") or "?",
                      "shape": log.shape, "ok": ok, "top": top.rule.id if top else None,
                      "confidence": top.confidence if top else None,
@@ -149,10 +154,12 @@ def _summarise(rows: list[dict], key: str) -> dict:
         per_rule[label]["ok"] += r["ok"]
         per_framework[r["framework"]]["n"] += 1
         per_framework[r["framework"]]["ok"] += r["ok"]
-    failures = [r for r in rows if not r["decoy"]]
+    failures = [r for r in rows if not r["decoy"] and not r.get("uninformative")]
     decoys = [r for r in rows if r["decoy"]]
+    blind = [r for r in rows if r.get("uninformative")]
     return {"n": len(rows), "failures": len(failures), "right": sum(r["ok"] for r in failures),
             "decoys": len(decoys), "decoys_clean": sum(r["ok"] for r in decoys),
+            "uninformative": len(blind), "uninformative_ok": sum(r["ok"] for r in blind),
             "per_rule": {k: dict(v) for k, v in sorted(per_rule.items())},
             "per_framework": {k: dict(v) for k, v in sorted(per_framework.items())},
             "misses": [r for r in rows if not r["ok"]], "rows": rows}
@@ -173,6 +180,8 @@ def render(explain: dict, check: dict, misses_only: bool) -> str:
         out += ["explain (first-ranked rule right on failures; no claim on decoys)",
                 f"  failures: {_pct(explain['right'], explain['failures'])}    decoys left unclaimed: "
                 f"{_pct(explain['decoys_clean'], explain['decoys'])}",
+                f"  excerpts cut before any trace of their failure (scored apart; a claim must be right): "
+                f"{_pct(explain['uninformative_ok'], explain['uninformative'])}",
                 "  by source: " + ", ".join(f"{b} {n}" for b, n in sorted(Counter(
                     r['batch'] for r in explain['rows']).items())),
                 "  by log shape: " + _by_shape(explain["rows"]),

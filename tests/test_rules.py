@@ -35,6 +35,12 @@ CASES = {
     "no-adapter-matched": (
         BASE.replace(matched_modules=0),
         BASE.replace(adapter="full", matched_modules=None)),
+    "adapter-loaded-frozen": (
+        BASE.replace(adapter_loaded_frozen=True),
+        BASE.replace(adapter_loaded_frozen=True, adapter="full")),
+    "fsdp2-generate-unsharded": (
+        FSDP2.replace(stage="grpo", generation=True),
+        FSDP2.replace(stage="grpo", generation=True, generation_gather=True)),
     "tied-embedding-adapter": (
         BASE.replace(tied_embeddings=True, lm_head_trainable=True),
         BASE.replace(tied_embeddings=False, lm_head_trainable=True)),

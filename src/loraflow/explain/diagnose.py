@@ -88,6 +88,14 @@ def _evidence(rule: Rule, facts: Facts, log: LogView) -> tuple[float, bool, bool
             shown = facts.lines.get(ev.fact)
             where = f" (line {shown[0]})" if shown else ""
             reasons.append(f"{'+' if ev.weight > 0 else '-'} {ev.reason}{where}")
+    # The run's own launch line, when the log echoes it, read as `check` reads it (explain/facts.py).
+    for prefix, gain, sure in (("setup:", 4.0, True), ("setup?:", 2.0, False)):
+        if prefix + rule.id in facts:
+            n, _ = facts.lines[prefix + rule.id]
+            score += gain
+            alone = alone or sure
+            reasons.append(f"+ the launch line in the log (line {n}) sets up this conflict"
+                           + ("" if sure else " for some releases"))
     for package, spec in rule.affected.items():
         seen = log.versions.get(package)
         if seen is None:
@@ -126,7 +134,7 @@ def score_rule(rule: Rule, log: LogView, facts: Facts) -> Candidate | None:
         reasons.insert(0, f"a message {'several failures share' if shared else 'many failures print'} is in the log")
     elif in_tail:
         own_frame = any(m.kind == "own" for m, _, _ in frames)
-        if own_frame or decisive or weight >= LIKELY_AT:
+        if own_frame or decisive or weight >= LIKELY_AT + (2 if all(m.kind == "generic" for m, _, _ in frames) else 0):
             level = "likely"
         elif weight > 0 and any(m.kind == "shared" for m, _, _ in frames):
             level = "possible"
@@ -135,6 +143,10 @@ def score_rule(rule: Rule, log: LogView, facts: Facts) -> Candidate | None:
         level = "likely"
         reasons.insert(0, "the log stops inside a traceback before its error line, and a fact only this failure "
                           "produces is in it")
+    elif log.truncated and f"setup?:{rule.id}" in facts and weight > 0:
+        level = "possible"
+        reasons.insert(0, "the log stops inside a traceback before its error line; the launch line it echoes sets up "
+                          "this failure for some releases")
     elif warned and not log.frames and not log.errors and weight >= 0:
         level = "likely"
         reasons.insert(0, "only its warning is in the log and no crash follows: the failure is silent")

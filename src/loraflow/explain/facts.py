@@ -9,6 +9,7 @@ split across ranks). The verdict comes from the difference, not from which words
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 
 from loraflow.explain.logread import LogView
@@ -131,4 +132,30 @@ def read_facts(log: LogView) -> Facts:
             facts.add("mismatch:doubled", (i, line.strip()[:240]))
     if log.truncated:
         facts.add("truncated")
+    _launch_lines(log, facts)
     return facts
+
+
+_LAUNCH = re.compile(r"^\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(deepspeed|torchrun|accelerate\s+launch|llamafactory-cli|swift|"
+                     r"axolotl|trl|python3?\s+-m\s+(?:openrlhf|torch\.distributed)|python3?\s+\S+\.py)\s")
+
+
+def _launch_lines(log: LogView, facts: Facts) -> None:
+    """A log that echoes its own launch command (many start with it) says what the run set up: read it as `check`
+    would, and let each conflict it sets up count for its rule (`setup:ID` holds whatever the versions, `setup?:ID`
+    for some of them; the log's own printed versions are used)."""
+    from loraflow.errors import LoraflowError
+    from loraflow.frontends import from_command
+    from loraflow.frontends.verdict import check_setup
+
+    for i, line in enumerate(log.lines[:400], 1):
+        if not _LAUNCH.match(line) or len(line) < 30:
+            continue
+        try:
+            argv = shlex.split(re.split(r"\s(?:&>|2>&1|>>|>|\|)(?:\s|$)", " " + line.strip() + " ")[0])
+            verdict = check_setup(lambda v, argv=argv: from_command(argv, v), dict(log.versions))
+        except (LoraflowError, ValueError, KeyError, IndexError, TypeError):
+            continue
+        for f in verdict.findings:
+            facts.add(("setup:" if f.holds_if is None else "setup?:") + f.rule.id, (i, line.strip()[:240]))
+        return

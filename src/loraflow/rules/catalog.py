@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from loraflow.rules.registry import Rule, register
 from loraflow.rules.setup import Setup
-from loraflow.rules.signs import (NO_GRAD_FN as _NO_GRAD_FN, RECOMPUTE_COUNT, RECOMPUTE_FRAMES, RECOMPUTE_MESSAGES,
+from loraflow.rules.signs import (ZERO_TRAINABLE, NO_GRAD_FN as _NO_GRAD_FN, RECOMPUTE_COUNT, RECOMPUTE_FRAMES, RECOMPUTE_MESSAGES,
                                   REENTRANT_WARNING as _REENTRANT_WARNING, Evidence, LogSigns, Message,
                                   recompute_rivals)
 
@@ -155,19 +155,53 @@ register(Rule(
     references=("peft: NoMatchingPeftModuleError in tuners/tuners_utils.py",),
     fixed_in="design: refuse before training",
     log=LogSigns(
-        messages=(Message(r"trainable params: 0\b", "own", "peft PeftModel.print_trainable_parameters"),
+        messages=(ZERO_TRAINABLE,
                   Message(r"Target modules? .{0,400}not found in the base model", "own",
                           "peft tuners_utils.py: inject_adapter (NoMatchingPeftModuleError since peft 0.14, "
                           "ValueError before)"),
                   Message(r"No modules were targeted for adaptation|All modules were excluded", "own",
                           "peft tuners_utils.py: inject_adapter (peft>=0.14)"),
                   Message(_NO_GRAD_FN, "shared", "torch autograd: run_backward")),
-        evidence=(Evidence("no_trainable", 6, "nothing in the model is trainable", decisive=True),
+        evidence=(Evidence("no_target", 6, "PEFT found no module to adapt", decisive=True),
+                  Evidence("adapter_loaded", -3, "a saved adapter is loaded, which points at its frozen loading"),
                   Evidence("reentrant_warning", -3, "torch's reentrant warning points at checkpointing instead"),
                   Evidence("checkpointing", -1, "checkpointing is in use, the more common cause")),
         prior=2.0,
         tells_apart="PEFT printed `trainable params: 0`, or the target module names (e.g. OPT's `decoder.layers.` "
                     "or `query_key_value`) do not exist in this model family"),
+))
+
+register(Rule(
+    id="adapter-loaded-frozen",
+    title="A saved adapter loaded for inference is trained: nothing requires grad",
+    verdict="fix",
+    impact="crash",
+    conditions="a saved adapter loaded with PeftModel.from_pretrained (or load_adapter) without is_trainable=True, "
+               "then trained (resuming or continuing a LoRA fine-tune)",
+    knobs=("adapter_loaded_frozen",),
+    when=lambda s: s.adapter != "full" and s.adapter_loaded_frozen,
+    cause=("PeftModel.from_pretrained loads an adapter for inference unless is_trainable=True: its weights come back "
+           "with requires_grad=False, so `trainable params: 0`, and the first backward or optimizer step fails "
+           "(`element 0 of tensors does not require grad`, fp16's `No inf checks were recorded for this optimizer`)."),
+    fix="loraflow resumes from its own checkpoints with the adapter trainable (and merges saved adapters it starts "
+        "from into the base, model.merge_adapters).",
+    remedy=lambda s: {"adapter_loaded_frozen": False},
+    elsewhere="PeftModel.from_pretrained(base, path, is_trainable=True), or resume through the trainer's "
+              "resume_from_checkpoint",
+    references=("peft PeftModel.from_pretrained(is_trainable=False by default)",
+                "https://github.com/huggingface/peft/issues/1142"),
+    fixed_in="design (PEFT loads adapters for inference by default)",
+    log=LogSigns(
+        messages=(ZERO_TRAINABLE, Message(_NO_GRAD_FN, "shared", "torch autograd: run_backward"),
+                  Message(r"No inf checks were recorded for this optimizer", "shared",
+                          "torch/amp/grad_scaler.py: GradScaler.step (no parameter had a gradient)")),
+        evidence=(Evidence("adapter_loaded", 5, "a saved adapter is loaded (from_pretrained, load_adapter, resume)",
+                           decisive=True),
+                  Evidence("no_target", -6, "PEFT found no module to adapt, which points elsewhere"),
+                  Evidence("reentrant_warning", -3, "torch's reentrant warning points at checkpointing instead")),
+        prior=1.5,
+        tells_apart="the run continues from a saved adapter (PeftModel.from_pretrained without is_trainable=True); "
+                    "PEFT printed `trainable params: 0`"),
 ))
 
 register(Rule(

@@ -1,4 +1,5 @@
-"""The rules of sharded and distributed engines: DeepSpeed ZeRO, FSDP1/FSDP2, DDP; ids from the failure catalog.
+"""The rules of DeepSpeed ZeRO and DDP (and of adapters under ZeRO-3: DoRA, QLoRA, merging); ids from the failure
+catalog. The FSDP rules are in catalog_fsdp.py.
 
 Version conditions live in `affected` (the registry compares them with the installed or given versions), so the
 same rule answers for loraflow's own plan, for `check --versions`, and for `explain` when a log shows a version.
@@ -10,18 +11,8 @@ from packaging.version import Version
 
 from loraflow.rules.registry import Rule, register
 from loraflow.rules.setup import Setup
-from loraflow.rules.signs import (FLAT_PARAM_FRAMES, RECOMPUTE_FRAMES, RECOMPUTE_MESSAGES, SIZE_ZERO_OPERAND, Evidence,
-                                  LogSigns, Message, recompute_rivals)
-
-# FSDP1's flattening refuses tensors of mixed dtypes; which mix (4-bit storage, float32 adapters) names the rule.
-FLATTEN_DTYPE = Message(r"(Must flatten tensors|FlatParameter`? requires) (with )?uniform `?dtype|"
-                        r"expects all parameters to have same dtype|FSDP expects uniform original parameter dtype",
-                        "shared",
-                        "FSDP1 _flat_param.py _validate_tensors_to_flatten (`FlatParameter` requires uniform dtype in "
-                        "torch 1.13-2.0, an assert in 1.12); FSDP2 _fsdp_param_group.py _init_mp_dtypes")
-
-def _checkpointed(s: Setup) -> bool:
-    return s.checkpointing != "off"
+from loraflow.rules.signs import (FLAT_PARAM_FRAMES, FLATTEN_DTYPE, RECOMPUTE_FRAMES, RECOMPUTE_MESSAGES,
+                                  SIZE_ZERO_OPERAND, Evidence, LogSigns, Message, recompute_rivals)
 
 
 def _older(s: Setup, package: str, fixed: str) -> bool:
@@ -39,7 +30,7 @@ register(Rule(
                "checkpointing, deepspeed < 0.19.3",
     knobs=("reentrant", "input_grad_hook", "zero_stage"),
     affected={"deepspeed": "<0.19.3"},
-    when=lambda s: s.zero3 and s.frozen_params and _checkpointed(s) and s.reentrant is False,
+    when=lambda s: s.zero3 and s.frozen_params and s.checkpointed and s.reentrant is False,
     cause=("ZeRO-3 re-partitions each parameter in place after use (param.data becomes an empty tensor). "
            "Non-reentrant checkpointing keeps a live reference to tensors that do not require grad, i.e. the "
            "frozen weights, so the recompute in backward sees shape [0] where the forward saw the full weight."),
@@ -66,40 +57,6 @@ register(Rule(
 ))
 
 register(Rule(
-    id="fsdp2-recompute-cast",
-    title="FSDP2 mixed precision skipped its casts during checkpoint recompute",
-    verdict="fix",
-    impact="crash",
-    conditions="FSDP2 with a MixedPrecisionPolicy (bf16/fp16), checkpoint wrapper placed outside the sharded "
-               "unit, torch < 2.13 (LoRA and DoRA alike)",
-    knobs=("checkpoint_outside_shard", "precision"),
-    affected={"torch": "<2.13"},
-    when=lambda s: s.engine == "fsdp2" and _checkpointed(s) and s.half_precision and s.checkpoint_outside_shard,
-    cause=("FSDP2 casts a unit's inputs and outputs to the policy's dtype in its forward hooks. When the "
-           "checkpoint wraps the sharded unit from outside, the recompute in backward ran without those casts, so "
-           "recomputed tensors came back in a different dtype than the forward saved."),
-    fix="loraflow applies checkpointing inside each sharded unit (wrap, then fully_shard) and keeps layer inputs in "
-        "the parameter dtype.",
-    remedy=lambda s: {"checkpoint_outside_shard": False},
-    elsewhere="upgrade to torch>=2.13; else apply the checkpoint wrapper before fully_shard",
-    references=("https://github.com/pytorch/pytorch/pull/182580",),
-    fixed_in="torch 2.13.0 (PR #182580)",
-    log=LogSigns(
-        messages=RECOMPUTE_MESSAGES + (Message(r"Expected query, key, and value to have the same dtype", "generic",
-                                               "torch scaled_dot_product_attention (recompute in another dtype)"),),
-        frames=RECOMPUTE_FRAMES,
-        evidence=(Evidence("meta:precision-cast", 8, "a recomputed tensor has the saved shape in another precision: "
-                           "a mixed-precision cast skipped during recompute", decisive=True, alone=True),
-                  *recompute_rivals("meta:precision-cast"),
-                  Evidence("fsdp2", 3, "FSDP2 is in use"),
-                  Evidence("fsdp", 1, "FSDP is in use"),
-                  Evidence("zero3", -2, "ZeRO-3 is in use, a more common cause of this error")),
-        prior=1.5,
-        tells_apart="FSDP2 with a bf16/fp16 MixedPrecisionPolicy and the checkpoint wrapper applied around the "
-                    "sharded module on torch < 2.13; the recomputed dtype differs while the shape is the same"),
-))
-
-register(Rule(
     id="zero3-eval-backward",
     title="Backward through a ZeRO-3 module left in eval mode",
     verdict="fix",
@@ -122,8 +79,12 @@ register(Rule(
                           "deepspeed/runtime/zero/parameter_offload.py: pre/post backward hooks (deepspeed<=0.15.3)"),),
         frames=(Message(r"parameter_offload\.py:(_run_before_backward_function|_post_backward_module_hook|"
                         r"_pre_backward_module_hook|pre_sub_module_backward_function|backward|"
-                        r"post_sub_module_backward_function|_run_after_backward_function)$", "own"),),
+                        r"post_sub_module_backward_function|_run_after_backward_function)$", "own"),
+                # DeepSpeed's backward entry: many failures pass through it, so only facts can point here.
+                Message(r"runtime/engine\.py:backward$|zero/stage3\.py:backward$|accelerator\.py:backward$",
+                        "generic")),
         evidence=(Evidence("rlhf", 1, "an RLHF stage (generation in eval mode) runs"),
+                  Evidence("eval_mode", 2, "an evaluation or generation ran in eval mode just before"),
                   Evidence("zero3", 1, "ZeRO-3 is in use"))),
 ))
 
@@ -134,7 +95,7 @@ register(Rule(
     impact="crash",
     conditions="DDP, reentrant checkpointing, find_unused_parameters=True, no static graph",
     knobs=("find_unused_parameters", "reentrant", "ddp_static_graph"),
-    when=lambda s: (s.engine == "ddp" and _checkpointed(s) and s.reentrant is True and s.find_unused_parameters
+    when=lambda s: (s.engine == "ddp" and s.checkpointed and s.reentrant is True and s.find_unused_parameters
                     and not s.ddp_static_graph),
     cause=("Reentrant checkpointing runs a second autograd pass in backward that fires each parameter's gradient "
            "hook again. DDP with find_unused_parameters=True marks a parameter ready per hook and refuses the "
@@ -154,57 +115,6 @@ register(Rule(
         evidence=(Evidence("find_unused", 2, "DDP's unused-parameter search is on"),
                   Evidence("checkpointing", 1, "checkpointing is in use"),
                   Evidence("reentrant", 1, "reentrant checkpointing is named"))),
-))
-
-register(Rule(
-    id="fsdp1-mixed-requires-grad",
-    title="FSDP1 cannot flatten frozen and trainable weights into one unit",
-    verdict="error",
-    impact="crash",
-    conditions="FSDP1 with use_orig_params=False and units holding both frozen base weights and adapters",
-    knobs=("fsdp_use_orig_params", "engine"),
-    when=lambda s: (s.engine == "fsdp1" and s.frozen_params and not s.fsdp_use_orig_params
-                    and not s.fsdp_frozen_units_separate),
-    cause=("FSDP1 flattens all parameters of a unit into one FlatParameter, which has a single requires_grad. "
-           "A decoder layer with frozen base weights and trainable adapters cannot be flattened."),
-    fix="loraflow shards with FSDP2 (per-parameter sharding); choose engine fsdp2.",
-    elsewhere="fsdp_use_orig_params=True, or wrap the adapter modules as their own units; prefer FSDP2",
-    references=("torch/distributed/fsdp/_flat_param.py: FlatParamHandle._validate_tensors_to_flatten",
-                "https://github.com/huggingface/peft/issues/1702"),
-    fixed_in="design",
-    log=LogSigns(
-        messages=(Message(r"Must flatten tensors with uniform `?requires_grad`?", "own",
-                          "torch/distributed/fsdp/_flat_param.py: FlatParamHandle._validate_tensors_to_flatten"),
-                  Message(r"`?FlatParameter`? requires uniform `?requires_grad", "own",
-                          "torch/distributed/fsdp/flat_param.py: _init_flat_param (torch 1.13-2.0, even with "
-                          "use_orig_params=True)", "torch>=1.13,<2.1"),
-                  Message(r"expects all parameters to have same requires_grad", "own",
-                          "torch/distributed/fsdp/flatten_params_wrapper.py (an assert)", "torch<1.13")),
-        frames=FLAT_PARAM_FRAMES,
-        evidence=(Evidence("peft", 1, "adapters train on a frozen base"),
-                  Evidence("fsdp1", 1, "FSDP1 is in use")),
-        prior=2.5,
-        tells_apart="adapters (trainable) and base weights (frozen) in one FSDP1 unit with use_orig_params=False"),
-))
-
-register(Rule(
-    id="fsdp-frozen-grad-memory",
-    title="FSDP1 units mixing frozen and trainable weights allocate full gradient buffers",
-    verdict="fix",
-    impact="slow",
-    conditions="FSDP1 units holding both frozen base weights and adapters (use_orig_params=True)",
-    knobs=("fsdp_frozen_units_separate", "engine"),
-    when=lambda s: (s.engine == "fsdp1" and s.frozen_params and s.fsdp_use_orig_params
-                    and not s.fsdp_frozen_units_separate),
-    cause=("With use_orig_params=True FSDP1 still keeps one flat gradient buffer per unit, sized for all of its "
-           "parameters. A unit of frozen weights plus small adapters allocates gradient memory as large as full "
-           "fine-tuning: no error, the memory saving of the adapter is gone."),
-    fix="loraflow puts frozen weights in sharded units of their own (its FSDP2 engine shards each frozen base "
-        "Linear separately), so gradient buffers hold only trainable parameters.",
-    remedy=lambda s: {"fsdp_frozen_units_separate": True},
-    elsewhere="wrap so frozen weights form their own units (a lambda policy on the LoRA modules); prefer FSDP2",
-    references=("https://github.com/pytorch/pytorch/issues/91167", "https://github.com/pytorch/pytorch/issues/91165"),
-    fixed_in="design (FSDP2 shards per parameter)",
 ))
 
 register(Rule(
@@ -259,37 +169,12 @@ register(Rule(
     log=LogSigns(
         messages=(Message(r"Watchdog caught collective operation timeout|collective operation timeout", "generic",
                           "torch ProcessGroupNCCL watchdog"),),
+        frames=(Message(r"generation/utils\.py:(generate|_sample|_greedy_search|sample)$|:generate$", "generic"),),
         evidence=(Evidence("generation", 2, "generation runs"),
+                  Evidence("generate_frames", 2, "the run stopped inside generate()"),
+                  Evidence("fsdp2", -3, "FSDP2 is in use, which points at its own generation rule"),
                   Evidence("allgather_timeout", 2, "an all-gather timed out"),
                   Evidence("zero3", 1, "ZeRO-3 is in use"))),
-))
-
-register(Rule(
-    id="fsdp2-multi-forward-dtensor",
-    title="Several forwards before one backward under FSDP2 with checkpointing",
-    verdict="fix",
-    impact="crash",
-    conditions="FSDP2, activation checkpointing, more than one forward through the trained model before backward "
-               "(DPO chosen and rejected separately)",
-    knobs=("forwards_per_step",),
-    affected={"torch": "<2.11"},
-    when=lambda s: s.engine == "fsdp2" and _checkpointed(s) and s.forwards_per_step > 1,
-    cause=("FSDP2 reshards a unit after its forward and re-registers plain tensors for the recompute; a second "
-           "forward before backward leaves the recompute of the first one mixing sharded DTensor parameters with "
-           "unsharded tensors."),
-    fix="loraflow concatenates chosen and rejected into one forward (one forward per step).",
-    remedy=lambda s: {"forwards_per_step": 1},
-    elsewhere="concatenate chosen/rejected into one batch (TRL/OpenRLHF default), or disable checkpointing",
-    references=("https://github.com/pytorch/pytorch/pull/171779", "https://github.com/pytorch/pytorch/issues/153354",
-                "https://github.com/pytorch/pytorch/issues/187437"),
-    fixed_in="torch 2.11.0 (PR #171779); pytorch#187437 reports a variant (checkpoint around the sharded parent)",
-    log=LogSigns(
-        messages=(Message(r"got mixed torch\.Tensor and DTensor", "own",
-                          "torch/distributed/tensor/_dispatch.py: OpDispatcher"),),
-        frames=RECOMPUTE_FRAMES,
-        evidence=(Evidence("fsdp2", 2, "FSDP2 is in use"),
-                  Evidence("dtensor", 2, "DTensor parameters are involved"),
-                  Evidence("multi_forward", 2, "a preference stage runs several forwards before one backward"))),
 ))
 
 register(Rule(
@@ -397,79 +282,6 @@ register(Rule(
                   Evidence("deepspeed", 1, "DeepSpeed is in use")),
         prior=2.0,
         tells_apart="merge_and_unload (or a hybrid engine's LoRA fuse) runs while DeepSpeed ZeRO-3 holds the model"),
-))
-
-register(Rule(
-    id="fsdp1-mixed-dtype",
-    title="FSDP1 cannot flatten float32 adapters beside a half-precision base",
-    verdict="error",
-    impact="crash",
-    conditions="FSDP1 units holding both a bf16/fp16 base and float32 adapters (PEFT upcasts adapters of a "
-               "half-precision base since peft 0.12), adapters not wrapped as their own units",
-    knobs=("mixed_param_dtypes", "fsdp_frozen_units_separate", "engine"),
-    when=lambda s: (s.engine == "fsdp1" and s.adapter != "full" and s.mixed_param_dtypes
-                    and not s.fsdp_frozen_units_separate),
-    cause=("FSDP1 flattens every parameter of a unit into one FlatParameter of a single dtype. A decoder layer whose "
-           "base weights were loaded in bf16 and whose LoRA weights are float32 cannot be flattened: `Must flatten "
-           "tensors with uniform dtype but got torch.bfloat16 and torch.float32`."),
-    fix="loraflow shards with FSDP2 (per-parameter sharding, where each tensor keeps its own dtype); choose engine "
-        "fsdp2.",
-    elsewhere="load the base in float32 and let FSDP's MixedPrecision cast it, or keep adapters in the base dtype "
-              "(get_peft_model(..., autocast_adapter_dtype=False)), or wrap the LoRA modules as their own units "
-              "(peft's fsdp_auto_wrap_policy); prefer FSDP2",
-    references=("https://github.com/huggingface/peft/issues/484",
-                "https://github.com/axolotl-ai-cloud/axolotl/pull/1462",
-                "torch/distributed/fsdp/_flat_param.py: FlatParamHandle._validate_tensors_to_flatten"),
-    fixed_in="design (FSDP2 shards per parameter)",
-    log=LogSigns(
-        messages=(FLATTEN_DTYPE,),
-        frames=FLAT_PARAM_FRAMES,
-        evidence=(Evidence("flatten:half-and-float", 8, "a half-precision tensor beside a float32 one in one unit",
-                           decisive=True, alone=True),
-                  Evidence("flatten:int", -8, "integer storage points at 4-bit quantization instead"),
-                  Evidence("peft", 2, "adapters train on a frozen base"),
-                  Evidence("half", 1, "half precision is in use"),
-                  Evidence("fsdp1", 1, "FSDP1 is in use"),
-                  Evidence("flatten:other", -4, "two half-precision types: a storage dtype unlike the model's"),
-                  Evidence("quant4bit", -2, "a 4-bit base points at its storage dtype instead")),
-        prior=2.0,
-        tells_apart="a bf16/fp16 base with float32 LoRA weights under FSDP1; the dtypes in the message are a half type "
-                    "and float32"),
-))
-
-register(Rule(
-    id="sequence-parallel-recompute",
-    title="Checkpoint recompute sees another sequence split than the forward (context/sequence parallelism)",
-    verdict="error",
-    impact="crash",
-    conditions="activation checkpointing (non-reentrant) of a model with frozen weights (LoRA) with the sequence "
-               "split across ranks by context or sequence parallelism (FSDP2 context_parallel, Ulysses), where the "
-               "recompute runs outside the split the forward ran in (reported with LoRA; full fine-tuning with "
-               "context parallelism runs in TRL's own examples)",
-    knobs=("sequence_parallel", "checkpointing"),
-    when=lambda s: s.sequence_parallel and s.frozen_params and _checkpointed(s) and s.reentrant is False,
-    cause=("Context and sequence parallelism shard or gather the sequence around each attention call (torch's "
-           "context_parallel rewrites buffers in place on entry; Ulysses all-to-alls heads and sequence). When the "
-           "checkpointed layers recompute in backward outside that context, attention sees the local slice instead "
-           "of the sequence the forward saw, and the recomputed tensors come back with the sequence dimension divided "
-           "by the parallel degree."),
-    fix="loraflow has no context or sequence parallelism; it refuses the combination rather than train with it.",
-    elsewhere="run backward inside the same context-parallel context as the forward, or turn off gradient "
-              "checkpointing for this run, or drop context parallelism",
-    references=("https://github.com/huggingface/trl/issues/4314", "https://github.com/verl-project/verl/issues/4664",
-                "https://github.com/ByteDance-Seed/VeOmni/issues/979"),
-    fixed_in="open upstream (trl#4314)",
-    log=LogSigns(
-        messages=RECOMPUTE_MESSAGES,
-        frames=RECOMPUTE_FRAMES,
-        evidence=(Evidence("meta:sequence-split", 8, "a recomputed tensor is shorter along one dimension by a whole "
-                           "factor: the sequence split between ranks differs between forward and recompute",
-                           decisive=True, alone=True),
-                  *recompute_rivals("meta:sequence-split"),
-                  Evidence("seq_parallel", 4, "context or sequence parallelism is in use")),
-        prior=1.0,
-        tells_apart="context/sequence parallelism (cp_size, ulysses_sequence_parallel_size, ring attention) together "
-                    "with gradient checkpointing; a recomputed sequence length the saved one divided by the degree"),
 ))
 
 register(Rule(

@@ -111,7 +111,7 @@ def register(rule: Rule) -> Rule:
 
 
 def all_rules() -> list[Rule]:
-    from loraflow.rules import catalog, catalog_sharded  # noqa: F401  (register the rules on import)
+    from loraflow.rules import catalog, catalog_fsdp, catalog_sharded  # noqa: F401  (register the rules on import)
 
     return list(_REGISTRY.values())
 

@@ -22,6 +22,9 @@ class Setup:
     stage: str = "sft"
     """sft, rm, dpo, grpo or ppo."""
     adapter: Literal["lora", "dora", "full"] = "lora"
+    adapter_loaded_frozen: bool = False
+    """A saved adapter was loaded for inference (PeftModel.from_pretrained without is_trainable=True) and is then
+    trained: none of its weights require grad."""
     matched_modules: int | None = None
     """Modules the adapter targets matched in this model (None: not known, e.g. the model could not be read)."""
     embeddings_trainable: bool = False
@@ -87,6 +90,10 @@ class Setup:
     def frozen_params(self) -> bool:
         """Whether any base weight is frozen (every adapter setup; not full fine-tuning)."""
         return self.adapter != "full" or self.frozen_modules
+
+    @property
+    def checkpointed(self) -> bool:
+        return self.checkpointing != "off"
 
     @property
     def embedding_output_requires_grad(self) -> bool:

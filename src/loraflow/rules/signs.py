@@ -105,7 +105,8 @@ FACTS: dict[str, tuple[str, str]] = {
     "save": (r"save_pretrained|save_model|save_checkpoint|\bsave_|state_dict|safetensors", "a model is saved"),
     "load": (r"load_state_dict|from_pretrained|load_adapter|size mismatch for", "a saved model is loaded"),
     "grad_scaler": (r"GradScaler|grad_scaler|unscale_", "fp16 loss scaling is in use"),
-    "eval_mode": (r"\.eval\(\)|evaluation mode|model\.training", "a module's train/eval mode is involved"),
+    "eval_mode": (r"\.eval\(\)|evaluation mode|model\.training|\bEvaluation: +\d+%",
+                  "a module's train/eval mode is involved (an evaluation loop ran)"),
     "shape_zero": (r"torch\.Size\(\[0\]\)|size of tensor [ab] \(0\)|shape \[0\]|\[0\]\)|numel\W{1,4}0\b",
                    "a tensor of size 0 (a released partition)"),
     "dtensor": (r"\bDTensor\b", "DTensor parameters are involved"),
@@ -117,11 +118,19 @@ FACTS: dict[str, tuple[str, str]] = {
     "merge_frames": (r"in (merge_and_unload|_unload_and_optionally_merge|merge_adapter|_fuse_lora|fuse_lora_weight|"
                      r"fuse_lora|merge_lora|get_delta_weight)\b|lora(/layer)?\.py\", line \d+, in merge\b",
                      "the traceback runs through a LoRA merge"),
+    "generate_frames": (r"generation[/\\]utils\.py\", line \d+, in (generate|_sample|_greedy_search|sample)\b|"
+                        r"in (generate|_generate|generate_completions|_generate_and_score_completions)\b",
+                        "the traceback runs through generate()"),
+    "recompute_frames": (r"in (recompute_fn|unpack_hook|_checkpoint_hook)\b|CheckpointFunction\.backward",
+                         "the traceback runs through checkpoint's recompute"),
     "allgather_timeout": (r"_ALLGATHER|all_gather", "an all-gather is involved"),
     "reentrant_warning": (r"None of the inputs have requires_grad=True", "torch warned that a reentrant-checkpointed "
                           "segment got no input that requires grad"),
-    "no_trainable": (r"trainable params: 0\b|NoMatchingPeftModuleError|not found in the base model|"
-                     r"No modules were targeted", "nothing in the model is trainable (no adapter matched)"),
+    "no_trainable": (r"trainable params: 0\b|No inf checks were recorded", "nothing in the model is trainable"),
+    "no_target": (r"NoMatchingPeftModuleError|not found in the base model|No modules were targeted",
+                  "PEFT found no module to adapt"),
+    "adapter_loaded": (r"PeftModel\.from_pretrained|\.load_adapter\(|in load_adapter\b|is_trainable",
+                       "a saved adapter is loaded through PEFT"),
     # The project names a run's own training context: used to tell a training failure from a stray traceback.
     "training": (rf"\bpeft\b|\blora\b|deepspeed|accelerate|transformers{_P}|\btrainer\b|fsdp|fully_shard|"
                  r"gradient_checkpointing|"
@@ -159,6 +168,7 @@ def fact_reason(name: str) -> str:
 
 # Messages and frames several rules share, declared once here and cited by each rule that prints them.
 NO_GRAD_FN = r"element 0 of tensors does not require grad and does not have a grad_fn"
+ZERO_TRAINABLE = Message(r"trainable params: 0\b", "shared", "peft PeftModel.print_trainable_parameters")
 REENTRANT_WARNING = r"None of the inputs have requires_grad=True"
 RECOMPUTE_MESSAGES = (
     Message(r"Recomputed values for the following tensors have different metadata", "shared",
@@ -176,6 +186,12 @@ RECOMPUTE_FRAMES = (Message(r"checkpoint\.py:(check_recomputed_tensors_match|unp
 FLAT_PARAM_FRAMES = (Message(r"_?flat_param\.py:(_validate_tensors_to_flatten|_init_flat_param|__init__|"
                              r"flatten_tensors_into_flat_param|_init_flat_param_and_metadata)$|"
                              r"_init_utils\.py:_init_param_handle_from_params$", "shared"),)
+# FSDP's flattening refuses tensors of mixed dtypes; which mix (4-bit storage, float32 adapters) names the rule.
+FLATTEN_DTYPE = Message(r"(Must flatten tensors|FlatParameter`? requires) (with )?uniform `?dtype|"
+                        r"expects all parameters to have same dtype|FSDP expects uniform original parameter dtype",
+                        "shared",
+                        "FSDP1 _flat_param.py _validate_tensors_to_flatten (`FlatParameter` requires uniform dtype in "
+                        "torch 1.13-2.0, an assert in 1.12); FSDP2 _fsdp_param_group.py _init_mp_dtypes")
 # A ZeRO-3 placeholder of size 0 in an elementwise op: merging or DoRA's norm read the partitioned weight.
 SIZE_ZERO_OPERAND = Message(r"size of tensor a \(0\) must match the size of tensor b \(\d+\)|"
                             r"size of tensor a \(\d+\) must match the size of tensor b \(0\)", "shared",
