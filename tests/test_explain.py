@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from loraflow.cli import main
-from loraflow.explain import explain_text, log_versions
+from loraflow.explain import diagnose_log, explain_text, log_versions
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 MANIFEST = json.loads((LOGS / "MANIFEST.json").read_text())
@@ -152,3 +152,105 @@ def test_a_huge_line_does_not_stall_explain():
     """A megabyte-long line once made one signature's regular expression crawl for minutes; lines are capped."""
     matches, _, _ = explain_text("Target modules x " * 60_000 + "not found in the base model\n")
     assert matches == []  # the cap cut the line before the signature's end, so nothing is claimed
+
+
+# ---------------------------------------------------------------- reading a log's structure
+
+def _pair(saved: str, recomputed: str) -> str:
+    return (f"tensor at position 4:\nsaved metadata: {{'shape': torch.Size([{saved.split('|')[0]}]), 'dtype': "
+            f"torch.{saved.split('|')[1]}, 'device': device(type='cuda', index=0)}}\nrecomputed metadata: {{'shape': "
+            f"torch.Size([{recomputed.split('|')[0]}]), 'dtype': torch.{recomputed.split('|')[1]}, 'device': "
+            f"device(type='cuda', index=0)}}\n")
+
+
+@pytest.mark.parametrize("saved, recomputed, rule", [
+    ("3584|float16", "0|float16", "zero3-frozen-recompute"),          # a released ZeRO-3 partition
+    ("2, 16, 4096|bfloat16", "2, 16, 4096|float32", "fsdp2-recompute-cast"),  # a skipped precision cast
+    ("1, 8, 40, 64|float32", "1, 8, 80, 64|float32", "cache-during-recompute"),  # a KV cache written twice
+    ("1, 8, 24920, 128|bfloat16", "1, 8, 12460, 128|bfloat16", "sequence-parallel-recompute"),  # a split sequence
+])
+def test_a_metadata_dump_alone_names_its_mechanism(saved, recomputed, rule):
+    """Only the dump, its header cut off, and no engine named anywhere: the difference decides, not the words."""
+    candidates, _, _ = explain_text(_pair(saved, recomputed) + _pair(saved, recomputed).replace("4:", "6:"))
+    assert candidates[0].rule.id == rule and candidates[0].confidence == "confirmed"
+    assert all(c.confidence != "confirmed" for c in candidates[1:])
+
+
+def test_a_dump_no_known_mechanism_produces_is_not_claimed():
+    assert explain_text(_pair("8|float32", "8|float64") + _pair("3, 4|float32", "5, 2|float32"))[0] == []
+
+
+def test_a_log_cut_off_inside_the_raise_path_is_named_as_truncated():
+    """DeepSpeed's pre-backward hook, no error line: the frames are the evidence."""
+    text = ('Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n    engine.backward(loss)\n'
+            '  File "/usr/lib/python3.10/site-packages/deepspeed/runtime/zero/parameter_offload.py", line 372, in '
+            '_run_before_backward_function\n    self.pre_sub_module_backward_function(sub_module)\n'
+            '  File "/usr/lib/python3.10/site-packages/deepspeed/runtime/zero/parameter_offload.py", line 466, in '
+            'pre_sub_module_backward_function\n')
+    log, candidates, _ = diagnose_log(text)
+    assert log.shape == "truncated"
+    top = candidates[0]
+    assert (top.rule.id, top.confidence) == ("zero3-eval-backward", "likely")
+    assert any("truncated" in r for r in top.reasons)
+
+
+def test_a_warning_alone_is_a_silent_failure():
+    text = ("/opt/conda/lib/python3.10/site-packages/torch/utils/checkpoint.py:90: UserWarning: None of the inputs "
+            "have requires_grad=True. Gradients will be None\n  warnings.warn(\n{'loss': 2.31, 'epoch': 0.1}\n"
+            "{'loss': 2.30, 'epoch': 0.2}\n{'loss': 2.31, 'epoch': 0.3}\n")
+    log, candidates, _ = diagnose_log(text)
+    assert log.shape == "warning-only"
+    assert (candidates[0].rule.id, candidates[0].confidence) == ("reentrant-partial-silent", "likely")
+    assert "frozen" in candidates[0].rule.log.tells_apart  # harmless when the warned layers are a frozen tower
+
+
+@pytest.mark.parametrize("line, ranked", [
+    ("RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn",
+     ["reentrant-frozen-inputs", "no-adapter-matched", "adapter-loaded-frozen"]),
+    ("torch.utils.checkpoint.CheckpointError: torch.utils.checkpoint: Recomputed values for the following tensors "
+     "have different metadata than during the forward pass.",
+     ["zero3-frozen-recompute", "cache-during-recompute", "fsdp2-recompute-cast", "sequence-parallel-recompute"]),
+])
+def test_a_famous_one_liner_gets_its_known_causes_ranked(line, ranked):
+    candidates, _, _ = explain_text(line + "\n")
+    assert [c.rule.id for c in candidates] == ranked
+    assert {c.confidence for c in candidates} == {"possible"}
+    assert all(c.rule.log.tells_apart for c in candidates)  # what to check first
+
+
+@pytest.mark.parametrize("message, rule", [
+    ("ValueError: Must flatten tensors with uniform dtype but got torch.bfloat16 and torch.uint8",
+     "qlora-storage-dtype"),
+    ("ValueError: Must flatten tensors with uniform dtype but got torch.float32 and torch.bfloat16",
+     "fsdp1-mixed-dtype"),
+    ("ValueError: `FlatParameter` requires uniform `requires_grad`", "fsdp1-mixed-requires-grad"),  # torch 1.13-2.0
+    ("AssertionError: expects all parameters to have same requires_grad", "fsdp1-mixed-requires-grad"),  # torch 1.12
+    ("ValueError: Integer parameters are unsupported", "qlora-storage-dtype"),  # torch 1.13-2.0
+])
+def test_one_message_many_causes_read_from_its_dtypes_and_every_wording(message, rule):
+    candidates, _, _ = explain_text(message + "\n")
+    assert candidates[0].rule.id == rule and candidates[0].confidence == "confirmed"
+
+
+def test_a_launch_line_in_the_log_counts_as_evidence():
+    """The log echoes its command: read as check reads it, with the log's own DeepSpeed version."""
+    text = ("[2024-05-02 10:00:01] [INFO] DeepSpeed info: version=0.14.0\n"
+            "deepspeed --num_gpus 8 --module openrlhf.cli.train_dpo --pretrain m --zero_stage 3 "
+            "--gradient_checkpointing --lora_rank 16 --bf16\n"
+            "Traceback (most recent call last):\n"
+            '  File "/usr/lib/python3.10/site-packages/torch/utils/checkpoint.py", line 1129, in unpack_hook\n')
+    candidates, _, _ = explain_text(text)
+    top = candidates[0]
+    assert (top.rule.id, top.confidence) == ("zero3-frozen-recompute", "likely")
+    assert any("launch line in the log" in r for r in top.reasons)
+
+
+def test_explain_json_gives_confidence_and_evidence(tmp_path, capsys):
+    log = tmp_path / "t.log"
+    log.write_text(_pair("4096|bfloat16", "0|bfloat16"))
+    assert main(["explain", str(log), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["log_shape"] == "metadata-only" and doc["claimed"] and doc["confidence_levels"]
+    top = doc["candidates"][0]
+    assert top["rule"] == "zero3-frozen-recompute" and top["confidence"] == "confirmed"
+    assert top["evidence_lines"] and top["evidence"] and top["affected"] == {"deepspeed": "<0.19.3"}

@@ -475,3 +475,103 @@ def test_llama_factory_bare_switch_on_the_command_line_is_on():
     yaml = Path(__file__).parent / "fixtures/frontends/llama-factory/llama3_lora_sft_ds3.yaml"
     result = from_command(["llamafactory-cli", "train", str(yaml), "--use_dora"], {})
     assert result.setup.adapter == "dora"
+
+
+# ---------------------------------------------------------------- what a launch line does not say
+
+def _findings(text: str, versions=None) -> dict[str, str | None]:
+    doc = json.loads(run_check(shlex.split(text), None, [], versions or {}, as_json=True)[0])
+    return {f["rule"]: f["holds_if"] for f in doc["findings"]}
+
+
+DOTTED = ("deepspeed --module openrlhf.cli.train_sft --model.model_name_or_path m --ds.zero_stage 3 "
+          "--model.gradient_checkpointing_enable --ds.lora.rank 16")
+
+
+def test_versions_not_given_make_version_gated_findings_conditional():
+    """No --versions: another framework's run is not checked against this machine's packages. Dotted flags mean
+    OpenRLHF >= 0.10.2, whose releases pin DeepSpeed on both sides of the fix (0.11.0 pins 0.19.5)."""
+    doc = json.loads(run_check(shlex.split(DOTTED), None, [], {}, as_json=True)[0])
+    assert doc["inferred_eras"]["openrlhf"]["range"] == ">=0.10.2"
+    assert {f["rule"]: f["holds_if"] for f in doc["findings"]}["zero3-frozen-recompute"] == "deepspeed<0.19.3"
+    assert _findings(DOTTED, with_versions("deepspeed=0.15.3", {}))["zero3-frozen-recompute"] is None
+    assert "zero3-frozen-recompute" not in _findings(DOTTED, with_versions("deepspeed=0.19.8", {}))
+    # A release named instead: its pins decide.
+    assert _findings(DOTTED, with_versions("openrlhf=0.10.3", {}))["zero3-frozen-recompute"] is None
+    assert "zero3-frozen-recompute" not in _findings(DOTTED, with_versions("openrlhf=0.11.0", {}))
+
+
+def test_flat_flags_date_a_command_to_releases_that_all_pin_an_affected_deepspeed():
+    doc = json.loads(run_check(shlex.split(OPENRLHF_Z3), None, [], {}, as_json=True)[0])
+    assert doc["inferred_eras"]["openrlhf"]["range"].startswith(">=0.3.6")
+    assert {f["rule"]: f["holds_if"] for f in doc["findings"]}["zero3-frozen-recompute"] is None
+    assert doc["exit_code"] == 2
+
+
+def test_frameworks_change_their_defaults_per_release():
+    # OpenRLHF checkpointed reentrant with no input-grad hook before v0.1.5: the hook came first, reentrancy later.
+    old = from_command(shlex.split(OPENRLHF_Z3.replace("--module openrlhf.cli.train_sft", "../train_sft.py")),
+                       with_versions("openrlhf=0.1.4", {}))
+    assert (old.setup.reentrant, old.setup.input_grad_hook, old.setup.merge_in_sharded) == (True, False, True)
+    # DeepSpeed-Chat added the input-grad hook for --only_optimize_lora on 2023-08-03 (PR #658).
+    line = ("deepspeed main.py --model_name_or_path facebook/opt-1.3b --gradient_checkpointing --only_optimize_lora "
+            "--lora_dim 128 --zero_stage 2")
+    assert not from_command(shlex.split(line), with_versions("deepspeed-chat=2023-04-20", {})).setup.input_grad_hook
+    assert from_command(shlex.split(line), with_versions("deepspeed-chat=2023-09-01", {})).setup.input_grad_hook
+
+
+def test_zero3_eval_backward_can_fire_from_check():
+    """TRL 0.20 - 0.23 GRPO with use_transformers_paged leaves the policy in eval mode; DeepSpeed <= 0.15.3
+    asserts on it under ZeRO-3."""
+    line = ("accelerate launch --config_file zero3.yaml -m trl.scripts.grpo --use_peft --lora_r 16 "
+            "--use_transformers_paged --gradient_checkpointing")
+    found = _findings(line, with_versions("deepspeed=0.15.3,trl=0.21.0", {}))
+    assert found["zero3-eval-backward"] is None
+    assert "zero3-eval-backward" not in _findings(line, with_versions("deepspeed=0.15.3,trl=0.24.0", {}))
+
+
+def test_a_missing_deepspeed_config_is_read_from_its_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = from_command(shlex.split("deepspeed train.py --deepspeed configs/ds_config_zero3_offload.json --bf16 "
+                                 "--output_dir o --use_peft --lora_r 8 --gradient_checkpointing"), CURRENT)
+    assert (r.setup.engine, r.setup.zero_stage, r.setup.offload) == ("deepspeed", 3, True)
+    assert any("read from its name" in n for n in r.notes)
+    # No stage in the name: every stage is evaluated, and findings say which one they need.
+    doc = json.loads(run_check(shlex.split("deepspeed train.py --deepspeed ds_config.json --output_dir o --use_peft "
+                                           "--lora_r 8 --gradient_checkpointing --gradient_checkpointing_kwargs "
+                                           "'{\"use_reentrant\": false}'"), None, [],
+                                 {"deepspeed": Version("0.15.3"), "trl": Version("0.20.0")}, as_json=True)[0])
+    holds = {f["rule"]: f["holds_if"] for f in doc["findings"]}
+    assert "ZeRO stage 3" in holds["zero3-frozen-recompute"]
+
+
+def test_a_scripts_own_flags_say_adapter_quantization_and_reentrancy():
+    """PEFT's example scripts, vendors' finetune_lora.sh: not the HF Trainer's flags, but common spellings."""
+    r = from_command(shlex.split("torchrun --nproc_per_node 8 finetune.py --model_name_or_path openbmb/MiniCPM-V-2_6 "
+                                 "--use_lora true --tune_vision true --tune_llm false --use_4bit_quantization true "
+                                 "--use_reentrant false --gradient_checkpointing true --deepspeed ds_config_zero3.json "
+                                 "--output_dir o"), CURRENT)
+    s = r.setup
+    assert (s.adapter, s.quantization, s.reentrant, s.frozen_modules, s.zero_stage) == ("lora", "4bit", False, True, 3)
+    assert "--use_lora true (inferred from the script's own flag)" in r.sources["adapter"]
+    assert not [u for u in r.unknown if "use_lora" in u or "tune_vision" in u]
+
+
+def test_check_json_names_each_findings_version_condition():
+    doc = json.loads(run_check(shlex.split(DOTTED), None, [], {}, as_json=True)[0])
+    finding = next(f for f in doc["findings"] if f["rule"] == "zero3-frozen-recompute")
+    assert finding["holds_if"] == "deepspeed<0.19.3" and finding["decided_by"] == ["deepspeed"]
+    assert finding["affected"] == {"deepspeed": "<0.19.3"} and finding["fixed_in"]
+    assert any("--versions deepspeed=X.Y.Z" in n for n in finding["notes"])
+    assert {u["name"] for u in doc["unknowns"]} == {"deepspeed"}
+
+
+def test_each_framework_is_declared_once():
+    from loraflow.frontends import framework, framework_of_log, frameworks
+
+    names = [f.name for f in frameworks()]
+    assert names == list(FRAMEWORKS) and len(set(names)) == len(names)
+    for f in frameworks():
+        assert f.flags and f.title and (f.recognise is not None or f.name == "deepspeed"), f.name
+    assert framework("openrlhf").depends and framework("hf").release == "trl"
+    assert framework_of_log('File "/x/site-packages/openrlhf/trainer/dpo_trainer.py", line 1, in fit') == "openrlhf"

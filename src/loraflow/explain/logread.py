@@ -73,12 +73,11 @@ class LogView:
     def shape(self) -> str:
         if self.truncated:
             return "truncated"
+        if not self.errors and any("recomputed metadata" in line for line in self.lines):
+            return "metadata-only"
         if self.one_liner:
             return "one-liner"
         if not self.errors:
-            has_metadata = any("recomputed metadata" in line for line in self.lines)
-            if has_metadata:
-                return "metadata-only"
             return "warning-only" if any(_WARNING.search(line) for line in self.lines) else "no-error"
         return "full"
 

@@ -12,11 +12,30 @@ from typing import Any
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
-from loraflow.frontends.argv import (Command, command_from_script, parse_flags, resolve_path, split_command,
-                                     _launcher_options, _world_from_launcher)
-from loraflow.frontends.common import (Draft, accessors, apply_accelerate, apply_fsdp_options, as_bool, as_list,
-                                       at_least, embedding_targets, finish_world, int_value, mapping_value,
-                                       read_keyed_files, trainer_dtypes)
+from loraflow.frontends.argv import (
+    Command,
+    _launcher_options,
+    _world_from_launcher,
+    command_from_script,
+    parse_flags,
+    resolve_path,
+    split_command,
+)
+from loraflow.frontends.common import (
+    Draft,
+    accessors,
+    apply_accelerate,
+    apply_fsdp_options,
+    as_bool,
+    as_list,
+    at_least,
+    embedding_targets,
+    finish_world,
+    int_value,
+    mapping_value,
+    read_keyed_files,
+    trainer_dtypes,
+)
 
 NAME = "axolotl"
 CFG = "src/axolotl/utils/config/__init__.py"

@@ -16,16 +16,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
-from loraflow.frontends.argv import (Arg, Command, command_from_script, parse_flags, pull_accelerate_options,
-                                     resolve_path, split_command)
 from loraflow.frontends import trl as trl_rel
+from loraflow.frontends.argv import (
+    Arg,
+    Command,
+    command_from_script,
+    parse_flags,
+    pull_accelerate_options,
+    resolve_path,
+    split_command,
+)
+from loraflow.frontends.common import (
+    Draft,
+    apply_accelerate,
+    apply_fsdp_options,
+    as_bool,
+    as_list,
+    at_least,
+    embedding_targets,
+    finish_world,
+    int_value,
+    load_mapping,
+    mapping_value,
+    precision_from,
+    trainer_dtypes,
+)
 from loraflow.frontends.intent import infer
-from loraflow.frontends.common import (Draft, apply_accelerate, apply_fsdp_options, as_bool, as_list, at_least,
-                                       embedding_targets, finish_world, int_value, load_mapping, mapping_value,
-                                       precision_from, trainer_dtypes)
 
 NAME = "hf"
 _LISTS = {"lora_target_modules", "lora_modules_to_save", "report_to", "reward_funcs", "reward_weights", "label_names",
@@ -243,6 +261,13 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
         if every > 1:
             draft.set("checkpoint_every_n", every, opts[kw_name].source)
         draft.set("checkpoint_impl", "transformers", f"{who} calls model.gradient_checkpointing_enable")
+        if draft.get("engine") == "fsdp2":
+            # transformers < 5.23 checkpoints each layer's __call__, FSDP2's forward hooks (and their mixed-precision
+            # casts) inside the recompute; 5.23 checkpoints forward and leaves the hooks outside.
+            outside = not at_least(draft, "transformers", "5.23.0")
+            draft.set("checkpoint_outside_shard", outside, "transformers < 5.23 checkpoints the layer's __call__, "
+                      "FSDP2's hooks included" if outside else "transformers >= 5.23 checkpoints the layer's forward, "
+                      "inside FSDP2's hooks")
         peft = draft.get("adapter") != "full"
         forced = trl_rel.FORCED_SINCE.get(trainer)
         if trl and peft and zero3 and forced and trl_rel.since(draft, forced):

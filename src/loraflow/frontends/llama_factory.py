@@ -15,9 +15,20 @@ from typing import Any
 from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, resolve_path, split_command
-from loraflow.frontends.common import (Draft, accessors, apply_accelerate, as_list, at_least, embedding_targets,
-                                       finish_world, int_value, precision_from, read_keyed_files, trainer_dtypes,
-                                       world_from_env)
+from loraflow.frontends.common import (
+    Draft,
+    accessors,
+    apply_accelerate,
+    as_list,
+    at_least,
+    embedding_targets,
+    finish_world,
+    int_value,
+    precision_from,
+    read_keyed_files,
+    trainer_dtypes,
+    world_from_env,
+)
 
 NAME = "llama-factory"
 HP = "src/llamafactory/hparams"

@@ -15,9 +15,21 @@ from typing import Any
 from loraflow.errors import LoraflowError
 from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, split_command
-from loraflow.frontends.common import (Draft, apply_fsdp_options, as_bool, as_list, at_least, embedding_targets,
-                                       finish_world, int_value, load_mapping, mapping_value, precision_from,
-                                       world_from_env, trainer_dtypes)
+from loraflow.frontends.common import (
+    Draft,
+    apply_fsdp_options,
+    as_bool,
+    as_list,
+    at_least,
+    embedding_targets,
+    finish_world,
+    int_value,
+    load_mapping,
+    mapping_value,
+    precision_from,
+    trainer_dtypes,
+    world_from_env,
+)
 
 NAME = "ms-swift"
 ARGS = "swift/trainers/arguments.py"
@@ -178,7 +190,12 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
                       f"default (ms-swift {ARGS}: ds3_gather_for_generation true)")
     if draft.get("stage") == "dpo":
         draft.set("forwards_per_step", 1, "concatenated_forward (swift/rlhf_trainers/dpo_trainer.py)")
-    draft.set("train_mode_at_backward", True, "Trainer.training_step calls model.train()")
+    if draft.get("stage") == "grpo" and draft.get("generation") and not at_least(draft, "ms-swift", "3.1.1"):
+        # GRPO's PT-engine rollouts put the policy in eval mode; train() after them came with v3.1.1 (issue #3107).
+        draft.set("train_mode_at_backward", False, "ms-swift < 3.1.1 GRPO without vLLM leaves the policy in eval mode "
+                  "after generating (swift/trainers/rlhf_trainer/grpo_trainer.py; fixed after issue #3107)")
+    else:
+        draft.set("train_mode_at_backward", True, "Trainer.training_step calls model.train()")
     if draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3:
         gather = at_least(draft, "transformers", "5.0.0") or deepspeed.gather_on_save(draft, info)
         why = ("ms-swift gathers the trainable ZeRO-3 params on save (swift/trainers/mixin.py "
@@ -211,6 +228,8 @@ def _eras(draft: Draft, opts: dict, sub: str, cmd: Command | None) -> None:
         draft.era("ms-swift", ">=3.0.0", f"--deepspeed {preset} is the preset name from ms-swift 3.0")
     if "model" in opts:
         draft.era("ms-swift", ">=3.0.0", "--model replaced --model_id_or_path in ms-swift 3.0")
+    if str(_first(opts.get("rlhf_type", ("",))[0])) == "grpo":
+        draft.era("ms-swift", ">=3.1.0", "--rlhf_type grpo exists from ms-swift 3.1")
 
 
 def _reentrant_default(draft: Draft) -> tuple[bool, str]:

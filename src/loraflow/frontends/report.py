@@ -69,7 +69,7 @@ def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
               "fixed_in": f.rule.fixed_in,
               "cause": f.rule.cause, "fix_here": fix_here(result, f.rule) + (
                   [f"in general: {f.rule.elsewhere}"] if f.rule.elsewhere else []),
-              "fix_loraflow": f.rule.fix, "notes": _condition_note(f, verdict),
+              "fix_loraflow": f.rule.fix, "notes": _condition_note(f, verdict) + f.notes,
               "references": list(f.rule.references)} for f in verdict.findings]
     unknowns = [{"name": v.name, "kind": v.kind, "ranges": [v.describe(x) for x in v.considered()], "why": v.why}
                 for v in verdict.variables]

@@ -8,15 +8,22 @@ them; the rules are then evaluated on every combination.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from loraflow.frontends import FrontendResult
-from loraflow.frontends.scenarios import (FLOOR, Variable, describe, enumerate_scenarios, meets, spec_points,
-                                          version_variables)
+from loraflow.frontends.scenarios import (
+    FLOOR,
+    Variable,
+    describe,
+    enumerate_scenarios,
+    meets,
+    spec_points,
+    version_variables,
+)
 from loraflow.rules import Rule, all_rules, evaluate
 
 Build = Callable[[dict[str, Version]], FrontendResult]
@@ -30,6 +37,7 @@ class Checked:
     """None: holds in every scenario; else the condition in words (`deepspeed<0.19.3`)."""
     decided_by: tuple[str, ...] = ()
     """The unknown versions or choices the condition names."""
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -43,7 +51,8 @@ class Verdict:
     scenarios: int
 
 
-def _consistent(result: FrontendResult, variables: list[Variable]) -> Callable[[dict[str, Any]], bool]:
+def _consistent(result: FrontendResult, variables: list[Variable], given: dict[str, Version]
+                ) -> Callable[[dict[str, Any]], bool]:
     """A framework release pins its dependencies: scenarios that pair a release range with dependency versions it
     cannot run with are dropped."""
     from loraflow.frontends import framework
@@ -58,15 +67,19 @@ def _consistent(result: FrontendResult, variables: list[Variable]) -> Callable[[
 
     def ok(scenario: dict[str, Any]) -> bool:
         for package, within, pins in depends:
-            release = scenario.get(package)
-            if not isinstance(release, Version) or not meets(SpecifierSet(within), *bounds(package, release)):
-                continue
-            # Only when the whole release interval lies in `within` do its pins bind.
-            lo, hi = bounds(package, release)
-            whole = SpecifierSet(within)
-            if not all(p in whole for p in {lo} | {x for x in spec_points(within) if x > lo and (hi is None or x < hi)}
-                       if p != FLOOR):
-                continue
+            if package in given:  # a release the user named: its own pins
+                if given[package] not in SpecifierSet(within):
+                    continue
+            else:
+                release = scenario.get(package)
+                if not isinstance(release, Version) or not meets(SpecifierSet(within), *bounds(package, release)):
+                    continue
+                # Only when the whole release interval lies in `within` do its pins bind.
+                lo, hi = bounds(package, release)
+                whole = SpecifierSet(within)
+                if not all(p in whole for p in {lo} | {x for x in spec_points(within) if x > lo and
+                                                       (hi is None or x < hi)} if p != FLOOR):
+                    continue
             for dep, spec in pins.items():
                 value = scenario.get(dep)
                 if isinstance(value, Version) and dep in domains and not meets(SpecifierSet(spec),
@@ -89,14 +102,35 @@ def _version_space(first: FrontendResult, queried: dict[str, set[Version]], give
     return version_variables(queried, given, eras)
 
 
+def _in_rule_terms(found: Checked, holds: list[bool], scenarios: list[dict], variables: list[Variable]) -> Checked:
+    """A condition on one package that is exactly the rule's own version range (within the releases considered)
+    is said in the rule's terms: `deepspeed<0.19.3`, not the interval pins happen to leave."""
+    if len(found.decided_by) != 1 or found.decided_by[0] not in found.rule.affected:
+        return found
+    package = found.decided_by[0]
+    spec = found.rule.affected[package]
+    var = next(v for v in variables if v.name == package)
+    dom = var.domain()
+    for scenario, holding in zip(scenarios, holds):
+        lo = scenario[package]
+        i = dom.index(lo)
+        hi = dom[i + 1] if i + 1 < len(dom) else None
+        inside = any(meets(SpecifierSet(part), lo, hi) for part in spec.split("||"))
+        if inside != holding:
+            return found
+    return Checked(found.rule, " or ".join(f"{package}{part}" for part in spec.split("||")), found.decided_by)
+
+
 def check_setup(build: Build, given: dict[str, Version | None]) -> Verdict:
+    from loraflow.frontends import framework
+
     given = {k: v for k, v in given.items() if v is not None}
     first = build(dict(given))
     queried: dict[str, set[Version]] = {p: set(v) for p, v in first.queried.items()}
     rebuilt: dict[tuple, FrontendResult] = {}
     for _ in range(MAX_ROUNDS):
         variables = _version_space(first, {p: set(v) for p, v in queried.items()}, given)
-        scenarios = enumerate_scenarios(variables, _consistent(first, variables))
+        scenarios = enumerate_scenarios(variables, _consistent(first, variables, given))
         frontend_packages = set(queried)
         grew = False
         for scenario in scenarios:
@@ -130,7 +164,13 @@ def check_setup(build: Build, given: dict[str, Version | None]) -> Verdict:
             holds.setdefault(f.rule.id, [False] * len(full))[i] = True
     order = {r.id: n for n, r in enumerate(all_rules())}
     rules = {r.id: r for r in all_rules()}
-    findings = [Checked(rules[rid], *describe(h, full, all_vars)) for rid, h in
-                sorted(holds.items(), key=lambda kv: order[kv[0]])]
+    findings = [_in_rule_terms(Checked(rules[rid], *describe(h, full, all_vars)), h, full, all_vars)
+                for rid, h in sorted(holds.items(), key=lambda kv: order[kv[0]])]
+    pinned = {dep for _, _, pins in framework(first.framework).depends for dep in pins}
+    for f in findings:
+        for package, spec in f.rule.affected.items():
+            if f.holds_if is None and package not in given and package in pinned:
+                f.notes.append(f"{package} not given: every release this command can be pins {package} where this "
+                               f"holds ({package}{spec}); pass --versions {package}=X.Y.Z if yours differs")
     deciding = {name for f in findings for name in f.decided_by}
     return Verdict(first, findings, [v for v in all_vars if v.name in deciding], len(full))

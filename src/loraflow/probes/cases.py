@@ -172,3 +172,22 @@ def fp16_scaler_step(setup: Setup, ctx: Context) -> Observation:
     scaler.step(optimizer)
     scaler.update()
     return Observation("ok", f"scaled step done; trainable dtype {trainable[0].dtype}")
+
+
+@case("adapter-loaded-frozen", LORA.replace(adapter_loaded_frozen=True))
+def resume_saved_adapter(setup: Setup, ctx: Context) -> Observation:
+    """a LoRA adapter saved, then loaded with PeftModel.from_pretrained (is_trainable as the Setup says) to continue
+    training: one step, adapter gradients compared with the same step on the freshly built adapter"""
+    from peft import PeftModel
+
+    trained = with_adapters(tiny_llama(), setup)
+    trained.save_pretrained(f"{ctx.workdir}/adapter")
+    resumed = PeftModel.from_pretrained(tiny_llama(), f"{ctx.workdir}/adapter",
+                                        is_trainable=not setup.adapter_loaded_frozen)
+    trainable = sum(p.numel() for p in resumed.parameters() if p.requires_grad)
+    batch = token_batch()
+    resumed(**batch).loss.backward()  # raises `element 0 of tensors does not require grad` with nothing trainable
+    if trainable == 0:
+        return Observation("wrong", "no error raised, but 0 trainable parameters after loading the adapter")
+    trained(**batch).loss.backward()
+    return compare(adapter_grads(resumed), adapter_grads(trained))

@@ -188,9 +188,10 @@ def fsdp2_two_forwards(setup: Setup, ctx: Context) -> Observation:
     return compare(full_grads(model), reference_grads(setup, batch))
 
 
-def _fsdp1(setup: Setup):
+def _fsdp1(setup: Setup, dtype=torch.float32):
     """FSDP1 (FullyShardedDataParallel on CPU) around a LoRA model: one unit per decoder layer, and with
-    fsdp_frozen_units_separate also one per frozen base Linear (a lambda policy, the catalog's remedy)."""
+    fsdp_frozen_units_separate also one per adapter leaf (a lambda policy, the catalog's remedy). A bf16
+    `dtype` loads the base in bf16 while PEFT keeps the adapters in float32."""
     import functools
 
     from peft.tuners.lora import LoraLayer
@@ -198,12 +199,16 @@ def _fsdp1(setup: Setup):
     from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    model = _model(setup)
+    model = with_adapters(tiny_llama(use_cache=setup.use_cache, dtype=dtype), setup)
+    checkpoint_as_setup(model, setup)
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
     if setup.fsdp_frozen_units_separate:
-        bases = {id(m.get_base_layer()) for m in model.modules() if isinstance(m, LoraLayer)}
-        frozen = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in bases)
-        policy = functools.partial(_or_policy, policies=[frozen, policy])
+        # PEFT's fsdp_auto_wrap_policy: every adapter leaf (all of its weights trainable) is a unit of its own, so
+        # the layer's unit keeps only frozen weights of one dtype.
+        adapters = {id(leaf) for m in model.modules() if isinstance(m, LoraLayer)
+                    for leaf in (*m.lora_A.values(), *m.lora_B.values())}
+        own = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in adapters)
+        policy = functools.partial(_or_policy, policies=[own, policy])
     return FSDP(model, auto_wrap_policy=policy, use_orig_params=setup.fsdp_use_orig_params,
                 device_id=torch.device("cpu"))
 
@@ -237,3 +242,67 @@ def fsdp1_grad_memory(setup: Setup, ctx: Context) -> Observation:
         return Observation("wrong", f"no error raised, but this rank holds {held:,} gradient elements for "
                                     f"{trainable:,} trainable ones ({held / trainable:.1f}x)")
     return Observation("ok", f"gradient buffers hold {held:,} elements for {trainable:,} trainable ones")
+
+
+@case("fsdp1-mixed-dtype", LORA.replace(engine="fsdp1", mixed_param_dtypes=True, precision="bf16-mixed"), ranks=2)
+def fsdp1_mixed_dtype_wrap(setup: Setup, ctx: Context) -> Observation:
+    """FSDP1 (one unit per decoder layer) around a bf16 Llama whose LoRA adapters PEFT keeps in float32
+    (autocast_adapter_dtype), then one step; gradients compared with the reference within bf16 tolerance"""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    model = _fsdp1(setup, dtype=torch.bfloat16 if setup.mixed_param_dtypes else torch.float32)
+    batch = token_batch()
+    model(**batch, use_cache=setup.use_cache).loss.backward()
+    with FSDP.summon_full_params(model, with_grads=True):
+        grads = full_grads(model)
+    return compare(grads, reference_grads(setup, batch), tolerance=5e-2)
+
+
+@case("zero3-lora-merge", ZERO3.replace(merge_in_sharded=True, adapter_save_gather=True), ranks=2, requires=DS)
+def zero3_merge(setup: Setup, ctx: Context) -> Observation:
+    """a LoRA model under ZeRO-3, merged with merge_and_unload either on its partitions or inside
+    GatheredParameters; the merged model's logits compared with the same merge in one process"""
+    import deepspeed
+
+    engine = deepspeed_engine(_model(setup), setup)
+    batch = token_batch()
+    params = list(engine.module.parameters())
+    # Gathering is collective: every rank enters it; modifier_rank keeps rank 0's merged values.
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=not setup.merge_in_sharded):
+        merged = engine.module.merge_and_unload()
+        with torch.no_grad():
+            logits = merged(**batch, use_cache=False).logits if not setup.merge_in_sharded else None
+    if logits is None:
+        with torch.no_grad():
+            logits = engine(**batch, use_cache=False).logits
+    reference = _model(setup.replace(merge_in_sharded=False)).merge_and_unload()
+    with torch.no_grad():
+        expected = reference(**batch, use_cache=False).logits
+    diff = float((logits - expected).abs().max())
+    if diff > 1e-4:
+        return Observation("wrong", f"no error raised, but the merged model's logits differ by {diff:.3g}")
+    return Observation("ok", f"merged logits equal the single-process merge (max difference {diff:.1e})")
+
+
+@case("fsdp2-generate-unsharded", LORA.replace(engine="fsdp2", stage="grpo", generation=True, use_cache=False),
+      ranks=2)
+def fsdp2_generate(setup: Setup, ctx: Context) -> Observation:
+    """greedy generate() of 6 tokens from an FSDP2-sharded LoRA Llama, with its parameters unsharded for the
+    rollout or not; tokens compared with the same generate() in one process"""
+    model = fsdp2_shard(_model(setup), setup)
+    prompt = torch.randint(3, 96, (1, 4), generator=torch.Generator().manual_seed(7))
+    kwargs = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
+    model.eval()
+    if setup.generation_gather:
+        model.unshard()  # the root unit: every parameter gathered once for the whole rollout
+    with torch.no_grad():
+        tokens = model.generate(input_ids=prompt, **kwargs)
+    if setup.generation_gather:
+        model.reshard()
+    reference = _model(setup).eval()
+    with torch.no_grad():
+        expected = reference.generate(input_ids=prompt, **kwargs)
+    if not torch.equal(tokens, expected):
+        return Observation("wrong", f"no error raised, but generated {tokens.tolist()} instead of "
+                                    f"{expected.tolist()}")
+    return Observation("ok", f"generated the single-process tokens {tokens[0, 4:].tolist()}")

@@ -9,9 +9,18 @@ from __future__ import annotations
 
 from loraflow.rules.registry import Rule, register
 from loraflow.rules.setup import Setup
-from loraflow.rules.signs import (ZERO_TRAINABLE, NO_GRAD_FN as _NO_GRAD_FN, RECOMPUTE_COUNT, RECOMPUTE_FRAMES, RECOMPUTE_MESSAGES,
-                                  REENTRANT_WARNING as _REENTRANT_WARNING, Evidence, LogSigns, Message,
-                                  recompute_rivals)
+from loraflow.rules.signs import NO_GRAD_FN as _NO_GRAD_FN
+from loraflow.rules.signs import (
+    RECOMPUTE_COUNT,
+    RECOMPUTE_FRAMES,
+    RECOMPUTE_MESSAGES,
+    ZERO_TRAINABLE,
+    Evidence,
+    LogSigns,
+    Message,
+    recompute_rivals,
+)
+from loraflow.rules.signs import REENTRANT_WARNING as _REENTRANT_WARNING
 
 
 def _reentrant_without_input_grad(s: Setup) -> bool:

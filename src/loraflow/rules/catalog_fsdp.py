@@ -4,8 +4,16 @@ checkpointing; ids from the failure catalog where it has them."""
 from __future__ import annotations
 
 from loraflow.rules.registry import Rule, register
-from loraflow.rules.signs import (FLAT_PARAM_FRAMES, FLATTEN_DTYPE, RECOMPUTE_FRAMES, RECOMPUTE_MESSAGES, Evidence,
-                                  LogSigns, Message, recompute_rivals)
+from loraflow.rules.signs import (
+                                  FLAT_PARAM_FRAMES,
+                                  FLATTEN_DTYPE,
+                                  RECOMPUTE_FRAMES,
+                                  RECOMPUTE_MESSAGES,
+                                  Evidence,
+                                  LogSigns,
+                                  Message,
+                                  recompute_rivals,
+)
 
 # DTensor's dispatcher refuses a plain tensor beside sharded (DTensor) parameters: a recompute after a second forward,
 # or generate() outside FSDP2's forward hooks. The frames say which.

@@ -11,8 +11,17 @@ from packaging.version import Version
 
 from loraflow.rules.registry import Rule, register
 from loraflow.rules.setup import Setup
-from loraflow.rules.signs import (FLAT_PARAM_FRAMES, FLATTEN_DTYPE, RECOMPUTE_FRAMES, RECOMPUTE_MESSAGES,
-                                  SIZE_ZERO_OPERAND, Evidence, LogSigns, Message, recompute_rivals)
+from loraflow.rules.signs import (
+    FLAT_PARAM_FRAMES,
+    FLATTEN_DTYPE,
+    RECOMPUTE_FRAMES,
+    RECOMPUTE_MESSAGES,
+    SIZE_ZERO_OPERAND,
+    Evidence,
+    LogSigns,
+    Message,
+    recompute_rivals,
+)
 
 
 def _older(s: Setup, package: str, fixed: str) -> bool:
