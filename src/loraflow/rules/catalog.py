@@ -157,17 +157,19 @@ register(Rule(
     knobs=('matched_modules',),
     when=lambda s: s.adapter != "full" and s.matched_modules == 0,
     cause=("The target module names match nothing in this model family (for example OPT's names on a Llama), "
-           "so no adapter is created and nothing would train; elsewhere this surfaces as 'element 0 of tensors "
-           "does not require grad' or 'trainable params: 0'."),
+           "so no adapter is created and nothing would train. PEFT refuses it (`Target modules ... not found in the "
+           "base model`); LoRA implementations of their own (DeepSpeed-Chat's) go on and fail at the first backward "
+           "with 'element 0 of tensors does not require grad'."),
     fix="Set adapter.target_modules to names this model has (loraflow check lists them), or all-linear.",
     elsewhere="fix --lora_target_modules / target_modules to this model's module names",
     references=("peft: NoMatchingPeftModuleError in tuners/tuners_utils.py",),
     fixed_in="design: refuse before training",
     log=LogSigns(
-        messages=(ZERO_TRAINABLE,
-                  Message(r"Target modules? .{0,400}not found in the base model", "own",
-                          "peft tuners_utils.py: inject_adapter (NoMatchingPeftModuleError since peft 0.14, "
-                          "ValueError before)"),
+        # PEFT prints `trainable params: 0` only after it created adapters (with none matched it raises first), so
+        # that line belongs to adapter-loaded-frozen.
+        messages=(Message(r"Target modules? .{0,400}not found in the base model", "own",
+                          "peft inject_adapter (since 0.5; LoraModel._find_and_replace before); a list before peft "
+                          "0.6, a set after; NoMatchingPeftModuleError from 0.21, ValueError before"),
                   Message(r"No modules were targeted for adaptation|All modules were excluded", "own",
                           "peft tuners_utils.py: inject_adapter (peft>=0.14)"),
                   Message(_NO_GRAD_FN, "shared", "torch autograd: run_backward")),
@@ -176,8 +178,8 @@ register(Rule(
                   Evidence("reentrant_warning", -3, "torch's reentrant warning points at checkpointing instead"),
                   Evidence("checkpointing", -1, "checkpointing is in use, the more common cause")),
         prior=2.0,
-        tells_apart="PEFT printed `trainable params: 0`, or the target module names (e.g. OPT's `decoder.layers.` "
-                    "or `query_key_value`) do not exist in this model family"),
+        tells_apart="the target module names (e.g. OPT's `decoder.layers.` or `q_proj` on a model with `W_pack` or "
+                    "`query_key_value`) do not exist in this model family"),
 ))
 
 register(Rule(
@@ -209,8 +211,9 @@ register(Rule(
                   Evidence("no_target", -6, "PEFT found no module to adapt, which points elsewhere"),
                   Evidence("reentrant_warning", -3, "torch's reentrant warning points at checkpointing instead")),
         prior=1.5,
-        tells_apart="the run continues from a saved adapter (PeftModel.from_pretrained without is_trainable=True); "
-                    "PEFT printed `trainable params: 0`"),
+        tells_apart="the run continues from a saved adapter (PeftModel.from_pretrained without is_trainable=True, "
+                    "or LoraConfig(inference_mode=True)); PEFT printed `trainable params: 0`, which it prints only "
+                    "after creating adapters"),
 ))
 
 register(Rule(
