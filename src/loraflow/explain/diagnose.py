@@ -77,8 +77,9 @@ def _frame_hits(rule: Rule, log: LogView) -> tuple[list[tuple[Message, int, str]
     return hits, tail
 
 
-def _evidence(rule: Rule, facts: Facts, log: LogView) -> tuple[float, bool, bool, list[str]]:
-    """(weight, decisive, names the failure alone, reasons) of the rule's facts found in the log."""
+def _evidence(rule: Rule, facts: Facts, log: LogView) -> tuple[float, float, bool, bool, list[str]]:
+    """(weight, weight of the facts alone, decisive, names the failure alone, reasons) of the rule's facts found in
+    the log; printed versions add to the first only (they rank candidates, never establish one)."""
     score, decisive, alone, reasons = 0.0, False, False, []
     for ev in rule.log.evidence:
         if ev.fact in facts:
@@ -96,6 +97,7 @@ def _evidence(rule: Rule, facts: Facts, log: LogView) -> tuple[float, bool, bool
             alone = alone or sure
             reasons.append(f"+ the launch line in the log (line {n}) sets up this conflict"
                            + ("" if sure else " for some releases"))
+    facts_only = score
     for package, spec in rule.affected.items():
         seen = log.versions.get(package)
         if seen is None:
@@ -106,7 +108,7 @@ def _evidence(rule: Rule, facts: Facts, log: LogView) -> tuple[float, bool, bool
         else:
             score += VERSION_FIXED
             reasons.append(f"- the log shows {package} {seen}, which has the fix ({rule.fixed_in})")
-    return score, decisive, alone, reasons
+    return score, facts_only, decisive, alone, reasons
 
 
 def score_rule(rule: Rule, log: LogView, facts: Facts) -> Candidate | None:
@@ -114,11 +116,12 @@ def score_rule(rule: Rule, log: LogView, facts: Facts) -> Candidate | None:
         return None
     hits = _hits(rule.log.messages, log.lines)
     frames, in_tail = _frame_hits(rule, log)
-    weight, decisive, alone, reasons = _evidence(rule, facts, log)
+    weight, facts_weight, decisive, alone, reasons = _evidence(rule, facts, log)
     own, shared, generic, warned = (hits.get(k, []) for k in ("own", "shared", "generic", "warning"))
     # A shared message alone is a possible cause only where nothing shows a run unrelated to training: a short paste,
-    # an excerpt without a Python traceback, or a traceback through training code.
-    context = log.one_liner or not log.frames or "training" in facts or "meta:any" in facts
+    # an excerpt without a Python traceback, a traceback through training code, or checkpointing at work.
+    context = (log.one_liner or not log.frames or "training" in facts or "meta:any" in facts
+               or "checkpointing" in facts)
     found = own + shared + generic
     level = None
     if own:
@@ -134,16 +137,17 @@ def score_rule(rule: Rule, log: LogView, facts: Facts) -> Candidate | None:
         reasons.insert(0, f"a message {'several failures share' if shared else 'many failures print'} is in the log")
     elif in_tail:
         own_frame = any(m.kind == "own" for m, _, _ in frames)
-        if own_frame or decisive or weight >= LIKELY_AT + (2 if all(m.kind == "generic" for m, _, _ in frames) else 0):
+        generic_only = all(m.kind == "generic" for m, _, _ in frames)
+        if own_frame or decisive or facts_weight >= LIKELY_AT + (2 if generic_only else 0):
             level = "likely"
-        elif weight > 0 and any(m.kind == "shared" for m, _, _ in frames):
+        elif facts_weight > 0 and weight > 0 and any(m.kind == "shared" for m, _, _ in frames):
             level = "possible"
         reasons.insert(0, "the log stops inside this failure's raise path, before the error line (truncated)")
     elif log.truncated and alone and not warned:
         level = "likely"
         reasons.insert(0, "the log stops inside a traceback before its error line, and a fact only this failure "
                           "produces is in it")
-    elif log.truncated and f"setup?:{rule.id}" in facts and weight > 0:
+    elif log.truncated and f"setup?:{rule.id}" in facts and facts_weight > 0:
         level = "possible"
         reasons.insert(0, "the log stops inside a traceback before its error line; the launch line it echoes sets up "
                           "this failure for some releases")

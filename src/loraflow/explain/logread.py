@@ -14,7 +14,10 @@ from loraflow.errors import LoraflowError
 
 MAX_LINES, MAX_LINE_CHARS = 20_000, 2_000
 
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in ([\w<>.]+)')
+# A traceback frame as Python prints it (`File "x.py", line 9, in f`), as rich prints it (`/x.py:9 in f`, LLaMA-Factory
+# and others install rich tracebacks) and as pytest prints it (`x.py:9: in f`).
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in ([\w<>.]+)|([\w./\\~:-]+\.py):(\d+):? in ([\w<>.]+)')
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # An exception line: `RuntimeError: ...`, `torch.utils.checkpoint.CheckpointError: ...`, a bare `AssertionError`,
 # after any `[rank0]:` style prefix. Warnings (`UserWarning: ...`) are not errors.
 _ERROR = re.compile(r"^\W*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]*(?:Error|Exception|Interrupt)|AssertionError|"
@@ -52,6 +55,8 @@ class LogView:
     errors: list[tuple[int, str]] = field(default_factory=list)
     """(line number, text) of each exception line."""
     versions: dict[str, Version] = field(default_factory=dict)
+    inferred: set[str] = field(default_factory=set)
+    """Packages whose version was read from the traceback's line numbers rather than printed."""
 
     @property
     def final_error(self) -> tuple[int, str] | None:
@@ -117,18 +122,31 @@ def log_versions(text: str) -> dict[str, Version]:
     return found
 
 
+# torch's checkpoint.py moves between releases: the line of `unpack_hook`'s call to check_recomputed_tensors_match
+# dates a traceback that prints no version (stock wheels; 2.5/2.6 and 2.10/2.11 share lines: the older is taken,
+# and 2.10/2.11 straddles a rule boundary, so it is left out).
+_CHECKPOINT_LINES = {1075: "2.1.0", 1116: "2.2.0", 1126: "2.3.0", 1120: "2.4.0", 1129: "2.5.0", 1128: "2.7.0",
+                     1150: "2.8.0", 1158: "2.9.0", 1171: "2.12.0", 1187: "2.13.0", 1373: "2.14.0"}
+
+
 def view(text: str) -> LogView:
     """The last MAX_LINES lines of the log, each cut to MAX_LINE_CHARS: failures end a log, and the cap keeps a 100 MB
     training log or a megabyte-long line from making the regular expressions crawl."""
-    lines = [line[:MAX_LINE_CHARS] for line in text.splitlines()[-MAX_LINES:]]
+    lines = [_ANSI.sub("", line)[:MAX_LINE_CHARS] for line in text.splitlines()[-MAX_LINES:]]
     log = LogView(lines=lines, text="\n".join(lines))
     for i, line in enumerate(lines, 1):
         m = _FRAME.search(line)
         if m:
-            log.frames.append(Frame(i, m.group(1), m.group(3)))
+            path, function = (m.group(1), m.group(3)) if m.group(1) else (m.group(4), m.group(6))
+            log.frames.append(Frame(i, path, function))
             continue
         bare = strip_prefix(line).strip()
         if _ERROR.match(bare):
             log.errors.append((i, bare[:400]))
     log.versions = log_versions(log.text)
+    if "torch" not in log.versions:
+        m = re.search(r'torch[/\\]utils[/\\]checkpoint\.py", line (\d+), in unpack_hook\b', log.text)
+        if m and int(m.group(1)) in _CHECKPOINT_LINES:
+            log.versions["torch"] = Version(_CHECKPOINT_LINES[int(m.group(1))])
+            log.inferred.add("torch")
     return log

@@ -49,7 +49,8 @@ def as_dict(candidates: list[Candidate], framework: str | None, versions: dict[s
 
 def render(candidates: list[Candidate], framework: str | None, versions: dict[str, Version], log: LogView,
            source: str) -> str:
-    shown = ", ".join(f"{k} {v}" for k, v in versions.items()) or "none shown"
+    shown = ", ".join(f"{k} {v}" + (" (from its line numbers)" if k in log.inferred else "")
+                      for k, v in versions.items()) or "none shown"
     head = [f"explain {source}: framework {framework or 'not recognised'}; versions in the log: {shown}",
             f"log: {_SHAPES.get(log.shape, log.shape)} ({len(log.lines)} lines)"]
     if not candidates:
