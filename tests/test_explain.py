@@ -254,3 +254,20 @@ def test_explain_json_gives_confidence_and_evidence(tmp_path, capsys):
     top = doc["candidates"][0]
     assert top["rule"] == "zero3-frozen-recompute" and top["confidence"] == "confirmed"
     assert top["evidence_lines"] and top["evidence"] and top["affected"] == {"deepspeed": "<0.19.3"}
+
+
+def test_rich_and_pytest_tracebacks_and_colours_are_read():
+    """LLaMA-Factory and others install rich tracebacks (`/path/x.py:825 in f`); pytest prints `x.py:9: in f`."""
+    text = ("\x1b[31m│ /home/u/.local/lib/python3.9/site-packages/deepspeed/runtime/zero/parameter_offload.py:466 in  │\n"
+            "│ pre_sub_module_backward_function                                                               │\x1b[0m\n"
+            "common.py:498: in __call__\n")
+    log, _, _ = diagnose_log(text)
+    assert [f.function for f in log.frames] == ["pre_sub_module_backward_function", "__call__"]
+    assert not any("\x1b" in line for line in log.lines)
+
+
+def test_torch_is_dated_by_checkpoints_line_numbers():
+    text = ('  File "/usr/lib/python3.12/site-packages/torch/utils/checkpoint.py", line 1150, in unpack_hook\n'
+            "    frame.check_recomputed_tensors_match(gid)\n")
+    log, _, _ = diagnose_log(text)
+    assert str(log.versions["torch"]) == "2.8.0" and "torch" in log.inferred

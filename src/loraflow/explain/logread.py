@@ -18,6 +18,8 @@ MAX_LINES, MAX_LINE_CHARS = 20_000, 2_000
 # and others install rich tracebacks) and as pytest prints it (`x.py:9: in f`).
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in ([\w<>.]+)|([\w./\\~:-]+\.py):(\d+):? in ([\w<>.]+)')
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# rich wraps a long frame: `│ /x/utils.py:825 in            │` then `│ get_only_unique_item  │` on the next line.
+_RICH_WRAPPED = re.compile(r"([\w./\\~:-]+\.py):(\d+) in\W*$")
 # An exception line: `RuntimeError: ...`, `torch.utils.checkpoint.CheckpointError: ...`, a bare `AssertionError`,
 # after any `[rank0]:` style prefix. Warnings (`UserWarning: ...`) are not errors.
 _ERROR = re.compile(r"^\W*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]*(?:Error|Exception|Interrupt)|AssertionError|"
@@ -135,6 +137,12 @@ def view(text: str) -> LogView:
     lines = [_ANSI.sub("", line)[:MAX_LINE_CHARS] for line in text.splitlines()[-MAX_LINES:]]
     log = LogView(lines=lines, text="\n".join(lines))
     for i, line in enumerate(lines, 1):
+        wrapped = _RICH_WRAPPED.search(line)
+        if wrapped and i < len(lines):
+            name = re.match(r"\W*([\w<>.]+)", lines[i])
+            if name:
+                log.frames.append(Frame(i, wrapped.group(1), name.group(1)))
+                continue
         m = _FRAME.search(line)
         if m:
             path, function = (m.group(1), m.group(3)) if m.group(1) else (m.group(4), m.group(6))
