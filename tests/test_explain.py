@@ -258,8 +258,8 @@ def test_explain_json_gives_confidence_and_evidence(tmp_path, capsys):
 
 def test_rich_and_pytest_tracebacks_and_colours_are_read():
     """LLaMA-Factory and others install rich tracebacks (`/path/x.py:825 in f`); pytest prints `x.py:9: in f`."""
-    text = ("\x1b[31m│ /home/u/.local/lib/python3.9/site-packages/deepspeed/runtime/zero/parameter_offload.py:466 in  │\n"
-            "│ pre_sub_module_backward_function                                                               │\x1b[0m\n"
+    text = ("\x1b[31m│ /home/u/lib/python3.9/site-packages/deepspeed/runtime/zero/parameter_offload.py:466 in\n"
+            "│ pre_sub_module_backward_function                                            │\x1b[0m\n"
             "common.py:498: in __call__\n")
     log, _, _ = diagnose_log(text)
     assert [f.function for f in log.frames] == ["pre_sub_module_backward_function", "__call__"]
