@@ -271,3 +271,10 @@ def test_torch_is_dated_by_checkpoints_line_numbers():
             "    frame.check_recomputed_tensors_match(gid)\n")
     log, _, _ = diagnose_log(text)
     assert str(log.versions["torch"]) == "2.8.0" and "torch" in log.inferred
+
+
+def test_peft_warning_about_tied_embeddings_names_the_silent_rule():
+    text = ("UserWarning: Model with `tie_word_embeddings=True` and the tied_target_modules=['lm_head'] are part of "
+            "the adapter. This can lead to complications.\n{'loss': 1.2}\n{'loss': 1.1}\nSaving model checkpoint\n")
+    candidates, _, _ = explain_text(text)
+    assert [(c.rule.id, c.confidence) for c in candidates] == [("tied-embedding-adapter", "likely")]

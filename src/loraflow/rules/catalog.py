@@ -235,6 +235,10 @@ register(Rule(
     elsewhere="LoraConfig(ensure_weight_tying=True), or untie the embeddings explicitly",
     references=("https://github.com/huggingface/peft/pull/2803", "https://github.com/huggingface/peft/pull/2879"),
     fixed_in="peft 0.18.0 (modules_to_save), 0.19.0 (target_modules), opt-in",
+    log=LogSigns(
+        messages=(Message(r"Model with `?tie_word_embeddings=True`? and the tied_target_modules", "warning",
+                          "peft tuners_utils.py: merge_and_unload warns that tied embeddings are part of the adapter"),),
+        tells_apart="embed_tokens or lm_head trained (modules_to_save or targets) on a model whose config ties them"),
 ))
 
 register(Rule(
