@@ -20,7 +20,7 @@ from loraflow.explain.facts import Facts, read_facts
 from loraflow.explain.logread import LogView
 from loraflow.rules import Rule, all_rules
 from loraflow.rules.registry import affected_by
-from loraflow.rules.signs import Message, fact_reason
+from loraflow.rules.signs import Message
 
 LEVELS = ("confirmed", "likely", "possible")
 LIKELY_AT = 3.0  # evidence weight that turns a shared or generic message into a likely cause
@@ -184,6 +184,3 @@ def diagnose(log: LogView) -> list[Candidate]:
     found.sort(key=lambda c: c.rank_key)
     return found
 
-
-def fact_text(name: str) -> str:
-    return fact_reason(name)

@@ -17,7 +17,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from packaging.specifiers import Specifier, SpecifierSet
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 MAX_SCENARIOS = 256
@@ -180,9 +180,3 @@ def _runs(values: list[Any], domain: list[Any]) -> list[list[Any]]:
             runs.append([domain[i]])
     return runs
 
-
-def spec_of(text: str) -> SpecifierSet:
-    return SpecifierSet(text)
-
-
-__all__ = ["Specifier", "Variable", "bump", "describe", "enumerate_scenarios", "spec_points", "version_variables"]
