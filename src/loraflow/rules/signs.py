@@ -162,9 +162,6 @@ FACT_NAMES = frozenset(FACTS) | frozenset(STRUCTURED_FACTS)
 COMPILED_FACTS = {name: re.compile(pattern, re.IGNORECASE) for name, (pattern, _) in FACTS.items()}
 
 
-def fact_reason(name: str) -> str:
-    return FACTS[name][1] if name in FACTS else STRUCTURED_FACTS[name]
-
 
 # Messages and frames several rules share, declared once here and cited by each rule that prints them.
 NO_GRAD_FN = r"element 0 of tensors does not require grad and does not have a grad_fn"
