@@ -111,9 +111,27 @@ def test_check_versions_must_be_package_equals_version(capsys):
     assert "--versions" in capsys.readouterr().err
 
 
-def test_check_on_another_frameworks_config_points_to_its_frontend(capsys):
+def test_check_on_another_frameworks_config_reads_it_with_that_frontend(capsys):
     from pathlib import Path
 
     axolotl = Path(__file__).parent / "fixtures/frontends/axolotl/llama3_lora_zero3.yml"
-    assert main(["check", str(axolotl)]) == 2
-    assert f"use `loraflow check --framework axolotl {axolotl}`" in capsys.readouterr().err
+    code = main(["check", str(axolotl), "--json"])
+    out = capsys.readouterr()
+    # The guess is said (with the flag that overrides it) on stderr, and stdout is the axolotl check, as JSON.
+    assert f"read as `loraflow check --framework axolotl {axolotl}`" in out.err
+    report = json.loads(out.out)
+    assert report["framework"] == "axolotl"
+    assert main(["check", "--framework", "axolotl", str(axolotl), "--json"]) == code
+    assert json.loads(capsys.readouterr().out) == report
+    # An override meant for a loraflow config still refuses rather than guessing.
+    assert main(["check", str(axolotl), "train.steps=2"]) == 2
+
+
+def test_check_on_a_launch_script_reads_its_launch_line(tmp_path, capsys):
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=1\nsrun -N 1 --gres=gpu:8 torchrun --nproc_per_node 8 train.py "
+                      "--use_peft_lora True --gradient_checkpointing True --bf16\n")
+    main(["check", str(script), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["framework"] == "hf" and report["setup"]["adapter"] == "lora"
+    assert report["setup"]["world_size"] == 8

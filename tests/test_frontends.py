@@ -453,6 +453,13 @@ def test_argv_parsing_forms():
         {"CUDA_VISIBLE_DEVICES": "0,1"}, "torchrun", "pkg.mod", "module", 4)
     assert split_command(["python", "-m", "torch.distributed.run", "--nproc_per_node", "3", "t.py"]).world_size == 3
     assert split_command(shlex.split("deepspeed --include localhost:0,1,2 main.py")).world_size == 3
+    # Cluster launchers in front: their options are skipped up to the program; mpirun's -np is the process count.
+    cmd = split_command(shlex.split("srun -N 2 --gres=gpu:8 -l torchrun --nproc_per_node 8 --nnodes 2 t.py --x 1"))
+    assert (cmd.launcher, cmd.program, cmd.world_size, cmd.args) == ("torchrun", "t.py", 16, ["--x", "1"])
+    cmd = split_command(shlex.split("mpirun -np 4 -x NCCL_DEBUG=INFO --allow-run-as-root python t.py"))
+    assert (cmd.launcher, cmd.program, cmd.world_size) == ("python", "t.py", 4)
+    with pytest.raises(LoraflowError, match="launches nothing loraflow reads"):
+        split_command(["srun", "-N", "2", "hostname"])
     r = run("CUDA_VISIBLE_DEVICES=0,1,2 deepspeed main.py --model_name_or_path facebook/opt-350m --lora_dim 8 "
             "--data_split 2,4,4")
     assert (r.setup.world_size, r.sources["world_size"]) == (3, "CUDA_VISIBLE_DEVICES=0,1,2")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from loraflow.errors import LoraflowError
 
@@ -53,18 +54,11 @@ def _versions(args: argparse.Namespace):
 
 def cmd_check(args: argparse.Namespace) -> int:
     if args.command_line is not None or args.framework:
-        from loraflow.environment import parse_versions
-        from loraflow.frontends import run_check
-
-        # Another framework's run does not happen on this machine: only the versions given are known (`installed`
-        # takes this machine's), and every finding says for which releases of the others it holds.
-        given = args.versions or ""
-        versions = dict(_versions(args).versions) if given.strip() == "installed" else parse_versions(given)
-        files = args.items if args.framework else []
-        text, code = run_check(args.command_line if args.command_line else None, args.framework, files, versions,
-                               args.json)
-        print(text)
-        return code
+        return _check_foreign(args, args.command_line, args.framework, args.items if args.framework else [])
+    config_path, overrides = _split_config_and_overrides(args.items)
+    if config_path and Path(config_path).suffix == ".sh" and not overrides:
+        # A launch script is another framework's command line: `loraflow check run.sh` == `check -- bash run.sh`.
+        return _check_foreign(args, ["bash", config_path], None, [])
     env = _versions(args)
     from loraflow.config import load_config
     from loraflow.plan import resolve
@@ -72,7 +66,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     from loraflow.errors import ConfigError
 
-    config_path, overrides = _split_config_and_overrides(args.items)
     if args.stage:
         overrides = [f"stage={args.stage}", *overrides]
     try:
@@ -82,15 +75,33 @@ def cmd_check(args: argparse.Namespace) -> int:
         from loraflow.frontends import guess_framework_for_files
 
         other = guess_framework_for_files([config_path]) if config_path else None
-        if other:
-            raise LoraflowError(f"{exc}\n{config_path} is a config for {other}, not loraflow: use `loraflow "
-                              f"check --framework {other} {config_path}`.") from None
-        raise
+        if not other or overrides or args.stage:
+            raise
+        # Said on stderr so that --json stays one document; the guess is from the file's keys, so name the flag
+        # that overrides it.
+        print(f"note: {config_path} is not a loraflow config; its keys are {other}'s, so it is read as "
+              f"`loraflow check --framework {other} {config_path}` (pass --framework to choose another).",
+              file=sys.stderr)
+        return _check_foreign(args, None, other, [config_path])
     plan = resolve(config, env)
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())
     if plan.errors:
         return 2
     return 1 if plan.warnings else 0
+
+
+def _check_foreign(args: argparse.Namespace, command_line: list[str] | None, framework: str | None,
+                   files: list[str]) -> int:
+    from loraflow.environment import parse_versions
+    from loraflow.frontends import run_check
+
+    # Another framework's run does not happen on this machine: only the versions given are known (`installed`
+    # takes this machine's), and every finding says for which releases of the others it holds.
+    given = args.versions or ""
+    versions = dict(_versions(args).versions) if given.strip() == "installed" else parse_versions(given)
+    text, code = run_check(command_line or None, framework, files, versions, args.json)
+    print(text)
+    return code
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

@@ -166,7 +166,7 @@ def _world_from_launcher(cmd: Command) -> None:
         procs = _int(value("num_processes"))
         if procs:
             cmd.world_size, cmd.world_source = procs, f"accelerate launch --num_processes {procs}"
-    elif cmd.launcher == "python" and "WORLD_SIZE" not in cmd.env:
+    elif cmd.launcher == "python" and "WORLD_SIZE" not in cmd.env and cmd.world_size is None:
         cmd.world_size, cmd.world_source = 1, "python (one process)"
     if cmd.world_size is None and "WORLD_SIZE" in cmd.env and _int(cmd.env["WORLD_SIZE"]):
         cmd.world_size, cmd.world_source = _int(cmd.env["WORLD_SIZE"]), f"WORLD_SIZE={cmd.env['WORLD_SIZE']}"
@@ -245,6 +245,20 @@ def split_command(argv: list[str], depth: int = 0) -> Command:
             inner.env = {**cmd.env, **inner.env}
             inner.notes.insert(0, f"launch line read from {rest[1]}")
             return inner
+        elif head in _CLUSTER_LAUNCHERS:
+            # srun/mpirun options are many and differ per site (`-N 2`, `--gres=gpu:8`, `-x NCCL_DEBUG`): rather than
+            # know them all, skip to the first word that starts something we read.
+            start = next((i for i, t in enumerate(rest[1:], 1) if _starts_program(t)), None)
+            if start is None:
+                raise LoraflowError(f"`{head}` launches nothing loraflow reads in `{shlex.join(argv)}`: expected "
+                                    "torchrun, deepspeed, accelerate, python or a training CLI after its options.")
+            cmd.notes.append(f"launched through `{head}`; its options other than the process count were not read")
+            count = next((_int(rest[i + 1]) for i, t in enumerate(rest[1:start - 1], 1) if t in ("-np", "-n")), None)
+            if count and head != "srun":
+                # mpirun starts `-np` copies of the program; srun's `-n` counts tasks, which a torchrun after it
+                # multiplies again, so it is left to the launcher that follows.
+                cmd.world_size, cmd.world_source = count, f"{head} -np {count}"
+            rest = rest[start:]
         elif head == "ray":
             if "--" not in rest:
                 raise LoraflowError("`ray job submit` without `--`: cannot find the training command after it.")
@@ -315,7 +329,16 @@ _ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|'[^
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d)")
 _HEREDOC = re.compile(r"^[ \t]*(?:read\s+(?:-\w+\s+(?:''\s+)?)*(?P<var>[A-Za-z_]\w*)|(?P<var2>[A-Za-z_]\w*)=\$\(cat)\s*"
                       r"<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)^[ \t]*(?P=tag)\b[^\n]*\n?", re.M | re.S)
-_STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "ray")
+_STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "ray", "srun",
+           "mpirun", "mpiexec")
+
+
+_CLUSTER_LAUNCHERS = ("srun", "mpirun", "mpiexec")
+
+
+def _starts_program(token: str) -> bool:
+    return (token in _STARTS[:-3] or token in CLI_PROGRAMS or bool(_PYTHON.match(token)) or token.endswith(".py")
+            or token in ("bash", "sh"))
 
 
 def command_from_script(path: str) -> list[str]:
@@ -355,7 +378,7 @@ def command_from_script(path: str) -> list[str]:
             if tokens:
                 return tokens
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
-                        "python, llamafactory-cli, swift, axolotl or trl).")
+                        "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
 
 
 def resolve_path(name: str, *bases: str | os.PathLike | None) -> Path | None:
