@@ -582,3 +582,23 @@ def test_each_framework_is_declared_once():
         assert f.flags and f.title and (f.recognise is not None or f.name == "deepspeed"), f.name
     assert framework("openrlhf").depends and framework("hf").release == "trl"
     assert framework_of_log('File "/x/site-packages/openrlhf/trainer/dpo_trainer.py", line 1, in fit') == "openrlhf"
+
+
+def test_vendor_script_with_nested_training_args_and_peft_sections(tmp_path, monkeypatch):
+    # GLM-4's finetune.py style: positional data dir, model and a YAML whose TrainingArguments sit under
+    # `training_args:` and whose PEFT config sits under `peft_config:`.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs/ds_zero_3.json").write_text('{"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}}')
+    (tmp_path / "configs/lora.yaml").write_text(
+        "max_input_length: 512\n"
+        "training_args:\n  output_dir: ./output\n  per_device_train_batch_size: 1\n  gradient_checkpointing: true\n"
+        "  bf16: true\n  deepspeed: configs/ds_zero_3.json\n"
+        "peft_config:\n  peft_type: LORA\n  r: 8\n  target_modules: [q_proj, v_proj]\n")
+    r = run("torchrun --nproc_per_node 2 finetune.py data/ THUDM/glm-4-9b configs/lora.yaml")
+    assert r.framework == "hf" and (r.setup.adapter, r.setup.zero_stage, r.setup.checkpointing) == ("lora", 3, "all")
+    assert r.sources["adapter"] == "lora.yaml: peft_config.peft_type LORA"
+    assert r.sources["checkpointing"] == "lora.yaml: training_args.gradient_checkpointing"
+    # A PEFT section is not one of TRL's keys: the plain HF Trainer's defaults apply, not TRL's.
+    assert "TRL" not in r.sources["input_grad_hook"]
+    assert "lora.yaml: max_input_length" in r.unknown

@@ -133,8 +133,10 @@ def _view(cmd) -> CommandView:
     keys_found: set[str] = set()
     for pos in positionals:
         path = resolve_path(pos)
-        if pos.endswith((".yaml", ".yml")) and path is not None:
-            keys_found |= {str(k) for k in load_mapping(path, "config file")}
+        if pos.endswith((".yaml", ".yml", ".json")) and path is not None:
+            data = load_mapping(path, "config file")
+            # A section's keys too: vendors nest TrainingArguments under `training_args:` (hf.trainer_sections).
+            keys_found |= {str(k) for k in data} | {str(k) for v in data.values() if isinstance(v, dict) for k in v}
     return CommandView(program, program.removesuffix(".py").replace("/", "."),
                        program if cmd.program_kind == "cli" else None, {a.name for a in args}, keys_found,
                        positionals, cmd.launcher)

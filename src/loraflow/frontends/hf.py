@@ -72,6 +72,7 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
 class Opt:
     value: Any
     source: str
+    derived: bool = False  # translated from a vendor's section (peft_config:), so not a sign of TRL's own keys
 
 
 def _trainer_from_name(text: str) -> str | None:
@@ -83,10 +84,36 @@ def _trainer_from_name(text: str) -> str | None:
     return None
 
 
+def trainer_sections(data: dict) -> dict[str, tuple[Any, str]]:
+    """The training options a config file holds, each with the key path it came from. Besides HfArgumentParser's
+    flat form, vendors' finetune scripts (GLM-4's finetune.py, ChatGLM3's finetune_demo) nest the TrainingArguments
+    under a section such as `training_args:` and PEFT's config under `peft_config:` (`peft_type: LORA`); a nested
+    section is lifted when most of its keys are TrainingArguments'."""
+    found: dict[str, tuple[Any, str]] = {}
+    for key, value in data.items():
+        key = str(key)
+        if isinstance(value, dict) and _is_peft_section(value):
+            kind = str(value.get("peft_type", "LORA")).upper()
+            found["use_peft"] = (kind in ("LORA", "DORA"), f"{key}.peft_type {kind}")
+            if value.get("use_dora") or kind == "DORA":
+                found["use_dora"] = (True, f"{key}.use_dora")
+            if "target_modules" in value:
+                found["lora_target_modules"] = (value["target_modules"], f"{key}.target_modules")
+        elif isinstance(value, dict) and 2 * len(set(map(str, value)) & keys.HF_TRAINER) > len(value):
+            found.update({str(k): (v, f"{key}.{k}") for k, v in value.items()})
+        else:
+            found.setdefault(key, (value, key))
+    return found
+
+
+def _is_peft_section(value: dict) -> bool:
+    return "peft_type" in value or {"r", "lora_alpha"} <= set(map(str, value))
+
+
 def _options_from_file(path: Path, into: dict[str, Opt], what: str) -> None:
-    for key, value in load_mapping(path, what).items():
+    for key, (value, where) in trainer_sections(load_mapping(path, what)).items():
         if value is not None:  # `key: null` leaves the dataclass default, as HfArgumentParser does
-            into[key] = Opt(value, f"{path.name}: {key}")
+            into[key] = Opt(value, f"{path.name}: {where}", derived=where.split(".")[-1] != key)
 
 
 def _options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[str, Opt], bool]:
@@ -110,7 +137,8 @@ def _options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[st
         name = a.name[3:] if a.name.startswith("no_") and a.name[3:] in _HANDLED else a.name
         value: Any = False if name != a.name else a.value
         opts[name] = Opt(value, a.raw)
-    return opts, cmd.program == "trl" or cmd.program.startswith("trl.") or bool(set(opts) & trl_rel.MARKERS)
+    own = {k for k, o in opts.items() if not o.derived}
+    return opts, cmd.program == "trl" or cmd.program.startswith("trl.") or bool(own & trl_rel.MARKERS)
 
 
 def _kwargs(opt: Opt | None) -> dict[str, Any]:
@@ -463,7 +491,8 @@ def _recognise(view) -> bool:
         return False
     # HF TrainingArguments flags, or a script launched by accelerate (the HF launcher) with none of another
     # framework's markers.
-    return bool(view.flags & (keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES)) or view.launcher == "accelerate"
+    return (bool((view.flags | view.yaml_keys) & (keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES))
+            or view.launcher == "accelerate")
 
 
 FRAMEWORK = Framework(name=NAME, title="HF Trainer / TRL", module="hf", recognise=_recognise, flags=FLAGS,
