@@ -602,3 +602,25 @@ def test_vendor_script_with_nested_training_args_and_peft_sections(tmp_path, mon
     # A PEFT section is not one of TRL's keys: the plain HF Trainer's defaults apply, not TRL's.
     assert "TRL" not in r.sources["input_grad_hook"]
     assert "lora.yaml: max_input_length" in r.unknown
+
+
+def test_vision_tower_lora_under_reentrant_is_silent_before_transformers_5(tmp_path):
+    """A VLM script that puts LoRA in the vision tower: before transformers 5 enable_input_require_grads hooks only
+    the token embeddings, so the tower's reentrant-checkpointed blocks never learn (2U1/Qwen-VL-Series-Finetune
+    issue 193); transformers 5 hooks the patch embedding too and defaults to non-reentrant."""
+    script = tmp_path / "finetune_lora_vision.sh"
+    script.write_text("BATCH=4\nDEVICES=8\nACC=$((128 / (BATCH * DEVICES)))\n"
+                      "deepspeed src/train/train_sft.py --lora_enable True --vision_lora True --freeze_llm True "
+                      "--gradient_checkpointing True --gradient_accumulation_steps $ACC "
+                      "--image_min_pixels $((256 * 28 * 28)) --output_dir out\n")
+    tokens = command_from_script(str(script))
+    assert tokens[tokens.index("--gradient_accumulation_steps") + 1] == "4"
+    assert tokens[tokens.index("--image_min_pixels") + 1] == str(256 * 28 * 28)
+    old = _findings(f"bash {script}", with_versions("transformers=4.56.1", {}))
+    # The script's own code decides reentrancy; before 5 the finding holds with the hook as well.
+    assert old["reentrant-partial-silent"] == "the script checkpoints reentrant"
+    new = _findings(f"bash {script}", with_versions("transformers=5.2.0", {}))
+    assert new["reentrant-partial-silent"] == "the script checkpoints reentrant and the script adds no input-grad hook"
+    # Adapters named in the vision tower by the target list read the same way.
+    r = run("python train.py --use_peft --lora_target_modules q_proj visual.blocks.0.attn.qkv --gradient_checkpointing")
+    assert r.setup.tower_adapters and "lora_target_modules" in r.sources["tower_adapters"]

@@ -192,3 +192,14 @@ def test_dora_under_fsdp1_only_on_peft_before_the_fsdp_refactor():
     dora_fsdp1 = FSDP1.replace(adapter="dora", fsdp_use_orig_params=True)
     assert "dora-sharded-weight" in fired(dora_fsdp1.replace(versions={"peft": Version("0.11.1")}))
     assert "dora-sharded-weight" not in fired(dora_fsdp1.replace(versions={"peft": Version("0.12.0")}))
+
+
+def test_vision_tower_adapters_under_reentrant_need_a_hook_on_the_tower():
+    # The language model's embeddings are hooked, so nothing crashes; the tower's adapters are the silent part.
+    tower = BASE.replace(checkpointing="all", reentrant=True, input_grad_hook=True, tower_adapters=True)
+    rule = get_rule("reentrant-partial-silent")
+    assert rule.applies(tower) and not get_rule("reentrant-frozen-inputs").applies(tower)
+    assert not rule.applies(tower.replace(tower_input_hook=True))  # transformers >= 5 hooks the patch embedding
+    assert not rule.applies(tower.replace(reentrant=False))
+    assert not rule.applies(tower.replace(tower_adapters=False))
+    assert not rule.applies(tower.replace(**rule.remedy(tower)))

@@ -341,6 +341,27 @@ def _starts_program(token: str) -> bool:
             or token in ("bash", "sh"))
 
 
+def _arithmetic(line: str, variables: dict[str, str]) -> str:
+    """`$((A / (B * C)))` replaced by its value where every name in it has a numeric value (bash integer
+    arithmetic), else by `0`: one word either way, so it cannot split into stray positional arguments."""
+    out, i = [], 0
+    while (start := line.find("$((", i)) >= 0:
+        depth, j = 2, start + 3
+        while j < len(line) and depth:
+            depth += {"(": 1, ")": -1}.get(line[j], 0)
+            j += 1
+        expr = re.sub(r"\$?\{?([A-Za-z_]\w*)\}?", lambda m: variables.get(m.group(1), "x"), line[start + 3:j - 2])
+        value = "0"
+        if re.fullmatch(r"[\d\s+\-*/%()]+", expr):
+            try:  # digits and operators only (checked above); bash's `/` is integer division
+                value = str(int(eval(expr.replace("/", "//"), {"__builtins__": {}})))  # noqa: S307
+            except (ArithmeticError, SyntaxError):
+                pass
+        out.append(line[i:start] + value)
+        i = j
+    return "".join(out) + line[i:]
+
+
 def command_from_script(path: str) -> list[str]:
     """The launch line of a shell script: line continuations joined, simple `VAR=value` assignments expanded
     (the last assignment wins, so `if [ -z "$X" ]; then X=3; fi` style defaults come through), redirections dropped.
@@ -362,6 +383,7 @@ def command_from_script(path: str) -> list[str]:
         return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(3), m.group(2) or ""), s)
 
     for line in joined.splitlines():
+        line = _arithmetic(line, variables) if "$((" in line else line
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue

@@ -43,7 +43,7 @@ from loraflow.frontends.common import (
     precision_from,
     trainer_dtypes,
 )
-from loraflow.frontends.intent import infer
+from loraflow.frontends.intent import TOWER_MODULE, infer
 
 NAME = "hf"
 _LISTS = {"lora_target_modules", "lora_modules_to_save", "report_to", "reward_funcs", "reward_weights", "label_names",
@@ -260,6 +260,12 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
         draft.set("quantization", intent.quantization, f"{intent.sources['quantization']} (inferred)")
     if intent.frozen_modules:
         draft.set("frozen_modules", True, f"{intent.sources['frozen_modules']} (inferred: a tower stays frozen)")
+    targets = opts.get("lora_target_modules")
+    if intent.tower_adapters:
+        draft.set("tower_adapters", True, f"{intent.sources['tower_adapters']} (inferred: adapters in the vision "
+                  "tower)")
+    elif targets is not None and TOWER_MODULE.search(" ".join(map(str, as_list(targets.value)))):
+        draft.set("tower_adapters", True, f"{targets.source} (names vision-tower modules)")
     if draft.get("quantization") == "4bit":
         storage = (str(opts["bnb_4bit_quant_storage"].value) if "bnb_4bit_quant_storage" in opts else
                    intent.storage)
@@ -338,6 +344,12 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
             draft.set("input_grad_hook", False, "transformers < 5: the Trainer's hook is skipped for a PeftModel "
                       "(transformers issue #42489)")
 
+    if draft.get("tower_adapters") and gc:
+        # enable_input_require_grads hooks each sub-model's input embeddings from transformers 5 (PR #41993: a
+        # vision tower's patch embedding too); before, only the language model's token embeddings.
+        new = at_least(draft, "transformers", "5.0.0")
+        draft.set("tower_input_hook", new, f"transformers {'>=' if new else '<'} 5.0: enable_input_require_grads "
+                  f"{'also hooks' if new else 'does not hook'} the vision tower's patch embedding (PR #41993)")
     if trl:
         draft.set("use_cache", False, "TRL passes use_cache=False in the training forward (trl/trainer/sft_trainer.py)")
     elif "use_cache" in opts:

@@ -30,6 +30,12 @@ _DORA = re.compile(r"^use_dora$")
 # `--freeze_vision_tower`, `--freeze_llm`, `--freeze_backbone`, `--tune_mm_mlp_adapter` (only the projector trains).
 _TUNE = re.compile(r"^(tune|train)_(vision|vit|llm|language_model|backbone|visual|mm_mlp_adapter|merger|"
                    r"img_projector)$")
+# Adapters inside the vision tower: `--vision_lora True`, `--use_vision_lora`, `--vision_lora_rank 16`, or target
+# modules that name the tower (`visual.*qkv`, `vpm`, `vision_model`); a projector/merger is not the tower.
+_TOWER_LORA = re.compile(r"^(use_)?(vision|vit|visual)_lora(_(r|rank|dim))?$|^lora_(vision|vit)$")
+TOWER_MODULE = re.compile(r"(?<![a-z])(visual|vision(_tower|_model|_encoder)?|vpm|vit|image_encoder|siglip|"
+                          r"clip_vision|patch_embed)(?![a-z])", re.I)
+_TARGETS = re.compile(r"^(lora_)?target(_modules)?$|^lora_target_modules$")
 _FREEZE = re.compile(r"^(freeze|fix)_(vision(_tower)?|vit|llm|language_model|backbone|visual|mlp|merger|vision_model)$")
 
 
@@ -42,6 +48,8 @@ class Intent:
     reentrant: bool | None = None
     frozen_modules: bool = False
     """A tower (vision encoder, language model, projector) stays frozen."""
+    tower_adapters: bool = False
+    """Adapters sit inside the vision tower."""
     sources: dict[str, str] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)
     """The flags read (so they are not listed as not understood)."""
@@ -73,6 +81,14 @@ def infer(options: dict[str, tuple[Any, str]]) -> Intent:
                 if kind == "qlora":
                     out.quantization, out.sources["quantization"] = "4bit", raw
                 out.used.add(name)
+            continue
+        if _TOWER_LORA.match(name) or (_TARGETS.match(name) and TOWER_MODULE.search(str(value))):
+            on = True if _TARGETS.match(name) else _truthy(value, raw)
+            if on:
+                out.tower_adapters, out.sources["tower_adapters"] = True, raw
+                if out.adapter in (None, "full"):
+                    out.adapter, out.sources["adapter"] = "lora", raw
+            out.used.add(name)
             continue
         if _ADAPTER_SWITCH.match(name) or _ADAPTER_RANK.match(name):
             on = _truthy(value, raw)

@@ -64,34 +64,55 @@ register(Rule(
                     "earlier in the log"),
 ))
 
+def _tower_unhooked(s: Setup) -> bool:
+    """Adapters in a vision tower checkpointed reentrant, with no hook on the tower's own input."""
+    hooked = s.input_grad_hook and s.tower_input_hook
+    return s.tower_adapters and s.checkpointing != "off" and s.reentrant is True and not hooked
+
+
 register(Rule(
     id="reentrant-partial-silent",
-    title="Partial reentrant checkpointing silently leaves adapters without gradients",
+    title="Reentrant checkpointing silently leaves some adapters without gradients",
     verdict="fix",
     impact="silent",
-    conditions="checkpointing on some layers only, reentrant, frozen embeddings, no input-grad hook",
-    knobs=('reentrant', 'input_grad_hook'),
-    when=lambda s: _reentrant_without_input_grad(s) and s.checkpointing == "partial",
+    conditions="reentrant checkpointing, and either only some layers checkpointed with frozen embeddings and no "
+               "input-grad hook, or adapters in a vision tower whose patch embedding no hook marks",
+    knobs=('reentrant', 'input_grad_hook', 'tower_input_hook'),
+    when=lambda s: (_reentrant_without_input_grad(s) and s.checkpointing == "partial") or _tower_unhooked(s),
     cause=("As in reentrant-frozen-inputs, a reentrant-checkpointed layer whose input does not require grad "
-           "records no graph. With only some layers checkpointed the loss still reaches the others, so there is "
-           "no error: the adapters of the checkpointed layers simply never learn."),
-    fix=("loraflow registers the embedding-output hook; the first-step gradient guard would catch a miss "
-         "(or choose checkpointing.reentrant=false)."),
-    remedy=lambda s: {"input_grad_hook": True},
-    elsewhere="call model.enable_input_require_grads(), or use non-reentrant checkpointing",
+           "records no graph. When another path still carries the loss there is no error: with only some layers "
+           "checkpointed, the adapters of the checkpointed ones never learn; in a vision-language model whose "
+           "vision tower has adapters, enable_input_require_grads() before transformers 5 marks only the token "
+           "embeddings, so the tower's blocks (fed by a frozen patch embedding) never learn while the language "
+           "model's adapters do."),
+    fix=("loraflow registers the input-grad hook through transformers' enable_input_require_grads, which from "
+         "transformers 5 marks each sub-model's input embeddings, a vision tower's patch embedding included; the "
+         "first-step gradient guard would catch a miss (or choose checkpointing.reentrant=false)."),
+    remedy=lambda s: {"input_grad_hook": True, "tower_input_hook": True} if _tower_unhooked(s) else
+    {"input_grad_hook": True},
+    elsewhere=("use non-reentrant checkpointing (gradient_checkpointing_kwargs={'use_reentrant': False}); else call "
+               "model.enable_input_require_grads() and, on transformers < 5 with adapters in the vision tower, "
+               "register the same forward hook on the tower's patch embedding"),
     references=("https://github.com/huggingface/transformers/issues/21381",
-                "https://github.com/huggingface/peft/issues/1142"),
-    fixed_in="not fixed upstream",
+                "https://github.com/huggingface/peft/issues/1142",
+                "https://github.com/huggingface/peft/issues/2880",
+                "https://github.com/huggingface/transformers/pull/41993",
+                "https://github.com/2U1/Qwen-VL-Series-Finetune/issues/193"),
+    fixed_in="partial checkpointing: not fixed upstream; vision towers: transformers 5.0 (PR #41993) for models that "
+             "name their patch embedding",
     log=LogSigns(
         messages=(Message(_REENTRANT_WARNING, "warning", "torch/utils/checkpoint.py: CheckpointFunction.forward "
                           "(check_backward_validity)"),
                   Message(r"trainable parameters got no gradient", "own", "loraflow guards.check_first_gradients")),
         evidence=(Evidence("checkpointing", 1, "activation checkpointing is in use"),
-                  Evidence("peft", 1, "adapters train on a frozen base")),
+                  Evidence("peft", 1, "adapters train on a frozen base"),
+                  Evidence("vision", 2, "a vision tower is in the run: before transformers 5 the input-grad hook "
+                           "marks only the token embeddings, so adapters inside the tower get no gradient")),
         prior=1.0,
         tells_apart="training runs on with torch's `None of the inputs have requires_grad=True` warning: the layers "
                     "it names never update their adapters (harmless only if every warned layer is frozen, such as a "
-                    "frozen vision tower)"),
+                    "frozen vision tower; a tower with LoRA in it, vision_lora or targets under visual/vision_tower, "
+                    "is not frozen)"),
 ))
 
 register(Rule(

@@ -76,6 +76,13 @@ class Setup:
     frozen_modules: bool = False
     """Base weights stay frozen beyond those an adapter wraps: a frozen vision tower or language model in a
     vision-language run (frozen weights count for the ZeRO-3 and FSDP rules even in full fine-tuning)."""
+    tower_adapters: bool = False
+    """Adapters sit inside a vision (or audio) tower, whose blocks take its patch embeddings rather than the token
+    embeddings: a hook on the token embeddings does not reach them."""
+    tower_input_hook: bool = False
+    """The input-grad hook, where one is added, marks the tower's patch-embedding output too: transformers >= 5
+    enable_input_require_grads hooks every sub-model's input embeddings (PR #41993, `_input_embed_layer`); before 5
+    only the token embeddings."""
     merge_in_sharded: bool = False
     """Adapter weights are merged into sharded (ZeRO-3-partitioned) base weights without gathering them first: a
     hybrid engine fusing LoRA for generation, merge_and_unload before saving or for inference."""

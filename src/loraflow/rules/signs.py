@@ -96,6 +96,9 @@ FACTS: dict[str, tuple[str, str]] = {
                      "context or sequence parallelism is in use"),
     "generation": (r"\bgenerate\b|generation|rollout|experience_maker|make_experience|\bvllm\b",
                    "the model generates (RLHF rollouts)"),
+    "vision": (r"pixel_values|vision_tower|vision_model|\bvisual\b|Vision(Transformer|Model|Encoder)|\bvit\b|"
+               r"image_grid_thw|patch_embed|\bvpm\b|siglip|clip_vision|vision_lora|freeze_vision|tune_vision|"
+               r"\bmm_projector\b|\bVL\b|-VL-|llava", "a vision tower is in the model (a vision-language run)"),
     "merge": (r"merge_and_unload|_unload_and_optionally_merge|fuse_lora|merge_adapter|\bin merge\b|"
               r"get_delta_weight|unfuse_lora|merge_lora|\bmerged?\b", "adapter weights are merged into the base"),
     "rlhf": (r"\bppo\b|\bgrpo\b|\brlhf\b|rollout|experience|actor|critic|reward", "an RLHF stage runs"),
