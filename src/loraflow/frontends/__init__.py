@@ -135,7 +135,7 @@ def _view(cmd) -> CommandView:
         path = resolve_path(pos)
         if pos.endswith((".yaml", ".yml", ".json")) and path is not None:
             data = load_mapping(path, "config file")
-            # A section's keys too: vendors nest TrainingArguments under `training_args:` (hf.trainer_sections).
+            # A section's keys too: vendors nest TrainingArguments under `training_args:` (hf_options.trainer_sections).
             keys_found |= {str(k) for k in data} | {str(k) for v in data.values() if isinstance(v, dict) for k in v}
     return CommandView(program, program.removesuffix(".py").replace("/", "."),
                        program if cmd.program_kind == "cli" else None, {a.name for a in args}, keys_found,

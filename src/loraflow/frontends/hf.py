@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from loraflow.frontends.argv import (
     Arg,
     Command,
     command_from_script,
-    parse_flags,
     pull_accelerate_options,
     resolve_path,
     split_command,
@@ -43,19 +41,18 @@ from loraflow.frontends.common import (
     precision_from,
     trainer_dtypes,
 )
+from loraflow.frontends.hf_options import (
+    HANDLED,
+    Opt,
+    kwargs_of,
+    options_from_args,
+    options_from_file,
+    trainer_from_name,
+    trl_keys,
+)
 from loraflow.frontends.intent import TOWER_MODULE, infer
 
 NAME = "hf"
-_LISTS = {"lora_target_modules", "lora_modules_to_save", "report_to", "reward_funcs", "reward_weights", "label_names",
-          "lora_target_parameters", "reward_model_paths"}
-_HANDLED = {"gradient_checkpointing", "activation_checkpointing", "gradient_checkpointing_kwargs",
-            "activation_checkpointing_kwargs", "bf16", "fp16", "deepspeed", "fsdp", "fsdp_config",
-            "ddp_find_unused_parameters", "ddp_static_graph", "use_cache", "use_peft", "use_dora",
-            "lora_target_modules", "lora_modules_to_save", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_storage",
-            "packing", "padding_free", "use_vllm", "ds3_gather_for_generation", "config", "accelerate_config", "dtype",
-            "torch_dtype"}
-
-
 # Setup field -> the HF Trainer / TRL flag that changes it (command-line spelling; also read by `loraflow explain`).
 FLAGS = {"checkpointing": "--gradient_checkpointing",
          "reentrant": "--gradient_checkpointing_kwargs '{\"use_reentrant\": ...}'", "precision": "--bf16 / --fp16",
@@ -66,94 +63,6 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "generation_gather": "--ds3_gather_for_generation", "world_size": "the launcher's process count",
          "zero_stage": "zero_optimization.stage in the --deepspeed JSON",
          "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON"}
-
-
-@dataclass
-class Opt:
-    value: Any
-    source: str
-    derived: bool = False  # translated from a vendor's section (peft_config:), so not a sign of TRL's own keys
-
-
-def _trainer_from_name(text: str) -> str | None:
-    """The TRL trainer a script, module or file name names (`dpo_llama.yaml` -> dpo), or None."""
-    for trainer in trl_rel.TRAINERS:
-        if re.search(r"(?<![a-z])(reward|rm)(?![a-z])" if trainer == "reward" else rf"(?<![a-z]){trainer}(?![a-z])",
-                     text):
-            return trainer
-    return None
-
-
-def trainer_sections(data: dict) -> dict[str, tuple[Any, str]]:
-    """The training options a config file holds, each with the key path it came from. Besides HfArgumentParser's
-    flat form, vendors' finetune scripts (GLM-4's finetune.py, ChatGLM3's finetune_demo) nest the TrainingArguments
-    under a section such as `training_args:` and PEFT's config under `peft_config:` (`peft_type: LORA`); a nested
-    section is lifted when most of its keys are TrainingArguments'."""
-    found: dict[str, tuple[Any, str]] = {}
-    for key, value in data.items():
-        key = str(key)
-        if isinstance(value, dict) and _is_peft_section(value):
-            kind = str(value.get("peft_type", "LORA")).upper()
-            found["use_peft"] = (kind in ("LORA", "DORA"), f"{key}.peft_type {kind}")
-            if value.get("use_dora") or kind == "DORA":
-                found["use_dora"] = (True, f"{key}.use_dora")
-            if "target_modules" in value:
-                found["lora_target_modules"] = (value["target_modules"], f"{key}.target_modules")
-        elif isinstance(value, dict) and 2 * len(set(map(str, value)) & keys.HF_TRAINER) > len(value):
-            found.update({str(k): (v, f"{key}.{k}") for k, v in value.items()})
-        else:
-            found.setdefault(key, (value, key))
-    return found
-
-
-def _is_peft_section(value: dict) -> bool:
-    return "peft_type" in value or {"r", "lora_alpha"} <= set(map(str, value))
-
-
-def _options_from_file(path: Path, into: dict[str, Opt], what: str) -> None:
-    for key, (value, where) in trainer_sections(load_mapping(path, what)).items():
-        if value is not None:  # `key: null` leaves the dataclass default, as HfArgumentParser does
-            into[key] = Opt(value, f"{path.name}: {where}", derived=where.split(".")[-1] != key)
-
-
-def _options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[str, Opt], bool]:
-    args, positionals, _ = parse_flags(cmd.args, lists=_LISTS)
-    opts: dict[str, Opt] = {}
-    for pos in positionals:  # HfArgumentParser reads a lone .yaml/.json positional as the whole config
-        path = resolve_path(pos, *bases)
-        if pos.endswith((".yaml", ".yml", ".json")) and path is not None:
-            _options_from_file(path, opts, "training config")
-            bases.append(path.parent)
-        else:
-            draft.unknown.append(f"{pos} (positional argument)")
-    config = next((a for a in args if a.name == "config"), None)
-    if config is not None:  # TRL's --config recipe.yaml; command-line flags override it (trl/scripts/utils.py)
-        path = resolve_path(config.one() or "", *bases)
-        if path is None:
-            raise LoraflowError(f"--config {config.one()}: no such file; TRL reads its training arguments from it.")
-        _options_from_file(path, opts, "--config")
-        bases.append(path.parent)
-    for a in args:
-        name = a.name[3:] if a.name.startswith("no_") and a.name[3:] in _HANDLED else a.name
-        value: Any = False if name != a.name else a.value
-        opts[name] = Opt(value, a.raw)
-    own = {k for k, o in opts.items() if not o.derived}
-    return opts, cmd.program == "trl" or cmd.program.startswith("trl.") or bool(own & trl_rel.MARKERS)
-
-
-def _kwargs(opt: Opt | None) -> dict[str, Any]:
-    if opt is None or opt.value in (None, ""):
-        return {}
-    if isinstance(opt.value, dict):
-        return opt.value
-    try:
-        parsed = json.loads(str(opt.value))
-    except ValueError:
-        raise LoraflowError(f"{opt.source}: not a JSON object; write e.g. "
-                            "--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'.") from None
-    if not isinstance(parsed, dict):
-        raise LoraflowError(f"{opt.source}: expected a JSON object such as '{{\"use_reentrant\": false}}'.")
-    return parsed
 
 
 def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list) -> dict[str, Any]:
@@ -228,7 +137,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
 
     # A script's own flags (not TrainingArguments', not TRL's): what they say about adapters, quantization,
     # reentrancy and frozen towers (frontends/intent.py).
-    known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | _HANDLED
+    known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | HANDLED
     intent = infer({n: (o.value, o.source) for n, o in opts.items() if n not in known})
     custom = bool(intent.used)
     # Adapter: TRL scripts train a PEFT adapter only with --use_peft (ModelConfig.use_peft default False,
@@ -288,7 +197,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
         draft.note("both the Trainer's gradient_checkpointing and FSDP activation_checkpointing are on; transformers "
                    "refuses that combination")
     if gc:
-        kwargs = _kwargs(opts.get(kw_name))
+        kwargs = kwargs_of(opts.get(kw_name))
         every = int_value(kwargs.get("every_n_layers", 1), f"{opts[kw_name].source if kw_name in opts else kw_name}: "
                           "every_n_layers", "a number of layers")
         draft.set("checkpointing", "partial" if every > 1 else "all", gc_src)
@@ -435,7 +344,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     bases: list = []
     if cmd.program == "trl":
         pull_accelerate_options(cmd)
-    opts, trl = _options_from_args(cmd, draft, bases)
+    opts, trl = options_from_args(cmd, draft, bases)
     if cmd.program == "trl":
         if cmd.subcommand not in trl_rel.TRL_COMMANDS:
             raise LoraflowError(f"`trl {cmd.subcommand}` is not a training command loraflow reads; expected one of "
@@ -444,7 +353,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     else:
         # `-m trl.scripts.dpo` names its trainer in the last dotted part, a script in its file name.
         name = cmd.program.rsplit(".", 1)[-1] if cmd.program_kind == "module" else Path(cmd.program).stem
-        trainer, source = _trainer_from_name(name.lower()), f"script name {cmd.program}"
+        trainer, source = trainer_from_name(name.lower()), f"script name {cmd.program}"
     if trainer is None:
         trainer, source = "sft", f"assumed ({cmd.program} does not name a stage)"
     apply(draft, opts, trl, (trl_rel.TRAINERS[trainer], source), cmd, bases, trainer)
@@ -473,14 +382,14 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
             cmd = cmd or Command(argv=[], launcher="accelerate", program=path)
             cmd.launcher_args.append(_arg("config_file", str(p)))
         else:
-            _options_from_file(p, opts, "training config")
+            options_from_file(p, opts, "training config")
     for path in ds_files:  # a DeepSpeed JSON given alongside replaces the config's `deepspeed:` path
         opts["deepspeed"] = Opt(path, path)
-    trl = bool(set(opts) & trl_rel.MARKERS)
-    named = next((Path(p).name for p in paths if _trainer_from_name(Path(p).stem.lower())), None)
-    trainer, source = (_trainer_from_name(Path(named).stem.lower()), f"file name {named}") if named else (None, "")
+    trl = trl_keys(opts)
+    named = next((Path(p).name for p in paths if trainer_from_name(Path(p).stem.lower())), None)
+    trainer, source = (trainer_from_name(Path(named).stem.lower()), f"file name {named}") if named else (None, "")
     if cmd is not None and cmd.args:
-        more, trl_cli = _options_from_args(cmd, draft, bases)
+        more, trl_cli = options_from_args(cmd, draft, bases)
         opts.update(more)
         trl = trl or trl_cli
         if cmd.program == "trl" and cmd.subcommand in trl_rel.TRL_COMMANDS:

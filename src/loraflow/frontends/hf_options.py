@@ -1,0 +1,118 @@
+"""How the HF Trainer / TRL frontend gathers its options: flags, a lone YAML/JSON positional (HfArgumentParser),
+TRL's `--config`, and the nested sections of vendors' finetune configs. What the options mean is hf.py's part."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loraflow.errors import LoraflowError
+from loraflow.frontends import keys
+from loraflow.frontends import trl as trl_rel
+from loraflow.frontends.argv import Command, parse_flags, resolve_path
+from loraflow.frontends.common import Draft, load_mapping
+
+# Flags that take several values; and the flags hf.py gives a meaning (`--no_X` negates them).
+LISTS = {"lora_target_modules", "lora_modules_to_save", "report_to", "reward_funcs", "reward_weights", "label_names",
+         "lora_target_parameters", "reward_model_paths"}
+HANDLED = {"gradient_checkpointing", "activation_checkpointing", "gradient_checkpointing_kwargs",
+           "activation_checkpointing_kwargs", "bf16", "fp16", "deepspeed", "fsdp", "fsdp_config",
+           "ddp_find_unused_parameters", "ddp_static_graph", "use_cache", "use_peft", "use_dora",
+           "lora_target_modules", "lora_modules_to_save", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_storage",
+           "packing", "padding_free", "use_vllm", "ds3_gather_for_generation", "config", "accelerate_config", "dtype",
+           "torch_dtype"}
+
+
+@dataclass
+class Opt:
+    value: Any
+    source: str
+    derived: bool = False  # translated from a vendor's section (peft_config:), so not a sign of TRL's own keys
+
+
+def trainer_from_name(text: str) -> str | None:
+    """The TRL trainer a script, module or file name names (`dpo_llama.yaml` -> dpo), or None."""
+    for trainer in trl_rel.TRAINERS:
+        if re.search(r"(?<![a-z])(reward|rm)(?![a-z])" if trainer == "reward" else rf"(?<![a-z]){trainer}(?![a-z])",
+                     text):
+            return trainer
+    return None
+
+
+def trainer_sections(data: dict) -> dict[str, tuple[Any, str]]:
+    """The training options a config file holds, each with the key path it came from. Besides HfArgumentParser's
+    flat form, vendors' finetune scripts (GLM-4's finetune.py, ChatGLM3's finetune_demo) nest the TrainingArguments
+    under a section such as `training_args:` and PEFT's config under `peft_config:` (`peft_type: LORA`); a nested
+    section is lifted when most of its keys are TrainingArguments'."""
+    found: dict[str, tuple[Any, str]] = {}
+    for key, value in data.items():
+        key = str(key)
+        if isinstance(value, dict) and _is_peft_section(value):
+            kind = str(value.get("peft_type", "LORA")).upper()
+            found["use_peft"] = (kind in ("LORA", "DORA"), f"{key}.peft_type {kind}")
+            if value.get("use_dora") or kind == "DORA":
+                found["use_dora"] = (True, f"{key}.use_dora")
+            if "target_modules" in value:
+                found["lora_target_modules"] = (value["target_modules"], f"{key}.target_modules")
+        elif isinstance(value, dict) and 2 * len(set(map(str, value)) & keys.HF_TRAINER) > len(value):
+            found.update({str(k): (v, f"{key}.{k}") for k, v in value.items()})
+        else:
+            found.setdefault(key, (value, key))
+    return found
+
+
+def _is_peft_section(value: dict) -> bool:
+    return "peft_type" in value or {"r", "lora_alpha"} <= set(map(str, value))
+
+
+def options_from_file(path: Path, into: dict[str, Opt], what: str) -> None:
+    for key, (value, where) in trainer_sections(load_mapping(path, what)).items():
+        if value is not None:  # `key: null` leaves the dataclass default, as HfArgumentParser does
+            into[key] = Opt(value, f"{path.name}: {where}", derived=where.split(".")[-1] != key)
+
+
+def options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[str, Opt], bool]:
+    args, positionals, _ = parse_flags(cmd.args, lists=LISTS)
+    opts: dict[str, Opt] = {}
+    for pos in positionals:  # HfArgumentParser reads a lone .yaml/.json positional as the whole config
+        path = resolve_path(pos, *bases)
+        if pos.endswith((".yaml", ".yml", ".json")) and path is not None:
+            options_from_file(path, opts, "training config")
+            bases.append(path.parent)
+        else:
+            draft.unknown.append(f"{pos} (positional argument)")
+    config = next((a for a in args if a.name == "config"), None)
+    if config is not None:  # TRL's --config recipe.yaml; command-line flags override it (trl/scripts/utils.py)
+        path = resolve_path(config.one() or "", *bases)
+        if path is None:
+            raise LoraflowError(f"--config {config.one()}: no such file; TRL reads its training arguments from it.")
+        options_from_file(path, opts, "--config")
+        bases.append(path.parent)
+    for a in args:
+        name = a.name[3:] if a.name.startswith("no_") and a.name[3:] in HANDLED else a.name
+        value: Any = False if name != a.name else a.value
+        opts[name] = Opt(value, a.raw)
+    return opts, cmd.program == "trl" or cmd.program.startswith("trl.") or trl_keys(opts)
+
+
+def kwargs_of(opt: Opt | None) -> dict[str, Any]:
+    if opt is None or opt.value in (None, ""):
+        return {}
+    if isinstance(opt.value, dict):
+        return opt.value
+    try:
+        parsed = json.loads(str(opt.value))
+    except ValueError:
+        raise LoraflowError(f"{opt.source}: not a JSON object; write e.g. "
+                            "--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'.") from None
+    if not isinstance(parsed, dict):
+        raise LoraflowError(f"{opt.source}: expected a JSON object such as '{{\"use_reentrant\": false}}'.")
+    return parsed
+
+
+def trl_keys(opts: dict[str, Opt]) -> bool:
+    """Whether the options include keys only TRL has (not counting those translated from a vendor's section)."""
+    return bool({k for k, o in opts.items() if not o.derived} & trl_rel.MARKERS)
