@@ -204,9 +204,7 @@ DEPENDS = (("axolotl", ">=0.5.0,<0.5.1", {"deepspeed": "==0.15.3"}),
 
 
 def _eras(draft: Draft, cfg: dict, cmd: Command | None) -> None:
-    for key, spec in _ERAS:
-        if key in cfg:
-            draft.era("axolotl", spec, f"{key} exists in Axolotl {spec}")
+    draft.eras_from("axolotl", "Axolotl", _ERAS, cfg)
     if cfg.get("rl", (None,))[0] == "grpo":
         draft.era("axolotl", ">=0.7.0", "rl: grpo exists in Axolotl >=0.7.0")
     if str(cfg.get("gradient_checkpointing", (None,))[0]) == "unsloth":

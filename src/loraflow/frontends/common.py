@@ -78,6 +78,14 @@ class Draft:
         self.eras[package] = (spec, reason)
         self.note(f"{package} release not given: {reason}, so only {package}{spec} is considered")
 
+    def eras_from(self, package: str, title: str, table, present, prefix: str = "") -> None:
+        """Each entry of a framework's era table, `(key, spec)` or `(shown, key, spec)`, whose key is in `present`
+        dates the release: the key exists only in `spec`."""
+        for entry in table:
+            shown, key, spec = entry if len(entry) == 3 else (prefix + entry[0], *entry)
+            if key in present:
+                self.era(package, spec, f"{shown} exists in {title} {spec}")
+
     def maybe(self, name: str, labels: dict[Any, str], why: str) -> None:
         """A Setup field the user's own code decides where no flag shows it: every value is evaluated."""
         if name not in _DEFAULTS:

@@ -86,9 +86,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft.set("stage", stage, stage_source)
     step3 = stage == "ppo"
     p = "actor_" if step3 else ""
-    for flag, spec in _ERAS:
-        if flag in given:
-            draft.era("deepspeed-chat", spec, f"--{flag} dates the script to DeepSpeed-Chat {spec}")
+    draft.eras_from("deepspeed-chat", "DeepSpeed-Chat", _ERAS, given, prefix="--")
 
     def value(name: str, default=None):
         a = given.get(name)

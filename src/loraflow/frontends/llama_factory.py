@@ -116,9 +116,7 @@ DEPENDS = (("llama-factory", ">=0.7.1,<0.8.3", {"deepspeed": "<=0.14.0"}),
 
 
 def _eras(draft: Draft, opts: dict, cmd: Command | None) -> None:
-    for key, spec in _ERAS:
-        if key in opts:
-            draft.era("llama-factory", spec, f"{key} exists in LLaMA-Factory {spec}")
+    draft.eras_from("llama-factory", "LLaMA-Factory", _ERAS, opts)
     if str(opts.get("stage", ("",))[0]) == "kto":
         draft.era("llama-factory", ">=0.8.0", "stage kto exists from LLaMA-Factory 0.8.0")
     if cmd is not None:

@@ -218,9 +218,7 @@ DEPENDS = (("ms-swift", "<2.0.0", {"transformers": "<4.41"}), ("ms-swift", ">=2.
 
 
 def _eras(draft: Draft, opts: dict, sub: str, cmd: Command | None) -> None:
-    for flag, spec in _ERAS:
-        if flag in opts:
-            draft.era("ms-swift", spec, f"--{flag} exists in ms-swift {spec}")
+    draft.eras_from("ms-swift", "ms-swift", _ERAS, opts, prefix="--")
     preset = str(_first(opts["deepspeed"][0])) if "deepspeed" in opts else ""
     if preset.startswith("default-zero"):
         draft.era("ms-swift", ">=1.5.0,<3.0.0", f"--deepspeed {preset} is the preset name of ms-swift 1.5 - 2.x")

@@ -89,9 +89,7 @@ def _eras(draft: Draft, cmd: Command, given: dict, style: int) -> None:
                   "v0.3.6")
     else:
         draft.era("openrlhf", ">=0.3.6", "the entry points moved to openrlhf.cli in v0.3.6")
-    for shown, flag, spec in _ERAS:
-        if flag in given:
-            draft.era("openrlhf", spec, f"{shown} exists in OpenRLHF {spec}")
+    draft.eras_from("openrlhf", "OpenRLHF", _ERAS, given)
     if not style:
         draft.era("openrlhf", "<0.10.2", "flat flags (--zero_stage, --lora_rank) are the spelling before v0.10.2")
 

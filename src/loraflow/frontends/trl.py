@@ -55,9 +55,7 @@ def eras(draft: Draft, given: set[str], cli: str | None) -> None:
                 draft.era("trl", f"<={trl}", f"TRL {trl} is the newest that installs with transformers {transformers} "
                           f"(later TRL needs transformers >= {limit})")
                 break
-    for flag, spec in _ERAS:
-        if flag in given:
-            draft.era("trl", spec, f"--{flag} exists in TRL {spec}")
+    draft.eras_from("trl", "TRL", _ERAS, given, prefix="--")
     if cli in _CLI_ERAS:
         draft.era("trl", _CLI_ERAS[cli], f"`trl {cli}` exists in TRL {_CLI_ERAS[cli]}")
 
