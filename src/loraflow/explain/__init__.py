@@ -10,25 +10,42 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from loraflow.explain.diagnose import LEVELS, Candidate, diagnose
+from loraflow.explain.diagnose import LEVELS, Candidate, diagnose, with_own_findings
 from loraflow.explain.logread import LogView, log_versions, read_log, view
+from loraflow.explain.own import is_loraflow_log, masked_text, read_own
 from loraflow.explain.render import as_dict, fix_for, list_signatures, render
 
-__all__ = ["LEVELS", "Candidate", "LogView", "as_dict", "detect_framework", "diagnose_log", "explain_text", "fix_for",
-           "list_signatures", "log_versions", "read_log", "render", "view"]
+__all__ = ["LEVELS", "Candidate", "LogView", "as_dict", "detect_framework", "diagnose_log", "explain_text", "explained",
+           "fix_for", "is_loraflow_log", "list_signatures", "log_versions", "read_log", "render", "view"]
 
 
 def detect_framework(text: str) -> str | None:
-    """The framework whose code the log's traceback runs through (each frontend declares its log pattern)."""
+    """`loraflow` for a log a loraflow run wrote (first: it quotes other frameworks), else the framework whose code
+    the log's traceback runs through (each frontend declares its log pattern)."""
     from loraflow.frontends import framework_of_log
 
-    return framework_of_log(text)
+    return "loraflow" if is_loraflow_log(text) else framework_of_log(text)
 
 
 def diagnose_log(text: str) -> tuple[LogView, list[Candidate], str | None]:
-    """The log as read, its ranked candidate causes (best first), and the framework it came from."""
+    """The log as read, its ranked candidate causes (best first), and the framework it came from. In a loraflow
+    log, the rules' messages are matched with loraflow's own plan and findings blanked (they quote other failures),
+    and the rules loraflow itself named (a plan refusal, a guard) join the candidates."""
     log = view(text)
-    return log, diagnose(log), detect_framework(log.text)
+    framework = detect_framework(log.text)
+    if framework != "loraflow":
+        return log, diagnose(log), framework
+    own = read_own(log.lines)
+    masked = view(masked_text(log.lines, own))
+    # The versions printed in the plan's header still describe the run.
+    masked.versions, masked.inferred, masked.own = log.versions, log.inferred, own
+    return masked, with_own_findings(diagnose(masked), own), framework
+
+
+def explained(log: LogView, candidates: list[Candidate]) -> bool:
+    """Whether explain has an answer: a ranked cause, or the error loraflow itself ended its run with (its message
+    says what to change). `loraflow explain` exits 0 then, 1 when nothing matched."""
+    return bool(candidates) or (log.own is not None and log.own.fatal is not None and log.own.fatal.own)
 
 
 def explain_text(text: str) -> tuple[list[Candidate], str | None, dict[str, Version]]:

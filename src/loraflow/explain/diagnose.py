@@ -184,3 +184,30 @@ def diagnose(log: LogView) -> list[Candidate]:
     found.sort(key=lambda c: c.rank_key)
     return found
 
+
+
+def with_own_findings(candidates: list[Candidate], own) -> list[Candidate]:
+    """Add the rules a loraflow log names itself: a plan that refused the setup (`[ERROR] rule-id`: confirmed, it is
+    loraflow's own verdict) and a first-step guard's likely causes (likely: the guard lists every cause that fits)."""
+    from loraflow.rules import get_rule
+
+    found = {c.rule.id: c for c in candidates}
+    refused = "loraflow's plan refused this setup before training (its finding is in the log)"
+    guarded = "loraflow's first-step guard names it as a likely cause"
+    for source, level, score, why in ((own.refused, "confirmed", 100.0, refused),
+                                      (own.guarded, "likely", 5.0, guarded)):
+        for rule_id, line in source.items():
+            try:
+                rule = get_rule(rule_id)
+            except KeyError:
+                continue
+            have = found.get(rule_id)
+            if have is None:
+                found[rule_id] = Candidate(rule, level, score, [line], [why])
+            elif LEVELS.index(level) < LEVELS.index(have.confidence):
+                have.confidence, have.score = level, max(have.score, score)
+                have.reasons.insert(0, why)
+                have.lines = sorted({*have.lines, line})
+    out = list(found.values())
+    out.sort(key=lambda c: c.rank_key)
+    return out

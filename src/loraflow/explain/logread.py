@@ -7,10 +7,14 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
 from loraflow.errors import LoraflowError
+
+if TYPE_CHECKING:
+    from loraflow.explain.own import OwnLog
 
 MAX_LINES, MAX_LINE_CHARS = 20_000, 2_000
 
@@ -59,6 +63,8 @@ class LogView:
     versions: dict[str, Version] = field(default_factory=dict)
     inferred: set[str] = field(default_factory=set)
     """Packages whose version was read from the traceback's line numbers rather than printed."""
+    own: OwnLog | None = None
+    """What loraflow itself said, in a log a loraflow run wrote (explain/own.py); None for other logs."""
 
     @property
     def final_error(self) -> tuple[int, str] | None:
@@ -78,6 +84,8 @@ class LogView:
 
     @property
     def shape(self) -> str:
+        if self.own is not None and self.own.fatal is not None and self.own.fatal.own:
+            return "loraflow-error"
         if self.truncated:
             return "truncated"
         if not self.errors and any("recomputed metadata" in line for line in self.lines):

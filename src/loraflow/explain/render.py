@@ -13,11 +13,17 @@ MEANING = {"confirmed": "the log shows this failure's own message, or a fact onl
            "possible": "the log's message has a few known causes and nothing in it tells them apart"}
 _SHAPES = {"truncated": "the log stops inside a traceback, before its error line",
            "one-liner": "a one-line paste", "metadata-only": "only the checkpoint's metadata dump, no error header",
-           "warning-only": "warnings only, no crash", "no-error": "no error line", "full": "a complete log"}
+           "warning-only": "warnings only, no crash", "no-error": "no error line", "full": "a complete log",
+           "loraflow-error": "a loraflow run that loraflow stopped with its own error"}
 
 
-def fix_for(rule: Rule, framework: str | None) -> str:
-    """The fix worded for the framework the log came from: its flags for the rule's knobs, where known."""
+def fix_for(rule: Rule, framework: str | None, log: LogView | None = None) -> str:
+    """The fix worded for the framework the log came from: its flags for the rule's knobs, where known; for a
+    loraflow run, its config keys, and whether loraflow's plan should have prevented the failure (own.py)."""
+    if framework == "loraflow":
+        from loraflow.explain.own import loraflow_fix
+
+        return loraflow_fix(rule, log.own if log is not None else None)
     if framework:
         from loraflow.frontends import flags_for
 
@@ -28,12 +34,12 @@ def fix_for(rule: Rule, framework: str | None) -> str:
     return rule.elsewhere or rule.fix
 
 
-def candidate_dict(c: Candidate, framework: str | None) -> dict:
+def candidate_dict(c: Candidate, framework: str | None, log: LogView | None = None) -> dict:
     r = c.rule
     return {"rule": r.id, "confidence": c.confidence, "score": c.score, "title": r.title, "impact": r.impact,
             "evidence_lines": [{"line": n, "text": t} for n, t in c.lines], "evidence": c.reasons,
             "what_happened": [f"line {n}: {t}" for n, t in c.lines], "cause": r.cause,
-            "conditions": r.conditions, "tells_apart": r.log.tells_apart, "fix": fix_for(r, framework),
+            "conditions": r.conditions, "tells_apart": r.log.tells_apart, "fix": fix_for(r, framework, log),
             "fix_loraflow": r.fix, "fixed_in": r.fixed_in, "affected": dict(r.affected),
             "references": list(r.references)}
 
@@ -41,10 +47,30 @@ def candidate_dict(c: Candidate, framework: str | None) -> dict:
 def as_dict(candidates: list[Candidate], framework: str | None, versions: dict[str, Version], log: LogView,
             source: str) -> dict:
     final = log.final_error
+    fatal = _own_fatal(log)
     return {"source": source, "framework": framework, "versions": {k: str(v) for k, v in versions.items()},
             "log_shape": log.shape, "final_error": final[1] if final else None,
-            "claimed": bool(candidates), "candidates": [candidate_dict(c, framework) for c in candidates],
+            "loraflow_error": {"line": fatal.line_no, "type": fatal.kind, "what_broke": fatal.headline,
+                               "fix": fatal.message} if fatal else None,
+            "claimed": bool(candidates), "candidates": [candidate_dict(c, framework, log) for c in candidates],
             "confidence_levels": MEANING}
+
+
+def _own_fatal(log: LogView):
+    """The error loraflow itself raised to end the run (a data, config, checkpoint or plan error, a guard), whose
+    message already says what to change; None for a crash inside a library, or another framework's log."""
+    fatal = log.own.fatal if log.own is not None else None
+    return fatal if fatal is not None and fatal.own else None
+
+
+def _fatal_lines(log: LogView) -> list[str]:
+    fatal = _own_fatal(log)
+    if fatal is None:
+        return []
+    head = f"\nwhat broke (line {fatal.line_no}): {fatal.headline}"
+    if log.own.refused or log.own.guarded:  # loraflow named the rules: ranked below, each with its cause and fix
+        return [head, "   fix: as each rule below says (loraflow named them itself)"]
+    return [head, "   fix (loraflow's own message): " + fatal.message.replace("\n", "\n   ")]
 
 
 def render(candidates: list[Candidate], framework: str | None, versions: dict[str, Version], log: LogView,
@@ -53,9 +79,16 @@ def render(candidates: list[Candidate], framework: str | None, versions: dict[st
                       for k, v in versions.items()) or "none shown"
     head = [f"explain {source}: framework {framework or 'not recognised'}; versions in the log: {shown}",
             f"log: {_SHAPES.get(log.shape, log.shape)} ({len(log.lines)} lines)"]
+    head += _fatal_lines(log)
     if not candidates:
+        if _own_fatal(log):
+            return "\n".join(head) + "\nNo rule of the registry is involved: loraflow stopped the run with its own " \
+                                      "error."
         final = log.final_error
         tail = f"\nThe last error line is: {final[1]}" if final else ""
+        if framework == "loraflow" and final:
+            tail += ("\nIf the traceback runs through loraflow's own code, that is a bug in loraflow: report it with "
+                     "plan.json from the run directory.")
         return "\n".join(head) + (f"\nNo known failure signature in this log, so no cause is claimed.{tail}\n"
                                   "`loraflow explain --list` shows the signatures loraflow knows.")
     out = head
@@ -69,8 +102,10 @@ def render(candidates: list[Candidate], framework: str | None, versions: dict[st
                 f"   cause: {r.cause}", f"   when: {r.conditions}"]
         if r.log.tells_apart and c.confidence != "confirmed":
             out.append(f"   tells it apart: {r.log.tells_apart}")
-        out += [f"   fix: {fix_for(r, framework)}", f"   in loraflow: {r.fix}",
-                f"   fixed upstream: {r.fixed_in or 'no'}", f"   references: {', '.join(r.references)}",
+        out.append(f"   fix: {fix_for(r, framework, log)}")
+        if framework != "loraflow":  # there the fix above is already loraflow's
+            out.append(f"   in loraflow: {r.fix}")
+        out += [f"   fixed upstream: {r.fixed_in or 'no'}", f"   references: {', '.join(r.references)}",
                 "   evidence: " + "; ".join(c.reasons)]
     out.append("\nconfidence: " + "; ".join(f"{k}: {v}" for k, v in MEANING.items()))
     return "\n".join(out)
