@@ -34,3 +34,15 @@ class GuardError(LoraflowError):
 
 class CheckpointError(LoraflowError):
     """A checkpoint to resume from is missing or incomplete."""
+
+
+class OutputError(LoraflowError):
+    """The run directory cannot be written (permissions, a read-only file system, no space left)."""
+
+
+class DiskFullError(OutputError):
+    """Not enough space for a checkpoint or the final weights; nothing half-written was left behind."""
+
+
+class NonFiniteError(LoraflowError):
+    """Weights about to be saved hold NaN or Inf; nothing was written."""
