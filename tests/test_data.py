@@ -46,8 +46,9 @@ def test_bad_role_is_named(tmp_path, tokenizer):
 
 
 def test_unknown_record_shape(tmp_path, tokenizer):
-    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "hello"}])
-    with pytest.raises(DataError, match=r"line 1: no `messages` and no `prompt`/`completion` fields \(found: text\)"):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"body": "hello", "n": 3}])
+    with pytest.raises(DataError, match=r"line 1: this record matches no supervised \(sft\) data format \(its keys: "
+                                        r"body, n\)"):
         tokenize(read_records(str(path), "data.train", "train")[0], "auto", tokenizer)
 
 

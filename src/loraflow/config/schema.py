@@ -14,7 +14,8 @@ from typing import Literal
 AdapterMethod = Literal["lora", "dora", "full"]
 Precision = Literal["fp32", "bf16-mixed", "bf16"]
 Reentrant = Literal["auto", "true", "false"]
-DataFormat = Literal["auto", "messages", "prompt_completion"]
+DataFormat = Literal["auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text", "preference",
+                     "preference_implicit"]
 Schedule = Literal["cosine", "linear", "constant"]
 Stage = Literal["sft", "rm", "dpo", "grpo", "ppo"]
 ReferenceKind = Literal["auto", "adapters-disabled", "copy", "precomputed"]
@@ -24,9 +25,10 @@ Switch = Literal["auto", "true", "false"]
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    path: str = "builtin:tiny-base"
+    path: str = ""
     """Local directory or Hugging Face hub id of a causal LM. `builtin:NAME` names a model shipped inside
-    loraflow's package (assets/NAME)."""
+    loraflow's package (assets/NAME). Required; only `loraflow train STAGE` with no config and no model.path
+    trains the built-in demo (assets/configs/STAGE.yaml)."""
 
     tokenizer: str | None = None
     """Tokenizer directory or hub id; empty means the model's own."""
@@ -35,8 +37,10 @@ class ModelConfig:
     """Storage dtype of the frozen base weights. `auto` follows precision.mode: float32 for fp32, bfloat16 for
     bf16-mixed and bf16 (full fine-tuning under bf16-mixed keeps fp32 master weights)."""
 
-    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = "sdpa"
-    """Attention kernel passed to transformers."""
+    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"
+    """Attention kernel passed to transformers. `auto` is SDPA where the architecture supports it in the installed
+    transformers, else eager (Gemma2, for one, refuses SDPA); the plan says which and why. An explicit choice the
+    architecture refuses is an error from `loraflow check`."""
 
     trust_remote_code: bool = False
     """Allow model code from the hub. Off by default: it runs arbitrary Python."""
@@ -127,21 +131,32 @@ class ParallelConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    train: str = "builtin:reverse/train.jsonl"
-    """Training data: a .jsonl, .json or .parquet file, `builtin:PATH` for shipped data, or a hub dataset name."""
+    train: str | list[str] = ""
+    """Training data: a .jsonl, .json or .parquet file, `builtin:PATH` for shipped data, or a hub dataset name.
+    Required (the built-in demo's is used only when no config and no model.path are given). A list mixes several
+    sources, each with its own format; `PATH*WEIGHT` (a trailing `*` and a number) weights one: above 1 repeats
+    its records, below 1 keeps a seeded sample (train.seed), e.g. `[a.jsonl, b.jsonl*0.3, c.jsonl*2]`."""
 
-    eval: str | None = "builtin:reverse/eval.jsonl"
+    eval: str | None = None
     """Held-out data in the same forms; empty for no evaluation."""
 
     train_split: str = "train"
     """Split to read when `train` is a hub dataset name."""
 
     eval_split: str = "test"
-    """Split to read when `eval` is a hub dataset name."""
+    """Split to read when `eval` is a hub dataset name; or a fraction in (0, 1), e.g. 0.05: with `eval` empty,
+    that share of the training records (at least 1, drawn with train.seed) is held out as the eval set."""
 
     format: DataFormat = "auto"
-    """`messages` (chat turns rendered with the tokenizer's chat template), `prompt_completion`, or `auto`
-    (decided per record from its fields)."""
+    """Record format of every data file; `auto` detects it per file from the first record's keys (and logs it).
+    sft: `messages` (chat turns, rendered with the tokenizer's chat template), `sharegpt` (conversations of
+    {from, value}), `alpaca` (instruction, optional input, output), `prompt_completion`, `text` (continued
+    pretraining: every token learned; eval gives loss only). rm/dpo: `preference` (prompt, chosen, rejected) and
+    `preference_implicit` (chosen and rejected whole conversations sharing their leading turns), as in TRL."""
+
+    columns: list[str] = field(default_factory=list)
+    """Rename record keys before the format is detected: `SOURCE=TARGET` entries, e.g.
+    `[question=prompt, answer=completion]`. A key a record lacks is left alone (mixed files may differ)."""
 
     max_length: int = 512
     """Samples longer than this many tokens are truncated (and counted)."""
@@ -226,6 +241,10 @@ class OutputConfig:
 
     progress_bar: bool = True
     """Show a progress bar with loss and tokens/s."""
+
+    wandb: str = ""
+    """Also log metrics to this Weights & Biases project (a run named after the run directory); empty is off. Needs
+    `pip install wandb`: without it the run stops before its first step."""
 
 
 @dataclass(kw_only=True)

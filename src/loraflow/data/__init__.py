@@ -1,18 +1,38 @@
-"""Data: read records (readers), tokenize with learned-token labels (formatting), truncate, pack and batch
-(batching). `load_split` is the entry point the stages use."""
+"""Data: read records (readers), detect and convert their format (formats), mix sources and hold out an eval set
+(sources), tokenize with learned-token labels (formatting), truncate, pack and batch (batching). `load_sft` and
+`load_splits` are the entry points the stages use."""
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
 
 from loraflow.config.schema import Config
-from loraflow.data.batching import BatchOrder, DataStats, Row, as_rows, collate, learned_tokens, pack, truncate
-from loraflow.data.formatting import EvalPrompt, Sample, eval_prompt, tokenize
+from loraflow.data.batching import (
+    BatchOrder,
+    DataStats,
+    Row,
+    as_rows,
+    collate,
+    learned_tokens,
+    pack,
+    truncate,
+)
+from loraflow.data.formatting import (
+    EvalPrompt,
+    Sample,
+    eval_prompt,
+    has_template,
+    tokenize,
+)
 from loraflow.data.readers import Record, read_records
+from loraflow.data.sources import read_splits
+
+log = logging.getLogger("loraflow")
 
 __all__ = ["BatchOrder", "DataSplit", "DataStats", "EvalPrompt", "Record", "Row", "Sample", "collate",
-           "learned_tokens", "load_split", "load_splits", "read_records"]
+           "learned_tokens", "load_sft", "load_split", "load_splits", "read_records", "read_splits"]
 
 
 @dataclass
@@ -24,47 +44,60 @@ class DataSplit:
 
 
 def load_split(config: Config, tokenizer, which: str) -> DataSplit | None:
-    """`which` is "train" or "eval". Eval data is never packed (its loss is per sample) and also yields the
-    prompts and references for exact-match generation."""
+    """`which` is "train" or "eval" (see load_sft)."""
+    train, held_out = load_sft(config, tokenizer)
+    return train if which == "train" else held_out
+
+
+def load_sft(config: Config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
+    """SFT train and eval splits. Eval data is never packed (its loss is per sample) and also yields the prompts
+    and references for exact-match generation, except for plain-text records, which have no reference answer."""
+    train_records, eval_records = read_splits(config, "sft", has_template(tokenizer))
+    train = _sft_split(config, tokenizer, "train", train_records)
+    if eval_records is None:
+        return train, None
+    if config.eval.max_samples:
+        eval_records = eval_records[: config.eval.max_samples]
+    held_out = _sft_split(config, tokenizer, "eval", eval_records)
+    if config.eval.generate:
+        prompts = [eval_prompt(r, "auto", tokenizer) for r in eval_records]
+        held_out.prompts = [p for p in prompts if p is not None]
+        if len(held_out.prompts) < len(prompts):
+            # Exact match needs a reference answer; continued-pretraining text has none, so loss is the measure.
+            log.info("data.eval: %d of %d records are plain text with no reference answer: they count in eval "
+                     "loss only, not in exact match%s", len(prompts) - len(held_out.prompts), len(prompts),
+                     " (eval measures loss only)" if not held_out.prompts else "")
+    return train, held_out
+
+
+def _sft_split(config: Config, tokenizer, which: str, records: list[Record]) -> DataSplit:
     d = config.data
-    spec = d.train if which == "train" else d.eval
-    if not spec:
-        return None
-    records = read_records(spec, f"data.{which}", d.train_split if which == "train" else d.eval_split)
-    if which == "eval" and config.eval.max_samples:
-        records = records[: config.eval.max_samples]
-    samples, stats = truncate([tokenize(r, d.format, tokenizer) for r in records], d.max_length)
+    samples, stats = truncate([tokenize(r, "auto", tokenizer) for r in records], d.max_length)
     if not samples:
-        raise_empty(spec, which, d.max_length)
-    prompts = [eval_prompt(r, d.format, tokenizer) for r in records] if which == "eval" and config.eval.generate \
-        else []
+        raise_empty(f"data.{which}", d.max_length)
     if which == "train" and d.packing:
         # Shuffle once before packing so each packed row mixes samples from across the file.
         random.Random(config.train.seed).shuffle(samples)
         rows = pack(samples, d.max_length)
     else:
         rows = as_rows(samples)
-    return DataSplit(which, rows, stats, prompts)
+    return DataSplit(which, rows, stats)
 
 
-def load_splits(config: Config, read) -> tuple[DataSplit, DataSplit | None]:
-    """data.train and data.eval read by `read(spec, config key, hub split) -> (rows, stats)`, as the pair and
-    prompt stages read them; eval is cut to eval.max_samples."""
-    d = config.data
-    out: list[DataSplit | None] = []
-    for which, spec, split in (("train", d.train, d.train_split), ("eval", d.eval, d.eval_split)):
-        if not spec:
-            out.append(None)
-            continue
-        rows, stats = read(spec, f"data.{which}", split)
-        if which == "eval" and config.eval.max_samples:
-            rows = rows[: config.eval.max_samples]
-        out.append(DataSplit(which, rows, stats))
-    return out[0], out[1]
+def load_splits(config: Config, tokenizer, kind: str, build) -> tuple[DataSplit, DataSplit | None]:
+    """Train and eval splits of the pair ("pairs") and prompt ("prompts") stages: the records read_splits gives,
+    made into rows by `build(records, config key) -> (rows, stats)`; eval is cut to eval.max_samples."""
+    train_records, eval_records = read_splits(config, kind, has_template(tokenizer))
+    train = DataSplit("train", *build(train_records, "data.train"))
+    if eval_records is None:
+        return train, None
+    if config.eval.max_samples:
+        eval_records = eval_records[: config.eval.max_samples]
+    return train, DataSplit("eval", *build(eval_records, "data.eval"))
 
 
-def raise_empty(spec: str, which: str, max_length: int) -> None:
+def raise_empty(key: str, max_length: int) -> None:
     from loraflow.errors import DataError
 
-    raise DataError(f"data.{which}={spec}: every sample was dropped because truncation to data.max_length="
+    raise DataError(f"{key}: every sample was dropped because truncation to data.max_length="
                     f"{max_length} left no learned token. Raise data.max_length.")

@@ -3,7 +3,11 @@
 Chat `messages` are rendered with the tokenizer's own chat template. Assistant spans are found by rendering the
 conversation up to each assistant turn (with the generation prompt) and through it: the tokens in between are the
 turn, end-of-turn marker included, so the model learns to stop. This works for any template that only appends,
-and a template that rewrites earlier text is refused rather than silently mislabelled.
+and a template that rewrites earlier text is refused rather than silently mislabelled. An assistant message with
+`"weight": 0` (OpenAI's fine-tuning format) is rendered but not learned.
+
+Plain `text` records (continued pretraining) learn every token; the tokenizer adds its special tokens and eos is
+appended so packed documents are separated. Other formats (alpaca, sharegpt) are converted by data.formats first.
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from loraflow.data.formats import choose, detect, refusal, to_canonical
 from loraflow.data.readers import Record
 from loraflow.errors import DataError
 
 IGNORE = -100
 ROLES = ("system", "user", "assistant", "tool")
+CANONICAL = ("messages", "prompt_completion", "text")
 
 
 @dataclass
@@ -47,8 +53,26 @@ def record_format(record: Record, configured: str) -> str:
         if not data["completion"].strip():
             raise DataError(f"{record.origin}: field `completion` is empty; there is nothing to learn.")
         return "prompt_completion"
-    raise DataError(f"{record.origin}: no `messages` and no `prompt`/`completion` fields (found: "
-                    f"{', '.join(sorted(data)) or 'none'}). Use one of the two formats, or set data.format.")
+    if configured == "text" or (configured == "auto" and "text" in data):
+        if not isinstance(data.get("text"), str) or not data["text"].strip():
+            raise DataError(f"{record.origin}: field `text` must be a non-empty string.")
+        return "text"
+    raise refusal(record, "sft", True, configured)
+
+
+def has_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def canonical(record: Record, configured: str, tokenizer) -> Record:
+    """alpaca and sharegpt records converted to messages (or prompt/completion without a chat template)."""
+    if configured in CANONICAL:
+        return record
+    fmt = choose(record, "sft", has_template(tokenizer), configured) if configured != "auto" else \
+        detect(record.data, "sft")
+    if fmt is None or fmt.name in CANONICAL:
+        return record
+    return to_canonical(record, fmt, has_template(tokenizer))
 
 
 def _validate_messages(record: Record) -> list[dict[str, str]]:
@@ -80,20 +104,22 @@ def _render(tokenizer, messages: list[dict[str, Any]], generation_prompt: bool, 
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _tokenize_messages(record: Record, tokenizer) -> tuple[list[int], list[int]]:
-    messages = _validate_messages(record)
-    ids = _render(tokenizer, messages, False, record.origin)
+def tokenize_messages(messages: list[dict[str, Any]], tokenizer, origin: str,
+                      first_learned: int = 0) -> tuple[list[int], list[int]]:
+    """Ids and labels of a conversation; assistant turns from message `first_learned` on are learned (a preference
+    pair learns only its answers, not assistant turns inside its prompt)."""
+    ids = _render(tokenizer, messages, False, origin)
     labels = [IGNORE] * len(ids)
     for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if i < first_learned or m["role"] != "assistant" or m.get("weight", 1) == 0:
             continue
-        prefix = _render(tokenizer, messages[:i], True, record.origin) if i else []
+        prefix = _render(tokenizer, messages[:i], True, origin) if i else []
         start = len(prefix)
-        through = _render(tokenizer, messages[: i + 1], False, record.origin)
+        through = _render(tokenizer, messages[: i + 1], False, origin)
         # Both ends must be prefixes of the whole conversation, or the span would be shifted silently (a
         # generation prompt the template renders differently inside a conversation, a merge across the boundary).
         if ids[: len(through)] != through or ids[:start] != prefix:
-            raise DataError(f"{record.origin}: this tokenizer's chat template rewrites earlier turns, so assistant "
+            raise DataError(f"{origin}: this tokenizer's chat template rewrites earlier turns, so assistant "
                             "tokens cannot be located. Use prompt/completion records for this model.")
         labels[start: len(through)] = ids[start: len(through)]
     return ids, labels
@@ -107,18 +133,32 @@ def _tokenize_prompt_completion(record: Record, tokenizer) -> tuple[list[int], l
     return prompt + completion, [IGNORE] * len(prompt) + completion
 
 
+def _tokenize_text(record: Record, tokenizer) -> tuple[list[int], list[int]]:
+    ids = tokenizer(record.data["text"], add_special_tokens=True)["input_ids"]
+    if tokenizer.eos_token_id is not None and (not ids or ids[-1] != tokenizer.eos_token_id):
+        ids = ids + [tokenizer.eos_token_id]  # ends the document, so packed documents are told apart
+    return ids, list(ids)
+
+
 def tokenize(record: Record, configured_format: str, tokenizer) -> Sample:
-    fmt = record_format(record, configured_format)
+    record = canonical(record, configured_format, tokenizer)
+    fmt = record_format(record, "auto" if configured_format not in CANONICAL else configured_format)
     if fmt == "messages":
-        ids, labels = _tokenize_messages(record, tokenizer)
+        ids, labels = tokenize_messages(_validate_messages(record), tokenizer, record.origin)
+    elif fmt == "text":
+        ids, labels = _tokenize_text(record, tokenizer)
     else:
         ids, labels = _tokenize_prompt_completion(record, tokenizer)
     return Sample(ids, labels, record.origin)
 
 
-def eval_prompt(record: Record, configured_format: str, tokenizer) -> EvalPrompt:
-    """The prompt to generate from and the reference answer, for exact-match evaluation."""
-    fmt = record_format(record, configured_format)
+def eval_prompt(record: Record, configured_format: str, tokenizer) -> EvalPrompt | None:
+    """The prompt to generate from and the reference answer, for exact-match evaluation; None for plain text,
+    which has no answer to compare with."""
+    record = canonical(record, configured_format, tokenizer)
+    fmt = record_format(record, "auto" if configured_format not in CANONICAL else configured_format)
+    if fmt == "text":
+        return None
     if fmt == "messages":
         messages = _validate_messages(record)
         if messages[-1]["role"] != "assistant":

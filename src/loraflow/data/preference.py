@@ -1,8 +1,10 @@
 """Preference pairs (rm, dpo) and RL prompts (grpo, ppo): records -> token ids, with errors that name the record.
 
-Pair record: {"prompt": str or chat messages, "chosen": str, "rejected": str} ("messages" is accepted for a chat
-prompt). A chat prompt's answers are rendered as an assistant turn by the tokenizer's chat template, exactly as
-SFT renders one (formatting.tokenize), so the end-of-turn marker is part of what is compared; a plain prompt
+Pair record (data.formats reads TRL's explicit- and implicit-prompt preference formats into it): {"prompt": str or
+chat messages, "chosen": ..., "rejected": ...} ("messages" is accepted for a chat prompt); with a chat prompt each
+answer is a string (one assistant turn) or a list of messages continuing the prompt. A chat prompt's answers are
+rendered by the tokenizer's chat template exactly as SFT renders them (formatting.tokenize_messages), so the
+end-of-turn marker is part of what is compared, and only the answers' assistant turns are labelled; a plain prompt
 gets the answer appended with eos.
 Prompt record: {"prompt": str or chat messages, ...other fields}; the other fields go to reward functions.
 """
@@ -15,8 +17,16 @@ from typing import Any
 import torch
 
 from loraflow.data.batching import DataStats, Row, collate
-from loraflow.data.formatting import IGNORE, _render, tokenize
-from loraflow.data.readers import Record, read_records
+from loraflow.data.formats import BY_NAME, choose, to_canonical
+from loraflow.data.formatting import (
+    IGNORE,
+    _render,
+    _validate_messages,
+    has_template,
+    tokenize,
+    tokenize_messages,
+)
+from loraflow.data.readers import Record
 from loraflow.errors import DataError
 
 
@@ -56,24 +66,38 @@ def _prompt(record: Record) -> tuple[str, Any]:
 
 def _answer(record: Record, prompt: Any, name: str, tokenizer) -> Row:
     answer = record.data.get(name)
+    if isinstance(answer, list) and not isinstance(prompt, str):
+        if not answer or not all(isinstance(m, dict) for m in answer) or answer[0].get("role") != "assistant":
+            raise DataError(f"{record.origin}: field `{name}` must be a non-empty list of messages starting with the "
+                            "assistant's turn (or a string).")
+        messages = _validate_messages(Record({"messages": [*prompt, *answer]}, record.origin))
+        return Row(*tokenize_messages(messages, tokenizer, record.origin, first_learned=len(prompt)))
     if not isinstance(answer, str) or not answer.strip():
         got = "missing" if name not in record.data else "empty" if isinstance(answer, str) else \
             f"a {type(answer).__name__}"
-        raise DataError(f"{record.origin}: field `{name}` must be a non-empty string, got {got}.")
+        raise DataError(f"{record.origin}: field `{name}` must be a non-empty string (or, after a chat prompt, a list "
+                        f"of assistant messages), got {got}.")
     if isinstance(prompt, str):
         sample = tokenize(Record({"prompt": prompt, "completion": answer}, record.origin), "prompt_completion",
                           tokenizer)
-    else:
-        sample = tokenize(Record({"messages": [*prompt, {"role": "assistant", "content": answer}]}, record.origin),
-                          "messages", tokenizer)
-    return Row(sample.input_ids, sample.labels)
+        return Row(sample.input_ids, sample.labels)
+    messages = _validate_messages(Record({"messages": [*prompt, {"role": "assistant", "content": answer}]},
+                                         record.origin))
+    return Row(*tokenize_messages(messages, tokenizer, record.origin, first_learned=len(prompt)))
 
 
-def tokenize_pair(record: Record, tokenizer) -> PairRow:
+def _same(a: Any, b: Any) -> bool:
+    return a.strip() == b.strip() if isinstance(a, str) and isinstance(b, str) else a == b
+
+
+def tokenize_pair(record: Record, tokenizer, configured_format: str = "auto") -> PairRow:
+    """A pair record in any preference format (explicit or implicit prompt, standard or conversational)."""
+    fmt = choose(record, "pairs", has_template(tokenizer), configured_format)
+    record = to_canonical(record, BY_NAME[fmt.name], has_template(tokenizer))
     _, prompt = _prompt(record)
     chosen = _answer(record, prompt, "chosen", tokenizer)
     rejected = _answer(record, prompt, "rejected", tokenizer)
-    if record.data["chosen"].strip() == record.data["rejected"].strip():
+    if _same(record.data["chosen"], record.data["rejected"]):
         raise DataError(f"{record.origin}: fields `chosen` and `rejected` are the same answer; there is no "
                         "preference to learn. Fix or drop the record.")
     return PairRow(chosen, rejected, record.origin)
@@ -122,17 +146,17 @@ def tokenize_prompt(record: Record, tokenizer) -> PromptRow:
     return PromptRow(ids, fields, record.origin)
 
 
-def load_pairs(spec: str, key: str, tokenizer, max_length: int, split: str) -> tuple[list[PairRow], DataStats]:
-    records = read_records(spec, key, split)
+def load_pairs(records: list[Record], key: str, tokenizer, max_length: int) -> tuple[list[PairRow], DataStats]:
+    """Canonical pair records (data.sources read them) -> truncated pairs."""
     pairs, stats = truncate_pairs([tokenize_pair(r, tokenizer) for r in records], max_length)
     if not pairs:
-        raise DataError(f"{key}={spec}: no pair left after truncation to data.max_length={max_length}; raise it.")
+        raise DataError(f"{key}: no pair left after truncation to data.max_length={max_length}; raise it.")
     return pairs, stats
 
 
-def load_prompts(spec: str, key: str, tokenizer, max_length: int, split: str) -> tuple[list[PromptRow], DataStats]:
+def load_prompts(records: list[Record], key: str, tokenizer, max_length: int) -> tuple[list[PromptRow], DataStats]:
     rows, stats = [], DataStats()
-    for record in read_records(spec, key, split):
+    for record in records:
         row = tokenize_prompt(record, tokenizer)
         if len(row.prompt_ids) > max_length:
             raise DataError(f"{record.origin}: the prompt has {len(row.prompt_ids)} tokens, more than "
@@ -142,5 +166,5 @@ def load_prompts(spec: str, key: str, tokenizer, max_length: int, split: str) ->
         stats.samples += 1
         stats.tokens += len(row.prompt_ids)
     if not rows:
-        raise DataError(f"{key}={spec}: no prompts.")
+        raise DataError(f"{key}: no prompts.")
     return rows, stats

@@ -19,10 +19,30 @@ class Record:
     """Where the record came from, e.g. `train.jsonl line 12` or `data.parquet row 3`."""
 
 
+def _utf8_error(path: Path, exc: UnicodeDecodeError, line: int, line_start: int) -> DataError:
+    """Name the file, line, byte offset and the bytes themselves: a raw UnicodeDecodeError names none of them."""
+    bad = exc.object[exc.start: exc.end]
+    return DataError(f"{path} line {line}: not UTF-8 (bytes {bad!r} at byte offset {line_start + exc.start} of the "
+                     f"file). Data files must be UTF-8: re-encode it, e.g. `iconv -f latin1 -t utf-8 {path} > "
+                     f"{path.stem}.utf8{path.suffix}` (with -f naming the encoding it was written in).")
+
+
+def _decode(path: Path, raw: bytes, line: int, line_start: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _utf8_error(path, exc, line, line_start) from None
+
+
 def _jsonl(path: Path) -> list[Record]:
     records = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    offset = 0
+    with path.open("rb") as fh:  # bytes, so a non-UTF-8 line is reported with its offset rather than a traceback
+        for lineno, raw in enumerate(fh, 1):
+            start, offset = offset, offset + len(raw)
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (Windows editors)
+                raw, start = raw[3:], 3
+            line = _decode(path, raw, lineno, start)
             if not line.strip():
                 continue
             try:
@@ -37,8 +57,17 @@ def _jsonl(path: Path) -> list[Record]:
 
 
 def _json(path: Path) -> list[Record]:
+    raw = path.read_bytes()
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line_start = raw.rfind(b"\n", 0, exc.start) + 1
+        line = raw.count(b"\n", 0, exc.start) + 1
+        exc = UnicodeDecodeError("utf-8", raw[line_start: exc.end], exc.start - line_start, exc.end - line_start,
+                                 exc.reason)
+        raise _utf8_error(path, exc, line, line_start) from None
+    try:
+        obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}).") from None
     if isinstance(obj, dict) and isinstance(obj.get("data"), list):

@@ -27,8 +27,8 @@ def _answer_prompt(row, tokenizer) -> EvalPrompt:
 
 
 def load_pair_data(config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
-    train, held_out = load_splits(config, lambda spec, key, split: load_pairs(spec, key, tokenizer,
-                                                                            config.data.max_length, split))
+    train, held_out = load_splits(config, tokenizer, "pairs",
+                                  lambda records, key: load_pairs(records, key, tokenizer, config.data.max_length))
     if held_out is not None and config.stage == "dpo" and config.eval.generate:
         held_out.prompts = [_answer_prompt(r, tokenizer) for r in held_out.rows]
     return train, held_out

@@ -19,8 +19,8 @@ __all__ = ["RolloutWorker", "load_prompt_data", "model_inputs"]
 
 
 def load_prompt_data(config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
-    return load_splits(config, lambda spec, key, split: load_prompts(spec, key, tokenizer, config.data.max_length,
-                                                                     split))
+    return load_splits(config, tokenizer, "prompts",
+                       lambda records, key: load_prompts(records, key, tokenizer, config.data.max_length))
 
 
 @dataclass

@@ -62,6 +62,6 @@ def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, 
 
 
 def load_data(config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
-    from loraflow.data import load_split
+    from loraflow.data import load_sft
 
-    return load_split(config, tokenizer, "train"), load_split(config, tokenizer, "eval")
+    return load_sft(config, tokenizer)
