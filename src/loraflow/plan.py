@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from loraflow.config.schema import Config
+from loraflow.data.sources import has_eval_set
 from loraflow.environment import Environment
 from loraflow.errors import ConfigError, PlanError
 from loraflow.rules import Finding, Setup, evaluate
@@ -59,6 +60,8 @@ class Plan:
     """How the stage gets reference log-probs: adapters-disabled, copy, precomputed, or None (no reference)."""
     phases: list = field(default_factory=list)
     """The phases of one step with each model's mode (phases.Phase)."""
+    attn_implementation: str = "sdpa"
+    """The attention kernel transformers is asked for: one the architecture supports (setup/preflight.py)."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -74,9 +77,10 @@ class Plan:
             raise PlanError(f"this setup cannot work; nothing was trained:\n{body}")
 
     def render(self) -> str:
+        m = self.model
         lines = [f"loraflow plan: stage {self.config.stage}; {self.env.describe()}",
-                 f"model: {self.model.path} ({self.model.model_type}, {self.model.num_layers} layers, "
-                 f"{self.model.parameters / 1e6:.2f}M parameters)"]
+                 f"model: {m.path} ({m.model_type}, {m.num_layers} layers, {m.parameters / 1e6:.2f}M parameters)"
+                 if m.inspected else f"model: {m.path} (not inspected: its config could not be read here)"]
         width = max(len(d.key) for d in self.decisions)
         for d in self.decisions:
             tag = f" [{d.rule}]" if d.rule else ""
@@ -122,6 +126,9 @@ def resolve_train_modules(config: Config, info: ModelInfo) -> list[str]:
     problems: list[str] = []
     from loraflow.setup.adapters import module_names_matching
 
+    if not info.inspected:
+        return []  # `check` without the model: nothing to match against
+
     for entry in config.adapter.train_modules:
         if entry == "embeddings":
             names.append(info.embedding_name)
@@ -135,9 +142,11 @@ def resolve_train_modules(config: Config, info: ModelInfo) -> list[str]:
         else:
             found = module_names_matching(info, entry)
             if not found:
+                kinds = sorted({n.rsplit(".", 1)[-1] for n in info.module_names if not n.rsplit(".", 1)[-1].isdigit()})
                 problems.append(f"adapter.train_modules: `{entry}` matches no module of this model. Use one of "
-                                f"{', '.join(TRAIN_MODULE_GROUPS)} or a module name suffix (loraflow check lists "
-                                "the adapter's modules).")
+                                f"{', '.join(TRAIN_MODULE_GROUPS)} or a module name suffix; this {info.model_type} "
+                                f"model's module names are: {', '.join(kinds)} (linear: "
+                                f"{', '.join(info.linear_names) or 'none'}).")
             names += found
     if problems:
         raise ConfigError(problems)
@@ -223,7 +232,7 @@ def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_
     return Setup(
         stage=config.stage,
         adapter=config.adapter.method,
-        matched_modules=None if config.adapter.method == "full" else len(info.adapter_modules),
+        matched_modules=None if config.adapter.method == "full" or not info.inspected else len(info.adapter_modules),
         embeddings_trainable=config.adapter.method == "full" or info.embedding_name in modules_to_save,
         lm_head_trainable=config.adapter.method == "full" or (lm_head is not None and (
             lm_head in modules_to_save or lm_head in info.adapter_modules)),
@@ -253,7 +262,7 @@ def _engine_fields(config: Config, env: Environment) -> dict[str, Any]:
         # layer's unit): see engines/fsdp2.py.
         fsdp_frozen_units_separate=engine == "fsdp2" and config.adapter.method == "lora",
         # Rollouts, and exact-match evaluation, generate with the trained model.
-        generation=config.stage in ("grpo", "ppo") or (config.stage in ("sft", "dpo") and bool(config.data.eval)
+        generation=config.stage in ("grpo", "ppo") or (config.stage in ("sft", "dpo") and has_eval_set(config.data)
                                                         and config.eval.generate),
         # Chosen and rejected (rm, dpo) go through one concatenated forward; the reference forward runs without
         # autograd, so it leaves nothing for the backward to meet (fsdp2-multi-forward-dtensor).
@@ -285,6 +294,10 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
                 checkpoint_layers=layers, reentrant=final.reentrant, input_grad_hook=final.input_grad_hook,
                 use_cache=False,
                 checkpoint_in_engine=bool(layers) and final.engine == "fsdp2" and not final.checkpoint_outside_shard)
+    plan.attn_implementation = info.attn_implementation
+    if info.attn_implementation == "flash_attention_2" and env.device == "cpu":
+        raise ConfigError(["model.attn_implementation=flash_attention_2 needs a CUDA GPU, and this run is on the "
+                           "CPU. Set model.attn_implementation=auto (or sdpa, or eager)."])
     plan.head = {"rm": "score", "ppo": "value"}.get(config.stage, "lm")
     plan.reference = resolve_reference(config)
     from loraflow.phases import stage_phases

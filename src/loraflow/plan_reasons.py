@@ -15,9 +15,31 @@ def _adapter(plan: Plan) -> Decision:
         return Decision("adapter", "none (full fine-tuning)", "adapter.method=full: every weight trains")
     targets = ",".join(a.target_modules)
     n = len(plan.model.adapter_modules)
+    if not plan.model.inspected:
+        return Decision("adapter", f"{a.method} r={a.rank} alpha={a.alpha:g} on {targets}",
+                        "model.path could not be inspected here, so the matched modules are unknown")
+    if n == 0:
+        return Decision("adapter", f"{a.method} on no module: adapter.target_modules={targets} matches nothing",
+                        f"this {plan.model.model_type} model's linear modules are "
+                        f"{', '.join(plan.model.linear_names) or 'none'}; set adapter.target_modules to some of "
+                        "them, or to all-linear")
     kinds = sorted({m.rsplit(".", 1)[-1] for m in plan.model.adapter_modules})
     value = f"{a.method} r={a.rank} alpha={a.alpha:g} dropout={a.dropout:g} on {n} modules ({', '.join(kinds)})"
     return Decision("adapter", value, f"adapter.target_modules={targets} matched {n} modules (PEFT's matching)")
+
+
+def _model_setup(plan: Plan) -> list[Decision]:
+    """How the model is built: the attention kernel (setup/preflight.py chose one the architecture supports) and
+    the adapters merged into the base first."""
+    if not plan.model.inspected:
+        return []
+    out = [Decision("attention", plan.attn_implementation, plan.model.attn_reason)]
+    merged = plan.config.model.merge_adapters
+    if merged:
+        notes = "; ".join(plan.model.merge_notes)
+        out.append(Decision("merge_adapters", merged, "their tensor shapes (safetensors headers) fit model.path"
+                            + (f"; but {notes}" if notes else "")))
+    return out
 
 
 def _freezing(plan: Plan) -> Decision:
@@ -156,6 +178,7 @@ def explain_choices(plan: Plan, naive: Setup, changed_by: dict[str, str], precis
         *_engine(plan, naive, changed_by),
         Decision("precision", f"load {_dt(plan.load_dtype)}, trainable {_dt(plan.trainable_dtype)}, autocast "
                  f"{_dt(plan.autocast_dtype) if plan.autocast_dtype else 'off'}", precision_reason),
+        *_model_setup(plan),
         _adapter(plan),
         _freezing(plan),
     ]

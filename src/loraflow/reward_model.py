@@ -34,7 +34,7 @@ class RewardModel:
 def load_reward_model(spec: str, plan, tokenizer) -> RewardModel:
     from transformers import AutoModelForSequenceClassification
 
-    from loraflow.setup.model import merge_adapters
+    from loraflow.setup.model import hf_attn_implementation, merge_adapters
 
     path = Path(resolve_path(spec, "rl.reward_model"))
     manifest = path / MANIFEST
@@ -42,7 +42,7 @@ def load_reward_model(spec: str, plan, tokenizer) -> RewardModel:
         raise ConfigError([f"rl.reward_model={spec}: no {MANIFEST} there. Point it at the `adapter` (or `model`) "
                            "directory of a `loraflow train rm` run."])
     info = json.loads(manifest.read_text())
-    kwargs = dict(num_labels=1, dtype=plan.load_dtype, attn_implementation=plan.config.model.attn_implementation)
+    kwargs = dict(num_labels=1, dtype=plan.load_dtype, attn_implementation=hf_attn_implementation(plan.config))
     with _quiet():
         if info.get("method") == "full":
             model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)

@@ -6,13 +6,14 @@ from __future__ import annotations
 from loraflow.setup.adapters import apply_adapters
 from loraflow.setup.checkpointing import apply_checkpointing
 from loraflow.setup.model import load_model, merge_adapters
+from loraflow.setup.preflight import check_vocab
 
 
 def load_base(plan, tokenizer=None):
     """The starting model before this run's adapter: loaded, with model.merge_adapters folded in."""
     if tokenizer is not None:
-        _check_vocab(plan, tokenizer)
-    model = load_model(plan.config, plan.model.path, plan.load_dtype, plan.head)
+        check_vocab(plan.config, tokenizer, plan.model.vocab_size)
+    model = load_model(plan.config, plan.model.path, plan.load_dtype, plan.head, plan.attn_implementation)
     if plan.head == "score" and tokenizer is not None:
         model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
     return merge_adapters(model, plan.config.model.merge_adapters)
@@ -40,10 +41,3 @@ def frozen_copy(plan, tokenizer=None):
     model.requires_grad_(False)
     return model.to(plan.device).eval()
 
-
-def _check_vocab(plan, tokenizer) -> None:
-    from loraflow.errors import ConfigError
-
-    if plan.model.vocab_size and len(tokenizer) > plan.model.vocab_size:
-        raise ConfigError([f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has "
-                           f"{plan.model.vocab_size}; model.tokenizer does not belong to model.path."])

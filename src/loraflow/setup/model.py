@@ -29,6 +29,9 @@ LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".yaml", ".yml", ".safetensors"
 
 def resolve_path(spec: str, key: str) -> str:
     """`builtin:NAME` -> the packaged asset; a local path must exist; anything else is tried as a hub id."""
+    if not spec.strip():  # not "the current directory", which exists
+        raise ConfigError([f"{key} is not set. Name a local path or a hub id (`loraflow train STAGE` with no config "
+                           "and no model.path trains the built-in demo instead)."])
     if spec.startswith(BUILTIN):
         path = ASSETS / spec[len(BUILTIN):]
         if not path.exists():
@@ -59,6 +62,13 @@ class ModelInfo:
     module_names: list[str] = field(default_factory=list)
     parameters: int = 0
     vocab_size: int = 0
+    linear_names: list[str] = field(default_factory=list)
+    """Distinct last name parts of the linear layers (what adapter.target_modules can name), for messages."""
+    attn_implementation: str = "sdpa"
+    attn_reason: str = ""
+    merge_notes: list[str] = field(default_factory=list)
+    inspected: bool = True
+    """False when `check` could not read the model's config (a hub id neither cached nor reachable)."""
 
 
 def _module_name(model: torch.nn.Module, target: torch.nn.Module | None) -> str | None:
@@ -81,12 +91,16 @@ def load_hf_config(config: Config):
 
 
 def inspect_model(config: Config) -> ModelInfo:
-    """Everything the plan needs to know about the model, without loading its weights."""
-    from transformers import AutoModelForCausalLM
+    """Everything the plan needs to know about the model, without loading its weights; raises ConfigError for what
+    setup would fail on (setup/preflight.py: model class, attention, merge adapters)."""
+    from loraflow.setup.preflight import build_skeleton, check_merge_adapters, check_model_class
 
     path, hf_config = load_hf_config(config)
-    with torch.device("meta"), _quiet():
-        skeleton = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=config.model.trust_remote_code)
+    check_model_class(config, hf_config, {"rm": "score"}.get(config.stage, "lm"))
+    skeleton, attn, attn_reason = build_skeleton(config, hf_config)
+    merge_notes = check_merge_adapters(config, skeleton) if config.model.merge_adapters else []
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules()
+                     if n and type(m).__name__ in ("Linear", "Conv1D") and m is not skeleton.get_output_embeddings()})
     embedding = skeleton.get_input_embeddings()
     head = skeleton.get_output_embeddings()
     norms = [n for n, m in skeleton.named_modules() if "norm" in type(m).__name__.lower() and n]
@@ -103,6 +117,7 @@ def inspect_model(config: Config) -> ModelInfo:
         module_names=[n for n, _ in skeleton.named_modules() if n],
         parameters=sum(p.numel() for p in skeleton.parameters()),
         vocab_size=int(getattr(text_config, "vocab_size", 0) or 0),
+        linear_names=linear, attn_implementation=attn, attn_reason=attn_reason, merge_notes=merge_notes,
     )
     if config.adapter.method != "full":
         from loraflow.setup.adapters import match_adapter_modules
@@ -146,13 +161,19 @@ def load_tokenizer(config: Config, model_path: str):
     return tok
 
 
-def load_model(config: Config, path: str, dtype: torch.dtype, head: str = "lm"):
+def hf_attn_implementation(config: Config) -> str | None:
+    """model.attn_implementation as transformers takes it: `auto` is its own default (None: SDPA, else eager)."""
+    asked = config.model.attn_implementation
+    return None if asked == "auto" else asked
+
+
+def load_model(config: Config, path: str, dtype: torch.dtype, head: str = "lm", attn_implementation: str | None = None):
     """The base model: a causal LM, or for `head="score"` the same body with a freshly initialised scalar score
     head (transformers' *ForSequenceClassification with one label, which scores each row at its last non-pad
-    token)."""
+    token). `attn_implementation` is the plan's choice; without one, model.attn_implementation."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    kwargs = dict(dtype=dtype, attn_implementation=config.model.attn_implementation,
+    kwargs = dict(dtype=dtype, attn_implementation=attn_implementation or hf_attn_implementation(config),
                   trust_remote_code=config.model.trust_remote_code)
     if head == "score":
         with _quiet():  # the report that lm_head is unused and score is new is expected here

@@ -1,0 +1,251 @@
+"""Preflight: what setup would trip over before the first step, found without reading a weight.
+
+`inspect_model` (setup/model.py) calls the model-side checks here on the meta-device skeleton, and both `check` and
+`train` get their ModelInfo from it through `plan.resolve`, so the two cannot drift:
+
+- the model class: a decoder-only causal LM (and, for stage rm, a sequence-classification class);
+- the attention implementation the architecture supports in the installed transformers;
+- model.merge_adapters whose tensor shapes (read from the safetensors header) fit the base.
+
+The tokenizer and data checks need the tokenizer: `tokenizer_and_data` loads both as `train` does (the stage's own
+`load_data`), and `check` runs it through `check_tokenizer_and_data`; setup.load_base checks the vocabulary again, so
+`train` refuses a mismatched tokenizer whichever path loaded it.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from loraflow.config.schema import Config
+from loraflow.errors import ConfigError
+
+ISSUE_VLM = "vision-language models are not supported yet (loraflow issue 19 will add them)"
+
+
+def _first_sentence(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text.split(". ")[0].rstrip(".")
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def check_model_class(config: Config, hf_config, head: str) -> None:
+    """Refuse a config that transformers cannot build as a trainable causal LM (or, for stage rm, as a scorer),
+    naming model.path and what is supported, before from_pretrained fails deep inside."""
+    from transformers.models.auto import modeling_auto as auto
+
+    model_type = getattr(hf_config, "model_type", "unknown")
+    where = f"model.path={config.model.path} (model_type={model_type})"
+    remote = config.model.trust_remote_code and "AutoModelForCausalLM" in (getattr(hf_config, "auto_map", None) or {})
+    causal = auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if causal is None and not remote:
+        vision = getattr(auto, "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", {})
+        if model_type in vision or hasattr(hf_config, "vision_config"):
+            raise ConfigError([f"{where} is a vision-language model; {ISSUE_VLM}. Point model.path at a "
+                               "text-only causal LM (for a VLM, its language model exported on its own)."])
+        kind = "an encoder-decoder model" if getattr(hf_config, "is_encoder_decoder", False) else \
+            "not a causal language model"
+        raise ConfigError([f"{where} is {kind}: transformers {_transformers_version()} has no "
+                           "AutoModelForCausalLM class for it. loraflow trains decoder-only causal LMs (Llama, "
+                           "Qwen, Mistral, Gemma, GPT-2, ...); point model.path at one."])
+    if causal is not None and getattr(hf_config, "is_decoder", None) is False:
+        import transformers
+
+        cls = getattr(transformers, causal, None)
+        source = inspect.getsource(cls.__init__) if cls is not None else ""
+        # BERT-family classes say "as a standalone, add is_decoder=True": without it they attend both ways, so
+        # every position sees the token it is trained to predict and the loss means nothing.
+        if "standalone" in source and "is_decoder" in source:
+            raise ConfigError([f"{where} is an encoder (its config has is_decoder=false): as a causal LM every "
+                               "token would see the token it predicts. loraflow trains decoder-only causal LMs "
+                               "(Llama, Qwen, Mistral, Gemma, GPT-2, ...); point model.path at one."])
+    if head == "score" and not remote and model_type not in auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+        raise ConfigError([f"{where}: stage rm trains a scalar score head, and transformers "
+                           f"{_transformers_version()} has no sequence-classification class for this architecture. "
+                           "Train the reward model from a base model of another family."])
+
+
+def build_skeleton(config: Config, hf_config):
+    """The causal LM on the meta device with the attention implementation the run will use.
+    Returns (skeleton, attn_implementation, reason); raises ConfigError for an explicit choice the architecture
+    or this machine cannot run."""
+    from transformers import AutoModelForCausalLM
+
+    from loraflow.setup.model import _quiet
+
+    asked = config.model.attn_implementation
+
+    def build(impl: str | None):
+        with torch.device("meta"), _quiet():
+            return AutoModelForCausalLM.from_config(hf_config, trust_remote_code=config.model.trust_remote_code,
+                                                    attn_implementation=impl)
+
+    if asked != "auto":
+        try:
+            skeleton = build(asked)
+        except (ValueError, ImportError) as exc:
+            raise ConfigError([f"model.attn_implementation={asked}: {_first_sentence(exc)} (transformers "
+                               f"{_transformers_version()}). Set model.attn_implementation=auto, which picks what "
+                               "the architecture supports, or eager."]) from None
+        return skeleton, asked, f"requested (model.attn_implementation={asked})"
+    # auto: transformers' own default (SDPA where the architecture supports it, else eager), asked explicitly so
+    # the plan can say which and why.
+    try:
+        return build("sdpa"), "sdpa", "model.attn_implementation=auto: the architecture supports PyTorch SDPA"
+    except (ValueError, ImportError):
+        skeleton = build("eager")
+        return skeleton, "eager", (f"model.attn_implementation=auto: {type(skeleton).__name__} does not support "
+                                   f"SDPA in transformers {_transformers_version()}, so its eager attention")
+
+
+def _adapter_file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes from the safetensors header (its first 8 bytes give the JSON header's length): no weights."""
+    file = path / "adapter_model.safetensors"
+    if not file.is_file():
+        return {}
+    with open(file, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def check_merge_adapters(config: Config, skeleton: torch.nn.Module) -> list[str]:
+    """Refuse a merge adapter that does not fit the base (PEFT would stop with a size mismatch after loading the
+    weights). Returns notes for the plan (an adapter whose recorded base differs but whose shapes fit)."""
+    from peft import PeftConfig, get_peft_model
+    from peft.utils import get_peft_model_state_dict
+
+    from loraflow.setup.model import _quiet, resolve_path
+
+    notes: list[str] = []
+    problems: list[str] = []
+    for spec in config.model.merge_adapters:
+        path = Path(resolve_path(spec, "model.merge_adapters"))
+        if not (path / "adapter_config.json").is_file():
+            problems.append(f"model.merge_adapters: {spec} holds no adapter_config.json; give the `adapter` "
+                            "directory of an earlier run.")
+            continue
+        peft_config = PeftConfig.from_pretrained(str(path))
+        peft_config.task_type = None  # as merge_adapters loads it: only the body's weights matter
+        recorded = peft_config.base_model_name_or_path or "?"
+        made_for = f"it was trained on {recorded}"
+        try:
+            with _quiet():
+                expected = {k: tuple(v.shape) for k, v in
+                            get_peft_model_state_dict(get_peft_model(copy.deepcopy(skeleton), peft_config)).items()}
+        except ValueError as exc:  # its target modules match nothing in this model
+            problems.append(f"model.merge_adapters: {spec} does not fit model.path={config.model.path} "
+                            f"({_first_sentence(exc)}); {made_for}. Remove it from model.merge_adapters, or set "
+                            "model.path to the model it was trained on.")
+            continue
+        found = _adapter_file_shapes(path)
+        wrong = [f"{k}: {list(s)} in the adapter, {list(expected[k])} in the model" for k, s in found.items()
+                 if k in expected and expected[k] != s]
+        foreign = [k for k in found if k not in expected and "lora_" in k]
+        if wrong or foreign:
+            detail = wrong[0] if wrong else f"{foreign[0]} has no place in this model"
+            count = len(wrong) + len(foreign)
+            problems.append(f"model.merge_adapters: {spec} does not fit model.path={config.model.path}: {count} "
+                            f"tensor(s) differ, e.g. {detail}; {made_for}. Remove it from model.merge_adapters, "
+                            "or set model.path to the model it was trained on.")
+        elif recorded != "?" and not _same_model(recorded, config.model.path):
+            notes.append(f"{spec} records base {recorded}, not model.path={config.model.path}; its shapes fit, so it "
+                         "is merged (make sure it was trained on this model)")
+    if problems:
+        raise ConfigError(problems)
+    return notes
+
+
+def _same_model(recorded: str, spec: str) -> bool:
+    """Loosely the same model: the same directory, or the same final name (a hub id and its local snapshot)."""
+    from loraflow.setup.model import resolve_path
+
+    try:
+        here = resolve_path(spec, "model.path")
+    except ConfigError:
+        return False
+    if Path(here).exists() and Path(recorded).exists():
+        return Path(here).resolve() == Path(recorded).resolve()
+    return Path(recorded.rstrip("/")).name == Path(here.rstrip("/")).name
+
+
+def check_vocab(config: Config, tokenizer, vocab_size: int) -> None:
+    """A token id at or past the embedding's size fails inside the embedding lookup (an index error on CPU, a
+    device-side assert on GPU)."""
+    if vocab_size and len(tokenizer) > vocab_size:
+        source = f"model.tokenizer={config.model.tokenizer}" if config.model.tokenizer else \
+            f"the tokenizer in model.path={config.model.path}"
+        raise ConfigError([f"{source} has {len(tokenizer)} tokens but the model's embedding has {vocab_size}: a "
+                           f"token id >= {vocab_size} would index past it. Use the tokenizer the model was trained "
+                           "with (leave model.tokenizer empty for the model's own)."])
+
+
+def inspect_for_check(config: Config):
+    """ModelInfo for `check`, or (a placeholder, note) when the model cannot be looked at here (a hub id that is
+    neither cached nor reachable): the plan goes on without the model-dependent checks."""
+    from loraflow.setup.model import ModelInfo, inspect_model, resolve_path
+
+    try:
+        return inspect_model(config), None
+    except ConfigError as exc:
+        path = config.model.path
+        if path.startswith("builtin:") or Path(resolve_path(path, "model.path")).exists() or \
+                "cannot read a model config" not in str(exc):
+            raise
+        note = (f"note: could not look at model.path={path} (not a local directory, and not in the Hugging Face "
+                "cache or not reachable from here), so the model-dependent checks were skipped: model class, "
+                "attention, adapter targets, merge adapters, tokenizer, data. `train` will run them once it can "
+                "download the model.")
+        return ModelInfo(path=path, model_type="not inspected", num_layers=0, tied_embeddings=False,
+                         use_cache_default=True, embedding_name="embed_tokens", lm_head_name="lm_head",
+                         inspected=False), note
+
+
+def tokenizer_and_data(plan):
+    """The tokenizer (checked against the model's embedding) and the (train, eval) splits, read with the stage's
+    own `load_data`: what `train` needs before building the model, and what `check` runs to find the same
+    errors. Returns (tokenizer, train_split, eval_split)."""
+    import importlib
+
+    from loraflow.setup.model import load_tokenizer
+
+    config = plan.config
+    tokenizer = load_tokenizer(config, plan.model.path)
+    check_vocab(config, tokenizer, plan.model.vocab_size)  # before the data: it fails in a second
+    train_split, eval_split = importlib.import_module(f"loraflow.stages.{config.stage}").load_data(config, tokenizer)
+    return tokenizer, train_split, eval_split
+
+
+def check_tokenizer_and_data(plan) -> str:
+    """`tokenizer_and_data` for `check`. Returns the data summary `train` would log."""
+    from loraflow.setup.model import _quiet
+
+    config = plan.config
+    # What the data readers log (e.g. the format detected) goes into the summary, not onto stdout, so that
+    # `check --json` stays one document.
+    log, said = logging.getLogger("loraflow"), []
+    collector = logging.Handler(logging.INFO)
+    collector.emit = lambda record: said.append(record.getMessage())
+    handlers, propagate, level = log.handlers[:], log.propagate, log.level
+    log.handlers, log.propagate = [collector], False
+    log.setLevel(logging.INFO)
+    try:
+        with _quiet():
+            _, train_split, eval_split = tokenizer_and_data(plan)
+    finally:
+        log.handlers, log.propagate = handlers, propagate
+        log.setLevel(level)
+    lines = said + [train_split.stats.describe("train data", config.data.max_length)]
+    if eval_split is not None:
+        lines.append(eval_split.stats.describe("eval data", config.data.max_length))
+    return "\n".join(lines)

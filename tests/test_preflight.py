@@ -1,0 +1,169 @@
+"""`check` predicts what setup would hit (issue 15): each setup failure that needs no weights (model class, attention
+implementation, adapter targets, merge adapters, tokenizer against embeddings, data format) is refused by
+`loraflow check` with the key and the fix, and `loraflow train` stops with the same error, not a crash reported as a
+bug. Where the plan now decides instead (attention), `train` trains."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TOKENIZER_FILES, write_jsonl
+
+from loraflow.cli import main
+from loraflow.run import demo_config
+from loraflow.setup.model import ASSETS
+
+STAGES = ("sft", "rm", "dpo", "grpo", "ppo")
+
+
+def _save(model_or_config, path: Path) -> Path:
+    model_or_config.save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        shutil.copy(ASSETS / "tiny-base" / name, path / name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny models of the architectures that used to crash setup, saved with the bundled tokenizer (88 tokens)."""
+    from transformers import (BertConfig, BertModel, Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM,
+                              LlavaConfig)
+
+    root = tmp_path_factory.mktemp("preflight-models")
+    torch.manual_seed(0)
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return {
+        # Gemma2 refuses SDPA in transformers 5 (attention softcapping).
+        "gemma2": _save(Gemma2ForCausalLM(Gemma2Config(vocab_size=96, hidden_size=32, intermediate_size=64,
+                                                       num_hidden_layers=2, num_attention_heads=2,
+                                                       num_key_value_heads=1, head_dim=16, **ids)), root / "gemma2"),
+        "bert": _save(BertModel(BertConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                           intermediate_size=64)), root / "bert"),
+        # A vision-language config: only config.json is read, so no weights are needed.
+        "llava": _save(LlavaConfig(), root / "llava"),
+        "small-vocab": _save(LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64,
+                                                          num_hidden_layers=1, num_attention_heads=2, **ids)),
+                             root / "small-vocab"),
+    }
+
+
+def _config(tmp_path: Path, model: Path, extra: str = "", train: str = "builtin:reverse/train.jsonl") -> str:
+    path = tmp_path / "run.yaml"
+    path.write_text(f"stage: sft\nmodel:\n  path: {model}\n{extra}data:\n  train: {train}\n  max_length: 64\n"
+                    "train:\n  max_steps: 1\n  micro_batch_size: 2\noutput:\n  progress_bar: false\n"
+                    "  tensorboard: false\n")
+    return str(path)
+
+
+def _check(capsys, *args: str) -> tuple[int, str]:
+    code = main(["check", *args])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def _train(capsys, tmp_path: Path, config: str, *args: str, stage: str = "sft") -> tuple[int, str]:
+    code = main(["train", stage, config, f"output.dir={tmp_path / 'run'}", *args])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def _refused_by_both(capsys, tmp_path, config: str, *needles: str, args: tuple[str, ...] = (),
+                     stage: str = "sft") -> None:
+    """check and train both exit 2 with the clear error (no traceback, no 'a bug' line)."""
+    for code, text in (_check(capsys, config, f"stage={stage}", *args), _train(capsys, tmp_path, config, *args,
+                                                                                stage=stage)):
+        assert code == 2, text
+        assert "a bug" not in text and "Traceback" not in text, text
+        for needle in needles:
+            assert needle in text, text
+
+
+def test_attention_auto_picks_eager_for_gemma2_and_trains(models, tmp_path, capsys):
+    config = _config(tmp_path, models["gemma2"])
+    code, text = _check(capsys, config)
+    assert code == 0, text
+    assert "attention        eager" in text and "does not support SDPA" in text
+    code, text = _train(capsys, tmp_path, config)
+    assert code == 0, text
+    assert "trained 1 steps" in text
+
+
+def test_explicit_attention_the_architecture_refuses(models, tmp_path, capsys):
+    config = _config(tmp_path, models["gemma2"])
+    _refused_by_both(capsys, tmp_path, config, "model.attn_implementation=sdpa", "Gemma2ForCausalLM",
+                     "model.attn_implementation=auto", args=("model.attn_implementation=sdpa",))
+
+
+def test_attention_auto_keeps_sdpa_where_supported(tiny_model, tmp_path, capsys):
+    code, text = _check(capsys, _config(tmp_path, tiny_model))
+    assert code == 0 and "attention        sdpa" in text, text
+
+
+def test_merge_adapter_for_another_base(tiny_model, tmp_path, capsys):
+    # The demo's adapter was trained on builtin:tiny-base (128 wide); the tiny Llama here is 64 wide.
+    config = _config(tmp_path, tiny_model, "  merge_adapters: [builtin:reverse-sft-weak]\n")
+    _refused_by_both(capsys, tmp_path, config, "model.merge_adapters: builtin:reverse-sft-weak does not fit",
+                     "in the adapter", "Remove it from model.merge_adapters")
+
+
+def test_merge_adapter_that_fits_is_accepted(tmp_path, capsys):
+    config = _config(tmp_path, "builtin:tiny-base", "  merge_adapters: [builtin:reverse-sft-weak]\n")
+    code, text = _check(capsys, config)
+    assert code == 0 and "merge_adapters   builtin:reverse-sft-weak" in text, text
+
+
+def test_target_modules_matching_nothing_lists_the_linear_modules(tiny_model, tmp_path, capsys):
+    config = _config(tmp_path, tiny_model)
+    _refused_by_both(capsys, tmp_path, config, "adapter.target_modules=c_attn matches nothing", "q_proj, up_proj",
+                     args=("adapter.target_modules=[c_attn]",))
+
+
+def test_train_modules_matching_nothing_lists_the_modules(tiny_model, tmp_path, capsys):
+    config = _config(tmp_path, tiny_model)
+    _refused_by_both(capsys, tmp_path, config, "adapter.train_modules: `c_proj` matches no module", "q_proj",
+                     args=("adapter.train_modules=[c_proj]",))
+
+
+def test_tokenizer_larger_than_the_embedding(models, tmp_path, capsys):
+    config = _config(tmp_path, models["small-vocab"])
+    _refused_by_both(capsys, tmp_path, config, "model.tokenizer=builtin:tiny-base has 88 tokens", "embedding has 40",
+                     args=("model.tokenizer=builtin:tiny-base",))
+
+
+def test_encoder_only_model(models, tmp_path, capsys):
+    config = _config(tmp_path, models["bert"])
+    _refused_by_both(capsys, tmp_path, config, f"model.path={models['bert']}", "is an encoder", "decoder-only")
+
+
+def test_vision_language_model(models, tmp_path, capsys):
+    config = _config(tmp_path, models["llava"])
+    _refused_by_both(capsys, tmp_path, config, f"model.path={models['llava']}", "vision-language",
+                     "not supported yet")
+
+
+def test_malformed_record_is_reported_by_check_too(tiny_model, tmp_path, capsys):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "user", "content": "hi"},
+                                                             {"role": "assistant", "content": "ih"}]},
+                                               {"question": "no format here"}])
+    config = _config(tmp_path, tiny_model, train=str(bad))
+    _refused_by_both(capsys, tmp_path, config, "bad.jsonl line 2")
+
+
+def test_check_without_the_model_says_so_and_plans(tmp_path, capsys, monkeypatch):
+    import huggingface_hub.constants
+
+    # No network and nothing cached: the hub cannot answer. check must carry on with the plan.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    code, text = _check(capsys, _config(tmp_path, "nobody-here/no-such-model"))
+    assert code == 0, text
+    assert "could not look at model.path=nobody-here/no-such-model" in text and "loraflow plan" in text
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_demo_configs_check_clean(stage, capsys):
+    code, text = _check(capsys, str(demo_config(stage)))
+    assert code == 0, text
+    assert "findings: none" in text and "train data:" in text
