@@ -80,7 +80,8 @@ def test_cli_surface_is_stable():
     """The commands and flags users script against; changing them is a breaking change."""
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert sorted(sub.choices) == ["check", "config", "explain", "merge", "probe", "train"]
+    assert sorted(sub.choices) == ["chat", "check", "config", "explain", "generate", "merge", "plot", "probe",
+                                   "train"]
     options = {name: {o for a in p._actions for o in a.option_strings} for name, p in sub.choices.items()}
     assert options["train"] >= {"--resume", "--verbose"}
     assert options["check"] >= {"--framework", "--versions", "--json"}
