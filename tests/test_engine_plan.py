@@ -13,11 +13,14 @@ from loraflow.engines.deepspeed_config import build_config, deepspeed_settings
 from loraflow.environment import detect_environment, parse_versions, with_versions
 from loraflow.errors import ConfigError
 from loraflow.plan import resolve
+from loraflow.run import demo_config
+
+DEMO = demo_config("sft")  # the bundled tiny model: plans need a model's config
 
 
 def plan_for(*overrides: str, world: int = 2, versions: str = ""):
     env = dataclasses.replace(with_versions(detect_environment(), parse_versions(versions)), world_size=world)
-    return resolve(load_config(None, list(overrides)), env)
+    return resolve(load_config(DEMO, list(overrides)), env)
 
 
 def decision(plan, key: str):
@@ -33,7 +36,7 @@ def test_auto_engine_is_single_for_one_process_and_ddp_under_a_launcher():
 
 def test_engine_options_need_their_engine():
     with pytest.raises(ConfigError, match="parallel.offload_params is set but parallel.engine=fsdp2"):
-        load_config(None, ["parallel.engine=fsdp2", "parallel.offload_params=true"])
+        load_config(DEMO, ["parallel.engine=fsdp2", "parallel.offload_params=true"])
     with pytest.raises(ConfigError, match="needs ZeRO stage 3"):
         plan_for("parallel.engine=deepspeed", "parallel.zero_stage=2", "parallel.offload_params=true")
 
@@ -48,7 +51,7 @@ def test_a_user_deepspeed_json_is_adopted_filled_and_checked(tmp_path):
     path = write(tmp_path, {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                                   "reduce_bucket_size": "auto", "overlap_comm": True},
                             "train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"}})
-    config = load_config(None, ["parallel.engine=deepspeed", f"parallel.deepspeed_config={path}",
+    config = load_config(DEMO, ["parallel.engine=deepspeed", f"parallel.deepspeed_config={path}",
                                 "train.micro_batch_size=4", "train.gradient_accumulation_steps=2"])
     settings = deepspeed_settings(config.parallel)
     assert (settings.stage, settings.offload_optimizer, settings.offload_params) == (3, True, False)
@@ -71,7 +74,7 @@ def test_a_user_deepspeed_json_is_adopted_filled_and_checked(tmp_path):
 ])
 def test_a_contradicting_deepspeed_json_is_an_error_naming_both_keys(tmp_path, data, overrides, message):
     path = write(tmp_path, data)
-    config = load_config(None, ["parallel.engine=deepspeed", f"parallel.deepspeed_config={path}", *overrides])
+    config = load_config(DEMO, ["parallel.engine=deepspeed", f"parallel.deepspeed_config={path}", *overrides])
     with pytest.raises(ConfigError, match=message):
         build_config(config, deepspeed_settings(config.parallel), world_size=2)
 
@@ -144,7 +147,7 @@ def test_auto_engine_follows_deepspeed_keys_and_ddp_keys_need_ddp():
     assert plan_for("parallel.zero_stage=3").setup.engine == "deepspeed"
     assert plan_for("parallel.offload_optimizer=true", "parallel.zero_stage=2").setup.zero3 is False
     with pytest.raises(ConfigError, match="find_unused_parameters is a DDP setting"):
-        load_config(None, ["parallel.engine=fsdp2", "parallel.find_unused_parameters=true"])
+        load_config(DEMO, ["parallel.engine=fsdp2", "parallel.find_unused_parameters=true"])
 
 
 def test_pure_bf16_is_refused_under_zero_which_keeps_fp32_masters():

@@ -253,8 +253,9 @@ def latest_checkpoint(run_dir: Path) -> Path:
         kept = " ".join(_set_aside(bad) for bad, _ in damaged)
         raise CheckpointError(f"no checkpoint in {root} can be resumed from: {listed}. {kept} Start a new run "
                               "without --resume (or restore a copy of the checkpoints directory).")
-    raise CheckpointError(f"{run_dir} has no complete checkpoint to resume from. Start a new run without "
-                          "--resume, or set output.save_every_steps so runs leave checkpoints.")
+    raise CheckpointError(f"{run_dir} has no complete checkpoint to resume from. Start the run again in place with "
+                          f"--restart {run_dir} instead of --resume, and set output.save_every_steps so runs leave "
+                          "checkpoints.")
 
 
 def _describe(found: list[tuple[Path, str]]) -> str:

@@ -1,10 +1,11 @@
-"""The `loraflow` command: train, check, explain, probe, merge, config."""
+"""The `loraflow` command: train, check, explain, probe, merge, generate, chat, plot, config."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from loraflow.errors import LoraflowError
@@ -24,7 +25,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from loraflow.run import train
 
     config_path, overrides = _split_config_and_overrides(args.items)
-    summary = train(args.stage, config_path, overrides, args.resume, args.verbose)
+    if args.resume and args.restart:
+        raise LoraflowError("--resume continues a run from its checkpoint and --restart starts one again from "
+                            "step 0; give one of them.")
+    summary = train(args.stage, config_path, overrides, args.resume, args.verbose, args.restart)
     if not summary.get("main", True):
         return 0  # rank 0 prints the summary of a distributed run
     before, after = summary.get("before"), summary.get("after")
@@ -61,16 +65,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         return _check_foreign(args, ["bash", config_path], None, [])
     env = _versions(args)
     from loraflow.config import load_config
-    from loraflow.plan import resolve
-    from loraflow.run import demo_config
-
     from loraflow.errors import ConfigError
+    from loraflow.plan import resolve
+    from loraflow.run import starting_config
 
+    start = starting_config(args.stage or "sft", config_path, overrides)
     if args.stage:
         overrides = [f"stage={args.stage}", *overrides]
     try:
-        # No config: check the same embedded default that `loraflow train STAGE` would train.
-        config = load_config(config_path or demo_config(args.stage or "sft"), overrides)
+        # No config and no model: check the same embedded default that `loraflow train STAGE` would train.
+        config = load_config(start, overrides)
     except ConfigError as exc:
         from loraflow.frontends import guess_framework_for_files
 
@@ -83,8 +87,24 @@ def cmd_check(args: argparse.Namespace) -> int:
               f"`loraflow check --framework {other} {config_path}` (pass --framework to choose another).",
               file=sys.stderr)
         return _check_foreign(args, None, other, [config_path])
-    plan = resolve(config, env)
+    from loraflow.setup.preflight import check_tokenizer_and_data, inspect_for_check
+
+    # The same inspection `train` runs (model class, attention, adapter targets, merge adapters), on the meta
+    # device; a model that cannot be looked at here is said and skipped rather than fatal.
+    info, note = inspect_for_check(config)
+    plan = resolve(config, env, info)
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())
+    if note:
+        print(note, file=sys.stderr)
+    elif not config.data.train:
+        print("note: data.train is not set, so the data and the tokenizer were not checked (train needs it).",
+              file=sys.stderr)
+    else:
+        # What train does next before building the model: tokenizer against the embedding, then the stage's own
+        # load_data, so a bad tokenizer or a malformed record fails here too (LoraflowError: exit 2).
+        summary = check_tokenizer_and_data(plan)
+        if not args.json:
+            print(summary)
     if plan.errors:
         return 2
     return 1 if plan.warnings else 0
@@ -105,7 +125,7 @@ def _check_foreign(args: argparse.Namespace, command_line: list[str] | None, fra
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from loraflow.explain import as_dict, diagnose_log, list_signatures, read_log, render
+    from loraflow.explain import as_dict, diagnose_log, explained, list_signatures, read_log, render
 
     if args.list:
         print(list_signatures())
@@ -117,7 +137,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(json.dumps(as_dict(candidates, framework, log.versions, log, args.log), indent=2))
     else:
         print(render(candidates, framework, log.versions, log, args.log))
-    return 0 if candidates else 1
+    return 0 if explained(log, candidates) else 1
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -152,6 +172,92 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_for_generation(args: argparse.Namespace):
+    import transformers
+
+    from loraflow.generate import Sampling, load
+
+    # Loading bars and per-call deprecation warnings would interleave with the answers.
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    sampling = Sampling(args.max_new_tokens, args.temperature, args.top_p, args.seed)
+    sampling.check()  # before the model loads: a bad flag should fail in a second
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        loaded = load(args.target, args.base)
+    # stderr: stdout carries only the answers (--json stays one object per line).
+    print(f"loaded {loaded.source} on {loaded.device}", file=sys.stderr)
+    for note in loaded.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return loaded, sampling
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from loraflow.generate import Prompt, generate, read_prompts
+
+    if (args.prompt is None) == (args.prompts is None):
+        raise LoraflowError("generate: give exactly one of --prompt TEXT or --prompts FILE.")
+    prompts = [Prompt(None, args.prompt)] if args.prompt is not None else read_prompts(args.prompts)
+    loaded, sampling = _load_for_generation(args)
+    generate(loaded, prompts, sampling, chat_template=not args.no_chat_template, as_json=args.json)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from loraflow.generate import chat
+
+    loaded, sampling = _load_for_generation(args)
+    chat(loaded, sampling)
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from loraflow.plot import plot_runs
+
+    for path in plot_runs(args.runs, args.output):
+        print(path)
+    return 0
+
+
+def version_text() -> str:
+    import importlib.metadata
+    import platform
+
+    from loraflow import __version__
+
+    lines = [f"loraflow {__version__}", f"python {platform.python_version()}"]
+    for package in ("torch", "transformers", "peft", "deepspeed"):
+        try:
+            lines.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            lines.append(f"{package} not installed")
+    return "\n".join(lines)
+
+
+class _VersionAction(argparse.Action):
+    """`--version` before any subcommand (the subcommand is otherwise required)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
+def _generation_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="RUN_DIR_OR_ADAPTER",
+                        help="a run directory (config.yaml + adapter/ or model/), an adapter directory or a model")
+    parser.add_argument("--base", help="base model path, hub id or builtin:NAME (default: the run's model.path, or "
+                                       "the one recorded in adapter_config.json)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="generation budget per answer (default 64)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 (the default) is "
+                                                                       "greedy decoding")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: sample from the smallest set of "
+                                                                 "tokens holding this probability (with --temperature)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of sampling (default 0)")
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     from loraflow.config import Config, dump_config
     from loraflow.config.docs import field_table
@@ -168,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loraflow", description=__doc__)
     # The deepspeed launcher passes --local_rank=N before the arguments; LOCAL_RANK in the environment says the same.
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--version", action=_VersionAction, help="print the versions of loraflow, torch, transformers, "
+                                                            "peft and deepspeed, then exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a stage; with no config, the built-in demo")
@@ -175,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("items", nargs="*", metavar="CONFIG.yaml | key=value",
                    help="an optional YAML config, then overrides such as train.max_steps=100")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    t.add_argument("--restart", metavar="RUN_DIR", help="start the run in RUN_DIR again from step 0 with its saved "
+                   "config (and any overrides): for a run that stopped before writing a checkpoint; its earlier "
+                   "files move to RUN_DIR/earlier-attempts/N")
     t.add_argument("-v", "--verbose", action="store_true", help="also print debug lines (eval examples)")
     t.set_defaults(func=cmd_train)
 
@@ -217,6 +328,27 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--base", help="base model path or hub id (default: the one recorded in adapter_config.json)")
     m.set_defaults(func=cmd_merge)
 
+    gen = sub.add_parser("generate", help="answer prompts with a trained run, adapter or model",
+                         description="loraflow generate RUN_DIR_OR_ADAPTER (--prompt TEXT | --prompts FILE)")
+    _generation_flags(gen)
+    gen.add_argument("--prompt", help="one prompt, sent as the user's turn of the chat template")
+    gen.add_argument("--prompts", metavar="FILE", help="a .txt file (one prompt per line) or .jsonl file (`prompt` or "
+                                                       "`messages` per line)")
+    gen.add_argument("--no-chat-template", action="store_true", help="tokenize prompts as plain text instead of "
+                                                                     "wrapping them in the chat template")
+    gen.add_argument("--json", action="store_true", help="one JSON object per prompt and line")
+    gen.set_defaults(func=cmd_generate)
+
+    ch = sub.add_parser("chat", help="talk to a trained run, adapter or model (reads stdin lines; /reset, /exit)")
+    _generation_flags(ch)
+    ch.set_defaults(func=cmd_chat)
+
+    pl = sub.add_parser("plot", help="draw the loss, learning rate, grad norm, eval and reward curves of runs as PNGs")
+    pl.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories; several are overlaid")
+    pl.add_argument("-o", "--output", metavar="OUT_DIR", help="where the PNGs go (default RUN_DIR/plots for one "
+                                                              "run; required for several)")
+    pl.set_defaults(func=cmd_plot)
+
     g = sub.add_parser("config", help="list every config key with its type, default and meaning")
     g.add_argument("--defaults", action="store_true", help="print the default config as YAML instead")
     g.set_defaults(func=cmd_config)
@@ -244,8 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except LoraflowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        code = getattr(exc, "exit_code", 2)  # a run stopped by a signal: 128 + its number, as a shell reports it
+        print(exc if code != 2 else f"error: {exc}", file=sys.stderr)
+        return code
     except BrokenPipeError:  # output piped into `head`: not an error
         sys.stderr.close()
         return 0

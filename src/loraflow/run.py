@@ -45,6 +45,7 @@ def setup_logging(run_dir: Path | None, verbose: bool = False, main: bool = True
         console.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(console)
     if run_dir is not None:
+        logging.raiseExceptions = False  # a full disk must not add a logging traceback per line to the console
         fh = logging.FileHandler(run_dir / "train.log")
         fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(fh)
@@ -58,6 +59,22 @@ def demo_config(stage: str) -> Path:
     from loraflow.setup.model import ASSETS
 
     return ASSETS / "configs" / f"{stage}.yaml"
+
+
+def starting_config(stage: str, config_path: str | None, overrides: list[str]) -> str | None:
+    """The file a new run's config is read from: the user's, or the stage's built-in demo when the user gives
+    neither a config nor a model. A user's own model starts from the neutral defaults, so nothing of the demo (its
+    data, its eval set, the adapters RL demos merge into the tiny base) leaks into a run on other weights."""
+    if config_path is not None:
+        return config_path
+    if any(o.split("=", 1)[0].strip() == "model.path" for o in overrides):
+        return None
+    return str(demo_config(stage))
+
+
+def load_run_config(stage: str, config_path: str | None, overrides: list[str]) -> Config:
+    """A new run's config as `train` and `check` read it (see `starting_config`)."""
+    return load_config(starting_config(stage, config_path, overrides), [f"stage={stage}", *overrides])
 
 
 # Keys a resumed run may change: everything else shapes the adapter, the optimizer state or the data order,
@@ -75,11 +92,13 @@ def _flat(config: Config) -> dict[str, Any]:
 
 
 def prepare_run(stage: str, config_path: str | None, overrides: list[str], resume: str | None,
-                stamp: str | None = None, create: bool = True) -> tuple[Config, Path]:
+                stamp: str | None = None, restart: str | None = None) -> tuple[Config, Path]:
     """Load the config and settle the run directory. A resumed run reuses the config saved in its directory; only
-    train.max_steps, eval.* and output.* may be overridden. A new run never reuses a directory that holds one.
-    Only the directory is created here (by one process: `create`); config.yaml is saved once the run has really
-    started (see `train`). `stamp` names a new run's default directory; every rank of a run gets rank 0's."""
+    train.max_steps, eval.* and output.* may be overridden. A restarted run (one that never wrote a checkpoint)
+    reuses its saved config with any overrides, and its earlier attempt's files are kept aside. A new run never
+    reuses a directory that holds one, or that holds anything at all. Nothing is written here (every rank reads the
+    directory before any rank changes it: see `train`); config.yaml is saved once the run has really started.
+    `stamp` names a new run's default directory; every rank of a run gets rank 0's."""
     if resume:
         run_dir = Path(resume)
         saved = run_dir / "config.yaml"
@@ -95,20 +114,85 @@ def prepare_run(stage: str, config_path: str | None, overrides: list[str], resum
             raise ConfigError([f"{k}={new[k]!r} cannot change when resuming (the run used {old.get(k)!r}): the "
                                "checkpoint's adapter, optimizer state and data order depend on it. Start a new run "
                                "instead." for k in frozen])
+        if not _has_checkpoint(run_dir):
+            raise ConfigError([f"--resume {resume}: the run there stopped before it wrote any checkpoint, so there "
+                               f"is nothing to continue. Start it again in place with `loraflow train {stage} "
+                               f"--restart {resume}` (its earlier files are kept aside), and set "
+                               "output.save_every_steps so a long run leaves checkpoints."])
+    elif restart:
+        run_dir = Path(restart)
+        config = _restart_config(run_dir, config_path, overrides)  # its files are set aside by `train`
     else:
-        if config_path is None:
-            config_path = str(demo_config(stage))  # the embedded default: bundled model, data and settings
-        config = load_config(config_path, [f"stage={stage}", *overrides])
+        config = load_run_config(stage, config_path, overrides)
         run_dir = Path(config.output.dir or f"runs/{stage}-{stamp or time.strftime('%Y%m%d-%H%M%S')}")
-        if (run_dir / "config.yaml").exists():
-            raise ConfigError([f"output.dir={run_dir} already holds a run. Continue it with --resume {run_dir}, or "
-                               "choose another output.dir."])
-        if create:
-            run_dir.mkdir(parents=True, exist_ok=True)
+        refuse_used_directory(run_dir)
     if config.stage != stage:
         raise ConfigError([f"the config says stage={config.stage}, but the command trains {stage}."])
+    if config.output.wandb:  # before the model loads, not at the first metric
+        from loraflow.metrics import check_wandb
+
+        check_wandb(config.output.wandb)
     config.output.dir = str(run_dir)
     return config, run_dir
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    """Any checkpoint that looks complete; which one verifies is decided when resuming (it may fall back)."""
+    from loraflow.checkpoint import complete_checkpoints
+
+    return bool(complete_checkpoints(run_dir))
+
+
+# What a run writes into its directory; everything else there is the user's and is never moved or written to.
+RUN_FILES = ("config.yaml", "plan.json", "train.log", "metrics.jsonl", "summary.json", "latest", "tensorboard",
+             "checkpoints", "adapter", "model", "plots")
+ATTEMPTS = "earlier-attempts"
+
+
+def refuse_used_directory(run_dir: Path) -> None:
+    """A new run writes into a new or empty directory: never appends to someone's metrics or overwrites files."""
+    if not run_dir.is_dir():
+        if run_dir.exists():
+            raise ConfigError([f"output.dir={run_dir} is a file; choose a directory path for output.dir."])
+        return
+    held = sorted(p.name for p in run_dir.iterdir())
+    if set(held) <= {"train.log", "plan.json", ATTEMPTS}:
+        return  # empty, or an attempt that failed before it started (set aside by `train`): a corrected retry
+    shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+    if (run_dir / "config.yaml").exists():
+        how = (f"Continue it with --resume {run_dir}" if _has_checkpoint(run_dir) else
+               f"It never wrote a checkpoint: start it again in place with --restart {run_dir}")
+        raise ConfigError([f"output.dir={run_dir} already holds a run ({shown}). {how}, or choose another "
+                           "output.dir."])
+    raise ConfigError([f"output.dir={run_dir} already holds files ({shown}). A new run writes into a new or empty "
+                       "directory, so that nothing there is overwritten or appended to: choose another output.dir."])
+
+
+def _restart_config(run_dir: Path, config_path: str | None, overrides: list[str]) -> Config:
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError([f"--restart {run_dir}: no config.yaml there; is it a loraflow run directory? (A new run "
+                           "takes output.dir instead.)"])
+    if config_path is not None:
+        raise ConfigError([f"--restart reuses {saved}; pass only key=value overrides, not {config_path}."])
+    if _has_checkpoint(run_dir):
+        raise ConfigError([f"--restart {run_dir}: the run there has a checkpoint; continue it with --resume "
+                           f"{run_dir} (a restart would set aside its training), or start a new run elsewhere."])
+    config = load_config(saved, [o for o in overrides if not o.startswith("output.dir=")])
+    return config
+
+
+def set_aside_attempt(run_dir: Path) -> Path:
+    """Move the earlier attempt's files into earlier-attempts/N/ (kept, not deleted: its log says why it
+    stopped)."""
+    root = run_dir / ATTEMPTS
+    n = 1 + max((int(p.name) for p in root.glob("*") if p.name.isdigit()), default=0)
+    target = root / str(n)
+    target.mkdir(parents=True)
+    for name in RUN_FILES:
+        if (run_dir / name).exists():
+            (run_dir / name).rename(target / name)
+    return target
 
 
 def seed_everything(seed: int) -> None:
@@ -121,29 +205,74 @@ def seed_everything(seed: int) -> None:
 
 
 def train(stage: str, config_path: str | None, overrides: list[str], resume: str | None,
-          verbose: bool = False) -> dict[str, Any]:
+          verbose: bool = False, restart: str | None = None) -> dict[str, Any]:
+    main, stamp = _start_processes(stage, config_path, overrides, resume or restart)
+    config, run_dir = prepare_run(stage, config_path, overrides, resume, stamp, restart=restart)
+    _sync()  # every rank has read the directory before any rank writes to it
+    from loraflow.storage import check_writable
+
+    # Before any data or model is loaded: a read-only or full disk fails in a second. Every rank probes (and gets
+    # the same error on a shared file system), so none is left waiting for a rank that stopped.
+    check_writable(run_dir)
+    if main and not resume and (restart or any((run_dir / n).exists() for n in ("train.log", "plan.json"))):
+        set_aside_attempt(run_dir)  # a restart, or an attempt that failed before it started: keep its log
+    _sync()
+    setup_logging(run_dir, verbose, main)
+    try:
+        return _train(stage, config, run_dir, main, config_path is None and not resume and not restart and
+                      starting_config(stage, None, overrides) is not None, resume is not None)
+    except Exception as exc:
+        from loraflow.storage import write_failure
+
+        # A full disk or a directory made read-only under a running job fails wherever the next write happens
+        # (metrics, logs, summary): said as what it is, with the fix, instead of as a bug.
+        clear = write_failure(exc, run_dir, "the run's files", "the checkpoints already written are intact")
+        log_fatal(clear or exc)
+        if clear is not None:
+            raise clear from exc
+        raise
+    except BaseException as exc:  # KeyboardInterrupt, SystemExit: say how the run ended, then let it end
+        log_fatal(exc)
+        raise
+
+
+def log_fatal(exc: BaseException) -> None:
+    """The error that ends a run goes into train.log too (the console gets it from the CLI), so that the log
+    alone says how the run ended and `loraflow explain RUN/train.log` can read it."""
+    import traceback
+
+    from loraflow.errors import LoraflowError
+
+    files = [h for h in log.handlers if isinstance(h, logging.FileHandler)]
+    if not files:
+        return
+    kind = "stopped" if getattr(exc, "exit_code", None) else "failed"
+    head = f"run {kind}: {type(exc).__name__}: {exc}"
+    trace = "" if isinstance(exc, LoraflowError) else "\n" + "".join(traceback.format_exception(exc)).rstrip()
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, head + trace, None, None)
+    for handler in files:
+        handler.handle(record)
+
+
+def _train(stage: str, config: Config, run_dir: Path, main: bool, demo: bool, resume: bool) -> dict[str, Any]:
     from loraflow.environment import detect_environment
     from loraflow.plan import resolve
     from loraflow.setup import build_model
-    from loraflow.setup.model import load_tokenizer
+    from loraflow.setup.preflight import tokenizer_and_data
 
-    main, stamp = _start_processes(stage, config_path, overrides, resume)
-    config, run_dir = prepare_run(stage, config_path, overrides, resume, stamp, create=main)
-    _sync()
-    setup_logging(run_dir, verbose, main)
     log.info("run directory: %s", run_dir)
-    if config_path is None and resume is None:
-        log.info("no config given: training the built-in demo (%s)", demo_config(stage))
+    if demo:
+        log.info("no config and no model given: training the built-in demo (%s)", demo_config(stage))
     plan = resolve(config, detect_environment())
     log.info("%s", plan.render())
     if main:
         (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
     plan.raise_for_errors()
     seed_everything(config.train.seed)  # adapter initialisation, data order and dropout all follow train.seed
-    tokenizer = load_tokenizer(config, plan.model.path)
-    # Data before the model: a malformed line should fail in seconds, not after loading weights.
+    # Tokenizer and data before the model (what `check` runs too): a malformed line should fail in seconds, not
+    # after loading weights.
+    tokenizer, train_split, eval_split = tokenizer_and_data(plan)
     stage_module = importlib.import_module(f"loraflow.stages.{stage}")
-    train_split, eval_split = stage_module.load_data(config, tokenizer)
     log.info("%s", train_split.stats.describe("train data", config.data.max_length))
     if eval_split is not None:
         log.info("%s", eval_split.stats.describe("eval data", config.data.max_length))
@@ -153,7 +282,7 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
         write_atomic_text(run_dir / "config.yaml", dump_config(config))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("trainable parameters: %s of %s", f"{trainable:,}", f"{sum(p.numel() for p in model.parameters()):,}")
-    summary = stage_module.run(plan, model, tokenizer, train_split, eval_split, run_dir, resume is not None)
+    summary = stage_module.run(plan, model, tokenizer, train_split, eval_split, run_dir, resume)
     summary["run_dir"] = str(run_dir)
     summary["main"] = main
     if main:
@@ -165,12 +294,13 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
 def _start_processes(stage: str, config_path: str | None, overrides: list[str],
                      resume: str | None) -> tuple[bool, str]:
     """Join the launcher's process group when there is one (or the config asks for a distributed engine), and
-    agree on the run's time stamp. Returns (is rank 0, stamp)."""
+    agree on the run's time stamp. Returns (is rank 0, stamp). `resume` is the run directory of --resume or
+    --restart: its saved config decides the engine."""
     import os
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     config_for_launch = load_config(Path(resume) / "config.yaml") if resume and (Path(resume) / "config.yaml").is_file() \
-        else load_config(config_path or str(demo_config(stage)), [f"stage={stage}", *overrides])
+        else load_run_config(stage, config_path, overrides)
     if int(os.environ.get("WORLD_SIZE", "1")) == 1 and config_for_launch.parallel.engine in ("auto", "single"):
         return True, stamp
     import torch.distributed as dist

@@ -21,10 +21,12 @@ import torch
 from loraflow.checkpoint import (export_weights, latest_checkpoint, load_checkpoint, restore_rng, rng_state,
                                  save_checkpoint)
 from loraflow.data import BatchOrder, DataSplit, collate, learned_tokens
+from loraflow.divergence import DivergenceWatch
 from loraflow.engines import Engine, build_engine
 from loraflow.engines.memory import MemoryReport
 from loraflow.guards import FrozenWeights, assert_train_mode, check_first_gradients
 from loraflow.metrics import MetricsWriter
+from loraflow.preemption import Stopped, StopRequests
 from loraflow.setup.precision import autocast
 
 log = logging.getLogger("loraflow")
@@ -113,8 +115,12 @@ class Trainer:
         self.pad_id = tokenizer.pad_token_id
         log.info("training: %d optimizer steps of %d x %d %s x %d processes", self.total_steps, self.accum,
                  t.micro_batch_size, hooks.unit, world)
-        self.metrics = MetricsWriter(self.run_dir, plan.config.output.tensorboard, enabled=self.main)
+        self.metrics = MetricsWriter(self.run_dir, plan.config.output.tensorboard, enabled=self.main,
+                                     wandb_project=plan.config.output.wandb)
+        if state is not None:  # the steps after the checkpoint are replayed: their rows must not appear twice
+            self.metrics.truncate_after(self.progress.step)
         self.memory: MemoryReport | None = None
+        self.watch = DivergenceWatch(plan)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -183,10 +189,13 @@ class Trainer:
         """One optimizer step. With a guard (the first step of a process), gradients are checked after the
         backward, frozen weights after the update, and the memory report is taken."""
         stats = self.accumulate()
+        step = self.progress.step + 1
+        self.watch.check_loss(step, stats["loss"])  # the same reduced number on every rank: all stop together
         if guard is not None:
             check_first_gradients(self.model, self.plan, self.engine.full_grads())
             self.memory = MemoryReport.after_backward(self.engine)
         stats["grad_norm"] = self.apply_update()
+        self.watch.check_gradients(step, stats["grad_norm"], applied=not self.engine.norm_before_update)
         if guard is not None:
             guard.assert_unchanged(self.model)
             self.memory.after_step(self.engine)
@@ -222,6 +231,12 @@ class Trainer:
         return values
 
     def fit(self) -> dict[str, Any]:
+        with StopRequests() as stops:
+            return self._fit(stops)
+
+    def _fit(self, stops: StopRequests) -> dict[str, Any]:
+        import sys
+
         from tqdm.auto import tqdm
 
         out = self.plan.config.output
@@ -235,9 +250,12 @@ class Trainer:
         else:
             before = self.evaluate("before training")
         guard = FrozenWeights(self.model, self.engine.local_tensor)  # the first step this process runs is checked
-        # mininterval + refresh=False below: at most two redraws a second, so logs of non-terminal runs stay short.
-        bar = tqdm(total=self.total_steps, initial=self.progress.step, disable=not (out.progress_bar and self.main),
-                   desc=f"{self.plan.config.stage}", dynamic_ncols=True, mininterval=0.5)
+        # A bar only on a terminal: written to a file its redraws pile onto one line, and the step lines logged
+        # every output.log_every_steps say the same in plain text. mininterval + refresh=False: at most two
+        # redraws a second.
+        bar = tqdm(total=self.total_steps, initial=self.progress.step, desc=f"{self.plan.config.stage}",
+                   disable=not (out.progress_bar and self.main and sys.stderr.isatty()), dynamic_ncols=True,
+                   mininterval=0.5)
         window, extras, start = [], {}, time.perf_counter()
         tokens_at_start = self.progress.tokens
         while self.progress.step < self.total_steps:
@@ -253,14 +271,23 @@ class Trainer:
             bar.update(1)
             step = self.progress.step
             if step % out.log_every_steps == 0 or step == self.total_steps:
-                self.metrics.write("train", step, {"loss": sum(window) / len(window), "grad_norm": stats["grad_norm"],
-                                                   "lr": self.engine.lr(), "tokens_per_s": tps,
-                                                   "tokens": self.progress.tokens,
-                                                   **{n: sum(v) / len(v) for n, v in extras.items()}})
+                row = {"loss": sum(window) / len(window), "grad_norm": stats["grad_norm"], "lr": self.engine.lr(),
+                       "tokens_per_s": tps, "tokens": self.progress.tokens,
+                       **{n: sum(v) / len(v) for n, v in extras.items()}}
+                self.metrics.write("train", step, row)
+                if self.main:
+                    more = "".join(f", {n} {v:.4g}" for n, v in row.items() if n not in
+                                   ("loss", "grad_norm", "lr", "tokens_per_s", "tokens"))
+                    log.info("step %d/%d: loss %.4f, grad_norm %.4g, lr %.3g, %s tokens/s%s", step,
+                             self.total_steps, row["loss"], row["grad_norm"], row["lr"], f"{tps:,.0f}", more)
                 window, extras = [], {}
             if self.plan.config.eval.every_steps and step % self.plan.config.eval.every_steps == 0 \
                     and step != self.total_steps:
                 self.evaluate("during training")
+            stop = self._agreed_stop(stops)
+            if stop is not None and step != self.total_steps:
+                bar.close()
+                self._stop(stop)
             if out.save_every_steps and step % out.save_every_steps == 0 and step != self.total_steps:
                 self.save()
         bar.close()
@@ -277,3 +304,30 @@ class Trainer:
         return {"before": before, "after": after, "steps": self.progress.step, "train_seconds": wall,
                 "tokens": self.progress.tokens, "weights": str(weights),
                 "memory": self.memory.to_metrics() if self.memory and self.main else None}
+
+    def _agreed_stop(self, stops: StopRequests) -> int | None:
+        """The signal that asked any rank to stop, the same on every rank (one small collective per step)."""
+        import signal as sig
+
+        from loraflow.preemption import SIGNALS
+
+        votes = self.engine.all_sum([1.0 if stops.signum == s else 0.0 for s in SIGNALS])
+        asked = [s for s, v in zip(SIGNALS, votes) if v > 0]
+        # SIGTERM first: it is the scheduler's, and the kill that follows it does not wait.
+        return None if not asked else sig.SIGTERM if sig.SIGTERM in asked else asked[0]
+
+    def _stop(self, signum: int) -> None:
+        import shlex
+        import signal as sig
+
+        name = sig.Signals(signum).name
+        if self.main:
+            log.warning("%s received: finishing step %d and writing a checkpoint", name, self.progress.step)
+        path = self.save()
+        self.metrics.close()
+        stage = self.plan.config.stage
+        message = (f"stopped by {name} after step {self.progress.step} of {self.total_steps}; checkpoint written to "
+                   f"{path}. Resume with: loraflow train {stage} --resume {shlex.quote(str(self.run_dir))}")
+        if self.main:
+            log.warning("%s", message)
+        raise Stopped(message, signum)

@@ -75,14 +75,21 @@ class Engine:
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
+    norm_before_update = True
+    """Whether `step` measures the gradient norm before applying the update, so that a non-finite one is never
+    applied (see divergence.py). DeepSpeed with ZeRO >= 1 measures it only while stepping."""
+
     def step(self) -> float:
-        """Clip, optimizer step, schedule step, clear gradients; returns the pre-clip global gradient norm."""
+        """Clip, optimizer step, schedule step, clear gradients; returns the pre-clip global gradient norm. A
+        non-finite norm skips the update (the run stops on it): Adam would turn it into NaN weights."""
         max_norm = self.train_cfg.max_grad_norm or float("inf")
         norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], max_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if math.isfinite(norm):
+            self.optimizer.step()
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        return norm
 
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 from typing import Any, Iterator
 
@@ -79,9 +80,15 @@ class DeepSpeedEngine(Engine):
         if self.settings.stage == 0:  # DeepSpeed reports no norm for a client optimizer without ZeRO: measure it
             grads = [p.grad.detach().float().norm() for _, p in self.trainable if p.grad is not None]
             own = float(torch.stack(grads).norm()) if grads else 0.0
+        if own is not None and not math.isfinite(own):
+            return own  # not applied: the run stops on it (divergence.py), so DeepSpeed's counters do not matter
         self.model.step()  # clips (gradient_clipping), steps optimizer and schedule, clears gradients
         norm = self.model.get_global_grad_norm() if own is None else own
         return float(norm) if norm is not None else 0.0
+
+    @property
+    def norm_before_update(self) -> bool:  # ZeRO >= 1 partitions the gradients: the norm comes out of the step
+        return self.settings.stage == 0
 
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
