@@ -52,6 +52,9 @@ def test_a_diverging_run_stops_before_the_update_and_keeps_the_last_good_checkpo
     assert all(bool(t.isfinite().all()) for t in weights.values())
     assert not (run / "adapter").exists()  # the final adapter is never written from a diverged run
     assert "ERROR run failed: DivergenceError: training diverged at step 2" in (run / "train.log").read_text()
+    assert cli(["explain", str(run / "train.log")]) == 0  # the log alone says what ended the run
+    out = capsys.readouterr().out
+    assert "framework loraflow" in out and "DivergenceError: training diverged at step 2" in out
 
 
 def test_vanishing_gradients_are_warned_about_once(caplog):

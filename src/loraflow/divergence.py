@@ -12,7 +12,7 @@ import logging
 import math
 from pathlib import Path
 
-from loraflow.errors import LoraflowError
+from loraflow.errors import DivergenceError
 
 log = logging.getLogger("loraflow")
 
@@ -21,10 +21,6 @@ log = logging.getLogger("loraflow")
 HIGH_LR = {"lora": 1e-2, "dora": 1e-2, "full": 1e-3}
 ZERO_GRAD_STEPS = 3
 """Consecutive optimizer steps with a gradient norm of exactly 0 before the run is warned about."""
-
-
-class DivergenceError(LoraflowError):
-    """The loss or the gradients became non-finite; nothing from that step was applied or saved."""
 
 
 def likely_causes(plan) -> list[str]:

@@ -46,3 +46,16 @@ class DiskFullError(OutputError):
 
 class NonFiniteError(LoraflowError):
     """Weights about to be saved hold NaN or Inf; nothing was written."""
+
+
+class DivergenceError(LoraflowError):
+    """The loss or the gradients became non-finite; nothing from that step was applied or saved (divergence.py)."""
+
+
+class Stopped(LoraflowError):
+    """The run stopped on a signal after writing a checkpoint (preemption.py); the process exits with 128 + the
+    signal number, the convention shells and schedulers read as "ended by that signal"."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum

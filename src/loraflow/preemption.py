@@ -15,20 +15,9 @@ import signal
 import threading
 from types import FrameType
 
-from loraflow.errors import LoraflowError
-
 log = logging.getLogger("loraflow")
 
 SIGNALS = tuple(s for s in (getattr(signal, name, None) for name in ("SIGTERM", "SIGINT", "SIGUSR1")) if s)
-
-
-class Stopped(LoraflowError):
-    """The run stopped on a signal after writing a checkpoint; the process exits with 128 + the signal number,
-    the convention shells and schedulers read as "ended by that signal"."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.exit_code = 128 + signum
 
 
 class StopRequests:

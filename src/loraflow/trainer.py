@@ -24,9 +24,10 @@ from loraflow.data import BatchOrder, DataSplit, collate, learned_tokens
 from loraflow.divergence import DivergenceWatch
 from loraflow.engines import Engine, build_engine
 from loraflow.engines.memory import MemoryReport
+from loraflow.errors import Stopped
 from loraflow.guards import FrozenWeights, assert_train_mode, check_first_gradients
 from loraflow.metrics import MetricsWriter
-from loraflow.preemption import Stopped, StopRequests
+from loraflow.preemption import StopRequests
 from loraflow.setup.precision import autocast
 
 log = logging.getLogger("loraflow")
