@@ -156,7 +156,7 @@ def test_bad_input_is_a_clear_error(runs, tmp_path, capsys):
     cases = [([str(tmp_path / "missing"), "--prompt", "x"], "no such directory"),
              ([str(tmp_path / "neither"), "--prompt", "x"], "neither a run, an adapter nor a model"),
              ([str(plain), "--prompts", str(tmp_path / "empty.txt")], "holds no prompts"),
-             ([str(plain), "--prompts", str(tmp_path / "bad.jsonl")], "bad.jsonl:1: no `prompt`"),
+             ([str(plain), "--prompts", str(tmp_path / "bad.jsonl")], "bad.jsonl line 1: no `prompt`"),
              ([str(plain)], "exactly one of --prompt TEXT or --prompts FILE"),
              ([str(tmp_path / "rm-run"), "--prompt", "x"], "reward-model run (stage rm): it scores text"),
              ([str(plain), "--prompt", "x", "--base", str(tmp_path / "missing")], "--base="),

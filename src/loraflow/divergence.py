@@ -86,9 +86,9 @@ class DivergenceWatch:
         run_dir, stage = self.plan.config.output.dir, self.plan.config.stage
         done = complete_checkpoints(Path(run_dir)) if run_dir else []
         if done:
-            where = (f"Its last good checkpoint, {done[-1]}, is what `latest` names: after fixing the cause, "
-                     f"continue from it with `loraflow train {stage} --resume {run_dir}` (only train.max_steps, "
-                     "eval.* and output.* may change on resume) or start a new run.")
+            where = (f"Its last good checkpoint, {done[-1]}, is what `latest` names. The keys below cannot change "
+                     "on --resume (the optimizer state depends on them): start a new run (another output.dir) with "
+                     "the cause fixed; this run's checkpoints stay as they are.")
         else:
             where = (f"No checkpoint was written before it: after fixing the cause, start again with `loraflow "
                      f"train {stage} --restart {run_dir} KEY=VALUE`.")

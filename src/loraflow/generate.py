@@ -134,24 +134,22 @@ def read_prompts(spec: str) -> list[Prompt]:
     if path.suffix not in (".txt", ".jsonl"):
         raise LoraflowError(f"--prompts {spec}: give a .txt file (one prompt per line) or a .jsonl file (a `prompt` "
                             "or `messages` field per line).")
-    lines = path.read_text().splitlines()
-    prompts = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        prompts.append(Prompt(None, line) if path.suffix == ".txt" else _json_prompt(line, f"{path}:{number}"))
+    # The data readers' own decoding: bad bytes or bad JSON are named by file, line and offset.
+    from loraflow.data.readers import _decode, read_records
+
+    if path.suffix == ".txt":
+        raw_lines = path.read_bytes().splitlines(keepends=True)
+        starts = [sum(len(r) for r in raw_lines[:i]) for i in range(len(raw_lines))]
+        lines = [_decode(path, raw, i + 1, starts[i]).strip() for i, raw in enumerate(raw_lines)]
+        prompts = [Prompt(None, line) for line in lines if line]
+    else:
+        prompts = [_json_prompt(r.data, r.origin) for r in read_records(str(path), "--prompts", "train")]
     if not prompts:
         raise LoraflowError(f"--prompts {spec} holds no prompts (every line is empty).")
     return prompts
 
 
-def _json_prompt(line: str, where: str) -> Prompt:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{where}: not valid JSON ({exc.msg}).") from None
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object with `prompt` or `messages`.")
+def _json_prompt(record: dict, where: str) -> Prompt:
     if isinstance(record.get("messages"), list) and record["messages"]:
         messages = record["messages"]
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)

@@ -1,32 +1,33 @@
-"""`loraflow merge`: fold a saved adapter into its base weights and write a plain transformers model."""
+"""`loraflow merge`: fold a saved adapter into its base weights and write a plain transformers model.
+
+The base is found as `loraflow generate` finds it (generate.load): from the run's config when the adapter belongs
+to a run (so the adapters that run merged into its base, model.merge_adapters, are merged here too), else from
+adapter_config.json, or from --base.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from loraflow.errors import ConfigError
-from loraflow.setup.model import resolve_path
 
 
 def merge(adapter_dir: str, output_dir: str, base: str | None = None) -> Path:
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from loraflow.generate import load
 
     adapter = Path(adapter_dir)
-    cfg_path = adapter / "adapter_config.json"
-    if not cfg_path.is_file():
-        raise ConfigError([f"{adapter} has no adapter_config.json; pass the adapter directory of a run "
-                           "(run_dir/adapter or a checkpoint)."])
-    base = base or json.loads(cfg_path.read_text()).get("base_model_name_or_path")
-    if not base:
-        raise ConfigError([f"{cfg_path} does not record its base model; pass --base."])
-    base_path = resolve_path(base, "--base")
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype="auto")
-    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    if (adapter / "config.json").is_file() and not (adapter / "adapter_config.json").is_file():
+        raise ConfigError([f"{adapter} holds a whole model, not an adapter: there is nothing to merge. Pass the "
+                           "adapter directory of a run (RUN/adapter or a checkpoint)."])
+    loaded = load(adapter_dir, base)
+    if not isinstance(loaded.model, PeftModel):
+        raise ConfigError([f"{adapter} holds no adapter (adapter_config.json); pass the adapter directory of a run "
+                           "(RUN/adapter or a checkpoint)."])
+    merged = loaded.model.merge_and_unload().to("cpu")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out, safe_serialization=True)
-    tok_source = adapter if (adapter / "tokenizer_config.json").is_file() else Path(base_path)
-    AutoTokenizer.from_pretrained(tok_source).save_pretrained(out)
+    loaded.tokenizer.save_pretrained(out)
     return out

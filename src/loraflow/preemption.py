@@ -10,12 +10,9 @@ who does not want to wait.
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from types import FrameType
-
-log = logging.getLogger("loraflow")
 
 SIGNALS = tuple(s for s in (getattr(signal, name, None) for name in ("SIGTERM", "SIGINT", "SIGUSR1")) if s)
 
@@ -45,7 +42,3 @@ class StopRequests:
         if self.signum is None:
             self.signum = signum
             # Logging from a handler can deadlock on the handler's lock; the trainer logs it at the step's end.
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else ""

@@ -27,6 +27,14 @@ class _TqdmHandler(logging.StreamHandler):
         tqdm.write(self.format(record), file=sys.stdout)
 
 
+class _QuietFileHandler(logging.FileHandler):
+    """train.log on a full disk: the lines are lost, but the console must not get a logging traceback per line
+    (the error that follows says what happened)."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 def setup_logging(run_dir: Path | None, verbose: bool = False, main: bool = True) -> None:
     """Console (and run_dir/train.log) logging. In a distributed run only rank 0 logs information; the other
     ranks print warnings and errors only, prefixed with their rank."""
@@ -45,8 +53,7 @@ def setup_logging(run_dir: Path | None, verbose: bool = False, main: bool = True
         console.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(console)
     if run_dir is not None:
-        logging.raiseExceptions = False  # a full disk must not add a logging traceback per line to the console
-        fh = logging.FileHandler(run_dir / "train.log")
+        fh = _QuietFileHandler(run_dir / "train.log")
         fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(fh)
     import transformers
@@ -178,8 +185,11 @@ def _restart_config(run_dir: Path, config_path: str | None, overrides: list[str]
     if _has_checkpoint(run_dir):
         raise ConfigError([f"--restart {run_dir}: the run there has a checkpoint; continue it with --resume "
                            f"{run_dir} (a restart would set aside its training), or start a new run elsewhere."])
-    config = load_config(saved, [o for o in overrides if not o.startswith("output.dir=")])
-    return config
+    moved = [o for o in overrides if o.split("=", 1)[0].strip() == "output.dir"]
+    if moved:
+        raise ConfigError([f"--restart {run_dir} restarts the run in that directory; remove {moved[0]} (or start a "
+                           "new run there with output.dir instead of --restart)."])
+    return load_config(saved, overrides)
 
 
 def set_aside_attempt(run_dir: Path) -> Path:
@@ -226,7 +236,8 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
 
         # A full disk or a directory made read-only under a running job fails wherever the next write happens
         # (metrics, logs, summary): said as what it is, with the fix, instead of as a bug.
-        clear = write_failure(exc, run_dir, "the run's files", "the checkpoints already written are intact")
+        clear = write_failure(exc, run_dir, "the run's files", "the checkpoints already written are intact") \
+            if _under(getattr(exc, "filename", None), run_dir) else None
         log_fatal(clear or exc)
         if clear is not None:
             raise clear from exc
@@ -234,6 +245,17 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
     except BaseException as exc:  # KeyboardInterrupt, SystemExit: say how the run ended, then let it end
         log_fatal(exc)
         raise
+
+
+def _under(filename: str | None, run_dir: Path) -> bool:
+    """Whether a failed file operation was a write of this run (or names no file, as torch's short write does):
+    a data file that cannot be read is not an output problem."""
+    if filename is None:
+        return True
+    try:
+        return Path(filename).resolve().is_relative_to(run_dir.resolve())
+    except (OSError, ValueError):
+        return False
 
 
 def log_fatal(exc: BaseException) -> None:
@@ -246,7 +268,7 @@ def log_fatal(exc: BaseException) -> None:
     files = [h for h in log.handlers if isinstance(h, logging.FileHandler)]
     if not files:
         return
-    kind = "stopped" if getattr(exc, "exit_code", None) else "failed"
+    kind = "stopped" if getattr(exc, "exit_code", None) or isinstance(exc, KeyboardInterrupt) else "failed"
     head = f"run {kind}: {type(exc).__name__}: {exc}"
     trace = "" if isinstance(exc, LoraflowError) else "\n" + "".join(traceback.format_exception(exc)).rstrip()
     record = log.makeRecord(log.name, logging.ERROR, __file__, 0, head + trace, None, None)
@@ -299,7 +321,9 @@ def _start_processes(stage: str, config_path: str | None, overrides: list[str],
     import os
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    config_for_launch = load_config(Path(resume) / "config.yaml") if resume and (Path(resume) / "config.yaml").is_file() \
+    saved = Path(resume) / "config.yaml" if resume else None
+    # A resumed run keeps its engine (only train/eval/output keys may change); a restarted one may change it.
+    config_for_launch = load_config(saved, overrides) if saved is not None and saved.is_file() \
         else load_run_config(stage, config_path, overrides)
     if int(os.environ.get("WORLD_SIZE", "1")) == 1 and config_for_launch.parallel.engine in ("auto", "single"):
         return True, stamp

@@ -285,8 +285,9 @@ class Trainer:
             if self.plan.config.eval.every_steps and step % self.plan.config.eval.every_steps == 0 \
                     and step != self.total_steps:
                 self.evaluate("during training")
-            stop = self._agreed_stop(stops)
-            if stop is not None and step != self.total_steps:
+            stop = self._agreed_stop(stops)  # every step, so the ranks agree; acted on between rollouts only,
+            # where a checkpoint can be resumed (rl.updates_per_rollout)
+            if stop is not None and step % self.reuse == 0 and step != self.total_steps:
                 bar.close()
                 self._stop(stop)
             if out.save_every_steps and step % out.save_every_steps == 0 and step != self.total_steps:

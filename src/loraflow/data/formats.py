@@ -74,7 +74,7 @@ def _sharegpt(data: dict[str, Any], origin: str, chat: bool) -> dict[str, Any]:
         # Some exports keep the ShareGPT list but write OpenAI's role/content inside it.
         speaker, text = (turn.get("from"), turn.get("value")) if "from" in turn else (turn.get("role"),
                                                                                       turn.get("content"))
-        if speaker not in SHAREGPT_ROLES:
+        if not isinstance(speaker, str) or speaker not in SHAREGPT_ROLES:
             raise DataError(f"{origin}: field `{key}[{i}].from` must be one of {', '.join(SHAREGPT_ROLES)}; got "
                             f"{speaker!r}.")
         if not isinstance(text, str):

@@ -58,9 +58,12 @@ def _jsonl(path: Path) -> list[Record]:
 
 def _json(path: Path) -> list[Record]:
     raw = path.read_bytes()
+    bom = 3 if raw.startswith(b"\xef\xbb\xbf") else 0  # a UTF-8 byte-order mark (Windows editors)
     try:
-        text = raw.decode("utf-8-sig")
+        text = raw[bom:].decode("utf-8")
     except UnicodeDecodeError as exc:
+        # Positions in the whole file (the decoded bytes start after the mark).
+        exc = UnicodeDecodeError("utf-8", raw, exc.start + bom, exc.end + bom, exc.reason)
         line_start = raw.rfind(b"\n", 0, exc.start) + 1
         line = raw.count(b"\n", 0, exc.start) + 1
         exc = UnicodeDecodeError("utf-8", raw[line_start: exc.end], exc.start - line_start, exc.end - line_start,

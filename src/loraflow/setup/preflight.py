@@ -62,7 +62,10 @@ def check_model_class(config: Config, hf_config, head: str) -> None:
         import transformers
 
         cls = getattr(transformers, causal, None)
-        source = inspect.getsource(cls.__init__) if cls is not None else ""
+        try:
+            source = inspect.getsource(cls.__init__) if cls is not None else ""
+        except (OSError, TypeError):  # no source shipped (a frozen or compiled install): do not guess
+            source = ""
         # BERT-family classes say "as a standalone, add is_decoder=True": without it they attend both ways, so
         # every position sees the token it is trained to predict and the loss means nothing.
         if "standalone" in source and "is_decoder" in source:
@@ -113,10 +116,14 @@ def _adapter_file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     file = path / "adapter_model.safetensors"
     if not file.is_file():
         return {}
-    with open(file, "rb") as fh:
-        size = int.from_bytes(fh.read(8), "little")
-        header = json.loads(fh.read(size))
-    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    try:
+        with open(file, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size))
+        return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError([f"model.merge_adapters: {file} is not a readable safetensors file ({exc}); it may be "
+                           "truncated: copy it again or retrain that adapter."]) from None
 
 
 def check_merge_adapters(config: Config, skeleton: torch.nn.Module) -> list[str]:
@@ -135,7 +142,11 @@ def check_merge_adapters(config: Config, skeleton: torch.nn.Module) -> list[str]
             problems.append(f"model.merge_adapters: {spec} holds no adapter_config.json; give the `adapter` "
                             "directory of an earlier run.")
             continue
-        peft_config = PeftConfig.from_pretrained(str(path))
+        try:
+            peft_config = PeftConfig.from_pretrained(str(path))
+        except Exception as exc:  # PEFT raises several types for a broken adapter_config.json
+            problems.append(f"model.merge_adapters: {path / 'adapter_config.json'} cannot be read by PEFT ({exc}).")
+            continue
         peft_config.task_type = None  # as merge_adapters loads it: only the body's weights matter
         recorded = peft_config.base_model_name_or_path or "?"
         made_for = f"it was trained on {recorded}"
