@@ -77,6 +77,25 @@ def rank_slice(indices: list[int], rank: int, world: int) -> tuple[list[int], bo
     return (mine, True) if mine else (indices[:1], False)
 
 
+def agreed_latest_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint to resume from, chosen by rank 0 alone (verifying means hashing every file: once is enough,
+    and a damaged one is moved aside by one process) and sent to the others; its error is raised on every rank."""
+    import torch.distributed as dist
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return latest_checkpoint(run_dir)
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box = [str(latest_checkpoint(run_dir))]
+        except Exception as exc:  # every rank must leave the broadcast, then raise the same error
+            box = [exc]
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return Path(box[0])
+
+
 class Trainer:
     def __init__(self, plan, model: torch.nn.Module, tokenizer, train: DataSplit, hooks: StageHooks, run_dir: Path,
                  resume: bool = False):
@@ -96,7 +115,7 @@ class Trainer:
         if resume:  # weights go into the plain model, before any engine shards it
             from loraflow.errors import CheckpointError
 
-            self.resumed_from = latest_checkpoint(self.run_dir)
+            self.resumed_from = agreed_latest_checkpoint(self.run_dir)
             state = load_checkpoint(self.resumed_from, model)
             if state.get("world_size", 1) != world:
                 raise CheckpointError(f"{self.resumed_from} was written by {state.get('world_size', 1)} processes; "
