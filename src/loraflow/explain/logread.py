@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from packaging.version import InvalidVersion, Version
 
 from loraflow.errors import LoraflowError
+from loraflow.explain.prefix import strip_prefix
 
 if TYPE_CHECKING:
     from loraflow.explain.own import OwnLog
@@ -28,14 +29,6 @@ _RICH_WRAPPED = re.compile(r"([\w./\\~:-]+\.py):(\d+) in\W*$")
 # after any `[rank0]:` style prefix. Warnings (`UserWarning: ...`) are not errors.
 _ERROR = re.compile(r"^\W*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]*(?:Error|Exception|Interrupt)|AssertionError|"
                     r"KeyboardInterrupt|SystemExit)(?::\s?(.*))?$")
-# What launchers and tools put before each line of a process's output: `[rank0]: `, `[default0]:`, Ray's
-# `(WorkerDict pid=81325, ip=10.0.0.1) `, pytest's `E   `, `rank0: `, a timestamp.
-_PREFIX = re.compile(r"^(?:\s*(?:\[[^\]]{0,60}\]:?|\([A-Za-z]\w* pid=[^)]{0,80}\)|E {2,}|rank\d+:|"
-                     r"\d{4}-\d\d-\d\d[ T][\d:,.]+(?:\s*-)?)\s?)+")
-
-
-def strip_prefix(line: str) -> str:
-    return _PREFIX.sub("", line, count=1)
 _WARNING = re.compile(r"\b\w*Warning\b:|\[W(?:\s|\d)|\bWARNING\b|\bwarn(?:ing)?s?\.warn", re.IGNORECASE)
 _PACKAGES = {"torch": r"torch|pytorch", "deepspeed": r"deepspeed", "transformers": r"transformers",
              "peft": r"peft", "bitsandbytes": r"bitsandbytes", "accelerate": r"accelerate", "trl": r"trl"}

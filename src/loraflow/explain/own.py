@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from loraflow.explain.logread import strip_prefix
+from loraflow.explain.prefix import strip_prefix
 
 # What logging's `%(asctime)s %(levelname)s ` (train.log) or the `[rank N] ` of other ranks puts before a line.
 _HEAD = r"^(?:\d{4}-\d\d-\d\d [\d:,.]+ [A-Z]+ |\[rank [^\]]{1,8}\] )?"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
+from loraflow.frontends import deepspeed, keys
 from loraflow.frontends.argv import (
     Command,
     _launcher_options,
@@ -21,6 +21,7 @@ from loraflow.frontends.argv import (
     resolve_path,
     split_command,
 )
+from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import (
     Draft,
     accessors,

@@ -13,8 +13,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import FrontendResult, keys
+from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, parse_bool, resolve_path, visible_devices
+from loraflow.frontends.base import FrontendResult
 from loraflow.rules.setup import Setup
 
 _DEFAULTS = {f.name: f.default for f in fields(Setup) if f.name != "versions"}
@@ -220,6 +221,11 @@ def embedding_targets(draft: Draft, names: list[str], source: str, model: str = 
                     f"whether {model or 'the model'} ties its word embeddings is in its config.json, not visible here")
 
 
+# What a config's file name says about it: `ds_config_zero3.json`, `zero_stage3_config.json`, `ds_z2_offload.json`,
+# `deepspeed_config_s2.json`, ms-swift's `default-zero3`. Read for DeepSpeed configs (deepspeed.infer_from_name) and
+# accelerate configs (_accelerate_from_name) alike, so it lives here, below both.
+STAGE_IN_NAME = re.compile(r"(?:zero|stage|ds_?z|z)[_-]?(?:stage)?[_-]?([0-3])(?![0-9])|(?<![a-z])s([0-3])(?![0-9])")
+
 # Accelerate configs shipped by the frameworks, inferred when the named file is not on this machine:
 # trl trl/accelerate_configs/*.yaml (also examples/accelerate_configs/), LLaMA-Factory examples/accelerate/*.yaml.
 _ACCELERATE_KNOWN = {
@@ -264,13 +270,11 @@ def read_accelerate_config(name: str, flag: str, bases: tuple = ()) -> tuple[dic
 def _accelerate_from_name(stem: str) -> tuple[dict[str, Any] | None, str]:
     """An accelerate config read from a missing file's name (`deepspeed_config_z3_qlora`, `fsdp_config`,
     `multi_gpu`): the distributed type and what else the name says; nothing else is assumed."""
-    from loraflow.frontends.deepspeed import _STAGE_IN_NAME
-
     low = stem.lower()
     config: dict[str, Any] = {}
     if "deepspeed" in low or re.search(r"(?<![a-z])(ds|zero)", low):
         config["distributed_type"] = "DEEPSPEED"
-        m = _STAGE_IN_NAME.search(low)
+        m = STAGE_IN_NAME.search(low)
         if m:
             config["deepspeed_config"] = {"zero_stage": int(next(g for g in m.groups() if g is not None))}
         if "offload" in low:

@@ -7,15 +7,16 @@ bf16.enabled <- --bf16, fp16.enabled <- --fp16); the caller resolves them.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import Framework, FrontendResult, keys
+from loraflow.frontends import keys
 from loraflow.frontends.argv import resolve_path
-from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, load_mapping, mapping_value
+from loraflow.frontends.base import Framework, FrontendResult
+from loraflow.frontends.common import (STAGE_IN_NAME, Draft, as_bool, finish_world, int_value, load_mapping,
+                                      mapping_value)
 
 NAME = "deepspeed"
 FLAGS = {"zero_stage": "zero_optimization.stage",
@@ -85,16 +86,11 @@ class DeepSpeedConfig:
     """What neither the file (absent) nor its name says: `stage`, `gather`."""
 
 
-# What a config's file name says about it: `ds_config_zero3.json`, `zero_stage3_config.json`, `ds_z2_offload.json`,
-# `deepspeed_config_s2.json`, ms-swift's `default-zero3`.
-_STAGE_IN_NAME = re.compile(r"(?:zero|stage|ds_?z|z)[_-]?(?:stage)?[_-]?([0-3])(?![0-9])|(?<![a-z])s([0-3])(?![0-9])")
-
-
 def infer_from_name(ref: str) -> tuple[dict, tuple[str, ...], str]:
     """A config inferred from a missing file's name: the ZeRO stage and offload it names, DeepSpeed's defaults for
     the rest. Returns (config, what stays unknown, what was inferred in words)."""
     name = Path(ref).name.lower()
-    m = _STAGE_IN_NAME.search(name)
+    m = STAGE_IN_NAME.search(name)
     stage = int(next(g for g in m.groups() if g is not None)) if m else None
     offload = "offload" in name
     zero: dict[str, Any] = {}

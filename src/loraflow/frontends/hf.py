@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
+from loraflow.frontends import deepspeed, keys
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import (
     Arg,
@@ -26,6 +26,7 @@ from loraflow.frontends.argv import (
     resolve_path,
     split_command,
 )
+from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import (
     Draft,
     apply_accelerate,

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import Framework, FrontendResult, deepspeed, keys
+from loraflow.frontends import deepspeed, keys
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, split_command
+from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import (
     Draft,
     apply_fsdp_options,

@@ -9,8 +9,9 @@ dotted ones from v0.10.2 (`--ds.zero_stage`, `--model.gradient_checkpointing_ena
 from __future__ import annotations
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import Framework, FrontendResult, keys
+from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, command_from_script, parse_bool, parse_flags, split_command
+from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, at_least, finish_world, int_value
 
 NAME = "openrlhf"

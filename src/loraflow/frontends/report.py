@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from loraflow.frontends import FrontendResult, frameworks
+from loraflow.frontends.base import FrontendResult, frameworks
 from loraflow.frontends.verdict import Checked, Verdict
 from loraflow.rules.setup import SETUP_FIELDS
 

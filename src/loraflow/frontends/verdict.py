@@ -14,7 +14,7 @@ from typing import Any, Callable
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from loraflow.frontends import FrontendResult
+from loraflow.frontends.base import FrontendResult
 from loraflow.frontends.scenarios import (
     FLOOR,
     Variable,
@@ -55,7 +55,7 @@ def _consistent(result: FrontendResult, variables: list[Variable], given: dict[s
                 ) -> Callable[[dict[str, Any]], bool]:
     """A framework release pins its dependencies: scenarios that pair a release range with dependency versions it
     cannot run with are dropped."""
-    from loraflow.frontends import framework
+    from loraflow.frontends.base import framework
 
     depends = framework(result.framework).depends
     domains = {v.name: v.domain() for v in variables if v.kind == "version"}
@@ -91,7 +91,7 @@ def _consistent(result: FrontendResult, variables: list[Variable], given: dict[s
 
 def _version_space(first: FrontendResult, queried: dict[str, set[Version]], given: dict[str, Version]
                    ) -> list[Variable]:
-    from loraflow.frontends import framework
+    from loraflow.frontends.base import framework
 
     for package, within, _ in framework(first.framework).depends:
         queried.setdefault(package, set()).update(spec_points(within))
@@ -122,7 +122,7 @@ def _in_rule_terms(found: Checked, holds: list[bool], scenarios: list[dict], var
 
 
 def check_setup(build: Build, given: dict[str, Version | None]) -> Verdict:
-    from loraflow.frontends import framework
+    from loraflow.frontends.base import framework
 
     given = {k: v for k, v in given.items() if v is not None}
     first = build(dict(given))

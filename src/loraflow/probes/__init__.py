@@ -10,60 +10,9 @@ behaves differently from the catalog is visible at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Literal
-
-from loraflow.rules.setup import Setup
-
-Status = Literal["ok", "error", "wrong", "refused", "n/a", "timeout", "failed"]
-"""`failed`: the probe process died before reporting (a probe bug or a broken install), which says nothing
-about the rule."""
-
-
-@dataclass
-class Observation:
-    status: Status
-    detail: str = ""
-
-    @property
-    def broken(self) -> bool:
-        return self.status in ("error", "wrong", "timeout")
-
-
-@dataclass
-class Context:
-    rank: int = 0
-    world_size: int = 1
-    workdir: str = "."
-
-
-@dataclass(frozen=True)
-class Case:
-    rule: str
-    naive: Setup
-    """The settings that trigger the rule (versions are filled in from the installed stack)."""
-    execute: Callable[[Setup, Context], Observation]
-    ranks: int = 1
-    requires: tuple[str, ...] = ()
-    """Python packages the reproduction needs; missing ones make it not applicable."""
-    needs_cuda: str | None = None
-    """Why this case only reproduces on a GPU (None: runs on CPU)."""
-    timeout: float = 150.0
-    what: str = ""
-    """One line: what the reproduction runs."""
-
-
-_CASES: dict[str, Case] = {}
-
-
-def case(rule: str, naive: Setup, **kwargs) -> Callable:
-    """Decorator: register `execute` as the live reproduction of `rule`."""
-    def register(execute: Callable[[Setup, Context], Observation]):
-        if rule in _CASES:
-            raise ValueError(f"probe for {rule} registered twice")
-        _CASES[rule] = Case(rule=rule, naive=naive, execute=execute, what=" ".join((execute.__doc__ or "").split()), **kwargs)
-        return execute
-    return register
+# The types and the registry live in base.py so case modules can use them without importing this package (which
+# imports them to register their cases); re-exported here for callers outside the package.
+from loraflow.probes.base import _CASES, Case, Context, Observation, Status, case  # noqa: F401
 
 
 def all_cases() -> dict[str, Case]:

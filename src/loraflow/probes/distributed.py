@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from loraflow.probes import Context, Observation, case
+from loraflow.probes.base import Context, Observation, case
 from loraflow.probes.cases import checkpoint_as_setup, reference_grads
 from loraflow.probes.distributed_engines import (
     deepspeed_engine, dora_gather_base_weight, ds_full_grads, fsdp2_shard, full_grads, generation_gathers,

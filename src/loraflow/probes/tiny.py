@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from loraflow.probes import Observation
+from loraflow.probes.base import Observation
 from loraflow.rules.setup import Setup
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

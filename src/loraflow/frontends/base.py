@@ -1,0 +1,107 @@
+"""What every frontend module shares with the package: the result type, the framework declaration, the command view
+recognisers read, and the table of frameworks (in dispatch order) with look-ups by name. Frontend modules import
+these from here, never from the package `loraflow.frontends`, whose __init__ imports the frontends (no import cycle);
+the package re-exports the public names for callers outside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from difflib import get_close_matches
+from importlib import import_module
+from typing import Callable
+
+from loraflow.rules.setup import Setup
+
+
+@dataclass
+class FrontendResult:
+    framework: str
+    setup: Setup
+    sources: dict[str, str] = field(default_factory=dict)
+    """Setup field -> where its value came from: `--zero_stage 3`, `ds.json: zero_optimization.stage`,
+    or `default (openrlhf/cli/train_sft.py)`."""
+    unknown: list[str] = field(default_factory=list)
+    """Flags or keys this frontend did not understand; printed, never silently ignored."""
+    notes: list[str] = field(default_factory=list)
+    flags: dict[str, str] = field(default_factory=dict)
+    """Setup field -> this framework's flag or key that changes it (used to word fixes)."""
+    queried: dict = field(default_factory=dict)
+    """Package -> the versions the frontend compared it with (where its defaults change)."""
+    eras: dict = field(default_factory=dict)
+    """Package -> (specifier, reason): the release range the command itself reveals."""
+    unsure: dict = field(default_factory=dict)
+    """Setup field -> ({value: meaning}, why): choices made in the user's code, where no flag shows them."""
+
+
+@dataclass(frozen=True)
+class Framework:
+    """What a frontend module declares about its framework, once (its module-level FRAMEWORK)."""
+    name: str
+    title: str
+    module: str
+    recognise: Callable[[CommandView], bool] | None
+    """Whether a launch command line runs this framework; None: it has no command line (a config format)."""
+    flags: dict[str, str]
+    """Setup field -> the framework's flag or key that changes it, in its usual spelling (words every fix)."""
+    log_paths: str = ""
+    """Where a traceback runs through this framework's own code (`loraflow explain` names the framework)."""
+    file_markers: frozenset[str] = frozenset()
+    """Config-file keys only this framework uses (to recognise its YAML on a launch line or given to check)."""
+    release: str | None = None
+    """The name of its own release in `--versions` (trl, openrlhf, ms-swift, ...); None: no release of its own."""
+    depends: tuple[tuple[str, str, dict[str, str]], ...] = ()
+    """(package, release range, {dependency: range}): what a release range pins (requirements.txt), so the
+    scenarios of `check` never pair a release with versions it cannot run with."""
+
+
+# The frontends in dispatch order: the first whose `recognise` accepts a command line reads it; the general HF
+# Trainer reader comes last among those with command lines. This tuple is the one list of frameworks.
+_MODULES = ("openrlhf", "axolotl", "llama_factory", "ms_swift", "deepspeed_chat", "hf", "deepspeed")
+
+
+def frameworks() -> list[Framework]:
+    return [import_module(f"loraflow.frontends.{m}").FRAMEWORK for m in _MODULES]
+
+
+def framework(name: str) -> Framework:
+    from loraflow.errors import LoraflowError
+
+    known = {f.name: f for f in frameworks()}
+    if name not in known:
+        near = get_close_matches(name.lower(), list(known), n=2, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(near)}?" if near else ""
+        raise LoraflowError(f"unknown framework `{name}`: loraflow check reads {', '.join(known)}.{hint}")
+    return known[name]
+
+
+def framework_of_log(text: str) -> str | None:
+    """The framework whose code a log's traceback runs through (first match in dispatch order)."""
+    import re
+
+    for f in frameworks():
+        if f.log_paths and re.search(f.log_paths, text):
+            return f.name
+    return None
+
+
+def flags_for(name: str) -> dict[str, str]:
+    """Setup field -> that framework's flag or key, in its usual spelling (for wording fixes without a command)."""
+    return dict(framework(name).flags)
+
+
+@dataclass
+class CommandView:
+    """A launch command as the recognisers read it."""
+    program: str
+    dotted: str
+    cli: str | None
+    flags: set[str]
+    yaml_keys: set[str]
+    positionals: list[str]
+    launcher: str | None = None
+
+    def runs(self, package: str) -> bool:
+        """`python -m package.x`, `package/x.py`: the program is inside `package`."""
+        return self.dotted.startswith(f"{package}.") or f".{package}." in self.dotted
+
+
