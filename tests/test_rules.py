@@ -6,7 +6,7 @@ import pytest
 from packaging.version import Version
 
 from loraflow.rules import Setup, all_rules, evaluate, get_rule
-from loraflow.rules.registry import Rule
+from loraflow.rules.registry import SYMPTOMS, Rule, rules_for_symptom
 
 BASE = Setup(adapter="lora", matched_modules=28)
 OLD_DS, NEW_DS = {"deepspeed": Version("0.15.3")}, {"deepspeed": Version("0.19.8")}
@@ -96,6 +96,9 @@ CASES = {
     "sequence-parallel-recompute": (
         FSDP2.replace(sequence_parallel=True),
         FSDP2.replace(sequence_parallel=True, checkpointing="off")),
+    "bf16-zero-master-weights": (
+        ZERO3.replace(zero_stage=2, precision="bf16"),
+        ZERO3.replace(zero_stage=2, precision="bf16-mixed")),
 }
 
 
@@ -203,3 +206,28 @@ def test_vision_tower_adapters_under_reentrant_need_a_hook_on_the_tower():
     assert not rule.applies(tower.replace(reentrant=False))
     assert not rule.applies(tower.replace(tower_adapters=False))
     assert not rule.applies(tower.replace(**rule.remedy(tower)))
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_pure_bf16_is_refused_under_every_zero_stage(stage):
+    setup = BASE.replace(engine="deepspeed", zero_stage=stage, world_size=2, precision="bf16")
+    assert fired(setup).get("bf16-zero-master-weights") == "error"
+
+
+@pytest.mark.parametrize("change", [{"precision": "bf16-mixed"}, {"zero_stage": 0},
+                                    {"engine": "fsdp2", "zero_stage": 0}])
+def test_pure_bf16_refusal_is_silent_where_it_trains_as_asked(change):
+    setup = BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, precision="bf16").replace(**change)
+    assert "bf16-zero-master-weights" not in fired(setup)
+
+
+def test_every_guard_symptom_names_rules_and_unknown_ones_are_refused():
+    for symptom in SYMPTOMS:
+        assert rules_for_symptom(symptom), symptom  # a guard that sees it always has a likely cause to name
+    assert [r.id for r in rules_for_symptom("eval-mode-at-backward")] == ["checkpointing-off-in-eval",
+                                                                          "zero3-eval-backward"]
+    with pytest.raises(KeyError, match="unknown symptom"):
+        rules_for_symptom("no-such-symptom")
+    with pytest.raises(ValueError, match="not in registry.SYMPTOMS"):
+        Rule(id="x", title="x", verdict="error", impact="crash", when=lambda s: True, conditions="c", cause="c",
+             fix="f", symptoms=("no-such-symptom",))

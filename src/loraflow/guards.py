@@ -4,7 +4,8 @@
 - after the first backward: every trainable parameter has a finite gradient and every adapter module received a
   non-zero one (an adapter that never gets a gradient never learns, and nothing else would say so);
 - after the first optimizer step: frozen weights are unchanged.
-A failure stops the run with the likely causes, taken from the rule registry.
+A failure stops the run with the likely causes: the guard names the symptom it observed and the rule registry
+says which rules show as it (Rule.symptoms); no rule id is written here.
 """
 
 from __future__ import annotations
@@ -12,22 +13,25 @@ from __future__ import annotations
 import torch
 
 from loraflow.errors import GuardError
-from loraflow.rules import get_rule
+from loraflow.rules import Rule, rules_for_symptom
 from loraflow.setup.adapters import adapter_modules
 
 
-def _causes(ids: list[str]) -> str:
-    lines = []
-    for rule_id in ids:
-        rule = get_rule(rule_id)
-        lines.append(f"  - [{rule.id}] {rule.cause} Fix: {rule.fix}")
-    return "\n".join(lines)
+def _likely(symptoms: list[str]) -> list[Rule]:
+    """The rules behind the observed symptoms, each once, in the order the symptoms were observed."""
+    rules = {r.id: r for symptom in symptoms for r in rules_for_symptom(symptom)}
+    return list(rules.values())
+
+
+def _causes(rules: list[Rule], fixes: bool = True) -> str:
+    # `  - [id] ...`: the line shape `loraflow explain` reads back from a train.log (explain/own.py).
+    return "\n".join(f"  - [{rule.id}] {rule.cause}" + (f" Fix: {rule.fix}" if fixes else "") for rule in rules)
 
 
 def assert_train_mode(model: torch.nn.Module) -> None:
-    """Backward through a module in eval mode trains with eval-time behaviour (dropout off, transformers'
-    checkpointing skipped: checkpointing-off-in-eval) and breaks engines that assert on it (zero3-eval-backward:
-    DeepSpeed ZeRO-3 <= 0.15.3); RLHF loops that generate in eval mode and forget to switch back hit it."""
+    """Backward through a module in eval mode trains with eval-time behaviour (dropout off) and hits the rules of
+    symptom `eval-mode-at-backward` (transformers' checkpointing skipped; engines that assert on it); RLHF loops
+    that generate in eval mode and forget to switch back hit it."""
     if model.training:
         stale = [n for n, m in model.named_modules() if not m.training and any(True for _ in m.parameters())]
         if not stale:
@@ -35,10 +39,11 @@ def assert_train_mode(model: torch.nn.Module) -> None:
         where = f"submodule {stale[0]}" + (f" and {len(stale) - 1} more" if len(stale) > 1 else "")
     else:
         where = "the model"
-    raise GuardError(f"{where} is in eval mode at backward [checkpointing-off-in-eval, zero3-eval-backward]: "
-                     "checkpointed layers keep every activation in eval mode, and DeepSpeed ZeRO-3 <= 0.15.3 "
-                     "refuses the backward. Call model.train() after generation or evaluation and before computing "
-                     "the loss.")
+    rules = _likely(["eval-mode-at-backward"])
+    # The ids in one bracket on the first line: `loraflow explain` reads them from there (explain/own.py).
+    raise GuardError(f"{where} is in eval mode at backward [{', '.join(r.id for r in rules)}]. Call model.train() "
+                     f"after generation or evaluation and before computing the loss.\nWhat it breaks:\n"
+                     f"{_causes(rules, fixes=False)}")  # the one fix is the line above
 
 
 def check_first_gradients(model: torch.nn.Module, plan, grads: dict[str, torch.Tensor | None] | None = None) -> None:
@@ -65,16 +70,18 @@ def check_first_gradients(model: torch.nn.Module, plan, grads: dict[str, torch.T
                         "train.learning_rate, check the data for empty or huge samples, or use precision.mode=fp32.")
     if not problems:
         return
-    ids = []
+    # The symptom, from what was observed; the registry names the rules behind it.
+    symptoms = []
     if missing and plan.checkpoint_layers and plan.reentrant:
-        ids += ["reentrant-partial-silent", "reentrant-frozen-inputs"]
+        symptoms.append("no-gradient-reentrant")
     if dead:  # a gradient path that exists but carries exactly zero: stale keys read during a recompute
-        ids.append("cache-during-recompute")
-    if missing and not ids:
-        ids.append("no-adapter-matched")
+        symptoms.append("zero-adapter-gradient")
+    if missing and not symptoms:
+        symptoms.append("no-gradient")
+    rules = _likely(symptoms)
     layers = f" Checkpointed layers: {plan.checkpoint_layers}, reentrant={plan.reentrant}, input-grad hook=" \
              f"{plan.input_grad_hook}." if plan.checkpoint_layers else ""
-    causes = f"\nLikely causes:\n{_causes(ids)}" if ids else ""
+    causes = f"\nLikely causes:\n{_causes(rules)}" if rules else ""
     raise GuardError("gradient check after the first backward failed: " + " ".join(problems) + layers + causes)
 
 

@@ -49,6 +49,7 @@ register(Rule(
                 "https://pytorch.org/docs/stable/checkpoint.html"),
     fixed_in="transformers 5.x adds the hook for input_ids models in its own checkpointing; raw "
              "torch.utils.checkpoint does not",
+    symptoms=("no-gradient-reentrant",),
     # The error also follows a backward under no_grad or a model with nothing trainable: shared, and told apart
     # by torch's reentrant-checkpoint warning and checkpointing in the same log.
     log=LogSigns(
@@ -100,6 +101,7 @@ register(Rule(
                 "https://github.com/2U1/Qwen-VL-Series-Finetune/issues/193"),
     fixed_in="partial checkpointing: not fixed upstream; vision towers: transformers 5.0 (PR #41993) for models that "
              "name their patch embedding",
+    symptoms=("no-gradient-reentrant",),
     log=LogSigns(
         messages=(Message(_REENTRANT_WARNING, "warning", "torch/utils/checkpoint.py: CheckpointFunction.forward "
                           "(check_backward_validity)"),
@@ -133,6 +135,7 @@ register(Rule(
     references=("https://github.com/huggingface/transformers/issues/28056",
                 "https://github.com/huggingface/transformers/pull/30320"),
     fixed_in="transformers' own checkpointing forces it off; torch wrappers never will",
+    symptoms=("zero-adapter-gradient",),
     log=LogSigns(
         messages=RECOMPUTE_MESSAGES + (RECOMPUTE_COUNT, Message(
             r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)", "generic",
@@ -185,6 +188,7 @@ register(Rule(
     elsewhere="fix --lora_target_modules / target_modules to this model's module names",
     references=("peft: NoMatchingPeftModuleError in tuners/tuners_utils.py",),
     fixed_in="design: refuse before training",
+    symptoms=("no-gradient",),
     log=LogSigns(
         # PEFT prints `trainable params: 0` only after it created adapters (with none matched it raises first), so
         # that line belongs to adapter-loaded-frozen.
@@ -280,6 +284,7 @@ register(Rule(
     references=("transformers/modeling_layers.py: GradientCheckpointingLayer.__call__",
                 "https://github.com/huggingface/diffusers/issues/9850",
                 "https://github.com/victorchall/EveryDream2trainer/pull/246"),
+    symptoms=("eval-mode-at-backward",),
     fixed_in="design (checkpointing is tied to module.training)",
 ))
 

@@ -83,6 +83,7 @@ register(Rule(
     elsewhere="call model.train() before the loss; upgrade to deepspeed>=0.15.4",
     references=("https://github.com/deepspeedai/DeepSpeed/pull/6662",),
     fixed_in="deepspeed 0.15.4 (assert removed, PR #6662)",
+    symptoms=("eval-mode-at-backward",),
     log=LogSigns(
         messages=(Message(r"backward pass is invalid for module in evaluation mode", "own",
                           "deepspeed/runtime/zero/parameter_offload.py: pre/post backward hooks (deepspeed<=0.15.3)"),),
@@ -330,4 +331,32 @@ register(Rule(
         prior=1.0,
         tells_apart="ZeRO-3 with LoRA on a bf16/fp16 base; the traceback runs through partition_parameters.py's "
                     "coalesced all-gather"),
+))
+
+register(Rule(
+    id="bf16-zero-master-weights",
+    title="Pure bf16 under DeepSpeed ZeRO trains with fp32 master weights anyway",
+    verdict="error",
+    impact="silent",
+    conditions="pure bf16 (weights, gradients and optimizer state stored in bfloat16) with DeepSpeed ZeRO stage 1, 2 "
+               "or 3",
+    knobs=("precision", "zero_stage", "engine"),
+    when=lambda s: s.engine == "deepspeed" and s.zero_stage >= 1 and s.precision == "bf16",
+    cause=("DeepSpeed's ZeRO optimizers keep fp32 master copies of the trained weights and reduce and apply fp32 "
+           "gradients whatever dtype the model is stored in (bf16 masters only as an opt-in of recent releases, "
+           "bf16_master_weights_and_grads, tied to ZeRO-Offload, which loraflow does not set). A run configured "
+           "for pure bf16 therefore trains as bf16-mixed: no error, but other updates than the same config on one "
+           "process or under FSDP2, and not the memory pure bf16 was chosen for."),
+    fix="loraflow refuses it: use precision.mode=bf16-mixed (what ZeRO runs anyway), or parallel.zero_stage=0, or "
+        "parallel.engine=fsdp2.",
+    elsewhere="train bf16 mixed (fp32 master weights, what ZeRO runs anyway), or shard with FSDP to keep pure bf16",
+    references=("deepspeed/runtime/zero/stage_1_and_2.py: single_partition_of_fp32_groups (fp32 master partitions)",
+                "deepspeed/runtime/zero/stage3.py: fp32_partitioned_groups_flat (fp32 master partitions)",
+                "LLaMA-Factory hparams/parser.py: `pure_bf16` is incompatible with DeepSpeed ZeRO-3"),
+    fixed_in="design (ZeRO's optimizers keep fp32 master weights)",
+    log=LogSigns(
+        messages=(Message(r"pure_bf16.{0,2} is incompatible with DeepSpeed ZeRO-3", "own",
+                          "LLaMA-Factory hparams/parser.py: get_train_args (its own refusal)"),),
+        tells_apart="pure bf16 asked for (LLaMA-Factory pure_bf16, a model cast to bf16 with no autocast) while "
+                    "DeepSpeed ZeRO 1-3 holds the optimizer"),
 ))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loraflow.rules.registry import Rule, all_rules
+from loraflow.rules.registry import SYMPTOMS, Rule, all_rules
 
 VERDICT = {"error": "refused before step 1", "fix": "fixed by the plan", "warning": "warned"}
 IMPACT = {"crash": "crash", "silent": "silently wrong", "slow": "memory or speed lost"}
@@ -20,6 +20,9 @@ def _section(rule: Rule) -> list[str]:
              f"- **loraflow:** {rule.fix}"]
     if rule.elsewhere:
         lines.append(f"- **Other frameworks:** {rule.elsewhere}")
+    if rule.symptoms:
+        seen = "; or ".join(SYMPTOMS[s] for s in rule.symptoms)
+        lines.append(f"- **First-step guard:** names this rule when {seen}.")
     if rule.log.messages:
         shown = "; ".join(f"`{m.pattern}` ({m.kind}{', ' + m.releases if m.releases else ''})"
                           for m in rule.log.messages)

@@ -20,6 +20,16 @@ from loraflow.rules.signs import FACT_NAMES, LogSigns
 Verdict = Literal["error", "fix", "warning"]
 Impact = Literal["crash", "silent", "slow"]
 
+SYMPTOMS: dict[str, str] = {
+    "no-gradient-reentrant": "trainable parameters got no gradient in the first backward, with reentrant "
+                             "checkpointing on",
+    "no-gradient": "trainable parameters got no gradient in the first backward, without reentrant checkpointing",
+    "zero-adapter-gradient": "an adapter module got an all-zero gradient in the first backward",
+    "eval-mode-at-backward": "the trained model, or a submodule with parameters, is in eval mode at backward",
+}
+"""What the runtime guards (guards.py) can observe on the first step. A rule lists the symptoms its failure shows
+as (`Rule.symptoms`); a guard that sees one names those rules as the likely causes (`rules_for_symptom`)."""
+
 
 def affected_by(version, spec: str) -> bool:
     """Whether `version` lies in `spec`, a specifier set or several joined by `||`."""
@@ -52,6 +62,8 @@ class Rule:
     fixed_in: str | None = None
     log: LogSigns = field(default_factory=LogSigns)
     """How the failure shows in a log: its messages (every wording), raise-path frames and telling facts."""
+    symptoms: tuple[str, ...] = ()
+    """What the runtime guards see when this failure slips through (keys of SYMPTOMS)."""
 
     def __post_init__(self) -> None:
         if (self.verdict == "fix") != (self.remedy is not None):
@@ -59,6 +71,9 @@ class Rule:
         unknown = [k for k in self.knobs if k not in SETUP_FIELDS]
         if unknown:
             raise ValueError(f"rule {self.id}: knobs {unknown} are not Setup fields")
+        unknown = [k for k in self.symptoms if k not in SYMPTOMS]
+        if unknown:
+            raise ValueError(f"rule {self.id}: symptoms {unknown} are not in registry.SYMPTOMS")
         for package, spec in self.affected.items():
             for part in spec.split("||"):
                 SpecifierSet(part)  # raises on a typo
@@ -125,6 +140,13 @@ def get_rule(rule_id: str) -> Rule:
         hint = f" Did you mean {', '.join(near)}?" if near else " `loraflow explain --list` shows every id."
         raise KeyError(f"no rule with id {rule_id!r}.{hint}")
     return _REGISTRY[rule_id]
+
+
+def rules_for_symptom(symptom: str) -> list[Rule]:
+    """The rules whose failure shows as `symptom` at run time, in registry order: the guards' likely causes."""
+    if symptom not in SYMPTOMS:
+        raise KeyError(f"unknown symptom {symptom!r}; the guards observe {', '.join(SYMPTOMS)}")
+    return [r for r in all_rules() if symptom in r.symptoms]
 
 
 def evaluate(setup: Setup, max_rounds: int = 8, apply_fixes: bool = True) -> tuple[Setup, list[Finding]]:
