@@ -5,8 +5,9 @@ adapted module is a unit of its own first (plan.fsdp_frozen_units_separate, rule
 frozen weights never share a gather or reduce buffer with trainable ones, so the gradient memory is the adapters'.
 Precision: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) for bf16-mixed (sharded fp32 adapters,
 bf16 compute, fp32 gradient reduction). Checkpointing sits where the plan says (fsdp2-recompute-cast): outside the
-unit (transformers' layer checkpointing, already applied) or inside it (torch's checkpoint around the layer's forward, applied here
-before sharding).
+unit (transformers' layer checkpointing, already applied at setup) or inside it (torch's checkpoint around the
+layer's forward). Both mechanisms live in setup/checkpointing.py; this engine only places the inside one, before
+sharding, because fully_shard must find it there.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any, Iterator
 
 import torch
 
-
 from loraflow.engines.base import Engine, clean_name, make_optimizer, make_scheduler
+from loraflow.setup.checkpointing import checkpoint_in_units, decoder_layers, hf_model
 
 
 def _is_dtensor(t: Any) -> bool:
@@ -44,12 +45,17 @@ class FSDP2Engine(Engine):
         policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                   if plan.autocast_dtype == torch.bfloat16 else MixedPrecisionPolicy())
         reshard = plan.config.parallel.fsdp_reshard_after_forward
-        for i, layer in enumerate(decoder_layers(model)):
+        layers = decoder_layers(model)
+        if not layers:
+            from loraflow.errors import LoraflowError
+
+            raise LoraflowError(f"{type(hf_model(model)).__name__} has no transformers decoder layers to shard; "
+                                "parallel.engine=fsdp2 needs a model whose layers are GradientCheckpointingLayer.")
+        checkpoint_in_units(model, plan)  # before fully_shard: the recompute must sit inside each unit
+        for layer in layers:
             if plan.setup.fsdp_frozen_units_separate:
                 for base in _frozen_base_layers(layer):
                     fully_shard(base, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-            if i in plan.checkpoint_layers and plan.checkpoint_in_engine:
-                checkpoint_forward(layer, bool(plan.reentrant))
             fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self._units = [m for m in model.modules() if _is_fsdp(m)]
@@ -129,46 +135,3 @@ def _frozen_base_layers(layer: torch.nn.Module) -> list[torch.nn.Module]:
 
     return [m.get_base_layer() for m in layer.modules() if isinstance(m, LoraLayer)
             and not any(p.requires_grad for p in m.get_base_layer().parameters())]
-
-
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers in order, whatever the architecture calls their list (transformers marks them all as
-    GradientCheckpointingLayer); the same enumeration as plan.checkpoint_layers."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    from loraflow.setup.checkpointing import hf_model
-
-    layers = [m for m in hf_model(model).modules() if isinstance(m, GradientCheckpointingLayer)]
-    if not layers:
-        from loraflow.errors import LoraflowError
-
-        raise LoraflowError(f"{type(hf_model(model)).__name__} has no transformers decoder layers to shard; "
-                            "parallel.engine=fsdp2 needs a model whose layers are GradientCheckpointingLayer.")
-    return layers
-
-
-CHECKPOINTED = "_loraflow_checkpointed"
-
-
-def checkpoint_forward(layer: torch.nn.Module, reentrant: bool) -> None:
-    """Checkpoint the layer's `forward` in place: FSDP2's hooks (gather, mixed-precision casts) run in the module's
-    __call__, outside the recomputed region, so recompute happens inside the sharded unit. Unlike torch's
-    checkpoint_wrapper this adds no wrapper module, so parameter names (and the adapter PEFT saves) stay the same."""
-    from torch.utils.checkpoint import checkpoint
-
-    forward = layer.forward
-
-    def checkpointed(*args, **kwargs):
-        if not reentrant:
-            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-        # Reentrant checkpoint takes positional inputs only: pass the keyword tensors (rotary cos/sin, masks) as
-        # inputs too, so the recompute sees them.
-        keys, n = list(kwargs), len(args)
-
-        def run(*flat):
-            return forward(*flat[:n], **dict(zip(keys, flat[n:])))
-
-        return checkpoint(run, *args, *kwargs.values(), use_reentrant=True)
-
-    layer.forward = checkpointed
-    setattr(layer, CHECKPOINTED, True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from loraflow.probes import Context, Observation, case
+from loraflow.probes.base import Context, Observation, case
 from loraflow.probes.tiny import adapter_grads, compare, tiny_llama, token_batch, with_adapters
 from loraflow.rules.setup import Setup
 
@@ -15,21 +15,26 @@ LORA = Setup(adapter="lora", matched_modules=14)
 def checkpoint_as_setup(model, setup: Setup) -> None:
     """Checkpoint the decoder layers the way the Setup says: transformers' own layer mechanism or torch's
     checkpoint_wrapper; then keep or remove the input-grad hook (transformers 5 adds one on its own)."""
-    from loraflow.setup.checkpointing import enable_layer_checkpointing, hf_model, set_input_grad_hook
+    from loraflow.setup.checkpointing import (
+        decoder_layers,
+        enable_layer_checkpointing,
+        hf_model,
+        set_input_grad_hook,
+    )
 
     if setup.checkpointing == "off":
         return
     every = 1 if setup.checkpointing == "all" else setup.checkpoint_every_n
+    layers = decoder_layers(model)
+    indices = [i for i in range(len(layers)) if i % every == 0]  # the plan's every_n_layers semantics
     if setup.checkpoint_impl == "transformers":
-        enable_layer_checkpointing(hf_model(model), bool(setup.reentrant), every)
+        enable_layer_checkpointing(hf_model(model), bool(setup.reentrant), indices)
     else:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
         impl = CheckpointImpl.REENTRANT if setup.reentrant else CheckpointImpl.NO_REENTRANT
-        layers = [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
-        chosen = {id(m) for i, m in enumerate(layers) if i % every == 0}
+        chosen = {id(layers[i]) for i in indices}
         apply_activation_checkpointing(model, check_fn=lambda m: id(m) in chosen,
                                        checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=impl))
     set_input_grad_hook(model, setup.input_grad_hook)

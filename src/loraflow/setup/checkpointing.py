@@ -1,18 +1,24 @@
-"""Activation checkpointing and the input-grad hook, exactly as the plan says.
+"""Activation checkpointing and the input-grad hook, exactly as the plan says: the one implementation of both
+mechanisms, applied to exactly `plan.checkpoint_layers` (indices into `decoder_layers`).
 
-Checkpointing goes through transformers' own per-layer mechanism (GradientCheckpointingLayer), which checkpoints
-the layer's `forward` (module hooks stay outside the recompute) and turns the KV cache off inside checkpointed
-layers. transformers 5 also adds an input-grad hook on its own; loraflow removes or keeps it so the model does
-what the printed plan says, and verifies the checkpointed layers afterwards.
+- Outside any sharded unit (every engine, and FSDP2 with checkpoint_outside_shard): transformers' own per-layer
+  mechanism (GradientCheckpointingLayer), which checkpoints the layer's `forward` (module hooks stay outside the
+  recompute) and turns the KV cache off inside checkpointed layers. `apply_checkpointing` does it at setup.
+- Inside each FSDP2 unit (plan.checkpoint_in_engine, rule fsdp2-recompute-cast): torch's checkpoint around the
+  layer's forward, so that FSDP2's gather and mixed-precision casts, which run in the unit's __call__, stay outside
+  the recompute. It has to be in place before fully_shard, so the FSDP2 engine places it (`checkpoint_in_units`).
+transformers 5 also adds an input-grad hook on its own; loraflow removes or keeps it so the model does what the
+printed plan says, and verifies the checkpointed layers afterwards.
 """
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from loraflow.errors import LoraflowError
+
+CHECKPOINTED = "_loraflow_checkpointed"
+"""Marks a layer whose forward `checkpoint_forward` wrapped (verify/crosscheck.py counts them)."""
 
 
 def hf_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -21,27 +27,88 @@ def hf_model(model: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def checkpointed_layers(model: torch.nn.Module) -> list[int]:
-    """Indices of the decoder layers that will recompute in backward."""
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers in order, whatever the architecture calls their list (transformers marks them all as
+    GradientCheckpointingLayer, and counts them in this order for every_n_layers): what plan.checkpoint_layers
+    indexes."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    layers = [m for m in hf_model(model).modules() if isinstance(m, GradientCheckpointingLayer)]
-    return [i for i, m in enumerate(layers) if m.gradient_checkpointing]
+    return [m for m in hf_model(model).modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
-def enable_layer_checkpointing(base: torch.nn.Module, reentrant: bool, every_n: int) -> None:
+def checkpointed_layers(model: torch.nn.Module) -> list[int]:
+    """Indices of the decoder layers that will recompute in backward, by either mechanism."""
+    return [i for i, m in enumerate(decoder_layers(model))
+            if getattr(m, "gradient_checkpointing", False) or getattr(m, CHECKPOINTED, False)]
+
+
+def enable_layer_checkpointing(base: torch.nn.Module, reentrant: bool, layers: list[int]) -> None:
+    """transformers' layer checkpointing on exactly `layers`: enabled on every layer (which also installs the
+    checkpoint function with our use_reentrant), then switched off on the others."""
     kwargs = {"use_reentrant": reentrant}
     enable = getattr(base, "activation_checkpointing_enable", None)
-    if enable is not None and "every_n_layers" in inspect.signature(enable).parameters:
-        enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every_n)
-        return
-    # transformers before the every_n_layers argument (< 5.x): enable all, then switch off the skipped layers.
-    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    from transformers.modeling_layers import GradientCheckpointingLayer
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers before activation_checkpointing_enable
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    chosen = set(layers)
+    for i, layer in enumerate(decoder_layers(base)):
+        layer.gradient_checkpointing = i in chosen
 
-    layers = [m for m in base.modules() if isinstance(m, GradientCheckpointingLayer)]
-    for i, layer in enumerate(layers):
-        layer.gradient_checkpointing = i % every_n == 0
+
+def checkpoint_forward(layer: torch.nn.Module, reentrant: bool) -> None:
+    """Checkpoint the layer's `forward` in place: hooks that run in the module's __call__ (FSDP2's gather and
+    mixed-precision casts) stay outside the recomputed region, so recompute happens inside the sharded unit. Unlike
+    torch's checkpoint_wrapper this adds no wrapper module, so parameter names (and the adapter PEFT saves) stay the
+    same."""
+    from torch.utils.checkpoint import checkpoint
+
+    forward = layer.forward
+
+    def checkpointed(*args, **kwargs):
+        if not reentrant:
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        # Reentrant checkpoint takes positional inputs only: pass the keyword tensors (rotary cos/sin, masks) as
+        # inputs too, so the recompute sees them.
+        keys, n = list(kwargs), len(args)
+
+        def run(*flat):
+            return forward(*flat[:n], **dict(zip(keys, flat[n:])))
+
+        return checkpoint(run, *args, *kwargs.values(), use_reentrant=True)
+
+    layer.forward = checkpointed
+    setattr(layer, CHECKPOINTED, True)
+
+
+def _verify(model: torch.nn.Module, plan) -> None:
+    actual = checkpointed_layers(model)
+    if actual != plan.checkpoint_layers:
+        raise LoraflowError(f"checkpointing applied to layers {actual}, but the plan says {plan.checkpoint_layers}; "
+                            f"this {type(hf_model(model)).__name__} does not follow transformers' layer "
+                            "checkpointing. Set checkpointing.enabled=false for this model.")
+
+
+def apply_checkpointing(model: torch.nn.Module, plan) -> None:
+    if plan.checkpoint_in_engine:  # placed by the FSDP2 engine before sharding: checkpoint_in_units
+        set_input_grad_hook(model, plan.input_grad_hook)
+        return
+    if plan.checkpoint_layers:
+        enable_layer_checkpointing(hf_model(model), bool(plan.reentrant), plan.checkpoint_layers)
+    set_input_grad_hook(model, plan.input_grad_hook)  # after: transformers 5 adds its own hook when enabling
+    _verify(model, plan)
+
+
+def checkpoint_in_units(model: torch.nn.Module, plan) -> None:
+    """Checkpointing inside FSDP2's units (plan.checkpoint_in_engine): torch's checkpoint around the forward of
+    exactly plan.checkpoint_layers. The FSDP2 engine calls it before fully_shard."""
+    if not plan.checkpoint_in_engine:
+        return
+    chosen = set(plan.checkpoint_layers)
+    for i, layer in enumerate(decoder_layers(model)):
+        if i in chosen:
+            checkpoint_forward(layer, bool(plan.reentrant))
+    _verify(model, plan)
 
 
 def set_input_grad_hook(model: torch.nn.Module, enabled: bool) -> None:
@@ -51,18 +118,3 @@ def set_input_grad_hook(model: torch.nn.Module, enabled: bool) -> None:
         base.enable_input_require_grads()
     elif not enabled and has_hook:
         base.disable_input_require_grads()
-
-
-def apply_checkpointing(model: torch.nn.Module, plan) -> None:
-    base = hf_model(model)
-    if plan.checkpoint_in_engine:  # FSDP2 wraps the layers inside their sharded units itself (engines/fsdp2.py)
-        set_input_grad_hook(model, plan.input_grad_hook)
-        return
-    if plan.checkpoint_layers:
-        enable_layer_checkpointing(base, bool(plan.reentrant), plan.config.checkpointing.every_n_layers)
-    set_input_grad_hook(model, plan.input_grad_hook)  # after: transformers 5 adds its own hook when enabling
-    actual = checkpointed_layers(model)
-    if actual != plan.checkpoint_layers:
-        raise LoraflowError(f"checkpointing applied to layers {actual}, but the plan says {plan.checkpoint_layers}; "
-                            f"this {type(base).__name__} does not follow transformers' layer checkpointing. "
-                            "Set checkpointing.enabled=false for this model.")
