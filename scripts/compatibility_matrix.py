@@ -4,7 +4,7 @@ docs/compatibility-matrix.md from the results.
     python scripts/compatibility_matrix.py                      # all 108 cells, writes docs/compatibility-matrix.md
     python scripts/compatibility_matrix.py --only-engines ddp,zero3 --out /tmp/m.md --json /tmp/m.json
 
-Measuring is loraflow.engines.crosscheck's (the same worker and comparison as tests/test_engines.py); this script
+Measuring is loraflow.verify.crosscheck's (the same worker and comparison as tests/test_engines.py); this script
 only launches it per group of cells, judges each cell and renders the tables:
 
 - the references (one process, fp32, no checkpointing, engine single), one plain process;
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from loraflow.engines.crosscheck import GLOBAL_BATCH, STEPS, Cell, compare, worker_argv
+from loraflow.verify.crosscheck import GLOBAL_BATCH, STEPS, Cell, compare, worker_argv
 from loraflow.engines.launch import launch_env, run_isolated
 from loraflow.setup.model import ASSETS
 
@@ -312,7 +312,7 @@ def render_markdown(records: dict[str, dict[str, Any]], meta: dict[str, Any]) ->
         "## What is measured",
         "",
         "Each cell trains as `loraflow train` does (config -> plan -> model -> trainer -> engine, "
-        "`src/loraflow/engines/crosscheck.py`) for "
+        "`src/loraflow/verify/crosscheck.py`) for "
         f"{STEPS} optimizer steps on a global batch of {GLOBAL_BATCH} samples (split over the ranks), "
         "AdamW lr 1e-3, LoRA/DoRA rank 4 (full: every linear layer trainable), ZeRO-3 partitioning every weight.",
         "",

@@ -1,6 +1,6 @@
 """docs/compatibility-matrix.md is what scripts/compatibility_matrix.py writes: the script covers the 108 cells, its
 judging and rendering work on results measured for real (three single-process cells through the script's own
-launcher and loraflow.engines.crosscheck), and the committed document is generated, complete and consistent with
+launcher and loraflow.verify.crosscheck), and the committed document is generated, complete and consistent with
 itself and with the script's criteria. The full matrix itself is not re-run here (it takes minutes)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from loraflow.engines.crosscheck import Cell
+from loraflow.verify.crosscheck import Cell
 from loraflow.rules import all_rules
 from loraflow.setup.model import ASSETS
 

@@ -11,7 +11,7 @@ import pytest
 from loraflow.config import load_config
 from loraflow.engines.deepspeed_config import build_config, deepspeed_settings
 from loraflow.environment import detect_environment, parse_versions, with_versions
-from loraflow.errors import ConfigError
+from loraflow.errors import ConfigError, PlanError
 from loraflow.plan import resolve
 from loraflow.run import demo_config
 
@@ -35,7 +35,7 @@ def test_auto_engine_is_single_for_one_process_and_ddp_under_a_launcher():
 
 
 def test_engine_options_need_their_engine():
-    with pytest.raises(ConfigError, match="parallel.offload_params is set but parallel.engine=fsdp2"):
+    with pytest.raises(ConfigError, match="parallel.offload_params is a deepspeed setting, but parallel.engine=fsdp2; set parallel.engine=deepspeed"):
         load_config(DEMO, ["parallel.engine=fsdp2", "parallel.offload_params=true"])
     with pytest.raises(ConfigError, match="needs ZeRO stage 3"):
         plan_for("parallel.engine=deepspeed", "parallel.zero_stage=2", "parallel.offload_params=true")
@@ -146,15 +146,17 @@ def test_check_plans_a_config_for_a_given_process_count(capsys):
 def test_auto_engine_follows_deepspeed_keys_and_ddp_keys_need_ddp():
     assert plan_for("parallel.zero_stage=3").setup.engine == "deepspeed"
     assert plan_for("parallel.offload_optimizer=true", "parallel.zero_stage=2").setup.zero3 is False
-    with pytest.raises(ConfigError, match="find_unused_parameters is a DDP setting"):
+    with pytest.raises(ConfigError, match="find_unused_parameters is a ddp setting, but parallel.engine=fsdp2"):
         load_config(DEMO, ["parallel.engine=fsdp2", "parallel.find_unused_parameters=true"])
 
 
 def test_pure_bf16_is_refused_under_zero_which_keeps_fp32_masters():
-    with pytest.raises(ConfigError, match="precision.mode=bf16 .* ZeRO-2 always keeps fp32 master weights"):
-        plan_for("parallel.engine=deepspeed", "parallel.zero_stage=2", "precision.mode=bf16")
-    assert plan_for("parallel.engine=deepspeed", "parallel.zero_stage=0", "precision.mode=bf16").setup.engine \
-        == "deepspeed"
+    refused = plan_for("parallel.engine=deepspeed", "parallel.zero_stage=2", "precision.mode=bf16")
+    assert [f.rule.id for f in refused.errors] == ["bf16-zero-master-weights"]
+    with pytest.raises(PlanError, match="bf16-zero-master-weights"):
+        refused.raise_for_errors()
+    allowed = plan_for("parallel.engine=deepspeed", "parallel.zero_stage=0", "precision.mode=bf16")
+    assert allowed.setup.engine == "deepspeed" and not allowed.errors
 
 
 @pytest.mark.parametrize("data, message", [

@@ -1,7 +1,7 @@
 """Every engine reproduces the single-process fp32 reference: for LoRA and DoRA (and full fine-tuning on DDP and
 FSDP2) x checkpointing {off, reentrant, non-reentrant}, the gathered gradients after one optimizer step match
 (relative error <= 1e-5) and three steps give the same losses. Two real gloo ranks on CPU under torchrun, through
-the same code path as `loraflow train` (engines/crosscheck.py)."""
+the same code path as `loraflow train` (verify/crosscheck.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from loraflow.engines.crosscheck import Cell, compare, worker_argv
+from loraflow.verify.crosscheck import Cell, compare, worker_argv
 from loraflow.engines.launch import launch_env, run_isolated
 from loraflow.setup.model import ASSETS
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from loraflow.engines.crosscheck import Cell, compare, worker_argv
+from loraflow.verify.crosscheck import Cell, compare, worker_argv
 from loraflow.engines.launch import launch_env, run_isolated
 from loraflow.setup.model import ASSETS
 

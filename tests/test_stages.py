@@ -3,7 +3,6 @@ in eval mode, and each stage's embedded default reaches its metric."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -14,23 +13,15 @@ import torch
 from loraflow.config import load_config
 from loraflow.environment import detect_environment
 from loraflow.errors import GuardError
-from loraflow.plan import resolve
-from loraflow.run import demo_config, seed_everything
-from loraflow.setup import build_model
-from loraflow.setup.model import load_tokenizer
+from loraflow.pipeline import build_run
+from loraflow.run import demo_config
 
 
 def build_trainer(stage: str, overrides: list[str], tmp_path):
     config = load_config(str(demo_config(stage)), [f"stage={stage}", "data.eval=", "output.progress_bar=false",
                                                    "output.tensorboard=false", f"output.dir={tmp_path}",
                                                    *overrides])
-    plan = resolve(config, detect_environment())
-    seed_everything(config.train.seed)
-    tokenizer = load_tokenizer(config, plan.model.path)
-    module = importlib.import_module(f"loraflow.stages.{stage}")
-    train, _ = module.load_data(config, tokenizer)
-    model = build_model(plan, tokenizer)
-    return module.build(plan, model, tokenizer, train, None, tmp_path, False)
+    return build_run(config, detect_environment(), tmp_path).trainer
 
 
 def losses(trainer, steps: int) -> list[float]:

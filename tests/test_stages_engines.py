@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from loraflow.engines.crosscheck import ZERO3_SHARD_ALL
+from loraflow.verify.crosscheck import ZERO3_SHARD_ALL
 from loraflow.engines.launch import launch_env, run_isolated, torchrun_argv
 
 STAGES = ("rm", "dpo", "grpo", "ppo")
@@ -37,7 +37,7 @@ def run_step(tmp_path, stage: str, engine: str, update: int = 1) -> dict:
     out = tmp_path / f"{stage}-{engine}-{update}.pt"
     # --update 2 with two updates per rollout: the second update trains on the first one's rollout.
     overrides = common(tmp_path / engine, stage) + ([f"rl.updates_per_rollout={update}"] if update > 1 else [])
-    check = ["-m", "loraflow.stages.stepcheck", "--stage", stage, "--out", str(out), "--update", str(update)]
+    check = ["-m", "loraflow.verify.stepcheck", "--stage", stage, "--out", str(out), "--update", str(update)]
     if engine == "single":
         argv = [sys.executable, *check, *overrides, f"train.micro_batch_size={2 * PER_RANK}",
                 "parallel.engine=single"]

@@ -9,8 +9,8 @@ import warnings
 from pathlib import Path
 
 from loraflow.errors import LoraflowError
-
-STAGES = ("sft", "rm", "dpo", "grpo", "ppo")
+from loraflow.stagespec import STAGE_NAMES as STAGES
+from loraflow.stagespec import stage_spec
 
 
 def _split_config_and_overrides(items: list[str]) -> tuple[str | None, list[str]]:
@@ -87,7 +87,7 @@ def cmd_check(args: argparse.Namespace) -> int:
               f"`loraflow check --framework {other} {config_path}` (pass --framework to choose another).",
               file=sys.stderr)
         return _check_foreign(args, None, other, [config_path])
-    from loraflow.setup.preflight import check_tokenizer_and_data, inspect_for_check
+    from loraflow.setup.inputs import check_tokenizer_and_data, inspect_for_check
 
     # The same inspection `train` runs (model class, attention, adapter targets, merge adapters), on the meta
     # device; a model that cannot be looked at here is said and skipped rather than fatal.
@@ -125,7 +125,14 @@ def _check_foreign(args: argparse.Namespace, command_line: list[str] | None, fra
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from loraflow.explain import as_dict, diagnose_log, explained, list_signatures, read_log, render
+    from loraflow.explain import (
+        as_dict,
+        diagnose_log,
+        explained,
+        list_signatures,
+        read_log,
+        render,
+    )
 
     if args.list:
         print(list_signatures())
@@ -279,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a stage; with no config, the built-in demo")
-    t.add_argument("stage", choices=STAGES)
+    t.add_argument("stage", choices=STAGES, help="; ".join(f"{n}: {stage_spec(n).summary}" for n in STAGES))
     t.add_argument("items", nargs="*", metavar="CONFIG.yaml | key=value",
                    help="an optional YAML config, then overrides such as train.max_steps=100")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")

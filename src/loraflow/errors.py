@@ -27,6 +27,11 @@ class DataError(LoraflowError):
 class PlanError(LoraflowError):
     """The plan holds error findings: the setup cannot work. The message lists each rule with cause and fix."""
 
+    def __init__(self, message: str, findings: list | None = None):
+        super().__init__(message)
+        self.findings = list(findings or [])
+        """The error findings (rules.Finding), for callers that record which rules refused."""
+
 
 class GuardError(LoraflowError):
     """A runtime guard tripped (no gradient, non-finite gradient, frozen weight changed, eval mode)."""

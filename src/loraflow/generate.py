@@ -70,15 +70,22 @@ def load(target: str, base: str | None = None) -> Loaded:
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from loraflow.setup.model import load_model, load_tokenizer, merge_adapters, resolve_path
+    from loraflow.setup.model import (
+        load_model,
+        load_tokenizer,
+        merge_adapters,
+        resolve_path,
+    )
+    from loraflow.stagespec import STAGES, stage_spec
 
     path = Path(target).expanduser()
     if not path.is_dir():
         raise LoraflowError(f"{target}: no such directory. {WHAT_TO_PASS}")
     config, run = _run_config(path)
-    if config is not None and config.stage == "rm":
-        raise LoraflowError(f"{run} is a reward-model run (stage rm): it scores text, it does not generate. Pass an "
-                            "sft, dpo, grpo or ppo run.")
+    if config is not None and stage_spec(config.stage).head == "score":
+        generating = ", ".join(n for n, s in STAGES.items() if s.head != "score")
+        raise LoraflowError(f"{run} is a reward-model run (stage {config.stage}): it scores text, it does not "
+                            f"generate. Pass a run of a stage that trains a language model ({generating}).")
     weights = _weights_of_run(path) if (path / "config.yaml").is_file() else path
     is_adapter = (weights / "adapter_config.json").is_file()
     if not is_adapter and not (weights / "config.json").is_file():
@@ -126,7 +133,7 @@ def load(target: str, base: str | None = None) -> Loaded:
 
 def read_prompts(spec: str) -> list[Prompt]:
     """A .txt file (one prompt per non-empty line) or a .jsonl file (`prompt` or `messages` per line)."""
-    from loraflow.setup.model import BUILTIN, resolve_path
+    from loraflow.setup.paths import BUILTIN, resolve_path
 
     path = Path(resolve_path(spec, "--prompts") if spec.startswith(BUILTIN) else spec).expanduser()
     if not path.is_file():

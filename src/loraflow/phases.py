@@ -16,6 +16,8 @@ from typing import Iterator
 
 import torch
 
+from loraflow.stagespec import StageSpec
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -29,24 +31,20 @@ class Phase:
         return f"{self.name}: {runs}; {'with' if self.autograd else 'no'} autograd"
 
 
-def stage_phases(stage: str, reference: str | None, reward_model: bool, updates: int = 1) -> list[Phase]:
-    """The phases of one rollout (or step) of `stage`, in order; `updates` optimizer steps per rollout."""
+def stage_phases(spec: StageSpec, reference: str | None, reward_model: bool, updates: int = 1) -> list[Phase]:
+    """The phases of one rollout (or step) of the stage, in order, from its declaration (stagespec.py);
+    `updates` optimizer steps per rollout."""
     ref_model = {"adapters-disabled": "policy (adapters disabled)", "copy": "reference copy",
                  "precomputed": None, None: None}[reference]
+    present = {"always": True, "reference": ref_model is not None, "reward model": reward_model,
+               "several updates": updates > 1}
     phases: list[Phase] = []
-    if stage in ("grpo", "ppo"):
-        phases.append(Phase("rollout", (("policy", "eval"),), autograd=False))
-    if ref_model:
-        phases.append(Phase("reference scoring", ((ref_model, "eval"),), autograd=False))
-    if reward_model:
-        phases.append(Phase("reward scoring", (("reward model", "eval"),), autograd=False))
-    if stage == "ppo":
-        phases.append(Phase("value estimation", (("policy + value head", "eval"),), autograd=False))
-    if stage == "grpo" and updates > 1:
-        phases.append(Phase("old policy scoring", (("policy", "eval"),), autograd=False))
-    trained = "reward model" if stage == "rm" else "policy + value head" if stage == "ppo" else "policy"
-    name = f"update (x{updates})" if stage in ("grpo", "ppo") and updates > 1 else "update"
-    phases.append(Phase(name, ((trained, "train"),), autograd=True))
+    for p in spec.phases:
+        if not present[p.when]:
+            continue
+        model = ref_model if p.model == "reference" else spec.trained if p.model == "trained" else p.model
+        name = f"{p.name} (x{updates})" if p.train and spec.generates and updates > 1 else p.name
+        phases.append(Phase(name, ((model, "train" if p.train else "eval"),), autograd=p.train))
     return phases
 
 

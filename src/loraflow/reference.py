@@ -16,6 +16,7 @@ import torch
 
 from loraflow.phases import phase
 from loraflow.setup.precision import autocast
+from loraflow.stagespec import REFERENCE_SCORING
 
 ScoreFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 
@@ -34,15 +35,15 @@ class Reference:
     def model(self, engine) -> Iterator[torch.nn.Module]:
         """The reference model, ready for a no-autograd forward; the policy is back in train mode afterwards."""
         if self.kind == "copy":
-            with phase("reference scoring", self.copy):
+            with phase(REFERENCE_SCORING, self.copy):
                 yield self.copy
         elif self.kind == "adapters-disabled":
             module = engine.module
-            with phase("reference scoring", module), module.disable_adapter():
+            with phase(REFERENCE_SCORING, module), module.disable_adapter():
                 yield module
         else:
             # The starting model is the policy before its first update: before training, it is the reference.
-            with phase("reference scoring", engine.module):
+            with phase(REFERENCE_SCORING, engine.module):
                 yield engine.module
 
     def score(self, engine, batch: dict[str, torch.Tensor], fn: ScoreFn, split: str = "train") -> torch.Tensor:

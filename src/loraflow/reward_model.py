@@ -14,8 +14,10 @@ import torch
 
 from loraflow.errors import ConfigError
 from loraflow.phases import phase
-from loraflow.setup.model import _quiet, resolve_path
+from loraflow.setup.paths import quiet as _quiet
+from loraflow.setup.paths import resolve_path
 from loraflow.setup.precision import autocast
+from loraflow.stagespec import REWARD_SCORING
 
 MANIFEST = "reward_model.json"
 
@@ -27,7 +29,7 @@ class RewardModel:
     def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """[N] scores of prompt + completion rows (read at each row's last non-pad token)."""
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
-        with phase("reward scoring", self.model), autocast(self.plan.device, self.plan.autocast_dtype):
+        with phase(REWARD_SCORING, self.model), autocast(self.plan.device, self.plan.autocast_dtype):
             return self.model(**inputs, use_cache=False).logits.squeeze(-1).float()
 
 

@@ -3,7 +3,6 @@ model, then the stage's loop."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import sys
@@ -13,9 +12,12 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from loraflow.checkpoint import write_atomic_text
-from loraflow.config import Config, config_to_dict, dump_config, load_config
+from loraflow.config import Config, config_to_dict, load_config
+from loraflow.enginespec import wants_process_group
 from loraflow.errors import ConfigError
+from loraflow.pipeline import seed_everything
+
+__all__ = ["demo_config", "load_run_config", "prepare_run", "seed_everything", "starting_config", "train"]
 
 log = logging.getLogger("loraflow")
 
@@ -205,15 +207,6 @@ def set_aside_attempt(run_dir: Path) -> Path:
     return target
 
 
-def seed_everything(seed: int) -> None:
-    import random
-
-    import torch
-
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def train(stage: str, config_path: str | None, overrides: list[str], resume: str | None,
           verbose: bool = False, restart: str | None = None) -> dict[str, Any]:
     main, stamp = _start_processes(stage, config_path, overrides, resume or restart)
@@ -278,33 +271,12 @@ def log_fatal(exc: BaseException) -> None:
 
 def _train(stage: str, config: Config, run_dir: Path, main: bool, demo: bool, resume: bool) -> dict[str, Any]:
     from loraflow.environment import detect_environment
-    from loraflow.plan import resolve
-    from loraflow.setup import build_model
-    from loraflow.setup.preflight import tokenizer_and_data
+    from loraflow.pipeline import build_run
 
     log.info("run directory: %s", run_dir)
     if demo:
         log.info("no config and no model given: training the built-in demo (%s)", demo_config(stage))
-    plan = resolve(config, detect_environment())
-    log.info("%s", plan.render())
-    if main:
-        (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
-    plan.raise_for_errors()
-    seed_everything(config.train.seed)  # adapter initialisation, data order and dropout all follow train.seed
-    # Tokenizer and data before the model (what `check` runs too): a malformed line should fail in seconds, not
-    # after loading weights.
-    tokenizer, train_split, eval_split = tokenizer_and_data(plan)
-    stage_module = importlib.import_module(f"loraflow.stages.{stage}")
-    log.info("%s", train_split.stats.describe("train data", config.data.max_length))
-    if eval_split is not None:
-        log.info("%s", eval_split.stats.describe("eval data", config.data.max_length))
-    model = build_model(plan, tokenizer)
-    # Only now is this a run: a failure above leaves the directory free for a corrected retry.
-    if main:
-        write_atomic_text(run_dir / "config.yaml", dump_config(config))
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log.info("trainable parameters: %s of %s", f"{trainable:,}", f"{sum(p.numel() for p in model.parameters()):,}")
-    summary = stage_module.run(plan, model, tokenizer, train_split, eval_split, run_dir, resume)
+    summary = build_run(config, detect_environment(), run_dir, resume, record=main).fit()
     summary["run_dir"] = str(run_dir)
     summary["main"] = main
     if main:
@@ -325,7 +297,7 @@ def _start_processes(stage: str, config_path: str | None, overrides: list[str],
     # A resumed run keeps its engine (only train/eval/output keys may change); a restarted one may change it.
     config_for_launch = load_config(saved, overrides) if saved is not None and saved.is_file() \
         else load_run_config(stage, config_path, overrides)
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1 and config_for_launch.parallel.engine in ("auto", "single"):
+    if not wants_process_group(config_for_launch.parallel.engine, int(os.environ.get("WORLD_SIZE", "1"))):
         return True, stamp
     import torch.distributed as dist
 

@@ -18,8 +18,14 @@ from typing import Any, Callable
 
 import torch
 
-from loraflow.checkpoint import (export_weights, latest_checkpoint, load_checkpoint, restore_rng, rng_state,
-                                 save_checkpoint)
+from loraflow.checkpoint import (
+    export_weights,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+)
 from loraflow.data import BatchOrder, DataSplit, collate, learned_tokens
 from loraflow.divergence import DivergenceWatch
 from loraflow.engines import Engine, build_engine
@@ -29,6 +35,7 @@ from loraflow.guards import FrozenWeights, assert_train_mode, check_first_gradie
 from loraflow.metrics import MetricsWriter
 from loraflow.preemption import StopRequests
 from loraflow.setup.precision import autocast
+from loraflow.stagespec import stage_spec
 
 log = logging.getLogger("loraflow")
 
@@ -55,8 +62,6 @@ class StageHooks:
     position advances once per set; checkpoints fall between sets (the config requires it)."""
     start: Callable[[Engine], None] | None = None
     """Once the engine exists, before the first evaluation (e.g. reference log-probs computed once)."""
-    unit: str = "samples"
-    """What one row of a micro-batch is, for the log: samples, pairs, prompts x N completions."""
 
 
 @dataclass
@@ -133,8 +138,9 @@ class Trainer:
             rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
             restore_rng(rngs[self.engine.rank] if self.engine.rank < len(rngs) else rngs[0])
         self.pad_id = tokenizer.pad_token_id
+        unit = stage_spec(plan.config.stage).unit.format(**vars(plan.config.rl))
         log.info("training: %d optimizer steps of %d x %d %s x %d processes", self.total_steps, self.accum,
-                 t.micro_batch_size, hooks.unit, world)
+                 t.micro_batch_size, unit, world)
         self.metrics = MetricsWriter(self.run_dir, plan.config.output.tensorboard, enabled=self.main,
                                      wandb_project=plan.config.output.wandb)
         if state is not None:  # the steps after the checkpoint are replayed: their rows must not appear twice
@@ -235,9 +241,12 @@ class Trainer:
         e = self.engine
         state = {"progress": vars(self.progress).copy(), "rng": e.gather_objects(rng_state()),
                  "total_steps": self.total_steps, "world_size": e.world_size, **e.optimizer_state()}
-        weights = e.full_state() if self.plan.config.adapter.method == "full" else e.trainable_state()
-        return save_checkpoint(self.run_dir, self.progress.step, self.model, weights, state,
+        return save_checkpoint(self.run_dir, self.progress.step, self.model, self._weights(), state,
                                self.plan.config.output.keep_checkpoints, e)
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint and the export hold (plan.saves): every weight, or the trainable ones (collective)."""
+        return self.engine.full_state() if self.plan.saves == "model" else self.engine.trainable_state()
 
     # -- the loop -------------------------------------------------------------------------------------------
     def evaluate(self, label: str) -> dict[str, Any]:
@@ -314,9 +323,8 @@ class Trainer:
         bar.close()
         wall = time.perf_counter() - start
         self.save()
-        weights = self.run_dir / ("model" if self.plan.config.adapter.method == "full" else "adapter")
-        state = self.engine.full_state() if self.plan.config.adapter.method == "full" else \
-            self.engine.trainable_state()
+        weights = self.run_dir / self.plan.saves
+        state = self._weights()
         if self.main:
             export_weights(self.model, weights, state, self.tokenizer)
         self.engine.barrier()

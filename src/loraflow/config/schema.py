@@ -11,16 +11,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from loraflow.enginespec import ENGINE_NAMES, ENGINES
+from loraflow.stagespec import STAGE_NAMES, STAGES, stage_spec
+
 AdapterMethod = Literal["lora", "dora", "full"]
 Precision = Literal["fp32", "bf16-mixed", "bf16"]
 Reentrant = Literal["auto", "true", "false"]
 DataFormat = Literal["auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text", "preference",
                      "preference_implicit"]
 Schedule = Literal["cosine", "linear", "constant"]
-Stage = Literal["sft", "rm", "dpo", "grpo", "ppo"]
+Stage = Literal[STAGE_NAMES]
 ReferenceKind = Literal["auto", "adapters-disabled", "copy", "precomputed"]
-EngineName = Literal["auto", "single", "ddp", "deepspeed", "fsdp2"]
+EngineName = Literal[("auto", *ENGINE_NAMES)]
 Switch = Literal["auto", "true", "false"]
+STAGES_PACKING = tuple(s for s in STAGES.values() if s.packing)
 
 
 @dataclass(kw_only=True)
@@ -384,15 +388,14 @@ class Config:
         p = self.parallel
         if p.zero_stage is not None and p.zero_stage not in (0, 1, 2, 3):
             out.append(f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3.")
-        if p.engine not in ("auto", "ddp") and p.find_unused_parameters != "auto":
-            out.append(f"parallel.find_unused_parameters is a DDP setting but parallel.engine={p.engine}; remove it "
-                       "or set parallel.engine=ddp.")
-        if p.engine not in ("auto", "deepspeed"):
-            asked = [k for k in ("zero_stage", "deepspeed_config") if getattr(p, k) is not None]
-            asked += [k for k in ("offload_optimizer", "offload_params") if getattr(p, k) == "true"]
-            for key in asked:
-                out.append(f"parallel.{key} is set but parallel.engine={p.engine}; set parallel.engine=deepspeed "
-                           f"or remove parallel.{key}.")
+        default = ParallelConfig()
+        for owner in ENGINES.values():
+            if p.engine in ("auto", owner.name):
+                continue
+            for key in owner.keys:  # a value other than the default (or an explicit "false") asks for its engine
+                if getattr(p, key) not in (getattr(default, key), "false"):
+                    out.append(f"parallel.{key} is a {owner.name} setting, but parallel.engine={p.engine}; set "
+                               f"parallel.engine={owner.name} or remove parallel.{key}.")
         return out
 
     def _stage_problems(self) -> list[str]:
@@ -407,9 +410,11 @@ class Config:
         if d.reference == "adapters-disabled" and self.adapter.method == "full":
             out.append("dpo.reference=adapters-disabled needs adapters, but adapter.method=full; use "
                        "dpo.reference=copy or precomputed.")
-        if r.group_size < 1 or (self.stage == "grpo" and r.group_size < 2):
-            out.append(f"rl.group_size={r.group_size} must be >= 2 for grpo (advantages are relative to the "
-                       "group) and >= 1 for ppo.")
+        spec = stage_spec(self.stage)
+        if r.group_size < max(1, spec.min_group_size):
+            out.append(f"rl.group_size={r.group_size} must be >= {max(1, spec.min_group_size)} for stage "
+                       f"{self.stage}" + (" (advantages are relative to the group)." if spec.min_group_size > 1
+                                          else "."))
         if r.max_new_tokens < 1:
             out.append(f"rl.max_new_tokens={r.max_new_tokens} must be >= 1.")
         if not r.temperature > 0:
@@ -419,7 +424,7 @@ class Config:
                 out.append(f"rl.{key}={getattr(r, key)} must be >= 0.")
         if r.updates_per_rollout < 1:
             out.append(f"rl.updates_per_rollout={r.updates_per_rollout} must be >= 1.")
-        elif r.updates_per_rollout > 1 and self.stage in ("grpo", "ppo"):
+        elif r.updates_per_rollout > 1 and spec.generates:
             # A checkpoint must fall between rollouts: resuming cannot recreate a rollout half consumed.
             for key, steps in (("train.max_steps", self.train.max_steps),
                                ("output.save_every_steps", self.output.save_every_steps)):
@@ -429,10 +434,11 @@ class Config:
         for key in ("gamma", "lam"):
             if not 0 <= getattr(r, key) <= 1:
                 out.append(f"rl.{key}={getattr(r, key)} must be in [0, 1].")
-        if self.stage in ("grpo", "ppo") and not r.rewards and not r.reward_model:
+        if spec.generates and not r.rewards and not r.reward_model:
             out.append(f"stage {self.stage} needs a reward: set rl.rewards (e.g. [builtin:reverse_partial]) or "
                        "rl.reward_model (the adapter directory of a `loraflow train rm` run).")
-        if self.stage != "sft" and self.data.packing:
-            out.append(f"data.packing is for sft only (stage {self.stage} scores whole pairs or generated "
+        if self.data.packing and not spec.packing:
+            packs = ", ".join(s.name for s in STAGES_PACKING)
+            out.append(f"data.packing is for {packs} only (stage {self.stage} scores whole pairs or generated "
                        "completions); remove it.")
         return out

@@ -1,6 +1,6 @@
 """Data: read records (readers), detect and convert their format (formats), mix sources and hold out an eval set
-(sources), tokenize with learned-token labels (formatting), truncate, pack and batch (batching). `load_sft` and
-`load_splits` are the entry points the stages use."""
+(sources), tokenize with learned-token labels (formatting), truncate, pack and batch (batching). `load_stage_data`
+is the entry point: it reads the kind of data the stage declares (stagespec.py)."""
 
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ from loraflow.data.formatting import (
 )
 from loraflow.data.readers import Record, read_records
 from loraflow.data.sources import read_splits
+from loraflow.stagespec import stage_spec
 
 log = logging.getLogger("loraflow")
 
 __all__ = ["BatchOrder", "DataSplit", "DataStats", "EvalPrompt", "Record", "Row", "Sample", "collate",
-           "learned_tokens", "load_sft", "load_split", "load_splits", "read_records", "read_splits"]
+           "learned_tokens", "load_sft", "load_split", "load_splits", "load_stage_data", "read_records", "read_splits"]
 
 
 @dataclass
@@ -41,6 +42,30 @@ class DataSplit:
     rows: list[Row]
     stats: DataStats
     prompts: list[EvalPrompt] = field(default_factory=list)
+
+
+def load_stage_data(config: Config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
+    """The (train, eval) splits of the kind of data config.stage reads: conversations or text, chosen/rejected
+    pairs, or prompts."""
+    spec = stage_spec(config.stage)
+    if spec.data == "sft":
+        return load_sft(config, tokenizer)
+    if spec.data == "pairs":
+        return _load_pair_data(config, tokenizer, spec.eval_generates)
+    from loraflow.data.preference import load_prompts
+
+    return load_splits(config, tokenizer, "prompts",
+                       lambda records, key: load_prompts(records, key, tokenizer, config.data.max_length))
+
+
+def _load_pair_data(config: Config, tokenizer, eval_generates: bool) -> tuple[DataSplit, DataSplit | None]:
+    from loraflow.data.preference import answer_prompt, load_pairs
+
+    train, held_out = load_splits(config, tokenizer, "pairs",
+                                  lambda records, key: load_pairs(records, key, tokenizer, config.data.max_length))
+    if held_out is not None and eval_generates and config.eval.generate:
+        held_out.prompts = [answer_prompt(r, tokenizer) for r in held_out.rows]
+    return train, held_out
 
 
 def load_split(config: Config, tokenizer, which: str) -> DataSplit | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from loraflow.data.readers import Record
 from loraflow.errors import DataError
+from loraflow.stagespec import STAGES
 
 # ShareGPT speaker names (FastChat, LLaMA-Factory, axolotl) -> chat roles. `function_call` is the model calling a
 # tool, so it is an assistant turn (learned); `observation` is the tool's answer.
@@ -151,7 +152,9 @@ FORMATS: tuple[Format, ...] = (
            lambda d: "chosen" in d and "rejected" in d and "prompt" not in d and "messages" not in d, _implicit),
 )
 BY_NAME = {f.name: f for f in FORMATS}
-KIND_NAMES = {"sft": "supervised (sft)", "pairs": "preference-pair (rm, dpo)"}
+# Each data kind in words, with the stages that read it (stagespec.py): "preference-pair (rm, dpo)".
+KIND_NAMES = {kind: f"{words} ({', '.join(s.name for s in STAGES.values() if s.data == kind)})"
+              for kind, words in (("sft", "supervised"), ("pairs", "preference-pair"))}
 
 # Key names seen in public datasets, used only to propose a data.columns mapping (which is verified before it is
 # proposed).

@@ -168,3 +168,13 @@ def load_prompts(records: list[Record], key: str, tokenizer, max_length: int) ->
     if not rows:
         raise DataError(f"{key}: no prompts.")
     return rows, stats
+
+
+def answer_prompt(row: PairRow, tokenizer):
+    """The prompt of a pair (the tokens before its chosen answer) and the chosen answer's text, for exact match."""
+    from loraflow.data.formatting import IGNORE, EvalPrompt
+
+    first = next(i for i, t in enumerate(row.chosen.labels) if t != IGNORE)
+    answer = [t for t in row.chosen.labels if t != IGNORE]
+    return EvalPrompt(row.chosen.input_ids[:first], tokenizer.decode(answer, skip_special_tokens=True).strip(),
+                      row.origin)

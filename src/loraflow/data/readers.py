@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import DataError
-from loraflow.setup.model import resolve_path
+from loraflow.setup.paths import resolve_path
 
 
 @dataclass(frozen=True)

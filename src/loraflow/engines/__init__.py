@@ -17,28 +17,12 @@ import torch
 
 from loraflow.engines.base import Engine
 from loraflow.engines.launch import distributed_env, init_distributed, is_main
+from loraflow.enginespec import engine_class
 
 __all__ = ["Engine", "build_engine", "distributed_env", "init_distributed", "is_main"]
 
 
 def build_engine(plan, model: torch.nn.Module, total_steps: int) -> Engine:
     """Wrap the ready model (loaded, adapted, frozen, checkpointed) for the plan's engine and build its optimizer:
-    the last two steps of the documented order (engine wrap -> optimizer)."""
-    name = plan.setup.engine
-    if name == "single":
-        from loraflow.engines.base import SingleEngine
-
-        return SingleEngine(plan, model, total_steps)
-    if name == "ddp":
-        from loraflow.engines.ddp import DDPEngine
-
-        return DDPEngine(plan, model, total_steps)
-    if name == "deepspeed":
-        from loraflow.engines.deepspeed import DeepSpeedEngine
-
-        return DeepSpeedEngine(plan, model, total_steps)
-    if name == "fsdp2":
-        from loraflow.engines.fsdp2 import FSDP2Engine
-
-        return FSDP2Engine(plan, model, total_steps)
-    raise ValueError(f"unknown engine {name}")  # the config schema admits no other value
+    the last two steps of the documented order (engine wrap -> optimizer). The engine table is enginespec.py."""
+    return engine_class(plan.setup.engine)(plan, model, total_steps)

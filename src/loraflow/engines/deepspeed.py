@@ -48,10 +48,10 @@ class DeepSpeedEngine(Engine):
 
     def __init__(self, plan, model: torch.nn.Module, total_steps: int):
         super().__init__(plan, model, total_steps)
-        from loraflow.engines.deepspeed_config import build_config, deepspeed_settings
+        from loraflow.engines.deepspeed_config import build_config
 
         deepspeed = import_deepspeed(plan.device)
-        self.settings = deepspeed_settings(plan.config.parallel)
+        self.settings = plan.deepspeed  # resolved once by the plan
         self.ds_config = build_config(plan.config, self.settings, self.world_size)
         self.zero3 = self.settings.stage == 3
         if plan.setup.dora_weight_gather and self.zero3:

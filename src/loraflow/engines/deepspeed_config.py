@@ -2,8 +2,8 @@
 
 loraflow owns the optimizer (AdamW from train.*), the schedule, the batch arithmetic and precision (autocast and
 storage dtypes from the plan), so a user JSON may tune ZeRO (buckets, thresholds, offload, overlap) but must not
-contradict those: `auto` values are filled in, contradictions are errors naming both keys. Read by the plan (so
-`loraflow check` sees the stage and offload) and by the engine.
+contradict those: `auto` values are filled in, contradictions are errors naming both keys. The plan reads the
+settings once (plan.deepspeed, so `loraflow check` sees the stage and offload); the engine builds its JSON from them.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class DeepSpeedSettings:
 
 
 def _read(path: str) -> dict[str, Any]:
-    from loraflow.setup.model import resolve_path
+    from loraflow.setup.paths import resolve_path
 
     resolved = Path(resolve_path(path, "parallel.deepspeed_config"))
     try:

@@ -7,7 +7,7 @@ and one that keeps it silent (tests/test_rules.py), and, where it can be reprodu
 
 from __future__ import annotations
 
-from loraflow.rules.registry import Rule, register
+from loraflow.rules.rule import Rule, register
 from loraflow.rules.setup import Setup
 from loraflow.rules.signs import NO_GRAD_FN as _NO_GRAD_FN
 from loraflow.rules.signs import (

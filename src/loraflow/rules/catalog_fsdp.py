@@ -3,7 +3,7 @@ checkpointing; ids from the failure catalog where it has them."""
 
 from __future__ import annotations
 
-from loraflow.rules.registry import Rule, register
+from loraflow.rules.rule import Rule, register
 from loraflow.rules.signs import (
                                   FLAT_PARAM_FRAMES,
                                   FLATTEN_DTYPE,

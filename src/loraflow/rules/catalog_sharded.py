@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from loraflow.rules.registry import Rule, register
+from loraflow.rules.rule import Rule, register
 from loraflow.rules.setup import Setup
 from loraflow.rules.signs import (
     FLAT_PARAM_FRAMES,

@@ -7,11 +7,6 @@ match, using PEFT's own matching, before anything heavy is loaded.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,33 +14,11 @@ import torch
 
 from loraflow.config.schema import Config
 from loraflow.errors import ConfigError
+from loraflow.setup.paths import ASSETS, BUILTIN, resolve_path
+from loraflow.setup.paths import quiet as _quiet
+from loraflow.stagespec import stage_spec
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-BUILTIN = "builtin:"
-
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".yaml", ".yml", ".safetensors")
-
-
-def resolve_path(spec: str, key: str) -> str:
-    """`builtin:NAME` -> the packaged asset; a local path must exist; anything else is tried as a hub id."""
-    if not spec.strip():  # not "the current directory", which exists
-        raise ConfigError([f"{key} is not set. Name a local path or a hub id (`loraflow train STAGE` with no config "
-                           "and no model.path trains the built-in demo instead)."])
-    if spec.startswith(BUILTIN):
-        path = ASSETS / spec[len(BUILTIN):]
-        if not path.exists():
-            shipped = sorted(p.name for p in ASSETS.iterdir() if not p.name.startswith((".", "_")))
-            raise ConfigError([f"{key}={spec}: no such built-in asset. Shipped: {', '.join(shipped)}."])
-        return str(path)
-    expanded = os.path.expanduser(spec)
-    if Path(expanded).exists():
-        return expanded
-    if HUB_ID.match(spec) and Path(spec).suffix not in LOCAL_SUFFIXES:
-        return spec  # tried on the hub; a failure there is reported by the loader with this key
-    raise ConfigError([f"{key}={spec} does not exist. Give an existing local path, a hub id such as org/name, "
-                       "or a builtin: asset."])
-
+__all__ = ["ASSETS", "BUILTIN", "ModelInfo", "inspect_model", "load_model", "load_tokenizer", "resolve_path"]
 
 @dataclass
 class ModelInfo:
@@ -93,10 +66,15 @@ def load_hf_config(config: Config):
 def inspect_model(config: Config) -> ModelInfo:
     """Everything the plan needs to know about the model, without loading its weights; raises ConfigError for what
     setup would fail on (setup/preflight.py: model class, attention, merge adapters)."""
-    from loraflow.setup.preflight import build_skeleton, check_merge_adapters, check_model_class
+    from loraflow.setup.preflight import (
+        build_skeleton,
+        check_merge_adapters,
+        check_model_class,
+    )
 
     path, hf_config = load_hf_config(config)
-    check_model_class(config, hf_config, {"rm": "score"}.get(config.stage, "lm"))
+    # A score head replaces the LM head; PPO's value head sits beside it, on a causal LM.
+    check_model_class(config, hf_config, "score" if stage_spec(config.stage).head == "score" else "lm")
     skeleton, attn, attn_reason = build_skeleton(config, hf_config)
     merge_notes = check_merge_adapters(config, skeleton) if config.model.merge_adapters else []
     linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules()
@@ -124,25 +102,6 @@ def inspect_model(config: Config) -> ModelInfo:
 
         info.adapter_modules = match_adapter_modules(skeleton, config)
     return info
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Silence transformers/PEFT chatter while building throwaway skeletons."""
-    loggers = [logging.getLogger(n) for n in ("transformers", "peft")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                yield
-    finally:
-        for lg, lv in zip(loggers, levels):
-            lg.setLevel(lv)
 
 
 def load_tokenizer(config: Config, model_path: str):

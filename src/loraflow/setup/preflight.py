@@ -7,9 +7,9 @@
 - the attention implementation the architecture supports in the installed transformers;
 - model.merge_adapters whose tensor shapes (read from the safetensors header) fit the base.
 
-The tokenizer and data checks need the tokenizer: `tokenizer_and_data` loads both as `train` does (the stage's own
-`load_data`), and `check` runs it through `check_tokenizer_and_data`; setup.load_base checks the vocabulary again, so
-`train` refuses a mismatched tokenizer whichever path loaded it.
+The tokenizer and data checks need the tokenizer: setup/inputs.py loads both as `train` does, and `check` runs the
+same code; setup.load_base checks the vocabulary again (check_vocab, here), so `train` refuses a mismatched tokenizer
+whichever path loaded it.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from __future__ import annotations
 import copy
 import inspect
 import json
-import logging
 from pathlib import Path
 
 import torch
 
 from loraflow.config.schema import Config
 from loraflow.errors import ConfigError
+from loraflow.setup.paths import quiet as _quiet
+from loraflow.setup.paths import resolve_path
 
 ISSUE_VLM = "vision-language models are not supported yet (loraflow issue 19 will add them)"
 
@@ -84,8 +85,6 @@ def build_skeleton(config: Config, hf_config):
     or this machine cannot run."""
     from transformers import AutoModelForCausalLM
 
-    from loraflow.setup.model import _quiet
-
     asked = config.model.attn_implementation
 
     def build(impl: str | None):
@@ -132,8 +131,6 @@ def check_merge_adapters(config: Config, skeleton: torch.nn.Module) -> list[str]
     from peft import PeftConfig, get_peft_model
     from peft.utils import get_peft_model_state_dict
 
-    from loraflow.setup.model import _quiet, resolve_path
-
     notes: list[str] = []
     problems: list[str] = []
     for spec in config.model.merge_adapters:
@@ -179,8 +176,6 @@ def check_merge_adapters(config: Config, skeleton: torch.nn.Module) -> list[str]
 
 def _same_model(recorded: str, spec: str) -> bool:
     """Loosely the same model: the same directory, or the same final name (a hub id and its local snapshot)."""
-    from loraflow.setup.model import resolve_path
-
     try:
         here = resolve_path(spec, "model.path")
     except ConfigError:
@@ -199,64 +194,3 @@ def check_vocab(config: Config, tokenizer, vocab_size: int) -> None:
         raise ConfigError([f"{source} has {len(tokenizer)} tokens but the model's embedding has {vocab_size}: a "
                            f"token id >= {vocab_size} would index past it. Use the tokenizer the model was trained "
                            "with (leave model.tokenizer empty for the model's own)."])
-
-
-def inspect_for_check(config: Config):
-    """ModelInfo for `check`, or (a placeholder, note) when the model cannot be looked at here (a hub id that is
-    neither cached nor reachable): the plan goes on without the model-dependent checks."""
-    from loraflow.setup.model import ModelInfo, inspect_model, resolve_path
-
-    try:
-        return inspect_model(config), None
-    except ConfigError as exc:
-        path = config.model.path
-        if path.startswith("builtin:") or Path(resolve_path(path, "model.path")).exists() or \
-                "cannot read a model config" not in str(exc):
-            raise
-        note = (f"note: could not look at model.path={path} (not a local directory, and not in the Hugging Face "
-                "cache or not reachable from here), so the model-dependent checks were skipped: model class, "
-                "attention, adapter targets, merge adapters, tokenizer, data. `train` will run them once it can "
-                "download the model.")
-        return ModelInfo(path=path, model_type="not inspected", num_layers=0, tied_embeddings=False,
-                         use_cache_default=True, embedding_name="embed_tokens", lm_head_name="lm_head",
-                         inspected=False), note
-
-
-def tokenizer_and_data(plan):
-    """The tokenizer (checked against the model's embedding) and the (train, eval) splits, read with the stage's
-    own `load_data`: what `train` needs before building the model, and what `check` runs to find the same
-    errors. Returns (tokenizer, train_split, eval_split)."""
-    import importlib
-
-    from loraflow.setup.model import load_tokenizer
-
-    config = plan.config
-    tokenizer = load_tokenizer(config, plan.model.path)
-    check_vocab(config, tokenizer, plan.model.vocab_size)  # before the data: it fails in a second
-    train_split, eval_split = importlib.import_module(f"loraflow.stages.{config.stage}").load_data(config, tokenizer)
-    return tokenizer, train_split, eval_split
-
-
-def check_tokenizer_and_data(plan) -> str:
-    """`tokenizer_and_data` for `check`. Returns the data summary `train` would log."""
-    from loraflow.setup.model import _quiet
-
-    config = plan.config
-    # What the data readers log (e.g. the format detected) goes into the summary, not onto stdout, so that
-    # `check --json` stays one document.
-    log, said = logging.getLogger("loraflow"), []
-    collector = logging.Handler(logging.INFO)
-    collector.emit = lambda record: said.append(record.getMessage())
-    handlers, propagate, level = log.handlers[:], log.propagate, log.level
-    log.handlers, log.propagate = [collector], False
-    log.setLevel(logging.INFO)
-    try:
-        with _quiet():
-            _, train_split, eval_split = tokenizer_and_data(plan)
-    finally:
-        log.handlers, log.propagate = handlers, propagate
-        log.setLevel(level)
-    lines = said + [train_split.stats.describe("train data", config.data.max_length)]
-    if eval_split is not None:
-        lines.append(eval_split.stats.describe("eval data", config.data.max_length))
-    return "\n".join(lines)

@@ -21,7 +21,8 @@ from loraflow.losses import dpo_loss, sequence_logps
 from loraflow.phases import phase
 from loraflow.reference import Reference
 from loraflow.setup.precision import autocast
-from loraflow.stages.pairs import eval_pairs, load_pair_data, model_inputs
+from loraflow.stages.pairs import eval_pairs, model_inputs
+from loraflow.stagespec import EVALUATION
 
 log = logging.getLogger("loraflow")
 REFERENCE_FILE = "reference_logps.pt"
@@ -83,7 +84,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
 
     def evaluate(engine) -> dict[str, Any]:
         def margins(batch):
-            with phase("evaluation", engine.module), autocast(plan.device, plan.autocast_dtype):
+            with phase(EVALUATION, engine.module), autocast(plan.device, plan.autocast_dtype):
                 pol = score(engine.module, batch).float()
             ref = reference.score(engine, batch, score, split="eval")
             return d.beta * ((pol[:, 0] - ref[:, 0]) - (pol[:, 1] - ref[:, 1]))
@@ -91,13 +92,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
         return eval_pairs(plan, engine, tokenizer, eval_split, margins, prefix="reward")
 
     hooks = StageHooks(loss_fn(plan), evaluate if eval_split is not None else None,
-                       collate=collate_pairs, count=pair_count, prepare=prepare, start=start, unit="pairs")
+                       collate=collate_pairs, count=pair_count, prepare=prepare, start=start)
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 
-def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
-        resume: bool) -> dict[str, Any]:
-    return build(plan, model, tokenizer, train, eval_split, run_dir, resume).fit()
-
-
-load_data = load_pair_data

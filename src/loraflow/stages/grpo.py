@@ -11,24 +11,23 @@ the KL term. With more, the old log-probs are scored once at rollout time and la
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from loraflow.data import DataSplit
-from loraflow.losses import grpo_loss, group_advantages, token_logps
+from loraflow.losses import group_advantages, grpo_loss, token_logps
 from loraflow.phases import phase
 from loraflow.reference import Reference
 from loraflow.setup.precision import autocast
-from loraflow.stages.rl import RolloutWorker, load_prompt_data, model_inputs
-
+from loraflow.stages.rl import RolloutWorker, model_inputs
+from loraflow.stagespec import OLD_POLICY_SCORING
 
 
 def loss_fn(plan):
     r = plan.config.rl
 
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int):
-        logits = model(**model_inputs(batch), use_cache=False).logits
+        logits = model(**model_inputs(batch), use_cache=plan.use_cache).logits
         logps, mask = token_logps(logits, batch["labels"], r.temperature)
         old = batch.get("old_logps", logps.detach())  # one update per rollout: the policy is the old policy
         loss, stats = grpo_loss(logps, old, batch.get("reference_logps"), batch["advantages"], mask,
@@ -51,7 +50,8 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     worker = RolloutWorker(plan, tokenizer, train, eval_split)
 
     def completion_logps(model, batch):  # the reference's, or the rollout policy's
-        return token_logps(model(**model_inputs(batch), use_cache=False).logits, batch["labels"], r.temperature)[0]
+        logits = model(**model_inputs(batch), use_cache=plan.use_cache).logits
+        return token_logps(logits, batch["labels"], r.temperature)[0]
 
     def prepare(engine, batches, step):
         out = []
@@ -62,21 +62,15 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
             if reference is not None:
                 batch["reference_logps"] = reference.score(engine, batch, completion_logps)
             if r.updates_per_rollout > 1:  # the rollout's policy, fixed for the ratio of every later update
-                with phase("old policy scoring", engine.module), autocast(plan.device, plan.autocast_dtype):
+                with phase(OLD_POLICY_SCORING, engine.module), autocast(plan.device, plan.autocast_dtype):
                     batch["old_logps"] = completion_logps(engine.module, batch).float()
             out.append((batch, real))
         return out
 
     hooks = StageHooks(loss_fn(plan), worker.evaluate if eval_split is not None else None,
                        collate=lambda rows, pad: {}, count=lambda batch: int(batch["input_ids"].shape[0]),
-                       prepare=prepare, unit=f"prompts x {r.group_size} completions",
+                       prepare=prepare,
                        updates_per_prepare=r.updates_per_rollout)
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 
-def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
-        resume: bool) -> dict[str, Any]:
-    return build(plan, model, tokenizer, train, eval_split, run_dir, resume).fit()
-
-
-load_data = load_prompt_data

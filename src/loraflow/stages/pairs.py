@@ -1,4 +1,4 @@
-"""What the pairwise stages (rm, dpo) share: loading chosen/rejected pairs and measuring held-out pairs."""
+"""What the pairwise stages (rm, dpo) share: the model inputs of a pair batch and measuring held-out pairs."""
 
 from __future__ import annotations
 
@@ -6,32 +6,14 @@ from typing import Any, Callable
 
 import torch
 
-from loraflow.data import DataSplit, EvalPrompt, load_splits
-from loraflow.data.formatting import IGNORE
-from loraflow.data.preference import collate_pairs, load_pairs
-
+from loraflow.data import DataSplit
+from loraflow.data.preference import collate_pairs
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: batch[k] for k in MODEL_INPUTS if k in batch}
-
-
-def _answer_prompt(row, tokenizer) -> EvalPrompt:
-    """The prompt of a pair (the tokens before its chosen answer) and the chosen answer's text."""
-    first = next(i for i, t in enumerate(row.chosen.labels) if t != IGNORE)
-    answer = [t for t in row.chosen.labels if t != IGNORE]
-    return EvalPrompt(row.chosen.input_ids[:first], tokenizer.decode(answer, skip_special_tokens=True).strip(),
-                      row.origin)
-
-
-def load_pair_data(config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
-    train, held_out = load_splits(config, tokenizer, "pairs",
-                                  lambda records, key: load_pairs(records, key, tokenizer, config.data.max_length))
-    if held_out is not None and config.stage == "dpo" and config.eval.generate:
-        held_out.prompts = [_answer_prompt(r, tokenizer) for r in held_out.rows]
-    return train, held_out
 
 
 def eval_pairs(plan, engine, tokenizer, split: DataSplit, margin_fn: Callable[[dict], torch.Tensor],

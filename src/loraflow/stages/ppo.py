@@ -12,25 +12,32 @@ a step on N ranks equals the same step on one process.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from loraflow.data import DataSplit, learned_tokens
-from loraflow.losses import (gae, kl_penalized_rewards, masked_moments, ppo_policy_loss, token_logps, value_loss,
-                             whiten)
+from loraflow.losses import (
+    gae,
+    kl_penalized_rewards,
+    masked_moments,
+    ppo_policy_loss,
+    token_logps,
+    value_loss,
+    whiten,
+)
 from loraflow.phases import phase
 from loraflow.reference import Reference
 from loraflow.setup.precision import autocast
 from loraflow.setup.value_head import find_value_head
-from loraflow.stages.rl import RolloutWorker, load_prompt_data, model_inputs
+from loraflow.stages.rl import RolloutWorker, model_inputs
+from loraflow.stagespec import VALUE_ESTIMATION
 
 
-
-def logps_and_values(model: torch.nn.Module, head, batch: dict[str, torch.Tensor], temperature: float):
+def logps_and_values(model: torch.nn.Module, head, batch: dict[str, torch.Tensor], temperature: float,
+                     use_cache: bool):
     """Per-token log-probs [S, T-1], their mask, and the critic's values aligned with them: the value of the
     state each token is sampled from (the hidden state one position before it)."""
-    logits = model(**model_inputs(batch), use_cache=False).logits
+    logits = model(**model_inputs(batch), use_cache=use_cache).logits
     logps, mask = token_logps(logits, batch["labels"], temperature)
     return logps, mask, head.values[:, :-1]
 
@@ -39,7 +46,7 @@ def loss_fn(plan, head):
     r = plan.config.rl
 
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int):
-        logps, mask, values = logps_and_values(model, head, batch, r.temperature)
+        logps, mask, values = logps_and_values(model, head, batch, r.temperature, plan.use_cache)
         old = batch.get("old_logps", logps.detach())  # one update per rollout: the policy is the old policy
         policy, stats = ppo_policy_loss(logps, old, batch["advantages"], mask, r.clip_eps, num_items)
         critic = value_loss(values, batch["old_values"], batch["returns"], mask, r.value_clip, num_items)
@@ -63,7 +70,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     worker = RolloutWorker(plan, tokenizer, train, eval_split)
 
     def reference_logps(ref_model, batch):
-        return token_logps(ref_model(**model_inputs(batch), use_cache=False).logits, batch["labels"],
+        return token_logps(ref_model(**model_inputs(batch), use_cache=plan.use_cache).logits, batch["labels"],
                            r.temperature)[0]
 
     def prepare(engine, batches, step):
@@ -72,8 +79,9 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
             scores = worker.rewards(engine, sampled).to(plan.device)
             batch = dict(sampled.batch)
             # Value estimation: the policy's log-probs and the critic's values at rollout time.
-            with phase("value estimation", engine.module), autocast(plan.device, plan.autocast_dtype):
-                old_logps, mask, old_values = logps_and_values(engine.module, head, batch, r.temperature)
+            with phase(VALUE_ESTIMATION, engine.module), autocast(plan.device, plan.autocast_dtype):
+                old_logps, mask, old_values = logps_and_values(engine.module, head, batch, r.temperature,
+                                                                   plan.use_cache)
             ref = reference.score(engine, batch, reference_logps) if reference is not None else old_logps
             rewards = kl_penalized_rewards(scores, old_logps, ref, mask, r.kl_coef if reference else 0.0)
             advantages, returns = gae(rewards, old_values.float(), mask, r.gamma, r.lam)
@@ -92,13 +100,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
 
     hooks = StageHooks(loss_fn(plan, head), worker.evaluate if eval_split is not None else None,
                        collate=lambda rows, pad: {}, count=learned_tokens, prepare=prepare,
-                       unit=f"prompts x {r.group_size} completions", updates_per_prepare=r.updates_per_rollout)
+                       updates_per_prepare=r.updates_per_rollout)
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 
-def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
-        resume: bool) -> dict[str, Any]:
-    return build(plan, model, tokenizer, train, eval_split, run_dir, resume).fit()
-
-
-load_data = load_prompt_data

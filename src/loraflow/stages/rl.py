@@ -1,4 +1,4 @@
-"""What the RL stages (grpo, ppo) share: prompt data, rollouts (sampling with the weights gathered once per
+"""What the RL stages (grpo, ppo) share: rollouts (sampling with the weights gathered once per
 rollout), rewards from functions and a reward model, and evaluation by greedy completions of held-out prompts."""
 
 from __future__ import annotations
@@ -8,19 +8,14 @@ from typing import Any
 
 import torch
 
-from loraflow.data import DataSplit, load_splits
-from loraflow.data.preference import load_prompts
+from loraflow.data import DataSplit
 from loraflow.phases import phase
 from loraflow.rollout import build_rollout, decode, generate, stop_ids
 from loraflow.setup.precision import autocast
 from loraflow.stages.pairs import model_inputs
+from loraflow.stagespec import EVALUATION, ROLLOUT
 
-__all__ = ["RolloutWorker", "load_prompt_data", "model_inputs"]
-
-
-def load_prompt_data(config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
-    return load_splits(config, tokenizer, "prompts",
-                       lambda records, key: load_prompts(records, key, tokenizer, config.data.max_length))
+__all__ = ["RolloutWorker", "model_inputs"]
 
 
 @dataclass
@@ -67,7 +62,7 @@ class RolloutWorker:
         out = []
         with engine.gathered_for_generation() as model:
             stop = stop_ids(model, self.tokenizer)
-            with phase("rollout", model), autocast(self.plan.device, self.plan.autocast_dtype):
+            with phase(ROLLOUT, model), autocast(self.plan.device, self.plan.autocast_dtype):
                 for batch, _ in batches:
                     index = batch["index"].tolist()
                     keys = [(seed, step, i, k) for i in index for k in range(g)]
@@ -96,7 +91,7 @@ class RolloutWorker:
         exact, with_answer = 0, 0
         with engine.gathered_for_generation() as model:
             stop = stop_ids(model, self.tokenizer)
-            with phase("evaluation", model), autocast(self.plan.device, self.plan.autocast_dtype):
+            with phase(EVALUATION, model), autocast(self.plan.device, self.plan.autocast_dtype):
                 samples = [self._sample(model, rows[s:s + size], None, 1, stop) for s in range(0, len(rows), size)]
         for sampled in samples:
             for functions, into in ((self.functions, sums), (self.gold, gold)):

@@ -52,16 +52,5 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     """The stage's trainer, ready to fit (tests drive single steps of it)."""
     from loraflow.trainer import StageHooks, Trainer
 
-    hooks = StageHooks(loss_fn(plan.use_cache), evaluator(plan, tokenizer, eval_split), unit="samples")
+    hooks = StageHooks(loss_fn(plan.use_cache), evaluator(plan, tokenizer, eval_split))
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
-
-
-def run(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
-        resume: bool) -> dict[str, Any]:
-    return build(plan, model, tokenizer, train, eval_split, run_dir, resume).fit()
-
-
-def load_data(config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
-    from loraflow.data import load_sft
-
-    return load_sft(config, tokenizer)

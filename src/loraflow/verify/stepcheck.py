@@ -3,7 +3,7 @@ the loss and the stage's statistics, every trainable parameter's full gradient, 
 and, for the sharded engines, how often the weights were gathered for generation and how many all-gathers ran
 inside generate itself.
 
-    python -m loraflow.stages.stepcheck --stage grpo --out result.pt [--update N] key=value ...
+    python -m loraflow.verify.stepcheck --stage grpo --out result.pt [--update N] key=value ...
     (under torchrun for several processes; every rank runs it, rank 0 writes the result)
 
 --update N records the N-th optimizer step (the earlier ones are applied first): with rl.updates_per_rollout=N,
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -78,31 +78,25 @@ class GatherCounter:
 def run(stage: str, overrides: list[str], out: str, update: int = 1) -> dict[str, Any] | None:
     from loraflow.config import load_config
     from loraflow.engines import init_distributed
-    from loraflow.engines.crosscheck import _randomize_lora_b
+    from loraflow.enginespec import wants_process_group
     from loraflow.environment import detect_environment
-    from loraflow.plan import resolve
-    from loraflow.run import demo_config, seed_everything
-    from loraflow.setup import build_model
-    from loraflow.setup.model import load_tokenizer
+    from loraflow.pipeline import build_run
+    from loraflow.run import demo_config
+    from loraflow.stagespec import stage_spec
+    from loraflow.verify.crosscheck import _randomize_lora_b
 
     config = load_config(str(demo_config(stage)), [f"stage={stage}", *overrides])
-    if config.parallel.engine != "single":
+    if wants_process_group(config.parallel.engine, int(os.environ.get("WORLD_SIZE", "1"))):
         init_distributed(config.parallel.backend)
-    plan = resolve(config, detect_environment())
-    plan.raise_for_errors()
-    seed_everything(config.train.seed)
-    tokenizer = load_tokenizer(config, plan.model.path)
-    module = importlib.import_module(f"loraflow.stages.{stage}")
-    train, _ = module.load_data(config, tokenizer)
-    model = build_model(plan, tokenizer)
-    _randomize_lora_b(model)
-    trainer = module.build(plan, model, tokenizer, train, None, Path(config.output.dir), False)
+    run = build_run(config, detect_environment(), Path(config.output.dir), adjust_model=_randomize_lora_b)
+    plan, trainer, train, tokenizer = run.plan, run.trainer, run.train, run.tokenizer
+    generates = stage_spec(stage).generates
     engine = trainer.engine
     counter = GatherCounter()
     counter.install(engine)
     tokens: dict[int, list[list[int]]] = {}
     prepare = trainer.hooks.prepare
-    if prepare is not None and stage in ("grpo", "ppo"):
+    if prepare is not None and generates:
         def recording(e, batches, step):
             prepared = prepare(e, batches, step)
             for (before, real), (after, _) in zip(batches, prepared):
@@ -121,7 +115,7 @@ def run(stage: str, overrides: list[str], out: str, update: int = 1) -> dict[str
     stats = trainer.accumulate()
     grads = engine.full_grads()
     control = None
-    if plan.setup.zero3 and stage in ("grpo", "ppo"):
+    if plan.setup.zero3 and generates:
         # The control: generating without the gather fetches weights at every decoding step. (FSDP2 has no such
         # control: PEFT's generate enters the model below FSDP2's root, so without the gather it fails outright.)
         from loraflow.rollout import generate

@@ -8,116 +8,26 @@ anything the plan covers.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from loraflow.config.schema import Config
 from loraflow.data.sources import has_eval_set
+from loraflow.engines.deepspeed_config import DeepSpeedSettings, deepspeed_settings
+from loraflow.enginespec import ENGINES, engine_spec
 from loraflow.environment import Environment
-from loraflow.errors import ConfigError, PlanError
-from loraflow.rules import Finding, Setup, evaluate
+from loraflow.errors import ConfigError
+from loraflow.phases import stage_phases
+from loraflow.plan.reasons import explain_choices
+from loraflow.plan.types import Decision, Plan
+from loraflow.rules import Setup, evaluate
 from loraflow.setup.model import ModelInfo
+from loraflow.stagespec import reference_kind, stage_spec
+
+__all__ = ["Decision", "Plan", "resolve"]
 
 TRAIN_MODULE_GROUPS = ("embeddings", "lm_head", "norms")
-
-
-@dataclass
-class Decision:
-    key: str
-    value: Any
-    reason: str
-    rule: str | None = None
-
-
-@dataclass
-class Plan:
-    config: Config
-    env: Environment
-    model: ModelInfo
-    setup: Setup
-    findings: list[Finding]
-    decisions: list[Decision] = field(default_factory=list)
-    # The typed choices that setup code executes.
-    device: str = "cpu"
-    load_dtype: torch.dtype = torch.float32
-    trainable_dtype: torch.dtype = torch.float32
-    autocast_dtype: torch.dtype | None = None
-    modules_to_save: list[str] = field(default_factory=list)
-    ensure_weight_tying: bool = False
-    checkpoint_layers: list[int] = field(default_factory=list)
-    reentrant: bool | None = None
-    input_grad_hook: bool = False
-    use_cache: bool = False
-    checkpoint_in_engine: bool = False
-    """FSDP2 with checkpointing inside the sharded unit: the engine wraps the layers, not transformers."""
-    head: str = "lm"
-    """`lm` (a causal LM), `score` (a scalar score head: the reward model) or `value` (a causal LM with PPO's value
-    head)."""
-    reference: str | None = None
-    """How the stage gets reference log-probs: adapters-disabled, copy, precomputed, or None (no reference)."""
-    phases: list = field(default_factory=list)
-    """The phases of one step with each model's mode (phases.Phase)."""
-    attn_implementation: str = "sdpa"
-    """The attention kernel transformers is asked for: one the architecture supports (setup/preflight.py)."""
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.verdict == "error"]
-
-    @property
-    def warnings(self) -> list[Finding]:
-        return [f for f in self.findings if f.verdict == "warning"]
-
-    def raise_for_errors(self) -> None:
-        if self.errors:
-            body = "\n".join(f.render() for f in self.errors)
-            raise PlanError(f"this setup cannot work; nothing was trained:\n{body}")
-
-    def render(self) -> str:
-        m = self.model
-        lines = [f"loraflow plan: stage {self.config.stage}; {self.env.describe()}",
-                 f"model: {m.path} ({m.model_type}, {m.num_layers} layers, {m.parameters / 1e6:.2f}M parameters)"
-                 if m.inspected else f"model: {m.path} (not inspected: its config could not be read here)"]
-        width = max(len(d.key) for d in self.decisions)
-        for d in self.decisions:
-            tag = f" [{d.rule}]" if d.rule else ""
-            lines.append(f"  {d.key:<{width}}  {_show(d.value)}{tag}\n  {'':<{width}}    because {d.reason}")
-        if self.findings:
-            lines.append("findings:")
-            lines += ["  " + f.render().replace("\n", "\n  ") for f in self.findings]
-        else:
-            lines.append("findings: none")
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "stage": self.config.stage,
-            "environment": {"device": self.env.device, "world_size": self.env.world_size,
-                            "versions": {k: str(v) if v else None for k, v in self.env.versions.items()}},
-            "decisions": [{"key": d.key, "value": _jsonable(d.value), "reason": d.reason, "rule": d.rule}
-                          for d in self.decisions],
-            "findings": [{"rule": f.rule.id, "verdict": f.verdict, "title": f.rule.title,
-                          "changes": {k: _jsonable(v) for k, v in f.changes.items()}} for f in self.findings],
-        }
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, torch.dtype):
-        return str(value).replace("torch.", "")
-    if isinstance(value, list):
-        return ", ".join(map(str, value)) if value else "none"
-    return str(value)
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except TypeError:
-        return _show(value)
 
 
 def resolve_train_modules(config: Config, info: ModelInfo) -> list[str]:
@@ -185,56 +95,39 @@ def _precision(config: Config) -> tuple[list[str], torch.dtype, torch.dtype, tor
         f"precision.mode=bf16-mixed: {why}; trainable parameters float32; matmuls under bfloat16 autocast"
 
 
-def resolve_engine(config: Config, env: Environment) -> tuple[str, int, bool]:
-    """(engine, ZeRO stage, offload) from parallel.* and the launch; a ConfigError for a contradiction."""
+def resolve_engine(config: Config, env: Environment) -> tuple[str, DeepSpeedSettings | None]:
+    """The engine from parallel.* and the launch, and, for DeepSpeed, its settings (stage, offload, the user's
+    JSON read and checked: once per run, here). A ConfigError for a contradiction."""
     p = config.parallel
     engine = p.engine
     if engine == "auto":
         deepspeed_asked = p.zero_stage is not None or p.deepspeed_config or "true" in (p.offload_optimizer,
                                                                                        p.offload_params)
         engine = "deepspeed" if deepspeed_asked else ("ddp" if env.world_size > 1 else "single")
-    if engine == "single" and env.world_size > 1:
-        raise ConfigError([f"parallel.engine=single, but {env.world_size} processes were launched (WORLD_SIZE="
-                           f"{env.world_size}); set parallel.engine to ddp, deepspeed or fsdp2, or launch one "
+    if not engine_spec(engine).distributed and env.world_size > 1:
+        raise ConfigError([f"parallel.engine={engine}, but {env.world_size} processes were launched (WORLD_SIZE="
+                           f"{env.world_size}); set parallel.engine to "
+                           f"{', '.join(e.name for e in ENGINES.values() if e.distributed)}, or launch one "
                            "process."])
     if engine != "deepspeed":
-        return engine, 0, False
-    from loraflow.engines.deepspeed_config import deepspeed_settings
-
-    ds = deepspeed_settings(config.parallel)
-    if config.precision.mode == "bf16" and ds.stage >= 1:
-        raise ConfigError([f"precision.mode=bf16 keeps weights, gradients and optimizer state in bfloat16, but "
-                           f"DeepSpeed ZeRO-{ds.stage} always keeps fp32 master weights and gradients for loraflow's "
-                           "optimizer, so it would train differently from one process. Use precision.mode="
-                           "bf16-mixed, or parallel.zero_stage=0, or parallel.engine=fsdp2."])
-    return engine, ds.stage, ds.offload_optimizer or ds.offload_params
-
-
-def resolve_reference(config: Config) -> str | None:
-    """The reference policy of dpo, grpo and ppo. With adapters it is the same model with its adapters switched
-    off (no second copy); full fine-tuning needs a copy, or for DPO, whose pairs are fixed, log-probs computed
-    once before training. GRPO and PPO score fresh samples every step, so they cannot precompute."""
-    stage, full = config.stage, config.adapter.method == "full"
-    if stage in ("sft", "rm") or (stage in ("grpo", "ppo") and config.rl.kl_coef == 0):
-        return None
-    if stage == "dpo":
-        asked = config.dpo.reference
-        return asked if asked != "auto" else ("precomputed" if full else "adapters-disabled")
-    return "copy" if full else "adapters-disabled"
+        return engine, None
+    return engine, deepspeed_settings(config.parallel)  # pure bf16 under ZeRO: rule bf16-zero-master-weights
 
 
 def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_to_save: list[str],
-                     layers: list[int], reentrant: bool | None) -> Setup:
+                     layers: list[int], reentrant: bool | None, engine: str,
+                     deepspeed: DeepSpeedSettings | None) -> Setup:
     """The setup as asked (with `auto` settled by the plan's defaults), before any rule fix: what a framework
     without loraflow's rules would run. The rules then decide what must change."""
     placement = "off" if not layers else ("all" if len(layers) == info.num_layers else "partial")
     lm_head = info.lm_head_name
+    full = config.adapter.method == "full"
     return Setup(
         stage=config.stage,
         adapter=config.adapter.method,
-        matched_modules=None if config.adapter.method == "full" or not info.inspected else len(info.adapter_modules),
-        embeddings_trainable=config.adapter.method == "full" or info.embedding_name in modules_to_save,
-        lm_head_trainable=config.adapter.method == "full" or (lm_head is not None and (
+        matched_modules=None if full or not info.inspected else len(info.adapter_modules),
+        embeddings_trainable=full or info.embedding_name in modules_to_save,
+        lm_head_trainable=full or (lm_head is not None and (
             lm_head in modules_to_save or lm_head in info.adapter_modules)),
         tied_embeddings=info.tied_embeddings,
         checkpointing=placement,
@@ -247,14 +140,15 @@ def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_
         precision=config.precision.mode,
         world_size=env.world_size,
         versions=dict(env.versions),
-        **_engine_fields(config, env),
+        **_engine_fields(config, engine, deepspeed),
     )
 
 
-def _engine_fields(config: Config, env: Environment) -> dict[str, Any]:
-    engine, stage, offload = resolve_engine(config, env)
+def _engine_fields(config: Config, engine: str, ds: DeepSpeedSettings | None) -> dict[str, Any]:
+    spec = stage_spec(config.stage)
     return dict(
-        engine=engine, zero_stage=stage, offload=offload,
+        engine=engine, zero_stage=ds.stage if ds else 0, offload=bool(ds and (ds.offload_optimizer or
+                                                                          ds.offload_params)),
         find_unused_parameters=engine == "ddp" and config.parallel.find_unused_parameters == "true",
         # What HF/accelerate do under FSDP2: transformers' layer checkpointing, which encloses the sharded unit.
         checkpoint_outside_shard=engine == "fsdp2",
@@ -262,8 +156,7 @@ def _engine_fields(config: Config, env: Environment) -> dict[str, Any]:
         # layer's unit): see engines/fsdp2.py.
         fsdp_frozen_units_separate=engine == "fsdp2" and config.adapter.method == "lora",
         # Rollouts, and exact-match evaluation, generate with the trained model.
-        generation=config.stage in ("grpo", "ppo") or (config.stage in ("sft", "dpo") and has_eval_set(config.data)
-                                                        and config.eval.generate),
+        generation=spec.generates or (spec.eval_generates and has_eval_set(config.data) and config.eval.generate),
         # Chosen and rejected (rm, dpo) go through one concatenated forward; the reference forward runs without
         # autograd, so it leaves nothing for the backward to meet (fsdp2-multi-forward-dtensor).
         forwards_per_step=1,
@@ -277,6 +170,7 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
         from loraflow.setup.model import inspect_model
 
         info = inspect_model(config)
+    spec = stage_spec(config.stage)
     modules_to_save = resolve_train_modules(config, info) if config.adapter.method != "full" else []
     problems, load_dtype, trainable_dtype, autocast_dtype, precision_reason = _precision(config)
     if problems:
@@ -284,7 +178,8 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
     layers = _checkpoint_layers(config, info.num_layers)
     asked = config.checkpointing.reentrant
     reentrant = None if not layers else (asked == "true")
-    naive = normalized_setup(config, env, info, modules_to_save, layers, reentrant)
+    engine, deepspeed = resolve_engine(config, env)
+    naive = normalized_setup(config, env, info, modules_to_save, layers, reentrant, engine, deepspeed)
     final, findings = evaluate(naive)
     changed_by = {key: f.rule.id for f in findings for key in f.changes}
 
@@ -293,18 +188,15 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
                 modules_to_save=modules_to_save, ensure_weight_tying=final.weight_tying_enforced,
                 checkpoint_layers=layers, reentrant=final.reentrant, input_grad_hook=final.input_grad_hook,
                 use_cache=False,
-                checkpoint_in_engine=bool(layers) and final.engine == "fsdp2" and not final.checkpoint_outside_shard)
+                checkpoint_in_engine=bool(layers) and final.engine == "fsdp2" and not final.checkpoint_outside_shard,
+                deepspeed=deepspeed, saves="model" if config.adapter.method == "full" else "adapter")
     plan.attn_implementation = info.attn_implementation
     if info.attn_implementation == "flash_attention_2" and env.device == "cpu":
         raise ConfigError(["model.attn_implementation=flash_attention_2 needs a CUDA GPU, and this run is on the "
                            "CPU. Set model.attn_implementation=auto (or sdpa, or eager)."])
-    plan.head = {"rm": "score", "ppo": "value"}.get(config.stage, "lm")
-    plan.reference = resolve_reference(config)
-    from loraflow.phases import stage_phases
-
-    plan.phases = stage_phases(config.stage, plan.reference, bool(config.rl.reward_model)
-                               and config.stage in ("grpo", "ppo"), config.rl.updates_per_rollout)
-    from loraflow.plan_reasons import explain_choices
-
+    plan.head = spec.head
+    plan.reference = reference_kind(spec, config)
+    plan.phases = stage_phases(spec, plan.reference, bool(config.rl.reward_model) and spec.generates,
+                               config.rl.updates_per_rollout)
     plan.decisions = explain_choices(plan, naive, changed_by, precision_reason)
     return plan

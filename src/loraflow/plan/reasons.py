@@ -1,12 +1,14 @@
 """The human side of the plan: one Decision (value + reason, + rule id when a rule set it) per choice.
 
-Kept apart from plan.py so the decision logic stays short; nothing here changes a choice, it only explains it.
+Kept apart from the decision logic (plan/__init__.py) so it stays short; nothing here changes a choice, it only explains it.
 """
 
 from __future__ import annotations
 
-from loraflow.plan import Decision, Plan
+from loraflow.enginespec import engine_spec
+from loraflow.plan.types import Decision, Plan
 from loraflow.rules import Setup
+from loraflow.stagespec import stage_spec
 
 
 def _adapter(plan: Plan) -> Decision:
@@ -106,14 +108,12 @@ def _engine(plan: Plan, naive: Setup, changed_by: dict[str, str]) -> list[Decisi
     s, cfg = plan.setup, plan.config
     t, n = cfg.train, s.world_size
     asked = f"parallel.engine={cfg.parallel.engine}" + (f" with {n} processes" if n > 1 else "")
-    names = {"single": "one process", "ddp": "DDP (replicated weights, all-reduced gradients)",
-             "fsdp2": "FSDP2 fully_shard (every parameter sharded)"}
-    if s.engine == "deepspeed":
-        offload = [k for k in ("offload_optimizer", "offload_params") if getattr(_ds(cfg), k)]
+    if plan.deepspeed is not None:
+        offload = [k for k in ("offload_optimizer", "offload_params") if getattr(plan.deepspeed, k)]
         value = f"DeepSpeed ZeRO-{s.zero_stage}" + (f", {' + '.join(offload)} to cpu" if offload else "")
-        why = f"{asked}; stage and offload from {_ds(cfg).source}"
+        why = f"{asked}; stage and offload from {plan.deepspeed.source}"
     else:
-        value = names[s.engine]
+        value = engine_spec(s.engine).description
         why = asked if s.engine != "single" or cfg.parallel.engine != "auto" else "one process was launched"
     out = [Decision("engine", value, why)]
     if n > 1 or s.engine != "single":
@@ -164,12 +164,6 @@ def _fsdp2(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     return out
 
 
-def _ds(cfg):
-    from loraflow.engines.deepspeed_config import deepspeed_settings
-
-    return deepspeed_settings(cfg.parallel)
-
-
 def explain_choices(plan: Plan, naive: Setup, changed_by: dict[str, str], precision_reason: str) -> list[Decision]:
     n = plan.setup.world_size
     out = [
@@ -181,6 +175,9 @@ def explain_choices(plan: Plan, naive: Setup, changed_by: dict[str, str], precis
         *_model_setup(plan),
         _adapter(plan),
         _freezing(plan),
+        Decision("saves", "every weight (the model)" if plan.saves == "model" else "the trainable weights (a PEFT "
+                 "adapter)", "full fine-tuning changes every weight" if plan.saves == "model" else "only the "
+                 "adapters and adapter.train_modules train; the base weights are model.path's"),
     ]
     if plan.ensure_weight_tying:
         out.append(Decision("ensure_weight_tying", True, "tied embeddings are trained",
@@ -192,37 +189,22 @@ def explain_choices(plan: Plan, naive: Setup, changed_by: dict[str, str], precis
     return out
 
 
-# The loss of each stage and why its normalisation keeps gradient accumulation exact.
-LOSSES = {
-    "sft": ("NLL of completion tokens / completion tokens in the optimizer step",
-            "only assistant/completion tokens are learned; normalising by the whole step's tokens makes gradient "
-            "accumulation exact (micro-batch 1 x 4 = 4 x 1)"),
-    "rm": ("pairwise -log sigmoid(r_chosen - r_rejected) / pairs in the step",
-           "Bradley-Terry preference loss (InstructGPT eq. 1) on the score head's output at each answer's last token"),
-    "dpo": ("{loss} loss, beta={beta:g}, label smoothing {ls:g} / pairs in the step",
-            "dpo.loss, dpo.beta, dpo.label_smoothing (DPO eq. 7 / IPO eq. 17 / conservative DPO)"),
-    "grpo": ("clipped surrogate with group-normalised advantages - beta*KL(k3), beta={kl:g}, clip {clip:g}",
-             "DeepSeekMath eq. 3: per-completion token mean, averaged over the completions of the step"),
-    "ppo": ("clipped surrogate on GAE advantages + {vc:g} x clipped value loss; KL {kl:g} in the reward",
-            "PPO eq. 7 with GAE (gamma {gamma:g}, lambda {lam:g}) and InstructGPT's per-token KL penalty"),
-}
-
-
 def _stage(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     cfg = plan.config
-    stage, d, r = cfg.stage, cfg.dpo, cfg.rl
-    value, why = LOSSES[stage]
-    out = [Decision("loss", value.format(loss=d.loss, beta=d.beta, ls=d.label_smoothing, kl=r.kl_coef,
-                                         clip=r.clip_eps, vc=r.value_coef), why.format(gamma=r.gamma, lam=r.lam))]
-    if stage == "sft":
+    spec, r = stage_spec(cfg.stage), cfg.rl
+    # The loss and why its normalisation keeps gradient accumulation exact, from the stage's declaration.
+    value, why = spec.loss
+    values = {**vars(cfg.dpo), **vars(r)}
+    out = [Decision("loss", value.format(**values), why.format(**values))]
+    if spec.packing:
         out.append(Decision("packing", cfg.data.packing, "data.packing; position ids restart per sample so packed "
                             "samples never attend to each other" if cfg.data.packing else "data.packing=false: one "
                             "sample per row, right-padded"))
         return out
-    if stage == "rm":
+    if spec.head == "score":
         out.append(Decision("head", "scalar score head (trained in full, saved with the adapter)",
                             "a reward model scores a whole answer; the body carries the adapters"))
-    if stage in ("rm", "dpo"):
+    if spec.data == "pairs":
         out.append(Decision("pairs", "chosen and rejected concatenated into one forward",
                             "one forward per micro-batch: under FSDP2 with checkpointing, two forwards before one "
                             "backward fail", "fsdp2-multi-forward-dtensor" if plan.setup.engine == "fsdp2" else None))
@@ -233,9 +215,9 @@ def _stage(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
             "copy": "full fine-tuning changes every weight, so the reference is a separately loaded frozen copy",
             "precomputed": "reference log-probs of every pair are computed once before training; no reference "
                            "model runs during it"}
-        key = "dpo.reference" if stage == "dpo" else "the adapter method"
+        key = spec.reference_key or "the adapter method"
         out.append(Decision("reference", plan.reference, f"{reasons[plan.reference]} ({key})"))
-    if stage in ("grpo", "ppo"):
+    if spec.generates:
         k = r.updates_per_rollout
         out.append(Decision("updates", f"{k} optimizer step{'s' if k > 1 else ''} per rollout",
                             "rl.updates_per_rollout: later updates take the ratio to the rollout's policy and are "

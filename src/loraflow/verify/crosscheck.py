@@ -1,13 +1,13 @@
 """Engine cross-check: the same few optimizer steps under an engine and in one fp32 process, compared.
 
 Each *cell* is one combination (adapter x checkpointing x precision x engine). Under an engine it trains exactly as
-`loraflow train` does (config -> plan -> model -> Trainer -> engine) for `steps` optimizer steps on a global batch
+`loraflow train` does (pipeline.build_run: config -> plan -> tokenizer -> data -> model -> trainer) for `steps` optimizer steps on a global batch
 of `global_batch` samples, and records the full (gathered, rank-averaged) trainable gradients after the first
 backward, the loss of every step and the trainable weights at the end. The reference is the same config in one
 process, fp32, no checkpointing, engine single. A cell the plan refuses records the rule that refused it.
 
-    torchrun --nproc_per_node 2 -m loraflow.engines.crosscheck --model DIR --data FILE --cells cells.json --out r.pt
-    python -m loraflow.engines.crosscheck ... --reference      (one process; each cell's own reference)
+    torchrun --nproc_per_node 2 -m loraflow.verify.crosscheck --model DIR --data FILE --cells cells.json --out r.pt
+    python -m loraflow.verify.crosscheck ... --reference      (one process; each cell's own reference)
 
 Used by tests/test_engines.py and scripts/compatibility_matrix.py, so the matrix and the tests measure the same way.
 """
@@ -64,8 +64,8 @@ class Cell:
             out.append("adapter.target_modules=all-linear")
         if self.checkpointing != "off":
             out.append(f"checkpointing.reentrant={'true' if self.checkpointing == 'reentrant' else 'false'}")
-        engine = {"single": "single", "ddp": "ddp", "fsdp2": "fsdp2"}.get(self.engine, "deepspeed")
-        out.append(f"parallel.engine={engine}")
+        # zeroN[-offload] names a DeepSpeed cell; any other name is an engine of the table (enginespec.py).
+        out.append(f"parallel.engine={'deepspeed' if self.engine.startswith('zero') else self.engine}")
         if self.engine.startswith("zero"):
             stage = int(self.engine[4])
             out.append(f"parallel.zero_stage={stage}")
@@ -84,31 +84,21 @@ def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Pa
     `plan_versions` (PKG=VER,...) makes the plan decide as for those versions, so a remedy for an older stack can be
     run, and checked, on the installed one."""
     from loraflow.config import load_config
-    from loraflow.data import load_split
     from loraflow.environment import detect_environment, parse_versions, with_versions
-    from loraflow.errors import ConfigError
-    from loraflow.plan import resolve
-    from loraflow.run import seed_everything
-    from loraflow.setup import build_model
-    from loraflow.setup.model import load_tokenizer
-    from loraflow.stages.sft import loss_fn
-    from loraflow.trainer import StageHooks, Trainer
+    from loraflow.errors import ConfigError, PlanError
+    from loraflow.pipeline import build_run
 
     overrides = [f"model.path={model_dir}", f"data.train={data}", *cell.overrides(world_size, workdir)]
     config = load_config(None, overrides)
+    env = with_versions(detect_environment(), parse_versions(plan_versions))
     try:
-        plan = resolve(config, with_versions(detect_environment(), parse_versions(plan_versions)))
+        run = build_run(config, env, Path(config.output.dir), adjust_model=_randomize_lora_b)
+    except PlanError as exc:
+        return {"status": "refused", "rule": ",".join(f.rule.id for f in exc.findings),
+                "message": "; ".join(f.rule.title for f in exc.findings)}
     except ConfigError as exc:
         return {"status": "refused", "rule": None, "message": str(exc)}
-    if plan.errors:
-        return {"status": "refused", "rule": ",".join(f.rule.id for f in plan.errors),
-                "message": "; ".join(f.rule.title for f in plan.errors)}
-    seed_everything(config.train.seed)
-    tokenizer = load_tokenizer(config, plan.model.path)
-    split = load_split(config, tokenizer, "train")
-    model = build_model(plan, tokenizer)
-    _randomize_lora_b(model)
-    trainer = Trainer(plan, model, tokenizer, split, StageHooks(loss_fn(plan.use_cache)), Path(config.output.dir))
+    trainer, plan = run.trainer, run.plan
     losses, grads = [], None
     for step in range(STEPS):
         stats = trainer.accumulate()
@@ -188,7 +178,7 @@ def worker_argv(cells: list[Cell], model: str, data: str, workdir: Path, tag: st
 
     spec, out = workdir / f"{tag}.cells.json", workdir / f"{tag}.pt"
     spec.write_text(json.dumps([asdict(c) for c in cells]))
-    tail = ["-m", "loraflow.engines.crosscheck", "--model", model, "--data", data, "--cells", str(spec),
+    tail = ["-m", "loraflow.verify.crosscheck", "--model", model, "--data", data, "--cells", str(spec),
             "--out", str(out), *(["--reference"] if reference else []), *extra]
     return (torchrun_argv(ranks, tail, python) if ranks > 1 else [python or sys.executable, *tail]), out
 
@@ -201,7 +191,7 @@ def save(cells: list[Cell], results: dict[str, Any], out: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loraflow.engines.crosscheck")
+    p = argparse.ArgumentParser(prog="python -m loraflow.verify.crosscheck")
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--cells", required=True, help="JSON list of cells (adapter, checkpointing, precision, engine)")

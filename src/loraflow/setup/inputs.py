@@ -1,0 +1,68 @@
+"""The run's inputs before its model: the tokenizer (checked against the model's embedding) and the data, read as
+the stage declares (stagespec.py). `train` loads them before the weights so a malformed line fails in seconds, and
+`check` runs the same code to find the same errors without training."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from loraflow.config.schema import Config
+from loraflow.data import load_stage_data
+from loraflow.errors import ConfigError
+from loraflow.setup.model import ModelInfo, inspect_model, load_tokenizer
+from loraflow.setup.paths import quiet, resolve_path
+from loraflow.setup.preflight import check_vocab
+
+
+def inspect_for_check(config: Config):
+    """ModelInfo for `check`, or (a placeholder, note) when the model cannot be looked at here (a hub id that is
+    neither cached nor reachable): the plan goes on without the model-dependent checks."""
+    try:
+        return inspect_model(config), None
+    except ConfigError as exc:
+        path = config.model.path
+        if path.startswith("builtin:") or Path(resolve_path(path, "model.path")).exists() or \
+                "cannot read a model config" not in str(exc):
+            raise
+        note = (f"note: could not look at model.path={path} (not a local directory, and not in the Hugging Face "
+                "cache or not reachable from here), so the model-dependent checks were skipped: model class, "
+                "attention, adapter targets, merge adapters, tokenizer, data. `train` will run them once it can "
+                "download the model.")
+        return ModelInfo(path=path, model_type="not inspected", num_layers=0, tied_embeddings=False,
+                         use_cache_default=True, embedding_name="embed_tokens", lm_head_name="lm_head",
+                         inspected=False), note
+
+
+def tokenizer_and_data(plan):
+    """The tokenizer (checked against the model's embedding) and the (train, eval) splits, read with the stage's
+    data kind (data.load_stage_data): what `train` needs before building the model, and what `check` runs to find the same
+    errors. Returns (tokenizer, train_split, eval_split)."""
+    config = plan.config
+    tokenizer = load_tokenizer(config, plan.model.path)
+    check_vocab(config, tokenizer, plan.model.vocab_size)  # before the data: it fails in a second
+    train_split, eval_split = load_stage_data(config, tokenizer)
+    return tokenizer, train_split, eval_split
+
+
+def check_tokenizer_and_data(plan) -> str:
+    """`tokenizer_and_data` for `check`. Returns the data summary `train` would log."""
+    config = plan.config
+    # What the data readers log (e.g. the format detected) goes into the summary, not onto stdout, so that
+    # `check --json` stays one document.
+    log, said = logging.getLogger("loraflow"), []
+    collector = logging.Handler(logging.INFO)
+    collector.emit = lambda record: said.append(record.getMessage())
+    handlers, propagate, level = log.handlers[:], log.propagate, log.level
+    log.handlers, log.propagate = [collector], False
+    log.setLevel(logging.INFO)
+    try:
+        with quiet():
+            _, train_split, eval_split = tokenizer_and_data(plan)
+    finally:
+        log.handlers, log.propagate = handlers, propagate
+        log.setLevel(level)
+    lines = said + [train_split.stats.describe("train data", config.data.max_length)]
+    if eval_split is not None:
+        lines.append(eval_split.stats.describe("eval data", config.data.max_length))
+    return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""The shape of the package: its import graph has no cycle, the verification harnesses sit beside the product
+(never imported by it), nothing below the trainer imports the trainer, run or a stage, and each stage and engine
+fact is read from its table (stagespec.py, enginespec.py) instead of string checks scattered through the code."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import loraflow
+from loraflow.enginespec import ENGINES, engine_class
+from loraflow.stagespec import STAGES, stage_module
+
+SRC = Path(loraflow.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every loraflow module `name` imports, at the top or inside a function, as the module it names (a
+    `from package import submodule` names the submodule)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in MODULES}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in MODULES else base)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_import_graph_has_no_cycle():
+    assert _cycles() == []
+
+
+def test_the_graph_sees_imports_inside_functions():
+    # run.py imports the pipeline at the top and the environment inside `_train`: both are edges.
+    assert {"loraflow.pipeline", "loraflow.environment"} <= GRAPH["loraflow.run"]
+
+
+def _importers(target) -> set[str]:
+    return {m for m, deps in GRAPH.items() if any(target(d) for d in deps)}
+
+
+def test_no_product_module_imports_the_verification_package():
+    verify = lambda m: m == "loraflow.verify" or m.startswith("loraflow.verify.")  # noqa: E731
+    assert {m for m in _importers(verify) if not verify(m)} == set()
+
+
+def test_nothing_below_the_trainer_imports_the_trainer_run_or_a_stage():
+    above = lambda m: m.startswith(("loraflow.stages.", "loraflow.verify.")) or m in ("loraflow.cli",)  # noqa: E731
+    assert {m for m in _importers(lambda d: d == "loraflow.trainer") if not above(m)} == set()
+    assert {m for m in _importers(lambda d: d == "loraflow.run") if not above(m)} == set()
+    stage = lambda d: d == "loraflow.stages" or d.startswith("loraflow.stages.")  # noqa: E731
+    assert {m for m in _importers(stage) if not above(m)} == set()
+    # The one way to a stage's module is its table entry (stagespec.stage_module), read by the pipeline.
+    dynamic = [m for m, path in MODULES.items() if '"loraflow.stages.' in path.read_text()
+               and m not in ("loraflow.stagespec",) and not m.startswith("loraflow.stages.")]
+    assert dynamic == []
+
+
+def _stage_name_checks(path: Path) -> list[int]:
+    """Lines comparing something called *stage to a stage name: `stage in ("grpo", "ppo")`."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value in STAGES for k in node.keys):
+            lines.append(node.lineno)  # {"rm": "score"}.get(config.stage, "lm")
+        if not isinstance(node, ast.Compare):
+            continue
+        left = node.left
+        named = (left.attr if isinstance(left, ast.Attribute) else getattr(left, "id", "")) or ""
+        if not named.endswith("stage"):
+            continue
+        for comparator in node.comparators:
+            values = comparator.elts if isinstance(comparator, (ast.Tuple, ast.List, ast.Set)) else [comparator]
+            if any(isinstance(v, ast.Constant) and v.value in STAGES for v in values):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_stage_facts_come_from_the_stage_table():
+    # frontends read other frameworks' stage names, which are those frameworks' facts, not loraflow's.
+    found = {m: lines for m, path in MODULES.items()
+             if not m.startswith("loraflow.frontends") and (lines := _stage_name_checks(path))}
+    assert found == {}
+
+
+def test_the_checker_finds_a_stage_string_check(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(config):\n    return config.stage in ('grpo', 'ppo')\n\n\n"
+                     "def g(config):\n    return {'rm': 'score'}.get(config.stage, 'lm')\n")
+    assert _stage_name_checks(probe) == [2, 6]
+
+
+def test_every_declared_stage_and_engine_has_its_implementation():
+    for name, spec in STAGES.items():
+        module = stage_module(name)
+        assert callable(module.build), name
+        assert spec.phases[-1].train and all(not p.train for p in spec.phases[:-1]), name
+    from loraflow.engines import Engine
+
+    for name in ENGINES:
+        cls = engine_class(name)
+        assert issubclass(cls, Engine) and cls.name == name, name
