@@ -1,4 +1,4 @@
-"""Frontends of `loraflow check`: other frameworks' launch lines and configs -> Setup -> rule findings.
+"""Frontends of `loraflow check`: other frameworks' launch lines and configs -> Combination -> rule findings.
 
 Pure parsing: no model, no process group. Each framework has realistic inputs in the style of its own examples
 (tests/fixtures/frontends/<framework>/), at least one where the framework's own defaults decide the outcome, and the
@@ -21,7 +21,7 @@ from loraflow.frontends import (FRAMEWORKS, detect, flags_for, from_command, fro
                                 run_check)
 from loraflow.frontends.argv import command_from_script, parse_flags, split_command
 from loraflow.rules import evaluate
-from loraflow.rules.setup import SETUP_FIELDS
+from loraflow.rules.combination import COMBINATION_FIELDS
 
 FIX = Path(__file__).parent / "fixtures" / "frontends"
 CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2"),
@@ -393,7 +393,7 @@ def test_detect_launch_lines(line, framework):
 def test_flags_for_every_framework_name_setup_fields():
     for name in FRAMEWORKS:
         flags = flags_for(name)
-        assert flags and set(flags) <= set(SETUP_FIELDS), name
+        assert flags and set(flags) <= set(COMBINATION_FIELDS), name
     assert flags_for("openrlhf")["reentrant"] == "--gradient_checkpointing_use_reentrant"
     assert flags_for("llama-factory")["reentrant"] == "use_reentrant_gc"
 

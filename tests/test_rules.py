@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from packaging.version import Version
 
-from loraflow.rules import Setup, all_rules, evaluate, get_rule
+from loraflow.rules import Combination, all_rules, evaluate, get_rule
 from loraflow.rules.registry import SYMPTOMS, Rule, rules_for_symptom
 
-BASE = Setup(adapter="lora", matched_modules=28)
+BASE = Combination(adapter="lora", matched_modules=28)
 OLD_DS, NEW_DS = {"deepspeed": Version("0.15.3")}, {"deepspeed": Version("0.19.8")}
 OLD_TORCH, NEW_TORCH = {"torch": Version("2.5.1")}, {"torch": Version("2.13.0")}
 ZERO3 = BASE.replace(engine="deepspeed", zero_stage=3, world_size=2)
@@ -102,7 +102,7 @@ CASES = {
 }
 
 
-def fired(setup: Setup) -> dict[str, str]:
+def fired(setup: Combination) -> dict[str, str]:
     _, findings = evaluate(setup)
     return {f.rule.id: f.verdict for f in findings}
 

@@ -43,7 +43,7 @@ _GUARD_CAUSE = re.compile(r"^\s*- \[([a-z0-9][a-z0-9-]*)\] ")
 _BRACKETED = re.compile(r"\[([a-z0-9-]+(?:, [a-z0-9-]+)*)\]")
 _REFUSAL = "this setup cannot work"
 
-# Setup field (a rule's knob) -> the loraflow config key that changes it. Knobs the plan always settles itself
+# Combination field (a rule's knob) -> the loraflow config key that changes it. Knobs the plan always settles itself
 # (the input-grad hook, use_cache, gathers, wrap order) have no key: a failure there is the plan's bug.
 KEYS = {
     "reentrant": "checkpointing.reentrant",

@@ -1,12 +1,12 @@
-"""Other frameworks' command lines and config files -> loraflow's normalized Setup, for `loraflow check`.
+"""Other frameworks' command lines and config files -> loraflow's normalized Combination, for `loraflow check`.
 
 Interface (one module per framework, each declaring itself once in a module-level FRAMEWORK; _MODULES in base.py is
 the dispatch order):
   result = from_command(argv, versions)            # argv: the launch line after `loraflow check --`
   result = from_files(framework, paths, versions)   # `loraflow check --framework NAME FILE...`
-A FrontendResult carries the Setup, where each field's value came from (a flag, a file key, or the framework's own
+A FrontendResult carries the Combination, where each field's value came from (a flag, a file key, or the framework's own
 default with the source file that sets it), the flags it did not understand (listed, never ignored), and the
-framework's flag for each Setup field so fixes can name the exact flag to change.
+framework's flag for each Combination field so fixes can name the exact flag to change.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ NAME = "axolotl"
 CFG = "src/axolotl/utils/config/__init__.py"
 _RL = {"dpo": "dpo", "ipo": "dpo", "orpo": "dpo", "kto": "dpo", "simpo": "dpo", "gdpo": "dpo", "grpo": "grpo",
        "ebft": "sft"}
-# Setup field -> the Axolotl config key that changes it (also read by `loraflow explain` through flags_for).
+# Combination field -> the Axolotl config key that changes it (also read by `loraflow explain` through flags_for).
 FLAGS = {"checkpointing": "gradient_checkpointing", "reentrant": "gradient_checkpointing_kwargs: {use_reentrant: ...}",
          "zero_stage": "deepspeed (e.g. deepspeed_configs/zero2.json)", "engine": "deepspeed / fsdp / fsdp_version",
          "adapter": "adapter / peft_use_dora", "precision": "bf16 / fp16", "quantization": "load_in_4bit",

@@ -10,27 +10,27 @@ from difflib import get_close_matches
 from importlib import import_module
 from typing import Callable
 
-from loraflow.rules.setup import Setup
+from loraflow.rules.combination import Combination
 
 
 @dataclass
 class FrontendResult:
     framework: str
-    setup: Setup
+    setup: Combination
     sources: dict[str, str] = field(default_factory=dict)
-    """Setup field -> where its value came from: `--zero_stage 3`, `ds.json: zero_optimization.stage`,
+    """Combination field -> where its value came from: `--zero_stage 3`, `ds.json: zero_optimization.stage`,
     or `default (openrlhf/cli/train_sft.py)`."""
     unknown: list[str] = field(default_factory=list)
     """Flags or keys this frontend did not understand; printed, never silently ignored."""
     notes: list[str] = field(default_factory=list)
     flags: dict[str, str] = field(default_factory=dict)
-    """Setup field -> this framework's flag or key that changes it (used to word fixes)."""
+    """Combination field -> this framework's flag or key that changes it (used to word fixes)."""
     queried: dict = field(default_factory=dict)
     """Package -> the versions the frontend compared it with (where its defaults change)."""
     eras: dict = field(default_factory=dict)
     """Package -> (specifier, reason): the release range the command itself reveals."""
     unsure: dict = field(default_factory=dict)
-    """Setup field -> ({value: meaning}, why): choices made in the user's code, where no flag shows them."""
+    """Combination field -> ({value: meaning}, why): choices made in the user's code, where no flag shows them."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Framework:
     recognise: Callable[[CommandView], bool] | None
     """Whether a launch command line runs this framework; None: it has no command line (a config format)."""
     flags: dict[str, str]
-    """Setup field -> the framework's flag or key that changes it, in its usual spelling (words every fix)."""
+    """Combination field -> the framework's flag or key that changes it, in its usual spelling (words every fix)."""
     log_paths: str = ""
     """Where a traceback runs through this framework's own code (`loraflow explain` names the framework)."""
     file_markers: frozenset[str] = frozenset()
@@ -85,7 +85,7 @@ def framework_of_log(text: str) -> str | None:
 
 
 def flags_for(name: str) -> dict[str, str]:
-    """Setup field -> that framework's flag or key, in its usual spelling (for wording fixes without a command)."""
+    """Combination field -> that framework's flag or key, in its usual spelling (for wording fixes without a command)."""
     return dict(framework(name).flags)
 
 

@@ -1,4 +1,4 @@
-"""What every frontend shares: a draft Setup that remembers where each value came from, version tests, config
+"""What every frontend shares: a draft Combination that remembers where each value came from, version tests, config
 files (YAML/JSON) and accelerate's launch configuration (a `--config_file` YAML and `accelerate launch` flags)."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, parse_bool, resolve_path, visible_devices
 from loraflow.frontends.base import FrontendResult
-from loraflow.rules.setup import Setup
+from loraflow.rules.combination import Combination
 
-_DEFAULTS = {f.name: f.default for f in fields(Setup) if f.name != "versions"}
+_DEFAULTS = {f.name: f.default for f in fields(Combination) if f.name != "versions"}
 
 
 class Draft:
-    """Setup values with their sources; `default()` never overrides what a flag or file already set.
+    """Combination values with their sources; `default()` never overrides what a flag or file already set.
 
     `versions` are the package versions of this evaluation: the ones the user gave, plus, in a scenario, the
     release assumed for each unknown one. Every comparison a frontend makes against a version is recorded
@@ -43,7 +43,7 @@ class Draft:
 
     def set(self, name: str, value: Any, source: str) -> None:
         if name not in _DEFAULTS:
-            raise KeyError(f"{name} is not a Setup field")
+            raise KeyError(f"{name} is not a Combination field")
         self.values[name] = value
         self.sources[name] = source
 
@@ -88,13 +88,13 @@ class Draft:
                 self.era(package, spec, f"{shown} exists in {title} {spec}")
 
     def maybe(self, name: str, labels: dict[Any, str], why: str) -> None:
-        """A Setup field the user's own code decides where no flag shows it: every value is evaluated."""
+        """A Combination field the user's own code decides where no flag shows it: every value is evaluated."""
         if name not in _DEFAULTS:
-            raise KeyError(f"{name} is not a Setup field")
+            raise KeyError(f"{name} is not a Combination field")
         self.unsure[name] = (labels, why)
 
     def result(self) -> FrontendResult:
-        setup = Setup(**self.values, versions=dict(self.versions))
+        setup = Combination(**self.values, versions=dict(self.versions))
         return FrontendResult(self.framework, setup, dict(self.sources), list(dict.fromkeys(self.unknown)),
                               list(self.notes), dict(self.flags), {k: set(v) for k, v in self.queried.items()},
                               dict(self.eras), dict(self.unsure))

@@ -15,8 +15,15 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import keys
 from loraflow.frontends.argv import resolve_path
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import (STAGE_IN_NAME, Draft, as_bool, finish_world, int_value, load_mapping,
-                                      mapping_value)
+from loraflow.frontends.common import (
+    STAGE_IN_NAME,
+    Draft,
+    as_bool,
+    finish_world,
+    int_value,
+    load_mapping,
+    mapping_value,
+)
 
 NAME = "deepspeed"
 FLAGS = {"zero_stage": "zero_optimization.stage",

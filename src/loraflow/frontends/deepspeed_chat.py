@@ -14,7 +14,13 @@ import re
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import keys
-from loraflow.frontends.argv import Command, command_from_script, parse_bool, parse_flags, split_command
+from loraflow.frontends.argv import (
+    Command,
+    command_from_script,
+    parse_bool,
+    parse_flags,
+    split_command,
+)
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, at_least, finish_world, int_value
 

@@ -1,4 +1,4 @@
-"""Every flag or config key each framework accepts, so that a name a frontend does not map to a Setup field is
+"""Every flag or config key each framework accepts, so that a name a frontend does not map to a Combination field is
 known-and-irrelevant (learning rate, dataset, output dir...) rather than unknown.
 
 The frontends check their own mapped names first; whatever is left must be in these sets or it is listed as unknown.

@@ -14,7 +14,13 @@ from typing import Any
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import deepspeed, keys
-from loraflow.frontends.argv import Command, command_from_script, parse_flags, resolve_path, split_command
+from loraflow.frontends.argv import (
+    Command,
+    command_from_script,
+    parse_flags,
+    resolve_path,
+    split_command,
+)
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import (
     Draft,
@@ -34,7 +40,7 @@ from loraflow.frontends.common import (
 NAME = "llama-factory"
 HP = "src/llamafactory/hparams"
 STAGES = {"pt": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "kto": "dpo", "ppo": "ppo"}
-# Setup field -> the LLaMA-Factory key (YAML) or flag that changes it (also read by `loraflow explain`).
+# Combination field -> the LLaMA-Factory key (YAML) or flag that changes it (also read by `loraflow explain`).
 FLAGS = {"checkpointing": "disable_gradient_checkpointing", "reentrant": "use_reentrant_gc",
          "zero_stage": "deepspeed (e.g. examples/deepspeed/ds_z2_config.json)", "adapter": "finetuning_type / use_dora",
          "precision": "bf16 / fp16 / pure_bf16", "quantization": "quantization_bit", "matched_modules": "lora_target",

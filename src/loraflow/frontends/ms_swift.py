@@ -14,7 +14,12 @@ from typing import Any
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import deepspeed, keys
-from loraflow.frontends.argv import Command, command_from_script, parse_flags, split_command
+from loraflow.frontends.argv import (
+    Command,
+    command_from_script,
+    parse_flags,
+    split_command,
+)
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import (
     Draft,
@@ -36,7 +41,7 @@ NAME = "ms-swift"
 ARGS = "swift/trainers/arguments.py"
 RLHF = {"dpo": "dpo", "grpo": "grpo", "ppo": "ppo", "rm": "rm", "kto": "dpo", "orpo": "dpo", "simpo": "dpo",
         "cpo": "dpo", "gkd": "sft"}
-# Setup field -> the ms-swift flag that changes it (also read by `loraflow explain` through flags_for).
+# Combination field -> the ms-swift flag that changes it (also read by `loraflow explain` through flags_for).
 FLAGS = {"checkpointing": "--gradient_checkpointing",
          "reentrant": "--gradient_checkpointing_kwargs '{\"use_reentrant\": ...}'",
          "zero_stage": "--deepspeed (zero2, zero3, zero3_offload, ...)",

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import keys
-from loraflow.frontends.argv import Command, command_from_script, parse_bool, parse_flags, split_command
+from loraflow.frontends.argv import (
+    Command,
+    command_from_script,
+    parse_bool,
+    parse_flags,
+    split_command,
+)
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, at_least, finish_world, int_value
 
@@ -19,7 +25,7 @@ CLI = "openrlhf/cli/train_sft.py"
 STAGES = {"train_sft": "sft", "train_rm": "rm", "train_dpo": "dpo", "train_ppo": "ppo", "train_ppo_ray": "ppo",
           "train_kto": "dpo", "train_prm": "rm", "train_kd": "sft"}
 
-# Setup field -> (flat flag, dotted flag, PPO-dotted flag). None: that generation has no such flag.
+# Combination field -> (flat flag, dotted flag, PPO-dotted flag). None: that generation has no such flag.
 _FLAGS = {
     "checkpointing": ("gradient_checkpointing", "model.gradient_checkpointing_enable",
                       "actor.gradient_checkpointing_enable"),

@@ -8,7 +8,7 @@ from typing import Any
 
 from loraflow.frontends.base import FrontendResult, frameworks
 from loraflow.frontends.verdict import Checked, Verdict
-from loraflow.rules.setup import SETUP_FIELDS
+from loraflow.rules.combination import COMBINATION_FIELDS
 
 # Always shown, even when no flag or default set them: they decide most rules.
 _CORE = ("stage", "adapter", "engine", "zero_stage", "world_size", "checkpointing", "reentrant", "input_grad_hook",
@@ -74,7 +74,7 @@ def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
     unknowns = [{"name": v.name, "kind": v.kind, "ranges": [v.describe(x) for x in v.considered()], "why": v.why}
                 for v in verdict.variables]
     if as_json:
-        doc = {"framework": result.framework, "setup": {k: _value(getattr(result.setup, k)) for k in SETUP_FIELDS},
+        doc = {"framework": result.framework, "setup": {k: _value(getattr(result.setup, k)) for k in COMBINATION_FIELDS},
                "versions": {k: str(v) for k, v in result.setup.versions.items() if v is not None},
                "sources": result.sources, "flags": result.flags, "unknown": result.unknown, "notes": result.notes,
                "inferred_eras": {k: {"range": spec, "why": why} for k, (spec, why) in result.eras.items()},
@@ -88,7 +88,7 @@ def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code:
     world = result.sources.get("world_size", "not visible, assumed")
     title = {f.name: f.title for f in frameworks()}.get(result.framework, result.framework)
     lines = [f"{title} setup, world size {s.world_size} ({world})", ""]
-    shown = [k for k in SETUP_FIELDS if k in _CORE or k in result.sources]
+    shown = [k for k in COMBINATION_FIELDS if k in _CORE or k in result.sources]
     width = max(len(k) for k in shown)
     vwidth = max(len(str(_value(getattr(s, k)))) for k in shown)
     lines.append("setup (value, where it came from):")

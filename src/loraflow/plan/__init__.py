@@ -1,6 +1,6 @@
 """resolve(config, environment) -> Plan: every concrete choice of a run, each with its reason.
 
-This is the one decision function. It maps the config onto the normalized Setup, lets the rule registry apply its
+This is the one decision function. It maps the config onto the normalized Combination, lets the rule registry apply its
 fixes and report its errors and warnings, and turns the result into typed choices that `train` executes and
 `check` prints. Nothing downstream re-decides: setup code reads `plan.<choice>` and never the raw config for
 anything the plan covers.
@@ -21,7 +21,7 @@ from loraflow.errors import ConfigError
 from loraflow.phases import stage_phases
 from loraflow.plan.reasons import explain_choices
 from loraflow.plan.types import Decision, Plan
-from loraflow.rules import Setup, evaluate
+from loraflow.rules import Combination, evaluate
 from loraflow.setup.model import ModelInfo
 from loraflow.stagespec import reference_kind, stage_spec
 
@@ -116,13 +116,13 @@ def resolve_engine(config: Config, env: Environment) -> tuple[str, DeepSpeedSett
 
 def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_to_save: list[str],
                      layers: list[int], reentrant: bool | None, engine: str,
-                     deepspeed: DeepSpeedSettings | None) -> Setup:
+                     deepspeed: DeepSpeedSettings | None) -> Combination:
     """The setup as asked (with `auto` settled by the plan's defaults), before any rule fix: what a framework
     without loraflow's rules would run. The rules then decide what must change."""
     placement = "off" if not layers else ("all" if len(layers) == info.num_layers else "partial")
     lm_head = info.lm_head_name
     full = config.adapter.method == "full"
-    return Setup(
+    return Combination(
         stage=config.stage,
         adapter=config.adapter.method,
         matched_modules=None if full or not info.inspected else len(info.adapter_modules),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from loraflow.enginespec import engine_spec
 from loraflow.plan.types import Decision, Plan
-from loraflow.rules import Setup
+from loraflow.rules import Combination
 from loraflow.stagespec import stage_spec
 
 
@@ -82,7 +82,7 @@ def _checkpointing(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     return out
 
 
-def _input_grad_hook(plan: Plan, naive: Setup, changed_by: dict[str, str]) -> Decision:
+def _input_grad_hook(plan: Plan, naive: Combination, changed_by: dict[str, str]) -> Decision:
     if plan.input_grad_hook:
         return Decision("input_grad_hook", True, "reentrant checkpointing only records a graph when a layer "
                         "input requires grad and the embeddings are frozen", changed_by.get("input_grad_hook"))
@@ -95,7 +95,7 @@ def _input_grad_hook(plan: Plan, naive: Setup, changed_by: dict[str, str]) -> De
     return Decision("input_grad_hook", False, why)
 
 
-def _use_cache(plan: Plan, naive: Setup, changed_by: dict[str, str]) -> Decision:
+def _use_cache(plan: Plan, naive: Combination, changed_by: dict[str, str]) -> Decision:
     rule = changed_by.get("use_cache")
     if rule:
         return Decision("use_cache", False, f"the model's default is {naive.use_cache}; training must not write a "
@@ -104,7 +104,7 @@ def _use_cache(plan: Plan, naive: Setup, changed_by: dict[str, str]) -> Decision
                     "KV cache; turning it off saves its memory and keeps the forward free of cache state")
 
 
-def _engine(plan: Plan, naive: Setup, changed_by: dict[str, str]) -> list[Decision]:
+def _engine(plan: Plan, naive: Combination, changed_by: dict[str, str]) -> list[Decision]:
     s, cfg = plan.setup, plan.config
     t, n = cfg.train, s.world_size
     asked = f"parallel.engine={cfg.parallel.engine}" + (f" with {n} processes" if n > 1 else "")
@@ -164,7 +164,7 @@ def _fsdp2(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     return out
 
 
-def explain_choices(plan: Plan, naive: Setup, changed_by: dict[str, str], precision_reason: str) -> list[Decision]:
+def explain_choices(plan: Plan, naive: Combination, changed_by: dict[str, str], precision_reason: str) -> list[Decision]:
     n = plan.setup.world_size
     out = [
         Decision("device", plan.device if n == 1 else f"{plan.device}, {n} processes",

@@ -13,7 +13,7 @@ from loraflow.config.schema import Config
 from loraflow.engines.deepspeed_config import DeepSpeedSettings
 from loraflow.environment import Environment
 from loraflow.errors import PlanError
-from loraflow.rules import Finding, Setup
+from loraflow.rules import Combination, Finding
 from loraflow.setup.model import ModelInfo
 
 
@@ -30,7 +30,7 @@ class Plan:
     config: Config
     env: Environment
     model: ModelInfo
-    setup: Setup
+    setup: Combination
     findings: list[Finding]
     decisions: list[Decision] = field(default_factory=list)
     # The typed choices that setup code executes.

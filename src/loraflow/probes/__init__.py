@@ -1,9 +1,9 @@
 """`loraflow probe`: tiny live reproductions of the registry's rules on the installed stack.
 
-Each Case names a rule, the naive Setup that triggers it, and an `execute(setup, ctx)` function that runs one
-training step (or save, or generate) of a tiny model exactly as the Setup says, on 1 or 2 ranks. The runner
-executes every case in its own subprocess twice: once with the naive Setup (does this stack break?) and once with
-the Setup loraflow's plan turns it into (`rules.evaluate`); a plan that refuses the setup counts as safe.
+Each Case names a rule, the naive Combination that triggers it, and an `execute(setup, ctx)` function that runs one
+training step (or save, or generate) of a tiny model exactly as the Combination says, on 1 or 2 ranks. The runner
+executes every case in its own subprocess twice: once with the naive Combination (does this stack break?) and once with
+the Combination loraflow's plan turns it into (`rules.evaluate`); a plan that refuses the setup counts as safe.
 The registry also predicts the naive outcome from the installed versions; the table shows both, so a stack that
 behaves differently from the catalog is visible at once.
 """
@@ -16,7 +16,9 @@ from loraflow.probes.base import _CASES, Case, Context, Observation, Status, cas
 
 
 def all_cases() -> dict[str, Case]:
-    from loraflow.probes import cases  # noqa: F401  (single-process reproductions register on import)
-    from loraflow.probes import distributed  # noqa: F401  (DDP, DeepSpeed and FSDP reproductions)
+    from loraflow.probes import (
+        cases,  # noqa: F401  (single-process reproductions register on import)
+        distributed,  # noqa: F401  (DDP, DeepSpeed and FSDP reproductions)
+    )
 
     return dict(_CASES)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from loraflow.rules.setup import Setup
+from loraflow.rules.combination import Combination
 
 Status = Literal["ok", "error", "wrong", "refused", "n/a", "timeout", "failed"]
 """`failed`: the probe process died before reporting (a probe bug or a broken install), which says nothing
@@ -35,9 +35,9 @@ class Context:
 @dataclass(frozen=True)
 class Case:
     rule: str
-    naive: Setup
+    naive: Combination
     """The settings that trigger the rule (versions are filled in from the installed stack)."""
-    execute: Callable[[Setup, Context], Observation]
+    execute: Callable[[Combination, Context], Observation]
     ranks: int = 1
     requires: tuple[str, ...] = ()
     """Python packages the reproduction needs; missing ones make it not applicable."""
@@ -51,9 +51,9 @@ class Case:
 _CASES: dict[str, Case] = {}
 
 
-def case(rule: str, naive: Setup, **kwargs) -> Callable:
+def case(rule: str, naive: Combination, **kwargs) -> Callable:
     """Decorator: register `execute` as the live reproduction of `rule`."""
-    def register(execute: Callable[[Setup, Context], Observation]):
+    def register(execute: Callable[[Combination, Context], Observation]):
         if rule in _CASES:
             raise ValueError(f"probe for {rule} registered twice")
         _CASES[rule] = Case(rule=rule, naive=naive, execute=execute, what=" ".join((execute.__doc__ or "").split()), **kwargs)

@@ -1,19 +1,25 @@
 """Single-process reproductions: checkpointing, cache, packing, adapters, precision. Each `execute` runs the tiny
-model exactly as the Setup says and reports ok, an error, or silently wrong results against the reference."""
+model exactly as the Combination says and reports ok, an error, or silently wrong results against the reference."""
 
 from __future__ import annotations
 
 import torch
 
 from loraflow.probes.base import Context, Observation, case
-from loraflow.probes.tiny import adapter_grads, compare, tiny_llama, token_batch, with_adapters
-from loraflow.rules.setup import Setup
+from loraflow.probes.tiny import (
+    adapter_grads,
+    compare,
+    tiny_llama,
+    token_batch,
+    with_adapters,
+)
+from loraflow.rules.combination import Combination
 
-LORA = Setup(adapter="lora", matched_modules=14)
+LORA = Combination(adapter="lora", matched_modules=14)
 
 
-def checkpoint_as_setup(model, setup: Setup) -> None:
-    """Checkpoint the decoder layers the way the Setup says: transformers' own layer mechanism or torch's
+def checkpoint_as_setup(model, setup: Combination) -> None:
+    """Checkpoint the decoder layers the way the Combination says: transformers' own layer mechanism or torch's
     checkpoint_wrapper; then keep or remove the input-grad hook (transformers 5 adds one on its own)."""
     from loraflow.setup.checkpointing import (
         decoder_layers,
@@ -31,7 +37,10 @@ def checkpoint_as_setup(model, setup: Setup) -> None:
         enable_layer_checkpointing(hf_model(model), bool(setup.reentrant), indices)
     else:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+            CheckpointImpl,
+            apply_activation_checkpointing,
+            checkpoint_wrapper,
+        )
 
         impl = CheckpointImpl.REENTRANT if setup.reentrant else CheckpointImpl.NO_REENTRANT
         chosen = {id(layers[i]) for i in indices}
@@ -40,7 +49,7 @@ def checkpoint_as_setup(model, setup: Setup) -> None:
     set_input_grad_hook(model, setup.input_grad_hook)
 
 
-def step_grads(setup: Setup, batch=None) -> dict:
+def step_grads(setup: Combination, batch=None) -> dict:
     model = with_adapters(tiny_llama(use_cache=setup.use_cache, tie=setup.tied_embeddings), setup)
     checkpoint_as_setup(model, setup)
     model.train(setup.train_mode_at_backward)
@@ -49,12 +58,12 @@ def step_grads(setup: Setup, batch=None) -> dict:
     return adapter_grads(model)
 
 
-def reference_grads(setup: Setup, batch=None) -> dict:
+def reference_grads(setup: Combination, batch=None) -> dict:
     """The unoptimized reference: same adapters, no checkpointing, no cache."""
-    return step_grads(Setup(adapter=setup.adapter, tied_embeddings=setup.tied_embeddings, use_cache=False), batch)
+    return step_grads(Combination(adapter=setup.adapter, tied_embeddings=setup.tied_embeddings, use_cache=False), batch)
 
 
-def checkpointed_step(setup: Setup, ctx: Context) -> Observation:
+def checkpointed_step(setup: Combination, ctx: Context) -> Observation:
     """one LoRA step of a 2-layer Llama, adapter gradients compared with the fp32 no-checkpointing reference"""
     return compare(step_grads(setup), reference_grads(setup))
 
@@ -63,21 +72,21 @@ case("reentrant-frozen-inputs", LORA.replace(checkpointing="all", reentrant=True
 
 
 @case("reentrant-partial-silent", LORA.replace(checkpointing="partial", checkpoint_every_n=2, reentrant=True))
-def partial_step(setup: Setup, ctx: Context) -> Observation:
+def partial_step(setup: Combination, ctx: Context) -> Observation:
     """one LoRA step with every 2nd layer checkpointed, adapter gradients compared with the reference"""
     return checkpointed_step(setup, ctx)
 
 
 @case("cache-during-recompute", LORA.replace(checkpointing="all", reentrant=True, input_grad_hook=True,
                                              checkpoint_impl="torch-wrapper", use_cache=True))
-def cache_step(setup: Setup, ctx: Context) -> Observation:
+def cache_step(setup: Combination, ctx: Context) -> Observation:
     """torch checkpoint_wrapper on every layer, one unpadded row, gradients against the reference"""
     batch = token_batch(rows=1, length=20)
     return compare(step_grads(setup, batch), reference_grads(setup, batch))
 
 
 @case("packing-cache-cross-attention", LORA.replace(packing=True, use_cache=True))
-def packed_forward(setup: Setup, ctx: Context) -> Observation:
+def packed_forward(setup: Combination, ctx: Context) -> Observation:
     """two samples packed in one row with restarting position ids, logits compared with separate forwards"""
     model = with_adapters(tiny_llama(use_cache=setup.use_cache), setup)
     a, b = token_batch(seed=4, rows=1, length=10)["input_ids"], token_batch(seed=5, rows=1, length=12)["input_ids"]
@@ -93,7 +102,7 @@ def packed_forward(setup: Setup, ctx: Context) -> Observation:
 
 
 @case("no-adapter-matched", LORA.replace(matched_modules=0))
-def mismatched_targets(setup: Setup, ctx: Context) -> Observation:
+def mismatched_targets(setup: Combination, ctx: Context) -> Observation:
     """LoRA with OPT's module names (fc1, fc2) on a Llama, then one step"""
     model = with_adapters(tiny_llama(), setup)  # PEFT raises here on current versions
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -103,7 +112,7 @@ def mismatched_targets(setup: Setup, ctx: Context) -> Observation:
 
 
 @case("tied-embedding-adapter", LORA.replace(tied_embeddings=True, lm_head_trainable=True))
-def tied_save_reload(setup: Setup, ctx: Context) -> Observation:
+def tied_save_reload(setup: Combination, ctx: Context) -> Observation:
     """tied-embedding Llama with a trained lm_head copy (modules_to_save), reloaded as an adapter and as a merged
     export"""
     from peft import PeftModel
@@ -134,9 +143,9 @@ def tied_save_reload(setup: Setup, ctx: Context) -> Observation:
 
 @case("checkpointing-off-in-eval", LORA.replace(checkpointing="all", reentrant=False,
                                                 train_mode_at_backward=False))
-def eval_mode_saved_bytes(setup: Setup, ctx: Context) -> Observation:
-    """bytes saved for backward by a checkpointed 2-layer Llama, in the Setup's mode vs without checkpointing"""
-    def saved_bytes(s: Setup) -> int:
+def eval_mode_saved_bytes(setup: Combination, ctx: Context) -> Observation:
+    """bytes saved for backward by a checkpointed 2-layer Llama, in the Combination's mode vs without checkpointing"""
+    def saved_bytes(s: Combination) -> int:
         model = with_adapters(tiny_llama(use_cache=False), s)
         checkpoint_as_setup(model, s)
         model.train(s.train_mode_at_backward)
@@ -160,8 +169,8 @@ def eval_mode_saved_bytes(setup: Setup, ctx: Context) -> Observation:
 
 
 @case("fp16-trainable-unscale", LORA.replace(precision="fp16"))
-def fp16_scaler_step(setup: Setup, ctx: Context) -> Observation:
-    """LoRA step with a GradScaler, adapters stored in the Setup's dtype (fp16 storage vs fp32 under fp16 autocast)"""
+def fp16_scaler_step(setup: Combination, ctx: Context) -> Observation:
+    """LoRA step with a GradScaler, adapters stored in the Combination's dtype (fp16 storage vs fp32 under fp16 autocast)"""
     pure = setup.precision == "fp16"
     model = with_adapters(tiny_llama(dtype=torch.float16), setup, autocast_adapter_dtype=not pure)
     if pure:
@@ -180,8 +189,8 @@ def fp16_scaler_step(setup: Setup, ctx: Context) -> Observation:
 
 
 @case("adapter-loaded-frozen", LORA.replace(adapter_loaded_frozen=True))
-def resume_saved_adapter(setup: Setup, ctx: Context) -> Observation:
-    """a LoRA adapter saved, then loaded with PeftModel.from_pretrained (is_trainable as the Setup says) to continue
+def resume_saved_adapter(setup: Combination, ctx: Context) -> Observation:
+    """a LoRA adapter saved, then loaded with PeftModel.from_pretrained (is_trainable as the Combination says) to continue
     training: one step, adapter gradients compared with the same step on the freshly built adapter"""
     from peft import PeftModel
 

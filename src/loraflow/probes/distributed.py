@@ -1,6 +1,6 @@
 """Reproductions on 2 ranks (gloo, CPU): DeepSpeed ZeRO, DDP, FSDP2 and FSDP1.
 
-Each `execute` runs one step (or a save, or a generate) of the tiny Llama exactly as the Setup says, on both ranks
+Each `execute` runs one step (or a save, or a generate) of the tiny Llama exactly as the Combination says, on both ranks
 with the same batch, so the engine's averaged gradients must equal the single-process fp32 reference; a silent
 failure shows as `wrong`, a crash as the library's own error (the worker logs its traceback).
 Engine plumbing (DeepSpeed config, sharding, gathering gradients) lives in `distributed_engines.py`.
@@ -13,25 +13,34 @@ import torch
 from loraflow.probes.base import Context, Observation, case
 from loraflow.probes.cases import checkpoint_as_setup, reference_grads
 from loraflow.probes.distributed_engines import (
-    deepspeed_engine, dora_gather_base_weight, ds_full_grads, fsdp2_shard, full_grads, generation_gathers,
-    sgd_reference_adapter, zero3_partition, zero3_visible_to_peft, zero_config)
+    deepspeed_engine,
+    dora_gather_base_weight,
+    ds_full_grads,
+    fsdp2_shard,
+    full_grads,
+    generation_gathers,
+    sgd_reference_adapter,
+    zero3_partition,
+    zero3_visible_to_peft,
+    zero_config,
+)
 from loraflow.probes.tiny import compare, tiny_llama, token_batch, with_adapters
-from loraflow.rules.setup import Setup
+from loraflow.rules.combination import Combination
 
-LORA = Setup(adapter="lora", matched_modules=14, world_size=2)
+LORA = Combination(adapter="lora", matched_modules=14, world_size=2)
 ZERO3 = LORA.replace(engine="deepspeed", zero_stage=3)
 DS = ("deepspeed",)
 
 
-def _model(setup: Setup):
+def _model(setup: Combination):
     model = with_adapters(tiny_llama(use_cache=setup.use_cache), setup)
     if setup.engine != "fsdp2":  # FSDP2 applies its torch wrapper around or inside the sharded units itself
         checkpoint_as_setup(model, setup)
     return model
 
 
-def zero_step(setup: Setup, ctx: Context) -> Observation:
-    """one LoRA step under DeepSpeed ZeRO (stage from the Setup, fp32, a torch optimizer), the same batch on both
+def zero_step(setup: Combination, ctx: Context) -> Observation:
+    """one LoRA step under DeepSpeed ZeRO (stage from the Combination, fp32, a torch optimizer), the same batch on both
     ranks; the gathered adapter gradients compared with the single-process fp32 reference"""
     model = _model(setup)
     engine = deepspeed_engine(model, setup)
@@ -48,14 +57,14 @@ case("zero3-frozen-recompute", ZERO3.replace(checkpointing="all", reentrant=Fals
 
 
 @case("zero3-eval-backward", ZERO3.replace(train_mode_at_backward=False), ranks=2, requires=DS)
-def zero_eval_step(setup: Setup, ctx: Context) -> Observation:
-    """one LoRA step under ZeRO-3 with the model in the Setup's mode (eval, as after generate) during loss and
+def zero_eval_step(setup: Combination, ctx: Context) -> Observation:
+    """one LoRA step under ZeRO-3 with the model in the Combination's mode (eval, as after generate) during loss and
     backward; adapter gradients compared with the reference"""
     return zero_step(setup, ctx)
 
 
 @case("dora-sharded-weight", ZERO3.replace(adapter="dora"), ranks=2, requires=DS)
-def zero_dora_step(setup: Setup, ctx: Context) -> Observation:
+def zero_dora_step(setup: Combination, ctx: Context) -> Observation:
     """DoRA added to a ZeRO-3-partitioned Llama (as from_pretrained under ZeRO-3 leaves it) in a hand-written
     DeepSpeed loop, a log-prob forward of the unwrapped module (an RLHF rollout), then one step through the engine;
     logits and gradients compared with the single-process reference"""
@@ -82,7 +91,7 @@ def zero_dora_step(setup: Setup, ctx: Context) -> Observation:
 
 
 @case("zero3-empty-adapter-save", ZERO3, ranks=2, requires=DS)
-def zero_adapter_save(setup: Setup, ctx: Context) -> Observation:
+def zero_adapter_save(setup: Combination, ctx: Context) -> Observation:
     """one LoRA step under ZeRO-3 (SGD), save_pretrained of the adapter (gathering the trainable partitions or
     not), reload with PeftModel.from_pretrained and compare with the same step taken in one process"""
     import deepspeed
@@ -128,7 +137,7 @@ def _shared_dir(ctx: Context) -> str:
 
 
 @case("zero3-generation-gather", ZERO3.replace(stage="grpo", generation=True), ranks=2, requires=DS)
-def zero_generate(setup: Setup, ctx: Context) -> Observation:
+def zero_generate(setup: Combination, ctx: Context) -> Observation:
     """greedy generate() of 8 tokens from the ZeRO-3 engine's module, counting the all-gather collectives while it
     decodes (per token, or once per rollout with GatheredParameters and DeepSpeed's hooks lifted)"""
     model = _model(setup)
@@ -145,8 +154,8 @@ def zero_generate(setup: Setup, ctx: Context) -> Observation:
 
 @case("ddp-reentrant-unused", LORA.replace(engine="ddp", checkpointing="all", reentrant=True, input_grad_hook=True,
                                            find_unused_parameters=True), ranks=2)
-def ddp_step(setup: Setup, ctx: Context) -> Observation:
-    """one LoRA step under DDP (gloo) with transformers' checkpointing as the Setup says and the Setup's
+def ddp_step(setup: Combination, ctx: Context) -> Observation:
+    """one LoRA step under DDP (gloo) with transformers' checkpointing as the Combination says and the Combination's
     find_unused_parameters / static_graph; adapter gradients compared with the reference"""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -162,7 +171,7 @@ FSDP2 = LORA.replace(engine="fsdp2", checkpointing="all", reentrant=False, check
 
 
 @case("fsdp2-recompute-cast", FSDP2.replace(precision="bf16-mixed", checkpoint_outside_shard=True), ranks=2)
-def fsdp2_mixed_step(setup: Setup, ctx: Context) -> Observation:
+def fsdp2_mixed_step(setup: Combination, ctx: Context) -> Observation:
     """one LoRA step under FSDP2 (fully_shard per layer, MixedPrecisionPolicy bf16 params / fp32 reduce) with
     torch's checkpoint wrapper around or inside each sharded layer; gradients against the fp32 reference within
     bf16 tolerance"""
@@ -173,7 +182,7 @@ def fsdp2_mixed_step(setup: Setup, ctx: Context) -> Observation:
 
 
 @case("fsdp2-multi-forward-dtensor", FSDP2.replace(stage="dpo", forwards_per_step=2), ranks=2)
-def fsdp2_two_forwards(setup: Setup, ctx: Context) -> Observation:
+def fsdp2_two_forwards(setup: Combination, ctx: Context) -> Observation:
     """FSDP2 with checkpointing inside each sharded layer: chosen and rejected rows as two forwards before one
     backward (or concatenated in one); gradients compared with the reference on both rows"""
     model = fsdp2_shard(_model(setup), setup)
@@ -188,7 +197,7 @@ def fsdp2_two_forwards(setup: Setup, ctx: Context) -> Observation:
     return compare(full_grads(model), reference_grads(setup, batch))
 
 
-def _fsdp1(setup: Setup, dtype=torch.float32):
+def _fsdp1(setup: Combination, dtype=torch.float32):
     """FSDP1 (FullyShardedDataParallel on CPU) around a LoRA model: one unit per decoder layer, and with
     fsdp_frozen_units_separate also one per adapter leaf (a lambda policy, the catalog's remedy). A bf16
     `dtype` loads the base in bf16 while PEFT keeps the adapters in float32."""
@@ -196,7 +205,11 @@ def _fsdp1(setup: Setup, dtype=torch.float32):
 
     from peft.tuners.lora import LoraLayer
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
+    from torch.distributed.fsdp.wrap import (
+        _or_policy,
+        lambda_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+    )
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     model = with_adapters(tiny_llama(use_cache=setup.use_cache, dtype=dtype), setup)
@@ -214,8 +227,8 @@ def _fsdp1(setup: Setup, dtype=torch.float32):
 
 
 @case("fsdp1-mixed-requires-grad", LORA.replace(engine="fsdp1", fsdp_use_orig_params=False), ranks=2)
-def fsdp1_wrap(setup: Setup, ctx: Context) -> Observation:
-    """FSDP1 (FullyShardedDataParallel on CPU, one unit per decoder layer) around a LoRA model with the Setup's
+def fsdp1_wrap(setup: Combination, ctx: Context) -> Observation:
+    """FSDP1 (FullyShardedDataParallel on CPU, one unit per decoder layer) around a LoRA model with the Combination's
     use_orig_params, then one step; gradients compared with the reference"""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -228,7 +241,7 @@ def fsdp1_wrap(setup: Setup, ctx: Context) -> Observation:
 
 
 @case("fsdp-frozen-grad-memory", LORA.replace(engine="fsdp1"), ranks=2)
-def fsdp1_grad_memory(setup: Setup, ctx: Context) -> Observation:
+def fsdp1_grad_memory(setup: Combination, ctx: Context) -> Observation:
     """FSDP1 with use_orig_params=True, one LoRA step; the gradient bytes this rank holds (every unit's flat
     gradient shard) compared with the trainable parameters' share, which is all an adapter needs"""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -245,7 +258,7 @@ def fsdp1_grad_memory(setup: Setup, ctx: Context) -> Observation:
 
 
 @case("fsdp1-mixed-dtype", LORA.replace(engine="fsdp1", mixed_param_dtypes=True, precision="bf16-mixed"), ranks=2)
-def fsdp1_mixed_dtype_wrap(setup: Setup, ctx: Context) -> Observation:
+def fsdp1_mixed_dtype_wrap(setup: Combination, ctx: Context) -> Observation:
     """FSDP1 (one unit per decoder layer) around a bf16 Llama whose LoRA adapters PEFT keeps in float32
     (autocast_adapter_dtype), then one step; gradients compared with the reference within bf16 tolerance"""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -259,7 +272,7 @@ def fsdp1_mixed_dtype_wrap(setup: Setup, ctx: Context) -> Observation:
 
 
 @case("zero3-lora-merge", ZERO3.replace(merge_in_sharded=True, adapter_save_gather=True), ranks=2, requires=DS)
-def zero3_merge(setup: Setup, ctx: Context) -> Observation:
+def zero3_merge(setup: Combination, ctx: Context) -> Observation:
     """a LoRA model under ZeRO-3, merged with merge_and_unload either on its partitions or inside
     GatheredParameters; the merged model's logits compared with the same merge in one process"""
     import deepspeed
@@ -286,7 +299,7 @@ def zero3_merge(setup: Setup, ctx: Context) -> Observation:
 
 @case("fsdp2-generate-unsharded", LORA.replace(engine="fsdp2", stage="grpo", generation=True, use_cache=False),
       ranks=2)
-def fsdp2_generate(setup: Setup, ctx: Context) -> Observation:
+def fsdp2_generate(setup: Combination, ctx: Context) -> Observation:
     """greedy generate() of 6 tokens from an FSDP2-sharded LoRA Llama, with its parameters unsharded for the
     rollout or not; tokens compared with the same generate() in one process"""
     model = fsdp2_shard(_model(setup), setup)

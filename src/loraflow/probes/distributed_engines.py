@@ -10,10 +10,14 @@ import contextlib
 import torch
 
 from loraflow.engines.base import clean_name
-from loraflow.engines.deepspeed import (dora_gather_base_weight, import_deepspeed, lift_zero3_hooks,  # noqa: F401
-                                       restore_zero3_hooks)
+from loraflow.engines.deepspeed import (  # noqa: F401
+    dora_gather_base_weight,
+    import_deepspeed,
+    lift_zero3_hooks,
+    restore_zero3_hooks,
+)
 from loraflow.probes.tiny import tiny_llama, with_adapters
-from loraflow.rules.setup import Setup
+from loraflow.rules.combination import Combination
 
 LR = 0.1
 """SGD learning rate of the DeepSpeed step (plain SGD keeps the single-process reference step exact)."""
@@ -21,8 +25,8 @@ LR = 0.1
 # --- DeepSpeed -----------------------------------------------------------------------------------------------
 
 
-def zero_config(setup: Setup) -> dict:
-    """fp32, the ZeRO stage from the Setup, and every parameter partitioned however small and released right after
+def zero_config(setup: Combination) -> dict:
+    """fp32, the ZeRO stage from the Combination, and every parameter partitioned however small and released right after
     use, as a real model's are (the default persistence threshold of 100k elements would keep all of this tiny
     model's weights whole on every rank, and the default live/reuse/prefetch budgets would keep them gathered)."""
     zero: dict = {"stage": setup.zero_stage}
@@ -33,7 +37,7 @@ def zero_config(setup: Setup) -> dict:
             "zero_optimization": zero, "zero_allow_untested_optimizer": True, "wall_clock_breakdown": False}
 
 
-def deepspeed_engine(model, setup: Setup):
+def deepspeed_engine(model, setup: Combination):
     """`deepspeed.initialize` with a config dict (zero_config) and a torch SGD optimizer: no DeepSpeed op to
     compile, and the single-process reference step stays exact."""
     deepspeed = import_deepspeed("cpu")
@@ -42,7 +46,7 @@ def deepspeed_engine(model, setup: Setup):
     return engine
 
 
-def zero3_partition(model, setup: Setup) -> None:
+def zero3_partition(model, setup: Combination) -> None:
     """Partition an existing model's weights as `from_pretrained` under ZeRO-3 (deepspeed.zero.Init) leaves them
     before adapters are added: every rank keeps a slice, the module's tensors become empty placeholders.
     (Converting a built model keeps the reference's exact initial values; constructing inside `zero.Init` would
@@ -77,7 +81,7 @@ def ds_full_grads(engine) -> dict:
     return {n: safe_get_full_grad(p) for n, p in engine.module.named_parameters() if p.requires_grad}
 
 
-def sgd_reference_adapter(setup: Setup, batch) -> dict:
+def sgd_reference_adapter(setup: Combination, batch) -> dict:
     """The adapter state after the same SGD step taken in one process without any engine."""
     from peft import get_peft_model_state_dict
 
@@ -157,13 +161,16 @@ def full_grads(model) -> dict:
     return out
 
 
-def fsdp2_shard(model, setup: Setup):
+def fsdp2_shard(model, setup: Combination):
     """fully_shard each decoder layer, then the root, on a CPU mesh of all ranks, the layers with a bf16
     MixedPrecisionPolicy for `bf16-mixed`. Checkpointing (torch's checkpoint_wrapper, non-reentrant unless the
-    Setup says otherwise) goes inside each sharded unit (wrap, then shard) or, for checkpoint_outside_shard, around
+    Combination says otherwise) goes inside each sharded unit (wrap, then shard) or, for checkpoint_outside_shard, around
     it (shard, then wrap)."""
     import torch.distributed as dist
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

@@ -1,18 +1,18 @@
-"""The two settings a probe compares: the naive Setup of a case (with the installed versions), and what
+"""The two settings a probe compares: the naive Combination of a case (with the installed versions), and what
 loraflow's plan makes of it through the one rule registry (or its refusal)."""
 
 from __future__ import annotations
 
 from loraflow.environment import detect_environment
 from loraflow.rules import evaluate
-from loraflow.rules.setup import SETUP_FIELDS, Setup
+from loraflow.rules.combination import COMBINATION_FIELDS, Combination
 
 
-def installed(setup: Setup) -> Setup:
+def installed(setup: Combination) -> Combination:
     return setup.replace(versions=dict(detect_environment().versions))
 
 
-def plan_setup(case) -> tuple[Setup, Setup, str | None]:
+def plan_setup(case) -> tuple[Combination, Combination, str | None]:
     """(naive, planned, refusal): refusal names the error findings when the plan would not run this setup."""
     naive = installed(case.naive)
     final, findings = evaluate(naive)
@@ -28,8 +28,8 @@ def predicted(case) -> bool:
     return get_rule(case.rule).applies(installed(case.naive))
 
 
-def describe(setup: Setup) -> str:
-    """The fields that differ from Setup's defaults: a short line for logs."""
-    default = Setup()
-    parts = [f"{k}={getattr(setup, k)}" for k in SETUP_FIELDS if getattr(setup, k) != getattr(default, k)]
+def describe(setup: Combination) -> str:
+    """The fields that differ from Combination's defaults: a short line for logs."""
+    default = Combination()
+    parts = [f"{k}={getattr(setup, k)}" for k in COMBINATION_FIELDS if getattr(setup, k) != getattr(default, k)]
     return ", ".join(parts) or "defaults"

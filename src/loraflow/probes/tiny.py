@@ -9,7 +9,7 @@ import warnings
 import torch
 
 from loraflow.probes.base import Observation
-from loraflow.rules.setup import Setup
+from loraflow.rules.combination import Combination
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MISMATCHED_TARGETS = ["fc1", "fc2"]  # OPT's MLP names: nothing in a Llama matches them
@@ -26,7 +26,7 @@ def tiny_llama(seed: int = 0, layers: int = 2, tie: bool = False, use_cache: boo
     return LlamaForCausalLM(cfg).to(dtype)
 
 
-def with_adapters(model, setup: Setup, seed: int = 1, autocast_adapter_dtype: bool = True, **extra):
+def with_adapters(model, setup: Combination, seed: int = 1, autocast_adapter_dtype: bool = True, **extra):
     """PEFT LoRA/DoRA on every projection (or on names that match nothing, for no-adapter-matched); lora_B is
     randomised so every adapter gets a non-zero gradient on the first step."""
     from peft import LoraConfig, get_peft_model

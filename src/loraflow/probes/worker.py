@@ -1,6 +1,6 @@
 """One probe case in one process (or one rank of two): `python -m loraflow.probes.worker RULE --out FILE`.
 
-Runs the naive Setup, then the Setup loraflow's plan makes of it (unless the plan refuses it, or changes
+Runs the naive Combination, then the Combination loraflow's plan makes of it (unless the plan refuses it, or changes
 nothing), and writes one JSON line per mode to FILE (rank 0 only). A failing mode prints its full traceback to
 stderr, which is what `scripts/capture_failure_logs.py` keeps as explain's test fixtures.
 """

@@ -1,6 +1,7 @@
-"""The rule registry: known conflicts as data (catalog.py), the normalized setup they read (setup.py) and the one
+"""The rule registry: known conflicts as data (catalog.py), the normalized combination of features they read (combination.py) and the one
 function that evaluates them (registry.evaluate)."""
 
+from loraflow.rules.combination import Combination
 from loraflow.rules.registry import (
     Finding,
     Rule,
@@ -9,6 +10,5 @@ from loraflow.rules.registry import (
     get_rule,
     rules_for_symptom,
 )
-from loraflow.rules.setup import Setup
 
-__all__ = ["Finding", "Rule", "Setup", "all_rules", "evaluate", "get_rule", "rules_for_symptom"]
+__all__ = ["Finding", "Rule", "Combination", "all_rules", "evaluate", "get_rule", "rules_for_symptom"]

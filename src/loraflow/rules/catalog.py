@@ -7,8 +7,8 @@ and one that keeps it silent (tests/test_rules.py), and, where it can be reprodu
 
 from __future__ import annotations
 
+from loraflow.rules.combination import Combination
 from loraflow.rules.rule import Rule, register
-from loraflow.rules.setup import Setup
 from loraflow.rules.signs import NO_GRAD_FN as _NO_GRAD_FN
 from loraflow.rules.signs import (
     RECOMPUTE_COUNT,
@@ -23,7 +23,7 @@ from loraflow.rules.signs import (
 from loraflow.rules.signs import REENTRANT_WARNING as _REENTRANT_WARNING
 
 
-def _reentrant_without_input_grad(s: Setup) -> bool:
+def _reentrant_without_input_grad(s: Combination) -> bool:
     return s.checkpointing != "off" and s.reentrant is True and not s.embedding_output_requires_grad
 
 
@@ -65,7 +65,7 @@ register(Rule(
                     "earlier in the log"),
 ))
 
-def _tower_unhooked(s: Setup) -> bool:
+def _tower_unhooked(s: Combination) -> bool:
     """Adapters in a vision tower checkpointed reentrant, with no hook on the tower's own input."""
     hooked = s.input_grad_hook and s.tower_input_hook
     return s.tower_adapters and s.checkpointing != "off" and s.reentrant is True and not hooked

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from packaging.version import Version
 
+from loraflow.rules.combination import Combination
 from loraflow.rules.rule import Rule, register
-from loraflow.rules.setup import Setup
 from loraflow.rules.signs import (
     FLAT_PARAM_FRAMES,
     FLATTEN_DTYPE,
@@ -24,7 +24,7 @@ from loraflow.rules.signs import (
 )
 
 
-def _older(s: Setup, package: str, fixed: str) -> bool:
+def _older(s: Combination, package: str, fixed: str) -> bool:
     """For a version condition on one branch of a rule only; unknown counts as affected, like `affected`."""
     version = s.version(package)
     return version is None or version < Version(fixed)

@@ -4,6 +4,7 @@ evaluates them on a normalized setup.
 
 from __future__ import annotations
 
+from loraflow.rules.combination import Combination
 from loraflow.rules.rule import (
     _REGISTRY,
     SYMPTOMS,
@@ -12,7 +13,6 @@ from loraflow.rules.rule import (
     affected_by,
     register,
 )
-from loraflow.rules.setup import Setup
 
 __all__ = ["SYMPTOMS", "Finding", "Rule", "affected_by", "all_rules", "evaluate", "get_rule", "register",
            "rules_for_symptom"]
@@ -42,7 +42,7 @@ def rules_for_symptom(symptom: str) -> list[Rule]:
     return [r for r in all_rules() if symptom in r.symptoms]
 
 
-def evaluate(setup: Setup, max_rounds: int = 8, apply_fixes: bool = True) -> tuple[Setup, list[Finding]]:
+def evaluate(setup: Combination, max_rounds: int = 8, apply_fixes: bool = True) -> tuple[Combination, list[Finding]]:
     """Apply every `fix` rule until none fires, then report the errors and warnings that still hold.
 
     Fixes run to a fixed point because one remedy can create the condition of another (choosing reentrant

@@ -1,7 +1,7 @@
 """A rule: one declarative known conflict, and the table the catalogs register their rules in.
 
-A rule states its condition on the normalized Setup and on installed versions, its verdict, the cause, the fix,
-references and the version that fixed it upstream. Verdict `fix` carries a remedy: the Setup changes the plan
+A rule states its condition on the normalized Combination and on installed versions, its verdict, the cause, the fix,
+references and the version that fixed it upstream. Verdict `fix` carries a remedy: the Combination changes the plan
 applies and announces with the rule id. No rule is written inline anywhere else: the plan, the runtime guards,
 `check`, `explain` and `probe` all read the registry (registry.py), which loads the catalogs that register here.
 """
@@ -14,7 +14,7 @@ from typing import Any, Callable, Literal
 
 from packaging.specifiers import SpecifierSet
 
-from loraflow.rules.setup import SETUP_FIELDS, Setup
+from loraflow.rules.combination import COMBINATION_FIELDS, Combination
 from loraflow.rules.signs import FACT_NAMES, LogSigns
 
 Verdict = Literal["error", "fix", "warning"]
@@ -44,15 +44,15 @@ class Rule:
     """What loraflow does when the condition holds: refuse (error), change the setup (fix), or warn."""
     impact: Impact
     """What happens without the fix: a crash, silently wrong or lost results, or a large slowdown/memory cost."""
-    when: Callable[[Setup], bool]
+    when: Callable[[Combination], bool]
     conditions: str
     """The condition of `when`, in words (for docs, `check` and `explain`)."""
     cause: str
     fix: str
-    remedy: Callable[[Setup], dict[str, Any]] | None = None
-    """For verdict `fix`: the Setup fields the plan changes."""
+    remedy: Callable[[Combination], dict[str, Any]] | None = None
+    """For verdict `fix`: the Combination fields the plan changes."""
     knobs: tuple[str, ...] = ()
-    """Setup fields a user changes to avoid the conflict; frontends map them to their framework's flags."""
+    """Combination fields a user changes to avoid the conflict; frontends map them to their framework's flags."""
     elsewhere: str = ""
     """The fix in other frameworks, in general terms (frontends add their exact flag names)."""
     affected: dict[str, str] = field(default_factory=dict)
@@ -68,9 +68,9 @@ class Rule:
     def __post_init__(self) -> None:
         if (self.verdict == "fix") != (self.remedy is not None):
             raise ValueError(f"rule {self.id}: verdict `fix` needs a remedy and only it may have one")
-        unknown = [k for k in self.knobs if k not in SETUP_FIELDS]
+        unknown = [k for k in self.knobs if k not in COMBINATION_FIELDS]
         if unknown:
-            raise ValueError(f"rule {self.id}: knobs {unknown} are not Setup fields")
+            raise ValueError(f"rule {self.id}: knobs {unknown} are not Combination fields")
         unknown = [k for k in self.symptoms if k not in SYMPTOMS]
         if unknown:
             raise ValueError(f"rule {self.id}: symptoms {unknown} are not in registry.SYMPTOMS")
@@ -83,7 +83,7 @@ class Rule:
         for m in (*self.log.messages, *self.log.frames):
             re.compile(m.pattern)  # raises on a typo
 
-    def version_notes(self, setup: Setup) -> tuple[bool, list[str]]:
+    def version_notes(self, setup: Combination) -> tuple[bool, list[str]]:
         """(affected, notes): whether the setup's versions have the bug; unknown versions count as affected."""
         notes: list[str] = []
         for package, spec in self.affected.items():
@@ -95,7 +95,7 @@ class Rule:
                 return False, [f"{package} {installed} is not affected ({package}{spec})"]
         return True, notes
 
-    def applies(self, setup: Setup) -> bool:
+    def applies(self, setup: Combination) -> bool:
         return self.when(setup) and self.version_notes(setup)[0]
 
 

@@ -1,6 +1,7 @@
-"""The normalized setup: the one description of a training run that every rule reads.
+"""The Combination: the normalized description of a training run's features (stage, adapter, checkpointing,
+engine, precision, versions) that every rule reads. (It is not the `loraflow.setup` package, which builds models.)
 
-loraflow's own config maps onto it (plan.py), and so do other frameworks' command lines and configs (the
+loraflow's own config maps onto it (plan/__init__.py), and so do other frameworks' command lines and configs (the
 frontends of `loraflow check`). A rule never looks at a framework's config directly. Every field has a default
 that describes what a framework does when nobody asked for anything special; frontends set what they know.
 """
@@ -18,7 +19,7 @@ Engine = Literal["single", "ddp", "deepspeed", "fsdp1", "fsdp2"]
 
 
 @dataclass(frozen=True)
-class Setup:
+class Combination:
     stage: str = "sft"
     """sft, rm, dpo, grpo or ppo."""
     adapter: Literal["lora", "dora", "full"] = "lora"
@@ -123,8 +124,8 @@ class Setup:
     def version(self, package: str) -> Version | None:
         return self.versions.get(package)
 
-    def replace(self, **changes) -> "Setup":
+    def replace(self, **changes) -> "Combination":
         return dataclasses.replace(self, **changes)
 
 
-SETUP_FIELDS = tuple(f.name for f in dataclasses.fields(Setup) if f.name != "versions")
+COMBINATION_FIELDS = tuple(f.name for f in dataclasses.fields(Combination) if f.name != "versions")
