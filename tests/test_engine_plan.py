@@ -35,7 +35,8 @@ def test_auto_engine_is_single_for_one_process_and_ddp_under_a_launcher():
 
 
 def test_engine_options_need_their_engine():
-    with pytest.raises(ConfigError, match="parallel.offload_params is a deepspeed setting, but parallel.engine=fsdp2; set parallel.engine=deepspeed"):
+    with pytest.raises(ConfigError, match="parallel.offload_params is a deepspeed setting, but parallel.engine=fsdp2; "
+                                          "set parallel.engine=deepspeed"):
         load_config(DEMO, ["parallel.engine=fsdp2", "parallel.offload_params=true"])
     with pytest.raises(ConfigError, match="needs ZeRO stage 3"):
         plan_for("parallel.engine=deepspeed", "parallel.zero_stage=2", "parallel.offload_params=true")

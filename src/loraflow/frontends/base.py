@@ -85,7 +85,8 @@ def framework_of_log(text: str) -> str | None:
 
 
 def flags_for(name: str) -> dict[str, str]:
-    """Combination field -> that framework's flag or key, in its usual spelling (for wording fixes without a command)."""
+    """Combination field -> that framework's flag or key, in its usual spelling (for wording fixes without a
+    command)."""
     return dict(framework(name).flags)
 
 

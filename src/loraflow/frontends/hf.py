@@ -54,7 +54,8 @@ from loraflow.frontends.hf_options import (
 from loraflow.frontends.intent import TOWER_MODULE, infer
 
 NAME = "hf"
-# Combination field -> the HF Trainer / TRL flag that changes it (command-line spelling; also read by `loraflow explain`).
+# Combination field -> the HF Trainer / TRL flag that changes it (command-line spelling; also read by
+# `loraflow explain`).
 FLAGS = {"checkpointing": "--gradient_checkpointing",
          "reentrant": "--gradient_checkpointing_kwargs '{\"use_reentrant\": ...}'", "precision": "--bf16 / --fp16",
          "engine": "--deepspeed / --fsdp", "find_unused_parameters": "--ddp_find_unused_parameters",

@@ -74,7 +74,8 @@ def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
     unknowns = [{"name": v.name, "kind": v.kind, "ranges": [v.describe(x) for x in v.considered()], "why": v.why}
                 for v in verdict.variables]
     if as_json:
-        doc = {"framework": result.framework, "setup": {k: _value(getattr(result.setup, k)) for k in COMBINATION_FIELDS},
+        doc = {"framework": result.framework,
+               "setup": {k: _value(getattr(result.setup, k)) for k in COMBINATION_FIELDS},
                "versions": {k: str(v) for k, v in result.setup.versions.items() if v is not None},
                "sources": result.sources, "flags": result.flags, "unknown": result.unknown, "notes": result.notes,
                "inferred_eras": {k: {"range": spec, "why": why} for k, (spec, why) in result.eras.items()},

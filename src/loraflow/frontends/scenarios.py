@@ -46,7 +46,8 @@ def spec_points(spec: str) -> set[Version]:
 class Variable:
     name: str
     kind: str
-    """`version` (a package whose release is unknown) or `choice` (a Combination field the command line does not show)."""
+    """`version` (a package whose release is unknown) or `choice` (a Combination field the command line does not
+    show)."""
     points: list[Version] = field(default_factory=list)
     """For versions: the boundaries, sorted; the intervals between them are the variable's values."""
     values: list[Any] = field(default_factory=list)

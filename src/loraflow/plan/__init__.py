@@ -1,9 +1,9 @@
 """resolve(config, environment) -> Plan: every concrete choice of a run, each with its reason.
 
-This is the one decision function. It maps the config onto the normalized Combination, lets the rule registry apply its
-fixes and report its errors and warnings, and turns the result into typed choices that `train` executes and
-`check` prints. Nothing downstream re-decides: setup code reads `plan.<choice>` and never the raw config for
-anything the plan covers.
+This is the one decision function. It maps the config onto the normalized Combination, lets the rule registry
+apply its fixes and report its errors and warnings, and turns the result into typed choices (types.py) that `train`
+executes and `check` prints, each worded by reasons.py. Nothing downstream re-decides: setup code and the engines
+read `plan.<choice>` (the engine's settings included) and never the raw config for anything the plan covers.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The human side of the plan: one Decision (value + reason, + rule id when a rule set it) per choice.
 
-Kept apart from the decision logic (plan/__init__.py) so it stays short; nothing here changes a choice, it only explains it.
+Kept apart from the decision logic (plan/__init__.py) so it stays short; nothing here changes a choice, it only
+explains it.
 """
 
 from __future__ import annotations
@@ -164,7 +165,8 @@ def _fsdp2(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     return out
 
 
-def explain_choices(plan: Plan, naive: Combination, changed_by: dict[str, str], precision_reason: str) -> list[Decision]:
+def explain_choices(plan: Plan, naive: Combination, changed_by: dict[str, str],
+                    precision_reason: str) -> list[Decision]:
     n = plan.setup.world_size
     out = [
         Decision("device", plan.device if n == 1 else f"{plan.device}, {n} processes",

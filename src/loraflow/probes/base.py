@@ -56,6 +56,7 @@ def case(rule: str, naive: Combination, **kwargs) -> Callable:
     def register(execute: Callable[[Combination, Context], Observation]):
         if rule in _CASES:
             raise ValueError(f"probe for {rule} registered twice")
-        _CASES[rule] = Case(rule=rule, naive=naive, execute=execute, what=" ".join((execute.__doc__ or "").split()), **kwargs)
+        _CASES[rule] = Case(rule=rule, naive=naive, execute=execute, what=" ".join((execute.__doc__ or "").split()),
+                            **kwargs)
         return execute
     return register

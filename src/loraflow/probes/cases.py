@@ -170,7 +170,8 @@ def eval_mode_saved_bytes(setup: Combination, ctx: Context) -> Observation:
 
 @case("fp16-trainable-unscale", LORA.replace(precision="fp16"))
 def fp16_scaler_step(setup: Combination, ctx: Context) -> Observation:
-    """LoRA step with a GradScaler, adapters stored in the Combination's dtype (fp16 storage vs fp32 under fp16 autocast)"""
+    """LoRA step with a GradScaler, adapters stored in the Combination's dtype (fp16 storage vs fp32 under fp16
+    autocast)"""
     pure = setup.precision == "fp16"
     model = with_adapters(tiny_llama(dtype=torch.float16), setup, autocast_adapter_dtype=not pure)
     if pure:
@@ -190,8 +191,8 @@ def fp16_scaler_step(setup: Combination, ctx: Context) -> Observation:
 
 @case("adapter-loaded-frozen", LORA.replace(adapter_loaded_frozen=True))
 def resume_saved_adapter(setup: Combination, ctx: Context) -> Observation:
-    """a LoRA adapter saved, then loaded with PeftModel.from_pretrained (is_trainable as the Combination says) to continue
-    training: one step, adapter gradients compared with the same step on the freshly built adapter"""
+    """a LoRA adapter saved, then loaded with PeftModel.from_pretrained (is_trainable as the Combination says) to
+    continue training: one step, adapter gradients compared with the same step on the freshly built adapter"""
     from peft import PeftModel
 
     trained = with_adapters(tiny_llama(), setup)

@@ -164,8 +164,8 @@ def full_grads(model) -> dict:
 def fsdp2_shard(model, setup: Combination):
     """fully_shard each decoder layer, then the root, on a CPU mesh of all ranks, the layers with a bf16
     MixedPrecisionPolicy for `bf16-mixed`. Checkpointing (torch's checkpoint_wrapper, non-reentrant unless the
-    Combination says otherwise) goes inside each sharded unit (wrap, then shard) or, for checkpoint_outside_shard, around
-    it (shard, then wrap)."""
+    Combination says otherwise) goes inside each sharded unit (wrap, then shard) or, for checkpoint_outside_shard,
+    around it (shard, then wrap)."""
     import torch.distributed as dist
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,

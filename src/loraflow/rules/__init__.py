@@ -1,5 +1,5 @@
-"""The rule registry: known conflicts as data (catalog.py), the normalized combination of features they read (combination.py) and the one
-function that evaluates them (registry.evaluate)."""
+"""The rule registry: known conflicts as data (catalog.py), the normalized combination of features they read
+(combination.py) and the one function that evaluates them (registry.evaluate)."""
 
 from loraflow.rules.combination import Combination
 from loraflow.rules.registry import (

@@ -36,8 +36,8 @@ def inspect_for_check(config: Config):
 
 def tokenizer_and_data(plan):
     """The tokenizer (checked against the model's embedding) and the (train, eval) splits, read with the stage's
-    data kind (data.load_stage_data): what `train` needs before building the model, and what `check` runs to find the same
-    errors. Returns (tokenizer, train_split, eval_split)."""
+    data kind (data.load_stage_data): what `train` needs before building the model, and what `check` runs to find
+    the same errors. Returns (tokenizer, train_split, eval_split)."""
     config = plan.config
     tokenizer = load_tokenizer(config, plan.model.path)
     check_vocab(config, tokenizer, plan.model.vocab_size)  # before the data: it fails in a second

@@ -1,7 +1,8 @@
 """Engine cross-check: the same few optimizer steps under an engine and in one fp32 process, compared.
 
 Each *cell* is one combination (adapter x checkpointing x precision x engine). Under an engine it trains exactly as
-`loraflow train` does (pipeline.build_run: config -> plan -> tokenizer -> data -> model -> trainer) for `steps` optimizer steps on a global batch
+`loraflow train` does (pipeline.build_run: config -> plan -> tokenizer -> data -> model -> trainer) for `steps`
+optimizer steps on a global batch
 of `global_batch` samples, and records the full (gathered, rank-averaged) trainable gradients after the first
 backward, the loss of every step and the trainable weights at the end. The reference is the same config in one
 process, fp32, no checkpointing, engine single. A cell the plan refuses records the rule that refused it.
