@@ -91,6 +91,10 @@ class Engine:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
+    def label(self) -> str:
+        """The engine as the memory report names it."""
+        return self.name
+
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
 

@@ -90,6 +90,11 @@ class DeepSpeedEngine(Engine):
     def norm_before_update(self) -> bool:  # ZeRO >= 1 partitions the gradients: the norm comes out of the step
         return self.settings.stage == 0
 
+    def label(self) -> str:
+        s = self.settings
+        offload = [k for k, on in (("optimizer", s.offload_optimizer), ("params", s.offload_params)) if on]
+        return f"deepspeed ZeRO-{s.stage}" + (f" offload {'+'.join(offload)}" if offload else "")
+
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
 

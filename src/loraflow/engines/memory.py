@@ -59,7 +59,7 @@ class MemoryReport:
         frozen = [p for _, p in params if not p.requires_grad]
         trainable = [p for _, p in params if p.requires_grad]
         numel = _full_numel
-        report = cls(engine=_label(engine), world_size=engine.world_size,
+        report = cls(engine=engine.label(), world_size=engine.world_size,
                      base_elements=sum(numel(p) for p in frozen), adapter_elements=sum(numel(p) for p in trainable),
                      base_bytes_per_element=frozen[0].element_size() if frozen else 4)
         report.mine.frozen_params = _bytes(engine.local_tensor(p) for p in frozen)
@@ -107,14 +107,6 @@ class MemoryReport:
 def _full_numel(p: torch.Tensor) -> int:
     ds_numel = getattr(p, "ds_numel", None)  # a ZeRO-3 placeholder's real size
     return int(ds_numel) if ds_numel is not None else p.numel()
-
-
-def _label(engine) -> str:
-    if engine.name == "deepspeed":
-        s = engine.settings
-        offload = [k for k, on in (("optimizer", s.offload_optimizer), ("params", s.offload_params)) if on]
-        return f"deepspeed ZeRO-{s.stage}" + (f" offload {'+'.join(offload)}" if offload else "")
-    return engine.name
 
 
 def _mib(n: float) -> str:
