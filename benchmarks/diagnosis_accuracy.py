@@ -6,7 +6,7 @@ finding where none was hit). Every file comes from a public issue thread or exam
 directory's MANIFEST.json. The probe-captured logs of tests/fixtures/logs/ are scored too, as their own source.
 
     python benchmarks/diagnosis_accuracy.py            # the summary, per rule, per framework, and every miss
-    python benchmarks/diagnosis_accuracy.py --json     # machine-readable (tests/test_corpus.py reads it)
+    python benchmarks/diagnosis_accuracy.py --json     # machine-readable (tests/explain/test_corpus.py reads it)
     python benchmarks/diagnosis_accuracy.py --misses   # only the misses, with the top three candidates each
 """
 

@@ -4,8 +4,8 @@ docs/compatibility-matrix.md from the results.
     python scripts/compatibility_matrix.py                      # all 108 cells, writes docs/compatibility-matrix.md
     python scripts/compatibility_matrix.py --only-engines ddp,zero3 --out /tmp/m.md --json /tmp/m.json
 
-Measuring is loraflow.verify.crosscheck's (the same worker and comparison as tests/test_engines.py); this script
-only launches it per group of cells, judges each cell and renders the tables:
+Measuring is loraflow.verify.crosscheck's (the same worker and comparison as tests/distributed/test_engines.py);
+this script only launches it per group of cells, judges each cell and renders the tables:
 
 - the references (one process, fp32, no checkpointing, engine single), one plain process;
 - the `single` engine cells (checkpointing and bf16-mixed in one process), one plain process;
@@ -50,7 +50,8 @@ PRECISIONS = ("fp32", "bf16-mixed")
 RANKS = 2
 
 FP32_TOLERANCE = 1e-5
-"""fp32 cells: gradient and every step's loss within this relative error of the reference (as tests/test_engines)."""
+"""fp32 cells: gradient and every step's loss within this relative error of the reference (as
+tests/distributed/test_engines.py)."""
 BF16_FACTOR = 2.0
 """bf16-mixed cells: gradient error against the fp32 reference at most this times the error that bf16-mixed
 costs in one process (the yardstick: the single-process bf16-mixed cell of the same adapter without checkpointing)."""

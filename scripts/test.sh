@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
-# Install loraflow with its test tools into .venv and run the whole test suite (extra arguments go to pytest).
+# Install loraflow with its test tools into .venv, build (or reuse from the cache) the DeepSpeed 0.15.3 environment
+# of the legacy tests, and run the whole test suite (extra arguments go to pytest).
+#   bash scripts/test.sh                      # everything
+#   bash scripts/test.sh -m "not distributed" # the one-process tests only (tests/distributed/ launches 2 ranks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh test
+# Before pytest, once: a cold build takes minutes, and a test must never build an environment inside its timeout.
+bash scripts/setup_legacy_venv.sh
+LORAFLOW_LEGACY_PYTHON="$(bash scripts/setup_legacy_venv.sh --where)"
+export LORAFLOW_LEGACY_PYTHON
 exec .venv/bin/python -m pytest -q "$@"

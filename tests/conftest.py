@@ -23,6 +23,18 @@ from loraflow.setup import build_model  # noqa: E402
 from loraflow.setup.model import ASSETS, load_tokenizer  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository root, for tests in any folder of tests/ (`from conftest import ROOT`)."""
+DISTRIBUTED = ROOT / "tests" / "distributed"
+"""Every test below it launches two processes: it carries the `distributed` marker (pyproject.toml registers it)."""
+
+
+def pytest_collection_modifyitems(items) -> None:
+    # Marked here rather than by a tests/distributed/conftest.py: a second conftest module would shadow this one
+    # for `from conftest import ...` (pytest imports both under the name `conftest`).
+    for item in items:
+        if DISTRIBUTED in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.distributed)
 
 
 def build_tiny_model(path: Path, tie: bool = False, layers: int = 4, seed: int = 0) -> Path:
@@ -105,3 +117,64 @@ def randomize_adapters(model: torch.nn.Module, seed: int = 2) -> None:
         for name, p in model.named_parameters():
             if p.requires_grad and ("lora_A" in name or "lora_B" in name):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+
+
+# -- the README's demo, trained once per session ------------------------------------------------------------------
+
+def demo_metric(stdout: str) -> tuple[float, float]:
+    """(before, after) exact match, as `loraflow train` prints it."""
+    import re
+
+    found = re.search(r"eval exact_match: ([\d.]+) -> ([\d.]+)", stdout)
+    assert found, stdout[-2000:]
+    return float(found.group(1)), float(found.group(2))
+
+
+@pytest.fixture(scope="session")
+def sft_demo(tmp_path_factory):
+    """`loraflow train sft` with no config, as the README runs it: (directory it ran in, completed process, wall
+    seconds). Trained once and only read afterwards: tests/test_demo.py checks it, and the 2-process demos of
+    tests/distributed/ compare their metric with it."""
+    import subprocess
+    import sys
+    import time
+
+    tmp = tmp_path_factory.mktemp("demo")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "loraflow", "train", "sft"], cwd=tmp, check=False,
+                          capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return tmp, proc, wall
+
+
+# -- fault injection through `loraflow train` (tests/test_faults.py and its 2-process cases) --------------------------
+
+def fault_run_args(tiny_model, chat_data, run_dir, *extra) -> list[str]:
+    return [f"model.path={tiny_model}", f"data.train={chat_data[0]}", f"output.dir={run_dir}",
+            "output.progress_bar=false", "output.tensorboard=false", "output.log_every_steps=1",
+            "train.micro_batch_size=4", "train.learning_rate=5e-3", "eval.generate=false", *extra]
+
+
+def steps_logged(run_dir: Path) -> list[int]:
+    from loraflow.metrics import read_metrics
+
+    return [r["step"] for r in read_metrics(run_dir, "train")]
+
+
+def wait_for_step(run_dir: Path, step: int, proc, timeout: float = 120) -> None:
+    """Wait until the run `proc` writes logged step `step`; fail if it ends or takes longer than `timeout`."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before step {step}")
+        try:
+            if any(s >= step for s in steps_logged(run_dir)):
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"no step {step} within {timeout}s")

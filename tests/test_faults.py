@@ -1,12 +1,11 @@
-"""Fault injection through `loraflow train`, as a user meets each fault: divergence, stop signals (one process and
-two), a run that never wrote a checkpoint, directories holding other files, replayed metrics, a full disk, a
-read-only output directory, corrupt checkpoint files, undecodable data, an attention kernel the architecture
-refuses. Each case asserts the message the user sees and that nothing already written is lost.
-(docs/reliability.md is the table of these cases.)"""
+"""Fault injection through `loraflow train`, as a user meets each fault: divergence, stop signals (one process
+here; two in tests/distributed/test_faults_distributed.py), a run that never wrote a checkpoint, directories holding
+other files, replayed metrics, a full disk, a read-only output directory, corrupt checkpoint files, undecodable
+data, an attention kernel the architecture refuses. Each case asserts the message the user sees and that nothing
+already written is lost. (docs/reliability.md is the table of these cases.)"""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,23 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import fault_run_args as common
+from conftest import steps_logged, wait_for_step
 from safetensors.torch import load_file
 
 from loraflow.cli import main as cli
-from loraflow.engines.launch import launch_env, torchrun_argv
+from loraflow.engines.launch import launch_env
 from loraflow.errors import ConfigError, LoraflowError
-from loraflow.metrics import read_metrics
 from loraflow.run import train
-
-
-def common(tiny_model, chat_data, run_dir, *extra) -> list[str]:
-    return [f"model.path={tiny_model}", f"data.train={chat_data[0]}", f"output.dir={run_dir}",
-            "output.progress_bar=false", "output.tensorboard=false", "output.log_every_steps=1",
-            "train.micro_batch_size=4", "train.learning_rate=5e-3", "eval.generate=false", *extra]
-
-
-def steps_logged(run_dir: Path) -> list[int]:
-    return [r["step"] for r in read_metrics(run_dir, "train")]
 
 
 # -- divergence ---------------------------------------------------------------------------------------------------
@@ -79,21 +69,6 @@ def test_vanishing_gradients_are_warned_about_once(caplog):
 
 # -- stop signals -------------------------------------------------------------------------------------------------
 
-def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended (exit {proc.returncode}) before step {step}")
-        try:
-            if any(s >= step for s in steps_logged(run_dir)):
-                return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"no step {step} within {timeout}s")
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1], ids=lambda s: s.name)
 def test_a_stop_signal_saves_a_checkpoint_and_the_run_resumes(tiny_model, chat_data, tmp_path, signum):
     run = tmp_path / "run"
@@ -113,42 +88,6 @@ def test_a_stop_signal_saves_a_checkpoint_and_the_run_resumes(tiny_model, chat_d
     summary = train("sft", None, [f"train.max_steps={step + 2}"], str(run))
     assert summary["steps"] == step + 2
     assert steps_logged(run) == list(range(1, step + 3))  # the replayed steps are not logged twice
-
-
-def worker_pids(launcher: int) -> dict[int, int]:
-    """rank -> pid of torchrun's workers (read from their environment)."""
-    out = {}
-    for child in subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True).stdout.split():
-        env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        rank = [e.split(b"=", 1)[1] for e in env if e.startswith(b"RANK=")]
-        if rank:
-            out[int(rank[0])] = int(child)
-    return out
-
-
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1], ids=lambda s: s.name)
-def test_two_ranks_stop_together_when_one_is_signalled(tiny_model, chat_data, tmp_path, signum):
-    run = tmp_path / "run"
-    tail = ["-m", "loraflow", "train", "sft", *common(tiny_model, chat_data, run, "train.max_steps=400",
-                                                       "parallel.engine=ddp", "train.micro_batch_size=2")]
-    log = tmp_path / "launch.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen(torchrun_argv(2, tail), stdout=sink, stderr=subprocess.STDOUT, env=launch_env(),
-                                start_new_session=True)
-        try:
-            wait_for_step(run, 2, proc, timeout=240)
-            pids = worker_pids(proc.pid)
-            assert set(pids) == {0, 1}, pids
-            os.kill(pids[1], signum)  # only rank 1, as when a node's tasks are signalled one by one
-            proc.wait(timeout=180)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-    text, name = log.read_text(), signal.Signals(signum).name
-    assert f"stopped by {name} after step" in text, text[-4000:]  # said by rank 0, which was not signalled
-    step = int(text.split(f"stopped by {name} after step ")[1].split()[0])
-    assert (run / "latest").read_text().strip() == f"step-{step:07d}"
-    assert steps_logged(run) == list(range(1, step + 1))
 
 
 # -- directories ----------------------------------------------------------------------------------------------------

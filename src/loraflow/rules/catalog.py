@@ -2,7 +2,7 @@
 
 This module holds the rules of a single process (checkpointing, cache, packing, adapters, precision); the rules of
 sharded and distributed engines (ZeRO, FSDP, DDP) are in catalog_sharded.py. Every rule has a test that triggers it
-and one that keeps it silent (tests/test_rules.py), and, where it can be reproduced, a live probe (probes/).
+and one that keeps it silent (tests/rules/test_rules.py), and, where it can be reproduced, a live probe (probes/).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ process, fp32, no checkpointing, engine single. A cell the plan refuses records 
     torchrun --nproc_per_node 2 -m loraflow.verify.crosscheck --model DIR --data FILE --cells cells.json --out r.pt
     python -m loraflow.verify.crosscheck ... --reference      (one process; each cell's own reference)
 
-Used by tests/test_engines.py and scripts/compatibility_matrix.py, so the matrix and the tests measure the same way.
+Used by tests/distributed/test_engines.py and scripts/compatibility_matrix.py, so the matrix and the tests measure the same way.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The legacy job: DeepSpeed 0.15.3 in a second virtual environment (scripts/setup_legacy_venv.sh builds it, once).
+"""The legacy job: DeepSpeed 0.15.3 in a second virtual environment (scripts/setup_legacy_venv.sh builds it once,
+before pytest, into a cache outside the clone).
 
 There, ZeRO-3 with non-reentrant checkpointing and frozen base weights reproduces the catalog's CheckpointError with
 naive settings (zero3-frozen-recompute, fixed in DeepSpeed 0.19.3), and loraflow's own trainer, whose plan switches
@@ -8,30 +9,44 @@ to reentrant checkpointing plus the input-grad hook for that version, gives the 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 
-from loraflow.verify.crosscheck import Cell, compare, worker_argv
 from loraflow.engines.launch import launch_env, run_isolated
 from loraflow.setup.model import ASSETS
+from loraflow.verify.crosscheck import Cell, compare, worker_argv
 
-ROOT = Path(__file__).resolve().parent.parent
-LEGACY = ROOT / ".venv-ds0153" / "bin" / "python"
+SETUP = "bash scripts/setup_legacy_venv.sh"
+
+
+def locate_legacy_python() -> Path:
+    """The legacy interpreter: $LORAFLOW_LEGACY_PYTHON (scripts/test.sh exports it), else where the setup script
+    puts it (its --where answer: the cache directory keyed by what goes into the environment)."""
+    if os.environ.get("LORAFLOW_LEGACY_PYTHON"):
+        return Path(os.environ["LORAFLOW_LEGACY_PYTHON"])
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "setup_legacy_venv.sh"), "--where"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return Path(proc.stdout.strip())
 
 
 @pytest.fixture(scope="module")
 def legacy_python() -> str:
-    # Builds the venv on first use (torch from the local wheel, deepspeed 0.15.3 from its sdist); a no-op after.
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "setup_legacy_venv.sh")], capture_output=True, text=True,
-                          timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    out = subprocess.run([str(LEGACY), "-c", "import deepspeed; print(deepspeed.__version__)"], capture_output=True,
+    # Built once by a setup step before pytest (it takes minutes; CI caches it between runs), never here.
+    legacy = locate_legacy_python()
+    if not legacy.is_file():
+        pytest.fail(f"the DeepSpeed 0.15.3 environment is missing ({legacy} does not exist): build it with "
+                    f"`{SETUP}` (scripts/test.sh runs it before pytest), then run the tests again")
+    out = subprocess.run([str(legacy), "-c", "import deepspeed; print(deepspeed.__version__)"], capture_output=True,
                          text=True, timeout=120, env=launch_env())
-    assert out.stdout.strip().endswith("0.15.3"), out.stdout + out.stderr
-    return str(LEGACY)
+    assert out.stdout.strip().endswith("0.15.3"), f"{legacy} is not DeepSpeed 0.15.3 ({SETUP} rebuilds it):\n" \
+        + out.stdout + out.stderr
+    return str(legacy)
 
 
 def test_naive_zero3_non_reentrant_frozen_reproduces_the_checkpoint_error(legacy_python, tmp_path):

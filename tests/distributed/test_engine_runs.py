@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 
 from loraflow.engines.launch import launch_env, run_isolated, torchrun_argv
 from loraflow.metrics import read_metrics
 from loraflow.setup.model import ASSETS
 
-ZERO3_JSON = Path(__file__).resolve().parent.parent / "examples" / "deepspeed" / "zero3-shard-small-models.json"
+ZERO3_JSON = ROOT / "examples" / "deepspeed" / "zero3-shard-small-models.json"
 # Warmup over 3 steps: the lr of step 3 depends on the restored schedule state (and not on max_steps), so a resume
 # that lost it would log different losses.
 COMMON = ["train.max_steps=4", "train.learning_rate=1e-3", "train.warmup_steps=3", "train.schedule=constant",
@@ -81,8 +82,8 @@ def test_stopped_resumed_engine_run_equals_one_uninterrupted_process(engine, ref
         assert saved[key].shape == ref.shape and saved[key].numel() > 0, key  # never the empty ZeRO-3 placeholder
         # Adam divides by sqrt(v): for an element whose gradient is near zero, m / sqrt(v) is about +-1 whatever
         # the gradient's size, so rounding differences of the reduction order can flip such an update by 2 x lr.
-        # Gradients agree to 1e-6 (tests/test_engines.py); after 4 Adam steps the weights agree to 1e-3 (measured:
-        # at most 2.6e-4, on a lora_B under ZeRO-3).
+        # Gradients agree to 1e-6 (test_engines.py, beside this file); after 4 Adam steps the weights agree to 1e-3
+        # (measured: at most 2.6e-4, on a lora_B under ZeRO-3).
         err = float((saved[key] - ref).norm() / ref.norm().clamp_min(1e-12))
         assert err < 1e-3, (key, err)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import ROOT
 from packaging.version import Version
 
 from loraflow.rules import Combination, all_rules, evaluate, get_rule
@@ -182,11 +183,10 @@ def test_rule_knobs_and_versions_are_declared():
 
 def test_compatibility_doc_is_current():
     """docs/compatibility.md is generated from the registry; regenerate with scripts/gen_docs.py."""
-    from pathlib import Path
 
     from loraflow.rules.docs import render_markdown
 
-    text = (Path(__file__).resolve().parent.parent / "docs/compatibility.md").read_text()
+    text = (ROOT / "docs/compatibility.md").read_text()
     assert text == render_markdown()
     assert all(f"### `{r.id}`" in text for r in all_rules())
 

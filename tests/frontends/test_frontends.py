@@ -9,21 +9,28 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 from packaging.version import Version
 
 from loraflow.environment import parse_versions
 from loraflow.errors import LoraflowError
-from loraflow.frontends import (FRAMEWORKS, detect, flags_for, from_command, from_files, guess_framework_for_files,
-                                run_check)
+from loraflow.frontends import (
+    FRAMEWORKS,
+    detect,
+    flags_for,
+    from_command,
+    from_files,
+    guess_framework_for_files,
+    run_check,
+)
 from loraflow.frontends.argv import command_from_script, parse_flags, split_command
 from loraflow.rules import evaluate
 from loraflow.rules.combination import COMBINATION_FIELDS
 
-FIX = Path(__file__).parent / "fixtures" / "frontends"
+FIX = ROOT / "tests" / "fixtures" / "frontends"
 CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2"),
            "deepspeed": Version("0.19.8")}
 OLD = {"torch": Version("2.5.1"), "transformers": Version("4.46.3"), "peft": Version("0.13.2"),
@@ -475,11 +482,10 @@ def test_script_reader_expands_variables_and_drops_redirects():
 
 
 def test_llama_factory_bare_switch_on_the_command_line_is_on():
-    from pathlib import Path
 
     from loraflow.frontends import from_command
 
-    yaml = Path(__file__).parent / "fixtures/frontends/llama-factory/llama3_lora_sft_ds3.yaml"
+    yaml = FIX / "llama-factory/llama3_lora_sft_ds3.yaml"
     result = from_command(["llamafactory-cli", "train", str(yaml), "--use_dora"], {})
     assert result.setup.adapter == "dora"
 

@@ -9,15 +9,14 @@ import importlib.util
 import itertools
 import re
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-from loraflow.verify.crosscheck import Cell
 from loraflow.rules import all_rules
 from loraflow.setup.model import ASSETS
+from loraflow.verify.crosscheck import Cell
 
-ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "compatibility-matrix.md"
 SCRIPT = ROOT / "scripts" / "compatibility_matrix.py"
 ADAPTERS = ("lora", "dora", "full")

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from conftest import ROOT
 
 from loraflow.config import Config, load_config
 from loraflow.config.docs import render_markdown
 from loraflow.errors import ConfigError
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_defaults_are_valid():

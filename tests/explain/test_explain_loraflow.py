@@ -13,9 +13,9 @@ import json
 import re
 import sys
 from dataclasses import fields, is_dataclass
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from loraflow.cli import main
 from loraflow.explain import as_dict, detect_framework, diagnose_log, fix_for, render
@@ -23,7 +23,6 @@ from loraflow.explain.own import KEYS, OwnLog, loraflow_fix
 from loraflow.frontends import flags_for
 from loraflow.rules import all_rules, get_rule
 
-ROOT = Path(__file__).resolve().parent.parent
 CAPTURED = ROOT / "tests" / "fixtures" / "corpus" / "explain" / "loraflow"
 MANIFEST = json.loads((CAPTURED / "CAPTURED.json").read_text())
 # DeepSpeed-Chat's flags, as its frontend words fixes: none may appear in a fix for a loraflow run.

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from loraflow.cli import main
 from loraflow.explain import diagnose_log, explain_text, log_versions
 
-LOGS = Path(__file__).parent / "fixtures" / "logs"
+LOGS = ROOT / "tests" / "fixtures" / "logs"
 MANIFEST = json.loads((LOGS / "MANIFEST.json").read_text())
 
 
