@@ -35,6 +35,7 @@ from loraflow.guards import FrozenWeights, assert_train_mode, check_first_gradie
 from loraflow.metrics import MetricsWriter
 from loraflow.preemption import StopRequests
 from loraflow.setup.precision import autocast
+from loraflow.setup.saved_tensors import ActivationSaving
 from loraflow.stagespec import stage_spec
 
 log = logging.getLogger("loraflow")
@@ -146,6 +147,7 @@ class Trainer:
         if state is not None:  # the steps after the checkpoint are replayed: their rows must not appear twice
             self.metrics.truncate_after(self.progress.step)
         self.memory: MemoryReport | None = None
+        self.activations = ActivationSaving(plan, self.engine.module)  # offload; counted on the first forward
         self.watch = DivergenceWatch(plan)
 
     @property
@@ -188,7 +190,7 @@ class Trainer:
             mask = batch.get("attention_mask")
             tokens += (int(mask.sum()) if mask is not None else batch["input_ids"].numel()) if real else 0
             with e.micro_step(last=k == self.accum - 1):
-                with autocast(self.plan.device, self.plan.autocast_dtype):
+                with autocast(self.plan.device, self.plan.autocast_dtype), self.activations.forward():
                     out = self.loss_fn(e.model, batch, int(num_items))
                 loss, stats = out if isinstance(out, tuple) else (out, {})
                 weight = e.loss_scale if real else 0.0  # engines average over ranks; see engines/__init__.py
@@ -220,6 +222,7 @@ class Trainer:
         if guard is not None:
             check_first_gradients(self.model, self.plan, self.engine.full_grads())
             self.memory = MemoryReport.after_backward(self.engine)
+            self.memory.activations = self.activations.counted
         stats["grad_norm"] = self.apply_update()
         self.watch.check_gradients(step, stats["grad_norm"], applied=not self.engine.norm_before_update)
         if guard is not None:

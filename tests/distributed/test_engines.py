@@ -1,5 +1,6 @@
 """Every engine reproduces the single-process fp32 reference: for LoRA and DoRA (and full fine-tuning on DDP and
-FSDP2) x checkpointing {off, reentrant, non-reentrant}, the gathered gradients after one optimizer step match
+FSDP2) x checkpointing {off, reentrant, non-reentrant} (and one sub-block cell, checkpointing.granularity, on
+ZeRO-3, FSDP2 and DDP), the gathered gradients after one optimizer step match
 (relative error <= 1e-5) and three steps give the same losses. Two real gloo ranks on CPU under torchrun, through
 the same code path as `loraflow train` (verify/crosscheck.py)."""
 
@@ -26,6 +27,11 @@ ENGINES = {  # engine -> adapters the issue asks for on it
     "zero0": ("lora",),  # beyond the issue's list: every ZeRO stage the engine offers is checked once
     "zero1": ("lora",),
 }
+SUB_BLOCK_CELLS = {  # checkpointing.granularity (issue 17): one sub-block cell in an engine's existing launch
+    "zero3": (Cell("lora", "non-reentrant", "fp32", "zero3", granularity="mlp"),),
+    "fsdp2": (Cell("lora", "reentrant", "fp32", "fsdp2", granularity="mlp"),),
+    "ddp": (Cell("dora", "non-reentrant", "fp32", "ddp", granularity="attention"),),
+}
 
 
 def run_worker(tmp: Path, cells: list[Cell], ranks: int, timeout: float, extra: tuple[str, ...] = (),
@@ -47,6 +53,7 @@ def references(tmp_path_factory) -> dict:
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_engine_matches_the_single_process_reference(engine, references, tmp_path):
     cells = [Cell(adapter, ckpt, "fp32", engine) for adapter in ENGINES[engine] for ckpt in CHECKPOINTING]
+    cells += SUB_BLOCK_CELLS.get(engine, ())
     results = run_worker(tmp_path, cells, ranks=2, timeout=600)
     lines, bad = [], []
     for cell in cells:
@@ -60,6 +67,8 @@ def test_engine_matches_the_single_process_reference(engine, references, tmp_pat
             bad.append(lines[-1] + f", weights {r['weight_error']:.1e}")
         if cell.adapter != "full" and results[cell.id]["saved_tensors"] != len(results[cell.id]["final"]):
             bad.append(f"{cell.id}: the saved adapter holds {results[cell.id]['saved_tensors']} tensors")
+        if cell.granularity != "layer" and results[cell.id]["engine_checkpointed_layers"] != 4:
+            bad.append(f"{cell.id}: {results[cell.id]['engine_checkpointed_layers']} sub-blocks checkpointed, not 4")
     print("\n".join(lines))
     assert not bad, "\n".join(bad)
 

@@ -90,6 +90,20 @@ class CheckpointingConfig:
     """`auto` lets the plan choose (non-reentrant); `true`/`false` force torch's use_reentrant. The plan adds
     whatever the forced mode needs to stay correct and says so."""
 
+    layers: int | None = None
+    """How many decoder layers to checkpoint, spread evenly (layer floor(i x total / layers) for i < layers);
+    empty means every_n_layers decides. Set one of the two: layers=2 of 4 is every_n_layers=2."""
+
+    granularity: Literal["layer", "mlp", "attention"] = "layer"
+    """What recomputes in each chosen layer: `layer` (the whole layer), `mlp` (only its MLP sub-block; the
+    attention block's saved tensors are kept) or `attention` (only its attention sub-block)."""
+
+    offload_activations: bool = False
+    """Move the tensors the forward saves for backward to CPU memory (pinned on CUDA) and back in backward; on a
+    CPU-only machine it has no effect. Works with or without checkpointing; with it, what is still saved moves
+    (layers and sub-blocks not recomputed; under reentrant checkpointing also the checkpointed inputs, which
+    non-reentrant checkpointing holds on the device)."""
+
 
 @dataclass(kw_only=True)
 class PrecisionConfig:
@@ -367,6 +381,16 @@ class Config:
         elif "all-linear" in targets and len(targets) > 1:
             out.append("adapter.target_modules mixes all-linear with module names; use one or the other.")
         positive("checkpointing.every_n_layers", self.checkpointing.every_n_layers)
+        c = self.checkpointing
+        if c.layers is not None:
+            positive("checkpointing.layers", c.layers)
+            if c.every_n_layers != 1:
+                out.append(f"checkpointing.layers={c.layers} and checkpointing.every_n_layers={c.every_n_layers} "
+                           "both choose which layers recompute; set only one of them.")
+        changed = [k for k, v in (("layers", c.layers), ("granularity", c.granularity)) if v not in (None, "layer")]
+        if changed and not c.enabled:
+            out.append(f"checkpointing.{changed[0]} has no effect with checkpointing.enabled=false; set "
+                       f"checkpointing.enabled=true, or remove checkpointing.{changed[0]}.")
         positive("data.max_length", self.data.max_length)
         positive("train.micro_batch_size", self.train.micro_batch_size)
         positive("train.gradient_accumulation_steps", self.train.gradient_accumulation_steps)

@@ -4,7 +4,8 @@ sharding: (b x base params + 16 x adapter params) / world size, where b is the b
 (2 in bf16) and 16 = fp32 weight 4 + fp32 gradient 4 + Adam's two fp32 moments 8.
 
 Taken on the first step: gradients right after the first backward, optimizer state right after the first update
-(Adam allocates its moments lazily), so the figures are what the run holds from then on.
+(Adam allocates its moments lazily), so the figures are what the run holds from then on. Beside them, the bytes
+each decoder layer saved for backward on the first micro-batch, against the floor of full recompute.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class MemoryReport:
     base_bytes_per_element: int
     ranks: list[RankMemory] = field(default_factory=list)
     mine: RankMemory = field(default_factory=RankMemory)
+    activations: Any = None
+    """This rank's bytes saved for backward per decoder layer on the first micro-batch (setup/saved_tensors.py's
+    SavedBytes), when the trainer counted them."""
 
     @classmethod
     def after_backward(cls, engine) -> "MemoryReport":
@@ -91,6 +95,8 @@ class MemoryReport:
         lines.append(f"  formula (fully sharded): ({self.base_bytes_per_element} x base + 16 x adapter) / "
                      f"{self.world_size} = {_mib(self.formula)}; largest rank / formula = "
                      f"{worst / self.formula:.2f}" if self.formula else "")
+        if self.activations is not None:
+            lines += self.activations.render()
         return "\n".join(lines)
 
     def to_metrics(self) -> dict[str, Any]:
@@ -101,6 +107,8 @@ class MemoryReport:
             for key in ("frozen_params", "trainable_params", "gradients", "optimizer"):
                 out[f"rank{r}_{key}_bytes"] = getattr(m, key)
             out[f"rank{r}_total_bytes"] = m.total
+        if self.activations is not None:
+            out.update(self.activations.to_metrics())
         return out
 
 

@@ -64,10 +64,35 @@ def resolve_train_modules(config: Config, info: ModelInfo) -> list[str]:
 
 
 def _checkpoint_layers(config: Config, num_layers: int) -> list[int]:
-    if not config.checkpointing.enabled:
+    c = config.checkpointing
+    if not c.enabled:
         return []
-    n = config.checkpointing.every_n_layers
+    if c.layers is not None:  # spread evenly: layers=2 of 4 is 0, 2 (= every_n_layers=2)
+        if c.layers > num_layers:
+            raise ConfigError([f"checkpointing.layers={c.layers}, but the model has {num_layers} decoder layers; "
+                               f"set checkpointing.layers to at most {num_layers}."])
+        return sorted({i * num_layers // c.layers for i in range(c.layers)})
+    n = c.every_n_layers
     return [i for i in range(num_layers) if i % n == 0]  # transformers' every_n_layers semantics
+
+
+def _checkpoint_block(config: Config, info: ModelInfo) -> str | None:
+    """The decoder-layer child checkpointing.granularity recomputes (None: the whole layer), found by name in the
+    inspected model's module names; a ConfigError naming the key when the architecture has none."""
+    from loraflow.setup.checkpointing import SUB_BLOCKS, sub_block_name
+
+    granularity = config.checkpointing.granularity
+    if granularity == "layer" or not config.checkpointing.enabled:
+        return None
+    # Children of the first decoder layer: `<...>.0.<child>` (layers are the only numbered list with them all).
+    children = {n.rsplit(".", 1)[1] for n in info.module_names if n.count(".") and n.rsplit(".", 2)[-2] == "0"}
+    found = sub_block_name(children, granularity)
+    if found is None and info.inspected:
+        raise ConfigError([f"checkpointing.granularity={granularity}: this {info.model_type} model's decoder layers "
+                           f"have no {granularity} child (looked for {', '.join(SUB_BLOCKS[granularity])}; its "
+                           f"layers hold {', '.join(sorted(children)) or 'nothing named'}). Set "
+                           "checkpointing.granularity=layer."])
+    return found or SUB_BLOCKS[granularity][0]
 
 
 def _precision(config: Config) -> tuple[list[str], torch.dtype, torch.dtype, torch.dtype | None, str]:
@@ -133,7 +158,9 @@ def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_
         checkpointing=placement,
         checkpoint_every_n=config.checkpointing.every_n_layers,
         reentrant=reentrant,
-        checkpoint_impl="transformers",
+        # Sub-blocks recompute through torch's checkpoint, which does not turn the KV cache off as transformers'
+        # layer checkpointing does (rule cache-during-recompute).
+        checkpoint_impl="transformers" if config.checkpointing.granularity == "layer" else "torch-wrapper",
         input_grad_hook=False,
         use_cache=info.use_cache_default,
         packing=config.data.packing,
@@ -176,6 +203,7 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
     if problems:
         raise ConfigError(problems)
     layers = _checkpoint_layers(config, info.num_layers)
+    block = _checkpoint_block(config, info)
     asked = config.checkpointing.reentrant
     reentrant = None if not layers else (asked == "true")
     engine, deepspeed = resolve_engine(config, env)
@@ -188,7 +216,9 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
                 modules_to_save=modules_to_save, ensure_weight_tying=final.weight_tying_enforced,
                 checkpoint_layers=layers, reentrant=final.reentrant, input_grad_hook=final.input_grad_hook,
                 use_cache=False,
-                checkpoint_in_engine=bool(layers) and final.engine == "fsdp2" and not final.checkpoint_outside_shard,
+                checkpoint_in_engine=bool(layers) and final.engine == "fsdp2" and not final.checkpoint_outside_shard
+                and block is None, checkpoint_block=block if layers else None,
+                offload_activations=config.checkpointing.offload_activations and env.device != "cpu",
                 deepspeed=deepspeed, saves="model" if config.adapter.method == "full" else "adapter")
     plan.attn_implementation = info.attn_implementation
     if info.attn_implementation == "flash_attention_2" and env.device == "cpu":

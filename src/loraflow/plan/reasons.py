@@ -60,14 +60,26 @@ def _freezing(plan: Plan) -> Decision:
 def _checkpointing(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     c = plan.config.checkpointing
     if not plan.checkpoint_layers:
-        return [Decision("checkpointing", "off", "checkpointing.enabled=false: activations are kept for backward")]
+        return [Decision("checkpointing", "off", "checkpointing.enabled=false: activations are kept for backward"),
+                *_offload(plan)]
     n, total = len(plan.checkpoint_layers), plan.model.num_layers
+    chosen = f"checkpointing.layers={c.layers}, spread evenly" if c.layers is not None else \
+        f"every {c.every_n_layers}"
     where = "every layer" if n == total else \
-        f"layers {', '.join(map(str, plan.checkpoint_layers))} of {total} (every {c.every_n_layers})"
+        f"layers {', '.join(map(str, plan.checkpoint_layers))} of {total} ({chosen})"
     how = "torch's checkpoint around each layer's forward, inside its FSDP2 unit" if plan.checkpoint_in_engine else \
         "transformers' own layer checkpointing"
-    out = [Decision("checkpointing", where, "checkpointing.enabled=true with checkpointing.every_n_layers="
-                    f"{c.every_n_layers}, through {how}")]
+    asked = f"checkpointing.layers={c.layers}" if c.layers is not None else \
+        f"checkpointing.every_n_layers={c.every_n_layers}"
+    if plan.checkpoint_block:
+        kept = "MLP" if c.granularity == "attention" else "attention"
+        what = f"the `{plan.checkpoint_block}` sub-block of {where}"
+        why = (f"checkpointing.granularity={c.granularity} with {asked}: torch's checkpoint around each chosen "
+               f"layer's {c.granularity} sub-block; the {kept} sub-block keeps its saved tensors, so only the "
+               f"{c.granularity} part recomputes in backward")
+    else:
+        what, why = where, f"checkpointing.enabled=true with {asked}, through {how}"
+    out = [Decision("checkpointing", what, why)]
     rule = changed_by.get("reentrant")
     if rule:
         out.append(Decision("checkpointing.reentrant", plan.reentrant, f"checkpointing.reentrant={c.reentrant} "
@@ -80,7 +92,19 @@ def _checkpointing(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     else:
         out.append(Decision("checkpointing.reentrant", plan.reentrant,
                             f"requested (checkpointing.reentrant={c.reentrant})"))
-    return out
+    return out + _offload(plan)
+
+
+def _offload(plan: Plan) -> list[Decision]:
+    """Printed only when asked for (checkpointing.offload_activations=true)."""
+    if not plan.config.checkpointing.offload_activations:
+        return []
+    if not plan.offload_activations:
+        return [Decision("activation offload", "no effect on cpu", "checkpointing.offload_activations=true, but "
+                         "the device is the CPU, where saved tensors already live")]
+    return [Decision("activation offload", "tensors saved for backward to pinned CPU memory during the forward",
+                     "checkpointing.offload_activations=true; weights (and views of them) stay on the device, as "
+                     "they are kept there anyway")]
 
 
 def _input_grad_hook(plan: Plan, naive: Combination, changed_by: dict[str, str]) -> Decision:
@@ -151,7 +175,12 @@ def _fsdp2(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
         "adapters' (fsdp-frozen-grad-memory)" if s.fsdp_frozen_units_separate else
         "full fine-tuning trains every weight" if s.adapter == "full" else
         "DoRA reads its base weight after the base forward, so the base stays gathered with its layer")]
-    if plan.checkpoint_layers:
+    if plan.checkpoint_block:
+        out.append(Decision("checkpoint placement", f"inside each layer's sharded unit (torch checkpoint around its "
+                            f"`{plan.checkpoint_block}` sub-block)", "a sub-block is inside its layer, so FSDP2's "
+                            "gather and casts in the layer's unit stay outside the recompute",
+                            changed_by.get("checkpoint_outside_shard")))
+    elif plan.checkpoint_layers:
         rule = changed_by.get("checkpoint_outside_shard")
         where = "outside each sharded unit (transformers' layer checkpointing)" if s.checkpoint_outside_shard \
             else "inside each sharded unit (torch checkpoint around the layer's forward, under FSDP2's hooks)"

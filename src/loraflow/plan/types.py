@@ -46,6 +46,12 @@ class Plan:
     use_cache: bool = False
     checkpoint_in_engine: bool = False
     """FSDP2 with checkpointing inside the sharded unit: the engine wraps the layers, not transformers."""
+    checkpoint_block: str | None = None
+    """The child of each checkpointed layer that recomputes (checkpointing.granularity=mlp/attention: e.g. `mlp`,
+    `self_attn`); None recomputes the whole layer."""
+    offload_activations: bool = False
+    """Tensors saved for backward go to CPU memory during the forward (setup/saved_tensors.py); False on a CPU
+    device, where they are already there."""
     head: str = "lm"
     """`lm` (a causal LM), `score` (a scalar score head: the reward model) or `value` (a causal LM with PPO's value
     head)."""

@@ -7,8 +7,11 @@ mechanisms, applied to exactly `plan.checkpoint_layers` (indices into `decoder_l
 - Inside each FSDP2 unit (plan.checkpoint_in_engine, rule fsdp2-recompute-cast): torch's checkpoint around the
   layer's forward, so that FSDP2's gather and mixed-precision casts, which run in the unit's __call__, stay outside
   the recompute. It has to be in place before fully_shard, so the FSDP2 engine places it (`checkpoint_in_units`).
+- One sub-block of each chosen layer (plan.checkpoint_block: checkpointing.granularity=mlp or attention): torch's
+  checkpoint around that child's forward (`checkpoint_forward`), at setup for every engine. The child sits inside
+  its layer, so under FSDP2 the recompute is inside the layer's sharded unit whichever placement the plan chose.
 transformers 5 also adds an input-grad hook on its own; loraflow removes or keeps it so the model does what the
-printed plan says, and verifies the checkpointed layers afterwards.
+printed plan says, and verifies the checkpointed layers (and sub-blocks) afterwards.
 """
 
 from __future__ import annotations
@@ -36,10 +39,42 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in hf_model(model).modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
+SUB_BLOCKS = {"attention": ("self_attn", "attn", "self_attention", "attention"),
+              "mlp": ("mlp", "feed_forward", "ffn", "block_sparse_moe")}
+"""checkpointing.granularity -> the names architectures give that child of a decoder layer, first match wins
+(Llama/Qwen/Mistral: self_attn, mlp; GPT-2: attn, mlp; Falcon: self_attention; Mixtral: block_sparse_moe)."""
+
+
+def sub_block_name(child_names, granularity: str) -> str | None:
+    """The decoder layer's child that `granularity` recomputes (None: the layer has no such child)."""
+    return next((n for n in SUB_BLOCKS[granularity] if n in set(child_names)), None)
+
+
+def checkpoint_targets(model: torch.nn.Module, plan) -> list[tuple[int, torch.nn.Module]]:
+    """(layer index, module whose forward recomputes) for every checkpointed region the plan chose: the layer
+    itself, or its plan.checkpoint_block child."""
+    layers = decoder_layers(model)
+    if not plan.checkpoint_block:
+        return [(i, layers[i]) for i in plan.checkpoint_layers]
+    return [(i, getattr(layers[i], plan.checkpoint_block)) for i in plan.checkpoint_layers]
+
+
+def _recomputes(m: torch.nn.Module) -> bool:
+    return bool(getattr(m, "gradient_checkpointing", False) or getattr(m, CHECKPOINTED, False))
+
+
 def checkpointed_layers(model: torch.nn.Module) -> list[int]:
-    """Indices of the decoder layers that will recompute in backward, by either mechanism."""
-    return [i for i, m in enumerate(decoder_layers(model))
-            if getattr(m, "gradient_checkpointing", False) or getattr(m, CHECKPOINTED, False)]
+    """Indices of the decoder layers that will recompute in backward (whole or a sub-block), by either mechanism."""
+    return [i for i, (_, block) in enumerate(checkpointed_blocks(model)) if block]
+
+
+def checkpointed_blocks(model: torch.nn.Module) -> list[tuple[int, str]]:
+    """(layer index, what recomputes: `layer` or the child's name, "" for nothing) for every decoder layer."""
+    out = []
+    for i, layer in enumerate(decoder_layers(model)):
+        children = [n for n, c in layer.named_children() if getattr(c, CHECKPOINTED, False)]
+        out.append((i, "layer" if _recomputes(layer) else ",".join(children)))
+    return out
 
 
 def enable_layer_checkpointing(base: torch.nn.Module, reentrant: bool, layers: list[int]) -> None:
@@ -82,18 +117,27 @@ def checkpoint_forward(layer: torch.nn.Module, reentrant: bool) -> None:
 
 
 def _verify(model: torch.nn.Module, plan) -> None:
-    actual = checkpointed_layers(model)
-    if actual != plan.checkpoint_layers:
-        raise LoraflowError(f"checkpointing applied to layers {actual}, but the plan says {plan.checkpoint_layers}; "
-                            f"this {type(hf_model(model)).__name__} does not follow transformers' layer "
-                            "checkpointing. Set checkpointing.enabled=false for this model.")
+    actual = [(i, block) for i, block in checkpointed_blocks(model) if block]
+    want = [(i, plan.checkpoint_block or "layer") for i in plan.checkpoint_layers]
+    if actual != want:
+        key = "checkpointing.granularity=layer" if plan.checkpoint_block else "checkpointing.enabled=false"
+        raise LoraflowError(f"checkpointing applied to (layer, block) {actual}, but the plan says {want}; this "
+                            f"{type(hf_model(model)).__name__} does not follow transformers' layer "
+                            f"checkpointing. Set {key} for this model.")
 
 
 def apply_checkpointing(model: torch.nn.Module, plan) -> None:
     if plan.checkpoint_in_engine:  # placed by the FSDP2 engine before sharding: checkpoint_in_units
         set_input_grad_hook(model, plan.input_grad_hook)
         return
-    if plan.checkpoint_layers:
+    if plan.checkpoint_block:  # sub-blocks: inside their layer (and its FSDP2 unit) for every engine
+        for i, layer in enumerate(decoder_layers(model)):
+            if i in plan.checkpoint_layers and not hasattr(layer, plan.checkpoint_block):
+                raise LoraflowError(f"decoder layer {i} ({type(layer).__name__}) has no `{plan.checkpoint_block}` "
+                                    "child to checkpoint; set checkpointing.granularity=layer for this model.")
+        for _, block in checkpoint_targets(model, plan):
+            checkpoint_forward(block, bool(plan.reentrant))
+    elif plan.checkpoint_layers:
         enable_layer_checkpointing(hf_model(model), bool(plan.reentrant), plan.checkpoint_layers)
     set_input_grad_hook(model, plan.input_grad_hook)  # after: transformers 5 adds its own hook when enabling
     _verify(model, plan)
@@ -101,7 +145,8 @@ def apply_checkpointing(model: torch.nn.Module, plan) -> None:
 
 def checkpoint_in_units(model: torch.nn.Module, plan) -> None:
     """Checkpointing inside FSDP2's units (plan.checkpoint_in_engine): torch's checkpoint around the forward of
-    exactly plan.checkpoint_layers. The FSDP2 engine calls it before fully_shard."""
+    exactly plan.checkpoint_layers. The FSDP2 engine calls it before fully_shard. (Sub-blocks are placed at setup:
+    they are inside their layer's unit anyway.)"""
     if not plan.checkpoint_in_engine:
         return
     chosen = set(plan.checkpoint_layers)

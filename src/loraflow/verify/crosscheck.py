@@ -42,11 +42,13 @@ class Cell:
     precision: str = "fp32"  # fp32 | bf16-mixed
     engine: str = "ddp"  # single | ddp | zero0..zero3 | zero3-offload | fsdp2
     accumulation: int = 1  # micro-batches per optimizer step (the global batch per step stays GLOBAL_BATCH)
+    granularity: str = "layer"  # checkpointing.granularity: layer | mlp | attention
 
     @property
     def id(self) -> str:
         gas = f"/gas{self.accumulation}" if self.accumulation > 1 else ""
-        return f"{self.adapter}/{self.checkpointing}/{self.precision}/{self.engine}{gas}"
+        ckpt = self.checkpointing + (f"-{self.granularity}" if self.granularity != "layer" else "")
+        return f"{self.adapter}/{ckpt}/{self.precision}/{self.engine}{gas}"
 
     def reference(self) -> "Cell":
         """One fp32 process without checkpointing, with the same global micro-batches (and so the same data
@@ -65,6 +67,7 @@ class Cell:
             out.append("adapter.target_modules=all-linear")
         if self.checkpointing != "off":
             out.append(f"checkpointing.reentrant={'true' if self.checkpointing == 'reentrant' else 'false'}")
+            out.append(f"checkpointing.granularity={self.granularity}")
         # zeroN[-offload] names a DeepSpeed cell; any other name is an engine of the table (enginespec.py).
         out.append(f"parallel.engine={'deepspeed' if self.engine.startswith('zero') else self.engine}")
         if self.engine.startswith("zero"):
