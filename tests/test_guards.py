@@ -3,6 +3,8 @@ installed stack, and a model left in eval mode."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ def batch_for(tokenizer, chat_data):
 
 
 def backward(plan, model, batch):
-    loss_fn(plan.use_cache)(model, batch, learned_tokens(batch)).backward()
+    loss_fn(plan)(model, batch, learned_tokens(batch)).backward()
 
 
 def test_naive_partial_reentrant_silently_loses_gradients_and_the_guard_names_it(tiny_model, chat_data):
@@ -63,7 +65,7 @@ def test_cache_during_recompute_reproduced_and_fixed_by_the_rule(tiny_model, cha
         # other symptom); without one the failure is silent.
         row = batch_for(tokenizer, chat_data)["input_ids"][:1, :20]
         batch = {"input_ids": row, "labels": row}
-        loss_fn(use_cache)(model, batch, learned_tokens(batch)).backward()
+        loss_fn(dataclasses.replace(plan, use_cache=use_cache))(model, batch, learned_tokens(batch)).backward()
         grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone()
                  for n, p in model.named_parameters() if p.requires_grad}
         return plan, model, grads

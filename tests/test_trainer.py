@@ -79,7 +79,7 @@ def test_accumulation_invariance(tiny_model, chat_data, tmp_path):
                                                 f"train.learning_rate={lr}", "adapter.method=dora", data=chat_data)
         randomize_adapters(model)
         split = load_split(plan.config, tokenizer, "train")
-        trainer = Trainer(plan, model, tokenizer, split, StageHooks(loss_fn(plan.use_cache)), tmp_path / f"r{mbs}")
+        trainer = Trainer(plan, model, tokenizer, split, StageHooks(loss_fn(plan)), tmp_path / f"r{mbs}")
         loss = trainer.accumulate()["loss"]
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
         trainer.apply_update()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from loraflow.data import EvalPrompt, Row, collate
-from loraflow.losses import token_nll
+from loraflow.logprobs import FULL, HeadMode, learned_logps
 from loraflow.setup.precision import autocast
 
 
@@ -70,15 +70,13 @@ def exact_match(model, tokenizer, prompts: list[EvalPrompt], max_new_tokens: int
 
 @torch.no_grad()
 def eval_loss(model, rows: list[Row], batch_size: int, pad_id: int, device: str = "cpu",
-              autocast_dtype: torch.dtype | None = None) -> float:
-    """Mean NLL per learned token over the held-out rows."""
+              autocast_dtype: torch.dtype | None = None, logits: HeadMode = FULL) -> float:
+    """Mean NLL per learned token over the held-out rows (the head where the plan runs it: plan.logits)."""
     total, count = 0.0, 0
     with eval_mode(model), autocast(device, autocast_dtype):
         for start in range(0, len(rows), batch_size):
             batch = {k: v.to(device) for k, v in collate(rows[start: start + batch_size], pad_id).items()}
-            labels = batch.pop("labels")
-            logits = model(**batch, use_cache=False).logits
-            nll, mask = token_nll(logits, labels)
-            total += float(nll.sum())
+            logps, mask = learned_logps(model, batch, logits)
+            total -= float(logps.sum())
             count += int(mask.sum())
     return total / max(count, 1)

@@ -68,7 +68,8 @@ class StageSpec:
     """Held-out data also yields prompts whose greedy completion is compared with the reference answer
     (eval.generate)."""
     packing: bool = False
-    """data.packing applies (many samples per row)."""
+    """data.packing applies (many samples per row; pairs are packed within their micro-batch, so both answers of
+    a pair stay in one forward)."""
     min_group_size: int = 1
     """The smallest rl.group_size the loss makes sense with."""
 
@@ -94,14 +95,14 @@ STAGES: dict[str, StageSpec] = {s.name: s for s in (
               "gradient accumulation exact (micro-batch 1 x 4 = 4 x 1)")),
     StageSpec(
         name="rm", module="loraflow.stages.rm", summary="a reward model on chosen/rejected pairs",
-        head="score", data="pairs", trained="reward model", phases=_phases(), unit="pairs",
+        head="score", data="pairs", trained="reward model", phases=_phases(), unit="pairs", packing=True,
         loss=("pairwise -log sigmoid(r_chosen - r_rejected) / pairs in the step",
               "Bradley-Terry preference loss (InstructGPT eq. 1) on the score head's output at each answer's last "
               "token")),
     StageSpec(
         name="dpo", module="loraflow.stages.dpo", summary="direct preference optimisation on chosen/rejected pairs",
         head="lm", data="pairs", trained="policy", phases=_phases(_REFERENCE), unit="pairs",
-        reference="always", reference_key="dpo.reference", eval_generates=True,
+        reference="always", reference_key="dpo.reference", eval_generates=True, packing=True,
         loss=("{loss} loss, beta={beta:g}, label smoothing {label_smoothing:g} / pairs in the step",
               "dpo.loss, dpo.beta, dpo.label_smoothing (DPO eq. 7 / IPO eq. 17 / conservative DPO)")),
     StageSpec(

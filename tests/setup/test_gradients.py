@@ -30,7 +30,7 @@ def one_step_gradients(tiny_model, chat_data, overrides):
     randomize_adapters(model)
     batch = first_batch(tokenizer, chat_data[0])
     torch.manual_seed(123)  # the same dropout masks in every run
-    loss = loss_fn(plan.use_cache)(model, batch, learned_tokens(batch))
+    loss = loss_fn(plan)(model, batch, learned_tokens(batch))
     loss.backward()
     grads = {n: p.grad.detach().clone() if p.grad is not None else None
              for n, p in model.named_parameters() if p.requires_grad}

@@ -180,7 +180,9 @@ class DataConfig:
     """Samples longer than this many tokens are truncated (and counted)."""
 
     packing: bool = False
-    """Pack several samples per row; position ids restart per sample so samples never attend to each other."""
+    """Pack several samples per row; position ids restart per sample so samples never attend to each other.
+    sft packs the training set; rm and dpo pack each micro-batch's answers (chosen and rejected of a pair stay in
+    one forward), with the same losses as unpacked rows and less padding."""
 
 
 @dataclass(kw_only=True)
@@ -218,6 +220,16 @@ class TrainConfig:
 
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this value; 0 disables clipping."""
+
+    logits: Literal["auto", "learned", "full"] = "auto"
+    """Where the output head runs. `learned`: only at positions whose next token the loss uses (SFT's answers,
+    DPO's responses, RL completions), in chunks (logits_chunk_mib), equal to the full computation. `full`: logits
+    at every position, as a plain `model(...)` call. `auto` is `learned` unless the model transforms its logits
+    after the head (Gemma2's soft-capping, Cohere's or Granite's scale), which needs the full logits."""
+
+    logits_chunk_mib: float = 64.0
+    """With learned logits: the largest block of float32 [tokens x vocabulary] logits computed at once, forward
+    and backward, in MiB; 0 computes every learned position at once."""
 
 
 @dataclass(kw_only=True)

@@ -125,11 +125,46 @@ def truncate_pairs(pairs: list[PairRow], max_length: int) -> tuple[list[PairRow]
     return kept, stats
 
 
-def collate_pairs(rows: list[PairRow], pad_id: int) -> dict[str, torch.Tensor]:
-    """One batch of 2P rows, chosen first then rejected, so both go through one forward."""
-    batch = collate([r.chosen for r in rows] + [r.rejected for r in rows], pad_id)
+def collate_pairs(rows: list[PairRow], pad_id: int, pack_to: int = 0) -> dict[str, torch.Tensor]:
+    """One batch of the P pairs' 2P sequences, chosen first then rejected, so both go through one forward: a row
+    each, or, with `pack_to` (data.packing), packed in that order into rows of at most `pack_to` tokens. Packed
+    rows restart their position ids per sequence (transformers then keeps sequences from attending to each other)
+    and carry `segments`: the sequence (0..2P-1) each position belongs to, -1 on padding, so per-sequence sums and
+    last tokens can be read back."""
+    sequences = [r.chosen for r in rows] + [r.rejected for r in rows]
+    if not pack_to:
+        batch = collate(sequences, pad_id)
+        batch["num_pairs"] = torch.tensor(len(rows))
+        return batch
+    packed: list[Row] = []
+    owners: list[list[int]] = []
+    for k, seq in enumerate(sequences):
+        if not packed or len(packed[-1].input_ids) + len(seq.input_ids) > pack_to:
+            packed.append(Row([], [], []))
+            owners.append([])
+        row = packed[-1]
+        row.input_ids += seq.input_ids
+        row.labels += [IGNORE] + seq.labels[1:]  # never predicted from the previous sequence's last token
+        row.position_ids += list(range(len(seq.input_ids)))
+        owners[-1] += [k] * len(seq.input_ids)
+    batch = collate(packed, pad_id)
+    segments = torch.full(batch["input_ids"].shape, -1, dtype=torch.long)
+    for i, owner in enumerate(owners):
+        segments[i, :len(owner)] = torch.tensor(owner)
+    batch["segments"] = segments
     batch["num_pairs"] = torch.tensor(len(rows))
     return batch
+
+
+def sequence_ends(segments: torch.Tensor, count: int, candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """[count] flat positions (into segments.view(-1)) of each packed sequence's last token, or of its last
+    position where `candidates` is true."""
+    flat = segments.reshape(-1)
+    if candidates is not None:
+        flat = torch.where(candidates.reshape(-1), flat, -1)
+    positions = torch.arange(flat.numel(), device=flat.device)
+    ends = torch.full((count,), -1, dtype=torch.long, device=flat.device)
+    return ends.scatter_reduce(0, flat.clamp(min=0), torch.where(flat >= 0, positions, -1), reduce="amax")
 
 
 def pair_count(batch: dict[str, torch.Tensor]) -> int:

@@ -23,9 +23,22 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor, temperature: float =
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, average: bool = False) -> torch.Tensor:
     """log pi(y | x) = sum over the answer's tokens (or their mean, with `average`), per row [B]."""
-    logps, mask = token_logps(logits, labels)
-    total = logps.sum(dim=-1)
-    return total / mask.sum(dim=-1).clamp(min=1) if average else total
+    return summed_logps(*token_logps(logits, labels), average=average)
+
+
+def summed_logps(logps: torch.Tensor, mask: torch.Tensor, average: bool = False,
+                 segments: torch.Tensor | None = None, count: int = 0) -> torch.Tensor:
+    """Per sequence: the sum of its per-token log-probs [B, T-1] (0 where not learned), or their mean with
+    `average`. A row is a sequence, or, for packed rows, `segments` [B, T] gives each position's sequence
+    (0..count-1; the token at j + 1 is the one position j predicts) and the result is [count]."""
+    if segments is None:
+        total, tokens = logps.sum(dim=-1), mask.sum(dim=-1)
+    else:
+        owner = segments[:, 1:][mask]
+        total = logps.new_zeros(count).index_add(0, owner, logps[mask])
+        tokens = torch.zeros(count, dtype=torch.long, device=owner.device).index_add(0, owner,
+                                                                                     torch.ones_like(owner))
+    return total / tokens.clamp(min=1) if average else total
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:

@@ -27,3 +27,9 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, num_items: int) -> torc
     the mean over the step, so gradient accumulation does not change the result."""
     nll, _ = token_nll(logits, labels)
     return nll.sum() / max(num_items, 1)
+
+
+def sft_loss_from_logps(logps: torch.Tensor, num_items: int) -> torch.Tensor:
+    """The same loss from the learned tokens' log-probs (logprobs.learned_logps, 0 where not learned):
+    L = -sum_t logp_t / N."""
+    return -logps.sum() / max(num_items, 1)

@@ -18,6 +18,7 @@ from loraflow.engines.deepspeed_config import DeepSpeedSettings, deepspeed_setti
 from loraflow.enginespec import ENGINES, engine_spec
 from loraflow.environment import Environment
 from loraflow.errors import ConfigError
+from loraflow.logprobs import FULL, HeadMode, chunk_tokens
 from loraflow.phases import stage_phases
 from loraflow.plan.reasons import explain_choices
 from loraflow.plan.types import Decision, Plan
@@ -93,6 +94,18 @@ def _checkpoint_block(config: Config, info: ModelInfo) -> str | None:
                            f"layers hold {', '.join(sorted(children)) or 'nothing named'}). Set "
                            "checkpointing.granularity=layer."])
     return found or SUB_BLOCKS[granularity][0]
+
+
+def _logits(config: Config, info: ModelInfo, head: str) -> HeadMode:
+    """Head at learned positions only (logprobs.py) unless asked otherwise or the model needs its full logits."""
+    asked = config.train.logits
+    if asked == "learned" and info.logit_transform:
+        raise ConfigError([f"train.logits=learned: this {info.model_type} model applies {info.logit_transform} to "
+                           "its logits after the head, which log-probs taken inside the head would skip; set "
+                           "train.logits=auto (or full)."])
+    if head == "score" or asked == "full" or (asked == "auto" and info.logit_transform):
+        return FULL
+    return HeadMode(selected=True, chunk_tokens=chunk_tokens(info.vocab_size, config.train.logits_chunk_mib))
 
 
 def _precision(config: Config) -> tuple[list[str], torch.dtype, torch.dtype, torch.dtype | None, str]:
@@ -225,6 +238,7 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
         raise ConfigError(["model.attn_implementation=flash_attention_2 needs a CUDA GPU, and this run is on the "
                            "CPU. Set model.attn_implementation=auto (or sdpa, or eager)."])
     plan.head = spec.head
+    plan.logits = _logits(config, info, spec.head)
     plan.reference = reference_kind(spec, config)
     plan.phases = stage_phases(spec, plan.reference, bool(config.rl.reward_model) and spec.generates,
                                config.rl.updates_per_rollout)

@@ -214,10 +214,27 @@ def explain_choices(plan: Plan, naive: Combination, changed_by: dict[str, str],
         out.append(Decision("ensure_weight_tying", True, "tied embeddings are trained",
                             changed_by.get("weight_tying_enforced")))
     out += _checkpointing(plan, changed_by)
+    out.append(_logits(plan))
     out.append(_input_grad_hook(plan, naive, changed_by))
     out.append(_use_cache(plan, naive, changed_by))
     out += _stage(plan, changed_by)
     return out
+
+
+def _logits(plan: Plan) -> Decision:
+    t, mode = plan.config.train, plan.logits
+    if plan.head == "score":
+        return Decision("logits", "none (a score head)", "the reward model's head gives one score per row; the "
+                        "vocabulary head is not used")
+    if not mode.selected:
+        why = (f"this model applies {plan.model.logit_transform} after its head" if t.logits == "auto"
+               else "train.logits=full")
+        return Decision("logits", "every position (full [tokens x vocabulary] logits)", why)
+    chunks = (f"in chunks of {mode.chunk_tokens} positions ({t.logits_chunk_mib:g} MiB of float32 logits, "
+              "train.logits_chunk_mib)" if mode.chunk_tokens else "all at once (train.logits_chunk_mib=0)")
+    return Decision("logits", f"learned positions only, {chunks}",
+                    "only positions whose next token is learned carry loss: the head skips the others, and "
+                    "[tokens x vocabulary] logits are never held whole")
 
 
 def _stage(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:

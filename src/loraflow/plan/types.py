@@ -13,6 +13,7 @@ from loraflow.config.schema import Config
 from loraflow.engines.deepspeed_config import DeepSpeedSettings
 from loraflow.environment import Environment
 from loraflow.errors import PlanError
+from loraflow.logprobs import FULL, HeadMode
 from loraflow.rules import Combination, Finding
 from loraflow.setup.model import ModelInfo
 
@@ -64,6 +65,8 @@ class Plan:
     deepspeed: DeepSpeedSettings | None = None
     """The DeepSpeed engine's settings (stage, offload, the user's JSON checked), resolved once; None for the other
     engines."""
+    logits: HeadMode = FULL
+    """Where the output head runs (logprobs.py): at the learned positions only, in chunks, or everywhere."""
     saves: str = "adapter"
     """What checkpoints and the export hold, and the export's directory name: `adapter` (the trainable weights, in
     PEFT's format) or `model` (every weight: full fine-tuning)."""

@@ -14,6 +14,7 @@ import torch
 
 from loraflow.config.schema import Config
 from loraflow.errors import ConfigError
+from loraflow.logprobs import logit_transform
 from loraflow.setup.paths import ASSETS, BUILTIN, resolve_path
 from loraflow.setup.paths import quiet as _quiet
 from loraflow.stagespec import stage_spec
@@ -39,6 +40,8 @@ class ModelInfo:
     """Distinct last name parts of the linear layers (what adapter.target_modules can name), for messages."""
     attn_implementation: str = "sdpa"
     attn_reason: str = ""
+    logit_transform: str | None = None
+    """A transform transformers applies to the logits after the head (e.g. final_logit_softcapping=30.0)."""
     merge_notes: list[str] = field(default_factory=list)
     inspected: bool = True
     """False when `check` could not read the model's config (a hub id neither cached nor reachable)."""
@@ -95,6 +98,7 @@ def inspect_model(config: Config) -> ModelInfo:
         module_names=[n for n, _ in skeleton.named_modules() if n],
         parameters=sum(p.numel() for p in skeleton.parameters()),
         vocab_size=int(getattr(text_config, "vocab_size", 0) or 0),
+        logit_transform=logit_transform(hf_config),
         linear_names=linear, attn_implementation=attn, attn_reason=attn_reason, merge_notes=merge_notes,
     )
     if config.adapter.method != "full":

@@ -17,22 +17,23 @@ import torch
 
 from loraflow.data import DataSplit
 from loraflow.data.preference import collate_pairs, pair_count
-from loraflow.losses import dpo_loss, sequence_logps
+from loraflow.logprobs import learned_logps
+from loraflow.losses import dpo_loss, summed_logps
 from loraflow.phases import phase
 from loraflow.reference import Reference
 from loraflow.setup.precision import autocast
-from loraflow.stages.pairs import eval_pairs, model_inputs
+from loraflow.stages.pairs import eval_pairs, pair_collate
 from loraflow.stagespec import EVALUATION
 
 log = logging.getLogger("loraflow")
 REFERENCE_FILE = "reference_logps.pt"
 
 
-def pair_logps(average: bool, use_cache: bool):
+def pair_logps(plan, average: bool):
     """(model, pair batch) -> [P, 2] sequence log-probs of (chosen, rejected); IPO uses length-averaged ones."""
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = model(**model_inputs(batch), use_cache=use_cache).logits
-        logps = sequence_logps(logits, batch["labels"], average=average)
+        logps = summed_logps(*learned_logps(model, batch, plan.logits, use_cache=plan.use_cache), average=average,
+                             segments=batch.get("segments"), count=2 * int(batch["num_pairs"]))
         p = logps.shape[0] // 2
         return torch.stack([logps[:p], logps[p:]], dim=1)
 
@@ -41,7 +42,7 @@ def pair_logps(average: bool, use_cache: bool):
 
 def loss_fn(plan):
     d = plan.config.dpo
-    policy_logps = pair_logps(d.loss == "ipo", plan.use_cache)
+    policy_logps = pair_logps(plan, d.loss == "ipo")
 
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int):
         pol = policy_logps(model, batch)
@@ -61,7 +62,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     d, e = plan.config.dpo, plan.config.eval
     pad = tokenizer.pad_token_id
     reference = Reference(plan, tokenizer)
-    score = pair_logps(d.loss == "ipo", plan.use_cache)
+    score = pair_logps(plan, d.loss == "ipo")
 
     def prepare(engine, batches, step):
         # Reference scoring phase: no autograd, reference in eval mode, policy back in train mode after it.
@@ -92,7 +93,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
         return eval_pairs(plan, engine, tokenizer, eval_split, margins, prefix="reward")
 
     hooks = StageHooks(loss_fn(plan), evaluate if eval_split is not None else None,
-                       collate=collate_pairs, count=pair_count, prepare=prepare, start=start)
+                       collate=pair_collate(plan), count=pair_count, prepare=prepare, start=start)
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 

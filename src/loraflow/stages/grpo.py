@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 
 from loraflow.data import DataSplit
-from loraflow.losses import group_advantages, grpo_loss, token_logps
+from loraflow.logprobs import learned_logps
+from loraflow.losses import group_advantages, grpo_loss
 from loraflow.phases import phase
 from loraflow.reference import Reference
 from loraflow.setup.precision import autocast
-from loraflow.stages.rl import RolloutWorker, model_inputs
+from loraflow.stages.rl import RolloutWorker
 from loraflow.stagespec import OLD_POLICY_SCORING
 
 
@@ -27,8 +28,7 @@ def loss_fn(plan):
     r = plan.config.rl
 
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int):
-        logits = model(**model_inputs(batch), use_cache=plan.use_cache).logits
-        logps, mask = token_logps(logits, batch["labels"], r.temperature)
+        logps, mask = learned_logps(model, batch, plan.logits, temperature=r.temperature, use_cache=plan.use_cache)
         old = batch.get("old_logps", logps.detach())  # one update per rollout: the policy is the old policy
         loss, stats = grpo_loss(logps, old, batch.get("reference_logps"), batch["advantages"], mask,
                                 r.clip_eps, r.kl_coef, num_items)
@@ -50,8 +50,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     worker = RolloutWorker(plan, tokenizer, train, eval_split)
 
     def completion_logps(model, batch):  # the reference's, or the rollout policy's
-        logits = model(**model_inputs(batch), use_cache=plan.use_cache).logits
-        return token_logps(logits, batch["labels"], r.temperature)[0]
+        return learned_logps(model, batch, plan.logits, temperature=r.temperature, use_cache=plan.use_cache)[0]
 
     def prepare(engine, batches, step):
         out = []

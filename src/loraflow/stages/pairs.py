@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -14,6 +15,12 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: batch[k] for k in MODEL_INPUTS if k in batch}
+
+
+def pair_collate(plan) -> Callable[[list, int], dict[str, torch.Tensor]]:
+    """Training micro-batches of pairs: one row per answer, or packed into data.max_length rows (data.packing)."""
+    d = plan.config.data
+    return functools.partial(collate_pairs, pack_to=d.max_length if d.packing else 0)
 
 
 def eval_pairs(plan, engine, tokenizer, split: DataSplit, margin_fn: Callable[[dict], torch.Tensor],

@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 
 from loraflow.data import DataSplit, learned_tokens
+from loraflow.logprobs import learned_logps
 from loraflow.losses import (
     gae,
     kl_penalized_rewards,
     masked_moments,
     ppo_policy_loss,
-    token_logps,
     value_loss,
     whiten,
 )
@@ -29,16 +29,16 @@ from loraflow.phases import phase
 from loraflow.reference import Reference
 from loraflow.setup.precision import autocast
 from loraflow.setup.value_head import find_value_head
-from loraflow.stages.rl import RolloutWorker, model_inputs
+from loraflow.stages.rl import RolloutWorker
 from loraflow.stagespec import VALUE_ESTIMATION
 
 
-def logps_and_values(model: torch.nn.Module, head, batch: dict[str, torch.Tensor], temperature: float,
-                     use_cache: bool):
+def logps_and_values(model: torch.nn.Module, head, batch: dict[str, torch.Tensor], plan):
     """Per-token log-probs [S, T-1], their mask, and the critic's values aligned with them: the value of the
-    state each token is sampled from (the hidden state one position before it)."""
-    logits = model(**model_inputs(batch), use_cache=use_cache).logits
-    logps, mask = token_logps(logits, batch["labels"], temperature)
+    state each token is sampled from (the hidden state one position before it; the value head reads every
+    position's hidden state before the output head selects the learned ones)."""
+    logps, mask = learned_logps(model, batch, plan.logits, temperature=plan.config.rl.temperature,
+                                use_cache=plan.use_cache)
     return logps, mask, head.values[:, :-1]
 
 
@@ -46,7 +46,7 @@ def loss_fn(plan, head):
     r = plan.config.rl
 
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int):
-        logps, mask, values = logps_and_values(model, head, batch, r.temperature, plan.use_cache)
+        logps, mask, values = logps_and_values(model, head, batch, plan)
         old = batch.get("old_logps", logps.detach())  # one update per rollout: the policy is the old policy
         policy, stats = ppo_policy_loss(logps, old, batch["advantages"], mask, r.clip_eps, num_items)
         critic = value_loss(values, batch["old_values"], batch["returns"], mask, r.value_clip, num_items)
@@ -70,8 +70,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     worker = RolloutWorker(plan, tokenizer, train, eval_split)
 
     def reference_logps(ref_model, batch):
-        return token_logps(ref_model(**model_inputs(batch), use_cache=plan.use_cache).logits, batch["labels"],
-                           r.temperature)[0]
+        return learned_logps(ref_model, batch, plan.logits, temperature=r.temperature, use_cache=plan.use_cache)[0]
 
     def prepare(engine, batches, step):
         out, masks = [], []
@@ -80,8 +79,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
             batch = dict(sampled.batch)
             # Value estimation: the policy's log-probs and the critic's values at rollout time.
             with phase(VALUE_ESTIMATION, engine.module), autocast(plan.device, plan.autocast_dtype):
-                old_logps, mask, old_values = logps_and_values(engine.module, head, batch, r.temperature,
-                                                                   plan.use_cache)
+                old_logps, mask, old_values = logps_and_values(engine.module, head, batch, plan)
             ref = reference.score(engine, batch, reference_logps) if reference is not None else old_logps
             rewards = kl_penalized_rewards(scores, old_logps, ref, mask, r.kl_coef if reference else 0.0)
             advantages, returns = gae(rewards, old_values.float(), mask, r.gamma, r.lam)

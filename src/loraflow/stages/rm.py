@@ -13,18 +13,47 @@ from typing import Any
 import torch
 
 from loraflow.data import DataSplit
-from loraflow.data.preference import collate_pairs, pair_count
+from loraflow.data.preference import pair_count, sequence_ends
+from loraflow.errors import ConfigError
+from loraflow.logprobs import unwrapped
 from loraflow.losses import pairwise_rm_loss
 from loraflow.phases import phase
 from loraflow.reward_model import MANIFEST
+from loraflow.setup.checkpointing import hf_model
 from loraflow.setup.precision import autocast
-from loraflow.stages.pairs import eval_pairs, model_inputs
+from loraflow.stages.pairs import eval_pairs, model_inputs, pair_collate
 from loraflow.stagespec import EVALUATION
 
 
 def scores(model: torch.nn.Module, batch: dict[str, torch.Tensor], use_cache: bool) -> torch.Tensor:
-    """[2P] scores: the head's output at each row's last non-pad token (chosen rows first)."""
-    return model(**model_inputs(batch), use_cache=use_cache).logits.squeeze(-1).float()
+    """[2P] scores: the head's output at each answer's last token (chosen first). Unpacked, that is what the model
+    returns (its last non-pad token); packed rows hold several answers, so the head's per-position output is read
+    at each one's end (data.preference.sequence_ends)."""
+    if "segments" not in batch:
+        return model(**model_inputs(batch), use_cache=use_cache).logits.squeeze(-1).float()
+    head = score_head(model)
+    seen: list[torch.Tensor] = []
+    # The module's own output (after any engine's hooks on it), so ZeRO-3 still gathers the head for backward.
+    handle = head.register_forward_hook(lambda module, args, output: seen.append(output))
+    try:
+        model(**model_inputs(batch), use_cache=use_cache)
+    finally:
+        handle.remove()
+    # The model's own rule for unpacked rows (transformers' sequence classification): the last token that is not
+    # the pad token, even where padding is an answer's own trailing eos.
+    pad = hf_model(unwrapped(model)).config.get_text_config().pad_token_id
+    ends = sequence_ends(batch["segments"], 2 * int(batch["num_pairs"]),
+                         None if pad is None else batch["input_ids"] != pad)
+    return seen[-1].reshape(-1)[ends].float()
+
+
+def score_head(model: torch.nn.Module) -> torch.nn.Module:
+    inner = hf_model(unwrapped(model))
+    head = getattr(inner, "score", None)
+    if not isinstance(head, torch.nn.Module):
+        raise ConfigError([f"data.packing: this {type(inner).__name__} has no `score` head whose per-token output "
+                           "packed pairs can be read from; set data.packing=false."])
+    return head
 
 
 def loss_fn(use_cache: bool):
@@ -52,8 +81,8 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
 
         return eval_pairs(plan, engine, tokenizer, eval_split, margins, prefix="preference")
 
-    hooks = StageHooks(loss_fn(plan.use_cache), evaluate if eval_split is not None else None, collate=collate_pairs,
-                       count=pair_count)
+    hooks = StageHooks(loss_fn(plan.use_cache), evaluate if eval_split is not None else None,
+                       collate=pair_collate(plan), count=pair_count)
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 

@@ -10,18 +10,16 @@ import torch
 
 from loraflow.data import DataSplit
 from loraflow.evaluate import eval_loss, exact_match
-from loraflow.losses import sft_loss
+from loraflow.logprobs import learned_logps
+from loraflow.losses import sft_loss_from_logps
 
 log = logging.getLogger("loraflow")
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
-
-def loss_fn(use_cache: bool):
+def loss_fn(plan):
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int) -> torch.Tensor:
-        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-        logits = model(**inputs, use_cache=use_cache).logits
-        return sft_loss(logits, batch["labels"], num_items)
+        logps, _ = learned_logps(model, batch, plan.logits, use_cache=plan.use_cache)
+        return sft_loss_from_logps(logps, num_items)
 
     return compute
 
@@ -34,7 +32,7 @@ def evaluator(plan, tokenizer, split: DataSplit | None):
     def evaluate(engine) -> dict[str, Any]:
         # Every rank evaluates the whole split: sharded engines need every rank in every forward.
         values: dict[str, Any] = {"loss": eval_loss(engine.module, split.rows, e.batch_size, tokenizer.pad_token_id,
-                                                    plan.device, plan.autocast_dtype)}
+                                                    plan.device, plan.autocast_dtype, plan.logits)}
         if split.prompts:
             with engine.gathered_for_generation() as model:
                 em = exact_match(model, tokenizer, split.prompts, e.max_new_tokens, e.batch_size, plan.device,
@@ -52,5 +50,5 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     """The stage's trainer, ready to fit (tests drive single steps of it)."""
     from loraflow.trainer import StageHooks, Trainer
 
-    hooks = StageHooks(loss_fn(plan.use_cache), evaluator(plan, tokenizer, eval_split))
+    hooks = StageHooks(loss_fn(plan), evaluator(plan, tokenizer, eval_split))
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
