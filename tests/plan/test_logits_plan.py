@@ -59,3 +59,12 @@ def test_logit_transform_needs_full_logits(soft_capped_model):
     assert "final_logit_softcapping" in decision(plan, "logits").reason
     with pytest.raises(ConfigError, match="train.logits=learned: this gemma2 model applies final_logit_softcapping"):
         plan_for(soft_capped_model, "train.logits=learned")
+
+
+def test_trainable_head_under_zero3_is_one_block(tiny_model):
+    """ZeRO-3 gathers a trainable head's sub-modules at each call; chunks per rank differ, so one block."""
+    plan = plan_for(tiny_model, "parallel.engine=deepspeed", "parallel.zero_stage=3", "adapter.train_modules=[lm_head]")
+    assert plan.logits.selected and plan.logits.chunk_tokens == 0
+    assert "ZeRO-3" in decision(plan, "logits").value
+    frozen = plan_for(tiny_model, "parallel.engine=deepspeed", "parallel.zero_stage=3")
+    assert frozen.logits.chunk_tokens > 0  # a frozen Linear head has no sub-modules to gather: chunks are safe

@@ -96,8 +96,9 @@ def _checkpoint_block(config: Config, info: ModelInfo) -> str | None:
     return found or SUB_BLOCKS[granularity][0]
 
 
-def _logits(config: Config, info: ModelInfo, head: str) -> HeadMode:
-    """Head at learned positions only (logprobs.py) unless asked otherwise or the model needs its full logits."""
+def _logits(config: Config, info: ModelInfo, head: str, setup: Combination) -> HeadMode:
+    """Head at learned positions only (logprobs.py) unless asked otherwise or the model needs its full logits.
+    One block instead of chunks for a trainable head under ZeRO-3 (`head_chunks_gather`)."""
     asked = config.train.logits
     if asked == "learned" and info.logit_transform:
         raise ConfigError([f"train.logits=learned: this {info.model_type} model applies {info.logit_transform} to "
@@ -105,8 +106,16 @@ def _logits(config: Config, info: ModelInfo, head: str) -> HeadMode:
                            "train.logits=auto (or full)."])
     if head == "score" or asked == "full" or (asked == "auto" and info.logit_transform):
         return FULL
+    if head_chunks_gather(setup):
+        return HeadMode(selected=True, chunk_tokens=0)
     return HeadMode(selected=True, chunk_tokens=chunk_tokens(info.vocab_size, config.train.logits_chunk_mib))
 
+
+def head_chunks_gather(setup: Combination) -> bool:
+    """A trainable head (an adapter on it, or trained in full) is PEFT's wrapper around sub-modules, and ZeRO-3
+    gathers a sub-module's weights at each call: one call per chunk, and the chunks per rank follow its own learned
+    tokens, so ranks would gather different numbers of times and the collectives would no longer match."""
+    return setup.zero_stage == 3 and setup.lm_head_trainable
 
 def _precision(config: Config) -> tuple[list[str], torch.dtype, torch.dtype, torch.dtype | None, str]:
     """(problems, load dtype, trainable dtype, autocast dtype, reason)."""
@@ -238,7 +247,7 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
         raise ConfigError(["model.attn_implementation=flash_attention_2 needs a CUDA GPU, and this run is on the "
                            "CPU. Set model.attn_implementation=auto (or sdpa, or eager)."])
     plan.head = spec.head
-    plan.logits = _logits(config, info, spec.head)
+    plan.logits = _logits(config, info, spec.head, final)
     plan.reference = reference_kind(spec, config)
     plan.phases = stage_phases(spec, plan.reference, bool(config.rl.reward_model) and spec.generates,
                                config.rl.updates_per_rollout)

@@ -230,8 +230,14 @@ def _logits(plan: Plan) -> Decision:
         why = (f"this model applies {plan.model.logit_transform} after its head" if t.logits == "auto"
                else "train.logits=full")
         return Decision("logits", "every position (full [tokens x vocabulary] logits)", why)
-    chunks = (f"in chunks of {mode.chunk_tokens} positions ({t.logits_chunk_mib:g} MiB of float32 logits, "
-              "train.logits_chunk_mib)" if mode.chunk_tokens else "all at once (train.logits_chunk_mib=0)")
+    if mode.chunk_tokens:
+        chunks = (f"in chunks of {mode.chunk_tokens} positions ({t.logits_chunk_mib:g} MiB of float32 logits, "
+                  "train.logits_chunk_mib)")
+    elif t.logits_chunk_mib:
+        chunks = ("all at once: the head trains under ZeRO-3, which gathers its sub-modules at every call, and "
+                  "each rank's chunks follow its own tokens, so chunked calls would unbalance the collectives")
+    else:
+        chunks = "all at once (train.logits_chunk_mib=0)"
     return Decision("logits", f"learned positions only, {chunks}",
                     "only positions whose next token is learned carry loss: the head skips the others, and "
                     "[tokens x vocabulary] logits are never held whole")

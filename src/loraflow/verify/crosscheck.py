@@ -43,17 +43,23 @@ class Cell:
     engine: str = "ddp"  # single | ddp | zero0..zero3 | zero3-offload | fsdp2
     accumulation: int = 1  # micro-batches per optimizer step (the global batch per step stays GLOBAL_BATCH)
     granularity: str = "layer"  # checkpointing.granularity: layer | mlp | attention
+    head: str = "frozen"  # the output head: frozen | lora (an adapter on it) | trained (adapter.train_modules)
 
     @property
     def id(self) -> str:
         gas = f"/gas{self.accumulation}" if self.accumulation > 1 else ""
         ckpt = self.checkpointing + (f"-{self.granularity}" if self.granularity != "layer" else "")
-        return f"{self.adapter}/{ckpt}/{self.precision}/{self.engine}{gas}"
+        head = f"/head-{self.head}" if self.head != "frozen" else ""
+        return f"{self.adapter}/{ckpt}/{self.precision}/{self.engine}{gas}{head}"
 
     def reference(self) -> "Cell":
         """One fp32 process without checkpointing, with the same global micro-batches (and so the same data
         order: an epoch's last global micro-batch may be short)."""
-        return Cell(self.adapter, "off", "fp32", "single", self.accumulation)
+        return Cell(self.adapter, "off", "fp32", "single", self.accumulation, head=self.head)
+
+    @property
+    def is_reference(self) -> bool:
+        return self == self.reference()
 
     def overrides(self, world_size: int, workdir: Path) -> list[str]:
         out = [f"adapter.method={self.adapter}", f"precision.mode={self.precision}",
@@ -65,6 +71,14 @@ class Cell:
                "output.tensorboard=false", f"output.dir={workdir / self.id.replace('/', '_')}"]
         if self.adapter == "full":
             out.append("adapter.target_modules=all-linear")
+        if self.head == "lora":
+            out.append("adapter.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]")
+        elif self.head == "trained":
+            out.append("adapter.train_modules=[lm_head]")
+        # The reference computes full logits, as a plain model call does; every other cell runs the head at the
+        # learned positions only, in chunks of a few positions (logprobs.py), so the comparison covers both.
+        out += (["train.logits=full"] if self.is_reference else
+                ["train.logits=learned", "train.logits_chunk_mib=0.002"])
         if self.checkpointing != "off":
             out.append(f"checkpointing.reentrant={'true' if self.checkpointing == 'reentrant' else 'false'}")
             out.append(f"checkpointing.granularity={self.granularity}")
