@@ -127,20 +127,52 @@ class _FrozenHead(torch.autograd.Function):
         return grad_out.unsqueeze(-1).to(grads.dtype) * grads, None, None, None, None
 
 
+class _FrozenLinear(torch.autograd.Function):
+    """_FrozenHead for a plain frozen nn.Linear head, with the gradient written out instead of taken by autograd:
+    d log softmax(z / T)[y] / dh = (onehot(y) - softmax(z / T)) W / T. One [n, V] buffer per chunk (the logits,
+    turned into probabilities in place) instead of autograd's four, and fewer passes over it."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                temperature: float, chunk: int) -> torch.Tensor:
+        values, grads = [], []
+        step = chunk or hidden.shape[0]
+        for start in range(0, hidden.shape[0], step):
+            h, y = hidden[start: start + step], targets[start: start + step].unsqueeze(-1)
+            logits = torch.nn.functional.linear(h, weight, bias).float()
+            if temperature != 1.0:
+                logits = logits / temperature
+            norm = logits.logsumexp(-1, keepdim=True)
+            values.append((logits.gather(-1, y) - norm).squeeze(-1))
+            probs = logits.sub_(norm).exp_().neg_()  # -softmax, in place of the logits
+            probs.scatter_add_(-1, y, torch.ones_like(y, dtype=probs.dtype))  # + onehot
+            grad = probs.to(weight.dtype) @ weight
+            grads.append((grad / temperature if temperature != 1.0 else grad).to(hidden.dtype))
+        ctx.save_for_backward(torch.cat(grads))
+        return torch.cat(values)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (grads,) = ctx.saved_tensors
+        return grad_out.unsqueeze(-1).to(grads.dtype) * grads, None, None, None, None, None
+
+
 def _has_trainable(module: torch.nn.Module) -> bool:
     return any(p.requires_grad for p in module.parameters())
 
 
 def head_logps(head: Callable, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
-               trainable: bool) -> torch.Tensor:
+               trainable: bool, linear: torch.nn.Linear | None = None) -> torch.Tensor:
     """[N] log-probs of `targets` from hidden states [N, H] through `head`, never holding more than `chunk`
-    rows of logits."""
+    rows of logits. `linear`: the head is this plain frozen nn.Linear (its gradient is written out)."""
     if hidden.shape[0] == 0:
         return hidden.new_zeros(0, dtype=torch.float32) + 0 * hidden.sum()  # keeps the graph for a zero loss
     if not torch.is_grad_enabled() or not (hidden.requires_grad or trainable):
         step = chunk or hidden.shape[0]
         return torch.cat([_pick(head(hidden[s: s + step]), targets[s: s + step], temperature)
                           for s in range(0, hidden.shape[0], step)])
+    if not trainable and linear is not None:
+        return _FrozenLinear.apply(hidden, targets, linear.weight, linear.bias, temperature, chunk)
     if not trainable:
         return _FrozenHead.apply(hidden, targets, head, temperature, chunk)
     if not chunk or chunk >= hidden.shape[0]:
@@ -162,6 +194,8 @@ def _selecting_head(model: torch.nn.Module, mask: torch.Tensor, targets: torch.T
     head = output_head(model)
     forward = head.forward
     trainable = _has_trainable(head)
+    # Exactly nn.Linear: a subclass (bitsandbytes' Linear4bit, say) keeps its weight in a form F.linear cannot read.
+    linear = head if type(head) is torch.nn.Linear else None
     batch, width = mask.shape
 
     def selected(hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
@@ -171,7 +205,7 @@ def _selecting_head(model: torch.nn.Module, mask: torch.Tensor, targets: torch.T
                                "batch; this model needs full logits: set train.logits_chunk_mib=0 and "
                                "train.logits=full")
         picked = hidden[:, :-1][mask]
-        return head_logps(lambda h: forward(h, *args, **kwargs), picked, targets, temperature, chunk, trainable)
+        return head_logps(forward, picked, targets, temperature, chunk, trainable, linear)
 
     own = head.__dict__.get("forward")  # an instance forward someone else installed stays as it was
     head.forward = selected

@@ -28,6 +28,8 @@ def _model(head: str, tie: bool = False) -> torch.nn.Module:
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                       tie_word_embeddings=tie)
     model = LlamaForCausalLM(cfg)
+    if head == "frozen-module":  # not exactly nn.Linear: the generic frozen path (autograd inside the forward)
+        model.lm_head.__class__ = type("OtherHead", (torch.nn.Linear,), {})
     targets = ["q_proj", "v_proj", "gate_proj"] + (["lm_head"] if head == "lora" else [])
     save = ["lm_head"] if head == "trained" else (["embed_tokens"] if head == "tied-trained" else None)
     peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, modules_to_save=save,
@@ -68,7 +70,7 @@ def _reference(model, batch, temperature: float = 1.0):
     return logps.detach(), mask, _grads(model)
 
 
-@pytest.mark.parametrize("head", ["frozen", "lora", "trained", "tied", "tied-trained"])
+@pytest.mark.parametrize("head", ["frozen", "frozen-module", "lora", "trained", "tied", "tied-trained"])
 @pytest.mark.parametrize("chunk", [0, 4])
 def test_selected_head_equals_full_logits(head, chunk):
     model = _model(head, tie=head.startswith("tied"))
@@ -78,7 +80,7 @@ def test_selected_head_equals_full_logits(head, chunk):
     assert torch.equal(got_mask, want_mask)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert got_grads.keys() == want_grads.keys() and want_grads
-    if head not in ("frozen", "tied"):  # the head's own trainable weights get their gradient through the chunked path
+    if head not in ("frozen", "frozen-module", "tied"):  # the head's own trainable weights get their gradient through the chunked path
         assert any("lm_head" in n or "embed_tokens" in n for n in got_grads)
     for name in want_grads:
         error = (got_grads[name] - want_grads[name]).abs().max() / want_grads[name].abs().max()
@@ -177,3 +179,17 @@ def test_logits_memory_at_a_128k_vocabulary():
     assert widest["full"] >= 1536 * vocab  # every position's logits
     assert widest["learned"] <= chunk_tokens(vocab, 64) * vocab
     assert widest["learned"] * 8 <= widest["full"]
+
+
+@pytest.mark.parametrize("head", ["frozen", "frozen-module", "lora"])
+def test_bf16_autocast_matches_full_logits(head):
+    """Under bf16 autocast (precision.mode=bf16-mixed) the learned-positions path computes what the full path
+    computes: both do bf16 matmuls and a float32 log-softmax, so they agree to bf16 rounding."""
+    model, batch = _model(head), _batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, _, want_grads = _reference(model, batch)
+        got, _, got_grads = _run(model, batch, HeadMode(True, 4))
+    assert float((got - want).abs().max()) < 0.05
+    for name in want_grads:
+        error = (got_grads[name].float() - want_grads[name].float()).abs().max() / want_grads[name].abs().max()
+        assert error < 0.05, (name, float(error))
