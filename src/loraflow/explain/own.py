@@ -33,8 +33,8 @@ _STEP = re.compile(r"^\d{4}-\d\d-\d\d [\d:,.]+ INFO step \d+/\d+: loss \S+, grad
 # run.py's log_fatal: `run failed: Type: message` (`run stopped:` for an interrupt), the traceback after it.
 _RUN_FAILED = re.compile(r"^\d{4}-\d\d-\d\d [\d:,.]+ ERROR run (?:failed|stopped): ([\w.]+): ?(.*)$")
 # A traceback through loraflow's run code (not its probes, which reproduce other setups without loraflow's plan).
-_OWN_FRAME = re.compile(r'loraflow[/\\](?:run|trainer|cli|guards|plan|checkpoint)\.py|'
-                        r'loraflow[/\\](?:stages|engines|setup|data)[/\\]')
+_OWN_FRAME = re.compile(r'loraflow[/\\](?:run|trainer|cli|guards|plan|checkpoint|pipeline|logprobs|evaluate|'
+                        r'reference)\.py|loraflow[/\\](?:stages|engines|setup|data)[/\\]')
 _CONSOLE_ERROR = re.compile(r"^error: (.*)$")
 _UNEXPECTED = "failed unexpectedly (a bug"
 _FINDING = re.compile(r"^\s*\[(ERROR|FIXED|WARN)\] ([a-z0-9][a-z0-9-]*): ")
@@ -47,7 +47,8 @@ _REFUSAL = "this setup cannot work"
 # (the input-grad hook, use_cache, gathers, wrap order) have no key: a failure there is the plan's bug.
 KEYS = {
     "reentrant": "checkpointing.reentrant",
-    "checkpointing": "checkpointing.enabled / checkpointing.every_n_layers",
+    "checkpointing": "checkpointing.enabled / checkpointing.layers / checkpointing.every_n_layers",
+    "checkpoint_impl": "checkpointing.granularity",
     "checkpoint_every_n": "checkpointing.every_n_layers",
     "zero_stage": "parallel.zero_stage",
     "engine": "parallel.engine",
