@@ -186,8 +186,9 @@ class Trainer:
         batches, num_items = self.next_batches()
         total_loss, tokens, sums = 0.0, 0, {}
         for k, (batch, real) in enumerate(batches):
-            # Real tokens: the attention mask (pad may equal eos), or every position of a packed row.
-            mask = batch.get("attention_mask")
+            # Real tokens: the attention mask (pad may equal eos), the positions packed pairs' segments cover, or
+            # every position of a packed SFT row.
+            mask = batch.get("attention_mask", batch["segments"] >= 0 if "segments" in batch else None)
             tokens += (int(mask.sum()) if mask is not None else batch["input_ids"].numel()) if real else 0
             with e.micro_step(last=k == self.accum - 1):
                 with autocast(self.plan.device, self.plan.autocast_dtype), self.activations.forward():
