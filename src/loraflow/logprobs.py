@@ -139,12 +139,16 @@ class _FrozenLinear(torch.autograd.Function):
         step = chunk or hidden.shape[0]
         for start in range(0, hidden.shape[0], step):
             h, y = hidden[start: start + step], targets[start: start + step].unsqueeze(-1)
-            logits = torch.nn.functional.linear(h, weight, bias).float()
+            logits = torch.nn.functional.linear(h, weight, bias).float()  # a fresh buffer: free to overwrite
             if temperature != 1.0:
-                logits = logits / temperature
-            norm = logits.logsumexp(-1, keepdim=True)
-            values.append((logits.gather(-1, y) - norm).squeeze(-1))
-            probs = logits.sub_(norm).exp_().neg_()  # -softmax, in place of the logits
+                logits.div_(temperature)
+            # log-softmax written out in place: logsumexp would allocate and pass over [n, V] again.
+            top = logits.amax(-1, keepdim=True)
+            picked = logits.gather(-1, y)
+            exps = logits.sub_(top).exp_()
+            total = exps.sum(-1, keepdim=True)
+            values.append((picked - top - total.log()).squeeze(-1))
+            probs = exps.mul_(-1.0 / total)  # -softmax
             probs.scatter_add_(-1, y, torch.ones_like(y, dtype=probs.dtype))  # + onehot
             grad = probs.to(weight.dtype) @ weight
             grads.append((grad / temperature if temperature != 1.0 else grad).to(hidden.dtype))
