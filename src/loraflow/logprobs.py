@@ -127,6 +127,30 @@ class _FrozenHead(torch.autograd.Function):
         return grad_out.unsqueeze(-1).to(grads.dtype) * grads, None, None, None, None
 
 
+def _linear_logps(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  temperature: float, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(h W^T + b / T)[targets] for one chunk, and with `with_grad` its gradient with respect to h.
+    Scoring without autograd (reference, old policy, evaluation) runs these same operations, so a policy's
+    log-probs scored without autograd equal, bit for bit, those its update computes (PPO's and GRPO's ratio is
+    exactly 1 at the first update)."""
+    y = targets.unsqueeze(-1)
+    logits = torch.nn.functional.linear(h, weight, bias).float()  # a fresh buffer: free to overwrite
+    if temperature != 1.0:
+        logits.div_(temperature)
+    # log-softmax written out in place: logsumexp would allocate and pass over [n, V] again.
+    top = logits.amax(-1, keepdim=True)
+    picked = logits.gather(-1, y)
+    exps = logits.sub_(top).exp_()
+    total = exps.sum(-1, keepdim=True)
+    logps = (picked - top - total.log()).squeeze(-1)
+    if not with_grad:
+        return logps, None
+    probs = exps.mul_(-1.0 / total)  # -softmax
+    probs.scatter_add_(-1, y, torch.ones_like(y, dtype=probs.dtype))  # + onehot
+    grad = probs.to(weight.dtype) @ weight
+    return logps, (grad / temperature if temperature != 1.0 else grad).to(h.dtype)
+
+
 class _FrozenLinear(torch.autograd.Function):
     """_FrozenHead for a plain frozen nn.Linear head, with the gradient written out instead of taken by autograd:
     d log softmax(z / T)[y] / dh = (onehot(y) - softmax(z / T)) W / T. One [n, V] buffer per chunk (the logits,
@@ -138,20 +162,10 @@ class _FrozenLinear(torch.autograd.Function):
         values, grads = [], []
         step = chunk or hidden.shape[0]
         for start in range(0, hidden.shape[0], step):
-            h, y = hidden[start: start + step], targets[start: start + step].unsqueeze(-1)
-            logits = torch.nn.functional.linear(h, weight, bias).float()  # a fresh buffer: free to overwrite
-            if temperature != 1.0:
-                logits.div_(temperature)
-            # log-softmax written out in place: logsumexp would allocate and pass over [n, V] again.
-            top = logits.amax(-1, keepdim=True)
-            picked = logits.gather(-1, y)
-            exps = logits.sub_(top).exp_()
-            total = exps.sum(-1, keepdim=True)
-            values.append((picked - top - total.log()).squeeze(-1))
-            probs = exps.mul_(-1.0 / total)  # -softmax
-            probs.scatter_add_(-1, y, torch.ones_like(y, dtype=probs.dtype))  # + onehot
-            grad = probs.to(weight.dtype) @ weight
-            grads.append((grad / temperature if temperature != 1.0 else grad).to(hidden.dtype))
+            logps, grad = _linear_logps(hidden[start: start + step], targets[start: start + step], weight, bias,
+                                        temperature, with_grad=True)
+            values.append(logps)
+            grads.append(grad)
         ctx.save_for_backward(torch.cat(grads))
         return torch.cat(values)
 
@@ -173,6 +187,10 @@ def head_logps(head: Callable, hidden: torch.Tensor, targets: torch.Tensor, temp
         return hidden.new_zeros(0, dtype=torch.float32) + 0 * hidden.sum()  # keeps the graph for a zero loss
     if not torch.is_grad_enabled() or not (hidden.requires_grad or trainable):
         step = chunk or hidden.shape[0]
+        if linear is not None and not trainable:  # the same operations as _FrozenLinear's (see _linear_logps)
+            return torch.cat([_linear_logps(hidden[s: s + step], targets[s: s + step], linear.weight, linear.bias,
+                                            temperature, with_grad=False)[0]
+                              for s in range(0, hidden.shape[0], step)])
         return torch.cat([_pick(head(hidden[s: s + step]), targets[s: s + step], temperature)
                           for s in range(0, hidden.shape[0], step)])
     if not trainable and linear is not None:

@@ -193,3 +193,15 @@ def test_bf16_autocast_matches_full_logits(head):
     for name in want_grads:
         error = (got_grads[name].float() - want_grads[name].float()).abs().max() / want_grads[name].abs().max()
         assert error < 0.05, (name, float(error))
+
+
+@pytest.mark.parametrize("head", ["frozen", "frozen-module", "lora"])
+def test_scoring_without_autograd_equals_the_update_bit_for_bit(head):
+    """Old-policy and reference scoring run without autograd; PPO's and GRPO's first update takes the ratio of the
+    same policy's log-probs with autograd, which must be exactly 1."""
+    model, batch = _model(head), _batch()
+    mode = HeadMode(True, 4)
+    with torch.no_grad():
+        scored, _ = learned_logps(model, batch, mode, temperature=0.7)
+    updated, _ = learned_logps(model, batch, mode, temperature=0.7)
+    assert updated.requires_grad and torch.equal(scored, updated.detach())

