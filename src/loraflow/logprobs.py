@@ -103,20 +103,18 @@ def _pick(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> to
     return logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-class _FrozenHead(torch.autograd.Function):
-    """log-probs of `targets` under a head without trainable weights, chunk by chunk, with the gradient with
-    respect to the hidden states formed in the forward (see the module docstring)."""
+class _GradInForward(torch.autograd.Function):
+    """log-probs of `targets` under a head without trainable weights, chunk by chunk, each chunk's gradient with
+    respect to its hidden states formed in the forward by `chunk_fn(hidden, targets) -> (log-probs, gradient)`
+    (see the module docstring); the backward only scales it by the incoming gradient."""
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, targets: torch.Tensor, head: Callable, temperature: float,
-                chunk: int) -> torch.Tensor:
+    def forward(ctx, hidden: torch.Tensor, targets: torch.Tensor, chunk_fn: Callable, chunk: int) -> torch.Tensor:
         values, grads = [], []
-        for start in range(0, hidden.shape[0], chunk or hidden.shape[0]):
-            h = hidden[start: start + (chunk or hidden.shape[0])].detach().requires_grad_(True)
-            with torch.enable_grad():
-                logps = _pick(head(h), targets[start: start + h.shape[0]], temperature)
-                (grad,) = torch.autograd.grad(logps.sum(), h)
-            values.append(logps.detach())
+        step = chunk or hidden.shape[0]
+        for start in range(0, hidden.shape[0], step):
+            logps, grad = chunk_fn(hidden[start: start + step], targets[start: start + step])
+            values.append(logps)
             grads.append(grad)
         ctx.save_for_backward(torch.cat(grads))
         return torch.cat(values)
@@ -124,7 +122,20 @@ class _FrozenHead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (grads,) = ctx.saved_tensors
-        return grad_out.unsqueeze(-1).to(grads.dtype) * grads, None, None, None, None
+        return grad_out.unsqueeze(-1).to(grads.dtype) * grads, None, None, None
+
+
+def _autograd_chunk(head: Callable, temperature: float) -> Callable:
+    """Any frozen head: the chunk's gradient taken by autograd (a token's log-prob depends on its own hidden state
+    only, so the gradient of their sum gives each row its own)."""
+    def run(hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = hidden.detach().requires_grad_(True)
+        with torch.enable_grad():
+            logps = _pick(head(h), targets, temperature)
+            (grad,) = torch.autograd.grad(logps.sum(), h)
+        return logps.detach(), grad
+
+    return run
 
 
 def _linear_logps(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -151,30 +162,6 @@ def _linear_logps(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, 
     return logps, (grad / temperature if temperature != 1.0 else grad).to(h.dtype)
 
 
-class _FrozenLinear(torch.autograd.Function):
-    """_FrozenHead for a plain frozen nn.Linear head, with the gradient written out instead of taken by autograd:
-    d log softmax(z / T)[y] / dh = (onehot(y) - softmax(z / T)) W / T. One [n, V] buffer per chunk (the logits,
-    turned into probabilities in place) instead of autograd's four, and fewer passes over it."""
-
-    @staticmethod
-    def forward(ctx, hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                temperature: float, chunk: int) -> torch.Tensor:
-        values, grads = [], []
-        step = chunk or hidden.shape[0]
-        for start in range(0, hidden.shape[0], step):
-            logps, grad = _linear_logps(hidden[start: start + step], targets[start: start + step], weight, bias,
-                                        temperature, with_grad=True)
-            values.append(logps)
-            grads.append(grad)
-        ctx.save_for_backward(torch.cat(grads))
-        return torch.cat(values)
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        (grads,) = ctx.saved_tensors
-        return grad_out.unsqueeze(-1).to(grads.dtype) * grads, None, None, None, None, None
-
-
 def _has_trainable(module: torch.nn.Module) -> bool:
     return any(p.requires_grad for p in module.parameters())
 
@@ -187,16 +174,17 @@ def head_logps(head: Callable, hidden: torch.Tensor, targets: torch.Tensor, temp
         return hidden.new_zeros(0, dtype=torch.float32) + 0 * hidden.sum()  # keeps the graph for a zero loss
     if not torch.is_grad_enabled() or not (hidden.requires_grad or trainable):
         step = chunk or hidden.shape[0]
-        if linear is not None and not trainable:  # the same operations as _FrozenLinear's (see _linear_logps)
+        if linear is not None and not trainable:  # the same operations as the update's (_linear_logps)
             return torch.cat([_linear_logps(hidden[s: s + step], targets[s: s + step], linear.weight, linear.bias,
                                             temperature, with_grad=False)[0]
                               for s in range(0, hidden.shape[0], step)])
         return torch.cat([_pick(head(hidden[s: s + step]), targets[s: s + step], temperature)
                           for s in range(0, hidden.shape[0], step)])
-    if not trainable and linear is not None:
-        return _FrozenLinear.apply(hidden, targets, linear.weight, linear.bias, temperature, chunk)
+    if not trainable and linear is not None:  # the gradient written out (_linear_logps)
+        return _GradInForward.apply(hidden, targets, lambda h, t: _linear_logps(h, t, linear.weight, linear.bias,
+                                                                               temperature, with_grad=True), chunk)
     if not trainable:
-        return _FrozenHead.apply(hidden, targets, head, temperature, chunk)
+        return _GradInForward.apply(hidden, targets, _autograd_chunk(head, temperature), chunk)
     if not chunk or chunk >= hidden.shape[0]:
         return _pick(head(hidden), targets, temperature)
     from torch.utils.checkpoint import checkpoint
