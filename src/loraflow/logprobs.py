@@ -33,6 +33,12 @@ from loraflow.losses.sft import IGNORE
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What a batch passes to the model's forward (labels, indices and stage fields stay out)."""
+    return {k: batch[k] for k in MODEL_INPUTS if k in batch}
+
+
 LOGIT_TRANSFORMS = {
     "final_logit_softcapping": None,  # Gemma2/3, ...: c * tanh(logits / c) when set
     "logit_scale": 1.0,  # Cohere: logits * logit_scale
@@ -232,7 +238,7 @@ def learned_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], mode: 
                   temperature: float = 1.0, use_cache: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs [B, T-1] float32, 0 where not learned; mask [B, T-1]): position j holds
     log pi(labels[j + 1] | tokens <= j), as losses.token_logps computes from full logits."""
-    inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    inputs = model_inputs(batch)
     labels = batch["labels"]
     mask = labels[:, 1:] != IGNORE
     if not mode.selected:

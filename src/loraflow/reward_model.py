@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from loraflow.errors import ConfigError
+from loraflow.logprobs import model_inputs
 from loraflow.phases import phase
 from loraflow.setup.paths import quiet as _quiet
 from loraflow.setup.paths import resolve_path
@@ -28,7 +29,7 @@ class RewardModel:
 
     def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """[N] scores of prompt + completion rows (read at each row's last non-pad token)."""
-        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+        inputs = model_inputs(batch)
         with phase(REWARD_SCORING, self.model), autocast(self.plan.device, self.plan.autocast_dtype):
             return self.model(**inputs, use_cache=False).logits.squeeze(-1).float()
 

@@ -1,4 +1,4 @@
-"""What the pairwise stages (rm, dpo) share: the model inputs of a pair batch and measuring held-out pairs."""
+"""What the pairwise stages (rm, dpo) share: how pairs become training batches and measuring held-out pairs."""
 
 from __future__ import annotations
 
@@ -9,12 +9,6 @@ import torch
 
 from loraflow.data import DataSplit
 from loraflow.data.preference import collate_pairs
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
-
-
-def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: batch[k] for k in MODEL_INPUTS if k in batch}
 
 
 def pair_collate(plan) -> Callable[[list, int], dict[str, torch.Tensor]]:

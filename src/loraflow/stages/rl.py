@@ -12,10 +12,9 @@ from loraflow.data import DataSplit
 from loraflow.phases import phase
 from loraflow.rollout import build_rollout, decode, generate, stop_ids
 from loraflow.setup.precision import autocast
-from loraflow.stages.pairs import model_inputs
 from loraflow.stagespec import EVALUATION, ROLLOUT
 
-__all__ = ["RolloutWorker", "model_inputs"]
+__all__ = ["RolloutWorker"]
 
 
 @dataclass

@@ -15,13 +15,13 @@ import torch
 from loraflow.data import DataSplit
 from loraflow.data.preference import pair_count, sequence_ends
 from loraflow.errors import ConfigError
-from loraflow.logprobs import unwrapped
+from loraflow.logprobs import model_inputs, unwrapped
 from loraflow.losses import pairwise_rm_loss
 from loraflow.phases import phase
 from loraflow.reward_model import MANIFEST
 from loraflow.setup.checkpointing import hf_model
 from loraflow.setup.precision import autocast
-from loraflow.stages.pairs import eval_pairs, model_inputs, pair_collate
+from loraflow.stages.pairs import eval_pairs, pair_collate
 from loraflow.stagespec import EVALUATION
 
 
