@@ -85,6 +85,12 @@ CASES = {
     "qlora-storage-dtype": (
         FSDP2.replace(quantization="4bit", quant_storage_matches=False, checkpointing="off"),
         BASE.replace(quantization="4bit", quant_storage_matches=False)),
+    "kbit-cpu-repack": (
+        BASE.replace(quantization="4bit", cpu=True),
+        BASE.replace(quantization="4bit", cpu=False)),
+    "kbit-full-finetune": (
+        BASE.replace(quantization="4bit", adapter="full"),
+        BASE.replace(quantization="4bit")),
     "zero3-lora-merge": (
         ZERO3.replace(merge_in_sharded=True, adapter_save_gather=True),
         ZERO3.replace(merge_in_sharded=True, adapter_save_gather=True, zero_stage=2)),

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from loraflow.setup.quantize import constants, is_quantized_param, weight_count
+
 MiB = 2**20
 
 
@@ -57,16 +59,28 @@ class MemoryReport:
     """This rank's bytes saved for backward per decoder layer on the first micro-batch (setup/saved_tensors.py's
     SavedBytes), when the trainer counted them."""
 
+    quantized_elements: int = 0
+    """Weights of the base stored quantized (QLoRA), counted as weights, not as their packed storage elements."""
+    quantized_layers: int = 0
+    quantization: Any = None
+    """setup/quantize.py's Quantization of the run, for the formula's bytes per quantized weight."""
+
     @classmethod
     def after_backward(cls, engine) -> "MemoryReport":
         params = list(engine.module.named_parameters())
-        frozen = [p for _, p in params if not p.requires_grad]
+        frozen = [p for _, p in params if not p.requires_grad and not is_quantized_param(p)]
+        quantized = [p for _, p in params if is_quantized_param(p)]
         trainable = [p for _, p in params if p.requires_grad]
         numel = _full_numel
         report = cls(engine=engine.label(), world_size=engine.world_size,
                      base_elements=sum(numel(p) for p in frozen), adapter_elements=sum(numel(p) for p in trainable),
-                     base_bytes_per_element=frozen[0].element_size() if frozen else 4)
-        report.mine.frozen_params = _bytes(engine.local_tensor(p) for p in frozen)
+                     base_bytes_per_element=frozen[0].element_size() if frozen else 4,
+                     quantized_elements=sum(weight_count(p) for p in quantized),
+                     quantized_layers=len(quantized),
+                     quantization=engine.plan.quantization)
+        # Quantization constants (absmax scales, code tables) are plain attributes of each weight, on every rank.
+        report.mine.frozen_params = _bytes([engine.local_tensor(p) for p in frozen + quantized]
+                                           + [t for p in quantized for t in constants(p)])
         report.mine.trainable_params = _bytes(engine.local_tensor(p) for p in trainable)
         report.mine.gradients = _bytes(engine.gradient_tensors())
         return report
@@ -81,20 +95,35 @@ class MemoryReport:
 
     @property
     def formula(self) -> float:
-        """(b x base + 16 x adapter) / world size, in bytes."""
-        return (self.base_bytes_per_element * self.base_elements + 16 * self.adapter_elements) / self.world_size
+        """(b x base + q x quantized + 16 x adapter) / world size, in bytes (q: bytes per quantized weight)."""
+        return (self.base_bytes_per_element * self.base_elements + self.quantized_bytes
+                + 16 * self.adapter_elements) / self.world_size
+
+    @property
+    def quantized_bytes(self) -> float:
+        """q x quantized weights + the code tables of each quantized layer."""
+        q = self.quantization
+        return 0.0 if q is None else (q.bytes_per_weight() * self.quantized_elements
+                                      + q.bytes_per_layer() * self.quantized_layers)
 
     def render(self) -> str:
-        lines = [f"memory per rank after the first step ({self.engine}, {self.world_size} processes; "
+        quantized = (f"{self.quantized_elements:,} weights quantized ({self.quantization.method}), "
+                     if self.quantization is not None else "")
+        lines = [f"memory per rank after the first step ({self.engine}, {self.world_size} processes; {quantized}"
                  f"{self.base_elements:,} frozen and {self.adapter_elements:,} trainable elements):",
                  "  rank  frozen params  trainable params   gradients  optimizer state      total"]
         for r, m in enumerate(self.ranks):
             lines.append(f"  {r:>4}  {_mib(m.frozen_params):>13}  {_mib(m.trainable_params):>16}  "
                          f"{_mib(m.gradients):>10}  {_mib(m.optimizer):>15}  {_mib(m.total):>9}")
         worst = max((m.total for m in self.ranks), default=0)
-        lines.append(f"  formula (fully sharded): ({self.base_bytes_per_element} x base + 16 x adapter) / "
+        q = self.quantization
+        term = (f"{q.bytes_per_weight():.4f} x quantized + {q.bytes_per_layer()} x {self.quantized_layers} "
+                "layers + ") if q is not None else ""
+        lines.append(f"  formula (fully sharded): ({self.base_bytes_per_element} x base + {term}16 x adapter) / "
                      f"{self.world_size} = {_mib(self.formula)}; largest rank / formula = "
                      f"{worst / self.formula:.2f}" if self.formula else "")
+        if q is not None:
+            lines.append(f"  quantized weight: {q.formula()}")
         if self.activations is not None:
             lines += self.activations.render()
         return "\n".join(lines)
@@ -102,7 +131,7 @@ class MemoryReport:
     def to_metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"engine": self.engine, "world_size": self.world_size,
                                "base_elements": self.base_elements, "adapter_elements": self.adapter_elements,
-                               "formula_bytes": self.formula}
+                               "quantized_elements": self.quantized_elements, "formula_bytes": self.formula}
         for r, m in enumerate(self.ranks):
             for key in ("frozen_params", "trainable_params", "gradients", "optimizer"):
                 out[f"rank{r}_{key}_bytes"] = getattr(m, key)

@@ -24,6 +24,7 @@ from loraflow.plan.reasons import explain_choices
 from loraflow.plan.types import Decision, Plan
 from loraflow.rules import Combination, evaluate
 from loraflow.setup.model import ModelInfo
+from loraflow.setup.quantize import Quantization
 from loraflow.stagespec import reference_kind, stage_spec
 
 __all__ = ["Decision", "Plan", "resolve"]
@@ -142,6 +143,35 @@ def _precision(config: Config) -> tuple[list[str], torch.dtype, torch.dtype, tor
         f"precision.mode=bf16-mixed: {why}; trainable parameters float32; matmuls under bfloat16 autocast"
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "uint8": torch.uint8}
+
+
+def _quantization(config: Config, info: ModelInfo, head: str, final: Combination, load_dtype: torch.dtype,
+                  modules_to_save: list[str]) -> Quantization | None:
+    """bitsandbytes settings (setup/quantize.py). Compute dtype: the precision's matmul dtype unless asked. Storage:
+    uint8 unless parameters are sharded, where it must be the dtype of the other weights (rule qlora-storage-dtype,
+    which fixes an explicit storage_dtype that differs). Heads and modules trained in full stay unquantized."""
+    q = config.model.quantization
+    if not q.enabled:
+        return None
+    compute = DTYPES[q.compute_dtype] if q.compute_dtype != "auto" else \
+        (torch.float32 if config.precision.mode == "fp32" else torch.bfloat16)
+    if final.sharded_params and final.quant_storage_matches:
+        storage = load_dtype
+    else:
+        storage = torch.uint8 if q.storage_dtype == "auto" else DTYPES[q.storage_dtype]
+    head_name = "score" if head == "score" else info.lm_head_name
+    skip = tuple(dict.fromkeys([n for n in (head_name,) if n] + list(modules_to_save)))
+    return Quantization(method=q.method, double_quant=q.double_quant, compute_dtype=compute, storage_dtype=storage,
+                        skip_modules=skip, cpu_repack=final.quant_cpu_repack)
+
+
+def _storage_matches(config: Config, load_dtype: torch.dtype) -> bool:
+    """Whether the asked 4-bit storage dtype is the dtype sharding would see beside it (auto: loraflow picks it)."""
+    asked = config.model.quantization.storage_dtype
+    return asked == "auto" or DTYPES[asked] == load_dtype
+
+
 def resolve_engine(config: Config, env: Environment) -> tuple[str, DeepSpeedSettings | None]:
     """The engine from parallel.* and the launch, and, for DeepSpeed, its settings (stage, offload, the user's
     JSON read and checked: once per run, here). A ConfigError for a contradiction."""
@@ -163,7 +193,7 @@ def resolve_engine(config: Config, env: Environment) -> tuple[str, DeepSpeedSett
 
 def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_to_save: list[str],
                      layers: list[int], reentrant: bool | None, engine: str,
-                     deepspeed: DeepSpeedSettings | None) -> Combination:
+                     deepspeed: DeepSpeedSettings | None, load_dtype: torch.dtype = torch.float32) -> Combination:
     """The setup as asked (with `auto` settled by the plan's defaults), before any rule fix: what a framework
     without loraflow's rules would run. The rules then decide what must change."""
     placement = "off" if not layers else ("all" if len(layers) == info.num_layers else "partial")
@@ -188,6 +218,10 @@ def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_
         packing=config.data.packing,
         precision=config.precision.mode,
         world_size=env.world_size,
+        quantization=None if not config.model.quantization.enabled else
+        ("8bit" if config.model.quantization.bits == 8 else "4bit"),
+        quant_storage_matches=_storage_matches(config, load_dtype),
+        cpu=env.device == "cpu",
         versions=dict(env.versions),
         **_engine_fields(config, engine, deepspeed),
     )
@@ -229,7 +263,7 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
     asked = config.checkpointing.reentrant
     reentrant = None if not layers else (asked == "true")
     engine, deepspeed = resolve_engine(config, env)
-    naive = normalized_setup(config, env, info, modules_to_save, layers, reentrant, engine, deepspeed)
+    naive = normalized_setup(config, env, info, modules_to_save, layers, reentrant, engine, deepspeed, load_dtype)
     final, findings = evaluate(naive)
     changed_by = {key: f.rule.id for f in findings for key in f.changes}
 
@@ -248,6 +282,7 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
                            "CPU. Set model.attn_implementation=auto (or sdpa, or eager)."])
     plan.head = spec.head
     plan.logits = _logits(config, info, spec.head, final)
+    plan.quantization = _quantization(config, info, spec.head, final, load_dtype, modules_to_save)
     plan.reference = reference_kind(spec, config)
     plan.phases = stage_phases(spec, plan.reference, bool(config.rl.reward_model) and spec.generates,
                                config.rl.updates_per_rollout)

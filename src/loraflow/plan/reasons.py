@@ -45,6 +45,46 @@ def _model_setup(plan: Plan) -> list[Decision]:
     return out
 
 
+def _quantization(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
+    """QLoRA: what bitsandbytes quantizes and how, and the k-bit preparation (what peft's
+    prepare_model_for_kbit_training does, each part decided here)."""
+    q = plan.quantization
+    if q is None:
+        return []
+    asked = plan.config.model.quantization
+    kind = "int8 (LLM.int8)" if q.bits == 8 else f"{q.method} 4-bit" + (", double quantization" if
+                                                                         q.double_quant else "")
+    out = [Decision("quantization", f"{kind}; unquantized: {', '.join(q.skip_modules) or 'none'}",
+                    f"model.quantization.method={q.method}: the frozen linear layers load quantized by bitsandbytes "
+                    f"({q.formula()}); the head and modules trained in full stay in "
+                    f"{_dt(plan.load_dtype)}")]
+    if q.bits == 4:
+        out.append(Decision("quantization.compute_dtype", q.compute_dtype,
+                            f"model.quantization.compute_dtype={asked.compute_dtype}" + (
+                                f": precision.mode={plan.config.precision.mode} computes in {_dt(q.compute_dtype)}"
+                                if asked.compute_dtype == "auto" else "")))
+        rule = changed_by.get("quant_storage_matches")
+        if plan.setup.sharded_params:
+            why = (f"model.quantization.storage_dtype={asked.storage_dtype} would not shard beside the "
+                   f"{_dt(plan.load_dtype)} weights" if rule else
+                   f"parameters are sharded, and sharding needs the packed weights in the dtype of the others")
+        else:
+            why = (f"model.quantization.storage_dtype={asked.storage_dtype}" + (": parameters are not sharded, so "
+                   "the packed weights keep bitsandbytes' byte storage" if asked.storage_dtype == "auto" else ""))
+        out.append(Decision("quantization.storage_dtype", q.storage_dtype, why, rule))
+        if plan.setup.cpu:
+            out.append(Decision("quantization.cpu_repack", q.cpu_repack, "bitsandbytes would rewrite the frozen "
+                                "4-bit weights for its CPU kernel at the first evaluation", changed_by.get(
+                                    "quant_cpu_repack")))
+    hook = "an input-grad hook (reentrant checkpointing)" if plan.input_grad_hook else "no input-grad hook (below)"
+    out.append(Decision("kbit preparation", f"base frozen; unquantized weights in {_dt(plan.load_dtype)}; {hook}",
+                        "what peft's prepare_model_for_kbit_training does, decided by the plan: it freezes the base "
+                        "(the adapters train), adds the hook only for reentrant checkpointing, and upcasts fp16/bf16 "
+                        "norms to float32 for fp16 training, which loraflow does not run (bf16-mixed computes norms "
+                        "in float32 under autocast)"))
+    return out
+
+
 def _freezing(plan: Plan) -> Decision:
     if plan.config.adapter.method == "full":
         return Decision("freezing", "nothing frozen", "full fine-tuning")
@@ -204,6 +244,7 @@ def explain_choices(plan: Plan, naive: Combination, changed_by: dict[str, str],
         Decision("precision", f"load {_dt(plan.load_dtype)}, trainable {_dt(plan.trainable_dtype)}, autocast "
                  f"{_dt(plan.autocast_dtype) if plan.autocast_dtype else 'off'}", precision_reason),
         *_model_setup(plan),
+        *_quantization(plan, changed_by),
         _adapter(plan),
         _freezing(plan),
         Decision("saves", "every weight (the model)" if plan.saves == "model" else "the trainable weights (a PEFT "

@@ -16,6 +16,7 @@ from loraflow.errors import PlanError
 from loraflow.logprobs import FULL, HeadMode
 from loraflow.rules import Combination, Finding
 from loraflow.setup.model import ModelInfo
+from loraflow.setup.quantize import Quantization
 
 
 @dataclass
@@ -67,6 +68,9 @@ class Plan:
     engines."""
     logits: HeadMode = FULL
     """Where the output head runs (logprobs.py): at the learned positions only, in chunks, or everywhere."""
+    quantization: Quantization | None = None
+    """The base's bitsandbytes quantization (QLoRA): method, compute and storage dtypes, the modules left
+    unquantized; None loads it in load_dtype."""
     saves: str = "adapter"
     """What checkpoints and the export hold, and the export's directory name: `adapter` (the trainable weights, in
     PEFT's format) or `model` (every weight: full fine-tuning)."""

@@ -47,6 +47,11 @@ class Combination:
     quantization: Literal["4bit", "8bit"] | None = None
     quant_storage_matches: bool = True
     """bitsandbytes 4-bit storage dtype equals the dtype the other weights are sharded in."""
+    quant_cpu_repack: bool = True
+    """bitsandbytes (0.50) may repack a 4-bit weight in place for its CPU kernel when the layer runs in eval mode
+    without autograd (evaluation, generation), as it does unless told not to."""
+    cpu: bool = False
+    """The run computes on the CPU (bitsandbytes, SDPA and autocast take CPU-only paths there)."""
     engine: Engine = "single"
     zero_stage: int = 0
     offload: bool = False

@@ -19,7 +19,8 @@ __all__ = ["SYMPTOMS", "Finding", "Rule", "affected_by", "all_rules", "evaluate"
 
 
 def all_rules() -> list[Rule]:
-    from loraflow.rules import catalog, catalog_fsdp, catalog_sharded  # noqa: F401  (register the rules on import)
+    # Importing the catalogs registers their rules.
+    from loraflow.rules import catalog, catalog_fsdp, catalog_quant, catalog_sharded  # noqa: F401
 
     return list(_REGISTRY.values())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from loraflow.setup.adapters import apply_adapters
 from loraflow.setup.checkpointing import apply_checkpointing
-from loraflow.setup.model import load_model, merge_adapters
+from loraflow.setup.model import load_merged
 from loraflow.setup.preflight import check_vocab
 
 
@@ -13,10 +13,11 @@ def load_base(plan, tokenizer=None):
     """The starting model before this run's adapter: loaded, with model.merge_adapters folded in."""
     if tokenizer is not None:
         check_vocab(plan.config, tokenizer, plan.model.vocab_size)
-    model = load_model(plan.config, plan.model.path, plan.load_dtype, plan.head, plan.attn_implementation)
+    model = load_merged(plan.config, plan.model.path, plan.load_dtype, plan.head, plan.attn_implementation,
+                        plan.quantization, plan.device, plan.config.model.merge_adapters)
     if plan.head == "score" and tokenizer is not None:
         model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
-    return merge_adapters(model, plan.config.model.merge_adapters)
+    return model
 
 
 def build_model(plan, tokenizer=None):

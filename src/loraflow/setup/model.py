@@ -19,7 +19,8 @@ from loraflow.setup.paths import ASSETS, BUILTIN, resolve_path
 from loraflow.setup.paths import quiet as _quiet
 from loraflow.stagespec import stage_spec
 
-__all__ = ["ASSETS", "BUILTIN", "ModelInfo", "inspect_model", "load_model", "load_tokenizer", "resolve_path"]
+__all__ = ["ASSETS", "BUILTIN", "ModelInfo", "inspect_model", "load_merged", "load_model", "load_tokenizer",
+           "resolve_path"]
 
 @dataclass
 class ModelInfo:
@@ -130,18 +131,49 @@ def hf_attn_implementation(config: Config) -> str | None:
     return None if asked == "auto" else asked
 
 
-def load_model(config: Config, path: str, dtype: torch.dtype, head: str = "lm", attn_implementation: str | None = None):
+def load_model(config: Config, path: str, dtype: torch.dtype, head: str = "lm", attn_implementation: str | None = None,
+               quantization=None, device: str = "cpu"):
     """The base model: a causal LM, or for `head="score"` the same body with a freshly initialised scalar score
     head (transformers' *ForSequenceClassification with one label, which scores each row at its last non-pad
-    token). `attn_implementation` is the plan's choice; without one, model.attn_implementation."""
+    token). `attn_implementation` is the plan's choice; without one, model.attn_implementation. `quantization`
+    (setup/quantize.py's Quantization) loads the linear layers quantized by bitsandbytes, straight onto `device`."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     kwargs = dict(dtype=dtype, attn_implementation=attn_implementation or hf_attn_implementation(config),
                   trust_remote_code=config.model.trust_remote_code)
+    if quantization is not None:
+        # bitsandbytes quantizes as the weights load onto the device, so the full-precision copy never exists.
+        kwargs.update(quantization_config=quantization.hf_config(), device_map={"": device})
     if head == "score":
         with _quiet():  # the report that lm_head is unused and score is new is expected here
-            return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if quantization is not None:
+        from loraflow.setup.quantize import keep_layout
+
+        keep_layout(model, quantization)
+    return model
+
+
+def load_merged(config: Config, path: str, dtype: torch.dtype, head: str, attn_implementation: str | None,
+                quantization, device: str, merges: list[str]) -> torch.nn.Module:
+    """The base with earlier adapters (model.merge_adapters) folded in. A quantized base is merged in `dtype`
+    first and then quantized as it loads, as a merged checkpoint would be (merging into 4-bit weights would round
+    the adapters' update away); the merged weights pass through a temporary directory, removed once loaded."""
+    if quantization is None or not merges:
+        model = load_model(config, path, dtype, head, attn_implementation, quantization, device)
+        return merge_adapters(model, merges)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="loraflow-merged-") as tmp:
+        full = load_model(config, path, dtype, head, attn_implementation)
+        merge_adapters(full, merges).save_pretrained(tmp, safe_serialization=True)
+        del full
+        model = load_model(config, tmp, dtype, head, attn_implementation, quantization, device)
+    # An adapter records its base (adapter_config.json): `path`, not the directory just removed.
+    model.name_or_path = model.config._name_or_path = path
+    return model
 
 
 def merge_adapters(model: torch.nn.Module, specs: list[str]) -> torch.nn.Module:
