@@ -174,8 +174,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def cmd_merge(args: argparse.Namespace) -> int:
     from loraflow.merge import merge
 
-    out = merge(args.adapter, args.output, args.base)
-    print(f"merged model written to {out}")
+    print(merge(args.adapter, args.output, args.base, args.dtype).render())
     return 0
 
 
@@ -333,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("adapter", help="adapter directory (adapter_config.json + adapter_model.safetensors)")
     m.add_argument("output", help="directory for the merged model")
     m.add_argument("--base", help="base model path or hub id (default: the one recorded in adapter_config.json)")
+    m.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="dtype a quantized (QLoRA) base is dequantized into before merging (default float32)")
     m.set_defaults(func=cmd_merge)
 
     gen = sub.add_parser("generate", help="answer prompts with a trained run, adapter or model",

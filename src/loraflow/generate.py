@@ -32,6 +32,8 @@ class Loaded:
     source: str
     """What was loaded, in words (printed to stderr)."""
     notes: list[str] = field(default_factory=list)
+    adapter: Path | None = None
+    """The adapter directory, when an adapter was loaded onto a base."""
 
 
 @dataclass
@@ -109,7 +111,7 @@ def load(target: str, base: str | None = None) -> Loaded:
             notes.append("no run config beside the adapter: if its run merged adapters into the base "
                          "(model.merge_adapters), generate from the run directory instead")
         if config is not None:
-            model = load_model(config, base_path, "auto")
+            model = _run_base(config, base_path, device)
         else:
             model = AutoModelForCausalLM.from_pretrained(base_path, dtype="auto")
         model = merge_adapters(model, list(merged))
@@ -128,7 +130,25 @@ def load(target: str, base: str | None = None) -> Loaded:
         tokenizer = AutoTokenizer.from_pretrained(base_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return Loaded(model.to(device).eval(), tokenizer, device, source, notes)
+    return Loaded(model.to(device).eval(), tokenizer, device, source, notes, weights if is_adapter else None)
+
+
+def _run_base(config, base_path: str, device: str):
+    """The base as the run loaded it. A quantized base is loaded quantized as the run's plan decided (for one
+    process), so an adapter trained on 4-bit weights generates from those weights."""
+    from loraflow.setup.model import load_model
+
+    if not config.model.quantization.enabled:
+        return load_model(config, base_path, "auto")
+    import dataclasses
+
+    from loraflow.environment import detect_environment
+    from loraflow.plan import resolve
+
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, path=base_path))
+    plan = resolve(config, detect_environment())
+    return load_model(config, base_path, plan.load_dtype, attn_implementation=plan.attn_implementation,
+                      quantization=plan.quantization, device=device)
 
 
 def read_prompts(spec: str) -> list[Prompt]:

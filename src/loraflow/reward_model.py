@@ -37,7 +37,7 @@ class RewardModel:
 def load_reward_model(spec: str, plan, tokenizer) -> RewardModel:
     from transformers import AutoModelForSequenceClassification
 
-    from loraflow.setup.model import hf_attn_implementation, merge_adapters
+    from loraflow.setup.model import hf_attn_implementation, load_merged, merge_adapters
 
     path = Path(resolve_path(spec, "rl.reward_model"))
     manifest = path / MANIFEST
@@ -52,9 +52,16 @@ def load_reward_model(spec: str, plan, tokenizer) -> RewardModel:
         else:
             from peft import PeftModel
 
-            base = AutoModelForSequenceClassification.from_pretrained(resolve_path(info["base"], "rl.reward_model"),
-                                                                      **kwargs)
-            base = merge_adapters(base, info.get("merge_adapters", []))
+            base_path, merges = resolve_path(info["base"], "rl.reward_model"), info.get("merge_adapters", [])
+            if info.get("quantization"):  # trained on a quantized base: merged into those weights, dequantized
+                from loraflow.setup.quantize import Quantization, dequantize_model
+
+                base = dequantize_model(load_merged(plan.config, base_path, plan.load_dtype, "score",
+                                                    hf_attn_implementation(plan.config),
+                                                    Quantization.from_dict(info["quantization"]), plan.device,
+                                                    merges), plan.load_dtype)
+            else:
+                base = merge_adapters(AutoModelForSequenceClassification.from_pretrained(base_path, **kwargs), merges)
             model = PeftModel.from_pretrained(base, path).merge_and_unload()
     if model.config.vocab_size < len(tokenizer):
         raise ConfigError([f"rl.reward_model={spec} has a vocabulary of {model.config.vocab_size} tokens but the "

@@ -93,6 +93,8 @@ def finish(trainer, summary: dict[str, Any]) -> None:
         # Later stages load the head on the same base model; the adapter's own base path may be a temporary
         # or another machine's directory, so the config's model spec is recorded beside it.
         manifest = {"base": plan.config.model.path, "merge_adapters": plan.config.model.merge_adapters,
-                    "head": "score", "method": plan.config.adapter.method}
+                    "head": "score", "method": plan.config.adapter.method,
+                    # The adapter was trained on the quantized base: the reward model is loaded on those weights.
+                    "quantization": plan.quantization.to_dict() if plan.quantization else None}
         (Path(summary["weights"]) / MANIFEST).write_text(json.dumps(manifest, indent=2))
 

@@ -44,18 +44,22 @@ class Cell:
     accumulation: int = 1  # micro-batches per optimizer step (the global batch per step stays GLOBAL_BATCH)
     granularity: str = "layer"  # checkpointing.granularity: layer | mlp | attention
     head: str = "frozen"  # the output head: frozen | lora (an adapter on it) | trained (adapter.train_modules)
+    quantization: str = "none"  # model.quantization.method: none | nf4 | fp4 | int8
 
     @property
     def id(self) -> str:
         gas = f"/gas{self.accumulation}" if self.accumulation > 1 else ""
         ckpt = self.checkpointing + (f"-{self.granularity}" if self.granularity != "layer" else "")
         head = f"/head-{self.head}" if self.head != "frozen" else ""
-        return f"{self.adapter}/{ckpt}/{self.precision}/{self.engine}{gas}{head}"
+        quant = f"/{self.quantization}" if self.quantization != "none" else ""
+        return f"{self.adapter}/{ckpt}/{self.precision}/{self.engine}{gas}{head}{quant}"
 
     def reference(self) -> "Cell":
         """One fp32 process without checkpointing, with the same global micro-batches (and so the same data
-        order: an epoch's last global micro-batch may be short)."""
-        return Cell(self.adapter, "off", "fp32", "single", self.accumulation, head=self.head)
+        order: an epoch's last global micro-batch may be short). A quantized cell's reference runs on the
+        dequantized base (run_cell): the same weights as plain float32 layers."""
+        return Cell(self.adapter, "off", "fp32", "single", self.accumulation, head=self.head,
+                    quantization=self.quantization)
 
     @property
     def is_reference(self) -> bool:
@@ -69,6 +73,8 @@ class Cell:
                "train.learning_rate=1e-3", "train.warmup_steps=0", "train.schedule=constant", "train.seed=3",
                "adapter.rank=4", "adapter.alpha=8", "adapter.dropout=0", "data.eval=", "output.progress_bar=false",
                "output.tensorboard=false", f"output.dir={workdir / self.id.replace('/', '_')}"]
+        if self.quantization != "none":
+            out.append(f"model.quantization.method={self.quantization}")
         if self.adapter == "full":
             out.append("adapter.target_modules=all-linear")
         if self.head == "lora":
@@ -110,7 +116,9 @@ def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Pa
     config = load_config(None, overrides)
     env = with_versions(detect_environment(), parse_versions(plan_versions))
     try:
-        run = build_run(config, env, Path(config.output.dir), adjust_model=_randomize_lora_b)
+        adjust = _dequantize_then_randomize if cell.is_reference and cell.quantization != "none" else \
+            _randomize_lora_b
+        run = build_run(config, env, Path(config.output.dir), adjust_model=adjust)
     except PlanError as exc:
         return {"status": "refused", "rule": ",".join(f.rule.id for f in exc.findings),
                 "message": "; ".join(f.rule.title for f in exc.findings)}
@@ -157,6 +165,15 @@ def _randomize_lora_b(model: torch.nn.Module, seed: int = 5) -> None:
         for name, p in model.named_parameters():
             if p.requires_grad and "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype) * 0.02)
+
+
+def _dequantize_then_randomize(model: torch.nn.Module) -> None:
+    """The reference of a quantized cell: its quantized layers replaced by float32 ones with the same (dequantized)
+    weights, so the comparison isolates what quantized compute and the engine change."""
+    from loraflow.setup.quantize import dequantize_model
+
+    dequantize_model(model)
+    _randomize_lora_b(model)
 
 
 def relative_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[float, str]:

@@ -41,10 +41,12 @@ class StepCell:
     stage: str
     overrides: tuple[str, ...] = field(default_factory=tuple)
     update: int = 1
+    dequantize: bool = False
+    """A quantized base's reference: its quantized layers replaced by float32 ones with the same weights."""
 
     @property
     def id(self) -> str:
-        return f"{self.stage}/update{self.update}"
+        return f"{self.stage}/update{self.update}" + ("/dequantized" if self.dequantize else "")
 
 
 class GatherCounter:
@@ -122,10 +124,11 @@ def run_cell(cell: StepCell) -> dict[str, Any] | None:
     from loraflow.environment import detect_environment
     from loraflow.pipeline import build_run
     from loraflow.stagespec import stage_spec
-    from loraflow.verify.crosscheck import _randomize_lora_b
+    from loraflow.verify.crosscheck import _dequantize_then_randomize, _randomize_lora_b
 
     config = _config(cell)
-    run = build_run(config, detect_environment(), Path(config.output.dir), adjust_model=_randomize_lora_b)
+    run = build_run(config, detect_environment(), Path(config.output.dir),
+                    adjust_model=_dequantize_then_randomize if cell.dequantize else _randomize_lora_b)
     counter = GatherCounter()
     try:
         counter.install(run.trainer.engine)
@@ -219,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    cells = [StepCell(c["stage"], tuple(c.get("overrides", ())), int(c.get("update", 1)))
+    cells = [StepCell(c["stage"], tuple(c.get("overrides", ())), int(c.get("update", 1)), bool(c.get("dequantize")))
              for c in json.loads(Path(args.cells).read_text())]
     if len({c.id for c in cells}) < len(cells):
         raise SystemExit(f"{args.cells}: two cells with the same stage and update; their results would collide")
