@@ -1,7 +1,8 @@
 """Every engine reproduces the single-process fp32 reference: for LoRA and DoRA (and full fine-tuning on DDP and
 FSDP2) x checkpointing {off, reentrant, non-reentrant} (and one sub-block cell, checkpointing.granularity, on
 ZeRO-3, FSDP2 and DDP; and cells with LoRA on the output head or the head trained in full on ZeRO-2, ZeRO-3 and
-FSDP2), the gathered gradients after one optimizer step match
+FSDP2; and QLoRA cells, the base in 4 bits, against the same config on the dequantized base), the gathered
+gradients after one optimizer step match
 (relative error <= 1e-5) and three steps give the same losses. Two real gloo ranks on CPU under torchrun, through
 the same code path as `loraflow train` (verify/crosscheck.py)."""
 
@@ -41,6 +42,15 @@ HEAD_CELLS = {  # the output head with weights of its own, on the chunked learne
     "zero2": (Cell("lora", "off", "fp32", "zero2", head="trained"),),
 }
 
+QUANTIZED_CELLS = {  # QLoRA (issue 18): the base in 4 bits; the reference is the same config on the dequantized base
+    "ddp": (Cell("lora", "reentrant", "fp32", "ddp", quantization="nf4"),),
+    "zero2": (Cell("dora", "off", "fp32", "zero2", quantization="nf4"),),
+    "zero3": (Cell("lora", "non-reentrant", "fp32", "zero3", quantization="nf4"),
+              Cell("dora", "reentrant", "fp32", "zero3", quantization="nf4")),
+    "fsdp2": (Cell("lora", "off", "fp32", "fsdp2", quantization="nf4"),
+              Cell("dora", "non-reentrant", "fp32", "fsdp2", quantization="nf4")),
+}
+
 
 def run_worker(tmp: Path, cells: list[Cell], ranks: int, timeout: float, extra: tuple[str, ...] = (),
                data: str = DATA) -> dict:
@@ -55,13 +65,14 @@ def run_worker(tmp: Path, cells: list[Cell], ranks: int, timeout: float, extra: 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory) -> dict:
     cells = [Cell(adapter=a) for a in ("lora", "dora", "full")] + [Cell(head=h) for h in ("lora", "trained")]
+    cells += [Cell(adapter=a, quantization="nf4") for a in ("lora", "dora")]
     return run_worker(tmp_path_factory.mktemp("reference"), cells, ranks=1, timeout=300)
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_engine_matches_the_single_process_reference(engine, references, tmp_path):
     cells = [Cell(adapter, ckpt, "fp32", engine) for adapter in ENGINES[engine] for ckpt in CHECKPOINTING]
-    cells += SUB_BLOCK_CELLS.get(engine, ()) + HEAD_CELLS.get(engine, ())
+    cells += SUB_BLOCK_CELLS.get(engine, ()) + HEAD_CELLS.get(engine, ()) + QUANTIZED_CELLS.get(engine, ())
     results = run_worker(tmp_path, cells, ranks=2, timeout=600)
     lines, bad = [], []
     for cell in cells:

@@ -91,6 +91,12 @@ CASES = {
     "kbit-full-finetune": (
         BASE.replace(quantization="4bit", adapter="full"),
         BASE.replace(quantization="4bit")),
+    "kbit-int8-fsdp2": (
+        FSDP2.replace(quantization="8bit", checkpointing="off"),
+        FSDP2.replace(quantization="4bit", checkpointing="off")),
+    "kbit-int8-zero3": (
+        ZERO3.replace(quantization="8bit"),
+        ZERO3.replace(quantization="8bit", zero_stage=2)),
     "zero3-lora-merge": (
         ZERO3.replace(merge_in_sharded=True, adapter_save_gather=True),
         ZERO3.replace(merge_in_sharded=True, adapter_save_gather=True, zero_stage=2)),

@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import first_batch, make_config, plan_and_model, randomize_adapters
+
 from loraflow.data.batching import learned_tokens
 from loraflow.environment import detect_environment
 from loraflow.plan import resolve
-from loraflow.setup.quantize import constants, dequantize_model, quantized_linears, weight_count
+from loraflow.setup.quantize import (
+    constants,
+    dequantize_model,
+    quantized_linears,
+    weight_count,
+)
 from loraflow.stages.sft import loss_fn
 
 CHECKPOINTING = {
     "off": [],
     "reentrant": ["checkpointing.enabled=true", "checkpointing.reentrant=true"],
     "non-reentrant": ["checkpointing.enabled=true", "checkpointing.reentrant=false"],
-    "every2-reentrant": ["checkpointing.enabled=true", "checkpointing.reentrant=true", "checkpointing.every_n_layers=2"],
+    "every2-reentrant": ["checkpointing.enabled=true", "checkpointing.reentrant=true",
+                         "checkpointing.every_n_layers=2"],
     "mlp": ["checkpointing.enabled=true", "checkpointing.granularity=mlp"],
 }
 

@@ -27,8 +27,8 @@ def import_deepspeed(device: str):
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    import torch._dynamo  # noqa: F401  zero.Init on torch 2.13 + deepspeed 0.19 fails on dynamo's lazy import
     import deepspeed
+    import torch._dynamo  # noqa: F401  zero.Init on torch 2.13 + deepspeed 0.19 fails on dynamo's lazy import
 
     skip_shm_build(deepspeed)
     return deepspeed
@@ -230,17 +230,26 @@ def dora_gather_base_weight(model) -> None:
     module on 0.15.3, e.g. a rollout before any step, reads shape [0]: `IndexError: tuple index out of range`.
     GatheredParameters over just those two tensors (read-only, re-partitioned on exit), only when they are
     released, is the smallest change that makes the norm correct; gathering whole layers would give up the
-    sharding the user asked for.
+    sharding the user asked for. A quantized (QDoRA) base weight replaced during the forward is restored.
     """
     import deepspeed
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
     from peft.tuners.lora import LoraLayer
 
     def gathered(forward, *args, **kwargs):
-        read = [kwargs["base_layer"].weight, kwargs["lora_A"].weight]
+        base = kwargs["base_layer"]
+        managed = base.weight
+        read = [managed, kwargs["lora_A"].weight]
         released = [p for p in read if getattr(p, "ds_status", None) == ZeroParamStatus.NOT_AVAILABLE]
         with deepspeed.zero.GatheredParameters(released, modifier_rank=None, enabled=bool(released)):
-            return forward(*args, **kwargs)
+            out = forward(*args, **kwargs)
+            # On the CPU, peft's dequantize_module_weight (peft 0.21.2, utils/integrations.py) reassigns a 4-bit
+            # base weight with `module.weight = module.weight.to(device)`, which for a Params4bit builds a new
+            # parameter that ZeRO-3 never converted ("'Params4bit' object has no attribute 'ds_status'" at the
+            # next fetch). The values are the same: put the parameter ZeRO-3 manages back.
+            if base.weight is not managed:
+                base.weight = managed
+            return out
 
     for module in model.modules():
         if isinstance(module, LoraLayer) and any(module.use_dora.values()):

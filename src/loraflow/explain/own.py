@@ -60,6 +60,7 @@ KEYS = {
     "packing": "data.packing",
     "matched_modules": "adapter.target_modules",
     "adapter": "adapter.method",
+    "quantization": "model.quantization.method",
     "embeddings_trainable": "adapter.train_modules",
     "lm_head_trainable": "adapter.train_modules",
 }

@@ -67,7 +67,7 @@ def _quantization(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
         if plan.setup.sharded_params:
             why = (f"model.quantization.storage_dtype={asked.storage_dtype} would not shard beside the "
                    f"{_dt(plan.load_dtype)} weights" if rule else
-                   f"parameters are sharded, and sharding needs the packed weights in the dtype of the others")
+                   "parameters are sharded, and sharding needs the packed weights in the dtype of the others")
         else:
             why = (f"model.quantization.storage_dtype={asked.storage_dtype}" + (": parameters are not sharded, so "
                    "the packed weights keep bitsandbytes' byte storage" if asked.storage_dtype == "auto" else ""))

@@ -59,3 +59,51 @@ register(Rule(
         prior=1.0,
         tells_apart="transformers' Trainer refuses a quantized model without trainable adapters"),
 ))
+
+register(Rule(
+    id="kbit-int8-fsdp2",
+    title="8-bit (LLM.int8) weights under FSDP2 lose their quantization state",
+    verdict="error",
+    impact="crash",
+    conditions="a bitsandbytes 8-bit base sharded by FSDP2",
+    knobs=("quantization", "engine"),
+    when=lambda s: s.quantization == "8bit" and s.engine == "fsdp2",
+    cause=("FSDP2 replaces each sharded weight with a plain parameter and gathers it into another plain parameter. "
+           "bitsandbytes' Linear8bitLt reads its int8 codes and row scales (CB, SCB) from the weight object itself, "
+           "and unlike Linear4bit (which keeps its quantization state on the module and restores it at each "
+           "forward) it has no way back, so the first forward fails: `'Parameter' object has no attribute 'CB'` "
+           "(seen with torch 2.13, bitsandbytes 0.50.2)."),
+    fix="Use model.quantization.method=nf4 under FSDP2 (4-bit layers restore their state), or parallel.engine=ddp "
+        "or DeepSpeed for an 8-bit base.",
+    elsewhere="load the base in 4 bits (load_in_4bit) for FSDP2, or train an 8-bit base with DDP",
+    references=("https://github.com/bitsandbytes-foundation/bitsandbytes/blob/main/bitsandbytes/nn/modules.py "
+                "(Linear8bitLt.forward; Linear4bit's fix_4bit_weight_quant_state_from_module)",),
+    fixed_in=None,
+    log=LogSigns(
+        messages=(Message(r"'Parameter' object has no attribute '(CB|SCB)'", "own",
+                          "bitsandbytes Linear8bitLt.forward", "bitsandbytes 0.50.2 (seen)"),),
+        evidence=(Evidence("fsdp", 2, "FSDP is in use"),),
+        prior=1.0,
+        tells_apart="an 8-bit (load_in_8bit) base under FSDP: the weight lost the int8 state bitsandbytes keeps "
+                    "on it"),
+))
+
+register(Rule(
+    id="kbit-int8-zero3",
+    title="ZeRO-3 saves no memory on 8-bit weights",
+    verdict="warning",
+    impact="silent",
+    conditions="a bitsandbytes 8-bit base under DeepSpeed ZeRO-3",
+    knobs=("quantization", "zero_stage"),
+    when=lambda s: s.quantization == "8bit" and s.zero3,
+    cause=("ZeRO-3 partitions the 8-bit weight parameters, but bitsandbytes' Linear8bitLt keeps its own full copy "
+           "of each layer's int8 codes on the module (its matmul state, set up at the first forward) and computes "
+           "from that copy. Training is correct, and every rank still holds every 8-bit weight (seen with "
+           "deepspeed 0.19.8, bitsandbytes 0.50.2)."),
+    fix="Use model.quantization.method=nf4 (4-bit weights are partitioned for real under ZeRO-3), or expect the "
+        "8-bit base's full size on every rank.",
+    elsewhere="load the base in 4 bits (load_in_4bit) when ZeRO-3 must shard it",
+    references=("https://github.com/bitsandbytes-foundation/bitsandbytes/blob/main/bitsandbytes/nn/modules.py "
+                "(Linear8bitLt.init_8bit_state)",),
+    fixed_in=None,
+))

@@ -225,8 +225,11 @@ register(Rule(
     conditions="QLoRA (bitsandbytes 4-bit) under FSDP or ZeRO-3 with bnb_4bit_quant_storage unlike the model dtype",
     knobs=("quant_storage_matches",),
     when=lambda s: s.quantization == "4bit" and s.sharded_params and not s.quant_storage_matches,
-    cause=("bitsandbytes stores 4-bit weights packed in uint8 by default. FSDP flattens and ZeRO-3 partitions "
-           "parameters by dtype, so uint8 storage beside bf16 weights fails to flatten or is silently upcast."),
+    cause=("bitsandbytes stores 4-bit weights packed in uint8 by default. FSDP1 flattens a unit's parameters into "
+           "one tensor of one dtype and refuses integer storage; and a packed weight stored in a float dtype other "
+           "than the model's is cast like a real weight by FSDP2's or DeepSpeed's bf16 settings, which garbles it "
+           "(bitsandbytes then fails to dequantize: `shape '[128, 64]' is invalid for input of size 4096`, seen "
+           "on torch 2.13, deepspeed 0.19.8, bitsandbytes 0.50.2)."),
     fix="loraflow sets bnb_4bit_quant_storage to the model's dtype.",
     remedy=lambda s: {"quant_storage_matches": True},
     elsewhere="BitsAndBytesConfig(bnb_4bit_quant_storage=torch.bfloat16) (the model's dtype)",

@@ -59,7 +59,8 @@ class Quantization:
         if self.bits == 8:
             return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=self.method,
-                                  bnb_4bit_use_double_quant=self.double_quant, bnb_4bit_compute_dtype=self.compute_dtype,
+                                  bnb_4bit_use_double_quant=self.double_quant,
+                                  bnb_4bit_compute_dtype=self.compute_dtype,
                                   bnb_4bit_quant_storage=self.storage_dtype, llm_int8_skip_modules=skip)
 
     def bytes_per_weight(self) -> float:
