@@ -19,6 +19,7 @@ def all_cases() -> dict[str, Case]:
     from loraflow.probes import (
         cases,  # noqa: F401  (single-process reproductions register on import)
         distributed,  # noqa: F401  (DDP, DeepSpeed and FSDP reproductions)
+        quantized,  # noqa: F401  (bitsandbytes 4-bit bases)
     )
 
     return dict(_CASES)
