@@ -148,3 +148,16 @@ def test_plan_decides_storage_and_compute_dtypes(tiny_model):
     assert trained.quantization.skip_modules == ("lm_head", "model.embed_tokens")
     text = single.render()
     assert "quantization.storage_dtype" in text and "kbit preparation" in text
+
+
+def test_a_checkpoint_saved_in_4bit_must_be_declared_and_then_trains(tiny_model, chat_data, tmp_path):
+    from loraflow.errors import ConfigError
+
+    _, model, *_ = plan_and_model(tiny_model, "model.quantization.method=nf4", "adapter.method=lora", data=chat_data)
+    model.unload().save_pretrained(tmp_path / "nf4")  # a base saved quantized, as hub *-bnb-4bit repos are
+    with pytest.raises(ConfigError, match=r"already quantized by bitsandbytes as nf4 .* set "
+                                          r"model.quantization.method=nf4"):
+        resolve(make_config(tmp_path / "nf4", f"model.tokenizer={tiny_model}"), detect_environment())
+    plan, model, _ = plan_and_model(tmp_path / "nf4", "model.quantization.method=nf4", f"model.tokenizer={tiny_model}",
+                                    data=chat_data)
+    assert plan.model.prequantized == "nf4" and len(quantized_linears(model)) == 28

@@ -152,6 +152,7 @@ def _quantization(config: Config, info: ModelInfo, head: str, final: Combination
     uint8 unless parameters are sharded, where it must be the dtype of the other weights (rule qlora-storage-dtype,
     which fixes an explicit storage_dtype that differs). Heads and modules trained in full stay unquantized."""
     q = config.model.quantization
+    _check_prequantized(config, info)
     if not q.enabled:
         return None
     compute = DTYPES[q.compute_dtype] if q.compute_dtype != "auto" else \
@@ -164,6 +165,20 @@ def _quantization(config: Config, info: ModelInfo, head: str, final: Combination
     skip = tuple(dict.fromkeys([n for n in (head_name,) if n] + list(modules_to_save)))
     return Quantization(method=q.method, double_quant=q.double_quant, compute_dtype=compute, storage_dtype=storage,
                         skip_modules=skip, cpu_repack=final.quant_cpu_repack)
+
+
+def _check_prequantized(config: Config, info: ModelInfo) -> None:
+    """A checkpoint saved quantized loads quantized whatever the config says: the plan must know, and agree."""
+    saved, asked = info.prequantized, config.model.quantization.method
+    if saved is None or saved == asked:
+        return
+    if saved not in ("nf4", "fp4", "int8"):
+        raise ConfigError([f"model.path={config.model.path} holds weights quantized by {saved} (config.json "
+                           "quantization_config); loraflow trains float bases or bitsandbytes quantization: point "
+                           "model.path at the unquantized model and set model.quantization.method=nf4."])
+    raise ConfigError([f"model.path={config.model.path} holds weights already quantized by bitsandbytes as {saved} "
+                       f"(config.json quantization_config), but model.quantization.method={asked}; set "
+                       f"model.quantization.method={saved}."])
 
 
 def _storage_matches(config: Config, load_dtype: torch.dtype) -> bool:

@@ -44,6 +44,9 @@ class ModelInfo:
     logit_transform: str | None = None
     """A transform transformers applies to the logits after the head (e.g. final_logit_softcapping=30.0)."""
     merge_notes: list[str] = field(default_factory=list)
+    prequantized: str | None = None
+    """How the checkpoint at model.path is already quantized (its config.json quantization_config): nf4, fp4,
+    int8, or another method's name; None for float weights."""
     inspected: bool = True
     """False when `check` could not read the model's config (a hub id neither cached nor reachable)."""
 
@@ -101,12 +104,26 @@ def inspect_model(config: Config) -> ModelInfo:
         vocab_size=int(getattr(text_config, "vocab_size", 0) or 0),
         logit_transform=logit_transform(hf_config),
         linear_names=linear, attn_implementation=attn, attn_reason=attn_reason, merge_notes=merge_notes,
+        prequantized=_prequantized(hf_config),
     )
     if config.adapter.method != "full":
         from loraflow.setup.adapters import match_adapter_modules
 
         info.adapter_modules = match_adapter_modules(skeleton, config)
     return info
+
+
+def _prequantized(hf_config) -> str | None:
+    """The quantization a checkpoint was saved with, in model.quantization.method's terms where bitsandbytes."""
+    q = getattr(hf_config, "quantization_config", None)
+    if q is None:
+        return None
+    q = q if isinstance(q, dict) else q.to_dict()
+    if q.get("load_in_4bit"):
+        return str(q.get("bnb_4bit_quant_type", "fp4"))
+    if q.get("load_in_8bit"):
+        return "int8"
+    return str(q.get("quant_method", "unknown"))
 
 
 def load_tokenizer(config: Config, model_path: str):
