@@ -31,7 +31,8 @@ LEGACY = ROOT / ".venv-ds0153" / "bin" / "python"
 CURRENT = ROOT / ".venv" / "bin" / "python"
 
 LEGACY_CASES = ("zero3-frozen-recompute", "zero3-eval-backward")
-CURRENT_CASES = ("reentrant-frozen-inputs", "cache-during-recompute", "no-adapter-matched", "fp16-trainable-unscale")
+CURRENT_CASES = ("reentrant-frozen-inputs", "cache-during-recompute", "no-adapter-matched", "fp16-trainable-unscale",
+                 "kbit-cpu-repack", "kbit-full-finetune")
 """Must raise on the current stack; every 2-rank case that raises here is captured as well."""
 
 

@@ -4,7 +4,7 @@ of sharded 4-bit weights is with the other sharding rules (catalog_sharded.py: q
 from __future__ import annotations
 
 from loraflow.rules.rule import Rule, register
-from loraflow.rules.signs import Evidence, LogSigns, Message
+from loraflow.rules.signs import BNB_SHAPE, Evidence, LogSigns, Message
 
 register(Rule(
     id="kbit-cpu-repack",
@@ -27,10 +27,11 @@ register(Rule(
                 "(Linear4bit.forward, _convert_weight_packed_for_cpu)",),
     fixed_in=None,
     log=LogSigns(
-        messages=(Message(r"shape '\[\d+, \d+\]' is invalid for input of size \d+", "shared",
-                          "bitsandbytes functional.py: _convert_weight_packed_for_cpu", "bitsandbytes 0.50.2 (seen)"),),
+        messages=(BNB_SHAPE,),
         frames=(Message(r"functional\.py:_convert_weight_packed_for_cpu$", "own"),),
-        evidence=(Evidence("quant4bit", 3, "a 4-bit base is in use"),),
+        evidence=(Evidence("bnb:cpu-repack", 8, "the traceback passes through bitsandbytes' CPU repack",
+                           decisive=True),
+                  Evidence("quant4bit", 3, "a 4-bit base is in use")),
         prior=1.0,
         tells_apart="the traceback passes through bitsandbytes' _convert_weight_packed_for_cpu, from Linear4bit's "
                     "forward in eval mode on the CPU"),
@@ -54,8 +55,10 @@ register(Rule(
     fixed_in="design",
     log=LogSigns(
         messages=(Message(r"cannot perform fine-tuning on purely quantized models", "own",
-                          "transformers Trainer: validate_quantization_for_training"),),
-        evidence=(Evidence("quant4bit", 2, "a 4-bit base is in use"),),
+                          "transformers Trainer: validate_quantization_for_training"),
+                  Message(r"only Tensors of floating point dtype can require gradients", "shared",
+                          "torch: requires_grad_ on a packed (uint8) 4-bit weight")),
+        evidence=(Evidence("quant4bit", 4, "a 4-bit base is in use: its packed weights are integers"),),
         prior=1.0,
         tells_apart="transformers' Trainer refuses a quantized model without trainable adapters"),
 ))

@@ -12,6 +12,7 @@ from packaging.version import Version
 from loraflow.rules.combination import Combination
 from loraflow.rules.rule import Rule, register
 from loraflow.rules.signs import (
+    BNB_SHAPE,
     FLAT_PARAM_FRAMES,
     FLATTEN_DTYPE,
     RECOMPUTE_FRAMES,
@@ -243,7 +244,7 @@ register(Rule(
                           "torch>=1.13,<2.1"),
                   Message(r"non-floating frozen Params4bit", "warning", "accelerate fsdp_utils.py fsdp2_prepare_model "
                           "(excludes them from sharding)", "accelerate>=1.14"),
-                  FLATTEN_DTYPE),
+                  FLATTEN_DTYPE, BNB_SHAPE),
         frames=FLAT_PARAM_FRAMES,
         evidence=(Evidence("flatten:int", 8, "the flattened tensors include integer (packed 4-bit) storage",
                            decisive=True, alone=True),
@@ -251,7 +252,9 @@ register(Rule(
                            "model's"),
                   Evidence("flatten:half-and-float", -6, "a half tensor beside a float32 one: mixed parameter "
                            "dtypes, not 4-bit storage"),
-                  Evidence("quant4bit", 3, "a 4-bit base is in use")),
+                  Evidence("quant4bit", 3, "a 4-bit base is in use"),
+                  Evidence("fsdp", 2, "FSDP is in use: its bf16 policy casts float-stored 4-bit weights"),
+                  Evidence("bnb:cpu-repack", -8, "bitsandbytes' CPU repack prints the same shape error")),
         prior=1.5,
         tells_apart="a 4-bit (bitsandbytes) base under FSDP without bnb_4bit_quant_storage set to the model dtype; "
                     "the dtypes in the message include uint8"),

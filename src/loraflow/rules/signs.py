@@ -88,6 +88,10 @@ FACTS: dict[str, tuple[str, str]] = {
     "dora": (rf"\bdora\b|use_dora|DoraLinear|lora{_P}dora", "DoRA is in use"),
     "quant4bit": (r"bitsandbytes|Params4bit|Linear4bit|load_in_4bit|quantization_bit\W{1,4}4\b|\bnf4\b|\bqlora\b|"
                   r"use_4bit", "a 4-bit quantized base is in use"),
+    "bnb:cpu-repack": (r"_convert_weight_packed_for_cpu", "bitsandbytes' in-place CPU repack of a 4-bit weight is "
+                       "in the traceback"),
+    "int_requires_grad": (r"only Tensors of floating point dtype can require gradients",
+                          "an integer tensor was asked to require grad"),
     "half": (r"bfloat16|float16|\bbf16\b|\bfp16\b|\bhalf\b", "half precision is in use"),
     "kv_cache": (r"past_key_values?|\buse_cache\b|DynamicCache|\bkv[_ ]cache|cache_position|layer_past",
                  "the KV cache is involved"),
@@ -168,6 +172,9 @@ COMPILED_FACTS = {name: re.compile(pattern, re.IGNORECASE) for name, (pattern, _
 
 # Messages and frames several rules share, declared once here and cited by each rule that prints them.
 NO_GRAD_FN = r"element 0 of tensors does not require grad and does not have a grad_fn"
+BNB_SHAPE = Message(r"shape '\[\d+, \d+\]' is invalid for input of size \d+", "shared",
+                    "bitsandbytes dequantizing a 4-bit weight whose packed bytes are not what its quantization state "
+                    "describes (repacked in place, or cast to another dtype)", "bitsandbytes 0.50.2 (seen)")
 ZERO_TRAINABLE = Message(r"trainable params: 0\b", "shared", "peft PeftModel.print_trainable_parameters")
 REENTRANT_WARNING = r"None of the inputs have requires_grad=True"
 RECOMPUTE_MESSAGES = (
