@@ -99,6 +99,14 @@ def plan_and_model(model: Path, *overrides: str, data=None, seed: int = 1):
     return plan, build_model(plan, tokenizer), tokenizer
 
 
+def quantized_base(config):
+    """The base of a QLoRA config loaded as its single-process plan loads it (quantized by bitsandbytes)."""
+    from loraflow.setup.model import load_model
+
+    plan = resolve(config, detect_environment())
+    return load_model(config, plan.model.path, plan.load_dtype, quantization=plan.quantization)
+
+
 def first_batch(tokenizer, path: Path, n: int = 4) -> dict[str, torch.Tensor]:
     """The first n records of a data file, tokenized and collated exactly as training does."""
     from loraflow.data import read_records

@@ -86,9 +86,10 @@ def check_first_gradients(model: torch.nn.Module, plan, grads: dict[str, torch.T
 
 
 class FrozenWeights:
-    """Fingerprints of the frozen parameters, to prove the first optimizer step left them alone. A float64 sum
-    and sum of squares per tensor: any update changes them, and storing them costs two numbers per tensor
-    instead of a copy of the model."""
+    """Fingerprints of the frozen parameters, to prove the first optimizer step left them alone. Two sums over
+    each tensor's bytes, one weighted by position: any update changes them, and storing them costs two numbers per
+    tensor instead of a copy of the model. Bytes, not values: a 4-bit weight packed into float storage (QLoRA under
+    FSDP2 or ZeRO-3) holds arbitrary bit patterns, NaNs among them, which never compare equal as floats."""
 
     def __init__(self, model: torch.nn.Module, local=lambda p: p.detach()):
         # `local`: the part of a parameter this rank stores (its shard under ZeRO-3 or FSDP2); each rank checks
@@ -98,9 +99,12 @@ class FrozenWeights:
 
     @staticmethod
     @torch.no_grad()
-    def _print(p: torch.Tensor) -> tuple[float, float]:
-        d = p.detach().double()
-        return float(d.sum()), float((d * d).sum())
+    def _print(p: torch.Tensor) -> tuple[int, int]:
+        if p.numel() == 0:
+            return 0, 0
+        raw = p.detach().contiguous().reshape(-1).view(torch.uint8).to(torch.int64)
+        weights = torch.arange(raw.numel(), dtype=torch.int64) % 251 + 1
+        return int(raw.sum()), int((raw * weights).sum())
 
     def assert_unchanged(self, model: torch.nn.Module) -> None:
         params = dict(model.named_parameters())

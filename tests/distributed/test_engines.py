@@ -46,7 +46,8 @@ QUANTIZED_CELLS = {  # QLoRA (issue 18): the base in 4 bits; the reference is th
     "ddp": (Cell("lora", "reentrant", "fp32", "ddp", quantization="nf4"),),
     "zero2": (Cell("dora", "off", "fp32", "zero2", quantization="nf4"),),
     "zero3": (Cell("lora", "non-reentrant", "fp32", "zero3", quantization="nf4"),
-              Cell("dora", "reentrant", "fp32", "zero3", quantization="nf4")),
+              Cell("dora", "reentrant", "fp32", "zero3", quantization="nf4"),
+              Cell("dora", "non-reentrant", "fp32", "zero3", quantization="nf4")),
     "fsdp2": (Cell("lora", "off", "fp32", "fsdp2", quantization="nf4"),
               Cell("dora", "non-reentrant", "fp32", "fsdp2", quantization="nf4")),
 }

@@ -242,14 +242,16 @@ def dora_gather_base_weight(model) -> None:
         read = [managed, kwargs["lora_A"].weight]
         released = [p for p in read if getattr(p, "ds_status", None) == ZeroParamStatus.NOT_AVAILABLE]
         with deepspeed.zero.GatheredParameters(released, modifier_rank=None, enabled=bool(released)):
-            out = forward(*args, **kwargs)
-            # On the CPU, peft's dequantize_module_weight (peft 0.21.2, utils/integrations.py) reassigns a 4-bit
-            # base weight with `module.weight = module.weight.to(device)`, which for a Params4bit builds a new
-            # parameter that ZeRO-3 never converted ("'Params4bit' object has no attribute 'ds_status'" at the
-            # next fetch). The values are the same: put the parameter ZeRO-3 manages back.
-            if base.weight is not managed:
-                base.weight = managed
-            return out
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                # On the CPU, peft's dequantize_module_weight (peft 0.21.2, utils/integrations.py) reassigns a 4-bit
+                # base weight with `module.weight = module.weight.to(device)`, which for a Params4bit builds a new
+                # parameter that ZeRO-3 never converted ("'Params4bit' object has no attribute 'ds_status'" at the
+                # next fetch). The values are the same: put the parameter ZeRO-3 manages back, also when a
+                # non-reentrant recompute stops early inside this forward (torch ends it with an exception).
+                if base.weight is not managed:
+                    base.weight = managed
 
     for module in model.modules():
         if isinstance(module, LoraLayer) and any(module.use_dora.values()):

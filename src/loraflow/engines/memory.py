@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from loraflow.setup.quantize import constants, is_quantized_param, weight_count
+from loraflow.setup.quantize import constants, quantized_linears
 
 MiB = 2**20
 
@@ -68,19 +68,21 @@ class MemoryReport:
     @classmethod
     def after_backward(cls, engine) -> "MemoryReport":
         params = list(engine.module.named_parameters())
-        frozen = [p for _, p in params if not p.requires_grad and not is_quantized_param(p)]
-        quantized = [p for _, p in params if is_quantized_param(p)]
+        # Found by their layers: FSDP2 replaces a quantized weight with a plain sharded parameter.
+        layers = {id(m.weight): m for m in quantized_linears(engine.module).values()}
+        frozen = [p for _, p in params if not p.requires_grad and id(p) not in layers]
+        quantized = [p for _, p in params if id(p) in layers]
         trainable = [p for _, p in params if p.requires_grad]
         numel = _full_numel
         report = cls(engine=engine.label(), world_size=engine.world_size,
                      base_elements=sum(numel(p) for p in frozen), adapter_elements=sum(numel(p) for p in trainable),
                      base_bytes_per_element=frozen[0].element_size() if frozen else 4,
-                     quantized_elements=sum(weight_count(p) for p in quantized),
+                     quantized_elements=sum(m.in_features * m.out_features for m in layers.values()),
                      quantized_layers=len(quantized),
                      quantization=engine.plan.quantization)
         # Quantization constants (absmax scales, code tables) are plain attributes of each weight, on every rank.
         report.mine.frozen_params = _bytes([engine.local_tensor(p) for p in frozen + quantized]
-                                           + [t for p in quantized for t in constants(p)])
+                                           + [t for p in quantized for t in constants(p, layers[id(p)])])
         report.mine.trainable_params = _bytes(engine.local_tensor(p) for p in trainable)
         report.mine.gradients = _bytes(engine.gradient_tensors())
         return report
@@ -95,15 +97,17 @@ class MemoryReport:
 
     @property
     def formula(self) -> float:
-        """(b x base + q x quantized + 16 x adapter) / world size, in bytes (q: bytes per quantized weight)."""
-        return (self.base_bytes_per_element * self.base_elements + self.quantized_bytes
-                + 16 * self.adapter_elements) / self.world_size
+        """Bytes per rank: (b x base + p x quantized + 16 x adapter) / world size, where p is the packed bytes per
+        quantized weight, plus the quantization constants (block scales, code tables), which every rank keeps."""
+        q = self.quantization
+        packed = q.packed_bytes_per_weight() * self.quantized_elements if q is not None else 0.0
+        return (self.base_bytes_per_element * self.base_elements + packed + 16 * self.adapter_elements) \
+            / self.world_size + self.replicated_constants
 
     @property
-    def quantized_bytes(self) -> float:
-        """q x quantized weights + the code tables of each quantized layer."""
+    def replicated_constants(self) -> float:
         q = self.quantization
-        return 0.0 if q is None else (q.bytes_per_weight() * self.quantized_elements
+        return 0.0 if q is None else (q.scale_bytes_per_weight() * self.quantized_elements
                                       + q.bytes_per_layer() * self.quantized_layers)
 
     def render(self) -> str:
@@ -117,10 +121,11 @@ class MemoryReport:
                          f"{_mib(m.gradients):>10}  {_mib(m.optimizer):>15}  {_mib(m.total):>9}")
         worst = max((m.total for m in self.ranks), default=0)
         q = self.quantization
-        term = (f"{q.bytes_per_weight():.4f} x quantized + {q.bytes_per_layer()} x {self.quantized_layers} "
-                "layers + ") if q is not None else ""
+        term = f"{q.packed_bytes_per_weight():g} x quantized + " if q is not None else ""
+        constants = (f" + constants on every rank ({q.scale_bytes_per_weight():.4f} x quantized + "
+                     f"{q.bytes_per_layer()} x {self.quantized_layers} layers)") if q is not None else ""
         lines.append(f"  formula (fully sharded): ({self.base_bytes_per_element} x base + {term}16 x adapter) / "
-                     f"{self.world_size} = {_mib(self.formula)}; largest rank / formula = "
+                     f"{self.world_size}{constants} = {_mib(self.formula)}; largest rank / formula = "
                      f"{worst / self.formula:.2f}" if self.formula else "")
         if q is not None:
             lines.append(f"  quantized weight: {q.formula()}")

@@ -9,6 +9,7 @@ trained in full stay ordinary float modules: `skip_modules`.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -65,10 +66,18 @@ class Quantization:
 
     def bytes_per_weight(self) -> float:
         """Bytes one quantized weight costs as stored, quantization constants included (the memory formula)."""
+        return self.packed_bytes_per_weight() + self.scale_bytes_per_weight()
+
+    def packed_bytes_per_weight(self) -> float:
+        """The packed weight itself: what ZeRO-3 and FSDP2 shard."""
+        return 1.0 if self.bits == 8 else 0.5
+
+    def scale_bytes_per_weight(self) -> float:
+        """Its share of the block scales, which every rank keeps whole (0 for 8-bit: one fp32 scale per row, which
+        the formula leaves out)."""
         if self.bits == 8:
-            return 1.0  # + one fp32 scale per row, which the formula leaves to the count
-        scales = (1 / BLOCK + 4 / (BLOCK * NESTED_BLOCK)) if self.double_quant else 4 / BLOCK
-        return 0.5 + scales
+            return 0.0
+        return (1 / BLOCK + 4 / (BLOCK * NESTED_BLOCK)) if self.double_quant else 4 / BLOCK
 
     def bytes_per_layer(self) -> int:
         """Constants each quantized layer holds whatever its size: 4-bit code tables (16 fp32 values; under double
@@ -97,8 +106,10 @@ def require_bitsandbytes(method: str) -> None:
 
 
 def is_quantized_linear(module: torch.nn.Module) -> bool:
-    name = type(module).__name__
-    return name in ("Linear4bit", "Linear8bitLt") and type(module).__module__.startswith("bitsandbytes")
+    """A bitsandbytes layer (FSDP2 turns its class into a subclass, FSDPLinear4bit: isinstance, not the name). A model
+    with such layers has imported bitsandbytes; without it, nothing is quantized and nothing is imported here."""
+    bnb = sys.modules.get("bitsandbytes")
+    return bnb is not None and isinstance(module, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt))
 
 
 def quantized_linears(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -125,11 +136,12 @@ def weight_count(p: torch.Tensor) -> int:
     return int(torch.Size(state.shape).numel()) if state is not None else p.numel()
 
 
-def constants(p: torch.Tensor) -> list[torch.Tensor]:
+def constants(p: torch.Tensor, module: torch.nn.Module | None = None) -> list[torch.Tensor]:
     """A quantized weight's quantization constants: 4-bit absmax scales (themselves quantized under double
-    quantization, with a second level), code tables and offset; 8-bit row scales."""
+    quantization, with a second level), code tables and offset; 8-bit row scales. Under FSDP2 the weight is a
+    plain sharded parameter and the 4-bit state lives on its `module` (bitsandbytes keeps a copy there)."""
     out: list[torch.Tensor] = []
-    state = getattr(p, "quant_state", None)
+    state = getattr(p, "quant_state", None) or getattr(module, "quant_state", None)
     while state is not None:
         out += [t for t in (getattr(state, a, None) for a in ("absmax", "code", "offset")) if torch.is_tensor(t)]
         state = getattr(state, "state2", None)
