@@ -1,17 +1,19 @@
-"""Run every adapter x checkpointing x engine x precision cell on 2 CPU processes and write
+"""Run every adapter x checkpointing x engine x precision x quantization cell on 2 CPU processes and write
 docs/compatibility-matrix.md from the results.
 
-    python scripts/compatibility_matrix.py                      # all 108 cells, writes docs/compatibility-matrix.md
+    python scripts/compatibility_matrix.py                      # all 216 cells, writes docs/compatibility-matrix.md
     python scripts/compatibility_matrix.py --only-engines ddp,zero3 --out /tmp/m.md --json /tmp/m.json
 
 Measuring is loraflow.verify.crosscheck's (the same worker and comparison as tests/distributed/test_engines.py);
 this script only launches it per group of cells, judges each cell and renders the tables:
 
-- the references (one process, fp32, no checkpointing, engine single), one plain process;
+- the references (one process, fp32, no checkpointing, engine single; an nf4 cell's on the dequantized base), one
+  plain process;
 - the `single` engine cells (checkpointing and bf16-mixed in one process), one plain process;
-- each other engine's 18 cells, one `torchrun --nproc_per_node 2` launch (gloo, OMP_NUM_THREADS=1,
-  DS_ACCELERATOR=cpu), bounded by --timeout. A launch that hangs or dies keeps the cells it finished (the worker
-  saves after every cell); the cell in flight is marked timeout / error and the rest are launched again.
+- each other engine's 36 cells (both quantizations), one `torchrun --nproc_per_node 2` launch (gloo,
+  OMP_NUM_THREADS=1, DS_ACCELERATOR=cpu), bounded by --timeout. A launch that hangs or dies keeps the cells it
+  finished (the worker saves after every cell); the cell in flight is marked timeout / error and the rest are
+  launched again.
 
 Exit code 1 when an fp32 cell fails its criterion, crashes or times out.
 """
@@ -35,9 +37,9 @@ from typing import Any
 
 import torch
 
-from loraflow.verify.crosscheck import GLOBAL_BATCH, STEPS, Cell, compare, worker_argv
 from loraflow.engines.launch import launch_env, run_isolated
 from loraflow.setup.model import ASSETS
+from loraflow.verify.crosscheck import GLOBAL_BATCH, STEPS, Cell, compare, worker_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "docs" / "compatibility-matrix.md"
@@ -47,6 +49,9 @@ ADAPTERS = ("lora", "dora", "full")
 CHECKPOINTING = ("off", "reentrant", "non-reentrant")
 ENGINES = ("single", "ddp", "zero2", "zero3", "zero3-offload", "fsdp2")
 PRECISIONS = ("fp32", "bf16-mixed")
+QUANTIZATIONS = ("none", "nf4")
+"""model.quantization.method; nf4 = QLoRA (bitsandbytes NF4, double quantization). Full fine-tuning of a 4-bit base
+is refused by the plan (rule kbit-full-finetune)."""
 RANKS = 2
 
 FP32_TOLERANCE = 1e-5
@@ -54,7 +59,8 @@ FP32_TOLERANCE = 1e-5
 tests/distributed/test_engines.py)."""
 BF16_FACTOR = 2.0
 """bf16-mixed cells: gradient error against the fp32 reference at most this times the error that bf16-mixed
-costs in one process (the yardstick: the single-process bf16-mixed cell of the same adapter without checkpointing)."""
+costs in one process (the yardstick: the single-process bf16-mixed cell of the same adapter and quantization without
+checkpointing)."""
 
 VERDICTS = ("pass", "fail", "refused", "error", "timeout", "not run")
 
@@ -63,18 +69,20 @@ VERDICTS = ("pass", "fail", "refused", "error", "timeout", "not run")
 
 
 def all_cells() -> list[Cell]:
-    """The 108 cells, in table order: precision, adapter, checkpointing, engine."""
-    return [Cell(adapter, ckpt, precision, engine) for precision, adapter, ckpt, engine in
-            itertools.product(PRECISIONS, ADAPTERS, CHECKPOINTING, ENGINES)]
+    """The 216 cells, in table order: quantization, precision, adapter, checkpointing, engine."""
+    return [Cell(adapter, ckpt, precision, engine, quantization=quant) for quant, precision, adapter, ckpt, engine
+            in itertools.product(QUANTIZATIONS, PRECISIONS, ADAPTERS, CHECKPOINTING, ENGINES)]
 
 
 def yardstick(cell: Cell) -> Cell:
-    """The same-precision single-process cell a cell's precision is judged by (itself for fp32 references)."""
-    return Cell(cell.adapter, "off", cell.precision, "single")
+    """The same-precision, same-quantization single-process cell a cell's precision is judged by (itself for fp32
+    references)."""
+    return Cell(cell.adapter, "off", cell.precision, "single", quantization=cell.quantization)
 
 
 def groups(engines: list[str]) -> dict[str, list[Cell]]:
-    """Launch groups in run order. `single` always runs: its bf16-mixed cells are the yardsticks."""
+    """Launch groups in run order, one launch per engine for both quantizations (a launch's start-up, torchrun and
+    imports, costs more than most cells). `single` always runs: its bf16-mixed cells are the yardsticks."""
     cells = [c for c in all_cells() if c.engine in engines or c.engine == "single"]
     out: dict[str, list[Cell]] = {"reference": list(dict.fromkeys(c.reference() for c in cells))}
     for engine in ENGINES:
@@ -141,7 +149,7 @@ def _wait(tag: str, how: str, argv: list[str], logfile: Path, timeout: float, id
     t0 = time.monotonic()
     log(f"[{tag}] {len(ids)} cells, {how}, limit {fmt_time(timeout)}")
     seen: set[str] = set()
-    pattern = re.compile(r"^(\S+/\S+/\S+/\S+): (\w+) ?(.*)$")
+    pattern = re.compile(r"^(\S+/\S+/\S+/\S+): (\w+) ?(.*)$")  # \S+ spans the optional /nf4 too
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         future = pool.submit(run_isolated, argv, logfile, timeout, launch_env())
         last_beat = t0
@@ -188,6 +196,11 @@ def evaluate(raw: dict[str, dict[str, Any]], references: dict[str, dict[str, Any
         if cell.id not in raw:
             out[cell.id] = {"verdict": "not run"}
             continue
+        mine = raw[cell.id]
+        if mine.get("status") == "refused":  # refused whatever its reference did (full/nf4 refuses both alike)
+            out[cell.id] = {"status": "refused", "verdict": "refused", "rule": mine.get("rule") or "config",
+                            "message": mine.get("message", "")}
+            continue
         ref = references.get(cell.reference().id)
         if not ref or ref.get("status") != "ok":
             out[cell.id] = {"verdict": "error", "message": f"reference {cell.reference().id} did not run: "
@@ -221,7 +234,7 @@ def evaluate(raw: dict[str, dict[str, Any]], references: dict[str, dict[str, Any
 
 
 def failed_fp32(records: dict[str, dict[str, Any]]) -> list[str]:
-    return [cid for cid, r in records.items() if Cell(*cid.split("/")).precision == "fp32"
+    return [cid for cid, r in records.items() if Cell.from_id(cid).precision == "fp32"
             and r["verdict"] in ("fail", "error", "timeout")]
 
 
@@ -240,6 +253,12 @@ def rule_keys(records: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Rule id -> short key (a, b, ...) for every rule the plan applied in some cell."""
     rules = sorted({rule for r in records.values() for rule in r.get("rules", [])})
     return {rule: chr(ord("a") + i) for i, rule in enumerate(rules)}
+
+
+def part_label(quant: str, precision: str) -> str:
+    """"fp32", "bf16-mixed", "nf4 fp32", ...: how the summary and the table titles name a quantization and
+    precision (unquantized cells keep the names they had before the quantization axis)."""
+    return precision if quant == "none" else f"{quant} {precision}"
 
 
 def render_markdown(records: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -272,17 +291,20 @@ def render_markdown(records: dict[str, dict[str, Any]], meta: dict[str, Any]) ->
                 text += f" [{','.join(keys[k] for k in r['rules'])}]"
         return text
 
-    def table(precision: str, figure: str = "grad_error") -> list[str]:
+    def table(quant: str, precision: str, figure: str = "grad_error") -> list[str]:
         lines = ["| adapter | checkpointing | " + " | ".join(ENGINES) + " |",
                  "|---|---|" + "---|" * len(ENGINES)]
         for adapter, ckpt in itertools.product(ADAPTERS, CHECKPOINTING):
-            row = [entry(Cell(adapter, ckpt, precision, e), figure) for e in ENGINES]
+            row = [entry(Cell(adapter, ckpt, precision, e, quantization=quant), figure) for e in ENGINES]
             lines.append(f"| {adapter} | {ckpt} | " + " | ".join(row) + " |")
         return lines
 
-    counts = {v: sum(records.get(c.id, {"verdict": "not run"})["verdict"] == v for c in cells) for v in VERDICTS}
-    by_precision = {p: {v: sum(records.get(c.id, {"verdict": "not run"})["verdict"] == v for c in cells
-                               if c.precision == p) for v in VERDICTS} for p in PRECISIONS}
+    def verdict_of(c: Cell) -> str:
+        return records.get(c.id, {"verdict": "not run"})["verdict"]
+
+    counts = {v: sum(verdict_of(c) == v for c in cells) for v in VERDICTS}
+    by_part = {(q, p): {v: sum(verdict_of(c) == v for c in cells if (c.quantization, c.precision) == (q, p))
+                        for v in VERDICTS} for q, p in itertools.product(QUANTIZATIONS, PRECISIONS)}
     refused: dict[str, list[str]] = {}
     for c in cells:
         r = records.get(c.id, {})
@@ -292,12 +314,14 @@ def render_markdown(records: dict[str, dict[str, Any]], meta: dict[str, Any]) ->
     def count_line(d: dict[str, int]) -> str:
         return ", ".join(f"{n} {v}" for v, n in d.items() if n or v in ("pass", "fail", "refused"))
 
-    bf16_sticks = ", ".join(
-        f"{a} {fmt_error(records[yardstick(Cell(a, 'off', 'bf16-mixed', 'single')).id]['grad_error'])}"
-        for a in ADAPTERS if records.get(Cell(a, "off", "bf16-mixed", "single").id, {}).get("verdict") == "pass")
+    def sticks(quant: str) -> str:
+        got = [(a, records.get(Cell(a, "off", "bf16-mixed", "single", quantization=quant).id, {})) for a in ADAPTERS]
+        return ", ".join(f"{a} {fmt_error(r['grad_error'])}" for a, r in got if r.get("verdict") == "pass")
+
+    bf16_sticks = "; ".join(f"{'' if q == 'none' else q + ': '}{sticks(q)}" for q in QUANTIZATIONS if sticks(q))
     m = meta
     out = [
-        "# Compatibility matrix: adapter x checkpointing x engine x precision",
+        "# Compatibility matrix: adapter x checkpointing x engine x precision x quantization",
         "",
         f"Generated by `{COMMAND}` from a run of every cell; never edit by hand (run the script again).",
         "",
@@ -305,7 +329,8 @@ def render_markdown(records: dict[str, dict[str, Any]], meta: dict[str, Any]) ->
         + (f" ({', '.join(f'{g} {fmt_time(s)}' for g, s in m.get('group_s', {}).items())})"
            if m.get("group_s") else "") + ".",
         f"- **Stack:** torch {m.get('torch')}, transformers {m.get('transformers')}, peft {m.get('peft')}, "
-        f"deepspeed {m.get('deepspeed')}, Python {m.get('python')}; CPU only ({m.get('cpu')}); "
+        f"deepspeed {m.get('deepspeed')}, bitsandbytes {m.get('bitsandbytes')}, Python {m.get('python')}; "
+        f"CPU only ({m.get('cpu')}); "
         f"{RANKS} processes per distributed engine under torchrun, gloo backend, OMP_NUM_THREADS=1, "
         "DS_ACCELERATOR=cpu.",
         f"- **Model and data:** `{m.get('model')}`, `{m.get('data')}`.",
@@ -321,14 +346,19 @@ def render_markdown(records: dict[str, dict[str, Any]], meta: dict[str, Any]) ->
         "as max over trainable tensors of ||g - g_ref|| / ||g_ref||. The reference is one process in fp32 "
         "without checkpointing (engine `single`) on the same global batch. Also compared: the losses of the "
         f"{STEPS} steps (relative error; in `--json` with the final weights).",
+        ("- **nf4 cells** load the base in 4 bits (bitsandbytes NF4, double quantization); their reference is the "
+         "same config in one fp32 process on the dequantized base (the quantized layers replaced by float32 layers "
+         "holding the same weights), so the figure isolates what 4-bit compute, checkpointing and the engine "
+         "change."),
         f"- **fp32 cells pass** when the gradient error and every step's loss error are <= {FP32_TOLERANCE:.0e}.",
         "- **bf16-mixed cells** differ from the fp32 reference by bf16 rounding whatever the engine, so they are "
         f"judged against what bf16-mixed costs in one process: a cell passes when its gradient error is at most "
-        f"{BF16_FACTOR:g}x that of the single-process bf16-mixed cell of the same adapter without checkpointing "
+        f"{BF16_FACTOR:g}x that of the single-process bf16-mixed cell of the same adapter and quantization without "
+        "checkpointing "
         f"(the *yardstick*{': ' + bf16_sticks if bf16_sticks else ''}). "
         "An engine that adds no more than rounding of the same order passes; a lost, doubled or unaveraged "
-        "gradient (error of order 1) or a missing tensor (inf) does not. The last table shows the same cells "
-        "against the yardstick itself (a same-precision reference), for information.",
+        "gradient (error of order 1) or a missing tensor (inf) does not. The tables marked (information) show the "
+        "same cells against the yardstick itself (a same-precision reference).",
         "- **refused:** the plan refuses the combination before step 1; the rule that refuses it is named "
         "(`loraflow explain <rule>`, docs/compatibility.md). **error / timeout:** the cell crashed or hung "
         "(details below the tables).",
@@ -337,8 +367,8 @@ def render_markdown(records: dict[str, dict[str, Any]], meta: dict[str, Any]) ->
         "",
         f"- **All {len(cells)} cells:** {count_line(counts)}.",
     ]
-    for p in PRECISIONS:
-        out.append(f"- **{p}** ({sum(by_precision[p].values())} cells): {count_line(by_precision[p])}.")
+    for (q, p), d in by_part.items():
+        out.append(f"- **{part_label(q, p)}** ({sum(d.values())} cells): {count_line(d)}.")
     if refused:
         out.append("- **Refused, by rule:** " + "; ".join(
             f"`{rule}` {len(ids)} ({', '.join(ids)})" for rule, ids in sorted(refused.items())) + ".")
@@ -348,12 +378,14 @@ def render_markdown(records: dict[str, dict[str, Any]], meta: dict[str, Any]) ->
     out.append(f"- **Failing their criterion:** {', '.join(fails) if fails else 'none'}.")
     out += ["", "Marks: [a], [b] ... = rules whose remedy the plan applied in that cell (legend below the tables); "
             "**FAIL** = outside the criterion; (E*n*) = error or timeout, in full below."]
-    for title, precision, figure in (
-            ("fp32: gradient error against the fp32 reference", "fp32", "grad_error"),
-            ("bf16-mixed: gradient error against the fp32 reference", "bf16-mixed", "grad_error"),
-            ("bf16-mixed: gradient error against the single-process bf16-mixed cell (information)", "bf16-mixed",
-             "same_precision_error")):
-        out += ["", f"## {title}", "", *table(precision, figure)]
+    for q in QUANTIZATIONS:
+        base = "" if q == "none" else " on the dequantized base"
+        for title, precision, figure in (
+                (f"fp32: gradient error against the fp32 reference{base}", "fp32", "grad_error"),
+                (f"bf16-mixed: gradient error against the fp32 reference{base}", "bf16-mixed", "grad_error"),
+                (f"bf16-mixed: gradient error against the single-process {part_label(q, 'bf16-mixed')} cell"
+                 + " (information)", "bf16-mixed", "same_precision_error")):
+            out += ["", f"## {'' if q == 'none' else q + ' '}{title}", "", *table(q, precision, figure)]
     out += ["", "## Rules the plan applied", ""]
     out += [f"- [{k}] `{rule}`" for rule, k in keys.items()] or ["None."]
     out += ["", "## Errors and timeouts", ""]
@@ -366,7 +398,7 @@ def render_markdown(records: dict[str, dict[str, Any]], meta: dict[str, Any]) ->
 
 def versions() -> dict[str, str]:
     out = {}
-    for pkg in ("torch", "transformers", "peft", "deepspeed"):
+    for pkg in ("torch", "transformers", "peft", "deepspeed", "bitsandbytes"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

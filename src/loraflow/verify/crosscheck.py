@@ -54,6 +54,34 @@ class Cell:
         quant = f"/{self.quantization}" if self.quantization != "none" else ""
         return f"{self.adapter}/{ckpt}/{self.precision}/{self.engine}{gas}{head}{quant}"
 
+    @classmethod
+    def from_id(cls, cid: str) -> Cell:
+        """The cell whose `id` is `cid` (adapter/ckpt[-granularity]/precision/engine[/gasN][/head-X][/quant]).
+        Raises ValueError for a string `id` would not produce, so a mistyped id is not silently another cell."""
+        parts = cid.split("/")
+        if len(parts) < 4:
+            raise ValueError(f"cell id {cid!r}: expected adapter/checkpointing/precision/engine[/gasN][/head-X]"
+                             "[/quantization]")
+        adapter, ckpt, precision, engine, *rest = parts
+        granularity = "layer"
+        for g in ("mlp", "attention"):  # "non-reentrant" itself has a dash: match the granularity suffix only
+            if ckpt.endswith(f"-{g}"):
+                ckpt, granularity = ckpt[: -len(g) - 1], g
+        kw: dict[str, Any] = {}
+        for part in rest:  # the optional parts, in the order `id` writes them
+            if part.startswith("gas") and part[3:].isdigit() and not kw:
+                kw["accumulation"] = int(part[3:])
+            elif part.startswith("head-") and "head" not in kw and "quantization" not in kw:
+                kw["head"] = part[5:]
+            elif "quantization" not in kw:
+                kw["quantization"] = part
+            else:
+                raise ValueError(f"cell id {cid!r}: unexpected part {part!r}")
+        cell = cls(adapter, ckpt, precision, engine, granularity=granularity, **kw)
+        if cell.id != cid:
+            raise ValueError(f"cell id {cid!r} is not canonical (the cell's id is {cell.id!r})")
+        return cell
+
     def reference(self) -> "Cell":
         """One fp32 process without checkpointing, with the same global micro-batches (and so the same data
         order: an epoch's last global micro-batch may be short). A quantized cell's reference runs on the
