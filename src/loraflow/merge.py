@@ -79,14 +79,14 @@ def _merge_dequantized(loaded, dtype: torch.dtype, report: MergeReport):
     """Dequantize the base under the adapter, merge there, and measure the merged model against both bases."""
     from peft import PeftModel
 
-    from loraflow.setup.model import _quiet
+    from loraflow.setup.paths import quiet
     from loraflow.setup.quantize import dequantize_model
 
     model = loaded.model
     probe = _probe_batch(model, loaded.device)
     quantized_logits = _logits(model, probe)
     base = dequantize_model(model.unload(), dtype)  # unload: the base without the adapter's layers
-    with _quiet():
+    with quiet():
         on_dequantized = PeftModel.from_pretrained(base, str(loaded.adapter)).eval()
     dequantized_logits = _logits(on_dequantized, probe)
     merged = on_dequantized.merge_and_unload().eval()

@@ -125,11 +125,6 @@ def dequantized_weight(module: torch.nn.Module) -> torch.Tensor:
     return dequantize_bnb_weight(module.weight, getattr(module, "state", None))
 
 
-def is_quantized_param(p: torch.Tensor) -> bool:
-    """A bitsandbytes-quantized weight (Params4bit, Int8Params): packed storage, its scales kept beside it."""
-    return type(p).__name__ in ("Params4bit", "Int8Params")
-
-
 def weight_count(p: torch.Tensor) -> int:
     """The weights a quantized parameter stands for (4-bit storage packs several into one element)."""
     state = getattr(p, "quant_state", None)
