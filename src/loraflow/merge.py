@@ -21,7 +21,8 @@ import torch
 
 from loraflow.errors import ConfigError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = ("float32", "bfloat16")
+"""What a quantized base may be dequantized into (torch dtype names)."""
 
 
 @dataclass
@@ -63,7 +64,7 @@ def merge(adapter_dir: str, output_dir: str, base: str | None = None, dtype: str
     out = Path(output_dir)
     report = MergeReport(out)
     if quantized_linears(loaded.model):
-        merged = _merge_dequantized(loaded, DTYPES[dtype], report)
+        merged = _merge_dequantized(loaded, getattr(torch, dtype), report)
     else:
         merged = loaded.model.merge_and_unload().to("cpu")
     out.mkdir(parents=True, exist_ok=True)

@@ -143,24 +143,22 @@ def _precision(config: Config) -> tuple[list[str], torch.dtype, torch.dtype, tor
         f"precision.mode=bf16-mixed: {why}; trainable parameters float32; matmuls under bfloat16 autocast"
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "uint8": torch.uint8}
-
-
 def _quantization(config: Config, info: ModelInfo, head: str, final: Combination, load_dtype: torch.dtype,
                   modules_to_save: list[str]) -> Quantization | None:
     """bitsandbytes settings (setup/quantize.py). Compute dtype: the precision's matmul dtype unless asked. Storage:
     uint8 unless parameters are sharded, where it must be the dtype of the other weights (rule qlora-storage-dtype,
-    which fixes an explicit storage_dtype that differs). Heads and modules trained in full stay unquantized."""
+    which fixes an explicit storage_dtype that differs). Heads and modules trained in full stay unquantized. The
+    schema's dtype choices are torch's own names."""
     q = config.model.quantization
     _check_prequantized(config, info)
     if not q.enabled:
         return None
-    compute = DTYPES[q.compute_dtype] if q.compute_dtype != "auto" else \
+    compute = getattr(torch, q.compute_dtype) if q.compute_dtype != "auto" else \
         (torch.float32 if config.precision.mode == "fp32" else torch.bfloat16)
     if final.sharded_params and final.quant_storage_matches:
         storage = load_dtype
     else:
-        storage = torch.uint8 if q.storage_dtype == "auto" else DTYPES[q.storage_dtype]
+        storage = torch.uint8 if q.storage_dtype == "auto" else getattr(torch, q.storage_dtype)
     head_name = "score" if head == "score" else info.lm_head_name
     skip = tuple(dict.fromkeys([n for n in (head_name,) if n] + list(modules_to_save)))
     return Quantization(method=q.method, double_quant=q.double_quant, compute_dtype=compute, storage_dtype=storage,
@@ -184,7 +182,7 @@ def _check_prequantized(config: Config, info: ModelInfo) -> None:
 def _storage_matches(config: Config, load_dtype: torch.dtype) -> bool:
     """Whether the asked 4-bit storage dtype is the dtype sharding would see beside it (auto: loraflow picks it)."""
     asked = config.model.quantization.storage_dtype
-    return asked == "auto" or DTYPES[asked] == load_dtype
+    return asked == "auto" or getattr(torch, asked) == load_dtype
 
 
 def resolve_engine(config: Config, env: Environment) -> tuple[str, DeepSpeedSettings | None]:
