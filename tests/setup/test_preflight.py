@@ -138,10 +138,11 @@ def test_encoder_only_model(models, tmp_path, capsys):
     _refused_by_both(capsys, tmp_path, config, f"model.path={models['bert']}", "is an encoder", "decoder-only")
 
 
-def test_vision_language_model(models, tmp_path, capsys):
+def test_image_text_model_as_a_reward_model(models, tmp_path, capsys):
+    """An image-text model loads for sft and dpo; a score head on it is refused, naming the stage."""
     config = _config(tmp_path, models["llava"])
-    _refused_by_both(capsys, tmp_path, config, f"model.path={models['llava']}", "vision-language",
-                     "not supported yet")
+    _refused_by_both(capsys, tmp_path, config, f"model.path={models['llava']}", "is an image-text model",
+                     "stage rm", stage="rm")
 
 
 def test_malformed_record_is_reported_by_check_too(tiny_model, tmp_path, capsys):

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from loraflow.config.towers import TowersConfig
 from loraflow.enginespec import ENGINE_NAMES, ENGINES
 from loraflow.stagespec import STAGE_NAMES, STAGES, stage_spec
 
@@ -387,6 +388,8 @@ class Config:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    towers: TowersConfig = field(default_factory=TowersConfig)
+    """Vision-language models: what trains in the vision encoder, the projector and the language model."""
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -451,7 +454,7 @@ class Config:
         positive("output.save_every_steps", self.output.save_every_steps, allow_zero=True)
         positive("output.keep_checkpoints", self.output.keep_checkpoints)
         positive("output.log_every_steps", self.output.log_every_steps)
-        out += self._stage_problems()
+        out += self._stage_problems() + self.towers.problems(self.adapter.method)
         p = self.parallel
         if p.zero_stage is not None and p.zero_stage not in (0, 1, 2, 3):
             out.append(f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3.")

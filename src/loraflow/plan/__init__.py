@@ -21,6 +21,7 @@ from loraflow.errors import ConfigError
 from loraflow.logprobs import FULL, HeadMode, chunk_tokens
 from loraflow.phases import stage_phases
 from loraflow.plan.reasons import explain_choices
+from loraflow.plan.towers import full_tower_roots, resolve_towers
 from loraflow.plan.types import Decision, Plan
 from loraflow.rules import Combination, evaluate
 from loraflow.setup.model import ModelInfo
@@ -86,8 +87,12 @@ def _checkpoint_block(config: Config, info: ModelInfo) -> str | None:
     granularity = config.checkpointing.granularity
     if granularity == "layer" or not config.checkpointing.enabled:
         return None
-    # Children of the first decoder layer: `<...>.0.<child>` (layers are the only numbered list with them all).
-    children = {n.rsplit(".", 1)[1] for n in info.module_names if n.count(".") and n.rsplit(".", 2)[-2] == "0"}
+    # Children of the first decoder layer: `<...>.0.<child>` (layers are the only numbered list with them all); an
+    # image-text model's vision layers are numbered too, and granularity is the language model's.
+    from loraflow.setup.towers import tower_of
+
+    children = {n.rsplit(".", 1)[1] for n in info.module_names if n.count(".") and n.rsplit(".", 2)[-2] == "0"
+                and (info.towers is None or tower_of(n, info.towers) == "language")}
     found = sub_block_name(children, granularity)
     if found is None and info.inspected:
         raise ConfigError([f"checkpointing.granularity={granularity}: this {info.model_type} model's decoder layers "
@@ -206,10 +211,14 @@ def resolve_engine(config: Config, env: Environment) -> tuple[str, DeepSpeedSett
 
 def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_to_save: list[str],
                      layers: list[int], reentrant: bool | None, engine: str,
-                     deepspeed: DeepSpeedSettings | None, load_dtype: torch.dtype = torch.float32) -> Combination:
+                     deepspeed: DeepSpeedSettings | None, load_dtype: torch.dtype = torch.float32,
+                     towers: list | None = None) -> Combination:
     """The setup as asked (with `auto` settled by the plan's defaults), before any rule fix: what a framework
     without loraflow's rules would run. The rules then decide what must change."""
     placement = "off" if not layers else ("all" if len(layers) == info.num_layers else "partial")
+    train = {t.name: t.train for t in towers or []}
+    if placement == "off" and any(t.checkpoint_layers for t in towers or []):
+        placement = "partial"  # only the vision encoder recomputes
     lm_head = info.lm_head_name
     full = config.adapter.method == "full"
     return Combination(
@@ -235,6 +244,13 @@ def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_
         ("8bit" if config.model.quantization.bits == 8 else "4bit"),
         quant_storage_matches=_storage_matches(config, load_dtype),
         cpu=env.device == "cpu",
+        image_text=info.image_text,
+        frozen_modules=full and "frozen" in train.values(),
+        tower_adapters=train.get("vision") == "adapter",
+        # transformers >= 5 enable_input_require_grads hooks every sub-model's input embeddings (rule
+        # reentrant-partial-silent); loraflow requires transformers 5.
+        tower_input_hook=info.image_text,
+        towers_trainable=any(train.get(t) in ("full", "adapter") for t in ("vision", "projector")),
         versions=dict(env.versions),
         **_engine_fields(config, engine, deepspeed),
     )
@@ -272,11 +288,15 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
     if problems:
         raise ConfigError(problems)
     layers = _checkpoint_layers(config, info.num_layers)
+    towers = resolve_towers(config, info, layers)
+    modules_to_save += [r for r in full_tower_roots(towers, config.adapter.method) if r not in modules_to_save]
     block = _checkpoint_block(config, info)
+    vision_layers = next((t.checkpoint_layers for t in towers if t.name == "vision"), [])
     asked = config.checkpointing.reentrant
-    reentrant = None if not layers else (asked == "true")
+    reentrant = None if not (layers or vision_layers) else (asked == "true")
     engine, deepspeed = resolve_engine(config, env)
-    naive = normalized_setup(config, env, info, modules_to_save, layers, reentrant, engine, deepspeed, load_dtype)
+    naive = normalized_setup(config, env, info, modules_to_save, layers, reentrant, engine, deepspeed, load_dtype,
+                             towers)
     final, findings = evaluate(naive)
     changed_by = {key: f.rule.id for f in findings for key in f.changes}
 
@@ -288,7 +308,8 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
                 checkpoint_in_engine=bool(layers) and final.engine == "fsdp2" and not final.checkpoint_outside_shard
                 and block is None, checkpoint_block=block if layers else None,
                 offload_activations=config.checkpointing.offload_activations and env.device != "cpu",
-                deepspeed=deepspeed, saves="model" if config.adapter.method == "full" else "adapter")
+                deepspeed=deepspeed, saves="model" if config.adapter.method == "full" else "adapter",
+                towers=towers, vision_checkpoint_layers=list(vision_layers))
     plan.attn_implementation = info.attn_implementation
     if info.attn_implementation == "flash_attention_2" and env.device == "cpu":
         raise ConfigError(["model.attn_implementation=flash_attention_2 needs a CUDA GPU, and this run is on the "

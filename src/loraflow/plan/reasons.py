@@ -31,6 +31,30 @@ def _adapter(plan: Plan) -> Decision:
     return Decision("adapter", value, f"adapter.target_modules={targets} matched {n} modules (PEFT's matching)")
 
 
+def _towers(plan: Plan) -> list[Decision]:
+    """An image-text model's towers: what trains in each and where it recomputes (plan/towers.py)."""
+    out = []
+    for t in plan.towers:
+        asked = getattr(plan.config.towers, t.name)
+        why = (f"towers.{t.name}.train={asked.train}" if asked.train != "auto" else
+               f"towers.{t.name}.train=auto: " + ("the language model follows adapter.method" if t.name == "language"
+                                                  else "under adapters, the vision side stays frozen unless asked"
+                                                  if plan.config.adapter.method != "full" else
+                                                  "adapter.method=full trains every tower"))
+        if t.train == "full" and plan.config.adapter.method != "full":
+            why += f"; trained as PEFT modules_to_save {', '.join(t.roots)}, a copy saved in the adapter"
+        if t.name == "vision" and t.layers:
+            c = asked.checkpointing
+            why += (f"; its layers recompute: towers.vision.checkpointing={c}" + (
+                f" follows checkpointing.enabled={str(plan.config.checkpointing.enabled).lower()}" if c == "auto"
+                else ""))
+        if t.name == "vision" and plan.model.unreached and t.train != "frozen":
+            why += (f"; {', '.join(plan.model.unreached)} never run in the image-text forward (the features are "
+                    "read before them), so they stay frozen")
+        out.append(Decision(f"tower {t.name}", t.describe().split(": ", 1)[1], why))
+    return out
+
+
 def _model_setup(plan: Plan) -> list[Decision]:
     """How the model is built: the attention kernel (setup/preflight.py chose one the architecture supports) and
     the adapters merged into the base first."""
@@ -246,6 +270,7 @@ def explain_choices(plan: Plan, naive: Combination, changed_by: dict[str, str],
         *_model_setup(plan),
         *_quantization(plan, changed_by),
         _adapter(plan),
+        *_towers(plan),
         _freezing(plan),
         Decision("saves", "every weight (the model)" if plan.saves == "model" else "the trainable weights (a PEFT "
                  "adapter)", "full fine-tuning changes every weight" if plan.saves == "model" else "only the "

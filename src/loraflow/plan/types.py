@@ -71,6 +71,10 @@ class Plan:
     quantization: Quantization | None = None
     """The base's bitsandbytes quantization (QLoRA): method, compute and storage dtypes, the modules left
     unquantized; None loads it in load_dtype."""
+    towers: list = field(default_factory=list)
+    """An image-text model's TowerPlan per tower (plan/towers.py): what trains in each, and its recompute."""
+    vision_checkpoint_layers: list[int] = field(default_factory=list)
+    """The vision encoder's layers that recompute in backward (indices into checkpointing.vision_layers)."""
     saves: str = "adapter"
     """What checkpoints and the export hold, and the export's directory name: `adapter` (the trainable weights, in
     PEFT's format) or `model` (every weight: full fine-tuning)."""

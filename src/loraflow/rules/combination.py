@@ -89,6 +89,13 @@ class Combination:
     """The input-grad hook, where one is added, marks the tower's patch-embedding output too: transformers >= 5
     enable_input_require_grads hooks every sub-model's input embeddings (PR #41993, `_input_embed_layer`); before 5
     only the token embeddings."""
+    image_text: bool = False
+    """The model is an image-text model (vision encoder + projector + language model)."""
+    towers_trainable: bool = False
+    """The vision encoder or projector has trainable weights (trained in full, or adapted)."""
+    image_every_rank: bool = False
+    """Every rank runs the vision encoder on every micro-batch (a blank image where its batch has none), so the
+    towers' collectives and gradients are the same on every rank."""
     merge_in_sharded: bool = False
     """Adapter weights are merged into sharded (ZeRO-3-partitioned) base weights without gathering them first: a
     hybrid engine fusing LoRA for generation, merge_and_unload before saving or for inference."""

@@ -19,28 +19,45 @@ from loraflow.errors import GuardError
 
 
 def lora_config(config: Config, modules_to_save: list[str] | None = None, ensure_weight_tying: bool = False,
-                task_type: str = "CAUSAL_LM"):
+                task_type: str = "CAUSAL_LM", targets: list[str] | None = None, towers=None):
+    """PEFT's LoraConfig for the run. `targets` overrides adapter.target_modules; `towers` (plan/towers.py
+    TowerPlan list, image-text models) gives the exact module names each adapted tower matched, with the tower's
+    own rank and alpha as PEFT rank/alpha patterns."""
     from peft import LoraConfig
 
     a = config.adapter
-    extra = {"ensure_weight_tying": True} if ensure_weight_tying else {}
+    extra: dict[str, Any] = {"ensure_weight_tying": True} if ensure_weight_tying else {}
+    asked = a.target_modules if targets is None else targets
     # PEFT expands the string "all-linear" itself; a list holding it would be read as a module name.
-    targets = "all-linear" if a.target_modules == ["all-linear"] else list(a.target_modules)
+    targets = "all-linear" if asked == ["all-linear"] else list(asked)
+    if towers is not None:
+        adapted = [t for t in towers if t.train == "adapter"]
+        # Full names: PEFT matches a name or a dotted suffix, so each tower's modules and no other tower's.
+        targets = sorted(n for t in adapted for n in t.modules)
+        extra["rank_pattern"] = {_exact(n): t.rank for t in adapted if t.rank != a.rank for n in t.modules}
+        extra["alpha_pattern"] = {_exact(n): t.alpha for t in adapted if t.alpha != a.alpha for n in t.modules}
     return LoraConfig(
         r=a.rank, lora_alpha=a.alpha, lora_dropout=a.dropout, target_modules=targets,
         use_dora=a.method == "dora", modules_to_save=modules_to_save or None, task_type=task_type, **extra,
     )
 
 
-def match_adapter_modules(skeleton: torch.nn.Module, config: Config) -> list[str]:
-    """Full names of the modules PEFT puts an adapter on, found by running PEFT itself on a meta skeleton."""
+def _exact(name: str) -> str:
+    """A PEFT rank/alpha pattern matching this module's full name (PEFT reads patterns as regexes that end a
+    name)."""
+    return re.escape(name)
+
+
+def match_adapter_modules(skeleton: torch.nn.Module, config: Config, targets: list[str] | None = None) -> list[str]:
+    """Full names of the modules PEFT puts an adapter on, found by running PEFT itself on a meta skeleton
+    (`targets`: instead of adapter.target_modules)."""
     from peft import get_peft_model
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
-            peft_model = get_peft_model(skeleton, lora_config(config))
+            peft_model = get_peft_model(skeleton, lora_config(config, targets=targets))
     except ValueError as exc:  # NoMatchingPeftModuleError subclasses ValueError
         if "not found in the base model" in str(exc) or "No modules were targeted" in str(exc):
             return []
@@ -48,6 +65,28 @@ def match_adapter_modules(skeleton: torch.nn.Module, config: Config) -> list[str
     prefix = "base_model.model."
     return [n[len(prefix):] if n.startswith(prefix) else n for n, m in peft_model.named_modules()
             if isinstance(m, BaseTunerLayer)]
+
+
+def match_tower_modules(skeleton: torch.nn.Module, config: Config, towers,
+                        unreached: list[str] = ()) -> dict[str, list[str]]:
+    """An image-text model's adapted towers -> the modules their targets (towers.<name>.target_modules, else
+    adapter.target_modules) match inside that tower only: `all-linear` means the tower's own linear layers, never
+    another tower's (PEFT's all-linear alone reaches into every tower)."""
+    import copy
+
+    from loraflow.config.towers import TOWER_NAMES
+    from loraflow.setup.towers import tower_of
+
+    out: dict[str, list[str]] = {}
+    for name in TOWER_NAMES:
+        if config.towers.train_of(name, config.adapter.method) != "adapter":
+            continue
+        targets = getattr(config.towers, name).target_modules or config.adapter.target_modules
+        # PEFT injects into the module it is given: each tower matches on its own copy of the skeleton.
+        matched = match_adapter_modules(copy.deepcopy(skeleton), config, targets)
+        out[name] = [n for n in matched if tower_of(n, towers) == name
+                     and not any(n == u or n.startswith(u + ".") for u in unreached)]
+    return out
 
 
 def module_names_matching(info, entry: str) -> list[str]:
@@ -62,12 +101,13 @@ def apply_adapters(model: torch.nn.Module, plan) -> torch.nn.Module:
     if config.adapter.method == "full":
         for p in model.parameters():
             p.requires_grad_(True)
+        freeze_towers(model, plan)
         return model
     from peft import get_peft_model
 
     # SEQ_CLS makes PEFT train the score head in full and save it with the adapter (its modules_to_save).
     peft_config = lora_config(config, plan.modules_to_save, plan.ensure_weight_tying,
-                              "SEQ_CLS" if plan.head == "score" else "CAUSAL_LM")
+                              "SEQ_CLS" if plan.head == "score" else "CAUSAL_LM", towers=plan.towers or None)
     with warnings.catch_warnings():
         # PEFT reads transformers' deprecated `is_gradient_checkpointing` (peft 0.21 / transformers 5.23): not
         # something a user can act on.
@@ -75,6 +115,7 @@ def apply_adapters(model: torch.nn.Module, plan) -> torch.nn.Module:
         # PEFT keeps adapters in float32 over a bf16 base when autocast_adapter_dtype=True; pure bf16 wants bf16.
         peft_model = get_peft_model(model, peft_config,
                                     autocast_adapter_dtype=plan.trainable_dtype == torch.float32)
+    freeze_towers(peft_model, plan)
     for p in peft_model.parameters():
         if p.requires_grad and p.dtype != plan.trainable_dtype:
             p.data = p.data.to(plan.trainable_dtype)  # trained full copies (modules_to_save) of a bf16 base
@@ -82,6 +123,24 @@ def apply_adapters(model: torch.nn.Module, plan) -> torch.nn.Module:
         raise GuardError("no parameter is trainable after adding adapters [no-adapter-matched]. Set "
                          "adapter.target_modules to modules this model has.")
     return peft_model
+
+
+def freeze_towers(model: torch.nn.Module, plan) -> None:
+    """Keep the plan's frozen towers frozen: under full fine-tuning, and inside a tower trained in full that holds
+    a frozen one (Qwen2-VL's merger sits in its vision encoder's trained copy)."""
+    from loraflow.setup.towers import tower_of
+
+    from loraflow.setup.towers import strip_peft
+
+    frozen = {t.name for t in plan.towers if t.train == "frozen" and t.name != "language"}
+    unreached = plan.model.unreached
+    if not frozen and not unreached:
+        return
+    towers = {t.name: t for t in plan.towers}
+    for name, p in model.named_parameters():
+        plain = strip_peft(name)
+        if p.requires_grad and (tower_of(name, towers) in frozen or any(plain.startswith(u + ".") for u in unreached)):
+            p.requires_grad_(False)
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

@@ -31,12 +31,26 @@ def hf_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers in order, whatever the architecture calls their list (transformers marks them all as
-    GradientCheckpointingLayer, and counts them in this order for every_n_layers): what plan.checkpoint_layers
-    indexes."""
+    """The language model's decoder layers in order, whatever the architecture calls their list (transformers
+    marks them as GradientCheckpointingLayer, and counts them in this order for every_n_layers): what
+    plan.checkpoint_layers indexes. An image-text model's vision layers are GradientCheckpointingLayers too, and
+    are not among them (vision_layers)."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    return [m for m in hf_model(model).modules() if isinstance(m, GradientCheckpointingLayer)]
+    from loraflow.setup.towers import find_towers, tower_layers
+
+    base = hf_model(model)
+    if find_towers(base) is not None:
+        return tower_layers(base, "language")
+    return [m for m in base.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def vision_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """An image-text model's vision-encoder layers (plan.vision_checkpoint_layers indexes them); [] for a text
+    model."""
+    from loraflow.setup.towers import tower_layers
+
+    return tower_layers(hf_model(model), "vision")
 
 
 SUB_BLOCKS = {"attention": ("self_attn", "attn", "self_attention", "attention"),
@@ -77,9 +91,11 @@ def checkpointed_blocks(model: torch.nn.Module) -> list[tuple[int, str]]:
     return out
 
 
-def enable_layer_checkpointing(base: torch.nn.Module, reentrant: bool, layers: list[int]) -> None:
-    """transformers' layer checkpointing on exactly `layers`: enabled on every layer (which also installs the
-    checkpoint function with our use_reentrant), then switched off on the others."""
+def enable_layer_checkpointing(base: torch.nn.Module, reentrant: bool, layers: list[int],
+                               vision: list[int] | None = None) -> None:
+    """transformers' layer checkpointing on exactly `layers` (and an image-text model's `vision` layers): enabled
+    on every layer of every tower (which also installs the checkpoint function with our use_reentrant), then
+    switched off on the others."""
     kwargs = {"use_reentrant": reentrant}
     enable = getattr(base, "activation_checkpointing_enable", None)
     if enable is not None:
@@ -89,6 +105,8 @@ def enable_layer_checkpointing(base: torch.nn.Module, reentrant: bool, layers: l
     chosen = set(layers)
     for i, layer in enumerate(decoder_layers(base)):
         layer.gradient_checkpointing = i in chosen
+    for i, layer in enumerate(vision_layers(base)):
+        layer.gradient_checkpointing = i in set(vision or [])
 
 
 def checkpoint_forward(layer: torch.nn.Module, reentrant: bool) -> None:
@@ -124,6 +142,11 @@ def _verify(model: torch.nn.Module, plan) -> None:
         raise LoraflowError(f"checkpointing applied to (layer, block) {actual}, but the plan says {want}; this "
                             f"{type(hf_model(model)).__name__} does not follow transformers' layer "
                             f"checkpointing. Set {key} for this model.")
+    vision = [i for i, layer in enumerate(vision_layers(model)) if _recomputes(layer)]
+    if vision != plan.vision_checkpoint_layers:
+        raise LoraflowError(f"checkpointing applied to vision layers {vision}, but the plan says "
+                            f"{plan.vision_checkpoint_layers}; set towers.vision.checkpointing=false for this "
+                            f"{type(hf_model(model)).__name__}.")
 
 
 def apply_checkpointing(model: torch.nn.Module, plan) -> None:
@@ -137,8 +160,10 @@ def apply_checkpointing(model: torch.nn.Module, plan) -> None:
                                     "child to checkpoint; set checkpointing.granularity=layer for this model.")
         for _, block in checkpoint_targets(model, plan):
             checkpoint_forward(block, bool(plan.reentrant))
-    elif plan.checkpoint_layers:
-        enable_layer_checkpointing(hf_model(model), bool(plan.reentrant), plan.checkpoint_layers)
+        _checkpoint_vision(model, plan)  # granularity is the language model's; vision layers recompute whole
+    elif plan.checkpoint_layers or plan.vision_checkpoint_layers:
+        enable_layer_checkpointing(hf_model(model), bool(plan.reentrant), plan.checkpoint_layers,
+                                   plan.vision_checkpoint_layers)
     set_input_grad_hook(model, plan.input_grad_hook)  # after: transformers 5 adds its own hook when enabling
     _verify(model, plan)
 
@@ -153,7 +178,14 @@ def checkpoint_in_units(model: torch.nn.Module, plan) -> None:
     for i, layer in enumerate(decoder_layers(model)):
         if i in chosen:
             checkpoint_forward(layer, bool(plan.reentrant))
+    _checkpoint_vision(model, plan)
     _verify(model, plan)
+
+
+def _checkpoint_vision(model: torch.nn.Module, plan) -> None:
+    for i, layer in enumerate(vision_layers(model)):
+        if i in plan.vision_checkpoint_layers:
+            checkpoint_forward(layer, bool(plan.reentrant))
 
 
 def set_input_grad_hook(model: torch.nn.Module, enabled: bool) -> None:

@@ -17,6 +17,7 @@ from loraflow.errors import ConfigError
 from loraflow.logprobs import logit_transform
 from loraflow.setup.paths import ASSETS, BUILTIN, resolve_path
 from loraflow.setup.paths import quiet as _quiet
+from loraflow.setup.towers import Tower, find_towers, unreached_modules
 from loraflow.stagespec import stage_spec
 
 __all__ = ["ASSETS", "BUILTIN", "ModelInfo", "inspect_model", "load_merged", "load_model", "load_tokenizer",
@@ -49,6 +50,18 @@ class ModelInfo:
     int8, or another method's name; None for float weights."""
     inspected: bool = True
     """False when `check` could not read the model's config (a hub id neither cached nor reachable)."""
+    towers: dict[str, Tower] | None = None
+    """An image-text model's vision encoder, projector and language model (setup/towers.py); None for a text
+    model."""
+
+    unreached: list[str] = field(default_factory=list)
+    """Vision modules the image-text forward never runs (setup/towers.py unreached_modules): always frozen."""
+    tower_modules: dict[str, list[str]] = field(default_factory=dict)
+    """Adapted towers -> the modules their adapter targets matched inside them (image-text models)."""
+
+    @property
+    def image_text(self) -> bool:
+        return self.towers is not None
 
 
 def _module_name(model: torch.nn.Module, target: torch.nn.Module | None) -> str | None:
@@ -70,6 +83,13 @@ def load_hf_config(config: Config):
                            "Point model.path at a directory with config.json, or a reachable hub id."]) from None
 
 
+def load_hf_config_at(path: str, config: Config):
+    """The transformers config at a resolved path (a merged temporary directory included)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
+
+
 def inspect_model(config: Config) -> ModelInfo:
     """Everything the plan needs to know about the model, without loading its weights; raises ConfigError for what
     setup would fail on (setup/preflight.py: model class, attention, merge adapters)."""
@@ -77,6 +97,7 @@ def inspect_model(config: Config) -> ModelInfo:
         build_skeleton,
         check_merge_adapters,
         check_model_class,
+        image_text,
     )
 
     path, hf_config = load_hf_config(config)
@@ -89,6 +110,12 @@ def inspect_model(config: Config) -> ModelInfo:
     embedding = skeleton.get_input_embeddings()
     head = skeleton.get_output_embeddings()
     norms = [n for n, m in skeleton.named_modules() if "norm" in type(m).__name__.lower() and n]
+    towers = find_towers(skeleton) if image_text(hf_config) else None
+    unreached = unreached_modules(skeleton, hf_config, towers) if towers else []
+    if image_text(hf_config) and towers is None:
+        raise ConfigError([f"model.path={config.model.path}: this {hf_config.model_type} model has a vision config, "
+                           "but none of its modules has a vision-encoder name loraflow knows (setup/towers.py "
+                           "VISION_NAMES), so its towers cannot be told apart. Please report this architecture."])
     text_config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     info = ModelInfo(
         path=path,
@@ -104,12 +131,16 @@ def inspect_model(config: Config) -> ModelInfo:
         vocab_size=int(getattr(text_config, "vocab_size", 0) or 0),
         logit_transform=logit_transform(hf_config),
         linear_names=linear, attn_implementation=attn, attn_reason=attn_reason, merge_notes=merge_notes,
-        prequantized=_prequantized(hf_config),
+        prequantized=_prequantized(hf_config), towers=towers, unreached=unreached,
     )
     if config.adapter.method != "full":
-        from loraflow.setup.adapters import match_adapter_modules
+        from loraflow.setup.adapters import match_adapter_modules, match_tower_modules
 
-        info.adapter_modules = match_adapter_modules(skeleton, config)
+        if towers is None:
+            info.adapter_modules = match_adapter_modules(skeleton, config)
+        else:
+            info.tower_modules = match_tower_modules(skeleton, config, towers, unreached)
+            info.adapter_modules = sorted(n for names in info.tower_modules.values() for n in names)
     return info
 
 
@@ -154,18 +185,19 @@ def load_model(config: Config, path: str, dtype: torch.dtype, head: str = "lm", 
     head (transformers' *ForSequenceClassification with one label, which scores each row at its last non-pad
     token). `attn_implementation` is the plan's choice; without one, model.attn_implementation. `quantization`
     (setup/quantize.py's Quantization) loads the linear layers quantized by bitsandbytes, straight onto `device`."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from loraflow.setup.preflight import model_auto_class
 
     kwargs = dict(dtype=dtype, attn_implementation=attn_implementation or hf_attn_implementation(config),
                   trust_remote_code=config.model.trust_remote_code)
     if quantization is not None:
         # bitsandbytes quantizes as the weights load onto the device, so the full-precision copy never exists.
         kwargs.update(quantization_config=quantization.hf_config(), device_map={"": device})
+    auto_class = model_auto_class(load_hf_config_at(path, config), head)
     if head == "score":
         with _quiet():  # the report that lm_head is unused and score is new is expected here
-            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
+            model = auto_class.from_pretrained(path, num_labels=1, **kwargs)
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        model = auto_class.from_pretrained(path, **kwargs)
     if quantization is not None:
         from loraflow.setup.quantize import keep_layout
 

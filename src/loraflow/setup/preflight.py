@@ -26,7 +26,6 @@ from loraflow.errors import ConfigError
 from loraflow.setup.paths import quiet as _quiet
 from loraflow.setup.paths import resolve_path
 
-ISSUE_VLM = "vision-language models are not supported yet (loraflow issue 19 will add them)"
 
 
 def _first_sentence(exc: BaseException) -> str:
@@ -40,20 +39,46 @@ def _transformers_version() -> str:
     return transformers.__version__
 
 
+def image_text(hf_config) -> bool:
+    """An image-text-to-text model (a vision config beside the text one, and transformers has the class for it):
+    loaded with AutoModelForImageTextToText and its processor, whichever causal-LM class it may also have."""
+    from transformers.models.auto import modeling_auto as auto
+
+    model_type = getattr(hf_config, "model_type", "unknown")
+    return hasattr(hf_config, "vision_config") and model_type in auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+
+def model_auto_class(hf_config, head: str = "lm"):
+    """The transformers auto class `head` loads this model with: the one place that choice is made."""
+    import transformers
+
+    if head == "score":
+        return transformers.AutoModelForSequenceClassification
+    return transformers.AutoModelForImageTextToText if image_text(hf_config) else transformers.AutoModelForCausalLM
+
+
 def check_model_class(config: Config, hf_config, head: str) -> None:
-    """Refuse a config that transformers cannot build as a trainable causal LM (or, for stage rm, as a scorer),
-    naming model.path and what is supported, before from_pretrained fails deep inside."""
+    """Refuse a config that transformers cannot build as a trainable causal LM or image-text model (or, for stage
+    rm, as a scorer), naming model.path and what is supported, before from_pretrained fails deep inside."""
     from transformers.models.auto import modeling_auto as auto
 
     model_type = getattr(hf_config, "model_type", "unknown")
     where = f"model.path={config.model.path} (model_type={model_type})"
+    if image_text(hf_config):
+        if head != "lm":
+            raise ConfigError([f"{where} is an image-text model; stage {config.stage} trains a "
+                               f"{'scalar score head' if head == 'score' else 'value head'} on a causal LM, which "
+                               "loraflow does not build on an image-text model. Train this stage on a text-only base, "
+                               "or use stage sft or dpo for this model."])
+        return
     remote = config.model.trust_remote_code and "AutoModelForCausalLM" in (getattr(hf_config, "auto_map", None) or {})
     causal = auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     if causal is None and not remote:
-        vision = getattr(auto, "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", {})
-        if model_type in vision or hasattr(hf_config, "vision_config"):
-            raise ConfigError([f"{where} is a vision-language model; {ISSUE_VLM}. Point model.path at a "
-                               "text-only causal LM (for a VLM, its language model exported on its own)."])
+        if hasattr(hf_config, "vision_config"):
+            raise ConfigError([f"{where} has a vision tower, but transformers {_transformers_version()} has no "
+                               "image-text-to-text class for it (AutoModelForImageTextToText). loraflow trains "
+                               "image-text models transformers can build (LLaVA, Qwen2-VL, Idefics3, Gemma3, "
+                               "PaliGemma, ...); upgrade transformers or point model.path at one."])
         kind = "an encoder-decoder model" if getattr(hf_config, "is_encoder_decoder", False) else \
             "not a causal language model"
         raise ConfigError([f"{where} is {kind}: transformers {_transformers_version()} has no "
@@ -80,16 +105,15 @@ def check_model_class(config: Config, hf_config, head: str) -> None:
 
 
 def build_skeleton(config: Config, hf_config):
-    """The causal LM on the meta device with the attention implementation the run will use.
+    """The causal LM (or image-text model) on the meta device with the attention implementation the run will use.
     Returns (skeleton, attn_implementation, reason); raises ConfigError for an explicit choice the architecture
     or this machine cannot run."""
-    from transformers import AutoModelForCausalLM
-
+    auto_class = model_auto_class(hf_config)
     asked = config.model.attn_implementation
 
     def build(impl: str | None):
         with torch.device("meta"), _quiet():
-            return AutoModelForCausalLM.from_config(hf_config, trust_remote_code=config.model.trust_remote_code,
+            return auto_class.from_config(hf_config, trust_remote_code=config.model.trust_remote_code,
                                                     attn_implementation=impl)
 
     if asked != "auto":

@@ -1,0 +1,94 @@
+"""The plan's per-tower choices for an image-text model: what trains in the vision encoder, the projector and the
+language model, with which adapter rank, and which of their layers recompute in backward.
+
+The language model's layers follow the checkpointing section (plan.checkpoint_layers); the vision encoder's are
+all or none (towers.vision.checkpointing); the projector has none. A tower trained in full is one of PEFT's
+modules_to_save, so its weights are saved beside the adapter and reload with PeftModel.from_pretrained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loraflow.config.schema import Config
+from loraflow.config.towers import TOWER_NAMES
+from loraflow.errors import ConfigError
+from loraflow.setup.model import ModelInfo
+
+
+@dataclass
+class TowerPlan:
+    name: str
+    train: str
+    """frozen, full or adapter."""
+    roots: list[str]
+    layers: int
+    parameters: int
+    rank: int = 0
+    alpha: float = 0.0
+    modules: list[str] = field(default_factory=list)
+    """Adapted: the module names the tower's targets matched (inside this tower only)."""
+    checkpoint_layers: list[int] = field(default_factory=list)
+
+    def describe(self) -> str:
+        what = {"frozen": "frozen", "full": "trained in full (saved with the adapter)"}.get(
+            self.train, f"adapter r={self.rank} alpha={self.alpha:g} on {len(self.modules)} modules")
+        recompute = ""
+        if self.layers:
+            chosen = self.checkpoint_layers
+            recompute = "; recomputes " + ("no layer" if not chosen else "every layer" if len(chosen) == self.layers
+                                           else "layers " + ", ".join(map(str, chosen)))
+        return f"{self.name}: {what} ({self.parameters / 1e6:.2f}M parameters, {self.layers} layers{recompute})"
+
+
+def resolve_towers(config: Config, info: ModelInfo, language_layers: list[int]) -> list[TowerPlan]:
+    """One TowerPlan per tower of an image-text model (empty for a text model, which must leave `towers` alone).
+    Raises ConfigError naming the key for a choice that matches nothing."""
+    if not info.image_text:
+        changed = config.towers.changed()
+        if changed and info.inspected:
+            raise ConfigError([f"{changed[0]}: this {info.model_type} model is text-only, so it has no vision "
+                               "encoder or projector to choose for; remove the towers section."])
+        return []
+    a = config.adapter
+    vision_recompute = {"auto": config.checkpointing.enabled, "true": True, "false": False}[
+        config.towers.vision.checkpointing]
+    out: list[TowerPlan] = []
+    problems: list[str] = []
+    for name in TOWER_NAMES:
+        tower, asked = info.towers[name], getattr(config.towers, name)
+        train = config.towers.train_of(name, a.method)
+        plan = TowerPlan(name, train, list(tower.roots), len(tower.layers), tower.parameters)
+        if name == "projector" and not tower.roots and train != "frozen":
+            problems.append(f"towers.projector.train={train}: this {info.model_type} model has no separate projector "
+                            "(none of setup/towers.py PROJECTOR_NAMES); leave towers.projector.train=auto.")
+        if train == "adapter":
+            plan.rank, plan.alpha = asked.rank or a.rank, asked.alpha or a.alpha
+            plan.modules = info.tower_modules.get(name, [])
+            if not plan.modules:
+                key = f"towers.{name}.target_modules" if asked.target_modules else "adapter.target_modules"
+                problems.append(f"{key}={asked.target_modules or a.target_modules} matches no module of the {name} "
+                                f"tower; name its linear layers, or use all-linear.")
+        if name == "language":
+            plan.checkpoint_layers = list(language_layers)
+        elif name == "vision" and vision_recompute:
+            plan.checkpoint_layers = list(range(plan.layers))
+        out.append(plan)
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def full_tower_roots(towers: list[TowerPlan], adapter_method: str) -> list[str]:
+    """The modules_to_save that train whole towers beside adapters (none under full fine-tuning, where every
+    unfrozen weight trains anyway); a root inside another one listed (Qwen2-VL's merger in its vision encoder)
+    is left to its ancestor's copy."""
+    if adapter_method == "full":
+        return []
+    roots = [r for t in towers if t.train == "full" for r in t.roots]
+    return [r for r in roots if not any(r != o and r.startswith(o + ".") for o in roots)]
+
+
+def frozen_roots(towers: list[TowerPlan]) -> list[str]:
+    """Module roots whose weights stay frozen under full fine-tuning (adapter.method=full with a frozen tower)."""
+    return [r for t in towers if t.train == "frozen" and t.name != "language" for r in t.roots]
