@@ -17,9 +17,14 @@ from loraflow.rules import Rule, rules_for_symptom
 from loraflow.setup.adapters import adapter_modules
 
 
-def _likely(symptoms: list[str]) -> list[Rule]:
-    """The rules behind the observed symptoms, each once, in the order the symptoms were observed."""
+def _likely(symptoms: list[str], plan=None) -> list[Rule]:
+    """The rules behind the observed symptoms, each once, in the order the symptoms were observed; with a plan,
+    only those whose conditions hold for this run as asked or as planned (a rule about checkpointing is no cause
+    in a run without it)."""
     rules = {r.id: r for symptom in symptoms for r in rules_for_symptom(symptom)}
+    setups = [s for s in (getattr(plan, "asked", None), getattr(plan, "setup", None)) if s is not None]
+    if setups:
+        rules = {i: r for i, r in rules.items() if any(r.applies(s) for s in setups)}
     return list(rules.values())
 
 
@@ -46,20 +51,45 @@ def assert_train_mode(model: torch.nn.Module) -> None:
                      f"{_causes(rules, fixes=False)}")  # the one fix is the line above
 
 
-def check_first_gradients(model: torch.nn.Module, plan, grads: dict[str, torch.Tensor | None] | None = None) -> None:
+def _imageless(plan, images: int | None):
+    """A predicate on parameter names: in the vision encoder or projector of an image-text model whose first step
+    held no image, where no gradient is the data's doing (text-only samples), not a setup's."""
+    if images is None or images > 0 or not getattr(plan, "towers", None):
+        return lambda name: False
+    from loraflow.setup.towers import tower_of
+
+    towers = {t.name: t for t in plan.towers}
+    return lambda name: tower_of(name, towers) in ("vision", "projector")
+
+
+def check_first_gradients(model: torch.nn.Module, plan, grads: dict[str, torch.Tensor | None] | None = None,
+                          images: int | None = None) -> None:
     """After the first backward (all accumulated micro-batches), before the optimizer step. `grads` are the full
-    gradients by single-process parameter name (an engine gathers them from its shards); default: `.grad`."""
+    gradients by single-process parameter name (an engine gathers them from its shards); default: `.grad`.
+    `images`: how many images the step's batches held on all ranks (None for a text model); without one, the
+    vision side gets no (or a zero) gradient by design, and is named as such rather than checked."""
+    import logging
+
     from loraflow.engines.base import clean_name
 
     if grads is None:
         grads = {clean_name(n): p.grad for n, p in model.named_parameters() if p.requires_grad}
-    missing = [n for n, g in grads.items() if g is None]
+    excused = _imageless(plan, images)
     non_finite = [n for n, g in grads.items() if g is not None and not torch.isfinite(g).all()]
+    silent = [n for n, g in grads.items() if excused(n) and (g is None or not torch.any(g))]
+    grads = {n: g for n, g in grads.items() if not excused(n)}
+    missing = [n for n, g in grads.items() if g is None]
     dead = []
     for name, module in adapter_modules(model, with_modules=True).items():
         names = [clean_name(f"{name}.{n}") for n, p in module.named_parameters() if p.requires_grad]
-        if all(grads.get(n) is None or not torch.any(grads[n]) for n in names):
+        names = [n for n in names if n in grads]
+        if names and all(grads.get(n) is None or not torch.any(grads[n]) for n in names):
             dead.append(clean_name(name))
+    if silent:
+        logging.getLogger("loraflow").info(
+            "first step: %d trainable parameters of the vision encoder and projector got no gradient because its "
+            "batches held no image (text-only samples), so the vision side did not run; they learn on steps with "
+            "images (first: %s)", len(silent), silent[0])
     problems = []
     if missing:
         problems.append(f"{len(missing)} trainable parameters got no gradient (first: {missing[0]}).")
@@ -78,10 +108,12 @@ def check_first_gradients(model: torch.nn.Module, plan, grads: dict[str, torch.T
         symptoms.append("zero-adapter-gradient")
     if missing and not symptoms:
         symptoms.append("no-gradient")
-    rules = _likely(symptoms)
+    rules = _likely(symptoms, plan)
     layers = f" Checkpointed layers: {plan.checkpoint_layers}, reentrant={plan.reentrant}, input-grad hook=" \
              f"{plan.input_grad_hook}." if plan.checkpoint_layers else ""
-    causes = f"\nLikely causes:\n{_causes(rules)}" if rules else ""
+    causes = f"\nLikely causes:\n{_causes(rules)}" if rules else (
+        "\nNo rule of loraflow's registry holds for this setup, so this is not a known conflict: please report it "
+        "with this log.")
     raise GuardError("gradient check after the first backward failed: " + " ".join(problems) + layers + causes)
 
 

@@ -300,7 +300,7 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
     final, findings = evaluate(naive)
     changed_by = {key: f.rule.id for f in findings for key in f.changes}
 
-    plan = Plan(config=config, env=env, model=info, setup=final, findings=findings, device=env.device,
+    plan = Plan(config=config, env=env, model=info, setup=final, findings=findings, device=env.device, asked=naive,
                 load_dtype=load_dtype, trainable_dtype=trainable_dtype, autocast_dtype=autocast_dtype,
                 modules_to_save=modules_to_save, ensure_weight_tying=final.weight_tying_enforced,
                 checkpoint_layers=layers, reentrant=final.reentrant, input_grad_hook=final.input_grad_hook,

@@ -35,6 +35,8 @@ class Plan:
     setup: Combination
     findings: list[Finding]
     decisions: list[Decision] = field(default_factory=list)
+    asked: Combination | None = None
+    """The setup as asked, before the rules' fixes (the guards name rules whose conditions hold on either)."""
     # The typed choices that setup code executes.
     device: str = "cpu"
     load_dtype: torch.dtype = torch.float32
