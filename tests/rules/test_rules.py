@@ -97,6 +97,22 @@ CASES = {
     "kbit-int8-zero3": (
         ZERO3.replace(quantization="8bit"),
         ZERO3.replace(quantization="8bit", zero_stage=2)),
+    # Image-text models (catalog_vision.py).
+    "zero3-vision-skipped": (
+        ZERO3.replace(image_text=True),
+        ZERO3.replace(image_text=True, world_size=1)),
+    "ddp-unused-vision-tower": (
+        DDP.replace(image_text=True, towers_trainable=True),
+        DDP.replace(image_text=True, towers_trainable=True, find_unused_parameters=True)),
+    "image-tokens-truncated": (
+        BASE.replace(image_text=True),
+        BASE.replace(image_text=True, image_safe_truncation=True)),
+    "vlm-wrong-auto-class": (
+        BASE.replace(image_text=True, causal_lm_class=True),
+        BASE.replace(image_text=False, causal_lm_class=True)),
+    "lora-targets-vision-tower": (
+        BASE.replace(image_text=True, targets_all_towers=True),
+        BASE.replace(image_text=False, targets_all_towers=True)),
     "zero3-lora-merge": (
         ZERO3.replace(merge_in_sharded=True, adapter_save_gather=True),
         ZERO3.replace(merge_in_sharded=True, adapter_save_gather=True, zero_stage=2)),

@@ -1,6 +1,7 @@
 """PyTorch FSDP2 (`fully_shard`): every parameter sharded on its own across ranks, gathered per unit.
 
-Units: each decoder layer, then the root (embeddings, final norm, head). With LoRA the frozen base Linear of every
+Units: each decoder layer (and an image-text model's vision layers, vision encoder and projector), then the root
+(embeddings, final norm, head). With LoRA the frozen base Linear of every
 adapted module is a unit of its own first (plan.fsdp_frozen_units_separate, rule fsdp-frozen-grad-memory): the
 frozen weights never share a gather or reduce buffer with trainable ones, so the gradient memory is the adapters'.
 Precision: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) for bf16-mixed (sharded fp32 adapters,
@@ -18,7 +19,8 @@ from typing import Any, Iterator
 import torch
 
 from loraflow.engines.base import Engine, clean_name, make_optimizer, make_scheduler
-from loraflow.setup.checkpointing import checkpoint_in_units, decoder_layers, hf_model
+from loraflow.setup.checkpointing import checkpoint_in_units, decoder_layers, hf_model, vision_layers
+from loraflow.setup.towers import tower_root_modules
 
 
 def _is_dtensor(t: Any) -> bool:
@@ -52,11 +54,16 @@ class FSDP2Engine(Engine):
             raise LoraflowError(f"{type(hf_model(model)).__name__} has no transformers decoder layers to shard; "
                                 "parallel.engine=fsdp2 needs a model whose layers are GradientCheckpointingLayer.")
         checkpoint_in_units(model, plan)  # before fully_shard: the recompute must sit inside each unit
-        for layer in layers:
+        # An image-text model's vision layers are units like the decoder layers, and the vision encoder and
+        # projector are units of their own: each tower is gathered only while it runs.
+        for layer in [*vision_layers(model), *layers]:
             if plan.setup.fsdp_frozen_units_separate:
                 for base in _frozen_base_layers(layer):
                     fully_shard(base, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
             fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        roots = [r for t in plan.towers if t.name != "language" for r in t.roots]
+        for tower in tower_root_modules(hf_model(model), roots):
+            fully_shard(tower, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self._units = [m for m in model.modules() if _is_fsdp(m)]
 

@@ -116,6 +116,21 @@ def _flatten(log: LogView, facts: Facts) -> None:
             facts.add(name, (i, line.strip()[:240]))
 
 
+# An image-text model's count of image placeholders in the text against the image features: transformers 4.4x-5
+# (`tokens: 2005, features 2695`) and Gemma3's (`Got 976 image tokens in the text but 1024 tokens from image
+# embeddings`). Fewer placeholders than features is a sequence cut inside an image's run of tokens.
+_IMAGE_COUNTS = re.compile(r"image tokens do not match: tokens: (\d+), features:? (\d+)|Got (\d+) image tokens in the "
+                           r"text but (\d+) tokens from image embeddings", re.IGNORECASE)
+
+
+def _image_tokens(log: LogView, facts: Facts) -> None:
+    for i, line in enumerate(log.lines, 1):
+        found = _IMAGE_COUNTS.search(line)
+        if found:
+            text, features = (int(n) for n in found.groups() if n is not None)
+            facts.add("image-tokens:cut" if text < features else "image-tokens:other", (i, line.strip()[:240]))
+
+
 def read_facts(log: LogView) -> Facts:
     facts = Facts()
     for name, rx in COMPILED_FACTS.items():
@@ -130,6 +145,7 @@ def read_facts(log: LogView) -> Facts:
         if sizes and {int(sizes.group(1)), int(sizes.group(2))} and max(map(int, sizes.groups())) == 2 * min(
                 map(int, sizes.groups())) > 0:
             facts.add("mismatch:doubled", (i, line.strip()[:240]))
+    _image_tokens(log, facts)
     if log.truncated:
         facts.add("truncated")
     _launch_lines(log, facts)

@@ -251,6 +251,8 @@ def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_
         # reentrant-partial-silent); loraflow requires transformers 5.
         tower_input_hook=info.image_text,
         towers_trainable=any(train.get(t) in ("full", "adapter") for t in ("vision", "projector")),
+        # What PEFT alone would do with an image-text model: match adapter targets across every tower.
+        targets_all_towers=info.image_text and config.adapter.method != "full",
         versions=dict(env.versions),
         **_engine_fields(config, engine, deepspeed),
     )
@@ -309,7 +311,10 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
                 and block is None, checkpoint_block=block if layers else None,
                 offload_activations=config.checkpointing.offload_activations and env.device != "cpu",
                 deepspeed=deepspeed, saves="model" if config.adapter.method == "full" else "adapter",
-                towers=towers, vision_checkpoint_layers=list(vision_layers))
+                towers=towers, vision_checkpoint_layers=list(vision_layers),
+                # Beyond the rules' cases (ZeRO-1/2): ranks that run the same modules keep every engine's
+                # collectives and gradient buckets alike, at the cost of one blank image.
+                blank_images=final.image_every_rank or (info.image_text and env.world_size > 1))
     plan.attn_implementation = info.attn_implementation
     if info.attn_implementation == "flash_attention_2" and env.device == "cpu":
         raise ConfigError(["model.attn_implementation=flash_attention_2 needs a CUDA GPU, and this run is on the "

@@ -31,7 +31,7 @@ def _adapter(plan: Plan) -> Decision:
     return Decision("adapter", value, f"adapter.target_modules={targets} matched {n} modules (PEFT's matching)")
 
 
-def _towers(plan: Plan) -> list[Decision]:
+def _towers(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     """An image-text model's towers: what trains in each and where it recomputes (plan/towers.py)."""
     out = []
     for t in plan.towers:
@@ -52,6 +52,14 @@ def _towers(plan: Plan) -> list[Decision]:
             why += (f"; {', '.join(plan.model.unreached)} never run in the image-text forward (the features are "
                     "read before them), so they stay frozen")
         out.append(Decision(f"tower {t.name}", t.describe().split(": ", 1)[1], why))
+    if plan.towers:
+        out.append(Decision("image truncation", "a sample whose image tokens data.max_length would cut is dropped",
+                            "the model needs one placeholder per image feature", changed_by.get("image_safe_truncation")))
+    if plan.blank_images:
+        out.append(Decision("blank images", "a micro-batch without an image gets one blank image, masked out of "
+                            "attention and loss", "every rank must run the vision encoder each step: sharded towers "
+                            "gather by collectives and DDP waits for every trainable weight's gradient",
+                            changed_by.get("image_every_rank")))
     return out
 
 
@@ -110,13 +118,19 @@ def _quantization(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
 
 
 def _freezing(plan: Plan) -> Decision:
+    frozen = [r for t in plan.towers if t.train == "frozen" and t.name != "language" for r in t.roots]
     if plan.config.adapter.method == "full":
+        if frozen:
+            return Decision("freezing", f"{', '.join(frozen)} frozen; every other weight trains",
+                            "full fine-tuning, with the frozen towers of the towers section")
         return Decision("freezing", "nothing frozen", "full fine-tuning")
     if plan.modules_to_save:
         shown = plan.modules_to_save if len(plan.modules_to_save) <= 4 else \
             plan.modules_to_save[:3] + [f"... {len(plan.modules_to_save)} modules"]
+        why = ("adapter.train_modules and the towers trained in full name modules trained in full" if plan.towers
+               else "adapter.train_modules names modules trained in full")
         return Decision("freezing", f"adapters + {', '.join(shown)} trainable; the rest frozen",
-                        "adapter.train_modules names modules trained in full (saved with the adapter)")
+                        f"{why} (saved with the adapter)")
     return Decision("freezing", "adapters only; base weights frozen",
                     "adapter.train_modules is empty (DeepSpeed-Chat's only_optimize_lora)")
 
@@ -270,7 +284,7 @@ def explain_choices(plan: Plan, naive: Combination, changed_by: dict[str, str],
         *_model_setup(plan),
         *_quantization(plan, changed_by),
         _adapter(plan),
-        *_towers(plan),
+        *_towers(plan, changed_by),
         _freezing(plan),
         Decision("saves", "every weight (the model)" if plan.saves == "model" else "the trainable weights (a PEFT "
                  "adapter)", "full fine-tuning changes every weight" if plan.saves == "model" else "only the "

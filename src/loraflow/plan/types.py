@@ -77,6 +77,9 @@ class Plan:
     """An image-text model's TowerPlan per tower (plan/towers.py): what trains in each, and its recompute."""
     vision_checkpoint_layers: list[int] = field(default_factory=list)
     """The vision encoder's layers that recompute in backward (indices into checkpointing.vision_layers)."""
+    blank_images: bool = False
+    """Image-text models on several ranks: a micro-batch without an image gets one blank image, masked out of
+    attention and loss, so every rank runs the vision encoder (rules zero3-vision-skipped, ddp-unused-vision-tower)."""
     saves: str = "adapter"
     """What checkpoints and the export hold, and the export's directory name: `adapter` (the trainable weights, in
     PEFT's format) or `model` (every weight: full fine-tuning)."""

@@ -96,6 +96,12 @@ class Combination:
     image_every_rank: bool = False
     """Every rank runs the vision encoder on every micro-batch (a blank image where its batch has none), so the
     towers' collectives and gradients are the same on every rank."""
+    image_safe_truncation: bool = False
+    """Truncation never cuts inside an image's placeholder tokens (a sample it would cut is dropped)."""
+    causal_lm_class: bool = False
+    """An image-text model is loaded through AutoModelForCausalLM."""
+    targets_all_towers: bool = False
+    """Adapter target names are matched against every tower of an image-text model at once (PEFT's own matching)."""
     merge_in_sharded: bool = False
     """Adapter weights are merged into sharded (ZeRO-3-partitioned) base weights without gathering them first: a
     hybrid engine fusing LoRA for generation, merge_and_unload before saving or for inference."""

@@ -20,7 +20,7 @@ __all__ = ["SYMPTOMS", "Finding", "Rule", "affected_by", "all_rules", "evaluate"
 
 def all_rules() -> list[Rule]:
     # Importing the catalogs registers their rules.
-    from loraflow.rules import catalog, catalog_fsdp, catalog_quant, catalog_sharded  # noqa: F401
+    from loraflow.rules import catalog, catalog_fsdp, catalog_quant, catalog_sharded, catalog_vision  # noqa: F401
 
     return list(_REGISTRY.values())
 

@@ -103,6 +103,10 @@ FACTS: dict[str, tuple[str, str]] = {
     "vision": (r"pixel_values|vision_tower|vision_model|\bvisual\b|Vision(Transformer|Model|Encoder)|\bvit\b|"
                r"image_grid_thw|patch_embed|\bvpm\b|siglip|clip_vision|vision_lora|freeze_vision|tune_vision|"
                r"\bmm_projector\b|\bVL\b|-VL-|llava", "a vision tower is in the model (a vision-language run)"),
+    "vlm_config": (r"\w*(VL|Vision\w*|Llava\w*|Idefics\d?|PaliGemma|Mllama|MiniCPMV|InternVL\w*|Gemma3)Config\b",
+                   "an image-text model's config class is named"),
+    "rank_sizes_differ": (r"NumelIn=(\d+)\b[\s\S]{0,600}?NumelIn=(?!\1\b)\d+", "ranks timed out in collectives of "
+                          "different sizes (they ran different modules)"),
     "merge": (r"merge_and_unload|_unload_and_optionally_merge|fuse_lora|merge_adapter|\bin merge\b|"
               r"get_delta_weight|unfuse_lora|merge_lora|\bmerged?\b", "adapter weights are merged into the base"),
     "rlhf": (r"\bppo\b|\bgrpo\b|\brlhf\b|rollout|experience|actor|critic|reward", "an RLHF stage runs"),
@@ -163,6 +167,10 @@ STRUCTURED_FACTS: dict[str, str] = {
     "flatten:half-and-float": "FSDP was asked to flatten a half-precision tensor beside a float32 one",
     "flatten:other": "FSDP was asked to flatten tensors of other mixed dtypes",
     "truncated": "the log stops inside a traceback, before the error line",
+    "image-tokens:cut": "the text holds fewer image placeholder tokens than the image has features: the sequence was "
+                        "cut inside an image's tokens",
+    "image-tokens:other": "the text holds more image placeholder tokens than there are image features (a data or "
+                          "processor mismatch, not a cut)",
 }
 
 FACT_NAMES = frozenset(FACTS) | frozenset(STRUCTURED_FACTS)

@@ -107,3 +107,14 @@ def unreached_modules(model: torch.nn.Module, hf_config, towers: dict[str, Tower
         out += [n for n in modules if _under(n, root) and _last(n) == "post_layernorm"]
     out += [n for n, m in modules.items() if _under(n, root) and "PoolingHead" in type(m).__name__]
     return out
+
+
+def tower_root_modules(model: torch.nn.Module, roots: list[str]) -> list[torch.nn.Module]:
+    """The live modules at the given tower roots, deepest first (an engine wraps inner units before outer ones).
+    A root PEFT trains in full (modules_to_save) is two modules, the trained copy and the untouched original,
+    and both are listed: the original never runs, and as a unit of its own it is never gathered."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    found = [(n, m) for n, m in model.named_modules() if n and strip_peft(n) in roots
+             and not isinstance(m, (ModulesToSaveWrapper, torch.nn.ModuleDict))]
+    return [m for _, m in sorted(found, key=lambda item: -item[0].count("."))]

@@ -1,0 +1,190 @@
+"""The rules of image-text models: a vision encoder and projector beside the language model. They break memory savers
+and engines in ways of their own: a tower that runs on some ranks and not others (text-only samples), parameters
+that get no gradient, image tokens cut by truncation, the wrong auto class, adapter targets that reach into the
+vision encoder. loraflow's setup of these models is in setup/towers.py and plan/towers.py."""
+
+from __future__ import annotations
+
+from loraflow.rules.rule import Rule, register
+from loraflow.rules.signs import Evidence, LogSigns, Message
+
+
+def _ranks_differ(s) -> bool:
+    """Several ranks, and the vision side may run on some and not on others (a micro-batch without an image)."""
+    return s.image_text and s.world_size > 1 and not s.image_every_rank
+
+
+register(Rule(
+    id="zero3-vision-skipped",
+    title="A sharded vision tower runs on some ranks and not on others",
+    verdict="fix",
+    impact="crash",
+    conditions="an image-text model under ZeRO-3 or FSDP on several ranks, with micro-batches that hold no image on "
+               "some ranks (text-only samples mixed in, or image and video batches)",
+    knobs=("image_every_rank",),
+    when=lambda s: _ranks_differ(s) and s.sharded_params,
+    cause=("Sharded parameters are gathered by a collective when their module runs. A rank whose micro-batch has no "
+           "image skips the vision encoder, so it joins the next layer's all-gather while the others wait in the "
+           "vision tower's: the ranks' collectives no longer match, and the run hangs until the NCCL watchdog kills "
+           "it (ZeRO-3 may first print `Invalidate trace cache`). It happens with the tower frozen too: frozen "
+           "weights are sharded and gathered all the same."),
+    fix=("loraflow runs the vision encoder on every rank at every micro-batch: a rank whose batch has no image "
+         "feeds one blank image whose tokens are masked out of attention and loss, so the towers' collectives match "
+         "and the gradients are those of the real batch."),
+    remedy=lambda s: {"image_every_rank": True},
+    elsewhere=("add a dummy image (zero-weighted in the loss) to micro-batches without one, as LLaMA-Factory's "
+               "multimodal plugin and Qwen2-VL-Finetune do; or use ZeRO-2, or keep text-only samples out of "
+               "image-text runs"),
+    references=("https://github.com/2U1/Qwen-VL-Series-Finetune/issues/17",
+                "https://github.com/hiyouga/LlamaFactory/issues/7157",
+                "https://github.com/modelscope/ms-swift/issues/3213"),
+    fixed_in="design",
+    log=LogSigns(
+        messages=(Message(r"Invalidate trace cache @ step \d+: expected module \d+, but got module \d+", "shared",
+                          "deepspeed runtime/zero/partitioned_param_coordinator.py: the modules ran in another "
+                          "order than the step before"),
+                  Message(r"Watchdog caught collective operation timeout|collective operation timeout", "generic",
+                          "torch ProcessGroupNCCL watchdog")),
+        evidence=(Evidence("vision", 3, "a vision tower is in the model"),
+                  Evidence("vlm_config", 2, "an image-text model's config is named"),
+                  Evidence("rank_sizes_differ", 4, "ranks waited in collectives of different sizes: they ran "
+                           "different modules", decisive=True),
+                  Evidence("zero3", 2, "ZeRO-3 is in use"),
+                  Evidence("fsdp", 1, "FSDP is in use"),
+                  Evidence("generation", -2, "the model generates, which has its own gather rule")),
+        prior=1.5,
+        tells_apart="an image-text model under ZeRO-3 or FSDP, a hang (NCCL watchdog, `Invalidate trace cache`) on "
+                    "a step whose batch on some rank had no image; ranks time out in collectives of different sizes"),
+))
+
+register(Rule(
+    id="ddp-unused-vision-tower",
+    title="Trainable vision weights get no gradient on some ranks under DDP",
+    verdict="fix",
+    impact="crash",
+    conditions="an image-text model under DDP on several ranks without find_unused_parameters, with a vision "
+               "encoder or projector that trains (in full or with adapters) and micro-batches without an image",
+    knobs=("image_every_rank", "find_unused_parameters"),
+    when=lambda s: _ranks_differ(s) and s.engine == "ddp" and s.towers_trainable and not s.find_unused_parameters,
+    cause=("DDP's reducer waits for a gradient of every trainable parameter each step. On a rank whose micro-batch "
+           "has no image the vision encoder and projector do not run, their parameters get no gradient, and the "
+           "next step fails with `Expected to have finished reduction in the prior iteration`, listing the vision "
+           "parameters as the ones that did not receive grad. Layers the model never runs (LLaVA reads the "
+           "second-to-last vision layer, so the last one is unused) do the same on every step."),
+    fix=("loraflow runs the vision encoder on every rank at every micro-batch (a blank, masked image where a batch "
+         "has none), and keeps the vision layers the forward never reaches frozen."),
+    remedy=lambda s: {"image_every_rank": True},
+    elsewhere=("pass find_unused_parameters=True (ddp_find_unused_parameters), add a dummy image to text-only "
+               "batches, or freeze the vision layers the model does not use"),
+    references=("https://github.com/modelscope/ms-swift/issues/1144",
+                "https://github.com/QwenLM/Qwen-VL/issues/121",
+                "https://github.com/hiyouga/LlamaFactory/issues/5680"),
+    fixed_in="design",
+    log=LogSigns(
+        messages=(Message(r"Expected to have finished reduction in the prior iteration before starting a new one",
+                          "shared", "torch/csrc/distributed/c10d/reducer.cpp: Reducer::ensure_prior_reduction_finished"),
+                  Message(r"Parameter indices which did not receive grad for rank", "shared",
+                          "torch reducer.cpp (TORCH_DISTRIBUTED_DEBUG unset)")),
+        evidence=(Evidence("vision", 4, "a vision tower is in the model: its weights miss the loss on text-only "
+                           "batches", decisive=True),
+                  Evidence("vlm_config", 2, "an image-text model's config is named"),
+                  Evidence("find_unused", -4, "find_unused_parameters is on, which tolerates unused weights"),
+                  Evidence("checkpointing", -1, "checkpointing is in use (reentrant recompute is another cause)")),
+        prior=1.0,
+        tells_apart="the unused parameters belong to the vision encoder or projector (names with visual, "
+                    "vision_tower, merger), in an image-text run with text-only samples"),
+))
+
+register(Rule(
+    id="image-tokens-truncated",
+    title="Truncation cuts a sample inside its image tokens",
+    verdict="fix",
+    impact="crash",
+    conditions="an image-text model whose samples are truncated to a maximum length that falls inside an image's "
+               "run of placeholder tokens",
+    knobs=("image_safe_truncation",),
+    when=lambda s: s.image_text and not s.image_safe_truncation,
+    cause=("The processor expands each image into one placeholder token per image feature. A length limit "
+           "(max_length, cutoff_len, max_seq_length) that cuts the sequence inside that run leaves fewer "
+           "placeholders than the vision encoder produces features, and the model refuses: `Image features and "
+           "image tokens do not match: tokens: 4096, features 36864`."),
+    fix=("loraflow never cuts image tokens: a sample whose image tokens would be cut by data.max_length is dropped, "
+         "counted and named in the data summary (raise data.max_length to keep it)."),
+    remedy=lambda s: {"image_safe_truncation": True},
+    elsewhere="raise the length limit (cutoff_len / max_length / max_seq_length) above the longest image sample, "
+              "or lower the image resolution (max_pixels) so fewer tokens represent each image",
+    references=("https://github.com/TIGER-AI-Lab/VLM2Vec/issues/79",
+                "https://github.com/hiyouga/LlamaFactory/issues/8226"),
+    fixed_in="design",
+    log=LogSigns(
+        messages=(Message(r"Image features and image tokens do not match", "shared",
+                          "transformers modeling_<vlm>.py get_placeholder_mask (4.5x-5.x)"),
+                  Message(r"Number of images does not match number of special image tokens in the input text", "shared",
+                          "transformers Gemma3 / unsloth")),
+        evidence=(Evidence("image-tokens:cut", 8, "fewer image placeholders than image features: a cut",
+                           decisive=True),
+                  Evidence("image-tokens:other", -10, "more placeholders than features: not a cut")),
+        prior=1.0,
+        tells_apart="the text holds fewer image tokens than there are image features (tokens < features), often a "
+                    "round number equal to the length limit"),
+))
+
+register(Rule(
+    id="vlm-wrong-auto-class",
+    title="An image-text model loaded through the causal-LM auto class",
+    verdict="fix",
+    impact="crash",
+    conditions="an image-text model (a vision config beside the text config) loaded with AutoModelForCausalLM",
+    knobs=("causal_lm_class",),
+    when=lambda s: s.image_text and s.causal_lm_class,
+    cause=("transformers registers image-text models under AutoModelForImageTextToText (Vision2Seq before it), not "
+           "under AutoModelForCausalLM, so loading one as a causal LM fails: `Unrecognized configuration class "
+           "<...Qwen2VLConfig> for this kind of AutoModel: AutoModelForCausalLM`. Frameworks that fall back to the "
+           "causal-LM class when their own mapping misses the model (an older or newer transformers than they "
+           "know) hit it on export and merge as well as in training."),
+    fix="loraflow loads image-text models with AutoModelForImageTextToText and their processor (setup/preflight.py).",
+    remedy=lambda s: {"causal_lm_class": False},
+    elsewhere="load the model with AutoModelForImageTextToText (or its own class, e.g. Qwen2VLForConditionalGeneration), "
+              "and use a framework release that knows the model type for the installed transformers",
+    references=("https://github.com/hiyouga/LlamaFactory/issues/5316",
+                "https://github.com/huggingface/trl/issues/3868"),
+    fixed_in="design",
+    log=LogSigns(
+        messages=(Message(r"Unrecognized configuration class .{0,300}for this kind of AutoModel: AutoModelForCausalLM",
+                          "shared", "transformers models/auto/auto_factory.py: _BaseAutoModelClass.from_pretrained"),),
+        evidence=(Evidence("vlm_config", 8, "the config class is an image-text model's", decisive=True),
+                  Evidence("vision", 2, "a vision tower is in the model")),
+        prior=1.0,
+        tells_apart="the unrecognized config class is an image-text model's (Qwen2VLConfig, LlavaConfig, ...)"),
+))
+
+register(Rule(
+    id="lora-targets-vision-tower",
+    title="Adapter target names reach into the vision encoder",
+    verdict="fix",
+    impact="crash",
+    conditions="an image-text model whose adapter targets (all-linear, or short names such as proj, qkv, fc1) are "
+               "matched against the whole model rather than the tower meant to be adapted",
+    knobs=("targets_all_towers",),
+    when=lambda s: s.image_text and s.targets_all_towers,
+    cause=("Adapter target names match by suffix anywhere in the model. On an image-text model, all-linear and "
+           "short names also match the vision encoder (its attention `qkv`/`proj`, its MLP `fc1`/`fc2`) and "
+           "even its patch embedding: PEFT then refuses Qwen2.5-VL's `Conv3d` patch embedding (`Target module "
+           "Conv3d(3, 1280, ...) is not supported`), or puts adapters in a frozen, checkpointed tower where they get "
+           "no gradient, or that text-only batches never reach."),
+    fix=("loraflow matches adapter targets inside each tower on its own (towers.<name>.target_modules, else "
+         "adapter.target_modules): the vision encoder gets adapters only with towers.vision.train=adapter."),
+    remedy=lambda s: {"targets_all_towers": False},
+    elsewhere="give the language model's module names with their path (a regex such as "
+              "`.*language_model.*\\.(q_proj|v_proj)`), or the framework's option that keeps the vision tower "
+              "frozen and unadapted",
+    references=("https://github.com/hiyouga/LlamaFactory/issues/6938",
+                "https://github.com/hiyouga/LlamaFactory/issues/5324"),
+    fixed_in="design",
+    log=LogSigns(
+        messages=(Message(r"Target module Conv3d\(.{0,300}is not supported", "own",
+                          "peft tuners/lora/model.py: _create_new_module (a Conv3d patch embedding matched)"),),
+        evidence=(Evidence("vision", 2, "a vision tower is in the model"),),
+        prior=1.0,
+        tells_apart="PEFT refuses a Conv3d or another vision-encoder module that an adapter target name matched"),
+))
