@@ -88,7 +88,6 @@ register(Rule(
         evidence=(Evidence("vision", 4, "a vision tower is in the model: its weights miss the loss on text-only "
                            "batches", decisive=True),
                   Evidence("vlm_config", 2, "an image-text model's config is named"),
-                  Evidence("find_unused", -4, "find_unused_parameters is on, which tolerates unused weights"),
                   Evidence("checkpointing", -1, "checkpointing is in use (reentrant recompute is another cause)")),
         prior=1.0,
         tells_apart="the unused parameters belong to the vision encoder or projector (names with visual, "
@@ -152,8 +151,11 @@ register(Rule(
     log=LogSigns(
         messages=(Message(r"Unrecognized configuration class .{0,300}for this kind of AutoModel: AutoModelForCausalLM",
                           "shared", "transformers models/auto/auto_factory.py: _BaseAutoModelClass.from_pretrained"),),
+        # A log cut at the raise in from_pretrained, under a causal-LM load.
+        frames=(Message(r"auto_factory\.py:from_pretrained$", "shared"),),
         evidence=(Evidence("vlm_config", 8, "the config class is an image-text model's", decisive=True),
-                  Evidence("vision", 2, "a vision tower is in the model")),
+                  Evidence("vision", 2, "a vision tower is in the model"),
+                  Evidence("causal_lm_load", 1, "the model is loaded through AutoModelForCausalLM")),
         prior=1.0,
         tells_apart="the unrecognized config class is an image-text model's (Qwen2VLConfig, LlavaConfig, ...)"),
 ))

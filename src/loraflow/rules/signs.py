@@ -105,6 +105,7 @@ FACTS: dict[str, tuple[str, str]] = {
                r"\bmm_projector\b|\bVL\b|-VL-|llava", "a vision tower is in the model (a vision-language run)"),
     "vlm_config": (r"\w*(VL|Vision\w*|Llava\w*|Idefics\d?|PaliGemma|Mllama|MiniCPMV|InternVL\w*|Gemma3)Config\b",
                    "an image-text model's config class is named"),
+    "causal_lm_load": (r"AutoModelForCausalLM\.from_pretrained", "a model is loaded through AutoModelForCausalLM"),
     "rank_sizes_differ": (r"NumelIn=(\d+)\b[\s\S]{0,600}?NumelIn=(?!\1\b)\d+", "ranks timed out in collectives of "
                           "different sizes (they ran different modules)"),
     "merge": (r"merge_and_unload|_unload_and_optionally_merge|fuse_lora|merge_adapter|\bin merge\b|"
