@@ -42,50 +42,76 @@ class DataSplit:
     rows: list[Row]
     stats: DataStats
     prompts: list[EvalPrompt] = field(default_factory=list)
+    processor: object | None = None
+    """An image-text model's processor, saved beside the trained weights (so images are prepared as in training
+    when the adapter is loaded)."""
+    blank: Row | None = None
+    """An image-text run on several ranks: the blank-image row a micro-batch without an image gets
+    (plan.blank_images; data.multimodal.blank_row)."""
 
 
-def load_stage_data(config: Config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
+def load_stage_data(config: Config, tokenizer, processor=None) -> tuple[DataSplit, DataSplit | None]:
     """The (train, eval) splits of the kind of data config.stage reads: conversations or text, chosen/rejected
-    pairs, or prompts."""
+    pairs, or prompts. With a `processor` (an image-text model's AutoProcessor) chat messages may hold images
+    (data.multimodal): every image is opened here, before the model loads."""
     spec = stage_spec(config.stage)
     if spec.data == "sft":
-        return load_sft(config, tokenizer)
+        return load_sft(config, tokenizer, processor)
     if spec.data == "pairs":
-        return _load_pair_data(config, tokenizer, spec.eval_generates)
+        return _load_pair_data(config, tokenizer, spec.eval_generates, processor)
+    if processor is not None:
+        from loraflow.errors import DataError
+
+        raise DataError(f"stage {config.stage}: prompts with images (rl stages) are not supported yet; image-text "
+                        "models train with the sft, rm and dpo stages.")
     from loraflow.data.preference import load_prompts
 
     return load_splits(config, tokenizer, "prompts",
                        lambda records, key: load_prompts(records, key, tokenizer, config.data.max_length))
 
 
-def _load_pair_data(config: Config, tokenizer, eval_generates: bool) -> tuple[DataSplit, DataSplit | None]:
+def _load_pair_data(config: Config, tokenizer, eval_generates: bool,
+                    processor=None) -> tuple[DataSplit, DataSplit | None]:
     from loraflow.data.preference import answer_prompt, load_pairs
 
     train, held_out = load_splits(config, tokenizer, "pairs",
-                                  lambda records, key: load_pairs(records, key, tokenizer, config.data.max_length))
+                                  lambda records, key: load_pairs(records, key, tokenizer, config.data.max_length,
+                                                                  processor),
+                                  processor)
     if held_out is not None and eval_generates and config.eval.generate:
-        held_out.prompts = [answer_prompt(r, tokenizer) for r in held_out.rows]
+        if processor is not None:
+            from loraflow.data.multimodal import pair_answer_prompt
+
+            held_out.prompts = [pair_answer_prompt(r, processor) for r in held_out.rows]
+        else:
+            held_out.prompts = [answer_prompt(r, tokenizer) for r in held_out.rows]
     return train, held_out
 
 
-def load_split(config: Config, tokenizer, which: str) -> DataSplit | None:
+def load_split(config: Config, tokenizer, which: str, processor=None) -> DataSplit | None:
     """`which` is "train" or "eval" (see load_sft)."""
-    train, held_out = load_sft(config, tokenizer)
+    train, held_out = load_sft(config, tokenizer, processor)
     return train if which == "train" else held_out
 
 
-def load_sft(config: Config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
+def load_sft(config: Config, tokenizer, processor=None) -> tuple[DataSplit, DataSplit | None]:
     """SFT train and eval splits. Eval data is never packed (its loss is per sample) and also yields the prompts
-    and references for exact-match generation, except for plain-text records, which have no reference answer."""
-    train_records, eval_records = read_splits(config, "sft", has_template(tokenizer))
-    train = _sft_split(config, tokenizer, "train", train_records)
+    and references for exact-match generation, except for plain-text records, which have no reference answer.
+    With a `processor`, rows and prompts carry their image inputs and nothing is packed (data.multimodal)."""
+    train_records, eval_records = read_splits(config, "sft", has_template(processor or tokenizer))
+    train = _sft_split(config, tokenizer, "train", train_records, processor)
     if eval_records is None:
         return train, None
     if config.eval.max_samples:
         eval_records = eval_records[: config.eval.max_samples]
-    held_out = _sft_split(config, tokenizer, "eval", eval_records)
+    held_out = _sft_split(config, tokenizer, "eval", eval_records, processor)
     if config.eval.generate:
-        prompts = [eval_prompt(r, "auto", tokenizer) for r in eval_records]
+        if processor is not None:
+            from loraflow.data.multimodal import eval_prompt as multimodal_prompt
+
+            prompts = [multimodal_prompt(r, "auto", processor) for r in eval_records]
+        else:
+            prompts = [eval_prompt(r, "auto", tokenizer) for r in eval_records]
         held_out.prompts = [p for p in prompts if p is not None]
         if len(held_out.prompts) < len(prompts):
             # Exact match needs a reference answer; continued-pretraining text has none, so loss is the measure.
@@ -95,8 +121,14 @@ def load_sft(config: Config, tokenizer) -> tuple[DataSplit, DataSplit | None]:
     return train, held_out
 
 
-def _sft_split(config: Config, tokenizer, which: str, records: list[Record]) -> DataSplit:
+def _sft_split(config: Config, tokenizer, which: str, records: list[Record], processor=None) -> DataSplit:
     d = config.data
+    if processor is not None:
+        from loraflow.data.multimodal import load_rows, warn_packing
+
+        if which == "train":
+            warn_packing(d.packing, f"data.{which}")
+        return DataSplit(which, *load_rows(records, processor, d.max_length, f"data.{which}"))
     samples, stats = truncate([tokenize(r, "auto", tokenizer) for r in records], d.max_length)
     if not samples:
         raise_empty(f"data.{which}", d.max_length)
@@ -109,10 +141,10 @@ def _sft_split(config: Config, tokenizer, which: str, records: list[Record]) -> 
     return DataSplit(which, rows, stats)
 
 
-def load_splits(config: Config, tokenizer, kind: str, build) -> tuple[DataSplit, DataSplit | None]:
+def load_splits(config: Config, tokenizer, kind: str, build, processor=None) -> tuple[DataSplit, DataSplit | None]:
     """Train and eval splits of the pair ("pairs") and prompt ("prompts") stages: the records read_splits gives,
     made into rows by `build(records, config key) -> (rows, stats)`; eval is cut to eval.max_samples."""
-    train_records, eval_records = read_splits(config, kind, has_template(tokenizer))
+    train_records, eval_records = read_splits(config, kind, has_template(processor or tokenizer))
     train = DataSplit("train", *build(train_records, "data.train"))
     if eval_records is None:
         return train, None

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from loraflow.data.formatting import IGNORE, Sample
+from loraflow.data.image_batching import collate_images
 
 
 @dataclass
@@ -19,6 +20,9 @@ class DataStats:
     tokens: int = 0
     label_tokens: int = 0
     dropped_origins: list[str] = field(default_factory=list)
+    image_cut: int = 0
+    """Image-text samples dropped because data.max_length would cut through their image tokens."""
+    image_cut_origins: list[str] = field(default_factory=list)
 
     def describe(self, name: str, max_length: int) -> str:
         text = (f"{name}: {self.samples} samples, {self.tokens} tokens ({self.label_tokens} learned); "
@@ -26,6 +30,9 @@ class DataStats:
         if self.dropped:
             text += (f"; {self.dropped} dropped because truncation left no learned token (first: "
                      f"{self.dropped_origins[0]}); raise data.max_length to keep them")
+        if self.image_cut:
+            text += (f"; {self.image_cut} dropped because data.max_length={max_length} would cut through their image "
+                     f"tokens (first: {self.image_cut_origins[0]}); raise data.max_length to keep them")
         return text
 
 
@@ -55,6 +62,22 @@ class Row:
     input_ids: list[int]
     labels: list[int]
     position_ids: list[int] | None = None
+    images: dict[str, torch.Tensor] | None = None
+    """Image-text rows: the processor's image tensors for this row's images (pixel_values, image_grid_thw, ...),
+    batched by data.multimodal.IMAGE_BATCHING; None for a text-only row."""
+    token_types: dict[str, list[int]] | None = None
+    """Per-token processor outputs (token_type_ids of Gemma3/PaliGemma, mm_token_type_ids), one per input id."""
+    images_end: int = 0
+    """One past the last image token: truncation shorter than this would cut an image, so the row is dropped."""
+
+
+def cut(row: Row, max_length: int) -> Row:
+    """The row's first max_length tokens, per-token fields with them; its images stay (callers drop a row whose
+    images_end is beyond max_length, so no image loses tokens)."""
+    types = {k: v[:max_length] for k, v in row.token_types.items()} if row.token_types else row.token_types
+    return Row(row.input_ids[:max_length], row.labels[:max_length],
+               row.position_ids[:max_length] if row.position_ids is not None else None,
+               row.images, types, row.images_end)
 
 
 def as_rows(samples: list[Sample]) -> list[Row]:
@@ -98,6 +121,8 @@ def collate(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
             extra[i, :n] = 1
     batch = {"input_ids": ids, "labels": labels}
     batch["position_ids" if packed else "attention_mask"] = extra
+    if any(r.images or r.token_types for r in rows):
+        batch.update(collate_images(rows, width))
     return batch
 
 

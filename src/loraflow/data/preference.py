@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from loraflow.data.batching import DataStats, Row, collate
+from loraflow.data.batching import DataStats, Row, collate, cut
 from loraflow.data.formats import BY_NAME, choose, to_canonical
 from loraflow.data.formatting import (
     IGNORE,
@@ -64,12 +64,23 @@ def _prompt(record: Record) -> tuple[str, Any]:
     return key, prompt
 
 
-def _answer(record: Record, prompt: Any, name: str, tokenizer) -> Row:
+def _chat_row(record: Record, prompt: list, answer: list, name: str, key: str, processor) -> Row:
+    """An image-text pair side: the prompt's images go with each side, since chosen and rejected are separate
+    rows (collate_pairs)."""
+    from loraflow.data.multimodal import tokenize_chat
+
+    names = [f"{key}[{i}]" for i in range(len(prompt))] + [f"{name}[{i}]" for i in range(len(answer))]
+    return tokenize_chat([*prompt, *answer], processor, record, first_learned=len(prompt), names=names)
+
+
+def _answer(record: Record, prompt: Any, name: str, tokenizer, processor=None, key: str = "prompt") -> Row:
     answer = record.data.get(name)
     if isinstance(answer, list) and not isinstance(prompt, str):
         if not answer or not all(isinstance(m, dict) for m in answer) or answer[0].get("role") != "assistant":
             raise DataError(f"{record.origin}: field `{name}` must be a non-empty list of messages starting with the "
                             "assistant's turn (or a string).")
+        if processor is not None:
+            return _chat_row(record, prompt, answer, name, key, processor)
         messages = _validate_messages(Record({"messages": [*prompt, *answer]}, record.origin))
         return Row(*tokenize_messages(messages, tokenizer, record.origin, first_learned=len(prompt)))
     if not isinstance(answer, str) or not answer.strip():
@@ -81,6 +92,8 @@ def _answer(record: Record, prompt: Any, name: str, tokenizer) -> Row:
         sample = tokenize(Record({"prompt": prompt, "completion": answer}, record.origin), "prompt_completion",
                           tokenizer)
         return Row(sample.input_ids, sample.labels)
+    if processor is not None:
+        return _chat_row(record, prompt, [{"role": "assistant", "content": answer}], name, key, processor)
     messages = _validate_messages(Record({"messages": [*prompt, {"role": "assistant", "content": answer}]},
                                          record.origin))
     return Row(*tokenize_messages(messages, tokenizer, record.origin, first_learned=len(prompt)))
@@ -90,13 +103,17 @@ def _same(a: Any, b: Any) -> bool:
     return a.strip() == b.strip() if isinstance(a, str) and isinstance(b, str) else a == b
 
 
-def tokenize_pair(record: Record, tokenizer, configured_format: str = "auto") -> PairRow:
-    """A pair record in any preference format (explicit or implicit prompt, standard or conversational)."""
-    fmt = choose(record, "pairs", has_template(tokenizer), configured_format)
-    record = to_canonical(record, BY_NAME[fmt.name], has_template(tokenizer))
-    _, prompt = _prompt(record)
-    chosen = _answer(record, prompt, "chosen", tokenizer)
-    rejected = _answer(record, prompt, "rejected", tokenizer)
+def tokenize_pair(record: Record, tokenizer, configured_format: str = "auto", processor=None) -> PairRow:
+    """A pair record in any preference format (explicit or implicit prompt, standard or conversational). With a
+    `processor`, a chat prompt may hold images (data.multimodal): both sides carry them."""
+    chat = has_template(processor or tokenizer)
+    fmt = choose(record, "pairs", chat, configured_format)
+    record = to_canonical(record, BY_NAME[fmt.name], chat)
+    key, prompt = _prompt(record)
+    if processor is not None:
+        tokenizer = processor.tokenizer  # plain-text pairs of an image-text model use its tokenizer
+    chosen = _answer(record, prompt, "chosen", tokenizer, processor, key)
+    rejected = _answer(record, prompt, "rejected", tokenizer, processor, key)
     if _same(record.data["chosen"], record.data["rejected"]):
         raise DataError(f"{record.origin}: fields `chosen` and `rejected` are the same answer; there is no "
                         "preference to learn. Fix or drop the record.")
@@ -104,14 +121,19 @@ def tokenize_pair(record: Record, tokenizer, configured_format: str = "auto") ->
 
 
 def truncate_pairs(pairs: list[PairRow], max_length: int) -> tuple[list[PairRow], DataStats]:
-    """Cut both answers to max_length tokens; a pair where either side keeps no learned token is dropped."""
+    """Cut both answers to max_length tokens; a pair where either side keeps no learned token, or where the cut
+    would go through image tokens, is dropped."""
     stats, kept = DataStats(), []
     for p in pairs:
+        if any(len(r.input_ids) > max_length and r.images_end > max_length for r in (p.chosen, p.rejected)):
+            stats.image_cut += 1
+            stats.image_cut_origins.append(p.origin)
+            continue
         rows = []
         for row in (p.chosen, p.rejected):
             if len(row.input_ids) > max_length:
                 stats.truncated += 1
-                row = Row(row.input_ids[:max_length], row.labels[:max_length])
+                row = cut(row, max_length)
             rows.append(row)
         learned = [sum(1 for t in r.labels[1:] if t != IGNORE) for r in rows]
         if min(learned) == 0:
@@ -130,9 +152,10 @@ def collate_pairs(rows: list[PairRow], pad_id: int, pack_to: int = 0) -> dict[st
     each, or, with `pack_to` (data.packing), packed in that order into rows of at most `pack_to` tokens. Packed
     rows restart their position ids per sequence (transformers then keeps sequences from attending to each other)
     and carry `segments`: the sequence (0..2P-1) each position belongs to, -1 on padding, so per-sequence sums and
-    last tokens can be read back."""
+    last tokens can be read back. Image-text pairs are not packed."""
     sequences = [r.chosen for r in rows] + [r.rejected for r in rows]
-    if not pack_to:
+    # Image-text sequences are never packed (data.multimodal): each keeps its own images, padded to a row.
+    if not pack_to or any(s.images or s.token_types for s in sequences):
         batch = collate(sequences, pad_id)
         batch["num_pairs"] = torch.tensor(len(rows))
         return batch
@@ -181,9 +204,10 @@ def tokenize_prompt(record: Record, tokenizer) -> PromptRow:
     return PromptRow(ids, fields, record.origin)
 
 
-def load_pairs(records: list[Record], key: str, tokenizer, max_length: int) -> tuple[list[PairRow], DataStats]:
-    """Canonical pair records (data.sources read them) -> truncated pairs."""
-    pairs, stats = truncate_pairs([tokenize_pair(r, tokenizer) for r in records], max_length)
+def load_pairs(records: list[Record], key: str, tokenizer, max_length: int,
+               processor=None) -> tuple[list[PairRow], DataStats]:
+    """Canonical pair records (data.sources read them) -> truncated pairs (with `processor`: image-text pairs)."""
+    pairs, stats = truncate_pairs([tokenize_pair(r, tokenizer, processor=processor) for r in records], max_length)
     if not pairs:
         raise DataError(f"{key}: no pair left after truncation to data.max_length={max_length}; raise it.")
     return pairs, stats

@@ -4,6 +4,7 @@ malformed one is reported by file, line (or record number) and field."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,23 @@ class Record:
     data: dict[str, Any]
     origin: str
     """Where the record came from, e.g. `train.jsonl line 12` or `data.parquet row 3`."""
+    base_dir: str | None = None
+    """The directory of the data file it was read from: relative image paths in it resolve against this."""
+
+
+# `PATH line 12`, `PATH record 3`, `PATH row 3`: the origins the file readers below write.
+_FILE_ORIGIN = re.compile(r"^(?P<path>.+) (?:line|record|row) \d+$")
+
+
+def record_dir(record: Record) -> Path | None:
+    """The directory of the record's data file: its base_dir, else read from its origin (records rebuilt by format
+    conversion keep the origin), None for hub rows."""
+    if record.base_dir:
+        return Path(record.base_dir)
+    match = _FILE_ORIGIN.match(record.origin)
+    if match and Path(match["path"]).is_file():
+        return Path(match["path"]).resolve().parent
+    return None
 
 
 def _utf8_error(path: Path, exc: UnicodeDecodeError, line: int, line_start: int) -> DataError:
@@ -52,7 +70,7 @@ def _jsonl(path: Path) -> list[Record]:
                                 "must be one JSON object.") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{path} line {lineno}: expected a JSON object, got {type(obj).__name__}.")
-            records.append(Record(obj, f"{path} line {lineno}"))
+            records.append(Record(obj, f"{path} line {lineno}", str(path.resolve().parent)))
     return records
 
 
@@ -81,7 +99,7 @@ def _json(path: Path) -> list[Record]:
     for i, item in enumerate(obj):
         if not isinstance(item, dict):
             raise DataError(f"{path} record {i}: expected a JSON object, got {type(item).__name__}.")
-        out.append(Record(item, f"{path} record {i}"))
+        out.append(Record(item, f"{path} record {i}", str(path.resolve().parent)))
     return out
 
 
@@ -92,7 +110,7 @@ def _parquet(path: Path) -> list[Record]:
         rows = pq.read_table(path).to_pylist()
     except Exception as exc:  # pyarrow raises several unrelated types for a bad file
         raise DataError(f"{path}: cannot read as Parquet ({exc}).") from None
-    return [Record(row, f"{path} row {i}") for i, row in enumerate(rows)]
+    return [Record(row, f"{path} row {i}", str(path.resolve().parent)) for i, row in enumerate(rows)]
 
 
 def _hub(name: str, split: str, key: str) -> list[Record]:
