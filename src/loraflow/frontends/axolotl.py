@@ -8,10 +8,11 @@ unfrozen_parameters (src/axolotl/utils/config/__init__.py normalize_config), `{u
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import deepspeed, keys
+from loraflow.frontends import deepspeed, keys, vision
 from loraflow.frontends.argv import (
     Command,
     _launcher_options,
@@ -37,6 +38,7 @@ from loraflow.frontends.common import (
     read_keyed_files,
     trainer_dtypes,
 )
+from loraflow.frontends.intent import TOWER_MODULE
 
 NAME = "axolotl"
 CFG = "src/axolotl/utils/config/__init__.py"
@@ -51,7 +53,8 @@ FLAGS = {"checkpointing": "gradient_checkpointing", "reentrant": "gradient_check
          "lm_head_trainable": "lora_modules_to_save", "weight_tying_enforced": "peft_ensure_weight_tying",
          "offload": "deepspeed offload config / fsdp_config.offload_params",
          "fsdp_use_orig_params": "fsdp_config.use_orig_params", "world_size": "accelerate --num_processes",
-         "adapter_save_gather": "gather_16bit_weights_on_model_save in the DeepSpeed JSON"}
+         "adapter_save_gather": "gather_16bit_weights_on_model_save in the DeepSpeed JSON",
+         "targets_all_towers": "lora_target_linear / lora_target_modules", "image_safe_truncation": "sequence_len"}
 _CLI = {"launcher", "cloud", "use_exec", "no_use_exec", "accelerate", "debug", "shard", "sweep"}
 
 
@@ -187,11 +190,51 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
                   "ZeRO-3 params (transformers trainer.py)" if new else
                   f"{info.get('gather_key', 'gather_16bit_weights_on_model_save')} in the DeepSpeed config")
 
+    _image_text(draft, cfg)
     for name, (value, source) in cfg.items():
         if name not in keys.AXOLOTL and name not in _CLI:
             draft.unknown.append(source)
     trainer_dtypes(draft, draft.get("precision") != "fp32", "Axolotl loads the model in bf16/fp16 when set")
     draft.flag(**FLAGS)
+
+
+def _image_text(draft: Draft, cfg: dict[str, tuple[Any, str]]) -> None:
+    """The image-text fields: the base model's name or `processor_type` (set only for multimodal models), then what
+    the adapter targets reach. Axolotl loads multimodal models with their image-text auto class
+    (src/axolotl/loaders/model.py _set_auto_model_loader)."""
+    get, src, on = accessors(cfg)
+    model = str(get("base_model") or "")
+    if not vision.recognise(draft, model, src("base_model") if model else "",
+                            src("processor_type") if get("processor_type") else None):
+        return
+    if draft.get("adapter") == "full":
+        frozen = get("unfrozen_parameters")
+        if not frozen or any(TOWER_MODULE.search(str(p)) for p in as_list(frozen)):
+            draft.set("towers_trainable", True, src("unfrozen_parameters") if frozen else
+                      f"{draft.sources['adapter']}: full fine-tuning trains the vision tower too")
+    elif on("lora_target_linear"):
+        # find_all_linear_names collects the short name of every Linear in the whole model, vision blocks and
+        # projector included, at every release (src/axolotl/loaders/adapter.py; utils/models.py before v0.10).
+        why = f"{src('lora_target_linear')} (find_all_linear_names takes every Linear of the model, vision tower " \
+              "included)"
+        for name in ("targets_all_towers", "tower_adapters", "towers_trainable"):
+            draft.set(name, True, why)
+    elif "lora_target_modules" in cfg:
+        targets = get("lora_target_modules")
+        where = src("lora_target_modules")
+        if isinstance(targets, str) and re.search(r"[\\^$*+?()\[\]|{}]", targets):
+            # A regex string: PEFT matches it against full module paths, so it reaches only what it names.
+            draft.set("targets_all_towers", False, f"{where} (a regex over full module paths)")
+            if TOWER_MODULE.search(targets):
+                draft.set("tower_adapters", True, f"{where} (names vision-tower modules)")
+                draft.set("towers_trainable", True, f"{where} (adapters in the vision tower)")
+        elif vision.targets_reach_towers(model, as_list(targets)):
+            draft.set("targets_all_towers", True, f"{where}: short names are matched by PEFT against the whole "
+                      "model, the vision tower included")
+            draft.set("tower_adapters", True, f"{where} (matches modules of the vision encoder of {model})")
+            draft.set("towers_trainable", True, f"{where} (adapters in the vision encoder)")
+    vision.tower_hook(draft)
+    vision.data_unknowns(draft, "sequence_len")
 
 
 # What a key or launch form says about the release (Axolotl's git history).

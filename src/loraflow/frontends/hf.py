@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import deepspeed, keys
+from loraflow.frontends import deepspeed, keys, vision
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import (
     Arg,
@@ -64,7 +64,8 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "quant_storage_matches": "--bnb_4bit_quant_storage", "packing": "--packing",
          "generation_gather": "--ds3_gather_for_generation", "world_size": "the launcher's process count",
          "zero_stage": "zero_optimization.stage in the --deepspeed JSON",
-         "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON"}
+         "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON",
+         "targets_all_towers": "--lora_target_modules"}
 
 
 def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list) -> dict[str, Any]:
@@ -139,7 +140,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
 
     # A script's own flags (not TrainingArguments', not TRL's): what they say about adapters, quantization,
     # reentrancy and frozen towers (frontends/intent.py).
-    known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | HANDLED
+    known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | HANDLED | set(_MODEL_KEYS) | set(_LENGTH_KEYS)
     intent = infer({n: (o.value, o.source) for n, o in opts.items() if n not in known})
     custom = bool(intent.used)
     # Adapter: TRL scripts train a PEFT adapter only with --use_peft (ModelConfig.use_peft default False,
@@ -177,6 +178,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                   "tower)")
     elif targets is not None and TOWER_MODULE.search(" ".join(map(str, as_list(targets.value)))):
         draft.set("tower_adapters", True, f"{targets.source} (names vision-tower modules)")
+    _image_text(draft, opts, intent, cmd)
     if draft.get("quantization") == "4bit":
         storage = (str(opts["bnb_4bit_quant_storage"].value) if "bnb_4bit_quant_storage" in opts else
                    intent.storage)
@@ -187,14 +189,21 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                   "default (bnb_4bit_quant_storage unset: packed uint8, trl/trainer/utils.py)")
 
     # Checkpointing: TRL turns it on by default (trl/trainer/base_config.py, since TRL 0.22); the Trainer does not.
+    # A script's own switch (InternVL's --grad_checkpoint) counts where the Trainer's flag is absent.
     gc_name = next((n for n in ("activation_checkpointing", "gradient_checkpointing") if n in opts),
                    "gradient_checkpointing")
     kw_name = next((n for n in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs") if n in opts),
                    "gradient_checkpointing_kwargs")
-    gc = on(gc_name) if gc_name in opts else bool(trl and trl_rel.since(draft, "0.22.0"))
-    gc_src = opts[gc_name].source if gc_name in opts else (f"default ({who} " + (
-        "trl/trainer/base_config.py: gradient_checkpointing true since TRL 0.22)" if trl else
-        "TrainingArguments: false)"))
+    own_gc = gc_name not in opts and intent.checkpointing is not None
+    gc = (on(gc_name) if gc_name in opts else intent.checkpointing if own_gc else
+          bool(trl and trl_rel.since(draft, "0.22.0")))
+    if gc_name in opts:
+        gc_src = opts[gc_name].source
+    elif own_gc:
+        gc_src = f"{intent.sources['checkpointing']} (the script's own switch)"
+    else:
+        gc_src = f"default ({who} " + ("trl/trainer/base_config.py: gradient_checkpointing true since TRL 0.22)"
+                                       if trl else "TrainingArguments: false)")
     if gc and draft.get("checkpoint_impl") == "torch-wrapper":
         draft.note("both the Trainer's gradient_checkpointing and FSDP activation_checkpointing are on; transformers "
                    "refuses that combination")
@@ -255,12 +264,8 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
             draft.set("input_grad_hook", False, "transformers < 5: the Trainer's hook is skipped for a PeftModel "
                       "(transformers issue #42489)")
 
-    if draft.get("tower_adapters") and gc:
-        # enable_input_require_grads hooks each sub-model's input embeddings from transformers 5 (PR #41993: a
-        # vision tower's patch embedding too); before, only the language model's token embeddings.
-        new = at_least(draft, "transformers", "5.0.0")
-        draft.set("tower_input_hook", new, f"transformers {'>=' if new else '<'} 5.0: enable_input_require_grads "
-                  f"{'also hooks' if new else 'does not hook'} the vision tower's patch embedding (PR #41993)")
+    if gc:
+        vision.tower_hook(draft)
     if trl:
         draft.set("use_cache", False, "TRL passes use_cache=False in the training forward (trl/trainer/sft_trainer.py)")
     elif "use_cache" in opts:
@@ -331,6 +336,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                matched_modules="--lora_target_modules",
                quant_storage_matches="--bnb_4bit_quant_storage", packing="--packing",
                generation_gather="--ds3_gather_for_generation", world_size="the launcher's process count",
+               targets_all_towers="--lora_target_modules",
                zero_stage="zero_optimization.stage in the --deepspeed JSON" if "ds" in info else
                "--zero_stage / zero_stage in the accelerate config",
                adapter_save_gather="stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON" if "ds" in info
@@ -339,6 +345,47 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     for name, opt in opts.items():
         if name not in known and name not in intent.used:
             draft.unknown.append(opt.source)
+
+
+# Where scripts name the model: TrainingArguments-style scripts and TRL (--model_name_or_path), Qwen2-VL-Finetune
+# (--model_id), others (--model, --model_path, --base_model).
+_MODEL_KEYS = ("model_name_or_path", "model_id", "model", "model_path", "base_model", "pretrained_model_name_or_path")
+_LENGTH_KEYS = ("model_max_length", "max_seq_length", "max_length", "max_seq_len", "cutoff_len")
+
+
+def _image_text(draft: Draft, opts: dict[str, Opt], intent, cmd: Command | None) -> None:
+    """The image-text fields, from the model's name and the script's tower flags (frontends/vision.py)."""
+    key = next((k for k in _MODEL_KEYS if k in opts), None)
+    model = str((opts[key].value if key else "") or "")
+    if not vision.recognise(draft, model, opts[key].source if key else "", intent.sources.get("image_text")):
+        return
+    full = draft.get("adapter") == "full"
+    if intent.towers_trainable:
+        draft.set("towers_trainable", True, f"{intent.sources['towers_trainable']} (the vision encoder or projector "
+                  "trains)")
+    elif intent.projector_mlp_trains:
+        draft.set("towers_trainable", True, f"{intent.sources['projector_mlp_trains']} (the projector trains)")
+    elif full and not intent.frozen_modules:
+        draft.set("towers_trainable", True, f"{draft.sources['adapter']}: full fine-tuning trains every tower")
+    targets = opts.get("lora_target_modules")
+    if intent.full_paths:
+        draft.set("targets_all_towers", False, f"{intent.sources['full_paths']} (the script targets Linear modules by "
+                  "their full path)")
+    elif targets is not None and not full and vision.targets_reach_towers(model, as_list(targets.value)):
+        # PEFT matches all-linear and a list of short names against every module of the model
+        # (peft tuners_utils.py _maybe_include_all_linear_layers, check_target_module_exists).
+        draft.set("targets_all_towers", True, f"{targets.source} (PEFT matches it against the whole model, vision "
+                  "encoder included)")
+        draft.set("tower_adapters", True, f"{targets.source} (matches modules of the vision encoder of {model})")
+        draft.set("towers_trainable", True, f"{targets.source} (adapters in the vision encoder)")
+    if cmd is not None and ((cmd.program == "trl" and cmd.subcommand == "sft") or cmd.program == "trl.scripts.sft"):
+        # trl/scripts/sft.py passed the model id to SFTTrainer, which loads AutoModelForCausalLM, up to 0.15; from
+        # 0.16 the script loads image-text configs with AutoModelForImageTextToText (TRL commit e4e5671, PR #3070).
+        old = not trl_rel.since(draft, "0.16.0")
+        draft.set("causal_lm_class", old, "trl sft < 0.16 hands the model id to SFTTrainer (AutoModelForCausalLM)"
+                  if old else "trl sft >= 0.16 loads image-text models with AutoModelForImageTextToText "
+                  "(trl/scripts/sft.py)")
+    vision.data_unknowns(draft, next((k for k in _LENGTH_KEYS if k in opts), ""))
 
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:

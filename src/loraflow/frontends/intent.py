@@ -29,14 +29,30 @@ _DORA = re.compile(r"^use_dora$")
 # Towers a vision-language script trains or freezes: `--tune_vision true`, `--tune_llm false`, `--fix_vit True`,
 # `--freeze_vision_tower`, `--freeze_llm`, `--freeze_backbone`, `--tune_mm_mlp_adapter` (only the projector trains).
 _TUNE = re.compile(r"^(tune|train)_(vision|vit|llm|language_model|backbone|visual|mm_mlp_adapter|merger|"
-                   r"img_projector)$")
+                   r"img_projector|aligner|projector|mm_projector)$")
 # Adapters inside the vision tower: `--vision_lora True`, `--use_vision_lora`, `--vision_lora_rank 16`, or target
 # modules that name the tower (`visual.*qkv`, `vpm`, `vision_model`); a projector/merger is not the tower.
-_TOWER_LORA = re.compile(r"^(use_)?(vision|vit|visual)_lora(_(r|rank|dim))?$|^lora_(vision|vit)$")
+# InternVL's `--use_backbone_lora 16` is a LoRA rank for its ViT (internvl_chat_finetune.py ModelArguments).
+_TOWER_LORA = re.compile(r"^(use_)?(vision|vit|visual|backbone)_lora(_(r|rank|dim))?$|^lora_(vision|vit)$")
 TOWER_MODULE = re.compile(r"(?<![a-z])(visual|vision(_tower|_model|_encoder)?|vpm|vit|image_encoder|siglip|"
                           r"clip_vision|patch_embed)(?![a-z])", re.I)
 _TARGETS = re.compile(r"^(lora_)?target(_modules)?$|^lora_target_modules$")
-_FREEZE = re.compile(r"^(freeze|fix)_(vision(_tower)?|vit|llm|language_model|backbone|visual|mlp|merger|vision_model)$")
+_FREEZE = re.compile(r"^(freeze|fix)_(vision(_tower)?|vit|llm|language_model|backbone|visual|mlp|merger|vision_model|"
+                     r"aligner|projector|mm_projector|multi_modal_projector)$")
+# The vision side of an image-text model (encoder, projector/merger/aligner): a flag that names one exists only in
+# image-text scripts. `backbone` is not one (LLaVA's --freeze_backbone is the language model, InternVL's the ViT), nor
+# `mlp` (InternVL's projector, but a common word).
+_VISION_PART = re.compile(r"_(vision(_tower|_model)?|vit|visual|merger|mm_mlp_adapter|img_projector|aligner|projector|"
+                          r"mm_projector|multi_modal_projector)$")
+# Checkpointing switches of scripts' own: InternVL's `--grad_checkpoint` (default true).
+_CHECKPOINT = re.compile(r"^(grad_checkpoint|grad_ckpt|use_gradient_checkpointing|gradient_checkpoint)$")
+# Names kept out of adapters in scripts that target every Linear by its full module path (Qwen2-VL-Finetune's
+# find_target_linear_names): full paths match only themselves, never another tower's module of the same short name.
+_EXCLUDE = re.compile(r"^lora_namespan_exclude$")
+# Image-input settings only image-text scripts have: Qwen2-VL-Finetune's --image_min_pixels / --image_folder,
+# InternVL's --force_image_size / --max_dynamic_patch, MiniCPM-V's --max_slice_nums.
+_IMAGE_INPUT = re.compile(r"^(image_(min|max)_pixels|(min|max)_pixels|image_folder|image_dir|force_image_size|"
+                          r"max_dynamic_patch|dynamic_image_size|use_thumbnail|max_slice_nums)$")
 
 
 @dataclass
@@ -50,6 +66,16 @@ class Intent:
     """A tower (vision encoder, language model, projector) stays frozen."""
     tower_adapters: bool = False
     """Adapters sit inside the vision tower."""
+    image_text: bool = False
+    """A flag only image-text scripts have (`--tune_vision`, `--freeze_vision_tower`, `--vision_lora`)."""
+    towers_trainable: bool = False
+    """A flag says the vision encoder or projector trains (`--tune_vision true`, `--freeze_vision_tower false`,
+    `--tune_merger true`) or carries adapters."""
+    projector_mlp_trains: bool = False
+    """`--freeze_mlp false`: InternVL's projector trains, if the model is an image-text model."""
+    checkpointing: bool | None = None
+    full_paths: bool = False
+    """Adapter targets are full module paths (`--lora_namespan_exclude`)."""
     sources: dict[str, str] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)
     """The flags read (so they are not listed as not understood)."""
@@ -86,8 +112,11 @@ def infer(options: dict[str, tuple[Any, str]]) -> Intent:
             on = True if _TARGETS.match(name) else _truthy(value, raw)
             if on:
                 out.tower_adapters, out.sources["tower_adapters"] = True, raw
+                out.towers_trainable, out.sources["towers_trainable"] = True, raw
                 if out.adapter in (None, "full"):
                     out.adapter, out.sources["adapter"] = "lora", raw
+            if _TOWER_LORA.match(name):
+                out.image_text, out.sources["image_text"] = True, raw
             out.used.add(name)
             continue
         if _ADAPTER_SWITCH.match(name) or _ADAPTER_RANK.match(name):
@@ -133,4 +162,24 @@ def infer(options: dict[str, tuple[Any, str]]) -> Intent:
                 frozen = True
             if frozen:
                 out.frozen_modules, out.sources["frozen_modules"] = True, raw
+            vision = _VISION_PART.search(name)
+            if vision:
+                out.image_text = True
+                out.sources.setdefault("image_text", raw)
+            if (vision and frozen is False) or (name == "tune_mm_mlp_adapter" and on):
+                out.towers_trainable, out.sources["towers_trainable"] = True, raw
+            elif name == "freeze_mlp" and on is False:
+                out.projector_mlp_trains, out.sources["projector_mlp_trains"] = True, raw
+        elif _CHECKPOINT.match(name):
+            on = _truthy(value, raw)
+            if on is not None:
+                out.checkpointing, out.sources["checkpointing"] = on, raw
+                out.used.add(name)
+        elif _IMAGE_INPUT.match(name):
+            out.image_text = True
+            out.sources.setdefault("image_text", raw)
+            out.used.add(name)
+        elif _EXCLUDE.match(name):
+            out.full_paths, out.sources["full_paths"] = True, raw
+            out.used.add(name)
     return out

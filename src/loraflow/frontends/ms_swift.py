@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import deepspeed, keys
+from loraflow.frontends import deepspeed, keys, vision
 from loraflow.frontends.argv import (
     Command,
     command_from_script,
@@ -51,7 +51,9 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "matched_modules": "--target_modules", "packing": "--packing / --padding_free",
          "find_unused_parameters": "--ddp_find_unused_parameters", "ddp_static_graph": "--ddp_static_graph",
          "generation_gather": "--ds3_gather_for_generation", "embeddings_trainable": "--modules_to_save",
-         "lm_head_trainable": "--modules_to_save", "world_size": "NPROC_PER_NODE"}
+         "lm_head_trainable": "--modules_to_save", "world_size": "NPROC_PER_NODE",
+         "targets_all_towers": "--target_modules", "towers_trainable": "--freeze_vit / --freeze_aligner",
+         "image_safe_truncation": "--max_length / MAX_PIXELS"}
 _HANDLED = {"train_type", "tuner_type", "sft_type", "use_dora", "target_modules", "modules_to_save",
             "gradient_checkpointing", "gradient_checkpointing_kwargs", "deepspeed", "fsdp", "fsdp_config",
             "torch_dtype", "bf16", "fp16", "quant_bits", "quant_method", "bnb_4bit_quant_storage", "packing",
@@ -209,11 +211,60 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
                f"{src('deepspeed')}: stage3_gather_16bit_weights_on_model_save false")
         draft.set("adapter_save_gather", gather, why)
 
+    _image_text(draft, get, src, on, opts)
     for name, (value, source) in opts.items():
         if name not in _HANDLED and name not in keys.MS_SWIFT and name not in keys.HF_TRAINER:
             draft.unknown.append(source)
     trainer_dtypes(draft, draft.get("precision") != "fp32", "ms-swift loads the model in --torch_dtype")
     draft.flag(**FLAGS)
+
+
+def _image_text(draft: Draft, get, src, on, opts: dict) -> None:
+    """The image-text fields: the model's name (or --model_type) or a tower flag; then the towers ms-swift trains.
+    From 3.0, --freeze_vit / --freeze_aligner default true and --freeze_llm false (swift/arguments/tuner_args.py),
+    for full training and LoRA alike: all-linear is turned into a regex over the unfrozen towers only
+    (get_multimodal_target_regex, v3.0); 2.4 - 2.x had --freeze_vit false by default and no --freeze_aligner."""
+    key = next((k for k in ("model", "model_id_or_path", "model_type") if k in opts), None)
+    model = str(get(key) or "") if key else ""
+    flag = next((src(k) for k in ("freeze_vit", "freeze_aligner") if k in opts), None)
+    if not vision.recognise(draft, model, src(key) if key else "", flag):
+        return
+    if "freeze_aligner" in opts and ">=3.0.0" not in draft.eras.get("ms-swift", ("",))[0]:
+        draft.era("ms-swift", ">=3.0.0", "--freeze_aligner exists from ms-swift 3.0")
+    new = at_least(draft, "ms-swift", "3.0.0")
+    vit_frozen = on("freeze_vit", default=new)
+    vit_src = src("freeze_vit") if "freeze_vit" in opts else (f"default (ms-swift {'>=' if new else '<'} 3.0: "
+                                                               f"freeze_vit {str(new).lower()})")
+    al_frozen = on("freeze_aligner", default=new if new else vit_frozen)
+    al_src = src("freeze_aligner") if "freeze_aligner" in opts else "default (ms-swift >= 3.0: freeze_aligner true)" \
+        if new else vit_src
+    llm_frozen = on("freeze_llm")
+    full = draft.get("adapter") == "full"
+    if full and (vit_frozen or al_frozen or llm_frozen):
+        draft.set("frozen_modules", True, vit_src if vit_frozen else al_src if al_frozen else src("freeze_llm"))
+    targets = as_list(get("target_modules", "all-linear")) if new or "target_modules" in opts else []
+    tsrc = src("target_modules") if "target_modules" in opts else "default (ms-swift: target_modules all-linear)"
+    regex = "target_regex" in opts
+    per_tower = new and any(t.lower() == "all-linear" for t in targets)
+    if full and not (vit_frozen and al_frozen):
+        draft.set("towers_trainable", True, f"{vit_src if not vit_frozen else al_src} (the "
+                  f"{'vision encoder' if not vit_frozen else 'aligner'} trains)")
+    elif not full and per_tower and not (vit_frozen and al_frozen) and not regex:
+        draft.set("towers_trainable", True, f"{tsrc} with {vit_src if not vit_frozen else al_src}: adapters in the "
+                  "unfrozen vision side")
+        if not vit_frozen:
+            draft.set("tower_adapters", True, f"{tsrc} with {vit_src}: all-linear covers the ViT")
+    if not full and not regex and targets:
+        if per_tower:
+            draft.set("targets_all_towers", False, f"{tsrc}: ms-swift >= 3.0 matches all-linear inside the unfrozen "
+                      "towers only (get_multimodal_target_regex)")
+        elif new and vision.targets_reach_towers(model, targets):
+            draft.set("targets_all_towers", True, f"{tsrc}: short names are matched by PEFT against the whole model, "
+                      "the ViT included")
+            draft.set("tower_adapters", True, f"{tsrc} (matches modules of the vision encoder of {model})")
+            draft.set("towers_trainable", True, f"{tsrc} (adapters in the vision encoder)")
+    vision.tower_hook(draft)
+    vision.data_unknowns(draft, "max_length")
 
 
 # What a flag's spelling says about the release (ms-swift's git history).
