@@ -57,15 +57,36 @@ def exact_match(model, tokenizer, prompts: list[EvalPrompt], max_new_tokens: int
             for i, p in enumerate(chunk):
                 ids[i, width - len(p.prompt_ids):] = torch.tensor(p.prompt_ids)
                 mask[i, width - len(p.prompt_ids):] = 1
+            images = {k: v.to(device) for k, v in _prompt_images(chunk, width).items()}
             out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
                                  max_new_tokens=max_new_tokens, eos_token_id=_stop_ids(model, tokenizer),
-                                 pad_token_id=pad, use_cache=True)
+                                 pad_token_id=pad, use_cache=True, **images)
             for p, row in zip(chunk, out[:, width:].tolist()):
                 text = tokenizer.decode(row, skip_special_tokens=True).strip()
                 correct += text == p.reference.strip()
                 if len(examples) < 5:
                     examples.append((p.origin, p.reference.strip(), text))
     return ExactMatch(correct / max(len(prompts), 1), correct, len(prompts), examples)
+
+
+def _prompt_images(chunk: list[EvalPrompt], width: int) -> dict[str, torch.Tensor]:
+    """An image-text chunk's image inputs for generate(): the images batched as for training
+    (data.multimodal.collate_images), per-token inputs left-padded like the prompts."""
+    with_images = [p for p in chunk if getattr(p, "images", None) or getattr(p, "token_types", None)]
+    if not with_images:
+        return {}
+    from loraflow.data.multimodal import collate_images
+
+    rows = [Row(p.prompt_ids, [], images=getattr(p, "images", None)) for p in chunk]
+    out = collate_images(rows, width)
+    for key in dict.fromkeys(k for p in with_images for k in (p.token_types or {})):
+        values = torch.zeros((len(chunk), width), dtype=torch.long)
+        for i, p in enumerate(chunk):
+            types = (getattr(p, "token_types", None) or {}).get(key)
+            if types:
+                values[i, width - len(types):] = torch.tensor(types)
+        out[key] = values
+    return out
 
 
 @torch.no_grad()

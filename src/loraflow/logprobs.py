@@ -35,8 +35,11 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """What a batch passes to the model's forward (labels, indices and stage fields stay out)."""
-    return {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    """What a batch passes to the model's forward (labels, indices and stage fields stay out): the token inputs,
+    and an image-text batch's image inputs (data.multimodal.IMAGE_BATCHING)."""
+    from loraflow.data.image_batching import IMAGE_BATCHING
+
+    return {k: batch[k] for k in (*MODEL_INPUTS, *IMAGE_BATCHING) if k in batch}
 
 
 LOGIT_TRANSFORMS = {

@@ -27,6 +27,7 @@ from loraflow.checkpoint import (
     save_checkpoint,
 )
 from loraflow.data import BatchOrder, DataSplit, collate, learned_tokens
+from loraflow.data.multimodal import with_blank
 from loraflow.divergence import DivergenceWatch
 from loraflow.engines import Engine, build_engine
 from loraflow.engines.memory import MemoryReport
@@ -139,6 +140,8 @@ class Trainer:
             rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
             restore_rng(rngs[self.engine.rank] if self.engine.rank < len(rngs) else rngs[0])
         self.pad_id = tokenizer.pad_token_id
+        # A multi-rank image-text run: micro-batches without an image get the blank image (plan.blank_images).
+        self.blank = collate([train.blank], self.pad_id) if train.blank is not None else None
         unit = stage_spec(plan.config.stage).unit.format(**vars(plan.config.rl))
         log.info("training: %d optimizer steps of %d x %d %s x %d processes", self.total_steps, self.accum,
                  t.micro_batch_size, unit, world)
@@ -171,6 +174,8 @@ class Trainer:
         batches = []
         for rows, real in shares:
             batch = h.collate([self.train.rows[i] for i in rows], self.pad_id)
+            if self.blank is not None and "pixel_values" not in batch:
+                batch = with_blank(batch, self.blank, self.pad_id)
             batch["index"] = torch.tensor(rows)  # the rows' positions in the data (reference log-probs, sampling)
             batches.append(({key: v.to(self.plan.device) for key, v in batch.items()}, real))
         self.progress.position += self.accum
@@ -189,6 +194,8 @@ class Trainer:
             # Real tokens: the attention mask (pad may equal eos), the positions packed pairs' segments cover, or
             # every position of a packed SFT row.
             mask = batch.get("attention_mask", batch["segments"] >= 0 if "segments" in batch else None)
+            if "blank_rows" in batch:  # the blank image's row is no data
+                mask = mask[: -int(batch["blank_rows"])]
             tokens += (int(mask.sum()) if mask is not None else batch["input_ids"].numel()) if real else 0
             with e.micro_step(last=k == self.accum - 1):
                 with autocast(self.plan.device, self.plan.autocast_dtype), self.activations.forward():
@@ -210,6 +217,16 @@ class Trainer:
                  for i, n in enumerate(names)}
         return {"loss": total_loss, "tokens": int(tokens), **means}
 
+    def _images(self) -> int | None:
+        """Micro-batches of this step that held a real image, on all ranks (None for a text model): the first-step
+        guard excuses the vision side of a step without one."""
+        if not self.plan.towers:
+            return None
+        batches, _ = self.prepared
+        local = sum(1 for b, real in batches if real and "blank_rows" not in b and "pixel_values" in b)
+        (total,) = self.engine.all_sum([local])
+        return int(total)
+
     def apply_update(self) -> float:
         """Clip, step the optimizer and the schedule, clear gradients; returns the pre-clip gradient norm."""
         return self.engine.step()
@@ -221,7 +238,7 @@ class Trainer:
         step = self.progress.step + 1
         self.watch.check_loss(step, stats["loss"])  # the same reduced number on every rank: all stop together
         if guard is not None:
-            check_first_gradients(self.model, self.plan, self.engine.full_grads())
+            check_first_gradients(self.model, self.plan, self.engine.full_grads(), self._images())
             self.memory = MemoryReport.after_backward(self.engine)
             self.memory.activations = self.activations.counted
         stats["grad_norm"] = self.apply_update()
@@ -330,7 +347,7 @@ class Trainer:
         weights = self.run_dir / self.plan.saves
         state = self._weights()
         if self.main:
-            export_weights(self.model, weights, state, self.tokenizer)
+            export_weights(self.model, weights, state, self.train.processor or self.tokenizer)
         self.engine.barrier()
         after = self.evaluate("after training")
         self.metrics.close()

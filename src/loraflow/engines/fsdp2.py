@@ -62,7 +62,7 @@ class FSDP2Engine(Engine):
                     fully_shard(base, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
             fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         roots = [r for t in plan.towers if t.name != "language" for r in t.roots]
-        for tower in tower_root_modules(hf_model(model), roots):
+        for tower in _tower_units(tower_root_modules(hf_model(model), roots)):
             fully_shard(tower, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self._units = [m for m in model.modules() if _is_fsdp(m)]
@@ -134,6 +134,27 @@ def _is_fsdp(module: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(module, FSDPModule)
+
+
+def _tower_units(roots: list[torch.nn.Module]) -> Iterator[torch.nn.Module]:
+    """The units that hold a tower's weights outside its layers. A tower that is a transformers sub-model (the
+    vision encoder) is not sharded whole: fully_shard swaps a module's class for an FSDP subclass, and transformers
+    5.23 looks up which outputs a model can record by the class's name (utils/output_capturing.py
+    _CanRecordRegistry), so a sharded vision encoder stops returning the hidden states LLaVA reads its features
+    from (`'NoneType' object is not subscriptable`). Its children that hold weights outside the layer units are
+    sharded instead (embeddings, norms); a plain module (the projector) is a unit itself. A generator: each unit
+    is sharded before the next root is looked at, so a unit inside a later root (Qwen2-VL's merger in its vision
+    encoder) is not taken twice."""
+    from transformers import PreTrainedModel
+
+    for root in roots:
+        if not isinstance(root, PreTrainedModel):
+            if not _is_fsdp(root):
+                yield root
+            continue
+        for child in list(root.children()):
+            if any(True for _ in child.parameters()) and not any(_is_fsdp(m) for m in child.modules()):
+                yield child
 
 
 def _frozen_base_layers(layer: torch.nn.Module) -> list[torch.nn.Module]:

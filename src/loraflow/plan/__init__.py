@@ -291,7 +291,10 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
         raise ConfigError(problems)
     layers = _checkpoint_layers(config, info.num_layers)
     towers = resolve_towers(config, info, layers)
-    modules_to_save += [r for r in full_tower_roots(towers, config.adapter.method) if r not in modules_to_save]
+    if towers and config.data.packing:
+        raise ConfigError(["data.packing=true: image-text rows are not packed (each row keeps its own images, and "
+                           "Qwen2-VL's 3-D positions cannot restart inside a row); set data.packing=false."])
+    modules_to_save += [r for r in full_tower_roots(towers, info, config.adapter.method) if r not in modules_to_save]
     block = _checkpoint_block(config, info)
     vision_layers = next((t.checkpoint_layers for t in towers if t.name == "vision"), [])
     asked = config.checkpointing.reentrant

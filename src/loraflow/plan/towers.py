@@ -79,14 +79,28 @@ def resolve_towers(config: Config, info: ModelInfo, language_layers: list[int]) 
     return out
 
 
-def full_tower_roots(towers: list[TowerPlan], adapter_method: str) -> list[str]:
+def full_tower_roots(towers: list[TowerPlan], info: ModelInfo, adapter_method: str) -> list[str]:
     """The modules_to_save that train whole towers beside adapters (none under full fine-tuning, where every
     unfrozen weight trains anyway); a root inside another one listed (Qwen2-VL's merger in its vision encoder)
-    is left to its ancestor's copy."""
+    is left to its ancestor's copy. A tower holding modules its forward never runs (info.unreached) is covered by
+    its other sub-modules instead, so PEFT's copy (and the saved adapter) holds only weights that train."""
     if adapter_method == "full":
         return []
     roots = [r for t in towers if t.train == "full" for r in t.roots]
-    return [r for r in roots if not any(r != o and r.startswith(o + ".") for o in roots)]
+    roots = [r for r in roots if not any(r != o and r.startswith(o + ".") for o in roots)]
+    return [m for r in roots for m in _covering(r, info.module_names, info.unreached)]
+
+
+def _covering(root: str, names: list[str], unreached: list[str]) -> list[str]:
+    """The fewest modules under `root` that hold every one of its modules except the unreached ones."""
+    inside = [u for u in unreached if u == root or u.startswith(root + ".")]
+    if not inside:
+        return [root]
+    if root in inside:
+        return []
+    depth = root.count(".") + 1
+    children = [n for n in names if n.startswith(root + ".") and n.count(".") == depth]
+    return [m for child in children for m in _covering(child, names, unreached)]
 
 
 def frozen_roots(towers: list[TowerPlan]) -> list[str]:

@@ -10,7 +10,12 @@ from pathlib import Path
 from loraflow.config.schema import Config
 from loraflow.data import load_stage_data
 from loraflow.errors import ConfigError
-from loraflow.setup.model import ModelInfo, inspect_model, load_tokenizer
+from loraflow.setup.model import (
+    ModelInfo,
+    inspect_model,
+    load_processor,
+    load_tokenizer,
+)
 from loraflow.setup.paths import quiet, resolve_path
 from loraflow.setup.preflight import check_vocab
 
@@ -39,10 +44,36 @@ def tokenizer_and_data(plan):
     data kind (data.load_stage_data): what `train` needs before building the model, and what `check` runs to find
     the same errors. Returns (tokenizer, train_split, eval_split)."""
     config = plan.config
-    tokenizer = load_tokenizer(config, plan.model.path)
-    check_vocab(config, tokenizer, plan.model.vocab_size)  # before the data: it fails in a second
-    train_split, eval_split = load_stage_data(config, tokenizer)
+    if not plan.model.image_text:
+        tokenizer = load_tokenizer(config, plan.model.path)
+        check_vocab(config, tokenizer, plan.model.vocab_size)  # before the data: it fails in a second
+        train_split, eval_split = load_stage_data(config, tokenizer)
+        return tokenizer, train_split, eval_split
+    processor = load_processor(config, plan.model.path)
+    tokenizer = processor.tokenizer
+    check_vocab(config, tokenizer, plan.model.vocab_size)
+    train_split, eval_split = load_stage_data(config, tokenizer, processor)
+    _check_vision_learns(plan, train_split)
+    train_split.processor = processor
+    if plan.blank_images:
+        from loraflow.data.multimodal import blank_row
+
+        train_split.blank = blank_row(processor)
     return tokenizer, train_split, eval_split
+
+
+def _check_vision_learns(plan, split) -> None:
+    """A vision encoder or projector set to train on data without a single image would never learn: refuse it
+    before the model loads, naming the tower's key."""
+    training = [t.name for t in plan.towers if t.name != "language" and t.train != "frozen"]
+    if not training or any(getattr(r, "images", None) or getattr(getattr(r, "chosen", None), "images", None)
+                           for r in split.rows):
+        return
+    from loraflow.errors import DataError
+
+    raise DataError(f"data.train holds no image, so the {' and '.join(training)} (towers.{training[0]}.train="
+                    f"{plan.config.towers.train_of(training[0], plan.config.adapter.method)}) would never get a "
+                    f"gradient. Add image samples, or set towers.{training[0]}.train=frozen.")
 
 
 def check_tokenizer_and_data(plan) -> str:

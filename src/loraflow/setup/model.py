@@ -173,6 +173,28 @@ def load_tokenizer(config: Config, model_path: str):
     return tok
 
 
+def load_processor(config: Config, model_path: str):
+    """An image-text model's processor (tokenizer + image processor + chat template), from model.tokenizer or the
+    model's directory; its tokenizer gets a pad token as load_tokenizer's does."""
+    from transformers import AutoProcessor
+
+    spec = config.model.tokenizer
+    path = resolve_path(spec, "model.tokenizer") if spec else model_path
+    try:
+        with _quiet():  # image processors without torchvision say they fall back to PIL: expected on a CPU stack
+            processor = AutoProcessor.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
+    except (OSError, ValueError, ImportError) as exc:
+        raise ConfigError([f"cannot load an image-text processor from {path} ({str(exc).splitlines()[0]}). An "
+                           "image-text model needs its processor (preprocessor_config.json beside the tokenizer); "
+                           "set model.tokenizer to a directory or hub id that has one."]) from None
+    if not hasattr(processor, "tokenizer") or not hasattr(processor, "image_processor"):
+        raise ConfigError([f"{path} holds a {type(processor).__name__}, not an image-text processor (a tokenizer and "
+                           "an image processor); set model.tokenizer to the model's processor."])
+    if processor.tokenizer.pad_token is None:
+        processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    return processor
+
+
 def hf_attn_implementation(config: Config) -> str | None:
     """model.attn_implementation as transformers takes it: `auto` is its own default (None: SDPA, else eager)."""
     asked = config.model.attn_implementation

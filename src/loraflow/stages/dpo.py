@@ -34,8 +34,8 @@ def pair_logps(plan, average: bool):
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         logps = summed_logps(*learned_logps(model, batch, plan.logits, use_cache=plan.use_cache), average=average,
                              segments=batch.get("segments"), count=2 * int(batch["num_pairs"]))
-        p = logps.shape[0] // 2
-        return torch.stack([logps[:p], logps[p:]], dim=1)
+        p = int(batch["num_pairs"])  # rows past the pairs' 2P (a blank image's row) are never scored
+        return torch.stack([logps[:p], logps[p:2 * p]], dim=1)
 
     return compute
 
