@@ -83,6 +83,12 @@ class Engine:
         """Clip, optimizer step, schedule step, clear gradients; returns the pre-clip global gradient norm. A
         non-finite norm skips the update (the run stops on it): Adam would turn it into NaN weights."""
         max_norm = self.train_cfg.max_grad_norm or float("inf")
+        for _, p in self.trainable:
+            if p.grad is None:
+                # A tower that did not run this step (no image in any micro-batch) steps with a zero gradient, as
+                # it does where a blank image ran it (multi-rank runs, and ZeRO, which always fills one): Adam's
+                # momentum then moves it alike on every engine, instead of skipping it in one process only.
+                p.grad = torch.zeros_like(p)
         norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], max_norm)
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if math.isfinite(norm):
