@@ -32,8 +32,11 @@ CURRENT = ROOT / ".venv" / "bin" / "python"
 
 LEGACY_CASES = ("zero3-frozen-recompute", "zero3-eval-backward")
 CURRENT_CASES = ("reentrant-frozen-inputs", "cache-during-recompute", "no-adapter-matched", "fp16-trainable-unscale",
-                 "kbit-cpu-repack", "kbit-full-finetune")
-"""Must raise on the current stack; every 2-rank case that raises here is captured as well."""
+                 "kbit-cpu-repack", "kbit-full-finetune", "vlm-wrong-auto-class", "image-tokens-truncated")
+"""Must raise on the current stack; every 2-rank case that raises here is captured as well, except:"""
+UNDIAGNOSABLE = ("ddp-unused-vision-tower",)
+"""Its error is raised in DDP's pre-forward, before any model frame: the log cannot show that the model is an
+image-text one, so it holds no trace of its cause (the real-world logs in tests/fixtures/corpus/explain/vision do)."""
 
 
 def stack(python: str) -> dict[str, str]:
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         plan += [(rule, str(LEGACY), True) for rule in LEGACY_CASES]
     plan += [(rule, args.python, True) for rule in CURRENT_CASES]
     plan += [(rule, args.python, False) for rule, c in cases.items()
-             if c.ranks > 1 and not c.needs_cuda and rule not in LEGACY_CASES]
+             if c.ranks > 1 and not c.needs_cuda and rule not in LEGACY_CASES + UNDIAGNOSABLE]
     if args.only:
         plan = [row for row in plan if row[0] in args.only]
 

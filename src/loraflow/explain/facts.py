@@ -117,9 +117,9 @@ def _flatten(log: LogView, facts: Facts) -> None:
 
 
 # An image-text model's count of image placeholders in the text against the image features: transformers 4.4x-5
-# (`tokens: 2005, features 2695`) and Gemma3's (`Got 976 image tokens in the text but 1024 tokens from image
+# (`tokens: 2005, features 2695`, or `, tokens: 2, features: 256`) and Gemma3's (`Got 976 image tokens in the text but 1024 tokens from image
 # embeddings`). Fewer placeholders than features is a sequence cut inside an image's run of tokens.
-_IMAGE_COUNTS = re.compile(r"image tokens do not match: tokens: (\d+), features:? (\d+)|Got (\d+) image tokens in the "
+_IMAGE_COUNTS = re.compile(r"image tokens do not match[:,] tokens: (\d+), features:? (\d+)|Got (\d+) image tokens in the "
                            r"text but (\d+) tokens from image embeddings", re.IGNORECASE)
 
 
