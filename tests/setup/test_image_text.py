@@ -249,3 +249,39 @@ def test_towers_that_train_on_data_without_images_are_refused(families):
 
     with pytest.raises(DataError, match="towers.vision.train=full"):
         tokenizer_and_data(plan)
+
+
+def test_dpo_pairs_with_images_train_as_the_reference(families, tmp_path):
+    """Preference pairs whose prompt holds an image: the first DPO step starts at -log sigmoid(0) (the policy is
+    its reference) and, with every tower checkpointed, has the gradients of the run without checkpointing."""
+    import json
+
+    from loraflow.pipeline import build_run
+
+    pairs = families["data"].parent / "pairs.jsonl"  # beside the images its paths name
+    with pairs.open("w") as fh:
+        for line in families["data"].read_text().splitlines():
+            user, answer = json.loads(line)["messages"]
+            if isinstance(user["content"], str):
+                continue
+            right = answer["content"][0]["text"]
+            fh.write(json.dumps({"prompt": [user], "chosen": [{"role": "assistant", "content": right}],
+                                 "rejected": [{"role": "assistant", "content": "purple" + right}]}) + "\n")
+
+    def first_step(*extra: str):
+        out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        out.mkdir()
+        config = make_config(families["llava"], "stage=dpo", f"data.train={pairs}", f"output.dir={out}",
+                             "towers.vision.train=adapter", "towers.projector.train=full", "train.max_steps=1",
+                             "train.micro_batch_size=4", *extra)
+        trainer = build_run(config, detect_environment(), out).trainer
+        stats = trainer.accumulate()
+        return stats["loss"], {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+    loss, grads = first_step()
+    assert abs(loss - 0.693147) < 1e-4
+    ckpt_loss, ckpt_grads = first_step("checkpointing.enabled=true")
+    assert ckpt_loss == pytest.approx(loss, abs=1e-6)
+    assert any("vision_tower" in n for n in grads)
+    for name, g in grads.items():
+        assert float((ckpt_grads[name] - g).norm()) <= 1e-5 * float(g.norm().clamp_min(1e-12)), name
