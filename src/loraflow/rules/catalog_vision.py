@@ -82,7 +82,8 @@ register(Rule(
     fixed_in="design",
     log=LogSigns(
         messages=(Message(r"Expected to have finished reduction in the prior iteration before starting a new one",
-                          "shared", "torch/csrc/distributed/c10d/reducer.cpp: Reducer::ensure_prior_reduction_finished"),
+                          "shared",
+                          "torch/csrc/distributed/c10d/reducer.cpp: Reducer::ensure_prior_reduction_finished"),
                   Message(r"Parameter indices which did not receive grad for rank", "shared",
                           "torch reducer.cpp (TORCH_DISTRIBUTED_DEBUG unset)")),
         evidence=(Evidence("vision", 4, "a vision tower is in the model: its weights miss the loss on text-only "
@@ -143,8 +144,9 @@ register(Rule(
            "know) hit it on export and merge as well as in training."),
     fix="loraflow loads image-text models with AutoModelForImageTextToText and their processor (setup/preflight.py).",
     remedy=lambda s: {"causal_lm_class": False},
-    elsewhere="load the model with AutoModelForImageTextToText (or its own class, e.g. Qwen2VLForConditionalGeneration), "
-              "and use a framework release that knows the model type for the installed transformers",
+    elsewhere="load the model with AutoModelForImageTextToText (or its own class, e.g. "
+              "Qwen2VLForConditionalGeneration), and use a framework release that knows the model type for the "
+              "installed transformers",
     references=("https://github.com/hiyouga/LlamaFactory/issues/5316",
                 "https://github.com/huggingface/trl/issues/3868"),
     fixed_in="design",

@@ -128,9 +128,7 @@ def apply_adapters(model: torch.nn.Module, plan) -> torch.nn.Module:
 def freeze_towers(model: torch.nn.Module, plan) -> None:
     """Keep the plan's frozen towers frozen: under full fine-tuning, and inside a tower trained in full that holds
     a frozen one (Qwen2-VL's merger sits in its vision encoder's trained copy)."""
-    from loraflow.setup.towers import tower_of
-
-    from loraflow.setup.towers import strip_peft
+    from loraflow.setup.towers import strip_peft, tower_of
 
     frozen = {t.name for t in plan.towers if t.train == "frozen" and t.name != "language"}
     unreached = plan.model.unreached

@@ -27,7 +27,6 @@ from loraflow.setup.paths import quiet as _quiet
 from loraflow.setup.paths import resolve_path
 
 
-
 def _first_sentence(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text.split(". ")[0].rstrip(".")
