@@ -43,17 +43,23 @@ def truncate(samples: list[Sample], max_length: int) -> tuple[list[Sample], Data
         if len(s.input_ids) > max_length:
             stats.truncated += 1
             s = Sample(s.input_ids[:max_length], s.labels[:max_length], s.origin)
-        # Position 0 is never predicted, so a learned token there does not count.
-        learned = sum(1 for t in s.labels[1:] if t != IGNORE)
-        if learned == 0:
-            stats.dropped += 1
-            stats.dropped_origins.append(s.origin)
-            continue
-        stats.samples += 1
-        stats.tokens += len(s.input_ids)
-        stats.label_tokens += learned
-        kept.append(s)
+        if tally(stats, s.input_ids, s.labels, s.origin):
+            kept.append(s)
     return kept, stats
+
+
+def tally(stats: DataStats, ids: list[int], labels: list[int], origin: str) -> bool:
+    """Count a (truncated) sample into `stats`: kept, or dropped when it has no learned token left. Position 0 is
+    never predicted, so a learned token there does not count."""
+    learned = sum(1 for t in labels[1:] if t != IGNORE)
+    if learned == 0:
+        stats.dropped += 1
+        stats.dropped_origins.append(origin)
+        return False
+    stats.samples += 1
+    stats.tokens += len(ids)
+    stats.label_tokens += learned
+    return True
 
 
 @dataclass

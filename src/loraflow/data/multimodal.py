@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from loraflow.data.batching import DataStats, Row, cut
+from loraflow.data.batching import DataStats, Row, cut, tally
 from loraflow.data.formatting import (
     CANONICAL,
     IGNORE,
@@ -203,15 +203,8 @@ def truncate_rows(rows: list[tuple[Row, str]], max_length: int) -> tuple[list[Ro
                 continue
             stats.truncated += 1
             row = cut(row, max_length)
-        learned = sum(1 for t in row.labels[1:] if t != IGNORE)  # position 0 is never predicted
-        if learned == 0:
-            stats.dropped += 1
-            stats.dropped_origins.append(origin)
-            continue
-        stats.samples += 1
-        stats.tokens += len(row.input_ids)
-        stats.label_tokens += learned
-        kept.append(row)
+        if tally(stats, row.input_ids, row.labels, origin):
+            kept.append(row)
     return kept, stats
 
 

@@ -229,10 +229,8 @@ def _image_text(draft: Draft, cfg: dict[str, tuple[Any, str]]) -> None:
                 draft.set("tower_adapters", True, f"{where} (names vision-tower modules)")
                 draft.set("towers_trainable", True, f"{where} (adapters in the vision tower)")
         elif vision.targets_reach_towers(model, as_list(targets)):
-            draft.set("targets_all_towers", True, f"{where}: short names are matched by PEFT against the whole "
-                      "model, the vision tower included")
-            draft.set("tower_adapters", True, f"{where} (matches modules of the vision encoder of {model})")
-            draft.set("towers_trainable", True, f"{where} (adapters in the vision encoder)")
+            vision.targets_enter_tower(draft, where, ": short names are matched by PEFT against the whole model, "
+                                       "the vision tower included", model)
     vision.tower_hook(draft)
     vision.data_unknowns(draft, "sequence_len")
 

@@ -374,10 +374,8 @@ def _image_text(draft: Draft, opts: dict[str, Opt], intent, cmd: Command | None)
     elif targets is not None and not full and vision.targets_reach_towers(model, as_list(targets.value)):
         # PEFT matches all-linear and a list of short names against every module of the model
         # (peft tuners_utils.py _maybe_include_all_linear_layers, check_target_module_exists).
-        draft.set("targets_all_towers", True, f"{targets.source} (PEFT matches it against the whole model, vision "
-                  "encoder included)")
-        draft.set("tower_adapters", True, f"{targets.source} (matches modules of the vision encoder of {model})")
-        draft.set("towers_trainable", True, f"{targets.source} (adapters in the vision encoder)")
+        vision.targets_enter_tower(draft, targets.source, " (PEFT matches it against the whole model, vision "
+                                   "encoder included)", model)
     if cmd is not None and ((cmd.program == "trl" and cmd.subcommand == "sft") or cmd.program == "trl.scripts.sft"):
         # trl/scripts/sft.py passed the model id to SFTTrainer, which loads AutoModelForCausalLM, up to 0.15; from
         # 0.16 the script loads image-text configs with AutoModelForImageTextToText (TRL commit e4e5671, PR #3070).

@@ -259,10 +259,8 @@ def _image_text(draft: Draft, get, src, on, opts: dict) -> None:
             draft.set("targets_all_towers", False, f"{tsrc}: ms-swift >= 3.0 matches all-linear inside the unfrozen "
                       "towers only (get_multimodal_target_regex)")
         elif new and vision.targets_reach_towers(model, targets):
-            draft.set("targets_all_towers", True, f"{tsrc}: short names are matched by PEFT against the whole model, "
-                      "the ViT included")
-            draft.set("tower_adapters", True, f"{tsrc} (matches modules of the vision encoder of {model})")
-            draft.set("towers_trainable", True, f"{tsrc} (adapters in the vision encoder)")
+            vision.targets_enter_tower(draft, tsrc, ": short names are matched by PEFT against the whole model, the "
+                                       "ViT included", model)
     vision.tower_hook(draft)
     vision.data_unknowns(draft, "max_length")
 

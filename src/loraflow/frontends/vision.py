@@ -87,6 +87,14 @@ def targets_reach_towers(model: str, targets: list[str]) -> bool:
     return any(t in tower for t in names if not re.search(r"[\\^$*+?()\[\]|{}]", t))
 
 
+def targets_enter_tower(draft: Draft, source: str, why: str, model: str) -> None:
+    """Record that the launch's adapter targets are matched against every tower, so adapters land in the vision
+    encoder (rule lora-targets-vision-tower, and the tower then trains)."""
+    draft.set("targets_all_towers", True, f"{source}{why}")
+    draft.set("tower_adapters", True, f"{source} (matches modules of the vision encoder of {model})")
+    draft.set("towers_trainable", True, f"{source} (adapters in the vision encoder)")
+
+
 def data_unknowns(draft: Draft, length_key: str = "") -> None:
     """What the data decides in an image-text run, unless the frontend already knows it from the framework: whether
     some micro-batch holds no image (the vision tower then skips a rank), and whether the length limit cuts a sample
