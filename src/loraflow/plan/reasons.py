@@ -42,7 +42,8 @@ def _towers(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
                                                   if plan.config.adapter.method != "full" else
                                                   "adapter.method=full trains every tower"))
         if t.train == "full" and plan.config.adapter.method != "full":
-            why += f"; trained as PEFT modules_to_save {', '.join(t.roots)}, a copy saved in the adapter"
+            copies = [m for m in plan.modules_to_save if any(m == r or m.startswith(r + ".") for r in t.roots)]
+            why += f"; trained as PEFT modules_to_save ({', '.join(copies)}), copies saved in the adapter"
         if t.name == "vision" and t.layers:
             c = asked.checkpointing
             why += (f"; its layers recompute: towers.vision.checkpointing={c}" + (
