@@ -156,6 +156,24 @@ def sft_demo(tmp_path_factory):
     return tmp, proc, wall
 
 
+@pytest.fixture(scope="session")
+def vision_demo(tmp_path_factory):
+    """`loraflow train sft examples/sft-vision.yaml` as the README runs it: (directory, completed process, wall
+    seconds), checked by tests/test_vision_demo.py."""
+    import subprocess
+    import sys
+    import time
+
+    tmp = tmp_path_factory.mktemp("vision-demo")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "loraflow", "train", "sft", str(ROOT / "examples" / "sft-vision.yaml"),
+                           "output.progress_bar=false", "output.tensorboard=false"], cwd=tmp, check=False,
+                          capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return tmp, proc, wall
+
+
 # -- fault injection through `loraflow train` (tests/test_faults.py and its 2-process cases) --------------------------
 
 def fault_run_args(tiny_model, chat_data, run_dir, *extra) -> list[str]:
