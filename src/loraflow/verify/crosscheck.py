@@ -237,11 +237,13 @@ def relative_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
     return worst, where
 
 
-NULL_GRADIENT = 1e-8
+NULL_GRADIENT = 1e-6
 """A reference gradient this many times smaller than the largest one is zero up to rounding: an attention key
-bias's (softmax does not change when every key's score moves by the same amount, so d loss / d k_bias = 0). A
-relative error of rounding noise means nothing, and Adam turns that noise into updates of its own, so such a
-tensor is checked to stay at that noise level and its final weight is not compared."""
+bias's (softmax does not change when every key's score moves by the same amount, so d loss / d k_bias = 0; its
+float32 rounding was measured at 1e-11 to 2.4e-8 of the largest gradient on the tiny LLaVAs). A relative error of
+rounding noise means nothing, and Adam turns that noise into updates of its own, so such a tensor is checked to
+stay below this level and its final weight is not compared. A real engine fault (a lost, doubled or unaveraged
+gradient) shows at the tensor's own scale, 1e-3 of the largest or more."""
 
 
 def compare(result: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
