@@ -1,4 +1,5 @@
-"""Build the embedded vision-language demo: a tiny pretrained LLaVA (tiny-vlm) and a synthetic visual chat task (shapes).
+"""Build the embedded vision-language demo: a tiny pretrained LLaVA (tiny-vlm) and a synthetic visual chat task
+(shapes).
 
     python scripts/build_vlm_assets.py                      # the shipped assets (a few minutes on 2 CPU cores)
     python scripts/build_vlm_assets.py --check              # fine-tune the shipped assets, print before/after

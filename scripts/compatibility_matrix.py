@@ -1,19 +1,23 @@
-"""Run every adapter x checkpointing x engine x precision x quantization cell on 2 CPU processes and write
-docs/compatibility-matrix.md from the results.
+"""Run every adapter x checkpointing x engine x precision x quantization cell of a text model, and every tower setup
+x checkpointing x engine cell of an image-text model, on 2 CPU processes and write docs/compatibility-matrix.md
+from the results.
 
-    python scripts/compatibility_matrix.py                      # all 216 cells, writes docs/compatibility-matrix.md
+    python scripts/compatibility_matrix.py                      # all 252 cells, writes docs/compatibility-matrix.md
     python scripts/compatibility_matrix.py --only-engines ddp,zero3 --out /tmp/m.md --json /tmp/m.json
+    python scripts/compatibility_matrix.py --skip-text --image-text-model DIR --image-text-data FILE --out /tmp/m.md
 
-Measuring is loraflow.verify.crosscheck's (the same worker and comparison as tests/distributed/test_engines.py);
-this script only launches it per group of cells, judges each cell and renders the tables:
+Measuring is loraflow.verify.crosscheck's (the same worker and comparison as tests/distributed/test_engines.py and
+test_image_text_engines.py); this script only launches it per group of cells (the cells, their groups and their
+judging: scripts/matrix_cells.py; the markdown: scripts/matrix_render.py). Per model (the text model's groups first,
+then the image-text model's):
 
 - the references (one process, fp32, no checkpointing, engine single; an nf4 cell's on the dequantized base), one
   plain process;
 - the `single` engine cells (checkpointing and bf16-mixed in one process), one plain process;
-- each other engine's 36 cells (both quantizations), one `torchrun --nproc_per_node 2` launch (gloo,
-  OMP_NUM_THREADS=1, DS_ACCELERATOR=cpu), bounded by --timeout. A launch that hangs or dies keeps the cells it
-  finished (the worker saves after every cell); the cell in flight is marked timeout / error and the rest are
-  launched again.
+- each other engine's cells (text: 36, both quantizations; image-text: 6, both tower setups), one
+  `torchrun --nproc_per_node 2` launch (gloo, OMP_NUM_THREADS=1, DS_ACCELERATOR=cpu), bounded by --timeout. A
+  launch that hangs or dies keeps the cells it finished (the worker saves after every cell); the cell in flight is
+  marked timeout / error and the rest are launched again.
 
 Exit code 1 when an fp32 cell fails its criterion, crashes or times out.
 """
@@ -23,9 +27,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
-import itertools
 import json
-import math
 import platform
 import re
 import sys
@@ -37,58 +39,30 @@ from typing import Any
 
 import torch
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # matrix_*.py, also when loaded by path (the tests)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from matrix_cells import (
+    ENGINES,
+    IMAGE_TEXT,
+    RANKS,
+    VERDICTS,
+    evaluate,
+    failed_fp32,
+    groups,
+    judge_fp32,
+)
+from matrix_render import COMMAND, fmt_time, render_markdown
+
 from loraflow.engines.launch import launch_env, run_isolated
 from loraflow.setup.model import ASSETS
-from loraflow.verify.crosscheck import GLOBAL_BATCH, STEPS, Cell, compare, worker_argv
+from loraflow.verify.crosscheck import Cell, worker_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "docs" / "compatibility-matrix.md"
-COMMAND = "python scripts/compatibility_matrix.py"
-
-ADAPTERS = ("lora", "dora", "full")
-CHECKPOINTING = ("off", "reentrant", "non-reentrant")
-ENGINES = ("single", "ddp", "zero2", "zero3", "zero3-offload", "fsdp2")
-PRECISIONS = ("fp32", "bf16-mixed")
-QUANTIZATIONS = ("none", "nf4")
-"""model.quantization.method; nf4 = QLoRA (bitsandbytes NF4, double quantization). Full fine-tuning of a 4-bit base
-is refused by the plan (rule kbit-full-finetune)."""
-RANKS = 2
-
-FP32_TOLERANCE = 1e-5
-"""fp32 cells: gradient and every step's loss within this relative error of the reference (as
-tests/distributed/test_engines.py)."""
-BF16_FACTOR = 2.0
-"""bf16-mixed cells: gradient error against the fp32 reference at most this times the error that bf16-mixed
-costs in one process (the yardstick: the single-process bf16-mixed cell of the same adapter and quantization without
-checkpointing)."""
-
-VERDICTS = ("pass", "fail", "refused", "error", "timeout", "not run")
-
-
-# --- the cells --------------------------------------------------------------------------------------------------
-
-
-def all_cells() -> list[Cell]:
-    """The 216 cells, in table order: quantization, precision, adapter, checkpointing, engine."""
-    return [Cell(adapter, ckpt, precision, engine, quantization=quant) for quant, precision, adapter, ckpt, engine
-            in itertools.product(QUANTIZATIONS, PRECISIONS, ADAPTERS, CHECKPOINTING, ENGINES)]
-
-
-def yardstick(cell: Cell) -> Cell:
-    """The same-precision, same-quantization single-process cell a cell's precision is judged by (itself for fp32
-    references)."""
-    return Cell(cell.adapter, "off", cell.precision, "single", quantization=cell.quantization)
-
-
-def groups(engines: list[str]) -> dict[str, list[Cell]]:
-    """Launch groups in run order, one launch per engine for both quantizations (a launch's start-up, torchrun and
-    imports, costs more than most cells). `single` always runs: its bf16-mixed cells are the yardsticks."""
-    cells = [c for c in all_cells() if c.engine in engines or c.engine == "single"]
-    out: dict[str, list[Cell]] = {"reference": list(dict.fromkeys(c.reference() for c in cells))}
-    for engine in ENGINES:
-        if any(c.engine == engine for c in cells):
-            out[engine] = [c for c in cells if c.engine == engine]
-    return out
+IMAGE_TEXT_MODEL = "builtin:tiny-vlm"
+IMAGE_TEXT_DATA = "builtin:shapes/train.jsonl"
+"""The embedded image-text demo (src/loraflow/assets/tiny-vlm, shapes): a tiny LLaVA and its image chat data."""
 
 
 # --- running ----------------------------------------------------------------------------------------------------
@@ -98,14 +72,11 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def fmt_time(seconds: float) -> str:
-    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-
-
 def run_group(name: str, cells: list[Cell], model: str, data: str, workdir: Path, timeout: float,
               max_relaunches: int = 2, started: float | None = None) -> dict[str, dict[str, Any]]:
     """Run one group's cells (reference: one plain process with --reference; single: one plain process; else
-    torchrun on RANKS ranks) and return the worker's raw record per cell id."""
+    torchrun on RANKS ranks; an image-text group's name has the IMAGE_TEXT prefix) and return the worker's raw
+    record per cell id."""
     started = time.monotonic() if started is None else started
     results: dict[str, dict[str, Any]] = {}
     todo, launches = list(cells), 0
@@ -113,8 +84,9 @@ def run_group(name: str, cells: list[Cell], model: str, data: str, workdir: Path
         launches += 1
         tag = f"{name}.{launches}"
         logfile = workdir / f"{tag}.log"
-        one = name in ("reference", "single")
-        argv, out = worker_argv(todo, model, data, workdir, tag, 1 if one else RANKS, reference=name == "reference")
+        kind = name.removeprefix(IMAGE_TEXT)
+        one = kind in ("reference", "single")
+        argv, out = worker_argv(todo, model, data, workdir, tag, 1 if one else RANKS, reference=kind == "reference")
         how = "one process" if one else f"torchrun, {RANKS} ranks, port {argv[argv.index('--master_port') + 1]}"
         code = _wait(tag, how, argv, logfile, timeout, [c.id for c in todo], started)
         got = torch.load(out, weights_only=False)["results"] if out.exists() else {}
@@ -181,216 +153,14 @@ def _log_tail(path: Path, chars: int = 3000) -> str:
 
 
 def _last_error(text: str) -> str:
-    lines = [line for line in text.splitlines() if re.search(r"(Error|Exception|error:)", line)]
-    return (lines[-1] if lines else (text.strip().splitlines() or [""])[-1]).strip()[:300]
-
-
-# --- judging ----------------------------------------------------------------------------------------------------
-
-
-def evaluate(raw: dict[str, dict[str, Any]], references: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Judge every cell of the matrix from the workers' raw records. `references`: reference cell id -> record.
-    Returns cell id -> a JSON-able record with `verdict` (one of VERDICTS), the figures and why."""
-    out: dict[str, dict[str, Any]] = {}
-    for cell in all_cells():  # fp32 before bf16-mixed: yardsticks are judged before the cells that use them
-        if cell.id not in raw:
-            out[cell.id] = {"verdict": "not run"}
-            continue
-        mine = raw[cell.id]
-        if mine.get("status") == "refused":  # refused whatever its reference did (full/nf4 refuses both alike)
-            out[cell.id] = {"status": "refused", "verdict": "refused", "rule": mine.get("rule") or "config",
-                            "message": mine.get("message", "")}
-            continue
-        ref = references.get(cell.reference().id)
-        if not ref or ref.get("status") != "ok":
-            out[cell.id] = {"verdict": "error", "message": f"reference {cell.reference().id} did not run: "
-                            f"{(ref or {}).get('message', 'missing')}"}
-            continue
-        r = compare(raw[cell.id], ref)
-        rec: dict[str, Any] = {"status": r["status"]}
-        if r["status"] == "refused":
-            rec.update(verdict="refused", rule=r.get("rule") or "config", message=r.get("message", ""))
-        elif r["status"] != "ok":
-            rec.update(verdict="timeout" if r["status"] == "timeout" else "error", message=r.get("message", ""))
-        else:
-            rec.update({k: r[k] for k in ("grad_error", "worst", "loss_error", "weight_error", "rules", "losses")})
-            if cell.precision == "fp32":
-                rec["criterion"] = f"gradient and loss error <= {FP32_TOLERANCE:.0e}"
-                ok = rec["grad_error"] <= FP32_TOLERANCE and rec["loss_error"] <= FP32_TOLERANCE
-            else:
-                stick = raw.get(yardstick(cell).id, {})
-                if stick.get("status") != "ok":
-                    rec.update(verdict="error", message=f"yardstick {yardstick(cell).id} did not run")
-                    out[cell.id] = rec
-                    continue
-                limit = BF16_FACTOR * compare(stick, ref)["grad_error"]
-                same = compare(raw[cell.id], stick)
-                rec.update(same_precision_error=same["grad_error"], same_precision_loss_error=same["loss_error"],
-                           limit=limit, criterion=f"gradient error <= {BF16_FACTOR:g} x {yardstick(cell).id}'s")
-                ok = rec["grad_error"] <= limit
-            rec["verdict"] = "pass" if ok else "fail"
-        out[cell.id] = rec
-    return out
-
-
-def failed_fp32(records: dict[str, dict[str, Any]]) -> list[str]:
-    return [cid for cid, r in records.items() if Cell.from_id(cid).precision == "fp32"
-            and r["verdict"] in ("fail", "error", "timeout")]
-
-
-# --- rendering --------------------------------------------------------------------------------------------------
-
-
-def fmt_error(x: float) -> str:
-    if x == 0:
-        return "0"
-    if math.isinf(x):
-        return "inf"
-    return f"{x:.1e}"
-
-
-def rule_keys(records: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """Rule id -> short key (a, b, ...) for every rule the plan applied in some cell."""
-    rules = sorted({rule for r in records.values() for rule in r.get("rules", [])})
-    return {rule: chr(ord("a") + i) for i, rule in enumerate(rules)}
-
-
-def part_label(quant: str, precision: str) -> str:
-    """"fp32", "bf16-mixed", "nf4 fp32", ...: how the summary and the table titles name a quantization and
-    precision (unquantized cells keep the names they had before the quantization axis)."""
-    return precision if quant == "none" else f"{quant} {precision}"
-
-
-def render_markdown(records: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
-    """docs/compatibility-matrix.md from evaluate()'s records and the run's meta (versions, date, times)."""
-    keys = rule_keys(records)
-    notes: list[str] = []  # E1, E2 ...: errors and timeouts, in full below the tables
-    cells = all_cells()
-
-    def entry(cell: Cell, figure: str = "grad_error") -> str:
-        r = records.get(cell.id, {"verdict": "not run"})
-        v = r["verdict"]
-        if v == "not run":
-            return "not run"
-        if v == "refused":
-            return f"refused: `{r['rule']}`"
-        if v in ("error", "timeout"):
-            if figure != "grad_error":
-                return v
-            notes.append(f"{cell.id}: {r.get('message', '')}")
-            kind = re.match(r"([A-Za-z_][\w.]*): ", r.get("message", ""))  # "RuntimeError: ..." -> RuntimeError
-            short = kind.group(1)[-40:] if kind and v == "error" else ""
-            return f"{v}: {short} (E{len(notes)})" if short else f"{v} (E{len(notes)})"
-        text = fmt_error(r[figure])
-        if figure == "grad_error":
-            if v == "fail":
-                text = f"**FAIL {text}**"
-            if cell.precision != "fp32" and cell == yardstick(cell):
-                text += " (yardstick)"
-            if r.get("rules"):
-                text += f" [{','.join(keys[k] for k in r['rules'])}]"
-        return text
-
-    def table(quant: str, precision: str, figure: str = "grad_error") -> list[str]:
-        lines = ["| adapter | checkpointing | " + " | ".join(ENGINES) + " |",
-                 "|---|---|" + "---|" * len(ENGINES)]
-        for adapter, ckpt in itertools.product(ADAPTERS, CHECKPOINTING):
-            row = [entry(Cell(adapter, ckpt, precision, e, quantization=quant), figure) for e in ENGINES]
-            lines.append(f"| {adapter} | {ckpt} | " + " | ".join(row) + " |")
-        return lines
-
-    def verdict_of(c: Cell) -> str:
-        return records.get(c.id, {"verdict": "not run"})["verdict"]
-
-    counts = {v: sum(verdict_of(c) == v for c in cells) for v in VERDICTS}
-    by_part = {(q, p): {v: sum(verdict_of(c) == v for c in cells if (c.quantization, c.precision) == (q, p))
-                        for v in VERDICTS} for q, p in itertools.product(QUANTIZATIONS, PRECISIONS)}
-    refused: dict[str, list[str]] = {}
-    for c in cells:
-        r = records.get(c.id, {})
-        if r.get("verdict") == "refused":
-            refused.setdefault(r["rule"], []).append(c.id)
-
-    def count_line(d: dict[str, int]) -> str:
-        return ", ".join(f"{n} {v}" for v, n in d.items() if n or v in ("pass", "fail", "refused"))
-
-    def sticks(quant: str) -> str:
-        got = [(a, records.get(Cell(a, "off", "bf16-mixed", "single", quantization=quant).id, {})) for a in ADAPTERS]
-        return ", ".join(f"{a} {fmt_error(r['grad_error'])}" for a, r in got if r.get("verdict") == "pass")
-
-    bf16_sticks = "; ".join(f"{'' if q == 'none' else q + ': '}{sticks(q)}" for q in QUANTIZATIONS if sticks(q))
-    m = meta
-    out = [
-        "# Compatibility matrix: adapter x checkpointing x engine x precision x quantization",
-        "",
-        f"Generated by `{COMMAND}` from a run of every cell; never edit by hand (run the script again).",
-        "",
-        f"- **Run:** {m.get('date', '?')}, {fmt_time(m.get('wall_s', 0))} wall time"
-        + (f" ({', '.join(f'{g} {fmt_time(s)}' for g, s in m.get('group_s', {}).items())})"
-           if m.get("group_s") else "") + ".",
-        f"- **Stack:** torch {m.get('torch')}, transformers {m.get('transformers')}, peft {m.get('peft')}, "
-        f"deepspeed {m.get('deepspeed')}, bitsandbytes {m.get('bitsandbytes')}, Python {m.get('python')}; "
-        f"CPU only ({m.get('cpu')}); "
-        f"{RANKS} processes per distributed engine under torchrun, gloo backend, OMP_NUM_THREADS=1, "
-        "DS_ACCELERATOR=cpu.",
-        f"- **Model and data:** `{m.get('model')}`, `{m.get('data')}`.",
-        "",
-        "## What is measured",
-        "",
-        "Each cell trains as `loraflow train` does (config -> plan -> model -> trainer -> engine, "
-        "`src/loraflow/verify/crosscheck.py`) for "
-        f"{STEPS} optimizer steps on a global batch of {GLOBAL_BATCH} samples (split over the ranks), "
-        "AdamW lr 1e-3, LoRA/DoRA rank 4 (full: every linear layer trainable), ZeRO-3 partitioning every weight.",
-        "",
-        "- **Figure in the tables:** the gradient after the first optimizer step (gathered and rank-averaged), "
-        "as max over trainable tensors of ||g - g_ref|| / ||g_ref||. The reference is one process in fp32 "
-        "without checkpointing (engine `single`) on the same global batch. Also compared: the losses of the "
-        f"{STEPS} steps (relative error; in `--json` with the final weights).",
-        ("- **nf4 cells** load the base in 4 bits (bitsandbytes NF4, double quantization); their reference is the "
-         "same config in one fp32 process on the dequantized base (the quantized layers replaced by float32 layers "
-         "holding the same weights), so the figure isolates what 4-bit compute, checkpointing and the engine "
-         "change."),
-        f"- **fp32 cells pass** when the gradient error and every step's loss error are <= {FP32_TOLERANCE:.0e}.",
-        "- **bf16-mixed cells** differ from the fp32 reference by bf16 rounding whatever the engine, so they are "
-        f"judged against what bf16-mixed costs in one process: a cell passes when its gradient error is at most "
-        f"{BF16_FACTOR:g}x that of the single-process bf16-mixed cell of the same adapter and quantization without "
-        "checkpointing "
-        f"(the *yardstick*{': ' + bf16_sticks if bf16_sticks else ''}). "
-        "An engine that adds no more than rounding of the same order passes; a lost, doubled or unaveraged "
-        "gradient (error of order 1) or a missing tensor (inf) does not. The tables marked (information) show the "
-        "same cells against the yardstick itself (a same-precision reference).",
-        "- **refused:** the plan refuses the combination before step 1; the rule that refuses it is named "
-        "(`loraflow explain <rule>`, docs/compatibility.md). **error / timeout:** the cell crashed or hung "
-        "(details below the tables).",
-        "",
-        "## Summary",
-        "",
-        f"- **All {len(cells)} cells:** {count_line(counts)}.",
-    ]
-    for (q, p), d in by_part.items():
-        out.append(f"- **{part_label(q, p)}** ({sum(d.values())} cells): {count_line(d)}.")
-    if refused:
-        out.append("- **Refused, by rule:** " + "; ".join(
-            f"`{rule}` {len(ids)} ({', '.join(ids)})" for rule, ids in sorted(refused.items())) + ".")
-    else:
-        out.append("- **Refused:** none.")
-    fails = [c.id for c in cells if records.get(c.id, {}).get("verdict") == "fail"]
-    out.append(f"- **Failing their criterion:** {', '.join(fails) if fails else 'none'}.")
-    out += ["", "Marks: [a], [b] ... = rules whose remedy the plan applied in that cell (legend below the tables); "
-            "**FAIL** = outside the criterion; (E*n*) = error or timeout, in full below."]
-    for q in QUANTIZATIONS:
-        base = "" if q == "none" else " on the dequantized base"
-        for title, precision, figure in (
-                (f"fp32: gradient error against the fp32 reference{base}", "fp32", "grad_error"),
-                (f"bf16-mixed: gradient error against the fp32 reference{base}", "bf16-mixed", "grad_error"),
-                (f"bf16-mixed: gradient error against the single-process {part_label(q, 'bf16-mixed')} cell"
-                 + " (information)", "bf16-mixed", "same_precision_error")):
-            out += ["", f"## {'' if q == 'none' else q + ' '}{title}", "", *table(q, precision, figure)]
-    out += ["", "## Rules the plan applied", ""]
-    out += [f"- [{k}] `{rule}`" for rule, k in keys.items()] or ["None."]
-    out += ["", "## Errors and timeouts", ""]
-    out += [f"- E{i}: {note}" for i, note in enumerate(notes, 1)] or ["None."]
-    return "\n".join(out) + "\n"
+    """The line that says why a worker died: a signal that killed a rank (torchrun's report), else the last error
+    line that is not torchrun's own ChildFailedError wrapper."""
+    lines = text.splitlines()
+    signals = [line for line in lines if re.search(r"Signal \d+|exitcode\s*:\s*-\d+", line)]
+    errors = [line for line in lines if re.search(r"(Error|Exception|error:)", line)
+              and "torch.distributed.elastic" not in line]
+    pick = signals or errors or [line for line in lines if line.strip()][-1:] or [""]
+    return pick[-1].strip()[:300]
 
 
 # --- meta and main ----------------------------------------------------------------------------------------------
@@ -418,6 +188,8 @@ def cpu_name() -> str:
 
 
 def display_path(path: str) -> str:
+    if path.startswith("builtin:"):
+        return path
     try:
         return str(Path(path).resolve().relative_to(ROOT))
     except ValueError:
@@ -428,31 +200,54 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=str(ASSETS / "tiny-base"))
     p.add_argument("--data", default=str(ASSETS / "reverse" / "train.jsonl"))
+    p.add_argument("--image-text-model", default=IMAGE_TEXT_MODEL, help="the image-text cells' model")
+    p.add_argument("--image-text-data", default=IMAGE_TEXT_DATA, help="the image-text cells' data")
     p.add_argument("--only-engines", default=",".join(ENGINES),
-                   help="comma-separated engines to run (single always runs: it holds the bf16 yardsticks)")
+                   help="comma-separated engines to run (text: single always runs, it holds the bf16 yardsticks)")
+    skip = p.add_mutually_exclusive_group()
+    skip.add_argument("--skip-image-text", action="store_true", help="run the text model's cells only")
+    skip.add_argument("--skip-text", action="store_true", help="run the image-text model's cells only")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="markdown to write")
     p.add_argument("--json", default=None, help="also write the raw figures here")
     p.add_argument("--timeout", type=float, default=900, help="seconds per launch")
+    p.add_argument("--from-json", default=None, metavar="JSON",
+                   help="judge and render a run's --json again (after a change of criterion) instead of running")
     args = p.parse_args(argv)
+    if args.from_json:
+        return rerender(Path(args.from_json), Path(args.out))
     engines = [e.strip() for e in args.only_engines.split(",") if e.strip()]
     unknown = set(engines) - set(ENGINES)
     if unknown:
         p.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(ENGINES)}")
+    if not args.skip_image_text:  # before minutes of text cells, not after them
+        from loraflow.errors import ConfigError
+        from loraflow.setup.paths import resolve_path
+
+        for flag, spec in (("--image-text-model", args.image_text_model), ("--image-text-data", args.image_text_data)):
+            try:
+                resolve_path(spec, flag)
+            except ConfigError as exc:
+                p.error(f"{exc} Name an image-text model and data with --image-text-model / --image-text-data, or "
+                        "pass --skip-image-text.")
 
     started = time.monotonic()
     raw: dict[str, dict[str, Any]] = {}
     references: dict[str, dict[str, Any]] = {}
     group_s: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="compat-matrix-") as tmp:
-        for name, cells in groups(engines).items():
+        for name, cells in groups(engines, text=not args.skip_text, image_text=not args.skip_image_text).items():
+            image = name.startswith(IMAGE_TEXT)
+            model, data = (args.image_text_model, args.image_text_data) if image else (args.model, args.data)
             t0 = time.monotonic()
-            got = run_group(name, cells, args.model, args.data, Path(tmp), args.timeout, started=started)
+            got = run_group(name, cells, model, data, Path(tmp), args.timeout, started=started)
             group_s[name] = time.monotonic() - t0
-            (references if name == "reference" else raw).update(got)
+            (references if name.removeprefix(IMAGE_TEXT) == "reference" else raw).update(got)
     records = evaluate(raw, references)
     meta = {**versions(), "cpu": cpu_name(), "date": datetime.datetime.now(datetime.timezone.utc).strftime(
         "%Y-%m-%d %H:%M UTC"), "wall_s": time.monotonic() - started, "group_s": group_s,
-            "model": display_path(args.model), "data": display_path(args.data), "engines": engines}
+            "model": display_path(args.model), "data": display_path(args.data),
+            "image_text_model": display_path(args.image_text_model),
+            "image_text_data": display_path(args.image_text_data), "engines": engines}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(render_markdown(records, meta))
     log(f"wrote {args.out} in {fmt_time(meta['wall_s'])}")
@@ -464,6 +259,21 @@ def main(argv: list[str] | None = None) -> int:
     bad = failed_fp32(records)
     for cid in bad:
         log(f"fp32 cell {cid}: {records[cid]['verdict']} {records[cid].get('message', '')[:300]}")
+    return 1 if bad else 0
+
+
+def rerender(saved: Path, out: Path) -> int:
+    """The document of a saved run (its --json), each fp32 cell judged again by today's criterion."""
+    run = json.loads(saved.read_text())
+    records = run["cells"]
+    for cid, rec in records.items():
+        cell = Cell.from_id(cid)
+        if cell.precision == "fp32" and rec.get("verdict") in ("pass", "fail"):
+            rec["criterion"], ok = judge_fp32(cell, rec)
+            rec["verdict"] = "pass" if ok else "fail"
+    out.write_text(render_markdown(records, run["meta"]))
+    log(f"wrote {out} from {saved}")
+    bad = failed_fp32(records)
     return 1 if bad else 0
 
 
