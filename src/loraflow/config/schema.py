@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from loraflow.config.quantization import QuantizationConfig
 from loraflow.config.towers import TowersConfig
 from loraflow.enginespec import ENGINE_NAMES, ENGINES
 from loraflow.stagespec import STAGE_NAMES, STAGES, stage_spec
@@ -26,34 +27,6 @@ ReferenceKind = Literal["auto", "adapters-disabled", "copy", "precomputed"]
 EngineName = Literal[("auto", *ENGINE_NAMES)]
 Switch = Literal["auto", "true", "false"]
 STAGES_PACKING = tuple(s for s in STAGES.values() if s.packing)
-
-
-@dataclass(kw_only=True)
-class QuantizationConfig:
-    method: Literal["none", "nf4", "fp4", "int8"] = "none"
-    """Load the frozen base weights quantized by bitsandbytes (QLoRA): `nf4` or `fp4` (4-bit), `int8` (8-bit,
-    LLM.int8). The adapters, the output or score head and the modules in adapter.train_modules stay unquantized.
-    Needs bitsandbytes (`pip install loraflow[qlora]`); the base must be trained through adapters."""
-
-    double_quant: bool = True
-    """4-bit: quantize the per-block scales as well (about 0.516 bytes per weight instead of 0.5625)."""
-
-    compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """The dtype a 4-bit weight is dequantized to for each matmul. `auto` follows precision.mode: float32 for fp32,
-    bfloat16 for bf16-mixed and bf16."""
-
-    storage_dtype: Literal["auto", "uint8", "float32", "bfloat16"] = "auto"
-    """The dtype the packed 4-bit weights are stored in (bnb_4bit_quant_storage). `auto`: uint8, or under an engine
-    that shards parameters (ZeRO-3, FSDP2) the dtype of the other weights, which sharding needs (rule
-    qlora-storage-dtype)."""
-
-    @property
-    def enabled(self) -> bool:
-        return self.method != "none"
-
-    @property
-    def bits(self) -> int:
-        return 8 if self.method == "int8" else 4
 
 
 @dataclass(kw_only=True)
