@@ -25,7 +25,8 @@ def one_step(stage: str, overrides: list[str], tmp_path) -> tuple[float, dict[st
     return stats["loss"], trainer.engine.full_grads(), run.plan, first_batch
 
 
-def assert_same(a, b) -> None:
+def assert_same(a, b, tolerance: float = 1e-5) -> None:
+    """Same loss, and every gradient element within `tolerance` of its tensor's largest element."""
     loss_a, grads_a = a[:2]
     loss_b, grads_b = b[:2]
     assert loss_a == pytest.approx(loss_b, rel=1e-5)
@@ -36,7 +37,7 @@ def assert_same(a, b) -> None:
             assert grads_b[name] is None, name
             continue
         scale = float(grads_b[name].abs().max())
-        assert float((g - grads_b[name]).abs().max()) <= 1e-5 * max(scale, 1e-12), name
+        assert float((g - grads_b[name]).abs().max()) <= tolerance * max(scale, 1e-12), name
         compared += scale > 0
     assert compared > 0
 
@@ -59,7 +60,11 @@ def test_packed_pairs_equal_unpacked(stage, extra, tmp_path):
     assert "segments" in packed[3] and "segments" not in unpacked[3]
     # 4 pairs are 8 answers: packing puts several in one row
     assert packed[3]["input_ids"].shape[0] < unpacked[3]["input_ids"].shape[0] == 8
-    assert_same(packed, unpacked)
+    # 1e-4: a pair loss's gradient is the difference of the chosen and rejected answers' gradients, which cancel, so
+    # the rounding of packed rows' differently shaped matmuls and masked attention shows larger than in SFT: up to
+    # 2.1e-5 of the largest element for DPO on an AMD EPYC (2026-11-26; 7e-6 on the machine that wrote this test).
+    # 1e-4 leaves a margin of 5 over that rounding; a token attending to another answer is not rounding.
+    assert_same(packed, unpacked, tolerance=1e-4)
 
 
 def test_packed_pairs_share_rows_and_never_attend_across():
