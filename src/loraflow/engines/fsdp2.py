@@ -71,7 +71,9 @@ class FSDP2Engine(Engine):
         out = {}
         for n, p in self.trainable:
             g = p.grad
-            out[clean_name(n)] = None if g is None else (g.full_tensor() if _is_dtensor(g) else g.detach().clone())
+            # A copy in every case: on one rank full_tensor() returns the local shard itself (nothing to gather),
+            # which the step's clipping then scales in place.
+            out[clean_name(n)] = None if g is None else (g.full_tensor() if _is_dtensor(g) else g).detach().clone()
         return out
 
     def local_tensor(self, p: torch.Tensor) -> torch.Tensor:
