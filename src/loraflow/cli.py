@@ -363,6 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+RUNS_MODELS = ("train", "probe", "merge", "generate", "chat")
+"""Commands that build models on the installed stack, so refuse one older than pyproject.toml declares. check,
+explain, plot and config read files and version numbers, and stay usable on any stack."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command_line = None
@@ -382,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     if command_line is not None:
         args.command_line = command_line
     try:
+        if args.command in RUNS_MODELS:
+            from loraflow.environment import require_floors
+
+            require_floors()
         return args.func(args)
     except LoraflowError as exc:
         code = getattr(exc, "exit_code", 2)  # a run stopped by a signal: 128 + its number, as a shell reports it

@@ -82,3 +82,70 @@ def parse_versions(text: str) -> dict[str, Version]:
 
 def with_versions(env: Environment, overrides: dict[str, Version]) -> Environment:
     return Environment(versions={**env.versions, **overrides}, device=env.device, world_size=env.world_size)
+
+
+# -- the declared version floors ------------------------------------------------------------------------------------
+FLOOR_CHECKED = ("torch", "transformers", "peft", "safetensors", "tokenizers")
+"""The dependencies whose too-old releases fail deep inside a run (a missing class, a renamed argument); their
+floors are pyproject.toml's, read from the installed metadata (or from pyproject.toml itself in a checkout run
+without installing)."""
+
+
+def declared_floors() -> dict[str, Version]:
+    """package -> the lowest release loraflow declares it works with (`>=` in pyproject.toml's dependencies)."""
+    import re
+
+    try:
+        requirements = importlib.metadata.requires("loraflow") or []
+    except importlib.metadata.PackageNotFoundError:
+        requirements = _pyproject_dependencies()
+    floors = {}
+    for text in requirements:
+        if "extra ==" in text:
+            continue  # optional extras are checked where they are imported
+        match = re.match(r"\s*([A-Za-z0-9_.-]+)\s*(?:\[[^\]]*\])?\s*([^;]*)", text)
+        if not match:
+            continue
+        floor = re.search(r">=\s*([0-9][^,\s]*)", match.group(2))
+        if floor:
+            floors[match.group(1).lower()] = Version(floor.group(1))
+    return floors
+
+
+def _pyproject_dependencies() -> list[str]:
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        import tomllib
+
+        return tomllib.loads(path.read_text(encoding="utf-8"))["project"]["dependencies"]
+    except (ImportError, OSError, KeyError):  # Python 3.10 without tomllib, or not a checkout: nothing to compare
+        return []
+
+
+def too_old(versions: dict[str, Version | None] | None = None) -> list[str]:
+    """One line per checked dependency installed below its declared floor (empty when all are recent enough)."""
+    floors = declared_floors()
+    problems = []
+    for package in FLOOR_CHECKED:
+        have = (versions or {}).get(package) if versions is not None else installed_version(package)
+        want = floors.get(package)
+        if have is not None and want is not None and have < want:
+            problems.append(f"{package} {have} is installed; loraflow needs {package}>={want} "
+                            f"(pip install '{package}>={want}')")
+    return problems
+
+
+def require_floors() -> None:
+    """Refuse to start on a dependency older than pyproject.toml declares: a clear message now instead of an
+    AttributeError deep in a run. LORAFLOW_SKIP_VERSION_CHECK=1 skips it (to try an older stack on purpose)."""
+    from loraflow.errors import LoraflowError
+
+    if os.environ.get("LORAFLOW_SKIP_VERSION_CHECK") == "1":
+        return
+    problems = too_old()
+    if problems:
+        raise LoraflowError("installed packages are older than loraflow supports:\n  - " + "\n  - ".join(problems)
+                            + "\nUpgrade them (the tested versions are in scripts/constraints.txt), or set "
+                            "LORAFLOW_SKIP_VERSION_CHECK=1 to try anyway.")

@@ -57,10 +57,12 @@ def build_run(config: Config, env: Environment, run_dir: Path, resume: bool = Fa
     leaves it free for a corrected retry. `adjust_model` runs on the ready model before the engine wraps it (the
     cross-check gives LoRA's B a seeded random start so every adapter weight gets a gradient)."""
     from loraflow.checkpoint import write_atomic_text
+    from loraflow.environment import require_floors
     from loraflow.plan import resolve
     from loraflow.setup import build_model
     from loraflow.setup.inputs import tokenizer_and_data
 
+    require_floors()  # the harnesses that call build_run directly (crosscheck, stepcheck, benchmarks) too
     plan = resolve(config, env)
     log.info("%s", plan.render())
     if record:
