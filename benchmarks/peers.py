@@ -4,6 +4,8 @@ loraflow's own trainer (`loraflow`), on the same model, tokenizer, data and init
     python benchmarks/peers.py                 # seq 512, batch 4, 6 steps, checkpointing off and on, 2 rounds
     python benchmarks/peers.py --seq           # cost and memory over sequence lengths 512..4096 (batch 1)
     python benchmarks/peers.py --smoke --json out.json   # tiny sizes, one round (tests/benchmarks/test_peers.py)
+    python benchmarks/peers.py --preset gpu-1b           # Llama-3.2-1B's shape, bf16-mixed, seq 2048 and 4096 (GPU)
+    python benchmarks/peers.py --precision bf16-mixed --cells 1024x2:off   # any precision and cells
 
 Each variant runs in its own fresh interpreter (`--worker`), one at a time, rounds interleaved (plain, trl, loraflow;
 then loraflow, trl, plain) so a slow spell of a shared machine does not land on one variant. The workload is built
@@ -33,9 +35,15 @@ that predict a token), H hidden, V vocabulary, P the frozen decoder linear weigh
 Recomputation (checkpointing) is not useful work, so the floor is the same for both cells; `x floor` is a
 variant's median step time over it. Step times on a shared machine move with its load: compare variants within one
 run (the rounds interleave them), not across runs.
+With `--precision bf16-mixed` every variant keeps the frozen weights in bf16 and the adapters and optimizer in fp32
+under bf16 autocast (the plain loop by hand, TRL with bf16=True, loraflow with precision.mode=bf16-mixed); the first
+losses then need only agree to 2e-3, and the matmul rate is measured in bf16. tokens/s is batch x seq over the
+median step time.
 On CUDA the step runs on the GPU (fp32 too) and MFU is printed: 4 N FLOPs per token without recompute, 6 N with
-full recompute (N the non-embedding parameters; so in the checkpointing cell the recompute counts as work), per
-second, over a peak measured with fp32 matmuls the same way, and torch.cuda.max_memory_allocated per variant.
+full recompute (N the non-embedding parameters with the head; so in the checkpointing cell the recompute counts as
+work), plus causal attention, per second, over the datasheet bf16 peak (MFU %, where the device is known) and over
+the matmul rate measured in the same run (MFU* %); and torch.cuda.max_memory_allocated per variant (GPU MB). The
+formulas are in benchmarks/peers_figures.py.
 """
 
 from __future__ import annotations
@@ -53,53 +61,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers_figures and peers_workload beside this file
+from peers_figures import model_flops, useful_flops  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = ("plain", "trl", "loraflow")
-DEFAULT_MODEL = {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "intermediate_size": 1376,
-                 "vocab_size": 32000}
-SMOKE_MODEL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 172,
-               "vocab_size": 1000}
 SEQ_LENGTHS = (512, 1024, 2048, 4096)
-
-
-# -- analytic figures ----------------------------------------------------------------------------------------------
-def useful_flops(shape: dict[str, int], seq: int, batch: int, rank: int = 16) -> dict[str, float]:
-    """The formula of the module docstring, term by term."""
-    h, layers, v, m = shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"], shape["intermediate_size"]
-    tokens = seq * batch
-    learned = (seq - seq // 2) * batch  # completion tokens predicted from the position before each
-    frozen = layers * (4 * h * h + 3 * h * m)
-    lora = layers * rank * (4 * (h + h) + 2 * (h + m) + (m + h))  # r (in + out) per adapted linear
-    terms = {"frozen_linears": 4 * frozen * tokens, "lora": 6 * lora * tokens,
-             "attention": 3 * (2 * 2 * seq * seq * h / 2) * layers * batch, "head": 4 * h * v * learned}
-    terms["total"] = sum(terms.values())
-    return terms
-
-
-def model_flops(shape: dict[str, int], seq: int, batch: int, recompute: bool) -> float:
-    """MFU's numerator per step: 4N per token (forward + input gradient) or 6N with full recompute."""
-    h, layers, v, m = shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"], shape["intermediate_size"]
-    n = layers * (4 * h * h + 3 * h * m) + h * v  # non-embedding parameters (norms are negligible)
-    return (6 if recompute else 4) * n * seq * batch
-
-
-def matmul_rate(device: str, size: int = 2048, repeats: int = 7) -> float:
-    """FLOP/s of fp32 size^3 matmuls: the median of `repeats` after one warm-up."""
-    import torch
-
-    a = torch.randn(size, size, device=device)
-    b = torch.randn(size, size, device=device)
-    times = []
-    for i in range(repeats + 1):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        a @ b
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i:
-            times.append(time.perf_counter() - t0)
-    return 2 * size**3 / statistics.median(times)
+FIRST_LOSS_AGREEMENT = {"fp32": 1e-4, "bf16-mixed": 2e-3}
+"""Relative difference of the variants' first losses above which they are not comparable. In bf16 the variants'
+kernels round differently (loraflow's head runs on the learned positions only, a differently shaped matmul)."""
+PRESETS = {
+    # A realistic GPU workload (scripts/gpu_check.sh): Llama-3.2-1B's shape in bf16-mixed, 8192 tokens per step:
+    # sequence 2048 without checkpointing, 4096 with full recompute. Six workers fit the check's time budget.
+    "gpu-1b": {"model": "LLAMA_1B", "precision": "bf16-mixed", "cells": "2048x4:off,4096x2:on",
+               "rounds": 1, "steps": 4},
+}
 
 
 # -- running the workers -------------------------------------------------------------------------------------------
@@ -163,7 +139,7 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def check_identical(cell: dict[str, Any]) -> list[str]:
+def check_identical(cell: dict[str, Any], precision: str = "fp32") -> list[str]:
     """Why the variants are not comparable, if they are not: a different first batch or a different start."""
     problems = []
     ok = {v: r for v, r in cell.items() if "error" not in r}
@@ -171,10 +147,11 @@ def check_identical(cell: dict[str, Any]) -> list[str]:
     if len({h for hs in hashes.values() for h in hs}) > 1:
         problems.append(f"first batches differ (input_ids/labels hashes {hashes})")
     losses = {v: r["first_loss"] for v, r in ok.items()}
+    limit = FIRST_LOSS_AGREEMENT[precision]
     if losses:
         ref = losses.get("plain", next(iter(losses.values())))
-        if any(abs(x - ref) > 1e-4 * abs(ref) for x in losses.values()):
-            problems.append(f"first losses differ by more than 1e-4 relative: {losses}")
+        if any(abs(x - ref) > limit * abs(ref) for x in losses.values()):
+            problems.append(f"first losses differ by more than {limit:g} relative: {losses}")
     return problems
 
 
@@ -196,23 +173,24 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_cell(name: str, cell: dict[str, Any], floor_s: float, extra: dict[str, Any]) -> None:
-    cuda = extra.get("cuda")
-    head = (f"{'variant':<9} {'median s':>9} {'min s':>8} {'RSS MB':>8} {'GFLOP':>8} {'saved MB':>9} "
+def print_cell(name: str, cell: dict[str, Any], floor_s: float, cuda: bool) -> None:
+    head = (f"{'variant':<9} {'median s':>9} {'min s':>8} {'tokens/s':>9} {'RSS MB':>8} {'GFLOP':>9} {'saved MB':>9} "
             f"{'1st loss':>9} {'last loss':>9} {'x floor':>8}")
     print(f"\n== {name} ==")
-    print(head + (f" {'MFU %':>6} {'GPU MB':>8}" if cuda else ""))
+    print(head + (f" {'MFU %':>6} {'MFU* %':>6} {'GPU MB':>8}" if cuda else ""))
     for variant in ORDER:
         r = cell[variant]
         if "error" in r:
             print(f"{variant:<9} FAILED ({r['error']})\n    " + r["stderr_tail"].replace("\n", "\n    "))
             continue
-        line = (f"{variant:<9} {_fmt(r['median_s'], '9.3f')} {_fmt(r['min_s'], '8.3f')} {r['peak_rss_mb']:8.0f} "
-                f"{r['flops'] / 1e9:8.1f} {r['saved_bytes'] / 2**20:9.1f} {r['first_loss']:9.5f} "
+        line = (f"{variant:<9} {_fmt(r['median_s'], '9.3f')} {_fmt(r['min_s'], '8.3f')} "
+                f"{_fmt(r.get('tokens_per_s'), '9.0f')} {r['peak_rss_mb']:8.0f} "
+                f"{r['flops'] / 1e9:9.1f} {r['saved_bytes'] / 2**20:9.1f} {r['first_loss']:9.5f} "
                 f"{_fmt(r['last_loss'], '9.5f')} {_fmt(r['median_s'] and r['median_s'] / floor_s, '8.1f')}")
         if cuda:
-            mfu = r.get("mfu")
-            line += f" {_fmt(mfu and 100 * mfu, '6.1f')} {r['cuda_max_memory_mb']:8.0f}"
+            mfu, nominal = r.get("mfu"), r.get("mfu_nominal")
+            line += (f" {_fmt(nominal and 100 * nominal, '6.1f')} {_fmt(mfu and 100 * mfu, '6.1f')} "
+                     f"{r['cuda_max_memory_mb']:8.0f}")
         print(line)
     for pair, row in cell["ratios"].items():
         print(f"{pair:<16} time {_fmt(row['median_s'], '.2f')}  FLOPs {_fmt(row['flops'], '.2f')}  "
@@ -221,29 +199,55 @@ def print_cell(name: str, cell: dict[str, Any], floor_s: float, extra: dict[str,
         print(f"NOT COMPARABLE: {problem}")
 
 
-def default_mode(args, paths: dict[str, Any], shape: dict[str, int], device: str, rate: float, workdir: Path,
-                 log) -> dict[str, Any]:
-    floor = useful_flops(shape, args.seq_len, args.batch)
-    floor_s = floor["total"] / rate
-    print(f"useful FLOPs per step: {floor['total'] / 1e9:.2f} G ("
-          + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in floor.items() if k != "total")
-          + f"); floor at {rate / 1e9:.1f} GFLOP/s: {floor_s:.3f} s")
-    cells = {}
-    for checkpointing in (False, True):
-        name = f"checkpointing-{'on' if checkpointing else 'off'}"
-        spec = {"model": paths["model"], "data": paths["data"][args.seq_len], "adapter": paths["adapter"],
-                "seq": args.seq_len, "batch": args.batch, "steps": args.steps, "checkpointing": checkpointing,
-                "device": device, "measure": True, "loraflow_overrides": args.loraflow_set}
+def parse_cells(text: str) -> list[tuple[int, int, bool]]:
+    """`2048x4:off,4096x2:on` -> [(seq, batch, checkpointing)]."""
+    cells = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            size, _, ckpt = item.partition(":")
+            seq, _, batch = size.partition("x")
+            if ckpt not in ("on", "off"):
+                raise ValueError
+            cells.append((int(seq), int(batch or 1), ckpt == "on"))
+        except ValueError:
+            sys.exit(f"--cells: `{item}` is not SEQxBATCH:on|off (e.g. --cells 2048x4:off,4096x2:on)")
+    return cells
+
+
+def default_mode(args, paths: dict[str, Any], shape: dict[str, Any], device: str, rates: dict[str, float],
+                 workdir: Path, log, done=lambda cells: None) -> dict[str, Any]:
+    """Each (sequence, batch, checkpointing) cell of args.cells: the three variants side by side. `done` gets the
+    cells measured so far after each one (the partial --json a caller killed at its time limit still has)."""
+    one_size = len({(seq, batch) for seq, batch, _ in args.cells}) == 1
+    cells, floors = {}, {}
+    for seq, batch, checkpointing in args.cells:
+        floor = useful_flops(shape, seq, batch)
+        floor_s = floor["total"] / rates["measured"]
+        if (seq, batch) not in floors:
+            print(f"seq {seq} x batch {batch}: useful FLOPs per step {floor['total'] / 1e9:.2f} G ("
+                  + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in floor.items() if k != "total")
+                  + f"); floor at {rates['measured'] / 1e9:.1f} GFLOP/s: {floor_s:.4f} s")
+        floors[(seq, batch)] = {**floor, "seconds": floor_s}
+        name = (("" if one_size else f"seq{seq}x{batch}-") + f"checkpointing-{'on' if checkpointing else 'off'}")
+        spec = {"model": paths["model"], "data": paths["data"][seq], "adapter": paths["adapter"], "seq": seq,
+                "batch": batch, "steps": args.steps, "checkpointing": checkpointing, "device": device,
+                "precision": args.precision, "measure": True, "loraflow_overrides": args.loraflow_set}
         cell = run_cell(name, spec, args.rounds, workdir, args.timeout, log)
+        work = model_flops(shape, seq, batch, checkpointing)
         for r in cell.values():
-            if "error" not in r:
-                r["x_floor"] = r["median_s"] / floor_s if r["median_s"] else None
-                if device == "cuda" and r["median_s"]:
-                    r["mfu"] = model_flops(shape, args.seq_len, args.batch, checkpointing) / r["median_s"] / rate
-        cell["ratios"], cell["problems"] = ratios(cell), check_identical(cell)
-        print_cell(name, cell, floor_s, {"cuda": device == "cuda"})
+            if "error" not in r and r["median_s"]:
+                r["x_floor"] = r["median_s"] / floor_s
+                r["tokens_per_s"] = seq * batch / r["median_s"]
+                if device == "cuda":
+                    r["mfu"] = work / r["median_s"] / rates["measured"]
+                    r["mfu_nominal"] = work / r["median_s"] / rates["nominal"] if rates.get("nominal") else None
+        cell["ratios"], cell["problems"] = ratios(cell), check_identical(cell, args.precision)
+        cell["shape"] = {"seq": seq, "batch": batch, "checkpointing": checkpointing}
+        print_cell(name, cell, floor_s, device == "cuda")
         cells[name] = cell
-    return {"floor": {**floor, "seconds": floor_s}, "cells": cells}
+        done(cells)
+    first = floors[(args.cells[0][0], args.cells[0][1])]
+    return {"floor": first, "floors": {f"{s}x{b}": f for (s, b), f in floors.items()}, "cells": cells}
 
 
 def seq_mode(args, paths: dict[str, Any], device: str, workdir: Path, log) -> dict[str, Any]:
@@ -251,9 +255,9 @@ def seq_mode(args, paths: dict[str, Any], device: str, workdir: Path, log) -> di
     for seq in args.seq_lengths:
         spec = {"model": paths["model"], "data": paths["data"][seq], "adapter": paths["adapter"], "seq": seq,
                 "batch": 1, "steps": args.steps, "checkpointing": True, "device": device, "measure": False,
-                "loraflow_overrides": args.loraflow_set}
+                "precision": args.precision, "loraflow_overrides": args.loraflow_set}
         cell = run_cell(f"seq-{seq}", spec, args.rounds, workdir, args.timeout, log)
-        cell["ratios"], cell["problems"] = ratios(cell), check_identical(cell)
+        cell["ratios"], cell["problems"] = ratios(cell), check_identical(cell, args.precision)
         cells[str(seq)] = cell
     print("\nbatch 1, checkpointing on: median step time s / peak RSS MB" +
           (" / GPU MB" if device == "cuda" else ""))
@@ -284,6 +288,14 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seq", action="store_true", help="sweep sequence lengths 512..4096 (batch 1, checkpointing on)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and one round (the test)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a named workload: gpu-1b = Llama-3.2-1B's shape, "
+                   "bf16-mixed, seq 2048 x 4 without checkpointing and 4096 x 2 with it (one round)")
+    p.add_argument("--precision", choices=sorted(FIRST_LOSS_AGREEMENT), help="fp32 (default) or bf16-mixed: bf16 "
+                   "frozen weights, fp32 adapters and optimizer, bf16 autocast, in every variant")
+    p.add_argument("--cells", help="SEQxBATCH:on|off,... the cells of the default mode (default: --seq-len x --batch, "
+                   "checkpointing off and on)")
+    p.add_argument("--shape", help="JSON of model config values that replace the preset's (a toy of the same "
+                   "structure: scripts/gpu_check.sh --quick)")
     p.add_argument("--rounds", type=int, help="rounds of all three variants (default 2; 1 with --seq or --smoke)")
     p.add_argument("--steps", type=int, help="steps per worker, the first not timed (default 6; 3 with --seq)")
     p.add_argument("--batch", type=int, default=4)
@@ -297,7 +309,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     if args.worker:
         from peers_workload import run_worker as worker
 
@@ -309,41 +320,70 @@ def main(argv: list[str] | None = None) -> int:
         return run(args, Path(tmp))
 
 
-def run(args, workdir: Path) -> int:
-    import torch
-    from peers_workload import prepare
+def settle(args) -> dict[str, Any]:
+    """Fill in what the flags left open (preset, then --smoke, then the defaults); returns the model shape."""
+    import peers_figures
 
-    shape = SMOKE_MODEL if args.smoke else DEFAULT_MODEL
+    preset = PRESETS.get(args.preset, {})
+    shape = getattr(peers_figures, preset.get("model", "SMOKE_MODEL" if args.smoke else "DEFAULT_MODEL"))
+    if args.shape:
+        shape = {**shape, **json.loads(args.shape)}
     if args.smoke:
         args.seq_len, args.batch = 64, 2
-    args.rounds = args.rounds or (1 if args.seq or args.smoke else 2)
-    args.steps = args.steps or (2 if args.smoke else 3 if args.seq else 6)
+    args.precision = args.precision or preset.get("precision", "fp32")
+    args.rounds = args.rounds or preset.get("rounds") or (1 if args.seq or args.smoke else 2)
+    args.steps = args.steps or preset.get("steps") or (2 if args.smoke else 3 if args.seq else 6)
     if args.steps < 2:
         sys.exit("--steps must be at least 2: the first step is warm-up and not timed.")
     args.seq_lengths = [128, 256] if args.seq and args.smoke else list(SEQ_LENGTHS)
-    seqs = args.seq_lengths if args.seq else [args.seq_len]
+    cells = args.cells or preset.get("cells") or f"{args.seq_len}x{args.batch}:off,{args.seq_len}x{args.batch}:on"
+    args.cells = parse_cells(cells)
+    return shape
+
+
+def run(args, workdir: Path) -> int:
+    import torch
+    from peers_figures import matmul_rate, nominal_peak
+    from peers_workload import prepare
+
+    shape = settle(args)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    sizes = [(seq, 1) for seq in args.seq_lengths] if args.seq else [(s, b) for s, b, _ in args.cells]
+    dtype = "bfloat16" if args.precision == "bf16-mixed" else "float32"
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
     # DeepSpeed, imported by transformers or peft on the way, prints its accelerator choice to stdout: not the report.
     with contextlib.redirect_stdout(io.StringIO()):
-        paths = prepare(workdir, shape, seqs, args.batch, rows=args.batch * (args.steps + 2))
-    rate = matmul_rate(device)
+        paths = prepare(workdir, shape, sizes, rows_per_batch=args.steps + 2, dtype=dtype)
+    rates = {"measured": matmul_rate(device, dtype)}
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    if device == "cuda" and nominal_peak(name):
+        rates["nominal"] = nominal_peak(name)
     load_before = os.getloadavg()[0]  # other work on the machine slows every figure below: say how much there was
-    print(f"device {device}, torch threads {torch.get_num_threads()}, fp32 matmul (2048^3, median) "
-          f"{rate / 1e9:.1f} GFLOP/s, load average {load_before:.2f}; model {shape}")
-    print(f"workload: LoRA r16 alpha 32 all-linear, lr 2e-4 constant, clip 1.0, fp32, {args.rounds} round(s), "
-          f"{args.steps} steps per worker (first not timed)" + ("" if args.seq else
-                                                                  f", seq {args.seq_len}, batch {args.batch}")
+    print(f"device {name}, torch threads {torch.get_num_threads()}, {dtype} matmul (median) "
+          f"{rates['measured'] / 1e9:.1f} GFLOP/s"
+          + (f" (datasheet peak {rates['nominal'] / 1e12:.0f} TFLOP/s)" if "nominal" in rates else "")
+          + f", load average {load_before:.2f}; model {shape}")
+    print(f"workload: LoRA r16 alpha 32 all-linear, lr 2e-4 constant, clip 1.0, {args.precision}, "
+          f"{args.rounds} round(s), {args.steps} steps per worker (first not timed)"
           + (f"; loraflow overrides {' '.join(args.loraflow_set)}" if args.loraflow_set else ""))
-    report: dict[str, Any] = {"device": device, "matmul_flops_per_s": rate, "model": shape, "rounds": args.rounds,
+    if device == "cuda":
+        print("MFU % is against the datasheet bf16 peak, MFU* % against the matmul rate measured above; both count "
+              "4N FLOPs per token (6N with recompute) plus causal attention")
+    report: dict[str, Any] = {"device": device, "device_name": name, "matmul_flops_per_s": rates["measured"],
+                              "rates": rates, "model": shape, "precision": args.precision, "rounds": args.rounds,
                               "steps": args.steps, "batch": args.batch, "loraflow_overrides": args.loraflow_set}
+    def partial(cells: dict[str, Any]) -> None:
+        if args.json:
+            args.json.write_text(json.dumps({**report, "mode": "default", "cells": cells, "partial": True}, indent=2))
+
     if args.seq:
         report.update(mode="seq", **seq_mode(args, paths, device, workdir, log))
     else:
-        report.update(mode="default", seq=args.seq_len, **default_mode(args, paths, shape, device, rate, workdir, log))
+        report.update(mode="default", seq=args.cells[0][0],
+                      **default_mode(args, paths, shape, device, rates, workdir, log, partial))
     report["load_average"] = {"start": load_before, "end": os.getloadavg()[0]}
     print(f"\nload average (1 min) at start {load_before:.2f}, at end {report['load_average']['end']:.2f} "
           f"on {os.cpu_count()} CPUs")

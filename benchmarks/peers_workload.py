@@ -35,8 +35,10 @@ IGNORE = -100
 
 
 # -- the workload, made once by the parent ----------------------------------------------------------------------
-def prepare(workdir: Path, model_shape: dict[str, int], seqs: list[int], batch: int, rows: int) -> dict[str, Any]:
-    """Model + tokenizer in workdir/model, data_SEQ.jsonl per sequence length, initial_adapter.pt. Returns paths."""
+def prepare(workdir: Path, model_shape: dict[str, Any], sizes: list[tuple[int, int]], rows_per_batch: int,
+            dtype: str = "float32") -> dict[str, Any]:
+    """Model + tokenizer in workdir/model (weights saved in `dtype`), data_SEQ.jsonl per sequence length with
+    `rows_per_batch` batches of the largest batch asked at that length, initial_adapter.pt. Returns paths."""
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -55,18 +57,28 @@ def prepare(workdir: Path, model_shape: dict[str, int], seqs: list[int], batch: 
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                         pad_token="<pad>")
     torch.manual_seed(0)
+    heads = model_shape["num_attention_heads"]
+    longest = max(seq for seq, _ in sizes)
     config = LlamaConfig(hidden_size=model_shape["hidden_size"], num_hidden_layers=model_shape["num_hidden_layers"],
-                         num_attention_heads=model_shape["num_attention_heads"],
-                         num_key_value_heads=model_shape["num_attention_heads"],
+                         num_attention_heads=heads, num_key_value_heads=model_shape.get("num_key_value_heads", heads),
                          intermediate_size=model_shape["intermediate_size"], vocab_size=vocab_size,
-                         max_position_embeddings=max(4096, max(seqs)), tie_word_embeddings=False,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=3)
-    model = LlamaForCausalLM(config)
+                         max_position_embeddings=max(4096, longest),
+                         tie_word_embeddings=model_shape.get("tie_word_embeddings", False),
+                         rope_theta=model_shape.get("rope_theta", 10000.0), bos_token_id=1, eos_token_id=2,
+                         pad_token_id=3)
+    # Built where it will run: initialising a billion weights takes seconds on a GPU, a minute on a few cores.
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = LlamaForCausalLM(config)
+    model = model.to("cpu", getattr(torch, dtype))
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    data = {seq: str(_write_rows(workdir / f"data_{seq}.jsonl", seq, vocab_size, rows)) for seq in seqs}
     adapter = workdir / "initial_adapter.pt"
-    torch.save(_initial_adapter(model), adapter)
+    torch.save(_initial_adapter(model), adapter)  # after saving: PEFT injects its layers into `model`
+    batches: dict[int, int] = {}
+    for seq, batch in sizes:
+        batches[seq] = max(batches.get(seq, 0), batch)
+    data = {seq: str(_write_rows(workdir / f"data_{seq}.jsonl", seq, vocab_size, batch * rows_per_batch))
+            for seq, batch in batches.items()}
     return {"model": str(model_dir), "data": data, "adapter": str(adapter)}
 
 
@@ -93,7 +105,7 @@ def _initial_adapter(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     for name, p in peft_model.named_parameters():
         if p.requires_grad:
-            value = p.detach().clone()
+            value = p.detach().to("cpu", torch.float32).clone()
             if "lora_B" in name:  # see the module docstring: B = 0 would make the first-loss check vacuous
                 # 0.05: on the smoke model the first loss moves by 4e-3 relative from B = 0 (0.02 gave only 2e-4,
                 # too close to the 1e-4 the parent checks)
@@ -241,10 +253,17 @@ class Recorder:
 
 
 # -- the three workers -------------------------------------------------------------------------------------------
+def _bf16(spec: dict[str, Any]) -> bool:
+    """bf16-mixed: frozen weights in bf16, adapters and optimizer in fp32 (PEFT upcasts adapters by default), the
+    forward under bf16 autocast; otherwise everything fp32."""
+    return spec.get("precision", "fp32") == "bf16-mixed"
+
+
 def _load_base(spec: dict[str, Any]):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    dtype = torch.bfloat16 if _bf16(spec) else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype)
     return model, AutoTokenizer.from_pretrained(spec["model"])
 
 
@@ -276,7 +295,8 @@ def run_plain(spec: dict[str, Any]) -> dict[str, Any]:
     for step in range(rec.total_steps()):
         rec.step_begin(model, step)
         rec.batch(input_ids, label_ids)
-        loss = model(input_ids=input_ids, attention_mask=mask, labels=label_ids, use_cache=False).loss
+        with torch.autocast(spec["device"], dtype=torch.bfloat16, enabled=_bf16(spec)):
+            loss = model(input_ids=input_ids, attention_mask=mask, labels=label_ids, use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         optimizer.step()
@@ -316,7 +336,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
                      save_strategy="no", eval_strategy="no", disable_tqdm=True, completion_only_loss=True,
                      packing=False, max_length=spec["seq"], gradient_checkpointing=spec["checkpointing"],
                      gradient_checkpointing_kwargs={"use_reentrant": False}, dataloader_num_workers=0, seed=0,
-                     use_cpu=spec["device"] == "cpu", bf16=False, fp16=False)
+                     use_cpu=spec["device"] == "cpu", bf16=_bf16(spec), fp16=False)
     dataset = load_dataset("json", data_files=spec["data"], split="train")
     torch.manual_seed(0)
     trainer = Recording(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
@@ -343,7 +363,7 @@ def run_loraflow(spec: dict[str, Any]) -> dict[str, Any]:
         "adapter": {"method": "lora", "rank": LORA["r"], "alpha": LORA["lora_alpha"], "dropout": 0.0,
                     "target_modules": ["all-linear"]},
         "checkpointing": {"enabled": spec["checkpointing"]},
-        "precision": {"mode": "fp32"},
+        "precision": {"mode": spec.get("precision", "fp32")},
         "data": {"train": spec["data"], "eval": None, "format": "prompt_completion", "max_length": spec["seq"]},
         "train": {"seed": 0, "micro_batch_size": spec["batch"], "gradient_accumulation_steps": 1,
                   "max_steps": rec.total_steps(), "learning_rate": LR, "weight_decay": 0.0, "warmup_steps": 0,
