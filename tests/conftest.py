@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -204,3 +205,20 @@ def wait_for_step(run_dir: Path, step: int, proc, timeout: float = 120) -> None:
         time.sleep(0.2)
     proc.kill()
     raise AssertionError(f"no step {step} within {timeout}s")
+
+
+def run_gpu_check(out: Path, python: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """`scripts/gpu_check.sh --device cpu --quick --out OUT` with `python`: (the process, summary.json + "out")."""
+    env = {**os.environ, "PYTHON": python}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--quick", "--out",
+                           str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    summary = out / "summary.json"
+    assert summary.exists(), f"no summary (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc, {**json.loads(summary.read_text()), "out": str(out)}
+
+
+@pytest.fixture(scope="session")
+def gpu_check_quick(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
+    """The device check's CPU rehearsal on the tested stack, run once for tests/test_gpu_check.py and the peers
+    benchmark's tests (its peers step runs benchmarks/peers.py; DIR/peers.bench.json and .log are its output)."""
+    return run_gpu_check(tmp_path_factory.mktemp("gpu-check"), str(ROOT / ".venv" / "bin" / "python"))
