@@ -146,7 +146,7 @@ def test_the_travel_size_counts_the_tree_git_would_copy(tmp_path):
 
 def test_an_older_dependency_than_declared_is_refused_before_anything_runs(monkeypatch, capsys):
     floors = declared_floors()
-    assert floors["transformers"] >= Version("5.0.0") and floors["peft"] >= Version("0.20.0")
+    assert floors["transformers"] >= Version("5.6.0") and floors["peft"] >= Version("0.20.0")
     older = {"transformers": Version("4.57.1"), "peft": floors["peft"]}
     problems = too_old(older)
     assert problems == [f"transformers 4.57.1 is installed; loraflow needs transformers>={floors['transformers']} "

@@ -168,3 +168,26 @@ def test_demo_configs_check_clean(stage, capsys):
     code, text = _check(capsys, str(demo_config(stage)))
     assert code == 0, text
     assert "findings: none" in text and "train data:" in text
+
+
+def test_a_checkpoint_that_leaves_weights_uninitialised_is_refused(tiny_model, tmp_path, capsys):
+    """transformers only reports weights a checkpoint lacks and initialises them randomly (the shipped tiny-vlm under
+    transformers < 5.6 lost its whole vision encoder that way); loraflow refuses, naming model.path and the keys."""
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model, broken)
+    weights = load_file(broken / "model.safetensors")
+    dropped = [k for k in weights if "layers.1.mlp" in k]
+    save_file({k: v for k, v in weights.items() if k not in dropped}, broken / "model.safetensors",
+              metadata={"format": "pt"})
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "ab", "completion": "ba"}] * 4)
+    code = main(["train", "sft", f"model.path={broken}", f"data.train={data}", "data.eval=", "train.max_steps=1",
+                 f"output.dir={tmp_path / 'run'}", "output.progress_bar=false"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"model.path={broken}: {len(dropped)} weights of the model are not in the checkpoint" in err
+    assert "layers.1.mlp.down_proj.weight" in err and "random values" in err
+    assert not (tmp_path / "run" / "adapter").exists()
+    # the intact checkpoint trains
+    assert main(["train", "sft", f"model.path={tiny_model}", f"data.train={data}", "data.eval=", "train.max_steps=1",
+                 f"output.dir={tmp_path / 'run2'}", "output.progress_bar=false"]) == 0

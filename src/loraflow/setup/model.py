@@ -214,17 +214,41 @@ def load_model(config: Config, path: str, dtype: torch.dtype, head: str = "lm", 
     if quantization is not None:
         # bitsandbytes quantizes as the weights load onto the device, so the full-precision copy never exists.
         kwargs.update(quantization_config=quantization.hf_config(), device_map={"": device})
-    auto_class = model_auto_class(load_hf_config_at(path, config), head)
+    hf_config = load_hf_config_at(path, config)
+    auto_class = model_auto_class(hf_config, head)
     if head == "score":
         with _quiet():  # the report that lm_head is unused and score is new is expected here
-            model = auto_class.from_pretrained(path, num_labels=1, **kwargs)
+            model, info = auto_class.from_pretrained(path, num_labels=1, output_loading_info=True, **kwargs)
     else:
-        model = auto_class.from_pretrained(path, **kwargs)
+        model, info = auto_class.from_pretrained(path, output_loading_info=True, **kwargs)
+    require_every_weight(info, path, getattr(hf_config, "transformers_version", None),
+                         new=("score.",) if head == "score" else ())
     if quantization is not None:
         from loraflow.setup.quantize import keep_layout
 
         keep_layout(model, quantization)
     return model
+
+
+def require_every_weight(info: dict, path: str, saved_by: str | None, new: tuple[str, ...] = ()) -> None:
+    """Refuse a base whose checkpoint leaves weights of the model uninitialised: transformers only reports them,
+    and training would start from random values where the pretrained ones were meant to be (the shipped tiny-vlm
+    under transformers < 5.6 finds none of its vision encoder's 71 weights: its key names changed). `new` are the
+    prefixes of heads loraflow means to start fresh (a reward model's score head)."""
+    import transformers
+
+    missing = sorted(k for k in info.get("missing_keys", []) if not k.startswith(new))
+    if not missing:
+        return
+    shown = ", ".join(f"`{k}`" for k in missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    why = ""
+    if saved_by and saved_by != transformers.__version__:
+        why = (f" The checkpoint was saved by transformers {saved_by} and this is {transformers.__version__}: weight "
+               "names change between releases, so install a release that reads them (the one that saved it, "
+               f"transformers=={saved_by}, does).")
+    raise ConfigError([f"model.path={path}: {len(missing)} weights of the model are not in the checkpoint ({shown}), "
+                       f"so training would start them from random values.{why} Otherwise point model.path at a "
+                       "checkpoint of this architecture."])
 
 
 def load_merged(config: Config, path: str, dtype: torch.dtype, head: str, attn_implementation: str | None,
