@@ -36,9 +36,12 @@ if ! {
     echo "installing from .whl/ what this machine lacks:"
     "$python" scripts/gpu_bundle.py install --dest .whl --target "$site"
   fi
-  # loraflow itself, without its dependencies and without build isolation (which would fetch setuptools).
+  # loraflow itself, without its dependencies and without build isolation (which would fetch setuptools), built
+  # from a copy: setuptools builds in the source tree's build/, which two checks at once would share.
+  mkdir "$site/.source"
+  cp -r pyproject.toml README.md src "$site/.source/"
   "$python" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-build-isolation \
-    --no-compile --target "$site" "$root"
+    --no-compile --target "$site" "$site/.source"
 } 2>&1 | tee "$out/install.log"; then
   echo "error: installing failed; see $out/install.log" >&2
   exit 2

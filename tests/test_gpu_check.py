@@ -137,11 +137,17 @@ def test_a_carried_wheel_is_installed_only_where_the_machine_lacks_it():
     assert bundle.needed("torch", "2.13.0", "2.11.0+cu130", floors) == "2.11.0 < 2.13.0"
 
 
-def test_the_travel_size_counts_the_tree_git_would_copy(tmp_path):
+BUNDLE_MIB = 14.2
+"""What scripts/gpu_wheels.sh put in .whl/ on 2026-11-26 (docs/measurements.md)."""
+
+
+def test_the_travel_size_counts_the_tree_git_would_copy_and_leaves_room_for_the_bundle(tmp_path):
     bundle = _bundle_module()
     (tmp_path / "a.whl").write_bytes(b"x" * 1000)
     tree, files, whl = bundle.travel_size(tmp_path)
     assert whl == 1000 and files > 100 and tree > 5 * 2**20
+    # A working tree grown past this would push the device check's transfer over the 60 MiB it must stay under.
+    assert tree / 2**20 + BUNDLE_MIB < 60, f"the working tree is {tree / 2**20:.1f} MiB"
 
 
 def test_an_older_dependency_than_declared_is_refused_before_anything_runs(monkeypatch, capsys):
