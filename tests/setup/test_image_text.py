@@ -285,3 +285,22 @@ def test_dpo_pairs_with_images_train_as_the_reference(families, tmp_path):
     assert any("vision_tower" in n for n in grads)
     for name, g in grads.items():
         assert float((ckpt_grads[name] - g).norm()) <= 1e-5 * float(g.norm().clamp_min(1e-12)), name
+
+
+@pytest.mark.parametrize("family", ["llava", "idefics3"])
+def test_bf16_mixed_with_a_vision_tower_trained_in_full_trains_on_the_cpu(families, tmp_path, family):
+    """The encoder's unread modules (LLaVA's last layer and post_layernorm) stay frozen but still run on the trained
+    tower's fp32 activations: kept in bf16 they crashed CPU LayerNorm ("mixed dtype (CPU)") at the first step."""
+    from loraflow.pipeline import build_run
+
+    config = make_config(families[family], f"data.train={families['data']}", "data.eval=", "precision.mode=bf16-mixed",
+                         "towers.vision.train=full", "towers.projector.train=full", "train.max_steps=1",
+                         "train.micro_batch_size=4", f"output.dir={tmp_path}")
+    run = build_run(config, detect_environment(), tmp_path)
+    unreached = run.plan.model.unreached
+    assert bool(unreached) == (family == "llava")  # Idefics3 reads its encoder's last output
+    for name, p in run.model.named_parameters():
+        if any(f".{u}." in f".{name}" for u in unreached):
+            assert p.dtype == torch.float32 and not p.requires_grad, name
+    stats = run.trainer.optimizer_step(None)
+    assert stats["loss"] == stats["loss"] and stats["loss"] > 0  # a finite loss: the step ran

@@ -50,8 +50,8 @@ def _towers(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
                 f" follows checkpointing.enabled={str(plan.config.checkpointing.enabled).lower()}" if c == "auto"
                 else ""))
         if t.name == "vision" and plan.model.unreached and t.train != "frozen":
-            why += (f"; {', '.join(plan.model.unreached)} never run in the image-text forward (the features are "
-                    "read before them), so they stay frozen")
+            why += (f"; {', '.join(plan.model.unreached)} are never read by the image-text forward (the features "
+                    "are taken before them), so they get no gradient and stay frozen (in the tower's dtype)")
         out.append(Decision(f"tower {t.name}", t.describe().split(": ", 1)[1], why))
     if plan.towers:
         out.append(Decision("image truncation", "a sample whose image tokens data.max_length would cut is dropped",

@@ -82,7 +82,7 @@ def resolve_towers(config: Config, info: ModelInfo, language_layers: list[int]) 
 def full_tower_roots(towers: list[TowerPlan], info: ModelInfo, adapter_method: str) -> list[str]:
     """The modules_to_save that train whole towers beside adapters (none under full fine-tuning, where every
     unfrozen weight trains anyway); a root inside another one listed (Qwen2-VL's merger in its vision encoder)
-    is left to its ancestor's copy. A tower holding modules its forward never runs (info.unreached) is covered by
+    is left to its ancestor's copy. A tower holding modules whose output its forward never reads (info.unreached) is covered by
     its other sub-modules instead, so PEFT's copy (and the saved adapter) holds only weights that train."""
     if adapter_method == "full":
         return []

@@ -116,13 +116,28 @@ def apply_adapters(model: torch.nn.Module, plan) -> torch.nn.Module:
         peft_model = get_peft_model(model, peft_config,
                                     autocast_adapter_dtype=plan.trainable_dtype == torch.float32)
     freeze_towers(peft_model, plan)
-    for p in peft_model.parameters():
-        if p.requires_grad and p.dtype != plan.trainable_dtype:
-            p.data = p.data.to(plan.trainable_dtype)  # trained full copies (modules_to_save) of a bf16 base
+    in_full_tower = _unreached_in_full_towers(plan)
+    for name, p in peft_model.named_parameters():
+        # Trained full copies (modules_to_save) of a bf16 base compute in the trainable dtype; so do the modules of
+        # such a tower that stay frozen because their output is never read (a vision encoder's post_layernorm still
+        # runs on the encoder's fp32 output, and CPU LayerNorm refuses an fp32 input with bf16 weights, "mixed
+        # dtype (CPU)", where CUDA's autocast would cast).
+        if (p.requires_grad or in_full_tower(name)) and p.dtype != plan.trainable_dtype:
+            p.data = p.data.to(plan.trainable_dtype)
     if not any(p.requires_grad for p in peft_model.parameters()):
         raise GuardError("no parameter is trainable after adding adapters [no-adapter-matched]. Set "
                          "adapter.target_modules to modules this model has.")
     return peft_model
+
+
+def _unreached_in_full_towers(plan):
+    """A test of parameter names: inside a module the forward never reads (plan.model.unreached) of a tower
+    trained in full."""
+    from loraflow.setup.towers import strip_peft
+
+    full = [r for t in plan.towers if t.train == "full" for r in t.roots]
+    prefixes = tuple(u + "." for u in plan.model.unreached if any(u == r or u.startswith(r + ".") for r in full))
+    return lambda name: bool(prefixes) and strip_peft(name).startswith(prefixes)
 
 
 def freeze_towers(model: torch.nn.Module, plan) -> None:

@@ -55,7 +55,8 @@ class ModelInfo:
     model."""
 
     unreached: list[str] = field(default_factory=list)
-    """Vision modules the image-text forward never runs (setup/towers.py unreached_modules): always frozen."""
+    """Vision modules whose output the image-text forward never reads (setup/towers.py unreached_modules): always
+    frozen."""
     tower_modules: dict[str, list[str]] = field(default_factory=dict)
     """Adapted towers -> the modules their adapter targets matched inside them (image-text models)."""
 

@@ -88,9 +88,10 @@ def tower_layers(model: torch.nn.Module, tower: str) -> list[torch.nn.Module]:
 
 
 def unreached_modules(model: torch.nn.Module, hf_config, towers: dict[str, Tower]) -> list[str]:
-    """Vision-encoder modules the image-text forward never runs, so their weights can get no gradient (they stay
-    frozen, whatever the tower's choice, or DDP would wait for their gradients and the first-step guard would
-    flag them):
+    """Vision-encoder modules whose output the image-text forward never reads, so their weights can get no gradient
+    (they stay frozen, whatever the tower's choice, or DDP would wait for their gradients and the first-step guard
+    would flag them). Most still run (CLIP computes every layer and its pooled output), on the tower's own
+    activations:
     - the layers after the one `vision_feature_layer` reads (LLaVA's default -2 skips the last layer) and the
       final norm that only the pooled output uses;
     - a pooling head (SigLIP's MultiheadAttentionPoolingHead): image-text models read the patch features."""
