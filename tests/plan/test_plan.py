@@ -117,3 +117,23 @@ def test_plan_json_is_serialisable(tiny_model):
 def test_full_finetuning_with_bf16_storage_under_mixed_is_refused(tiny_model):
     with pytest.raises(ConfigError, match="contradicts full fine-tuning"):
         plan_for(tiny_model, "precision.mode=bf16-mixed", "adapter.method=full", "model.dtype=bfloat16")
+
+
+def test_fused_experts_no_adapter_reaches_are_named_in_the_plan(tiny_model, tmp_path):
+    """transformers 5 stores a mixture of experts' expert MLPs as 3-D parameters, which target_modules cannot name:
+    the plan says they stay frozen, how many weights that is, and what trains them."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("qwen2_moe", vocab_size=96, hidden_size=64, intermediate_size=128,
+                                  moe_intermediate_size=32, shared_expert_intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    plan = plan_for(tmp_path)
+    experts = decision(plan, "experts")
+    fused = 2 * 4 * (64 * 64 + 64 * 32)  # 2 layers x 4 experts x (gate_up_proj + down_proj)
+    assert experts.value.startswith(f"frozen: 2 fused blocks (experts; {fused:,} weights")
+    assert "adapter.method=full" in experts.reason
+    assert not any(".experts" in m for m in plan.model.adapter_modules)
+    assert "shared_expert" in " ".join(plan.model.adapter_modules)  # its Linear layers are adapted
+    assert not any(d.key == "experts" for d in plan_for(tmp_path, "adapter.method=full").decisions)
+    assert not any(d.key == "experts" for d in plan_for(tiny_model).decisions)  # dense: nothing to say

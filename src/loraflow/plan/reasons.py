@@ -31,6 +31,20 @@ def _adapter(plan: Plan) -> Decision:
     return Decision("adapter", value, f"adapter.target_modules={targets} matched {n} modules (PEFT's matching)")
 
 
+def _fused_weights(plan: Plan) -> list[Decision]:
+    """A mixture of experts whose experts no adapter reaches says so (it trained nothing there, silently, before)."""
+    fused = plan.model.fused_weights
+    if not fused or plan.config.adapter.method == "full":
+        return []
+    size = sum(fused.values())
+    kinds = sorted({n.rsplit(".", 1)[-1] for n in fused})
+    share = f", {100 * size / plan.model.parameters:.0f}% of the model" if plan.model.parameters else ""
+    return [Decision("experts", f"frozen: {len(fused)} fused blocks ({', '.join(kinds)}; {size:,} weights{share})",
+                     "these weights are parameters of three dimensions (one slice per expert), not Linear modules, "
+                     "so adapter.target_modules, which names modules, cannot reach them; the Linear layers "
+                     "(attention, a shared expert) are adapted where targeted. adapter.method=full trains them.")]
+
+
 def _towers(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
     """An image-text model's towers: what trains in each and where it recomputes (plan/towers.py)."""
     out = []
@@ -285,6 +299,7 @@ def explain_choices(plan: Plan, naive: Combination, changed_by: dict[str, str],
         *_model_setup(plan),
         *_quantization(plan, changed_by),
         _adapter(plan),
+        *_fused_weights(plan),
         *_towers(plan, changed_by),
         _freezing(plan),
         Decision("saves", "every weight (the model)" if plan.saves == "model" else "the trainable weights (a PEFT "

@@ -59,6 +59,10 @@ class ModelInfo:
     frozen."""
     tower_modules: dict[str, list[str]] = field(default_factory=dict)
     """Adapted towers -> the modules their adapter targets matched inside them (image-text models)."""
+    fused_weights: dict[str, int] = field(default_factory=dict)
+    """Modules that hold weights as parameters of three or more dimensions (transformers 5 stores a mixture of
+    experts' expert MLPs fused, one slice per expert) -> their element count: no `target_modules` entry reaches
+    them, since PEFT matches modules."""
 
     @property
     def image_text(self) -> bool:
@@ -89,6 +93,21 @@ def load_hf_config_at(path: str, config: Config):
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
+
+
+def fused_weights(model: torch.nn.Module) -> dict[str, int]:
+    """ModelInfo.fused_weights: each non-convolution module with a direct parameter of three or more dimensions
+    (a convolution's kernel has four or five and is an ordinary layer)."""
+    from torch.nn.modules.conv import _ConvNd
+
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, _ConvNd):
+            continue
+        size = sum(p.numel() for p in module.parameters(recurse=False) if p.dim() >= 3)
+        if size:
+            out[name] = size
+    return out
 
 
 def inspect_model(config: Config) -> ModelInfo:
@@ -133,6 +152,7 @@ def inspect_model(config: Config) -> ModelInfo:
         logit_transform=logit_transform(hf_config),
         linear_names=linear, attn_implementation=attn, attn_reason=attn_reason, merge_notes=merge_notes,
         prequantized=_prequantized(hf_config), towers=towers, unreached=unreached,
+        fused_weights=fused_weights(skeleton),
     )
     if config.adapter.method != "full":
         from loraflow.setup.adapters import match_adapter_modules, match_tower_modules
