@@ -191,3 +191,29 @@ def test_a_checkpoint_that_leaves_weights_uninitialised_is_refused(tiny_model, t
     # the intact checkpoint trains
     assert main(["train", "sft", f"model.path={tiny_model}", f"data.train={data}", "data.eval=", "train.max_steps=1",
                  f"output.dir={tmp_path / 'run2'}", "output.progress_bar=false"]) == 0
+
+
+def test_a_processor_that_needs_a_missing_package_names_it(tmp_path):
+    """Qwen2-VL's processor builds a video processor that needs torchvision even for image-only training; the
+    message names the package (transformers' own begins with an empty line, which used to be all loraflow kept,
+    followed by blame for a preprocessor_config.json that exists)."""
+    import importlib.util
+    import json
+
+    from loraflow.config import load_config
+    from loraflow.errors import ConfigError
+    from loraflow.setup.model import load_processor
+
+    for name in TOKENIZER_FILES:
+        shutil.copy(ASSETS / "tiny-base" / name, tmp_path / name)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor", "patch_size": 14,
+        "temporal_patch_size": 2, "merge_size": 2, "min_pixels": 3136, "max_pixels": 12544}))
+    if importlib.util.find_spec("torchvision") is not None:  # a stack with torchvision loads it
+        assert type(load_processor(load_config(None, []), str(tmp_path))).__name__ == "Qwen2VLProcessor"
+        return
+    with pytest.raises(ConfigError) as err:
+        load_processor(load_config(None, []), str(tmp_path))
+    text = str(err.value)
+    assert "transformers needs torchvision to build it" in text and "Qwen2VLVideoProcessor" in text
+    assert "preprocessor_config.json" not in text

@@ -7,6 +7,7 @@ match, using PEFT's own matching, before anything heavy is loaded.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -186,12 +187,20 @@ def load_tokenizer(config: Config, model_path: str):
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise ConfigError([f"cannot load a tokenizer from {path} ({str(exc).splitlines()[0]}). Set model.tokenizer "
+        raise ConfigError([f"cannot load a tokenizer from {path} ({_first_line(exc)}). Set model.tokenizer "
                            "to a directory or hub id that has one."]) from None
     if tok.pad_token is None:
         # Padding positions are masked out of attention and loss, so any id works; eos is the convention.
         tok.pad_token = tok.eos_token
     return tok
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first sentence of an exception's message (transformers' import errors begin with a newline and wrap
+    their sentences over lines)."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    sentence = re.match(r"(.+?[.!?])(\s|$)", text)
+    return (sentence.group(1) if sentence else text) or type(exc).__name__
 
 
 def load_processor(config: Config, model_path: str):
@@ -204,8 +213,17 @@ def load_processor(config: Config, model_path: str):
     try:
         with _quiet():  # image processors without torchvision say they fall back to PIL: expected on a CPU stack
             processor = AutoProcessor.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
-    except (OSError, ValueError, ImportError) as exc:
-        raise ConfigError([f"cannot load an image-text processor from {path} ({str(exc).splitlines()[0]}). An "
+    except ImportError as exc:
+        # transformers builds every part of a processor, a video processor too (Qwen2-VL's needs torchvision),
+        # even for image-only training; its message starts with an empty line.
+        said = _first_line(exc)
+        package = re.search(r"requires the (\S+) library", said)
+        raise ConfigError([f"cannot load the image-text processor at {path}: transformers needs "
+                           f"{package.group(1).lower() if package else 'a package that is not installed'} to build it "
+                           f"({said.rstrip('.')}). Install it (built for this torch {torch.__version__}); loraflow reads images "
+                           "only, but transformers builds every part of the processor."]) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError([f"cannot load an image-text processor from {path} ({_first_line(exc)}). An "
                            "image-text model needs its processor (preprocessor_config.json beside the tokenizer); "
                            "set model.tokenizer to a directory or hub id that has one."]) from None
     if not hasattr(processor, "tokenizer") or not hasattr(processor, "image_processor"):
