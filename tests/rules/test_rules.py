@@ -57,6 +57,9 @@ CASES = {
     "fsdp2-recompute-cast": (
         FSDP2.replace(precision="bf16-mixed", checkpoint_outside_shard=True, versions=OLD_TORCH),
         FSDP2.replace(precision="bf16-mixed", checkpoint_outside_shard=True, versions=NEW_TORCH)),
+    "zero3-stale-trace": (
+        ZERO3.replace(outside_forwards=True, versions={"deepspeed": Version("0.19.1")}),
+        ZERO3.replace(outside_forwards=True, versions={"deepspeed": Version("0.19.2")})),
     "zero3-eval-backward": (
         ZERO3.replace(train_mode_at_backward=False, versions=OLD_DS),
         ZERO3.replace(train_mode_at_backward=False, versions={"deepspeed": Version("0.15.4")})),

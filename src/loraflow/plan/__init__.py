@@ -271,6 +271,10 @@ def _engine_fields(config: Config, engine: str, ds: DeepSpeedSettings | None) ->
         fsdp_frozen_units_separate=engine == "fsdp2" and config.adapter.method == "lora",
         # Rollouts, and exact-match evaluation, generate with the trained model.
         generation=spec.generates or (spec.eval_generates and has_eval_set(config.data) and config.eval.generate),
+        # Generation (evaluation's exact match, rollouts) and a reference scored through the trained model
+        # (zero3-stale-trace); a loss-only evaluation keeps ZeRO-3's trace intact.
+        outside_forwards=(spec.generates or spec.reference == "always"
+                          or (spec.eval_generates and has_eval_set(config.data) and config.eval.generate)),
         # Chosen and rejected (rm, dpo) go through one concatenated forward; the reference forward runs without
         # autograd, so it leaves nothing for the backward to meet (fsdp2-multi-forward-dtensor).
         forwards_per_step=1,

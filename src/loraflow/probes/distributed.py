@@ -63,6 +63,47 @@ def zero_eval_step(setup: Combination, ctx: Context) -> Observation:
     return zero_step(setup, ctx)
 
 
+@case("zero3-stale-trace", ZERO3.replace(world_size=1, outside_forwards=True, generation=True, generation_gather=True),
+      ranks=1, requires=DS)
+def zero_generation_between_steps(setup: Combination, ctx: Context) -> Observation:
+    """ZeRO-3 on one rank (every weight partitioned), each step preceded by what a run does outside its steps: a
+    greedy generation with the weights gathered once and ZeRO-3's hooks lifted (evaluation, rollouts), a held-out
+    forward, and one with the adapters disabled (DPO's reference), both in eval mode without autograd; two steps,
+    the first one's adapter gradients compared with the reference"""
+    import deepspeed
+
+    from loraflow.engines.deepspeed import lift_zero3_hooks, restore_zero3_hooks
+    from loraflow.engines.launch import init_distributed
+
+    init_distributed("gloo")  # a one-rank group of its own (DeepSpeed would look for MPI without a launcher)
+    model = _model(setup)
+    engine = deepspeed_engine(model, setup)
+    batch = token_batch()
+
+    def generate() -> None:
+        engine.module.eval()
+        with torch.no_grad(), deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+            lift_zero3_hooks(engine)
+            try:
+                engine.module.generate(input_ids=batch["input_ids"][:, :4], max_new_tokens=3, do_sample=False,
+                                       pad_token_id=0)
+            finally:
+                restore_zero3_hooks(engine)
+        with torch.no_grad():
+            engine(**batch, use_cache=False)
+            with engine.module.disable_adapter():
+                engine(**batch, use_cache=False)
+        engine.module.train()
+
+    grads = None
+    for _ in range(2):
+        generate()
+        engine.backward(engine(**batch, use_cache=False).loss)
+        grads = grads or ds_full_grads(engine)
+        engine.step()
+    return compare(grads, reference_grads(setup, batch))
+
+
 @case("dora-sharded-weight", ZERO3.replace(adapter="dora"), ranks=2, requires=DS)
 def zero_dora_step(setup: Combination, ctx: Context) -> Observation:
     """DoRA added to a ZeRO-3-partitioned Llama (as from_pretrained under ZeRO-3 leaves it) in a hand-written

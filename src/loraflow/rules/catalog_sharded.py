@@ -100,6 +100,52 @@ register(Rule(
 ))
 
 register(Rule(
+    id="zero3-stale-trace",
+    title="ZeRO-3's prefetch trace goes stale when the model also runs outside its training steps",
+    verdict="error",
+    impact="crash",
+    conditions="DeepSpeed ZeRO-3 with forwards of the trained model outside its training steps (generation in an "
+               "evaluation or a rollout, a reference or values scored through it), deepspeed < 0.19.2",
+    knobs=("zero_stage", "outside_forwards"),
+    affected={"deepspeed": "<0.19.2"},
+    # Generation with ZeRO-3's hooks lifted for one gather (TRL's ds3_gather_for_generation, loraflow's rollout
+    # gather) records no trace; generation through the hooks does.
+    when=lambda s: s.zero3 and (s.outside_forwards or (s.generation and not s.generation_gather)),
+    cause=("ZeRO-3 records the order in which modules fetch their parameters and prefetches by it. A forward "
+           "outside the training step (no backward, another module order) invalidates that trace, but DeepSpeed "
+           "kept the stale per-module fetch records, so the next forward that rebuilds the trace pops an empty "
+           "queue: `IndexError: pop from an empty deque` in record_parameters (0.15.4 to 0.19.1: loraflow runs hit "
+           "it after an evaluation that generates, with DPO's reference copy, and in PPO; the probe reproduces it). "
+           "DeepSpeed <= 0.15.3 traced eval-mode forwards apart and failed with `tracing error at step N: expected "
+           "the next 1 parameters in the parameter fetch queue` (SFT with evaluation, DPO, GRPO). Some such runs "
+           "survive a few steps; which ones depends on DeepSpeed's bookkeeping, so none is accepted."),
+    fix=("upgrade to deepspeed>=0.19.2, or use ZeRO-2 (parallel.zero_stage=2) or FSDP2 (parallel.engine=fsdp2); "
+         "SFT without exact-match evaluation (eval.generate=false: a loss-only evaluation) trains on older "
+         "releases."),
+    elsewhere="upgrade to deepspeed>=0.19.2; else ZeRO-2, or train without evaluation and generation under ZeRO-3",
+    references=("https://github.com/huggingface/trl/issues/4899", "https://github.com/huggingface/accelerate/issues/3386",
+                "https://github.com/huggingface/trl/pull/4693"),
+    fixed_in="deepspeed 0.19.2 (the invalidated trace clears its fetch records)",
+    log=LogSigns(
+        messages=(Message(r"pop from an empty deque", "generic", "deepspeed runtime/zero/partitioned_param_coordinator"
+                          ".py: record_parameters (deepspeed 0.15.4 to 0.19.1)"),
+                  Message(r"tracing error at step \d+", "shared", "deepspeed runtime/zero/partitioned_param_"
+                          "coordinator.py: fetch_sub_module, a module order other than the recorded trace")),
+        frames=(Message(r"partitioned_param_coordinator\.py:(record_parameters|construct_parameter_trace_from_module_"
+                        r"trace)$", "own"),),
+        evidence=(Evidence("zero3_hooks", 4, "ZeRO-3's trace code is in the traceback", decisive=True),
+                  Evidence("zero3", 2, "ZeRO-3 is in use"),
+                  Evidence("generation", 2, "the model generates between training steps"),
+                  Evidence("eval_mode", 2, "an evaluation ran between training steps"),
+                  Evidence("rlhf", 1, "an RLHF stage (rollouts, reference scoring) runs"),
+                  Evidence("vision", -2, "an image-text model: ranks skipping the vision tower change the order too "
+                           "(zero3-vision-skipped)")),
+        prior=2.0,
+        tells_apart="ZeRO-3 on deepspeed < 0.19.2 with evaluation or generation between training steps; the "
+                    "IndexError's traceback runs through _start_of_forward_hook, reset_step and record_parameters"),
+))
+
+register(Rule(
     id="ddp-reentrant-unused",
     title="DDP counts reentrant recompute's parameter hooks twice",
     verdict="fix",

@@ -73,6 +73,10 @@ class Combination:
     """The trained model is in train mode when backward runs (RLHF code often leaves it in eval after generate)."""
     generation: bool = False
     """The stage samples from the trained model with generate() (GRPO, PPO rollouts)."""
+    outside_forwards: bool = False
+    """The trained model also runs forwards that are no part of a training step and change ZeRO-3's recorded module
+    order: generation (an evaluation's exact match, rollouts), reference or value scoring through the trained
+    weights (DPO's adapter-disabled or precomputed reference). A loss-only evaluation does not count."""
     generation_gather: bool = False
     """Sharded parameters are gathered once per rollout before generate(), rather than at every decoding step."""
     adapter_save_gather: bool = False
