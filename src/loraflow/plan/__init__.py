@@ -260,6 +260,8 @@ def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_
 
 def _engine_fields(config: Config, engine: str, ds: DeepSpeedSettings | None) -> dict[str, Any]:
     spec = stage_spec(config.stage)
+    # Rollouts, and exact-match evaluation, generate with the trained model.
+    generates = spec.generates or (spec.eval_generates and has_eval_set(config.data) and config.eval.generate)
     return dict(
         engine=engine, zero_stage=ds.stage if ds else 0, offload=bool(ds and (ds.offload_optimizer or
                                                                           ds.offload_params)),
@@ -269,12 +271,10 @@ def _engine_fields(config: Config, engine: str, ds: DeepSpeedSettings | None) ->
         # loraflow's FSDP2 layout for LoRA (DoRA reads its base weight after the base forward, so it stays in the
         # layer's unit): see engines/fsdp2.py.
         fsdp_frozen_units_separate=engine == "fsdp2" and config.adapter.method == "lora",
-        # Rollouts, and exact-match evaluation, generate with the trained model.
-        generation=spec.generates or (spec.eval_generates and has_eval_set(config.data) and config.eval.generate),
-        # Generation (evaluation's exact match, rollouts) and a reference scored through the trained model
-        # (zero3-stale-trace); a loss-only evaluation keeps ZeRO-3's trace intact.
-        outside_forwards=(spec.generates or spec.reference == "always"
-                          or (spec.eval_generates and has_eval_set(config.data) and config.eval.generate)),
+        generation=generates,
+        # Generation and a reference scored through the trained model (zero3-stale-trace); a loss-only evaluation
+        # keeps ZeRO-3's trace intact.
+        outside_forwards=generates or spec.reference == "always",
         # Chosen and rejected (rm, dpo) go through one concatenated forward; the reference forward runs without
         # autograd, so it leaves nothing for the backward to meet (fsdp2-multi-forward-dtensor).
         forwards_per_step=1,
