@@ -15,14 +15,11 @@ from pathlib import Path
 from typing import Any
 
 
-def _python() -> list[str]:
-    return [sys.executable]
-
-
-def _cli(args: list[str], log: Path, timeout: float | None = None) -> tuple[int, str]:
-    """`loraflow ARGS` as a user runs it (in a child process), its output appended to `log`; (exit code, output)."""
-    proc = subprocess.run([*_python(), "-m", "loraflow.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+def _cli(args: list[str], log: Path) -> tuple[int, str]:
+    """`loraflow ARGS` as a user runs it (in a child process, bounded by the runner's timeout), its output appended
+    to `log`; (exit code, output)."""
+    proc = subprocess.run([sys.executable, "-m", "loraflow.cli", *args], capture_output=True, text=True,
+                          check=False)
     with open(log, "a", encoding="utf-8") as sink:
         sink.write(f"$ loraflow {' '.join(args)}\n{proc.stdout}{proc.stderr}\n(exit {proc.returncode})\n")
     return proc.returncode, proc.stdout + proc.stderr
@@ -111,7 +108,7 @@ QUICK_SHAPE = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads"
 def peers(ctx: dict[str, Any]) -> dict[str, Any]:
     """benchmarks/peers.py side by side: loraflow, the plain loop and TRL (the gpu-1b preset, or its toy version)."""
     out = ctx["dir"] / "peers.bench.json"
-    argv = [*_python(), str(ctx["root"] / "benchmarks" / "peers.py"), "--preset", "gpu-1b", "--json", str(out),
+    argv = [sys.executable, str(ctx["root"] / "benchmarks" / "peers.py"), "--preset", "gpu-1b", "--json", str(out),
             "--timeout", str(ctx["peers_worker_timeout"])]
     if ctx["quick"]:
         argv += ["--shape", json.dumps(QUICK_SHAPE), "--cells", "64x2:on", "--steps", "2"]
