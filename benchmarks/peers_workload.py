@@ -169,24 +169,37 @@ class SavedBytes:
 
 def flop_counter() -> Any:
     """FlopCounterMode that also counts the CPU SDPA kernel (torch counts only the CUDA ones), with the same formula
-    (full, not causal, attention)."""
+    (full, not causal, attention), and that counts grouped-query attention: transformers passes keys and values
+    with fewer heads than the queries (enable_gqa) on CUDA, which torch before 2.13 refuses to count
+    ("sdpa_flop_count: query/key/value shapes are incompatible"). Counted as the kernel computes it: every query
+    head against its shared key/value head, the FLOPs of keys and values repeated to the query heads."""
     from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
     aten = torch.ops.aten
 
-    def raw(formula):  # the registry's formulas already take tensors; marked so FlopCounterMode does not rewrap them
+    def grouped(formula, first):  # `first`: the position of the query among the op's arguments
         def count(*args, **kwargs):
+            args = list(args)
+            query = args[first]
+            for i in (first + 1, first + 2):  # key, value: [batch, heads, seq, dim]
+                if query.dim() == 4 and args[i].dim() == 4 and args[i].shape[1] != query.shape[1]:
+                    shape = (args[i].shape[0], query.shape[1], *args[i].shape[2:])
+                    args[i] = torch.empty(shape, device="meta", dtype=args[i].dtype)
             return formula(*args, **kwargs)
 
-        count._get_raw = True
+        count._get_raw = True  # the registry's formulas already take tensors: FlopCounterMode must not rewrap them
         return count
 
+    ops = {"_scaled_dot_product_efficient_attention": "_scaled_dot_product_efficient_attention",
+           "_scaled_dot_product_flash_attention": "_scaled_dot_product_flash_attention",
+           "_scaled_dot_product_cudnn_attention": "_scaled_dot_product_cudnn_attention",
+           "_scaled_dot_product_flash_attention_for_cpu": "_scaled_dot_product_flash_attention"}
     extra = {}
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        extra[aten._scaled_dot_product_flash_attention_for_cpu] = \
-            raw(flop_registry[aten._scaled_dot_product_flash_attention])
-        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = \
-            raw(flop_registry[aten._scaled_dot_product_flash_attention_backward])
+    for op, counted_as in ops.items():
+        for suffix, first in (("", 0), ("_backward", 1)):  # backward: grad_out comes before the query
+            target, formula = getattr(aten, op + suffix, None), flop_registry.get(getattr(aten, counted_as + suffix))
+            if target is not None and formula is not None:
+                extra[target] = grouped(formula, first)
     return FlopCounterMode(display=False, custom_mapping=extra)
 
 

@@ -135,7 +135,7 @@ class FrozenWeights:
         if p.numel() == 0:
             return 0, 0
         raw = p.detach().contiguous().reshape(-1).view(torch.uint8).to(torch.int64)
-        weights = torch.arange(raw.numel(), dtype=torch.int64) % 251 + 1
+        weights = torch.arange(raw.numel(), dtype=torch.int64, device=raw.device) % 251 + 1
         return int(raw.sum()), int((raw * weights).sum())
 
     def assert_unchanged(self, model: torch.nn.Module) -> None:

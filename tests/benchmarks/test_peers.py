@@ -104,3 +104,31 @@ def test_the_figures_of_a_gpu_run_follow_their_formulas():
     assert model_flops(LLAMA_1B, 2048, 4, recompute=True) == 6 * n * 2048 * 4 + attention * 4 // 3
     assert nominal_peak("NVIDIA H100 80GB HBM3") == 989.4e12 and nominal_peak("NVIDIA H100 PCIe") == 756e12
     assert nominal_peak("NVIDIA H200") == 989.4e12 and nominal_peak("Tesla T4") is None
+
+
+def test_grouped_query_attention_is_counted_as_its_repeated_heads():
+    """On CUDA transformers hands SDPA keys and values with fewer heads than the queries (enable_gqa); torch before
+    2.13 refuses to count that, which failed every variant of the first H200 run. The benchmark's counter must give
+    the FLOPs of the same attention with keys and values repeated to the query heads, forward and backward."""
+    import sys
+
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from peers_workload import flop_counter
+
+    q = torch.randn(2, 8, 16, 32, requires_grad=True)
+    k, v = (torch.randn(2, 2, 16, 32, requires_grad=True) for _ in range(2))
+
+    def count(grouped: bool) -> int:
+        with flop_counter() as counter:
+            if grouped:
+                out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            else:
+                out = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1))
+            out.sum().backward()
+        return counter.get_total_flops()
+
+    # 2 x (b h s s d) for each of the forward's two matmuls and the backward's five (b=2 h=8 s=16 d=32)
+    assert count(grouped=True) == count(grouped=False) == 2 * 2 * 8 * 16 * 16 * 32 * (2 + 5)

@@ -113,7 +113,9 @@ class Engine:
         """Sum numbers over ranks (collective)."""
         if self.world_size == 1:
             return values
-        t = torch.tensor(values, dtype=torch.float64)
+        # nccl reduces only tensors on this rank's GPU; gloo takes them on the CPU.
+        device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+        t = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(t)
         return t.tolist()
 
