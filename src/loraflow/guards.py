@@ -138,9 +138,13 @@ class FrozenWeights:
         weights = torch.arange(raw.numel(), dtype=torch.int64, device=raw.device) % 251 + 1
         return int(raw.sum()), int((raw * weights).sum())
 
-    def assert_unchanged(self, model: torch.nn.Module) -> None:
+    def changed(self, model: torch.nn.Module) -> list[str]:
+        """The frozen parameters whose bytes differ from their fingerprints."""
         params = dict(model.named_parameters())
-        changed = [n for n, fp in self.prints.items() if n in params and self._print(self.local(params[n])) != fp]
+        return [n for n, fp in self.prints.items() if n in params and self._print(self.local(params[n])) != fp]
+
+    def assert_unchanged(self, model: torch.nn.Module) -> None:
+        changed = self.changed(model)
         if changed:
             raise GuardError(f"{len(changed)} frozen parameters changed in the first optimizer step (first: "
                              f"{changed[0]}). Something outside the optimizer of trainable parameters writes to "

@@ -60,6 +60,9 @@ CASES = {
     "zero3-stale-trace": (
         ZERO3.replace(outside_forwards=True, versions={"deepspeed": Version("0.19.1")}),
         ZERO3.replace(outside_forwards=True, versions={"deepspeed": Version("0.19.2")})),
+    "zero3-eval-trace": (
+        ZERO3.replace(evaluates=True, versions=OLD_DS),
+        ZERO3.replace(evaluates=True, versions={"deepspeed": Version("0.15.4")})),
     "zero3-eval-backward": (
         ZERO3.replace(train_mode_at_backward=False, versions=OLD_DS),
         ZERO3.replace(train_mode_at_backward=False, versions={"deepspeed": Version("0.15.4")})),

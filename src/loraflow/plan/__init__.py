@@ -275,6 +275,7 @@ def _engine_fields(config: Config, engine: str, ds: DeepSpeedSettings | None) ->
         # Generation and a reference scored through the trained model (zero3-stale-trace); a loss-only evaluation
         # keeps ZeRO-3's trace intact.
         outside_forwards=generates or spec.reference == "always",
+        evaluates=has_eval_set(config.data),
         # Chosen and rejected (rm, dpo) go through one concatenated forward; the reference forward runs without
         # autograd, so it leaves nothing for the backward to meet (fsdp2-multi-forward-dtensor).
         forwards_per_step=1,

@@ -100,6 +100,38 @@ register(Rule(
 ))
 
 register(Rule(
+    id="zero3-eval-trace",
+    title="DeepSpeed <= 0.15.3 ZeRO-3 fails the first evaluation after training steps",
+    verdict="error",
+    impact="crash",
+    conditions="DeepSpeed ZeRO-3 with an evaluation set (eval-mode forwards before and after the training steps, "
+               "loss-only ones included), deepspeed < 0.15.4",
+    knobs=("zero_stage", "evaluates"),
+    affected={"deepspeed": "<0.15.4"},
+    when=lambda s: s.zero3 and s.evaluates,
+    cause=("ZeRO-3 keeps a separate prefetch trace for eval-mode forwards. DeepSpeed <= 0.15.3 records it in the "
+           "evaluation before training and compares the evaluation after the steps against it; the training steps "
+           "in between leave the module order other than recorded, and the forward fails with `tracing error at "
+           "step N: expected the next 1 parameters in the parameter fetch queue` (the composition sweep found it "
+           "with a loss-only reward-model evaluation; the probe reproduces it)."),
+    fix=("upgrade to deepspeed>=0.19.2, or train without an evaluation set (data.eval= and data.eval_fraction=0), "
+         "or use ZeRO-2 (parallel.zero_stage=2) or FSDP2 (parallel.engine=fsdp2)"),
+    elsewhere="upgrade DeepSpeed, or evaluate outside the ZeRO-3 run",
+    # #1901 gave eval-mode forwards their own trace; #3599 collects the "parameter fetch queue" crashes.
+    references=("https://github.com/deepspeedai/DeepSpeed/issues/3599",
+                "https://github.com/deepspeedai/DeepSpeed/pull/1901"),
+    fixed_in="not seen on deepspeed 0.19.1 and later; 0.15.4 to 0.19.0 were not run with a loss-only evaluation",
+    log=LogSigns(
+        messages=(Message(r"tracing error at step \d+", "shared", "deepspeed runtime/zero/partitioned_param_"
+                          "coordinator.py: fetch_sub_module, a module order other than the recorded trace"),),
+        evidence=(Evidence("zero3", 2, "ZeRO-3 is in use"),
+                  Evidence("eval_mode", 3, "an evaluation ran after training steps"),
+                  Evidence("generation", -1, "generation between steps points to zero3-stale-trace")),
+        prior=1.0,
+    ),
+))
+
+register(Rule(
     id="zero3-stale-trace",
     title="ZeRO-3's prefetch trace goes stale when the model also runs outside its training steps",
     verdict="error",
@@ -120,8 +152,8 @@ register(Rule(
            "the next 1 parameters in the parameter fetch queue` (SFT with evaluation, DPO, GRPO). Some such runs "
            "survive a few steps; which ones depends on DeepSpeed's bookkeeping, so none is accepted."),
     fix=("upgrade to deepspeed>=0.19.2, or use ZeRO-2 (parallel.zero_stage=2) or FSDP2 (parallel.engine=fsdp2); "
-         "SFT without exact-match evaluation (eval.generate=false: a loss-only evaluation) trains on older "
-         "releases."),
+         "SFT without exact-match evaluation (eval.generate=false: a loss-only evaluation) trains on 0.15.4 to "
+         "0.19.1 (not on 0.15.3: zero3-eval-trace)."),
     elsewhere="upgrade to deepspeed>=0.19.2; else ZeRO-2, or train without evaluation and generation under ZeRO-3",
     references=("https://github.com/huggingface/trl/issues/4899", "https://github.com/huggingface/accelerate/issues/3386",
                 "https://github.com/huggingface/trl/pull/4693"),

@@ -77,6 +77,9 @@ class Combination:
     """The trained model also runs forwards that are no part of a training step and change ZeRO-3's recorded module
     order: generation (an evaluation's exact match, rollouts), reference or value scoring through the trained
     weights (DPO's adapter-disabled or precomputed reference). A loss-only evaluation does not count."""
+    evaluates: bool = False
+    """The trained model runs eval-mode forwards without autograd besides its steps: an evaluation on a held-out
+    set (before training, between steps, after training), loss-only or generating."""
     generation_gather: bool = False
     """Sharded parameters are gathered once per rollout before generate(), rather than at every decoding step."""
     adapter_save_gather: bool = False

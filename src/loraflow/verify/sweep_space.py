@@ -1,0 +1,228 @@
+"""The composition sweep's space: the axes users vary, which of their values can meet, an all-pairs covering set
+plus a seeded random sample of setups, and each setup as `loraflow train` overrides.
+
+A *setup* is one value per axis (a dict). Values that cannot be expressed together are never generated (packing
+outside SFT, adapter targets on a full fine-tune, the old DeepSpeed outside a DeepSpeed engine); everything else is,
+including what the plan must refuse: the judge (sweep_judge.py) accepts a refusal before the model loads, never a
+failure after it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from loraflow.verify.sweep_models import FAMILIES
+
+AXES: dict[str, tuple[str, ...]] = {
+    "stage": ("sft", "rm", "dpo-adapters-disabled", "dpo-copy", "dpo-precomputed", "grpo", "ppo"),
+    "family": FAMILIES,
+    "adapter": ("lora", "dora", "full", "nf4", "int8"),
+    "targets": ("attention", "all-linear", "lm_head", "embeddings"),
+    "checkpointing": ("off", "reentrant", "non-reentrant", "mlp", "every-2", "offload"),
+    "precision": ("fp32", "bf16-mixed", "bf16"),
+    "engine": ("single", "ddp", "zero2", "zero3", "zero3-offload", "fsdp2"),
+    "packing": ("off", "on"),
+    "logits": ("auto", "learned", "full"),
+    "deepspeed": ("current", "oldest"),
+}
+"""Axis -> its values. nf4 and int8 are LoRA on a base loaded in 4 or 8 bits (bitsandbytes). targets `lm_head` and
+`embeddings` are every attention and MLP linear layer (by name: sweep_models.linear_names) plus the output head or
+the input embeddings as adapter targets. checkpointing `mlp` is non-reentrant with granularity mlp, `every-2` checkpoints every other layer, `offload` moves saved activations to
+the CPU (with non-reentrant checkpointing). deepspeed `oldest` runs in the legacy environment (the oldest DeepSpeed
+release loraflow accepts)."""
+
+AXIS_NAMES = tuple(AXES)
+DEFAULT = {"stage": "sft", "family": "llama", "adapter": "lora", "targets": "all-linear", "checkpointing": "off",
+           "precision": "fp32", "engine": "single", "packing": "off", "logits": "auto", "deepspeed": "current"}
+"""A setup's values on the axes a caller leaves out."""
+
+PACKING_STAGES = ("sft",)
+ZERO = ("zero2", "zero3", "zero3-offload")
+STEPS = 3
+
+
+def applies(axis: str, setup: dict[str, str]) -> bool:
+    """Whether `axis` means anything next to the setup's other values (when not, it holds DEFAULT's value)."""
+    if axis == "packing":
+        return setup.get("stage", "sft") in PACKING_STAGES
+    if axis == "targets":
+        return setup.get("adapter", "lora") != "full"
+    if axis == "deepspeed":
+        return setup.get("engine", "single") in ZERO
+    return True
+
+
+def can_meet(a: str, va: str, b: str, vb: str) -> bool:
+    """Whether axis values a=va and b=vb can appear in one setup."""
+    pair = {a: va, b: vb}
+    for axis, value in pair.items():
+        if value != DEFAULT[axis] and not applies(axis, pair):
+            return False
+    return True
+
+
+def complete(partial: dict[str, str]) -> dict[str, str]:
+    """The partial setup with every axis filled: DEFAULT where unset, and DEFAULT where an axis does not apply."""
+    setup = {axis: partial.get(axis, DEFAULT[axis]) for axis in AXIS_NAMES}
+    for axis in AXIS_NAMES:
+        if not applies(axis, setup):
+            setup[axis] = DEFAULT[axis]
+    return setup
+
+
+def setup_id(setup: dict[str, str]) -> str:
+    """A short stable name: the values that differ from DEFAULT, in axis order (`default` when none do)."""
+    parts = [f"{a}={setup[a]}" for a in AXIS_NAMES if setup[a] != DEFAULT[a]]
+    return ",".join(parts) or "default"
+
+
+def _pairs_of(setup: dict[str, str]) -> set[tuple[str, str, str, str]]:
+    return {(a, setup[a], b, setup[b]) for a, b in itertools.combinations(AXIS_NAMES, 2)}
+
+
+def all_pairs(seed: int) -> list[dict[str, str]]:
+    """A covering set: every pair of values of two axes that can meet appears in at least one setup. Greedy: each
+    new setup starts from an uncovered pair and fills the other axes with the value that covers the most uncovered
+    pairs (ties broken by the seeded generator), until every pair is covered."""
+    rng = random.Random(seed)
+    uncovered = {(a, va, b, vb) for a, b in itertools.combinations(AXIS_NAMES, 2)
+                 for va in AXES[a] for vb in AXES[b] if can_meet(a, va, b, vb)}
+    out: list[dict[str, str]] = []
+    while uncovered:
+        a, va, b, vb = min(uncovered)  # deterministic start, then seeded choices
+        partial = {a: va, b: vb}
+        others = [x for x in AXIS_NAMES if x not in partial]
+        rng.shuffle(others)
+        for axis in others:
+            best, score = [], -1
+            for value in AXES[axis]:
+                trial = complete({**partial, axis: value})
+                if trial[axis] != value:
+                    continue  # the axis does not apply next to what is chosen
+                gain = sum((x, trial[x], y, trial[y]) in uncovered or (y, trial[y], x, trial[x]) in uncovered
+                           for x, y in itertools.combinations([*partial, axis], 2) if axis in (x, y))
+                if gain > score:
+                    best, score = [value], gain
+                elif gain == score:
+                    best.append(value)
+            partial[axis] = rng.choice(best) if best else DEFAULT[axis]
+        setup = complete(partial)
+        covered = _pairs_of(setup) & uncovered
+        if not covered:  # cannot happen for pairs that can meet; guard against an endless loop all the same
+            uncovered.discard((a, va, b, vb))
+            continue
+        uncovered -= covered
+        out.append(setup)
+    return out
+
+
+def random_setups(seed: int, count: int) -> list[dict[str, str]]:
+    rng = random.Random(f"sample-{seed}")
+    return [complete({axis: rng.choice(values) for axis, values in AXES.items()}) for _ in range(count)]
+
+
+def generate(seed: int, count: int) -> list[dict[str, str]]:
+    """At least `count` distinct setups: the covering set for this seed, then random ones up to `count`."""
+    out = {setup_id(s): s for s in all_pairs(seed)}
+    extra = 0
+    while len(out) < count:
+        batch = random_setups(seed + 7919 * extra, count)
+        extra += 1
+        for s in batch:
+            out.setdefault(setup_id(s), s)
+            if len(out) >= count:
+                break
+    return list(out.values())
+
+
+def ranks(setup: dict[str, str]) -> int:
+    return 1 if setup["engine"] == "single" else 2
+
+
+def launch_key(setup: dict[str, str]) -> tuple[int, str]:
+    """Setups with the same key run in one launch: the number of processes and the DeepSpeed environment."""
+    return ranks(setup), setup["deepspeed"]
+
+
+STAGE_CONFIG = {"dpo-adapters-disabled": ("dpo", ["dpo.reference=adapters-disabled"]),
+                "dpo-copy": ("dpo", ["dpo.reference=copy"]),
+                "dpo-precomputed": ("dpo", ["dpo.reference=precomputed"])}
+"""A stage axis value -> (loraflow stage, the overrides that pick its variant)."""
+
+def targets(setup: dict[str, str]) -> str:
+    """adapter.target_modules of the setup's targets value, with the family's own layer names."""
+    from loraflow.verify.sweep_models import linear_names
+
+    if setup["targets"] == "all-linear":
+        return "[all-linear]"
+    attention, mlp = linear_names(setup["family"])
+    names = {"attention": attention, "lm_head": (*attention, *mlp, "lm_head"),
+             "embeddings": (*attention, *mlp, "embed_tokens")}[setup["targets"]]
+    return f"[{','.join(names)}]"
+
+
+def stage_of(setup: dict[str, str]) -> str:
+    return STAGE_CONFIG.get(setup["stage"], (setup["stage"], []))[0]
+
+
+def overrides(setup: dict[str, str], model_dir: str, out_dir: Path, workdir: Path) -> list[str]:
+    """The `loraflow train STAGE` overrides of a setup, on top of the stage's embedded default config: a tiny
+    run (3 optimizer steps of 4 samples, an evaluation after step 2 and at the end, short generations)."""
+    stage, extra = STAGE_CONFIG.get(setup["stage"], (setup["stage"], []))
+    world = ranks(setup)
+    if setup["stage"] == "dpo-precomputed":  # reference log-probs of 40 pairs, not of the 2000 the demo trains on
+        extra = [*extra, "data.train=builtin:reverse/prefs-train.jsonl*0.02"]
+    o = [f"model.path={model_dir}", "model.merge_adapters=[]", *extra,
+         f"train.max_steps={STEPS}", f"train.micro_batch_size={max(1, 4 // world)}",
+         "train.gradient_accumulation_steps=1", "train.warmup_steps=0", "train.schedule=constant",
+         "train.learning_rate=1e-3", "train.seed=1", "eval.every_steps=2", "eval.max_samples=4",
+         "eval.max_new_tokens=4", "eval.batch_size=4", "output.progress_bar=false", "output.tensorboard=false",
+         "output.log_every_steps=1", f"output.dir={out_dir}", f"precision.mode={setup['precision']}",
+         f"train.logits={setup['logits']}", "adapter.rank=4", "adapter.alpha=8", "adapter.dropout=0"]
+    if stage in ("grpo", "ppo"):
+        o += ["rl.group_size=2", "rl.max_new_tokens=4"]
+    adapter = setup["adapter"]
+    o.append(f"adapter.method={'lora' if adapter in ('nf4', 'int8') else adapter}")
+    if adapter in ("nf4", "int8"):
+        o.append(f"model.quantization.method={adapter}")
+    if adapter != "full":
+        o.append(f"adapter.target_modules={targets(setup)}")
+    ckpt = setup["checkpointing"]
+    if ckpt != "off":
+        o += ["checkpointing.enabled=true",
+              f"checkpointing.reentrant={'true' if ckpt == 'reentrant' else 'false'}"]
+        if ckpt == "mlp":
+            o.append("checkpointing.granularity=mlp")
+        if ckpt == "every-2":
+            o.append("checkpointing.every_n_layers=2")
+        if ckpt == "offload":
+            o.append("checkpointing.offload_activations=true")
+    if setup["packing"] == "on":
+        o.append("data.packing=true")
+    engine = setup["engine"]
+    o.append(f"parallel.engine={'deepspeed' if engine in ZERO else engine}")
+    if engine in ZERO:
+        o.append(f"parallel.zero_stage={engine[4]}")
+        if engine.startswith("zero3"):  # partition every weight, as a real model's are (crosscheck.ZERO3_SHARD_ALL)
+            from loraflow.verify.crosscheck import ZERO3_SHARD_ALL
+
+            path = workdir / "zero3-shard-all.json"
+            path.write_text(json.dumps(ZERO3_SHARD_ALL))
+            o.append(f"parallel.deepspeed_config={path}")
+        if engine.endswith("offload"):
+            o += ["parallel.offload_optimizer=true", "parallel.offload_params=true"]
+    return o
+
+
+def command(setup: dict[str, str]) -> str:
+    """The one command that reruns a setup alone (scripts/sweep.py --only)."""
+    return f"python scripts/sweep.py --only '{json.dumps(setup, sort_keys=True)}' --out /tmp/sweep-repro"
+
+
+def digest(setups: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(setups, sort_keys=True).encode()).hexdigest()[:12]
