@@ -44,6 +44,7 @@ CI_SLICE = [
     {"stage": "sft", "engine": "zero2", "adapter": "int8", "family": "gemma"},
     {"stage": "grpo", "engine": "ddp", "family": "mixtral", "targets": "embeddings"},
     {"stage": "rm", "engine": "zero3-offload", "deepspeed": "oldest", "checkpointing": "reentrant"},
+    {"stage": "sft", "engine": "zero2", "deepspeed": "oldest", "adapter": "dora", "precision": "bf16-mixed"},
 ]
 """The CI slice: partial setups (the rest DEFAULT) chosen so that every stage, family, adapter, engine and
 precision appears, and the cells the issue's first failures came from."""

@@ -207,11 +207,13 @@ def wait_for_step(run_dir: Path, step: int, proc, timeout: float = 120) -> None:
     raise AssertionError(f"no step {step} within {timeout}s")
 
 
-def run_gpu_check(out: Path, python: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """`scripts/gpu_check.sh --device cpu --quick --out OUT` with `python`: (the process, summary.json + "out")."""
+def run_gpu_check(out: Path, python: str, only: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, dict]:
+    """`scripts/gpu_check.sh --device cpu --quick --out OUT [--only ...]` with `python`: (the process,
+    summary.json + "out")."""
     env = {**os.environ, "PYTHON": python}
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--quick", "--out",
-                           str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+                           str(out), *(["--only", ",".join(only)] if only else [])], capture_output=True, text=True,
+                          timeout=900, cwd=ROOT, env=env)
     summary = out / "summary.json"
     assert summary.exists(), f"no summary (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc, {**json.loads(summary.read_text()), "out": str(out)}

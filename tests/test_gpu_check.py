@@ -42,12 +42,17 @@ def floor_stack(tmp_path_factory):
     python = floor_python()
     if not python.is_file():  # built before pytest (scripts/test.sh), never inside a test's timeout
         pytest.fail(f"the floor environment is missing ({python}): build it with `{SETUP_FLOOR}`")
-    return run_gpu_check(tmp_path_factory.mktemp("gpu-check-floor"), str(python))
+    return run_gpu_check(tmp_path_factory.mktemp("gpu-check-floor"), str(python), FLOOR_STEPS)
 
 
-def _assert_every_step_passed(proc, summary) -> None:
+FLOOR_STEPS = tuple(s for s in STEPS if s != "peers")
+"""The floor stack's rehearsal: every step but the peers benchmark, whose code (the plain loop, TRL) is not
+loraflow's and whose timing the tested stack's run covers (25 s saved from CI)."""
+
+
+def _assert_every_step_passed(proc, summary, steps_run=STEPS) -> None:
     steps = summary["steps"]
-    assert list(steps) == list(STEPS)
+    assert list(steps) == list(steps_run)
     failed = {name: r["headline"] for name, r in steps.items() if r["status"] != "pass"}
     assert not failed and proc.returncode == 0, f"{failed}\n{proc.stdout[-4000:]}"
 
@@ -95,7 +100,7 @@ def test_the_oldest_declared_transformers_and_peft_pass_the_rehearsal(floor_stac
     floors = declared_floors()
     for package in ("transformers", "peft"):  # the floor environment really has the floors
         assert f"{package} {floors[package]}" in env, env
-    _assert_every_step_passed(proc, summary)
+    _assert_every_step_passed(proc, summary, FLOOR_STEPS)
 
 
 # -- the pieces ------------------------------------------------------------------------------------------------------

@@ -102,8 +102,8 @@ def all_pairs(seed: int) -> list[dict[str, str]]:
             best, score = [], -1
             for value in AXES[axis]:
                 trial = complete({**partial, axis: value})
-                if trial[axis] != value:
-                    continue  # the axis does not apply next to what is chosen
+                if any(trial[x] != v for x, v in {**partial, axis: value}.items()):
+                    continue  # this value would void one already chosen (packing outside SFT), or not apply
                 gain = sum((x, trial[x], y, trial[y]) in uncovered or (y, trial[y], x, trial[x]) in uncovered
                            for x, y in itertools.combinations([*partial, axis], 2) if axis in (x, y))
                 if gain > score:
