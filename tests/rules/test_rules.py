@@ -60,6 +60,9 @@ CASES = {
     "zero3-stale-trace": (
         ZERO3.replace(outside_forwards=True, versions={"deepspeed": Version("0.19.1")}),
         ZERO3.replace(outside_forwards=True, versions={"deepspeed": Version("0.19.2")})),
+    "bf16-lost-updates": (
+        BASE.replace(adapter="dora", precision="bf16"),
+        BASE.replace(adapter="lora", precision="bf16")),
     "zero3-eval-trace": (
         ZERO3.replace(evaluates=True, versions=OLD_DS),
         ZERO3.replace(evaluates=True, versions={"deepspeed": Version("0.15.4")})),

@@ -239,7 +239,8 @@ def dora_gather_base_weight(model) -> None:
     def gathered(forward, *args, **kwargs):
         base = kwargs["base_layer"]
         managed = base.weight
-        read = [managed, kwargs["lora_A"].weight]
+        lora_a = kwargs["lora_A"]  # a Linear; for an Embedding's DoRA, its A matrix itself (a transposed view)
+        read = [managed, lora_a.weight] if hasattr(lora_a, "weight") else [managed]
         released = [p for p in read if getattr(p, "ds_status", None) == ZeroParamStatus.NOT_AVAILABLE]
         with deepspeed.zero.GatheredParameters(released, modifier_rank=None, enabled=bool(released)):
             try:

@@ -61,6 +61,13 @@ def match_adapter_modules(skeleton: torch.nn.Module, config: Config, targets: li
     except ValueError as exc:  # NoMatchingPeftModuleError subclasses ValueError
         if "not found in the base model" in str(exc) or "No modules were targeted" in str(exc):
             return []
+        if "does not work with use_dora" in str(exc):  # peft 0.21: a fused (MoE expert) parameter reached
+            from loraflow.errors import ConfigError
+
+            raise ConfigError([f"adapter.method=dora: peft cannot put DoRA on this model's fused expert weights, "
+                               f"which adapter.target_modules reaches ({exc}). Use adapter.method=lora, or name "
+                               "target modules outside the experts (e.g. [q_proj, k_proj, v_proj, o_proj])."]) \
+                from exc
         raise
     prefix = "base_model.model."
     return [n[len(prefix):] if n.startswith(prefix) else n for n, m in peft_model.named_modules()

@@ -44,9 +44,12 @@ adapter weights and their updates, so twice that."""
 SAMPLING = ("grpo", "ppo")
 """Stages whose batches are sampled from the policy: a bf16 run samples other tokens than its fp32 twin at the
 first near-tie, after which their losses are of different completions, so only their finiteness is judged."""
-OUTPUT_TOLERANCE = {"fp32": 1e-4, "bf16-mixed": 2e-2, "bf16": 2e-2}
+OUTPUT_TOLERANCE = {"fp32": 1e-4, "bf16-mixed": 2e-2, "bf16": 0.1}
 """Reloaded vs trained model outputs (largest absolute difference over the largest absolute output): the same
-weights through the same code, so only kernel order differs in fp32; bf16 rounds the outputs themselves."""
+weights through the same code, so only kernel order differs in fp32; bf16-mixed rounds the outputs themselves.
+In pure bf16 PEFT's reload upcasts the adapters to float32 (autocast_adapter_dtype) where the run kept them in
+bf16, a different rounding of the adapter path: measured up to 5.1e-2 on the sweep's models. The tensors
+themselves are compared exactly above; this check catches an adapter the reload does not apply."""
 
 
 def twins(setup: dict[str, str]) -> list[dict[str, str]]:
@@ -137,7 +140,12 @@ def run_setup(setup: dict[str, str], workdir: Path, rank: int, memory: dict[str,
         record["losses"] = losses
         if len(losses) != space.STEPS or not all(math.isfinite(x) for x in losses):
             problems.append(f"losses {losses}: expected {space.STEPS} finite ones")
-        same = [n for n in before if torch.equal(before[n], after[n])]
+        gone = [n for n in before if n not in after]
+        if gone:
+            new = [n for n in after if n not in before]
+            problems.append(f"{len(gone)} trained tensors missing after training (first: {gone[0]})"
+                            + (f"; {len(new)} appeared instead (first: {new[0]})" if new else ""))
+        same = [n for n in before if n in after and torch.equal(before[n], after[n])]
         if same:
             problems.append(f"{len(same)} of {len(before)} trained tensors never changed (first: {same[0]})")
         problems += _reload_problems(run, after, out_dir, setup, single=space.ranks(setup) == 1)
@@ -266,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank() if dist.is_initialized() else 0
     setup_logging(None, main=False)
     workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
     memory: dict[str, Any] = {"done": {}, "models": {}}
     for setup in setups:
         if setup["family"] not in memory["models"]:

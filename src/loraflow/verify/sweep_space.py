@@ -185,7 +185,7 @@ def overrides(setup: dict[str, str], model_dir: str, out_dir: Path, workdir: Pat
          "output.log_every_steps=1", f"output.dir={out_dir}", f"precision.mode={setup['precision']}",
          f"train.logits={setup['logits']}", "adapter.rank=4", "adapter.alpha=8", "adapter.dropout=0"]
     if stage in ("grpo", "ppo"):
-        o += ["rl.group_size=2", "rl.max_new_tokens=4"]
+        o += ["rl.group_size=2", "rl.max_new_tokens=4", f"rl.rewards=[{__name__}:completion_length]"]
     adapter = setup["adapter"]
     o.append(f"adapter.method={'lora' if adapter in ('nf4', 'int8') else adapter}")
     if adapter in ("nf4", "int8"):
@@ -217,6 +217,14 @@ def overrides(setup: dict[str, str], model_dir: str, out_dir: Path, workdir: Pat
         if engine.endswith("offload"):
             o += ["parallel.offload_optimizer=true", "parallel.offload_params=true"]
     return o
+
+
+def completion_length(completions: list[str], fields: list[dict]) -> list[float]:
+    """The sweep's RL reward: a random model rarely earns the demo's reward, and equal rewards in a group give
+    zero advantages and zero gradients (a full fine-tune's reference equals the policy at the start, so its KL
+    term adds none either): a judge could not tell such a run from one that never learns. Lengths of sampled
+    completions differ within a group."""
+    return [float(len(c)) for c in completions]
 
 
 def command(setup: dict[str, str]) -> str:
