@@ -21,6 +21,29 @@ from loraflow.stagespec import REFERENCE_SCORING
 ScoreFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 
 
+@contextlib.contextmanager
+def adapters_off(model: torch.nn.Module) -> Iterator[None]:
+    """PEFT's disable_adapter() without its requires_grad toggling: each adapter layer (and modules_to_save
+    wrapper) is switched off by its own flag, and nothing else changes. PEFT turns requires_grad off on entry and
+    back on at exit on whatever parameter objects the modules hold at that moment; under FSDP2 the root unit (the
+    output head) is still unsharded after the reference forward, so the flag comes back on its temporary
+    unsharded parameters and the registered shards stay frozen: LoRA on lm_head stopped training after the first
+    GRPO step (found by the composition sweep). The reference forward runs without autograd, so requires_grad has
+    nothing to do there."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper
+
+    layers = [m for m in model.modules() if isinstance(m, (BaseTunerLayer, AuxiliaryTrainingWrapper))]
+    before = [m._disable_adapters for m in layers]
+    for m in layers:
+        m._disable_adapters = True
+    try:
+        yield
+    finally:
+        for m, flag in zip(layers, before):
+            m._disable_adapters = flag
+
+
 class Reference:
     def __init__(self, plan, tokenizer):
         self.plan, self.kind = plan, plan.reference
@@ -39,7 +62,7 @@ class Reference:
                 yield self.copy
         elif self.kind == "adapters-disabled":
             module = engine.module
-            with phase(REFERENCE_SCORING, module), module.disable_adapter():
+            with phase(REFERENCE_SCORING, module), adapters_off(module):
                 yield module
         else:
             # The starting model is the policy before its first update: before training, it is the reference.

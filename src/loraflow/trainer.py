@@ -299,6 +299,7 @@ class Trainer:
                          self.progress.position)
         else:
             before = self.evaluate("before training")
+        self.engine.settle()  # the evaluation may have left FSDP2's root unit gathered
         guard = FrozenWeights(self.model, self.engine.local_tensor)  # the first step this process runs is checked
         # A bar only on a terminal: written to a file its redraws pile onto one line, and the step lines logged
         # every output.log_every_steps say the same in plain text. mininterval + refresh=False: at most two

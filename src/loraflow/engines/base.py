@@ -140,6 +140,10 @@ class Engine:
         """The part of a parameter this rank stores (all of it unless sharded)."""
         return p.detach()
 
+    def settle(self) -> None:
+        """Put sharded weights back in their resting layout, so that local_tensor reads each rank's shard (FSDP2's
+        root unit stays gathered after a forward without backward, such as an evaluation)."""
+
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Full copies of the trainable parameters on rank 0 (collective; other ranks get an empty dict)."""
         return {clean_name(n): p.detach().to("cpu", copy=True) for n, p in self.trainable} if self.rank == 0 else {}

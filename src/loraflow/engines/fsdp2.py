@@ -79,6 +79,12 @@ class FSDP2Engine(Engine):
     def local_tensor(self, p: torch.Tensor) -> torch.Tensor:
         return p.to_local().detach() if _is_dtensor(p) else p.detach()
 
+    def settle(self) -> None:
+        # The root unit never reshards after forward (backward needs it at once), so after an evaluation's forward
+        # its parameters are the gathered ones: a fingerprint taken then compares a whole tensor with a shard.
+        for unit in self._units:
+            unit.reshard()
+
     def trainable_state(self) -> dict[str, torch.Tensor]:
         out = {}
         for n, p in self.trainable:

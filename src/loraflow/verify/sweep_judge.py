@@ -130,6 +130,7 @@ def run_setup(setup: dict[str, str], workdir: Path, rank: int, memory: dict[str,
     before = engine.trainable_state()
     run.fit()
     after = engine.trainable_state()
+    engine.settle()  # the last evaluation may have left FSDP2's root unit gathered
     frozen_changed = frozen.changed(run.model)
     problems: list[str] = []
     if frozen_changed:
