@@ -137,3 +137,19 @@ def test_fused_experts_no_adapter_reaches_are_named_in_the_plan(tiny_model, tmp_
     assert "shared_expert" in " ".join(plan.model.adapter_modules)  # its Linear layers are adapted
     assert not any(d.key == "experts" for d in plan_for(tmp_path, "adapter.method=full").decisions)
     assert not any(d.key == "experts" for d in plan_for(tiny_model).decisions)  # dense: nothing to say
+
+
+def test_fused_experts_peft_wraps_are_named_adapted(tmp_path):
+    """peft 0.21's all-linear reaches Mixtral's fused experts (it wraps their parameters): the plan says they are
+    adapted, not frozen, and DoRA, which peft cannot put there, is a config error naming adapter.method."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("mixtral", vocab_size=96, hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  num_local_experts=4, num_experts_per_tok=2)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    plan = plan_for(tmp_path)
+    assert decision(plan, "experts").value.startswith("adapted: 2 fused blocks (experts;")
+    assert any(m.endswith(".experts") for m in plan.model.adapter_modules)
+    with pytest.raises(ConfigError, match="adapter.method=dora: peft cannot put DoRA"):
+        plan_for(tmp_path, "adapter.method=dora")

@@ -32,16 +32,29 @@ def _adapter(plan: Plan) -> Decision:
 
 
 def _fused_weights(plan: Plan) -> list[Decision]:
-    """A mixture of experts whose experts no adapter reaches says so (it trained nothing there, silently, before)."""
+    """A mixture of experts says what happens to its fused expert weights: adapted where PEFT's matching wrapped
+    them (peft 0.21's all-linear reaches Mixtral's experts as parameters), frozen where it did not (it trained
+    nothing there, silently, before)."""
     fused = plan.model.fused_weights
     if not fused or plan.config.adapter.method == "full":
         return []
-    size = sum(fused.values())
-    kinds = sorted({n.rsplit(".", 1)[-1] for n in fused})
-    share = f", {100 * size / plan.model.parameters:.0f}% of the model" if plan.model.parameters else ""
-    return [Decision("experts", f"frozen: {len(fused)} fused blocks ({', '.join(kinds)}; {size:,} weights{share})",
+    adapted = {m for m in plan.model.adapter_modules}
+    reached = {n: size for n, size in fused.items() if n in adapted}
+    frozen = {n: size for n, size in fused.items() if n not in adapted}
+
+    def blocks(which: dict[str, int]) -> str:
+        size = sum(which.values())
+        kinds = sorted({n.rsplit(".", 1)[-1] for n in which})
+        share = f", {100 * size / plan.model.parameters:.0f}% of the model" if plan.model.parameters else ""
+        return f"{len(which)} fused blocks ({', '.join(kinds)}; {size:,} weights{share})"
+
+    if not frozen:
+        return [Decision("experts", f"adapted: {blocks(reached)}",
+                         "adapter.target_modules matched these expert blocks and peft wraps their fused parameters "
+                         "(one adapter slice per expert)")]
+    return [Decision("experts", f"frozen: {blocks(frozen)}" + (f"; adapted: {blocks(reached)}" if reached else ""),
                      "these weights are parameters of three dimensions (one slice per expert), not Linear modules, "
-                     "so adapter.target_modules, which names modules, cannot reach them; the Linear layers "
+                     "so adapter.target_modules, which names modules, does not reach them; the Linear layers "
                      "(attention, a shared expert) are adapted where targeted. adapter.method=full trains them.")]
 
 
