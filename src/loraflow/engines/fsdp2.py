@@ -86,6 +86,9 @@ class FSDP2Engine(Engine):
             unit.reshard()
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
+        # Gathered (after a forward without backward, the root unit's) parameters are the compute copies, bf16 under
+        # bf16-mixed: the values to save are the float32 shards.
+        self.settle()
         out = {}
         for n, p in self.trainable:
             full = p.full_tensor() if _is_dtensor(p) else p.detach()  # collective: every rank takes part
@@ -94,6 +97,7 @@ class FSDP2Engine(Engine):
         return out
 
     def full_state(self) -> dict[str, torch.Tensor]:
+        self.settle()  # as trainable_state: the shards hold the trained values
         out = {}
         for k, v in self.module.state_dict().items():
             full = v.full_tensor() if _is_dtensor(v) else v
