@@ -170,8 +170,16 @@ def _tower_units(roots: list[torch.nn.Module]) -> Iterator[torch.nn.Module]:
 
 
 def _frozen_base_layers(layer: torch.nn.Module) -> list[torch.nn.Module]:
-    """The frozen Linear inside each LoRA module of a decoder layer."""
+    """The frozen Linear inside each LoRA module of a decoder layer, each once: peft wraps a fused expert block
+    once per adapted parameter (gate_up_proj, then down_proj around it), and every wrapper leads to the same base
+    module, which fully_shard takes only once."""
     from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora.layer import ParamWrapper
 
-    return [m.get_base_layer() for m in layer.modules() if isinstance(m, LoraLayer)
-            and not any(p.requires_grad for p in m.get_base_layer().parameters())]
+    # A fused expert block adapted through its parameters stays in its layer's unit: peft adds the adapter's
+    # delta to the parameter itself, which in a unit of its own is still a shard (a DTensor) when the layer's
+    # forward reads it ("got mixed torch.Tensor and DTensor").
+    bases = [m.get_base_layer() for m in layer.modules() if isinstance(m, LoraLayer) and not isinstance(m, ParamWrapper)]
+    wrapped = {id(m.get_base_layer()) for m in layer.modules() if isinstance(m, ParamWrapper)}
+    unique = list({id(b): b for b in bases if id(b) not in wrapped}.values())
+    return [b for b in unique if not any(p.requires_grad for p in b.parameters())]
