@@ -94,9 +94,12 @@ def run_batch(batch: list[dict], key: tuple[int, str], out: Path, timeout: float
     attempt = 0
     while True:
         done, _ = read_results(results)
-        todo = [s for s in batch if space.setup_id(s) not in done]
-        if not todo:
+        pending = [s for s in batch if space.setup_id(s) not in done]
+        if not pending:
             return
+        # A pending setup's twins run again in its launch even when done before: the judge compares it with
+        # their gradients and losses, which only the launch that ran them holds.
+        todo = ordered(pending)
         attempt += 1
         spec = out / f"launch-{ranks}-{deepspeed}-{attempt}.json"
         spec.write_text(json.dumps(todo))

@@ -101,7 +101,7 @@ def run_setup(setup: dict[str, str], workdir: Path, rank: int, memory: dict[str,
     from loraflow.run import demo_config, load_run_config
 
     sid = space.setup_id(setup)
-    out_dir = workdir / "runs" / space.digest([setup])
+    out_dir = memory["runs"] / space.digest([setup])
     stage = space.stage_of(setup)
     flag = LoadedFlag()
     try:
@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(None, main=False)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    memory: dict[str, Any] = {"done": {}, "models": {}}
+    # Each launch its own run directories: a setup run again (a twin of one resumed) starts from an empty one.
+    memory: dict[str, Any] = {"done": {}, "models": {}, "runs": workdir / "runs" / Path(args.setups).stem}
     for setup in setups:
         if setup["family"] not in memory["models"]:
             memory["models"][setup["family"]] = model_dir(setup["family"]) if rank == 0 else None
