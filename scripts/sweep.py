@@ -242,7 +242,10 @@ def main() -> int:
     for key in sorted(groups):
         run_batch(groups[key], key, args.out, args.timeout, log)
     done, _ = read_results(args.out / "results.jsonl")
-    summary = summarize(setups, done, time.monotonic() - t0, seed)
+    walls = args.out / "wall-seconds.json"  # every invocation's wall time: a resumed sweep's total is their sum
+    spent = (json.loads(walls.read_text()) if walls.is_file() else []) + [round(time.monotonic() - t0, 1)]
+    walls.write_text(json.dumps(spent))
+    summary = summarize(setups, done, sum(spent), seed)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     if args.table:
         args.table.write_text(render_table(summary) + "\n")
