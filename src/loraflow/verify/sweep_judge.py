@@ -11,8 +11,8 @@ or when it runs its 3 optimizer steps with an evaluation between them and then:
 - the saved weights reload (an adapter with peft.PeftModel.from_pretrained on the base as loraflow loads it, a full
   fine-tune with transformers) holding exactly the trained tensors, and, in one process, giving the trained
   model's outputs;
-- in one fp32 process, its first-step gradients and its losses match its unoptimised twin's (no checkpointing,
-  full logits) as the compatibility matrix's cells do (crosscheck.compare, 1e-5);
+- in one fp32 process, its first-step gradients and its losses (GRPO, PPO: the first, see _twin_problems) match
+  its unoptimised twin's (no checkpointing, full logits) as the compatibility matrix's cells do (1e-5);
 - in bf16 (mixed or pure), its losses follow its fp32 twin's within BF16_LOSS (non-sampling stages).
 Anything else, a crash included, is a failure. Rank 0 appends one JSON line per setup to the results file, and a
 `{"start": id}` line before it, so a launch that dies or hangs names the setup it died in.
@@ -236,12 +236,17 @@ def _twin_problems(setup: dict[str, str], losses: list[float], grads: dict[str, 
             problems.append(f"twin {tid} did not run")
             continue
         if twin["precision"] == setup["precision"]:  # the unoptimised fp32 reference of a one-process setup
-            r = compare({"status": "ok", "losses": losses, "grads": {k: v.float().cpu() for k, v in grads.items()
+            # GRPO and PPO sample each rollout from the updated policy: weights equal to 1e-7 can flip a near-tie
+            # in the second rollout, after which the losses are of other completions. The first rollout comes from
+            # the same weights, so its loss and the first gradients are compared.
+            compared = losses[:1] if setup["stage"] in SAMPLING else losses
+            theirs = other["losses"][:1] if setup["stage"] in SAMPLING else other["losses"]
+            r = compare({"status": "ok", "losses": compared, "grads": {k: v.float().cpu() for k, v in grads.items()
                                                                       if v is not None},
                          "missing": [k for k, v in grads.items() if v is None],
                          "final": {k: v.float() for k, v in final.items()}, "decisions": []},
                         {"grads": {k: v.float().cpu() for k, v in other["grads"].items() if v is not None},
-                         "losses": other["losses"], "final": {k: v.float() for k, v in other["final"].items()}})
+                         "losses": theirs, "final": {k: v.float() for k, v in other["final"].items()}})
             if r["grad_error"] > FP32_TOLERANCE or r["loss_error"] > FP32_TOLERANCE:
                 problems.append(f"against its unoptimised twin: gradient error {r['grad_error']:.2e} "
                                 f"({r['worst']}), loss error {r['loss_error']:.2e} (limit {FP32_TOLERANCE:g})")
