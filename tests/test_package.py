@@ -153,3 +153,8 @@ def test_every_declared_stage_and_engine_has_its_implementation():
     for name in ENGINES:
         cls = engine_class(name)
         assert issubclass(cls, Engine) and cls.name == name, name
+
+
+def test_the_family_table_is_on_the_ground_floor():
+    # plan, setup, data, engines and frontends all read loraflow.families, so it can import none of them.
+    assert GRAPH["loraflow.families"] <= {"loraflow.errors"}

@@ -29,6 +29,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from loraflow.families import IMAGE_BATCHING, LOGIT_TRANSFORMS
 from loraflow.losses.sft import IGNORE
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -36,20 +37,8 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """What a batch passes to the model's forward (labels, indices and stage fields stay out): the token inputs,
-    and an image-text batch's image inputs (data.multimodal.IMAGE_BATCHING)."""
-    from loraflow.data.image_batching import IMAGE_BATCHING
-
+    and an image-text batch's image inputs (families.IMAGE_BATCHING)."""
     return {k: batch[k] for k in (*MODEL_INPUTS, *IMAGE_BATCHING) if k in batch}
-
-
-LOGIT_TRANSFORMS = {
-    "final_logit_softcapping": None,  # Gemma2/3, ...: c * tanh(logits / c) when set
-    "logit_scale": 1.0,  # Cohere: logits * logit_scale
-    "logits_scaling": 1.0,  # Granite: logits / logits_scaling
-    "output_multiplier": 1.0,  # logits * output_multiplier
-}
-"""Config attributes of transforms that transformers applies to the logits after the output head, with the value
-at which each is the identity."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +53,8 @@ FULL = HeadMode(selected=False, chunk_tokens=0)
 
 
 def logit_transform(hf_config) -> str | None:
-    """The first post-head logit transform this model config turns on, or None."""
+    """The first post-head logit transform this model config turns on (families.LOGIT_TRANSFORMS: every family's,
+    checked on any model, since a config's attributes say what its forward applies), or None."""
     configs = [hf_config]
     text = getattr(hf_config, "get_text_config", None)
     if callable(text):

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-TOWER_NAMES = ("vision", "projector", "language")
+from loraflow.families import TOWER_NAMES
+
 TowerTrain = Literal["auto", "frozen", "full", "adapter"]
 
 

@@ -70,7 +70,7 @@ class Row:
     position_ids: list[int] | None = None
     images: dict[str, torch.Tensor] | None = None
     """Image-text rows: the processor's image tensors for this row's images (pixel_values, image_grid_thw, ...),
-    batched by data.multimodal.IMAGE_BATCHING; None for a text-only row."""
+    batched by families.IMAGE_BATCHING; None for a text-only row."""
     token_types: dict[str, list[int]] | None = None
     """Per-token processor outputs (token_type_ids of Gemma3/PaliGemma, mm_token_type_ids), one per input id."""
     images_end: int = 0

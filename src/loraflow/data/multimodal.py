@@ -19,7 +19,6 @@ vision-language position ids (Qwen2-VL's 3-D rope) per sample; rows are padded i
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,24 +34,20 @@ from loraflow.data.formatting import (
     record_format,
     tokenize,
 )
-from loraflow.data.image_batching import IMAGE_BATCHING, TOKEN_KEYS, collate_images  # noqa: F401
+from loraflow.data.image_batching import collate_images  # noqa: F401 - evaluate.py and tests import it from here
 from loraflow.data.images import content_parts, image_payload, load_image
 from loraflow.data.readers import Record
 from loraflow.errors import DataError
+from loraflow.families import FRAMING_TOKENS, IMAGE_TOKEN_ATTR, TOKEN_KEYS
 
 log = logging.getLogger("loraflow")
 
 TEXT_KEYS = ("input_ids", "attention_mask")
-# Processor attributes naming image tokens: image_token, boi_token / eoi_token (Gemma3), fake_image_token and
-# global_image_token (Idefics3), vision_start_token / vision_end_token (Qwen2-VL).
-_IMAGE_TOKEN_ATTR = re.compile(r"(image|img|vision|boi|eoi).*token$")
-# Framing tokens some processors do not name as attributes (Qwen2-VL's are only in its model config).
-FRAMING_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<start_of_image>", "<end_of_image>",
-                  "<fake_token_around_image>", "<global-img>")
 
 
 def image_token_ids(processor) -> set[int]:
-    """Ids of the tokens that stand for or frame an image: never learned, never cut by truncation."""
+    """Ids of the tokens that stand for or frame an image: never learned, never cut by truncation. Every family's
+    (families.IMAGE_TOKEN_ATTR, FRAMING_TOKENS): a processor does not say which family it serves."""
     tokenizer = processor.tokenizer
     ids: set[int] = set()
     added = set(tokenizer.get_added_vocab())
@@ -60,9 +55,9 @@ def image_token_ids(processor) -> set[int]:
         if token in added:
             ids.add(tokenizer.convert_tokens_to_ids(token))
     for name, value in vars(processor).items():
-        if isinstance(value, str) and _IMAGE_TOKEN_ATTR.search(name):
+        if isinstance(value, str) and IMAGE_TOKEN_ATTR.search(name):
             ids.add(tokenizer.convert_tokens_to_ids(value))
-        elif isinstance(value, int) and not isinstance(value, bool) and _IMAGE_TOKEN_ATTR.search(name[:-3]) \
+        elif isinstance(value, int) and not isinstance(value, bool) and IMAGE_TOKEN_ATTR.search(name[:-3]) \
                 and name.endswith("_id"):
             ids.add(value)
     ids.discard(None)

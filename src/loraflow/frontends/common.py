@@ -13,6 +13,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from loraflow.errors import LoraflowError
+from loraflow.families import DEFAULT, EMBEDDING_NAMES, HEAD_NAMES
 from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, parse_bool, resolve_path, visible_devices
 from loraflow.frontends.base import FrontendResult
@@ -206,10 +207,11 @@ _TIED = re.compile(r"qwen(2(\.5)?|3)[-_]?(0\.5|0\.6|1\.5|1\.7|3|4)b|gemma|llama-
 
 def embedding_targets(draft: Draft, names: list[str], source: str, model: str = "") -> None:
     """modules_to_save / additional targets that train the embeddings or the output head. Whether the model ties
-    them (tie_word_embeddings) decides rule tied-embedding-adapter: read from the model's name where it is known."""
-    if any(n in ("embed_tokens", "wte", "word_embeddings", "embed_in") or n.endswith("embed_tokens") for n in names):
+    them (tie_word_embeddings) decides rule tied-embedding-adapter: read from the model's name where it is known.
+    A name is any family's (families.EMBEDDING_NAMES, HEAD_NAMES), or a full path ending in Llama's."""
+    if any(n in EMBEDDING_NAMES or n.endswith(DEFAULT.embedding) for n in names):
         draft.set("embeddings_trainable", True, source)
-    if any(n in ("lm_head", "embed_out", "output") or n.endswith("lm_head") for n in names):
+    if any(n in HEAD_NAMES or n.endswith(DEFAULT.head) for n in names):
         draft.set("lm_head_trainable", True, source)
     if not (draft.get("embeddings_trainable") or draft.get("lm_head_trainable")):
         return

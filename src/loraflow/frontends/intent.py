@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraflow.families import VISION_NAMES
 from loraflow.frontends.argv import parse_bool
 
 _TRUE_INT = re.compile(r"^\d+$")
@@ -33,9 +34,13 @@ _TUNE = re.compile(r"^(tune|train)_(vision|vit|llm|language_model|backbone|visua
 # Adapters inside the vision tower: `--vision_lora True`, `--use_vision_lora`, `--vision_lora_rank 16`, or target
 # modules that name the tower (`visual.*qkv`, `vpm`, `vision_model`); a projector/merger is not the tower.
 # InternVL's `--use_backbone_lora 16` is a LoRA rank for its ViT (internvl_chat_finetune.py ModelArguments).
-_TOWER_LORA = re.compile(r"^(use_)?(vision|vit|visual|backbone)_lora(_(r|rank|dim))?$|^lora_(vision|vit)$")
-TOWER_MODULE = re.compile(r"(?<![a-z])(visual|vision(_tower|_model|_encoder)?|vpm|vit|image_encoder|siglip|"
-                          r"clip_vision|patch_embed)(?![a-z])", re.I)
+_VISION_WORDS = ("vision", "vit", "visual")
+"""Short words scripts use for the vision encoder in flag names and target lists."""
+_TOWER_LORA = re.compile(rf"^(use_)?({'|'.join(_VISION_WORDS)}|backbone)_lora(_(r|rank|dim))?$|^lora_(vision|vit)$")
+# A target names the tower by a vision-encoder module name of any family (families.VISION_NAMES), one of the short
+# words, its encoder's own name (SigLIP, CLIP's vision model) or Qwen2-VL's patch embedding.
+_TOWER_TARGETS = dict.fromkeys((*VISION_NAMES, *_VISION_WORDS, "siglip", "clip_vision", "patch_embed"))
+TOWER_MODULE = re.compile(rf"(?<![a-z])({'|'.join(map(re.escape, _TOWER_TARGETS))})(?![a-z])", re.I)
 _TARGETS = re.compile(r"^(lora_)?target(_modules)?$|^lora_target_modules$")
 _FREEZE = re.compile(r"^(freeze|fix)_(vision(_tower)?|vit|llm|language_model|backbone|visual|mlp|merger|vision_model|"
                      r"aligner|projector|mm_projector|multi_modal_projector)$")

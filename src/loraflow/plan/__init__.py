@@ -18,6 +18,7 @@ from loraflow.engines.deepspeed_config import DeepSpeedSettings, deepspeed_setti
 from loraflow.enginespec import ENGINES, engine_spec
 from loraflow.environment import Environment
 from loraflow.errors import ConfigError
+from loraflow.families import SUB_BLOCKS
 from loraflow.logprobs import FULL, HeadMode, chunk_tokens
 from loraflow.phases import stage_phases
 from loraflow.plan.reasons import explain_choices
@@ -82,7 +83,7 @@ def _checkpoint_layers(config: Config, num_layers: int) -> list[int]:
 def _checkpoint_block(config: Config, info: ModelInfo) -> str | None:
     """The decoder-layer child checkpointing.granularity recomputes (None: the whole layer), found by name in the
     inspected model's module names; a ConfigError naming the key when the architecture has none."""
-    from loraflow.setup.checkpointing import SUB_BLOCKS, sub_block_name
+    from loraflow.setup.checkpointing import sub_block_name
 
     granularity = config.checkpointing.granularity
     if granularity == "layer" or not config.checkpointing.enabled:

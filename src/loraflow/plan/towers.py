@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from loraflow.config.schema import Config
-from loraflow.config.towers import TOWER_NAMES
 from loraflow.errors import ConfigError
+from loraflow.families import TOWER_NAMES
 from loraflow.setup.model import ModelInfo
 
 
@@ -61,7 +61,7 @@ def resolve_towers(config: Config, info: ModelInfo, language_layers: list[int]) 
         plan = TowerPlan(name, train, list(tower.roots), len(tower.layers), tower.parameters)
         if name == "projector" and not tower.roots and train != "frozen":
             problems.append(f"towers.projector.train={train}: this {info.model_type} model has no separate projector "
-                            "(none of setup/towers.py PROJECTOR_NAMES); leave towers.projector.train=auto.")
+                            "(none of loraflow/families.py PROJECTOR_NAMES); leave towers.projector.train=auto.")
         if train == "adapter":
             plan.rank, plan.alpha = asked.rank or a.rank, asked.alpha or a.alpha
             plan.modules = info.tower_modules.get(name, [])

@@ -81,7 +81,7 @@ def match_tower_modules(skeleton: torch.nn.Module, config: Config, towers,
     another tower's (PEFT's all-linear alone reaches into every tower)."""
     import copy
 
-    from loraflow.config.towers import TOWER_NAMES
+    from loraflow.families import TOWER_NAMES
     from loraflow.setup.towers import tower_of
 
     out: dict[str, list[str]] = {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from loraflow.errors import LoraflowError
+from loraflow.families import SUB_BLOCKS
 
 CHECKPOINTED = "_loraflow_checkpointed"
 """Marks a layer whose forward `checkpoint_forward` wrapped (verify/crosscheck.py counts them)."""
@@ -53,14 +54,9 @@ def vision_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return tower_layers(hf_model(model), "vision")
 
 
-SUB_BLOCKS = {"attention": ("self_attn", "attn", "self_attention", "attention"),
-              "mlp": ("mlp", "feed_forward", "ffn", "block_sparse_moe")}
-"""checkpointing.granularity -> the names architectures give that child of a decoder layer, first match wins
-(Llama/Qwen/Mistral: self_attn, mlp; GPT-2: attn, mlp; Falcon: self_attention; Mixtral: block_sparse_moe)."""
-
-
 def sub_block_name(child_names, granularity: str) -> str | None:
-    """The decoder layer's child that `granularity` recomputes (None: the layer has no such child)."""
+    """The decoder layer's child that `granularity` recomputes (None: the layer has no such child), by the names
+    families.SUB_BLOCKS lists for it, first match wins."""
     return next((n for n in SUB_BLOCKS[granularity] if n in set(child_names)), None)
 
 

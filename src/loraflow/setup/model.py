@@ -135,7 +135,7 @@ def inspect_model(config: Config) -> ModelInfo:
     unreached = unreached_modules(skeleton, hf_config, towers) if towers else []
     if image_text(hf_config) and towers is None:
         raise ConfigError([f"model.path={config.model.path}: this {hf_config.model_type} model has a vision config, "
-                           "but none of its modules has a vision-encoder name loraflow knows (setup/towers.py "
+                           "but none of its modules has a vision-encoder name loraflow knows (loraflow/families.py "
                            "VISION_NAMES), so its towers cannot be told apart. Please report this architecture."])
     text_config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     info = ModelInfo(

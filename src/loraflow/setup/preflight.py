@@ -23,6 +23,7 @@ import torch
 
 from loraflow.config.schema import Config
 from loraflow.errors import ConfigError
+from loraflow.families import AUTO_CLASSES, auto_mapping, loads_as
 from loraflow.setup.paths import quiet as _quiet
 from loraflow.setup.paths import resolve_path
 
@@ -39,28 +40,20 @@ def _transformers_version() -> str:
 
 
 def image_text(hf_config) -> bool:
-    """An image-text-to-text model (a vision config beside the text one, and transformers has the class for it):
-    loaded with AutoModelForImageTextToText and its processor, whichever causal-LM class it may also have."""
-    from transformers.models.auto import modeling_auto as auto
-
-    model_type = getattr(hf_config, "model_type", "unknown")
-    return hasattr(hf_config, "vision_config") and model_type in auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    """An image-text-to-text model, loaded with its processor (families.loads_as)."""
+    return loads_as(hf_config) == "image-text"
 
 
 def model_auto_class(hf_config, head: str = "lm"):
-    """The transformers auto class `head` loads this model with: the one place that choice is made."""
+    """The transformers auto class `head` loads this model with (families.loads_as chooses it)."""
     import transformers
 
-    if head == "score":
-        return transformers.AutoModelForSequenceClassification
-    return transformers.AutoModelForImageTextToText if image_text(hf_config) else transformers.AutoModelForCausalLM
+    return getattr(transformers, AUTO_CLASSES[loads_as(hf_config, head)].name)
 
 
 def check_model_class(config: Config, hf_config, head: str) -> None:
     """Refuse a config that transformers cannot build as a trainable causal LM or image-text model (or, for stage
     rm, as a scorer), naming model.path and what is supported, before from_pretrained fails deep inside."""
-    from transformers.models.auto import modeling_auto as auto
-
     model_type = getattr(hf_config, "model_type", "unknown")
     where = f"model.path={config.model.path} (model_type={model_type})"
     if image_text(hf_config):
@@ -70,18 +63,19 @@ def check_model_class(config: Config, hf_config, head: str) -> None:
                                "loraflow does not build on an image-text model. Train this stage on a text-only base, "
                                "or use stage sft or dpo for this model."])
         return
-    remote = config.model.trust_remote_code and "AutoModelForCausalLM" in (getattr(hf_config, "auto_map", None) or {})
-    causal = auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    causal_class, image_text_class = AUTO_CLASSES["causal-lm"].name, AUTO_CLASSES["image-text"].name
+    remote = config.model.trust_remote_code and causal_class in (getattr(hf_config, "auto_map", None) or {})
+    causal = auto_mapping("causal-lm").get(model_type)
     if causal is None and not remote:
         if hasattr(hf_config, "vision_config"):
             raise ConfigError([f"{where} has a vision tower, but transformers {_transformers_version()} has no "
-                               "image-text-to-text class for it (AutoModelForImageTextToText). loraflow trains "
+                               f"image-text-to-text class for it ({image_text_class}). loraflow trains "
                                "image-text models transformers can build (LLaVA, Qwen2-VL, Idefics3, Gemma3, "
                                "PaliGemma, ...); upgrade transformers or point model.path at one."])
         kind = "an encoder-decoder model" if getattr(hf_config, "is_encoder_decoder", False) else \
             "not a causal language model"
         raise ConfigError([f"{where} is {kind}: transformers {_transformers_version()} has no "
-                           "AutoModelForCausalLM class for it. loraflow trains decoder-only causal LMs (Llama, "
+                           f"{causal_class} class for it. loraflow trains decoder-only causal LMs (Llama, "
                            "Qwen, Mistral, Gemma, GPT-2, ...); point model.path at one."])
     if causal is not None and getattr(hf_config, "is_decoder", None) is False:
         import transformers
@@ -97,7 +91,7 @@ def check_model_class(config: Config, hf_config, head: str) -> None:
             raise ConfigError([f"{where} is an encoder (its config has is_decoder=false): as a causal LM every "
                                "token would see the token it predicts. loraflow trains decoder-only causal LMs "
                                "(Llama, Qwen, Mistral, Gemma, GPT-2, ...); point model.path at one."])
-    if head == "score" and not remote and model_type not in auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+    if head == "score" and not remote and model_type not in auto_mapping("score"):
         raise ConfigError([f"{where}: stage rm trains a scalar score head, and transformers "
                            f"{_transformers_version()} has no sequence-classification class for this architecture. "
                            "Train the reward model from a base model of another family."])

@@ -1,8 +1,9 @@
 """The towers of an image-text model, found in its module tree: the vision encoder, the projector, and the language
 model (everything else: token embeddings, decoder layers, output head).
 
-transformers names them differently per family, so the names are one table here, first match wins; a model with
-a vision config whose towers none of the names find is refused by the plan rather than trained as a text model.
+transformers names them differently per family (loraflow/families.py VISION_NAMES and PROJECTOR_NAMES, every
+family's names), first match wins; a model with a vision config whose towers none of the names find is refused by
+the plan rather than trained as a text model.
 The same function runs on the meta skeleton the plan inspects and on the live model setup builds, so the layer
 indices the plan prints are the ones checkpointing applies to.
 """
@@ -13,12 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-VISION_NAMES = ("vision_tower", "visual", "vision_model", "vpm", "vision_encoder", "image_encoder")
-"""LLaVA, Gemma3, PaliGemma: vision_tower; Qwen2-VL / Qwen2.5-VL: visual; Idefics3 / SmolVLM: vision_model;
-MiniCPM-V: vpm."""
-PROJECTOR_NAMES = ("multi_modal_projector", "connector", "merger", "mm_projector", "resampler", "aligner")
-"""LLaVA, Gemma3, PaliGemma: multi_modal_projector; Idefics3: connector; Qwen2-VL: visual.merger (inside its vision
-encoder, and still the projector); MiniCPM-V: resampler."""
+from loraflow.families import PROJECTOR_NAMES, VISION_NAMES
+
 COPY_PARTS = ("original_module",)
 """PEFT's modules_to_save keeps the untouched original beside the trained copy; only the copy runs."""
 

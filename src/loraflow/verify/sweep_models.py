@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from loraflow import families
 from loraflow.setup.paths import ASSETS
 
 COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -41,16 +42,9 @@ FAMILY_SIZES: dict[str, dict[str, Any]] = {
 
 FAMILIES = tuple(FAMILY_SIZES)
 
-LLAMA_LIKE = (("q_proj", "k_proj", "v_proj", "o_proj"), ("gate_proj", "up_proj", "down_proj"))
-LINEAR_NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "phi3": (("qkv_proj", "o_proj"), ("gate_up_proj", "down_proj")),
-    "mixtral": (("q_proj", "k_proj", "v_proj", "o_proj"), ()),  # its experts are fused parameters, not Linears
-}
-"""model_type -> (attention, MLP) linear layer names where they differ from Llama's (LLAMA_LIKE)."""
-
-
 def linear_names(family: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    return LINEAR_NAMES.get(family, LLAMA_LIKE)
+    """(attention, MLP) linear layer names of the family's decoder layers (families.Family.linears)."""
+    return families.family(family).linears
 
 
 def cache_root() -> Path:
