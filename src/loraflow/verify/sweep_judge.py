@@ -41,9 +41,6 @@ mantissa bits (relative 4e-3 each) and the error grows over layers and steps: th
 8e-3 on tiny-base's loss after 3 steps; 0.05 leaves room for the sweep's families (soft-capped logits, experts),
 and a lost, doubled or misrouted gradient moves the second and third losses by more. Pure bf16 also rounds the
 adapter weights and their updates, so twice that."""
-SAMPLING = ("grpo", "ppo")
-"""Stages whose batches are sampled from the policy: a bf16 run samples other tokens than its fp32 twin at the
-first near-tie, after which their losses are of different completions, so only their finiteness is judged."""
 OUTPUT_TOLERANCE = {"fp32": 1e-4, "bf16-mixed": 2e-2, "bf16": 0.1}
 """Reloaded vs trained model outputs (largest absolute difference over the largest absolute output): the same
 weights through the same code, so only kernel order differs in fp32; bf16-mixed rounds the outputs themselves.
@@ -55,7 +52,9 @@ themselves are compared exactly above; this check catches an adapter the reload 
 def twins(setup: dict[str, str]) -> list[dict[str, str]]:
     """The setups this one is compared with, which must run before it in the same launch."""
     out = []
-    if setup["precision"] != "fp32" and setup["stage"] not in SAMPLING:
+    # A sampling stage's bf16 run samples other tokens than its fp32 twin at the first near-tie, after which their
+    # losses are of different completions: only its finiteness is judged.
+    if setup["precision"] != "fp32" and not space.samples(setup):
         out.append({**setup, "precision": "fp32"})
     if space.ranks(setup) == 1 and (setup["precision"] == "fp32" or out) and \
             (setup["checkpointing"] != "off" or setup["logits"] != "full"):
@@ -239,8 +238,8 @@ def _twin_problems(setup: dict[str, str], losses: list[float], grads: dict[str, 
             # GRPO and PPO sample each rollout from the updated policy: weights equal to 1e-7 can flip a near-tie
             # in the second rollout, after which the losses are of other completions. The first rollout comes from
             # the same weights, so its loss and the first gradients are compared.
-            compared = losses[:1] if setup["stage"] in SAMPLING else losses
-            theirs = other["losses"][:1] if setup["stage"] in SAMPLING else other["losses"]
+            compared = losses[:1] if space.samples(setup) else losses
+            theirs = other["losses"][:1] if space.samples(setup) else other["losses"]
             r = compare({"status": "ok", "losses": compared, "grads": {k: v.float().cpu() for k, v in grads.items()
                                                                       if v is not None},
                          "missing": [k for k, v in grads.items() if v is None],

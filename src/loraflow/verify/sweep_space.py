@@ -170,6 +170,13 @@ def stage_of(setup: dict[str, str]) -> str:
     return STAGE_CONFIG.get(setup["stage"], (setup["stage"], []))[0]
 
 
+def samples(setup: dict[str, str]) -> bool:
+    """Whether the setup's stage trains on completions sampled from the policy (rollouts)."""
+    from loraflow.stagespec import stage_spec
+
+    return stage_spec(stage_of(setup)).generates
+
+
 def overrides(setup: dict[str, str], model_dir: str, out_dir: Path, workdir: Path) -> list[str]:
     """The `loraflow train STAGE` overrides of a setup, on top of the stage's embedded default config: a tiny
     run (3 optimizer steps of 4 samples, an evaluation after step 2 and at the end, short generations)."""
@@ -184,7 +191,7 @@ def overrides(setup: dict[str, str], model_dir: str, out_dir: Path, workdir: Pat
          "eval.max_new_tokens=4", "eval.batch_size=4", "output.progress_bar=false", "output.tensorboard=false",
          "output.log_every_steps=1", f"output.dir={out_dir}", f"precision.mode={setup['precision']}",
          f"train.logits={setup['logits']}", "adapter.rank=4", "adapter.alpha=8", "adapter.dropout=0"]
-    if stage in ("grpo", "ppo"):
+    if samples(setup):
         o += ["rl.group_size=2", "rl.max_new_tokens=4", f"rl.rewards=[{__name__}:completion_length]"]
     adapter = setup["adapter"]
     o.append(f"adapter.method={'lora' if adapter in ('nf4', 'int8') else adapter}")
