@@ -1,6 +1,10 @@
-"""The README's main job on two processes: `loraflow train sft` under `torchrun --nproc_per_node 2` with ZeRO-3 and
-with FSDP2 reaches the metric of the one-process run (conftest's `sft_demo`, trained once per session and shared
-with tests/test_demo.py)."""
+"""The README's main job on two processes: `loraflow train sft` under `torchrun --nproc_per_node 2` with ZeRO-3
+reaches the metric of the one-process run (conftest's `sft_demo`, trained once per session and shared with
+tests/test_demo.py).
+
+FSDP2 ran here too (75 s) until the composition sweep's CI slice needed the time: its `loraflow train` under
+torchrun is covered end to end by tests/distributed/test_engine_runs.py (a stopped and resumed run equal to one
+process) and by the sweep's FSDP2 setups; `engine=fsdp2` below still runs it by hand."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ ZERO3_JSON = ROOT / "examples" / "deepspeed" / "zero3-shard-small-models.json"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["zero3", "fsdp2"])
+@pytest.mark.parametrize("engine", ["zero3"])
 def test_demo_on_two_processes_reaches_the_single_process_metric(engine, sft_demo, tmp_path):
     """The embedded default under `torchrun --nproc_per_node 2`, with the same global batch (8 per process)."""
     args = ["parallel.engine=fsdp2"] if engine == "fsdp2" else \
