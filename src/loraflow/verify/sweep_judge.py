@@ -104,8 +104,8 @@ def run_setup(setup: dict[str, str], workdir: Path, rank: int, memory: dict[str,
     stage = space.stage_of(setup)
     flag = LoadedFlag()
     try:
-        config = load_run_config(stage, str(demo_config(stage)), space.overrides(setup, str(memory["models"][setup["family"]]),
-                                                              out_dir, workdir))
+        model = str(memory["models"][setup["family"]])
+        config = load_run_config(stage, str(demo_config(stage)), space.overrides(setup, model, out_dir, workdir))
         out_dir.mkdir(parents=True, exist_ok=True)
         run = build_run(config, detect_environment(), out_dir, record=rank == 0, adjust_model=flag)
     except PlanError as exc:
@@ -130,10 +130,12 @@ def run_setup(setup: dict[str, str], workdir: Path, rank: int, memory: dict[str,
     run.fit()
     after = engine.trainable_state()
     engine.settle()  # the last evaluation may have left FSDP2's root unit gathered
-    frozen_changed = frozen.changed(run.model)
+    frozen_changed = frozen.changed(run.model)  # each rank checks its own shards
+    (changed_anywhere,) = engine.all_sum([float(len(frozen_changed))])
     problems: list[str] = []
-    if frozen_changed:
-        problems.append(f"{len(frozen_changed)} frozen tensors changed (first: {frozen_changed[0]})")
+    if changed_anywhere:
+        first = f" (first on rank 0: {frozen_changed[0]})" if frozen_changed else ""
+        problems.append(f"{int(changed_anywhere)} frozen tensor shards changed{first}")
     record: dict[str, Any] = {"status": "ran"}
     if rank == 0:
         losses = [r["loss"] for r in _metrics(out_dir) if r.get("kind") == "train"]
@@ -150,8 +152,7 @@ def run_setup(setup: dict[str, str], workdir: Path, rank: int, memory: dict[str,
             problems.append(f"{len(same)} of {len(before)} trained tensors never changed (first: {same[0]})")
         problems += _reload_problems(run, after, out_dir, setup, single=space.ranks(setup) == 1)
         problems += _twin_problems(setup, losses, grads[0] if grads else {}, after, memory)
-        memory["done"][sid] = {"losses": losses, "grads": grads[0] if grads else {}, "final": after,
-                               "decisions": [(d.key, str(d.value), d.rule) for d in run.plan.decisions if d.rule]}
+        memory["done"][sid] = {"losses": losses, "grads": grads[0] if grads else {}, "final": after}
     record.update(status="failed" if problems else "passed", problems=problems)
     return record
 
