@@ -91,7 +91,8 @@ def run_batch(batch: list[dict], key: tuple[int, str], out: Path, timeout: float
     ranks, deepspeed = key
     python = legacy_python() if deepspeed == "oldest" else sys.executable
     results = out / "results.jsonl"
-    attempt = 0
+    # Launch files are numbered on from any earlier invocation's, so a resumed sweep's runs get fresh directories.
+    attempt = len(list(out.glob(f"launch-{ranks}-{deepspeed}-*.json")))
     while True:
         done, _ = read_results(results)
         pending = [s for s in batch if space.setup_id(s) not in done]
