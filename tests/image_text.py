@@ -61,13 +61,34 @@ def _idefics3():
     return config, processor
 
 
+def _mllama():
+    from transformers import MllamaConfig, MllamaImageProcessor, MllamaProcessor
+
+    tokenizer = _tokenizer("<|image|>")
+    # Cross-attention in layer 1 of 2; its image tiles 28x28 in patches of 14 (4 tiles: the aspect ratios transformers
+    # supports by default).
+    text = {**TEXT, "model_type": "mllama_text_model", "vocab_size": len(tokenizer) + 8, "cross_attention_layers": [1],
+            "rope_scaling": None}
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_global_layers=1, attention_heads=2,
+                  image_size=28, patch_size=14, max_num_tiles=4, vision_output_dim=64, intermediate_layers_indices=[0])
+    config = MllamaConfig(text_config=text, vision_config=vision,
+                          image_token_index=tokenizer.convert_tokens_to_ids("<|image|>"))
+    processor = MllamaProcessor(image_processor=MllamaImageProcessor(size={"height": 28, "width": 28}, max_image_tiles=4),
+                                tokenizer=tokenizer, chat_template=TEMPLATE.replace("IMAGE", "<|image|>"))
+    return config, processor
+
+
 def build_image_text(path: Path, family: str, seed: int = 0) -> Path:
     """A randomly initialised tiny `family` model and its processor, saved to `path`."""
     from transformers import AutoModelForImageTextToText
 
-    config, processor = {"llava": _llava, "idefics3": _idefics3}[family]()
+    config, processor = {"llava": _llava, "idefics3": _idefics3, "mllama": _mllama}[family]()
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config)
+    with torch.no_grad():  # Mllama's cross-attention gates start at 0 (tanh 0 = 0: no image would reach the text)
+        for name, p in model.named_parameters():
+            if name.endswith("_gate"):
+                p.fill_(0.5)
     model.save_pretrained(path)
     processor.save_pretrained(path)
     return path

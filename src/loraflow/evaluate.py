@@ -78,7 +78,7 @@ def _prompt_images(chunk: list[EvalPrompt], width: int) -> dict[str, torch.Tenso
     from loraflow.data.multimodal import collate_images
 
     rows = [Row(p.prompt_ids, [], images=getattr(p, "images", None)) for p in chunk]
-    out = collate_images(rows, width)
+    out = collate_images(rows, width, left=True)
     for key in dict.fromkeys(k for p in with_images for k in (p.token_types or {})):
         values = torch.zeros((len(chunk), width), dtype=torch.long)
         for i, p in enumerate(chunk):

@@ -115,6 +115,12 @@ FAMILIES: dict[str, Family] = {
     "paligemma": replace(_LLAVA, image_inputs=("pixel_values", "token_type_ids")),
     "qwen2_vl": _QWEN2_VL,
     "qwen2_5_vl": _QWEN2_VL,
+    # pixel_values [1, n_images, n_tiles, C, H, W]; aspect_ratio_ids [1, n_images]; aspect_ratio_mask
+    # [1, n_images, n_tiles]; cross_attention_mask [1, n_tokens, n_images, n_tiles]: which image tiles each token
+    # attends to (its cross-attention layers read the images; no image tokens are replaced).
+    "mllama": Family(vision=("vision_model",), projector=("multi_modal_projector",),
+                     image_inputs=("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask", "cross_attention_mask"),
+                     image_token_words=("image",)),
     "idefics3": _IDEFICS3,
     "smolvlm": _IDEFICS3,
     "minicpmv": Family(vision=("vpm",), projector=("resampler",)),  # MiniCPM-V (remote code)
@@ -165,14 +171,20 @@ LOGIT_TRANSFORMS = _merged("logit_transforms")
 IMAGE_LAYOUTS = {
     "pixel_values": "images",
     "pixel_attention_mask": "pad1",  # padded with False like its images
+    "aspect_ratio_ids": "rows",
+    "aspect_ratio_mask": "rows",
+    "cross_attention_mask": "token_grid",
     "token_type_ids": "token",
     "mm_token_type_ids": "token",
 }
 """How collate batches each processor output of the rows in a micro-batch, as each family's forward expects:
   cat:    concatenated along dim 0 (the model consumes images in order of their placeholder tokens)
   pad1:   padded with zeros along dim 1 to the batch's largest, then concatenated along dim 0
-  images: pad1 for a 5-D per-row layout (Idefics3, LLaVA-NeXT), else cat
+  rows:   [1, ...] per row, and every row gets one: zero-padded to the largest of the other dimensions, all zeros
+          for a row without images (Mllama's cross-attention reads one entry per row)
+  images: rows for a 6-D layout (Mllama), pad1 for a 5-D one (Idefics3, LLaVA-NeXT), else cat
   token:  one value per input id: padded like input_ids (0 on padding and on rows that lack it)
+  token_grid: rows whose dim 1 counts tokens (Mllama's cross_attention_mask): padded or cut to the batch's width
 A key not listed is concatenated along dim 0."""
 IMAGE_BATCHING = {key: IMAGE_LAYOUTS.get(key, "cat") for key in _union("image_inputs")}
 """Every image input a family's forward takes -> how collate batches it."""

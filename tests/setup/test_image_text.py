@@ -304,3 +304,26 @@ def test_bf16_mixed_with_a_vision_tower_trained_in_full_trains_on_the_cpu(famili
             assert p.dtype == torch.float32 and not p.requires_grad, name
     stats = run.trainer.optimizer_step(None)
     assert stats["loss"] == stats["loss"] and stats["loss"] > 0  # a finite loss: the step ran
+
+
+def test_mllama_batches_rows_with_and_without_images_and_generates_as_one_prompt_at_a_time(tmp_path):
+    """Mllama reads its images through cross-attention, with one entry per row of the micro-batch: pixel_values,
+    aspect ratios and the per-token cross_attention_mask of rows of different lengths, text-only rows among them,
+    are padded to the micro-batch (they crashed collate as "a bug"), and left-padded batched generation gives
+    each prompt's own completion."""
+    from loraflow.evaluate import exact_match
+    from loraflow.pipeline import build_run
+
+    model = build_image_text(tmp_path / "mllama", "mllama")
+    data = write_colour_data(tmp_path / "data", n=12, seed=1, text_only_every=3)
+    config = make_config(model, "train.micro_batch_size=3", "train.max_steps=1", f"output.dir={tmp_path / 'run'}",
+                         data=(data, data))
+    run = build_run(config, detect_environment(), tmp_path / "run")
+    stats = run.trainer.accumulate()
+    assert torch.isfinite(torch.tensor(stats["loss"]))
+    run.trainer.apply_update()
+    prompts = run.eval.prompts[:6]
+    assert sum(bool(getattr(p, "images", None)) for p in prompts) not in (0, len(prompts))  # both kinds
+    alone, batched = (exact_match(run.trainer.engine.module, run.tokenizer, prompts, 5, n, "cpu").examples
+                      for n in (1, 6))
+    assert alone == batched
