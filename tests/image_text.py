@@ -78,11 +78,28 @@ def _mllama():
     return config, processor
 
 
+def _paligemma():
+    from transformers import PaliGemmaConfig, PaliGemmaProcessor, SiglipImageProcessor
+
+    images = SiglipImageProcessor(size={"height": 16, "width": 16})
+    images.image_seq_length = 4  # (16 / 8) ** 2 patches: the processor expands each image into this many tokens
+    processor = PaliGemmaProcessor(image_processor=images, tokenizer=_tokenizer("<image>"),
+                                   chat_template=TEMPLATE.replace("IMAGE", "<image>"))
+    tokenizer = processor.tokenizer  # with the location and segmentation tokens the processor adds
+    config = PaliGemmaConfig(text_config={**TEXT, "model_type": "gemma", "vocab_size": len(tokenizer), "head_dim": 16},
+                             vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64,
+                                                num_hidden_layers=2, num_attention_heads=2, image_size=16,
+                                                patch_size=8, projection_dim=64),
+                             image_token_index=tokenizer.convert_tokens_to_ids("<image>"), projection_dim=64)
+    config.text_config.hidden_size = 64
+    return config, processor
+
+
 def build_image_text(path: Path, family: str, seed: int = 0) -> Path:
     """A randomly initialised tiny `family` model and its processor, saved to `path`."""
     from transformers import AutoModelForImageTextToText
 
-    config, processor = {"llava": _llava, "idefics3": _idefics3, "mllama": _mllama}[family]()
+    config, processor = {"llava": _llava, "idefics3": _idefics3, "mllama": _mllama, "paligemma": _paligemma}[family]()
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config)
     with torch.no_grad():  # Mllama's cross-attention gates start at 0 (tanh 0 = 0: no image would reach the text)

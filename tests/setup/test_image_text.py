@@ -327,3 +327,32 @@ def test_mllama_batches_rows_with_and_without_images_and_generates_as_one_prompt
     alone, batched = (exact_match(run.trainer.engine.module, run.tokenizer, prompts, 5, n, "cpu").examples
                       for n in (1, 6))
     assert alone == batched
+
+
+def test_paligemma_learns_the_answer_of_a_chat_whose_processor_appends_a_newline(tmp_path):
+    """PaliGemma's processor puts BOS after the image tokens and appends a newline to every text it encodes, so
+    the first turns' encoding is no prefix of the whole conversation's (refused before as a chat template that
+    "rewrites earlier turns"). The answer is found, its tokens are the only learned ones, the eval prompt ends where
+    the answer begins, and a step trains."""
+    import json
+
+    from transformers import AutoProcessor
+
+    from loraflow.data.multimodal import eval_prompt, tokenize_chat
+    from loraflow.data.readers import Record
+    from loraflow.pipeline import build_run
+
+    model = build_image_text(tmp_path / "paligemma", "paligemma")
+    data = write_colour_data(tmp_path / "data", n=6, seed=0)
+    processor = AutoProcessor.from_pretrained(model)
+    record = json.loads(data.read_text().splitlines()[0])
+    answer = record["messages"][-1]["content"][0]["text"]
+    row = tokenize_chat(record["messages"], processor, Record(record, "line 1", str(data.parent)))
+    learned = processor.tokenizer.decode([t for t, label in zip(row.input_ids, row.labels) if label != -100])
+    assert learned == f"{answer}<|end|>\n"
+    prompt = eval_prompt(Record(record, "line 1", str(data.parent)), "auto", processor)
+    assert processor.tokenizer.decode(prompt.prompt_ids).endswith("<|assistant|>")
+    run = build_run(make_config(model, "train.micro_batch_size=3", "train.max_steps=1",
+                                f"output.dir={tmp_path / 'run'}", data=(data, data)),
+                    detect_environment(), tmp_path / "run")
+    assert torch.isfinite(torch.tensor(run.trainer.accumulate()["loss"]))

@@ -42,7 +42,9 @@ from loraflow.families import FRAMING_TOKENS, IMAGE_TOKEN_ATTR, TOKEN_KEYS
 
 log = logging.getLogger("loraflow")
 
-TEXT_KEYS = ("input_ids", "attention_mask")
+TEXT_KEYS = ("input_ids", "attention_mask", "labels")
+"""Processor outputs that are not image inputs. `labels`: PaliGemma's processor returns its own (loraflow labels the
+assistant turns itself)."""
 
 
 def image_token_ids(processor) -> set[int]:
@@ -140,6 +142,19 @@ def _length(processor, chat: Chat, end: int, generation_prompt: bool, origin: st
     return _encode(processor, text, chat.images_before(end), chat, origin)["input_ids"][0].tolist()
 
 
+def _within(part: list[int], ids: list[int]) -> list[int] | None:
+    """`part` (the encoding of the conversation's first turns) as it begins `ids` (the whole conversation's), or
+    None. A processor that appends the same few tokens to every text it encodes (PaliGemma's adds a newline after
+    the text, having put the image tokens and BOS first) ends `part` with them too: they are dropped where they
+    also end `ids`."""
+    if ids[: len(part)] == part:
+        return part
+    for k in (1, 2, 3):
+        if len(part) > k and part[-k:] == ids[-k:] and ids[: len(part) - k] == part[:-k]:
+            return part[:-k]
+    return None
+
+
 def tokenize_chat(messages: Any, processor, record: Record, first_learned: int = 0,
                   names: list[str] | None = None) -> Row:
     """A conversation as one row: ids, labels on the assistant turns from message `first_learned` on (never on
@@ -152,9 +167,9 @@ def tokenize_chat(messages: Any, processor, record: Record, first_learned: int =
     for i, m in enumerate(chat.messages):
         if i < first_learned or m["role"] != "assistant" or m.get("weight", 1) == 0:
             continue
-        prefix = _length(processor, chat, i, True, origin) if i else []
-        through = _length(processor, chat, i + 1, False, origin)
-        if ids[: len(through)] != through or ids[: len(prefix)] != prefix:
+        prefix = _within(_length(processor, chat, i, True, origin), ids) if i else []
+        through = _within(_length(processor, chat, i + 1, False, origin), ids)
+        if through is None or prefix is None:
             raise DataError(f"{origin}: this processor's chat template rewrites earlier turns, so assistant tokens "
                             "cannot be located.")
         labels[len(prefix): len(through)] = ids[len(prefix): len(through)]
@@ -239,10 +254,15 @@ def eval_prompt(record: Record, configured_format: str, processor) -> Multimodal
     out = _encode(processor, _text(processor, chat.messages[:-1], True, record.origin), chat.images, chat,
                   record.origin)
     reference = "".join(p["text"] for p in last["content"] if p["type"] == "text")
+    ids = out["input_ids"][0].tolist()
+    # Without a suffix the processor appends to every text (PaliGemma's newline): training saw the answer follow
+    # the generation prompt directly.
+    whole = _encode(processor, _text(processor, chat.messages, False, record.origin), chat.images, chat,
+                    record.origin)["input_ids"][0].tolist()
+    ids = _within(ids, whole) or ids
     tensors = {k: v for k, v in out.items() if k not in TEXT_KEYS and k not in TOKEN_KEYS}
-    types = {k: out[k][0].tolist() for k in TOKEN_KEYS if k in out}
-    return MultimodalEvalPrompt(out["input_ids"][0].tolist(), reference, record.origin,
-                                tensors if chat.images else None, types or None)
+    types = {k: out[k][0].tolist()[: len(ids)] for k in TOKEN_KEYS if k in out}
+    return MultimodalEvalPrompt(ids, reference, record.origin, tensors if chat.images else None, types or None)
 
 
 def pair_answer_prompt(row, processor) -> MultimodalEvalPrompt:
