@@ -27,6 +27,8 @@ ReferenceKind = Literal["auto", "adapters-disabled", "copy", "precomputed"]
 EngineName = Literal[("auto", *ENGINE_NAMES)]
 Switch = Literal["auto", "true", "false"]
 STAGES_PACKING = tuple(s for s in STAGES.values() if s.packing)
+EXPERTS_TARGET = "experts"
+"""The adapter.target_modules entry for every fused expert weight block (setup/adapters.py lora_config)."""
 
 
 @dataclass(kw_only=True)
@@ -75,8 +77,10 @@ class AdapterConfig:
     """Dropout on the adapter input."""
 
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
-    """Module names (suffixes such as q_proj) that receive adapters, or `all-linear` alone for every linear layer
-    but the output head."""
+    """Module names (suffixes such as q_proj) that receive adapters, or `all-linear` for every linear layer but the
+    output head; add `experts` for a mixture of experts' fused expert weights (transformers 5 stores them as 3-D
+    parameters that no module name reaches; peft adapts them through target_parameters, one slice per expert), as
+    in [q_proj, v_proj, experts] or [all-linear, experts]."""
 
     train_modules: list[str] = field(default_factory=list)
     """Modules trained in full beside the adapters: `embeddings`, `lm_head`, `norms`, or module name suffixes.
@@ -397,8 +401,9 @@ class Config:
         targets = self.adapter.target_modules
         if not targets:
             out.append("adapter.target_modules is empty; name modules such as [q_proj, v_proj] or use all-linear.")
-        elif "all-linear" in targets and len(targets) > 1:
-            out.append("adapter.target_modules mixes all-linear with module names; use one or the other.")
+        elif "all-linear" in targets and len(set(targets) - {EXPERTS_TARGET}) > 1:
+            out.append("adapter.target_modules mixes all-linear with module names; use one or the other (`experts` "
+                       "may join either).")
         positive("checkpointing.every_n_layers", self.checkpointing.every_n_layers)
         c = self.checkpointing
         if c.layers is not None:

@@ -6,6 +6,7 @@ explains it.
 
 from __future__ import annotations
 
+from loraflow.config.schema import EXPERTS_TARGET
 from loraflow.enginespec import engine_spec
 from loraflow.plan.types import Decision, Plan
 from loraflow.rules import Combination
@@ -33,8 +34,8 @@ def _adapter(plan: Plan) -> Decision:
 
 def _fused_weights(plan: Plan) -> list[Decision]:
     """A mixture of experts says what happens to its fused expert weights: adapted where PEFT's matching wrapped
-    them (peft 0.21's all-linear reaches Mixtral's experts as parameters), frozen where it did not (it trained
-    nothing there, silently, before)."""
+    them (`experts` in adapter.target_modules, or peft 0.21's all-linear on Mixtral, which maps its former expert
+    Linears to parameters), frozen where it did not (it trained nothing there, silently, before)."""
     fused = plan.model.fused_weights
     if not fused or plan.config.adapter.method == "full":
         return []
@@ -49,13 +50,18 @@ def _fused_weights(plan: Plan) -> list[Decision]:
         return f"{len(which)} fused blocks ({', '.join(kinds)}; {size:,} weights{share})"
 
     if not frozen:
+        asked = EXPERTS_TARGET in plan.config.adapter.target_modules
         return [Decision("experts", f"adapted: {blocks(reached)}",
-                         "adapter.target_modules matched these expert blocks and peft wraps their fused parameters "
-                         "(one adapter slice per expert)")]
+                         (f"adapter.target_modules names `{EXPERTS_TARGET}`, which stands for every fused expert "
+                          "block" if asked else "adapter.target_modules reached these blocks (peft's all-linear maps "
+                          "this family's former expert Linears to parameters)") +
+                         ": peft's target_parameters wraps each fused parameter (one adapter slice per expert)")]
     return [Decision("experts", f"frozen: {blocks(frozen)}" + (f"; adapted: {blocks(reached)}" if reached else ""),
                      "these weights are parameters of three dimensions (one slice per expert), not Linear modules, "
-                     "so adapter.target_modules, which names modules, does not reach them; the Linear layers "
-                     "(attention, a shared expert) are adapted where targeted. adapter.method=full trains them.")]
+                     "so module names in adapter.target_modules do not reach them; the Linear layers "
+                     f"(attention, a shared expert) are adapted where targeted. Add `{EXPERTS_TARGET}` to "
+                     "adapter.target_modules to adapt them (peft's target_parameters); adapter.method=full trains "
+                     "them in full.")]
 
 
 def _towers(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:

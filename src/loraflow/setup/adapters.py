@@ -14,32 +14,86 @@ from typing import Any
 
 import torch
 
-from loraflow.config.schema import Config
+from loraflow.config.schema import EXPERTS_TARGET, Config
 from loraflow.errors import GuardError
 
 
-def lora_config(config: Config, modules_to_save: list[str] | None = None, ensure_weight_tying: bool = False,
-                task_type: str = "CAUSAL_LM", targets: list[str] | None = None, towers=None):
-    """PEFT's LoraConfig for the run. `targets` overrides adapter.target_modules; `towers` (plan/towers.py
-    TowerPlan list, image-text models) gives the exact module names each adapted tower matched, with the tower's
-    own rank and alpha as PEFT rank/alpha patterns."""
+def lora_config(config: Config, model: torch.nn.Module, modules_to_save: list[str] | None = None,
+                ensure_weight_tying: bool = False, task_type: str = "CAUSAL_LM", targets: list[str] | None = None,
+                towers=None):
+    """PEFT's LoraConfig for the run on `model` (the module PEFT will wrap: the plan's meta skeleton or the loaded
+    base, which share their names). `targets` overrides adapter.target_modules; `towers` (plan/towers.py TowerPlan
+    list, image-text models) gives the exact module names each adapted tower matched, with the tower's own rank and
+    alpha as PEFT rank/alpha patterns.
+
+    The one place `experts` becomes peft's target_parameters, so the plan's matching, the trained model and the
+    saved adapter_config.json read the same translation."""
     from peft import LoraConfig
+
+    from loraflow.setup.model import fused_parameters
 
     a = config.adapter
     extra: dict[str, Any] = {"ensure_weight_tying": True} if ensure_weight_tying else {}
     asked = a.target_modules if targets is None else targets
-    # PEFT expands the string "all-linear" itself; a list holding it would be read as a module name.
-    targets = "all-linear" if asked == ["all-linear"] else list(asked)
+    modules = [t for t in asked if t != EXPERTS_TARGET]
+    fused = _expert_parameters(config, model, asked)
+    # PEFT expands the string "all-linear" itself; a list holding it would be read as a module name. An empty list
+    # targets no module, only the parameters (peft's documented way to adapt parameters alone).
+    target_modules: str | list[str] = "all-linear" if modules == ["all-linear"] else modules
+    # Suffixes such as `experts.gate_up_proj` (peft matches a parameter's full name or a dotted suffix): one entry
+    # per kind of fused weight, however many layers hold it.
+    target_parameters = sorted({".".join(n.split(".")[-2:]) for n in fused}) or None
     if towers is not None:
         adapted = [t for t in towers if t.train == "adapter"]
-        # Full names: PEFT matches a name or a dotted suffix, so each tower's modules and no other tower's.
-        targets = sorted(n for t in adapted for n in t.modules)
-        extra["rank_pattern"] = {_exact(n): t.rank for t in adapted if t.rank != a.rank for n in t.modules}
-        extra["alpha_pattern"] = {_exact(n): t.alpha for t in adapted if t.alpha != a.alpha for n in t.modules}
+        # Full names: PEFT matches a name or a dotted suffix, so each tower's modules and no other tower's. A
+        # fused expert block a tower matched is adapted through its parameters (peft cannot wrap it as a module).
+        split = {t.name: _split_fused(t.modules, list(fused_parameters(model))) for t in adapted}
+        target_modules = sorted(n for modules_, _ in split.values() for n in modules_)
+        target_parameters = sorted(p for _, params in split.values() for p in params) or None
+        every = {name: modules_ + params for name, (modules_, params) in split.items()}
+        extra["rank_pattern"] = {_exact(n): t.rank for t in adapted if t.rank != a.rank for n in every[t.name]}
+        extra["alpha_pattern"] = {_exact(n): t.alpha for t in adapted if t.alpha != a.alpha for n in every[t.name]}
     return LoraConfig(
-        r=a.rank, lora_alpha=a.alpha, lora_dropout=a.dropout, target_modules=targets,
-        use_dora=a.method == "dora", modules_to_save=modules_to_save or None, task_type=task_type, **extra,
+        r=a.rank, lora_alpha=a.alpha, lora_dropout=a.dropout, target_modules=target_modules,
+        target_parameters=target_parameters, use_dora=a.method == "dora", modules_to_save=modules_to_save or None,
+        task_type=task_type, **extra,
     )
+
+
+def _split_fused(names: list[str], fused: list[str]) -> tuple[list[str], list[str]]:
+    """Module names -> (those peft wraps as modules, the full names of the fused parameters of the others)."""
+    blocks = {p.rpartition(".")[0] for p in fused}
+    return [n for n in names if n not in blocks], [p for p in fused if p.rpartition(".")[0] in names]
+
+
+def _expert_parameters(config: Config, model: torch.nn.Module, asked: list[str]) -> list[str]:
+    """The fused expert parameters `experts` in `asked` stands for (none when it is absent); refused where the
+    model has none, or where peft's parameter wrapper cannot carry the adapter asked."""
+    from loraflow.errors import ConfigError
+    from loraflow.setup.model import fused_parameters, linear_names
+
+    if EXPERTS_TARGET not in asked:
+        return []
+    fused = list(fused_parameters(model))
+    a = config.adapter
+    if not fused:
+        names = ", ".join(linear_names(model)) or "none"
+        raise ConfigError([f"adapter.target_modules names `{EXPERTS_TARGET}`, but this model has no fused expert "
+                           "weights (parameters of three dimensions, one slice per expert): it is not a mixture of "
+                           f"experts as transformers 5 stores one. Remove `{EXPERTS_TARGET}`; its linear layers are "
+                           f"{names}, or use all-linear."])
+    # peft 0.21's lora.ParamWrapper adds its delta to the parameter, so nothing can act on the adapter's input
+    # alone (dropout) or on the merged weight's norm (DoRA).
+    if a.method == "dora":
+        raise ConfigError([f"adapter.method=dora with `{EXPERTS_TARGET}` in adapter.target_modules: peft adapts fused "
+                           "expert weights through their parameters with plain LoRA only (lora.ParamWrapper refuses "
+                           f"DoRA). Use adapter.method=lora, or remove `{EXPERTS_TARGET}` from adapter.target_modules."])
+    if a.dropout:
+        raise ConfigError([f"adapter.dropout={a.dropout:g} with `{EXPERTS_TARGET}` in adapter.target_modules: peft "
+                           "adds the adapter to the fused expert weights themselves, where no dropout on the "
+                           f"adapter's input can act (lora.ParamWrapper refuses it). Set adapter.dropout=0, or remove "
+                           f"`{EXPERTS_TARGET}` from adapter.target_modules."])
+    return fused
 
 
 def _exact(name: str) -> str:
@@ -50,28 +104,35 @@ def _exact(name: str) -> str:
 
 def match_adapter_modules(skeleton: torch.nn.Module, config: Config, targets: list[str] | None = None) -> list[str]:
     """Full names of the modules PEFT puts an adapter on, found by running PEFT itself on a meta skeleton
-    (`targets`: instead of adapter.target_modules)."""
+    (`targets`: instead of adapter.target_modules). A module whose parameters peft wraps one by one (a fused
+    expert block: a wrapper per parameter, nested) is named once."""
     from peft import get_peft_model
     from peft.tuners.tuners_utils import BaseTunerLayer
 
+    from loraflow.errors import ConfigError
+
+    peft_config = lora_config(config, skeleton, targets=targets)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
-            peft_model = get_peft_model(skeleton, lora_config(config, targets=targets))
+            peft_model = get_peft_model(skeleton, peft_config)
     except ValueError as exc:  # NoMatchingPeftModuleError subclasses ValueError
         if "not found in the base model" in str(exc) or "No modules were targeted" in str(exc):
             return []
-        if "does not work with use_dora" in str(exc):  # peft 0.21: a fused (MoE expert) parameter reached
-            from loraflow.errors import ConfigError
-
-            raise ConfigError([f"adapter.method=dora: peft cannot put DoRA on this model's fused expert weights, "
-                               f"which adapter.target_modules reaches ({exc}). Use adapter.method=lora, or name "
-                               "target modules outside the experts (e.g. [q_proj, k_proj, v_proj, o_proj])."]) \
-                from exc
+        # peft 0.21's all-linear reaches Mixtral's fused experts by itself (its transformers-5 conversion maps the
+        # former expert Linears to target_parameters), where lora.ParamWrapper refuses DoRA and dropout.
+        for needle, key, what, fix in (
+                ("use_dora", "adapter.method=dora", "DoRA", "Use adapter.method=lora"),
+                ("lora_dropout", f"adapter.dropout={config.adapter.dropout:g}", "dropout", "Set adapter.dropout=0")):
+            if "ParamWrapper does not work with " + needle in str(exc):
+                raise ConfigError([f"{key}: peft cannot put {what} on this model's fused expert weights, which "
+                                   f"adapter.target_modules reaches ({exc}). {fix}, or name target modules outside "
+                                   "the experts (e.g. [q_proj, k_proj, v_proj, o_proj])."]) from exc
         raise
     prefix = "base_model.model."
-    return [n[len(prefix):] if n.startswith(prefix) else n for n, m in peft_model.named_modules()
-            if isinstance(m, BaseTunerLayer)]
+    names = [n[len(prefix):] if n.startswith(prefix) else n for n, m in peft_model.named_modules()
+             if isinstance(m, BaseTunerLayer)]
+    return list(dict.fromkeys(re.sub(r"(\.base_layer)+$", "", n) for n in names))
 
 
 def match_tower_modules(skeleton: torch.nn.Module, config: Config, towers,
@@ -113,7 +174,7 @@ def apply_adapters(model: torch.nn.Module, plan) -> torch.nn.Module:
     from peft import get_peft_model
 
     # SEQ_CLS makes PEFT train the score head in full and save it with the adapter (its modules_to_save).
-    peft_config = lora_config(config, plan.modules_to_save, plan.ensure_weight_tying,
+    peft_config = lora_config(config, model, plan.modules_to_save, plan.ensure_weight_tying,
                               "SEQ_CLS" if plan.head == "score" else "CAUSAL_LM", towers=plan.towers or None)
     with warnings.catch_warnings():
         # PEFT reads transformers' deprecated `is_gradient_checkpointing` (peft 0.21 / transformers 5.23): not

@@ -96,19 +96,35 @@ def load_hf_config_at(path: str, config: Config):
     return AutoConfig.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
 
 
-def fused_weights(model: torch.nn.Module) -> dict[str, int]:
-    """ModelInfo.fused_weights: each non-convolution module with a direct parameter of three or more dimensions
-    (a convolution's kernel has four or five and is an ordinary layer)."""
+def fused_parameters(model: torch.nn.Module) -> dict[str, int]:
+    """Full names of the parameters of three or more dimensions outside convolutions (a convolution's kernel has
+    four or five and is an ordinary layer) -> their element count: a mixture of experts' fused expert weights."""
     from torch.nn.modules.conv import _ConvNd
 
     out = {}
     for name, module in model.named_modules():
         if isinstance(module, _ConvNd):
             continue
-        size = sum(p.numel() for p in module.parameters(recurse=False) if p.dim() >= 3)
-        if size:
-            out[name] = size
+        for param_name, p in module.named_parameters(recurse=False):
+            if p.dim() >= 3:
+                out[f"{name}.{param_name}" if name else param_name] = p.numel()
     return out
+
+
+def fused_weights(model: torch.nn.Module) -> dict[str, int]:
+    """ModelInfo.fused_weights: the modules holding fused_parameters -> their element count."""
+    out: dict[str, int] = {}
+    for name, size in fused_parameters(model).items():
+        module = name.rpartition(".")[0]
+        out[module] = out.get(module, 0) + size
+    return out
+
+
+def linear_names(model: torch.nn.Module) -> list[str]:
+    """ModelInfo.linear_names: distinct last name parts of the linear layers but the output head."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                   if n and type(m).__name__ in ("Linear", "Conv1D") and m is not head})
 
 
 def inspect_model(config: Config) -> ModelInfo:
@@ -126,8 +142,7 @@ def inspect_model(config: Config) -> ModelInfo:
     check_model_class(config, hf_config, "score" if stage_spec(config.stage).head == "score" else "lm")
     skeleton, attn, attn_reason = build_skeleton(config, hf_config)
     merge_notes = check_merge_adapters(config, skeleton) if config.model.merge_adapters else []
-    linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules()
-                     if n and type(m).__name__ in ("Linear", "Conv1D") and m is not skeleton.get_output_embeddings()})
+    linear = linear_names(skeleton)
     embedding = skeleton.get_input_embeddings()
     head = skeleton.get_output_embeddings()
     norms = [n for n, m in skeleton.named_modules() if "norm" in type(m).__name__.lower() and n]
