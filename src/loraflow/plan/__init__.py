@@ -252,6 +252,7 @@ def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_
         # reentrant-partial-silent); loraflow requires transformers 5.
         tower_input_hook=info.image_text,
         towers_trainable=any(train.get(t) in ("full", "adapter") for t in ("vision", "projector")),
+        towers_full="full" in (train.get("vision"), train.get("projector")),
         # What PEFT alone would do with an image-text model: match adapter targets across every tower.
         targets_all_towers=info.image_text and config.adapter.method != "full",
         versions=dict(env.versions),

@@ -319,20 +319,22 @@ register(Rule(
 
 register(Rule(
     id="bf16-lost-updates",
-    title="Pure bf16 full fine-tuning or DoRA rounds most weight updates away",
+    title="Pure bf16 full fine-tuning, DoRA or a tower trained in full rounds most weight updates away",
     verdict="error",
     impact="silent",
-    conditions="pure bf16 (the trained weights stored in bfloat16, no fp32 master copy) with full fine-tuning or DoRA",
-    knobs=("precision", "adapter"),
-    when=lambda s: s.precision == "bf16" and s.adapter in ("full", "dora"),
+    conditions="pure bf16 (the trained weights stored in bfloat16, no fp32 master copy) with full fine-tuning, DoRA, "
+               "or an image-text model's vision encoder or projector trained in full",
+    knobs=("precision", "adapter", "towers_full"),
+    when=lambda s: s.precision == "bf16" and (s.adapter in ("full", "dora") or s.towers_full),
     cause=("bfloat16 keeps 8 significant bits: a weight w moves only when its update exceeds about |w| / 256. "
            "Adam's update is about the learning rate, so at 1e-5 every weight larger than 0.003 (the norms at 1.0, "
            "most of the matrices) stays where it was, and at 1e-3 the norm weights still never move. The run "
            "trains without an error and its loss falls through the weights small enough to move; the composition "
-           "sweep found norm weights bit-identical after 3 steps at 1e-3, and a DoRA magnitude (a weight row's "
-           "norm, of order 1) too. LoRA's A and B are spared because they are small and B starts at zero."),
+           "sweep found norm weights bit-identical after 3 steps at 1e-3, a DoRA magnitude (a weight row's "
+           "norm, of order 1), and the layer norms of a vision encoder trained in full beside LoRA. LoRA's A and "
+           "B are spared because they are small and B starts at zero."),
     fix="loraflow refuses it: use precision.mode=bf16-mixed (fp32 trained weights and optimizer state, bf16 "
-        "compute), or train LoRA adapters (adapter.method=lora)",
+        "compute), or train LoRA adapters (adapter.method=lora; towers.vision.train=adapter)",
     elsewhere="keep fp32 master weights (mixed precision), or an optimizer with stochastic rounding or Kahan "
               "summation for bf16 weights",
     references=("https://arxiv.org/abs/1905.12322 (A Study of BFLOAT16 for Deep Learning Training: updates below "
