@@ -73,7 +73,7 @@ def test_the_ci_slice_trains_or_refuses_every_setup_and_resumes(tmp_path):
     done = [r for r in records if "start" not in r]
     assert summary["setups"] == len(done) and summary["accepted"] + summary["refused"] == len(done)
     assert summary["refused_by"].get("zero3-eval-trace") == 1  # ZeRO-3 with evaluation on the oldest DeepSpeed
-    for axis in ("stage", "family", "adapter", "engine", "precision", "deepspeed"):  # the slice spans these axes
+    for axis in ("stage", "family", "adapter", "engine", "precision", "deepspeed", "towers"):  # the slice spans these axes
         assert {r["setup"][axis] for r in done} == set(space.AXES[axis]), axis
     assert "| value | setups | accepted |" in (tmp_path / "table.md").read_text()
     before = (out / "results.jsonl").read_text()

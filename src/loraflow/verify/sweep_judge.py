@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from loraflow.run import setup_logging
-    from loraflow.verify.sweep_models import model_dir
+    from loraflow.verify.sweep_models import image_text, model_dir
 
     setups = json.loads(Path(args.setups).read_text())
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -290,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
                 shared = [memory["models"][setup["family"]]]
                 dist.broadcast_object_list(shared, src=0)  # rank 0 builds a missing model, the others wait
                 memory["models"][setup["family"]] = shared[0]
+        if rank == 0 and image_text(setup["family"]):
+            space.image_data(workdir, space.stage_of(setup), write=True)
+    if dist.is_initialized():
+        dist.barrier()  # the image data is written before any rank reads it
     out = open(args.out, "a", encoding="utf-8") if rank == 0 else None
     for setup in setups:
         sid = space.setup_id(setup)

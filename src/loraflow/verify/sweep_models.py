@@ -9,6 +9,7 @@ a family names differently (the expert counts of a mixture-of-experts model) are
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from typing import Any
 
 from loraflow import families
 from loraflow.setup.paths import ASSETS
+from loraflow.verify import sweep_vision
 
 COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
@@ -40,7 +42,14 @@ FAMILY_SIZES: dict[str, dict[str, Any]] = {
 }
 """model_type -> the keys beyond COMMON its tiny config needs."""
 
-FAMILIES = tuple(FAMILY_SIZES)
+TEXT_FAMILIES = tuple(FAMILY_SIZES)
+FAMILIES = TEXT_FAMILIES + sweep_vision.FAMILIES
+"""Text families, then the image-text ones (built with their processors by sweep_vision)."""
+
+
+def image_text(family: str) -> bool:
+    return family in sweep_vision.FAMILIES
+
 
 def linear_names(family: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(attention, MLP) linear layer names of the family's decoder layers (families.Family.linears)."""
@@ -56,9 +65,11 @@ def model_dir(family: str, root: Path | None = None) -> Path:
     transformers release builds afresh)."""
     import transformers
 
-    if family not in FAMILY_SIZES:
+    if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; the sweep's families are {', '.join(FAMILIES)}")
-    key = hashlib.sha256(json.dumps([family, COMMON, FAMILY_SIZES[family], transformers.__version__],
+    # An image-text family's builder is code, not sizes: its source is the key.
+    sizes = FAMILY_SIZES[family] if family in FAMILY_SIZES else inspect.getsource(sweep_vision.BUILDERS[family])
+    key = hashlib.sha256(json.dumps([family, COMMON, sizes, transformers.__version__],
                                     sort_keys=True).encode()).hexdigest()[:10]
     out = (root or cache_root()) / f"{family}-{key}"
     if not (out / "config.json").is_file():
@@ -70,14 +81,17 @@ def _build(family: str, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(ASSETS / "tiny-base")
-    config = AutoConfig.for_model(family, **{**COMMON, **FAMILY_SIZES[family], "vocab_size": len(tokenizer)})
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
     tmp = out.with_name(out.name + f".part{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    if image_text(family):
+        sweep_vision.build_image_text(tmp, family)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(ASSETS / "tiny-base")
+        config = AutoConfig.for_model(family, **{**COMMON, **FAMILY_SIZES[family], "vocab_size": len(tokenizer)})
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     generation = ASSETS / "tiny-base" / "generation_config.json"
     shutil.copy(generation, tmp / "generation_config.json")
     try:

@@ -16,7 +16,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from loraflow.verify.sweep_models import FAMILIES
+from loraflow.verify.sweep_models import FAMILIES, image_text
 
 AXES: dict[str, tuple[str, ...]] = {
     "stage": ("sft", "rm", "dpo-adapters-disabled", "dpo-copy", "dpo-precomputed", "grpo", "ppo"),
@@ -29,16 +29,20 @@ AXES: dict[str, tuple[str, ...]] = {
     "packing": ("off", "on"),
     "logits": ("auto", "learned", "full"),
     "deepspeed": ("current", "oldest"),
+    "towers": ("auto", "vision-full", "vision-adapter"),
 }
 """Axis -> its values. nf4 and int8 are LoRA on a base loaded in 4 or 8 bits (bitsandbytes). targets `lm_head` and
 `embeddings` are every attention and MLP linear layer (by name: sweep_models.linear_names) plus the output head or
 the input embeddings as adapter targets. checkpointing `mlp` is non-reentrant with granularity mlp, `every-2` checkpoints every other layer, `offload` moves saved activations to
 the CPU (with non-reentrant checkpointing). deepspeed `oldest` runs in the legacy environment (the oldest DeepSpeed
-release loraflow accepts)."""
+release loraflow accepts). towers (image-text families only) is what trains beside the language model's adapters:
+`auto` (the vision encoder and projector frozen), `vision-full` (both trained in full, MiniCPM-V's setup),
+`vision-adapter` (the encoder adapted, the projector trained in full)."""
 
 AXIS_NAMES = tuple(AXES)
 DEFAULT = {"stage": "sft", "family": "llama", "adapter": "lora", "targets": "all-linear", "checkpointing": "off",
-           "precision": "fp32", "engine": "single", "packing": "off", "logits": "auto", "deepspeed": "current"}
+           "precision": "fp32", "engine": "single", "packing": "off", "logits": "auto", "deepspeed": "current",
+           "towers": "auto"}
 """A setup's values on the axes a caller leaves out."""
 
 PACKING_STAGES = ("sft",)
@@ -46,24 +50,34 @@ ZERO = ("zero2", "zero3", "zero3-offload")
 STEPS = 3
 
 
+DECIDED_BY = {"packing": "stage", "targets": "adapter", "deepspeed": "engine", "towers": "family"}
+"""An axis that means something only next to some values of another axis -> that axis."""
+
+
 def applies(axis: str, setup: dict[str, str]) -> bool:
-    """Whether `axis` means anything next to the setup's other values (when not, it holds DEFAULT's value)."""
+    """Whether `axis` means anything next to the setup's other values (when not, it holds DEFAULT's value). A
+    setup that leaves the deciding axis unset could still choose a value that makes it apply."""
+    decider = DECIDED_BY.get(axis)
+    if decider is None or decider not in setup:
+        return True
+    value = setup[decider]
     if axis == "packing":
-        return setup.get("stage", "sft") in PACKING_STAGES
+        return value in PACKING_STAGES
     if axis == "targets":
-        return setup.get("adapter", "lora") != "full"
+        return value != "full"
     if axis == "deepspeed":
-        return setup.get("engine", "single") in ZERO
-    return True
+        return value in ZERO
+    return image_text(value)  # towers
+
+
+def voided(partial: dict[str, str]) -> bool:
+    """Whether a value the partial setup sets away from DEFAULT means nothing next to its other values."""
+    return any(v != DEFAULT[a] and not applies(a, partial) for a, v in partial.items())
 
 
 def can_meet(a: str, va: str, b: str, vb: str) -> bool:
     """Whether axis values a=va and b=vb can appear in one setup."""
-    pair = {a: va, b: vb}
-    for axis, value in pair.items():
-        if value != DEFAULT[axis] and not applies(axis, pair):
-            return False
-    return True
+    return not voided({a: va, b: vb})
 
 
 def complete(partial: dict[str, str]) -> dict[str, str]:
@@ -101,11 +115,11 @@ def all_pairs(seed: int) -> list[dict[str, str]]:
         for axis in others:
             best, score = [], -1
             for value in AXES[axis]:
-                trial = complete({**partial, axis: value})
-                if any(trial[x] != v for x, v in {**partial, axis: value}.items()):
+                trial = {**partial, axis: value}
+                if voided(trial):
                     continue  # this value would void one already chosen (packing outside SFT), or not apply
                 gain = sum((x, trial[x], y, trial[y]) in uncovered or (y, trial[y], x, trial[x]) in uncovered
-                           for x, y in itertools.combinations([*partial, axis], 2) if axis in (x, y))
+                           for x, y in itertools.combinations(trial, 2) if axis in (x, y))
                 if gain > score:
                     best, score = [value], gain
                 elif gain == score:
@@ -182,7 +196,10 @@ def overrides(setup: dict[str, str], model_dir: str, out_dir: Path, workdir: Pat
     run (3 optimizer steps of 4 samples, an evaluation after step 2 and at the end, short generations)."""
     stage, extra = STAGE_CONFIG.get(setup["stage"], (setup["stage"], []))
     world = ranks(setup)
-    if setup["stage"] == "dpo-precomputed":  # reference log-probs of 40 pairs, not of the 2000 the demo trains on
+    if image_text(setup["family"]):  # image records of the stage's kind, written by the judge (image_data)
+        train, held_out = image_data(workdir, stage)
+        extra = [*extra, f"data.train={train}", f"data.eval={held_out}"]
+    elif setup["stage"] == "dpo-precomputed":  # reference log-probs of 40 pairs, not of the 2000 the demo trains on
         extra = [*extra, "data.train=builtin:reverse/prefs-train.jsonl*0.02"]
     o = [f"model.path={model_dir}", "model.merge_adapters=[]", *extra,
          f"train.max_steps={STEPS}", f"train.micro_batch_size={max(1, 4 // world)}",
@@ -209,6 +226,7 @@ def overrides(setup: dict[str, str], model_dir: str, out_dir: Path, workdir: Pat
             o.append("checkpointing.every_n_layers=2")
         if ckpt == "offload":
             o.append("checkpointing.offload_activations=true")
+    o += TOWERS[setup["towers"]]
     if setup["packing"] == "on":
         o.append("data.packing=true")
     engine = setup["engine"]
@@ -224,6 +242,24 @@ def overrides(setup: dict[str, str], model_dir: str, out_dir: Path, workdir: Pat
         if engine.endswith("offload"):
             o += ["parallel.offload_optimizer=true", "parallel.offload_params=true"]
     return o
+
+
+TOWERS = {"auto": [], "vision-full": ["towers.vision.train=full", "towers.projector.train=full"],
+          "vision-adapter": ["towers.vision.train=adapter", "towers.projector.train=full"]}
+"""A towers axis value -> its overrides."""
+
+
+def image_data(workdir: Path, stage: str, write: bool = False) -> tuple[Path, Path]:
+    """(train, eval) image records of the stage's data kind for the image-text families, under workdir (written
+    when `write`: once per launch, by rank 0, before any setup reads them)."""
+    from loraflow.stagespec import stage_spec
+    from loraflow.verify.sweep_vision import write_stage_data
+
+    kind = stage_spec(stage).data
+    root = workdir / "image-data"
+    if write:
+        return write_stage_data(root, kind)
+    return root / f"{kind}-train.jsonl", root / f"{kind}-eval.jsonl"
 
 
 def completion_length(completions: list[str], fields: list[dict]) -> list[float]:
