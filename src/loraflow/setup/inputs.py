@@ -13,9 +13,9 @@ from loraflow.errors import ConfigError
 from loraflow.setup.model import (
     ModelInfo,
     inspect_model,
-    load_processor,
     load_tokenizer,
 )
+from loraflow.setup.processor import load_processor
 from loraflow.setup.paths import quiet, resolve_path
 from loraflow.setup.preflight import check_vocab
 

@@ -218,37 +218,6 @@ def _first_line(exc: BaseException) -> str:
     return (sentence.group(1) if sentence else text) or type(exc).__name__
 
 
-def load_processor(config: Config, model_path: str):
-    """An image-text model's processor (tokenizer + image processor + chat template), from model.tokenizer or the
-    model's directory; its tokenizer gets a pad token as load_tokenizer's does."""
-    from transformers import AutoProcessor
-
-    spec = config.model.tokenizer
-    path = resolve_path(spec, "model.tokenizer") if spec else model_path
-    try:
-        with _quiet():  # image processors without torchvision say they fall back to PIL: expected on a CPU stack
-            processor = AutoProcessor.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
-    except ImportError as exc:
-        # transformers builds every part of a processor, a video processor too (Qwen2-VL's needs torchvision),
-        # even for image-only training; its message starts with an empty line.
-        said = _first_line(exc)
-        package = re.search(r"requires the (\S+) library", said)
-        raise ConfigError([f"cannot load the image-text processor at {path}: transformers needs "
-                           f"{package.group(1).lower() if package else 'a package that is not installed'} to build it "
-                           f"({said.rstrip('.')}). Install it (built for this torch {torch.__version__}); loraflow reads images "
-                           "only, but transformers builds every part of the processor."]) from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError([f"cannot load an image-text processor from {path} ({_first_line(exc)}). An "
-                           "image-text model needs its processor (preprocessor_config.json beside the tokenizer); "
-                           "set model.tokenizer to a directory or hub id that has one."]) from None
-    if not hasattr(processor, "tokenizer") or not hasattr(processor, "image_processor"):
-        raise ConfigError([f"{path} holds a {type(processor).__name__}, not an image-text processor (a tokenizer and "
-                           "an image processor); set model.tokenizer to the model's processor."])
-    if processor.tokenizer.pad_token is None:
-        processor.tokenizer.pad_token = processor.tokenizer.eos_token
-    return processor
-
-
 def hf_attn_implementation(config: Config) -> str | None:
     """model.attn_implementation as transformers takes it: `auto` is its own default (None: SDPA, else eager)."""
     asked = config.model.attn_implementation
