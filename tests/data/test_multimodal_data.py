@@ -332,3 +332,17 @@ def test_tiny_qwen2_vl_trains_on_a_collated_batch(tmp_path, qwen):
     assert torch.isfinite(loss)
     merger = model.model.visual.merger.mlp[0].weight.grad
     assert merger is not None and merger.abs().sum() > 0  # every image's patches reached the loss
+
+
+def test_a_text_only_sample_encodes_with_a_processor_that_demands_images():
+    """PaliGemma's processor raises for text without images; a text-only row (mixed into image data, or a pair's
+    text-only prompt) is encoded by its tokenizer, with labels on the answer. It was refused with advice about
+    image placeholders that did not apply."""
+    from loraflow.verify.sweep_vision import BUILDERS
+
+    _, processor = BUILDERS["paligemma"]()
+    record = Record({"messages": [{"role": "user", "content": "Say abc."},
+                                  {"role": "assistant", "content": "abc"}]}, "data.jsonl line 3")
+    row = tokenize_record(record, "auto", processor)
+    assert learned_text(row, processor) == "abc<|end|>"
+    assert not row.images

@@ -130,6 +130,10 @@ def _encode(processor, text: str, images: list[Any], chat: Chat, origin: str) ->
         # The template already wrote any BOS it wants; adding special tokens again would double it.
         out = processor(text=[text], images=images or None, add_special_tokens=False, return_tensors="pt")
     except Exception as exc:  # a placeholder count that does not match the images, an image it cannot resize
+        if not images and not chat.parts:
+            # A processor that demands images (PaliGemma's) for a text-only sample: its tokenizer encodes it, as
+            # the model reads a text-only row without pixel values.
+            return dict(processor.tokenizer([text], add_special_tokens=False, return_tensors="pt"))
         raise DataError(f"{origin}: the processor could not encode this sample's text with its {len(images)} "
                         f"image(s) ({type(exc).__name__}: {exc}). Image parts: {', '.join(chat.parts) or 'none'}. "
                         "The chat template must render one placeholder per image part (many render images only in "
