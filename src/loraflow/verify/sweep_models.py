@@ -67,8 +67,8 @@ def model_dir(family: str, root: Path | None = None) -> Path:
 
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; the sweep's families are {', '.join(FAMILIES)}")
-    # An image-text family's builder is code, not sizes: its source is the key.
-    sizes = FAMILY_SIZES[family] if family in FAMILY_SIZES else inspect.getsource(sweep_vision.BUILDERS[family])
+    # An image-text family's builder is code, not sizes: the builders' source is the key.
+    sizes = FAMILY_SIZES[family] if family in FAMILY_SIZES else inspect.getsource(sweep_vision)
     key = hashlib.sha256(json.dumps([family, COMMON, sizes, transformers.__version__],
                                     sort_keys=True).encode()).hexdigest()[:10]
     out = (root or cache_root()) / f"{family}-{key}"
