@@ -38,7 +38,7 @@ CI_SLICE = [
     {"stage": "rm", "adapter": "full", "family": "phi3", "logits": "full"},
     {"stage": "grpo", "adapter": "nf4", "checkpointing": "non-reentrant", "family": "qwen3"},
     {"stage": "ppo", "targets": "attention", "family": "mistral", "precision": "bf16"},
-    {"family": "qwen2_moe", "packing": "on", "checkpointing": "every-2"},
+    {"family": "qwen2_moe", "packing": "on", "checkpointing": "every-2", "targets": "experts"},
     {"stage": "dpo-adapters-disabled", "engine": "zero3", "family": "granite", "precision": "bf16-mixed"},
     {"stage": "dpo-copy", "engine": "fsdp2", "family": "olmo2", "targets": "lm_head"},
     {"stage": "sft", "engine": "zero2", "adapter": "int8", "family": "gemma"},
@@ -50,7 +50,7 @@ CI_SLICE = [
     {"family": "mllama", "engine": "fsdp2", "towers": "vision-adapter"},
     {"stage": "dpo-adapters-disabled", "family": "paligemma", "adapter": "nf4", "engine": "ddp"},
 ]
-"""The CI slice: partial setups (the rest DEFAULT) chosen so that every stage, family, adapter, engine, precision
+"""The CI slice: partial setups (the rest DEFAULT) chosen so that every stage, family, adapter, targets, engine, precision
 and towers value appears, and the cells the issue's first failures came from (bf16-mixed with a vision encoder
 trained in full)."""
 

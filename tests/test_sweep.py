@@ -22,7 +22,8 @@ def test_the_covering_set_has_every_pair_of_values_that_can_meet(seed):
         for va, vb in itertools.product(space.AXES[a], space.AXES[b]):
             if space.can_meet(a, va, b, vb):
                 assert (a, va, b, vb) in seen, (a, va, b, vb)
-    assert len(setups) < 150  # a covering set, not the product
+    # A covering set, not the product: at least families x stages (20 x 7) setups, far under the product.
+    assert len(setups) < 200
 
 
 def test_a_sweep_has_the_setups_asked_for_and_the_seed_decides_them():
@@ -73,7 +74,7 @@ def test_the_ci_slice_trains_or_refuses_every_setup_and_resumes(tmp_path):
     done = [r for r in records if "start" not in r]
     assert summary["setups"] == len(done) and summary["accepted"] + summary["refused"] == len(done)
     assert summary["refused_by"].get("zero3-eval-trace") == 1  # ZeRO-3 with evaluation on the oldest DeepSpeed
-    for axis in ("stage", "family", "adapter", "engine", "precision", "deepspeed", "towers"):  # the slice spans these axes
+    for axis in ("stage", "family", "adapter", "targets", "engine", "precision", "deepspeed", "towers"):  # the slice spans these axes
         assert {r["setup"][axis] for r in done} == set(space.AXES[axis]), axis
     assert "| value | setups | accepted |" in (tmp_path / "table.md").read_text()
     before = (out / "results.jsonl").read_text()

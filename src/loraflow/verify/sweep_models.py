@@ -43,6 +43,8 @@ FAMILY_SIZES: dict[str, dict[str, Any]] = {
 """model_type -> the keys beyond COMMON its tiny config needs."""
 
 TEXT_FAMILIES = tuple(FAMILY_SIZES)
+EXPERT_FAMILIES = ("qwen2_moe", "mixtral")
+"""Mixtures of experts: their fused expert weights are an adapter target of their own (`experts`)."""
 FAMILIES = TEXT_FAMILIES + sweep_vision.FAMILIES
 """Text families, then the image-text ones (built with their processors by sweep_vision)."""
 

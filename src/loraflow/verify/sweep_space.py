@@ -16,13 +16,13 @@ import random
 from pathlib import Path
 from typing import Any
 
-from loraflow.verify.sweep_models import FAMILIES, image_text
+from loraflow.verify.sweep_models import EXPERT_FAMILIES, FAMILIES, image_text
 
 AXES: dict[str, tuple[str, ...]] = {
     "stage": ("sft", "rm", "dpo-adapters-disabled", "dpo-copy", "dpo-precomputed", "grpo", "ppo"),
     "family": FAMILIES,
     "adapter": ("lora", "dora", "full", "nf4", "int8"),
-    "targets": ("attention", "all-linear", "lm_head", "embeddings"),
+    "targets": ("attention", "all-linear", "lm_head", "embeddings", "experts"),
     "checkpointing": ("off", "reentrant", "non-reentrant", "mlp", "every-2", "offload"),
     "precision": ("fp32", "bf16-mixed", "bf16"),
     "engine": ("single", "ddp", "zero2", "zero3", "zero3-offload", "fsdp2"),
@@ -33,8 +33,9 @@ AXES: dict[str, tuple[str, ...]] = {
 }
 """Axis -> its values. nf4 and int8 are LoRA on a base loaded in 4 or 8 bits (bitsandbytes). targets `lm_head` and
 `embeddings` are every attention and MLP linear layer (by name: sweep_models.linear_names) plus the output head or
-the input embeddings as adapter targets. checkpointing `mlp` is non-reentrant with granularity mlp, `every-2` checkpoints every other layer, `offload` moves saved activations to
-the CPU (with non-reentrant checkpointing). deepspeed `oldest` runs in the legacy environment (the oldest DeepSpeed
+the input embeddings as adapter targets; `experts` (mixtures of experts only) is the attention layers plus the fused
+expert weights (adapter.target_modules' `experts`). checkpointing `mlp` is non-reentrant with granularity mlp,
+`every-2` checkpoints every other layer, `offload` moves saved activations to the CPU (with non-reentrant checkpointing). deepspeed `oldest` runs in the legacy environment (the oldest DeepSpeed
 release loraflow accepts). towers (image-text families only) is what trains beside the language model's adapters:
 `auto` (the vision encoder and projector frozen), `vision-full` (both trained in full, MiniCPM-V's setup),
 `vision-adapter` (the encoder adapted, the projector trained in full)."""
@@ -70,14 +71,27 @@ def applies(axis: str, setup: dict[str, str]) -> bool:
     return image_text(value)  # towers
 
 
+VALUE_NEEDS = {("targets", "experts"): ("family", EXPERT_FAMILIES)}
+"""An axis value that exists only next to some values of another axis (the experts of a mixture of experts)."""
+
+
 def voided(partial: dict[str, str]) -> bool:
     """Whether a value the partial setup sets away from DEFAULT means nothing next to its other values."""
-    return any(v != DEFAULT[a] and not applies(a, partial) for a, v in partial.items())
+    return any(v != DEFAULT[a] and not applies(a, partial) for a, v in partial.items()) or any(
+        partial.get(a) == v and other in partial and partial[other] not in allowed
+        for (a, v), (other, allowed) in VALUE_NEEDS.items())
+
+
+def satisfiable(partial: dict[str, str]) -> bool:
+    """Whether some values of the deciding axes the partial setup leaves unset make none of its values void."""
+    free = sorted({d for d in (*DECIDED_BY.values(), *(o for o, _ in VALUE_NEEDS.values())) if d not in partial})
+    return any(not voided({**partial, **dict(zip(free, values))})
+               for values in itertools.product(*(AXES[d] for d in free)))
 
 
 def can_meet(a: str, va: str, b: str, vb: str) -> bool:
     """Whether axis values a=va and b=vb can appear in one setup."""
-    return not voided({a: va, b: vb})
+    return satisfiable({a: va, b: vb})
 
 
 def complete(partial: dict[str, str]) -> dict[str, str]:
@@ -85,6 +99,9 @@ def complete(partial: dict[str, str]) -> dict[str, str]:
     setup = {axis: partial.get(axis, DEFAULT[axis]) for axis in AXIS_NAMES}
     for axis in AXIS_NAMES:
         if not applies(axis, setup):
+            setup[axis] = DEFAULT[axis]
+    for (axis, value), (other, allowed) in VALUE_NEEDS.items():
+        if setup[axis] == value and setup[other] not in allowed:
             setup[axis] = DEFAULT[axis]
     return setup
 
@@ -116,7 +133,7 @@ def all_pairs(seed: int) -> list[dict[str, str]]:
             best, score = [], -1
             for value in AXES[axis]:
                 trial = {**partial, axis: value}
-                if voided(trial):
+                if not satisfiable(trial):
                     continue  # this value would void one already chosen (packing outside SFT), or not apply
                 gain = sum((x, trial[x], y, trial[y]) in uncovered or (y, trial[y], x, trial[x]) in uncovered
                            for x, y in itertools.combinations(trial, 2) if axis in (x, y))
@@ -176,7 +193,7 @@ def targets(setup: dict[str, str]) -> str:
         return "[all-linear]"
     attention, mlp = linear_names(setup["family"])
     names = {"attention": attention, "lm_head": (*attention, *mlp, "lm_head"),
-             "embeddings": (*attention, *mlp, "embed_tokens")}[setup["targets"]]
+             "embeddings": (*attention, *mlp, "embed_tokens"), "experts": (*attention, "experts")}[setup["targets"]]
     return f"[{','.join(names)}]"
 
 
