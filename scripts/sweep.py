@@ -49,6 +49,11 @@ CI_SLICE = [
     {"stage": "dpo-copy", "family": "idefics3", "towers": "vision-adapter", "engine": "zero3"},
     {"family": "mllama", "engine": "fsdp2", "towers": "vision-adapter"},
     {"stage": "dpo-adapters-disabled", "family": "paligemma", "adapter": "nf4", "engine": "ddp"},
+    {"stage": "dpo-copy", "family": "qwen2_vl", "towers": "vision-full"},
+    {"family": "qwen2_5_vl", "engine": "zero3", "towers": "vision-adapter"},
+    {"family": "gemma3", "precision": "bf16-mixed", "checkpointing": "reentrant"},
+    {"family": "llava_next", "engine": "ddp", "adapter": "dora"},
+    {"stage": "dpo-precomputed", "family": "llava_onevision", "engine": "fsdp2"},
 ]
 """The CI slice: partial setups (the rest DEFAULT) chosen so that every stage, family, adapter, targets, engine, precision
 and towers value appears, and the cells the issue's first failures came from (bf16-mixed with a vision encoder
