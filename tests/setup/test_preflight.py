@@ -228,3 +228,28 @@ def test_a_processor_whose_video_part_cannot_be_built_loads_without_it(tmp_path,
     with pytest.raises(ConfigError) as err:
         load_processor(load_config(None, []), str(tmp_path))
     assert f"cannot load an image-text processor from {tmp_path}" in str(err.value)
+
+
+@pytest.mark.parametrize("processor_class,package", [("PixtralProcessor", "torchvision"),
+                                                     ("SmolVLMProcessor", "num2words")])
+def test_a_processor_that_needs_a_missing_package_for_its_image_parts_names_it(tmp_path, processor_class, package):
+    """Mistral3's Pixtral processor imports torchvision for its image part; SmolVLM's, once built without its video
+    part, needs num2words: refused before the model loads, naming the package (Pixtral's raised transformers' own
+    ImportError past loraflow)."""
+    import importlib.util
+    import json
+
+    from loraflow.config import load_config
+    from loraflow.errors import ConfigError
+    from loraflow.setup.processor import load_processor
+
+    for name in TOKENIZER_FILES:
+        shutil.copy(ASSETS / "tiny-base" / name, tmp_path / name)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": processor_class.replace("Processor", "ImageProcessor"),
+        "processor_class": processor_class}))
+    if importlib.util.find_spec(package) is not None:  # a stack that has it gets past this point
+        return
+    with pytest.raises(ConfigError) as err:
+        load_processor(load_config(None, []), str(tmp_path))
+    assert f"transformers needs {package} to build it" in str(err.value)

@@ -41,8 +41,8 @@ def load_processor(config: Config, model_path: str):
             processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust)
     except (ImportError, OSError, ValueError) as exc:
         processor = _without_video(path, trust, exc)
-        if processor is None:
-            raise _load_error(path, exc) from None
+        if not hasattr(processor, "image_processor"):  # None, or the error that blocks the image parts too
+            raise _load_error(path, processor or exc) from None
     if not hasattr(processor, "tokenizer") or not hasattr(processor, "image_processor"):
         raise ConfigError([f"{path} holds a {type(processor).__name__}, not an image-text processor (a tokenizer and "
                            "an image processor); set model.tokenizer to the model's processor."])
@@ -51,12 +51,17 @@ def load_processor(config: Config, model_path: str):
     return processor
 
 
+PACKAGE_NAMED = re.compile(r"requires the (\S+) library|Package `([^`]+)` is required|No module named '([^'.]+)")
+"""How transformers' import errors name the missing package."""
+
+
 def _load_error(path: str, exc: BaseException) -> ConfigError:
     said = _first_line(exc)
     if isinstance(exc, ImportError):
-        package = re.search(r"requires the (\S+) library", said)
+        found = PACKAGE_NAMED.search(" ".join(str(exc).split()))
+        package = next((g for g in found.groups() if g), None) if found else None
         return ConfigError([f"cannot load the image-text processor at {path}: transformers needs "
-                            f"{package.group(1).lower() if package else 'a package that is not installed'} to build "
+                            f"{package.lower() if package else 'a package that is not installed'} to build "
                             f"it ({said.rstrip('.')}). Install it (built for this torch {torch.__version__})."])
     return ConfigError([f"cannot load an image-text processor from {path} ({said}). An image-text model needs its "
                         "processor (preprocessor_config.json beside the tokenizer); set model.tokenizer to a "
@@ -77,19 +82,25 @@ def _processor_class(path: str, trust: bool):
         if name:
             return processor_class_from_name(name)
         return PROCESSOR_MAPPING.get(type(AutoConfig.from_pretrained(path, trust_remote_code=trust)))
-    except (OSError, ValueError, KeyError):
+    except (ImportError, OSError, ValueError, KeyError):  # a class that cannot even be imported here
         return None
 
 
 def _without_video(path: str, trust: bool, exc: BaseException):
-    """The processor without its video part, where that part is what failed to build; else None."""
+    """The processor without its video part, where that part is what failed to build; else None, or the
+    ImportError that blocks its image parts too (SmolVLM's needs num2words)."""
     cls = _processor_class(path, trust)
-    if cls is None or VIDEO_PART not in cls.get_attributes():
+    try:
+        if cls is None or VIDEO_PART not in cls.get_attributes():
+            return None
+    except ImportError:  # a stand-in for a class whose module needs a missing package (Pixtral's: torchvision)
         return None
     try:
-        with quiet():
-            processor = image_only(cls).from_pretrained(path, trust_remote_code=trust)
-    except (ImportError, OSError, ValueError, TypeError):
+        with quiet():  # video_processor=None: some (SmolVLM's) take it as a required argument
+            processor = image_only(cls).from_pretrained(path, trust_remote_code=trust, video_processor=None)
+    except ImportError as blocked:
+        return blocked
+    except (OSError, ValueError, TypeError):
         return None
     processor.video_source = Path(path)
     log.info("%s: %s loaded without its video processor (%s); loraflow reads images only", path, cls.__name__,
