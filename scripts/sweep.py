@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from loraflow.verify import sweep_space as space  # noqa: E402
+from loraflow.verify.side_envs import setup_script, side_python  # noqa: E402
 from loraflow.verify.sweep_judge import ordered  # noqa: E402
 
 CI_SLICE = [
@@ -61,15 +62,11 @@ trained in full)."""
 
 
 def legacy_python() -> str:
-    found = os.environ.get("LORAFLOW_LEGACY_PYTHON")
-    if found:
-        return found
-    where = subprocess.run(["bash", str(ROOT / "scripts" / "setup_legacy_venv.sh"), "--where"],
-                           capture_output=True, text=True, check=True).stdout.strip()
-    if not Path(where).is_file():
+    where = side_python("legacy")
+    if not where.is_file():
         raise SystemExit(f"the oldest-DeepSpeed setups need the legacy environment ({where}); build it with "
-                         "bash scripts/setup_legacy_venv.sh")
-    return where
+                         f"bash {setup_script('legacy').relative_to(ROOT)}")
+    return str(where)
 
 
 def read_results(path: Path) -> tuple[dict[str, dict], str | None]:

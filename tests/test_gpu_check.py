@@ -18,6 +18,7 @@ from packaging.version import Version
 
 from loraflow.environment import declared_floors, too_old
 from loraflow.verify import device_grads
+from loraflow.verify.side_envs import side_python
 
 STEPS = ("env", "grads", "demo", "qlora", "vision", "peers")
 SETUP_FLOOR = "bash scripts/setup_floor_venv.sh"
@@ -28,18 +29,9 @@ def tested_stack(gpu_check_quick):
     return gpu_check_quick
 
 
-def floor_python() -> Path:
-    """$LORAFLOW_FLOOR_PYTHON (scripts/test.sh exports it), else where the setup script puts it."""
-    if os.environ.get("LORAFLOW_FLOOR_PYTHON"):
-        return Path(os.environ["LORAFLOW_FLOOR_PYTHON"])
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "setup_floor_venv.sh"), "--where"], capture_output=True,
-                          text=True, timeout=60)
-    return Path(proc.stdout.strip())
-
-
 @pytest.fixture(scope="module")
 def floor_stack(tmp_path_factory):
-    python = floor_python()
+    python = side_python("floor")
     if not python.is_file():  # built before pytest (scripts/test.sh), never inside a test's timeout
         pytest.fail(f"the floor environment is missing ({python}): build it with `{SETUP_FLOOR}`")
     return run_gpu_check(tmp_path_factory.mktemp("gpu-check-floor"), str(python), FLOOR_STEPS)

@@ -9,36 +9,23 @@ to reentrant checkpointing plus the input-grad hook for that version, gives the 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
 
 from loraflow.engines.launch import launch_env, run_isolated
 from loraflow.setup.model import ASSETS
 from loraflow.verify.crosscheck import Cell, compare, worker_argv
+from loraflow.verify.side_envs import side_python
 
 SETUP = "bash scripts/setup_legacy_venv.sh"
-
-
-def locate_legacy_python() -> Path:
-    """The legacy interpreter: $LORAFLOW_LEGACY_PYTHON (scripts/test.sh exports it), else where the setup script
-    puts it (its --where answer: the cache directory keyed by what goes into the environment)."""
-    if os.environ.get("LORAFLOW_LEGACY_PYTHON"):
-        return Path(os.environ["LORAFLOW_LEGACY_PYTHON"])
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "setup_legacy_venv.sh"), "--where"], capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return Path(proc.stdout.strip())
 
 
 @pytest.fixture(scope="module")
 def legacy_python() -> str:
     # Built once by a setup step before pytest (it takes minutes; CI caches it between runs), never here.
-    legacy = locate_legacy_python()
+    legacy = side_python("legacy")
     if not legacy.is_file():
         pytest.fail(f"the DeepSpeed 0.15.3 environment is missing ({legacy} does not exist): build it with "
                     f"`{SETUP}` (scripts/test.sh runs it before pytest), then run the tests again")
