@@ -166,7 +166,12 @@ def _quantization(config: Config, info: ModelInfo, head: str, final: Combination
     else:
         storage = torch.uint8 if q.storage_dtype == "auto" else getattr(torch, q.storage_dtype)
     head_name = "score" if head == "score" else info.lm_head_name
-    skip = tuple(dict.fromkeys([n for n in (head_name,) if n] + list(modules_to_save)))
+    # An image-text model quantizes its language model only. Its vision encoder and projector are a few percent of
+    # the weights, so quantizing them saves little while degrading the image features a frozen tower feeds the
+    # adapters (llm-compressor's vision-language recipes leave them unquantized for that reason), and
+    # bitsandbytes' CPU 8-bit matmul reshapes only 3-D inputs: Mllama's projector takes 5-D ones and crashed.
+    vision = [r for t in (info.towers or {}).values() if t.name != "language" for r in t.roots] + list(info.unreached)
+    skip = tuple(dict.fromkeys([n for n in (head_name,) if n] + list(modules_to_save) + vision))
     return Quantization(method=q.method, double_quant=q.double_quant, compute_dtype=compute, storage_dtype=storage,
                         skip_modules=skip, cpu_repack=final.quant_cpu_repack)
 

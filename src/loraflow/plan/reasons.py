@@ -122,7 +122,8 @@ def _quantization(plan: Plan, changed_by: dict[str, str]) -> list[Decision]:
                                                                          q.double_quant else "")
     out = [Decision("quantization", f"{kind}; unquantized: {', '.join(q.skip_modules) or 'none'}",
                     f"model.quantization.method={q.method}: the frozen linear layers load quantized by bitsandbytes "
-                    f"({q.formula()}); the head and modules trained in full stay in "
+                    f"({q.formula()}); the head, modules trained in full"
+                    f"{' and the vision encoder and projector' if plan.towers else ''} stay in "
                     f"{_dt(plan.load_dtype)}")]
     if q.bits == 4:
         out.append(Decision("quantization.compute_dtype", q.compute_dtype,

@@ -4,7 +4,8 @@ loading, the reference run, merging and the memory report share.
 bitsandbytes replaces each frozen `nn.Linear` of the base with `Linear4bit` (NF4/FP4, weights packed two to a byte
 in a storage dtype, one absmax scale per 64 weights, optionally quantized again: "double quantization") or
 `Linear8bitLt` (LLM.int8: int8 weights, one scale per row). The adapters, the output or score head and every module
-trained in full stay ordinary float modules: `skip_modules`.
+trained in full stay ordinary float modules (`skip_modules`), as do an image-text model's vision encoder and
+projector (plan._quantization says why).
 """
 
 from __future__ import annotations
