@@ -160,13 +160,18 @@ def _tower_units(roots: list[torch.nn.Module]) -> Iterator[torch.nn.Module]:
     from transformers import PreTrainedModel
 
     for root in roots:
+        if isinstance(root, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            # A container has no forward for fully_shard to hook (Qwen2.5-VL's vision blocks are a root when its
+            # merger, inside the same encoder, is left out): its members are the units, where not units already.
+            yield from _tower_units([m for m in root.children() if not any(_is_fsdp(x) for x in m.modules())])
+            continue
         if not isinstance(root, PreTrainedModel):
             if not _is_fsdp(root):
                 yield root
             continue
         for child in list(root.children()):
             if any(True for _ in child.parameters()) and not any(_is_fsdp(m) for m in child.modules()):
-                yield child
+                yield from _tower_units([child])  # a container child (its blocks) gives its members
 
 
 def _frozen_base_layers(layer: torch.nn.Module) -> list[torch.nn.Module]:
