@@ -109,6 +109,10 @@ FAMILIES: dict[str, Family] = {
     # pixel_values [n_images, n_patches, C, H, W], whose all-zero padding patches the model drops; image_sizes
     # [n_images, 2].
     "llava_next": replace(_LLAVA, image_inputs=("pixel_values", "image_sizes")),
+    # As LLaVA-NeXT, with batch_num_images [n_rows]: how many images each row holds.
+    "llava_onevision": replace(_LLAVA, image_inputs=("pixel_values", "image_sizes", "batch_num_images")),
+    # Pixtral's images keep their own sizes: pixel_values [n_images, C, H, W] padded, image_sizes [n_images, 2].
+    "mistral3": replace(_LLAVA, image_inputs=("pixel_values", "image_sizes")),
     # token_type_ids: 1 on image tokens. boi_token / eoi_token name its framing tokens.
     "gemma3": replace(_LLAVA, image_inputs=("pixel_values", "token_type_ids"),
                       image_token_words=("image", "boi", "eoi"), framing_tokens=("<start_of_image>", "<end_of_image>")),
