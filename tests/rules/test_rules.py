@@ -63,6 +63,12 @@ CASES = {
     "bf16-lost-updates": (
         BASE.replace(adapter="dora", precision="bf16"),
         BASE.replace(adapter="lora", precision="bf16")),
+    "sharded-tied-adapters": (
+        ZERO3.replace(tied_embeddings=True, lm_head_trainable=True, weight_tying_enforced=True),
+        ZERO3.replace(tied_embeddings=True, embeddings_trainable=True, weight_tying_enforced=True)),
+    "fsdp2-reentrant-cross-attention": (
+        FSDP2.replace(image_text=True, image_cross_attention=True, checkpointing="all", reentrant=True),
+        FSDP2.replace(image_text=True, image_cross_attention=True, checkpointing="all", reentrant=False)),
     "zero3-eval-trace": (
         ZERO3.replace(evaluates=True, versions=OLD_DS),
         ZERO3.replace(evaluates=True, versions={"deepspeed": Version("0.15.4")})),

@@ -243,3 +243,32 @@ register(Rule(
         tells_apart="FSDP2 with GRPO/PPO rollouts from model.generate (not vLLM); the traceback runs through "
                     "generation/utils.py"),
 ))
+
+register(Rule(
+    id="fsdp2-reentrant-cross-attention",
+    title="FSDP2 with reentrant checkpointing breaks image cross-attention layers",
+    verdict="fix",
+    impact="crash",
+    conditions="FSDP2, reentrant checkpointing, a model whose images enter the language model through "
+               "cross-attention layers (Mllama)",
+    knobs=("engine", "reentrant", "image_cross_attention"),
+    when=lambda s: s.engine == "fsdp2" and s.image_cross_attention and s.checkpointed and s.reentrant is True,
+    cause=("Mllama computes its image states once, outside the decoder layers, and hands them to each "
+           "cross-attention layer as a keyword argument. Reentrant checkpointing detaches only positional inputs, "
+           "so the recompute in backward reaches the image states' graph through the layer, beside FSDP2's own "
+           "backward hooks on the vision units, and the first backward fails: `Trying to backward through the "
+           "graph a second time` (the composition sweep: any adapter and tower setting; one process, DDP and "
+           "non-reentrant checkpointing train; torch 2.13, transformers 5.23)."),
+    fix="loraflow checkpoints these models non-reentrantly under FSDP2 (checkpointing.reentrant=false).",
+    remedy=lambda s: {"reentrant": False},
+    elsewhere="use non-reentrant checkpointing (gradient_checkpointing_kwargs={'use_reentrant': False}) with FSDP2 "
+              "on Mllama",
+    references=("torch/utils/checkpoint.py (CheckpointFunction: only positional tensor inputs are detached)",
+                "transformers/models/mllama/modeling_mllama.py (cross_attention_states passed to each layer)"),
+    fixed_in=None,
+    log=LogSigns(
+        messages=(Message(r"Trying to backward through the graph a second time", "generic",
+                          "torch/autograd/graph.py: saved tensors freed"),),
+        evidence=(Evidence("fsdp", 2, "FSDP is in use"),),
+        tells_apart="an Mllama model (cross-attention image layers) under FSDP2 with reentrant checkpointing"),
+))

@@ -444,3 +444,40 @@ register(Rule(
         tells_apart="pure bf16 asked for (LLaMA-Factory pure_bf16, a model cast to bf16 with no autocast) while "
                     "DeepSpeed ZeRO 1-3 holds the optimizer"),
 ))
+
+
+register(Rule(
+    id="sharded-tied-adapters",
+    title="Adapters tied across tied embeddings cannot be sharded",
+    verdict="error",
+    impact="crash",
+    conditions="DeepSpeed ZeRO (stage 1-3) or FSDP with adapters (LoRA/DoRA) on a model whose embeddings and "
+               "output head are tied (tie_word_embeddings=True), with lm_head trained",
+    knobs=("engine", "zero_stage", "tied_embeddings", "lm_head_trainable"),
+    when=lambda s: (s.tied_embeddings and s.adapter != "full" and s.lm_head_trainable
+                    and (s.engine in ("fsdp1", "fsdp2") or (s.engine == "deepspeed" and s.zero_stage >= 1))),
+    cause=("Trained copies of tied embeddings must stay tied (rule tied-embedding-adapter), and PEFT ties them by "
+           "making the output head's adapter matrices transposed views of the embedding adapter's "
+           "(peft/tuners/lora/model.py, tied_adapter: lora_A = emb_B.t()): two parameters over one storage, one "
+           "of them non-contiguous. A sharding engine copies each parameter into its own flat or sharded buffer: "
+           "FSDP2 refuses the non-contiguous one (`NotImplementedError: FSDP does not support non-contiguous "
+           "parameters yet`), DeepSpeed 0.19 cannot view it as bytes (`self.stride(-1) must be 1 to view Float "
+           "as Byte`), and DeepSpeed 0.15.3 trains the two copies apart, so the saved adapter's head and "
+           "embedding no longer agree (the composition sweep, on Gemma, Gemma3 and PaliGemma, which tie by "
+           "default; torch 2.13, peft 0.21)."),
+    fix="Use parallel.engine=ddp (or one process), or leave lm_head out of adapter.target_modules and "
+        "adapter.train_modules on this tied model (an adapter on embed_tokens alone is not tied to the head).",
+    elsewhere="don't adapt the tied output head when sharding, or untie the embeddings (tie_word_embeddings=False, "
+              "which changes the model)",
+    references=("https://github.com/huggingface/peft/pull/2879 (adapters on tied embeddings, ensure_weight_tying)",
+                "torch/distributed/fsdp/_fully_shard/_fsdp_param.py (non-contiguous parameters refused)"),
+    fixed_in=None,
+    log=LogSigns(
+        messages=(Message(r"FSDP does not support non-contiguous parameters", "own",
+                          "torch/distributed/fsdp/_fully_shard/_fsdp_param.py", "torch 2.13 (seen)"),
+                  Message(r"must be 1 to view Float as Byte", "shared",
+                          "deepspeed flattening a non-contiguous parameter", "deepspeed 0.19 (seen)")),
+        tells_apart="a non-contiguous parameter where the engine flattens or shards: PEFT's transposed tied "
+                    "adapters on lm_head"),
+))
+

@@ -31,7 +31,7 @@ FAMILY_SIZES: dict[str, dict[str, Any]] = {
     "mistral": {"sliding_window": None},
     "qwen2": {},
     "qwen3": {},
-    "gemma": {},
+    "gemma": {"tie_word_embeddings": True},  # tied, as Gemma's checkpoints are (and small Llama and Qwen ones)
     "gemma2": {"sliding_window": 64, "final_logit_softcapping": 30.0},  # a family whose logits are transformed
     "phi3": {},
     "olmo2": {},
