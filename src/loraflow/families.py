@@ -57,6 +57,9 @@ class Family:
     """Words in the names of its processor's attributes that hold an image token (`<word>...token`, or its `_id`)."""
     framing_tokens: tuple[str, ...] = ()
     """Tokens that frame an image which its processor does not name as attributes."""
+    image_cross_attention: bool = False
+    """Images reach the language model through cross-attention layers fed a tensor computed outside them (Mllama),
+    not as image tokens in the sequence."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_transforms", MappingProxyType(dict(self.logit_transforms)))
@@ -124,7 +127,7 @@ FAMILIES: dict[str, Family] = {
     # attends to (its cross-attention layers read the images; no image tokens are replaced).
     "mllama": Family(vision=("vision_model",), projector=("multi_modal_projector",),
                      image_inputs=("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask", "cross_attention_mask"),
-                     image_token_words=("image",)),
+                     image_token_words=("image",), image_cross_attention=True),
     "idefics3": _IDEFICS3,
     "smolvlm": _IDEFICS3,
     "minicpmv": Family(vision=("vpm",), projector=("resampler",)),  # MiniCPM-V (remote code)

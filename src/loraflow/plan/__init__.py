@@ -18,7 +18,7 @@ from loraflow.engines.deepspeed_config import DeepSpeedSettings, deepspeed_setti
 from loraflow.enginespec import ENGINES, engine_spec
 from loraflow.environment import Environment
 from loraflow.errors import ConfigError
-from loraflow.families import SUB_BLOCKS
+from loraflow.families import SUB_BLOCKS, family
 from loraflow.logprobs import FULL, HeadMode, chunk_tokens
 from loraflow.phases import stage_phases
 from loraflow.plan.reasons import explain_choices
@@ -258,6 +258,7 @@ def normalized_setup(config: Config, env: Environment, info: ModelInfo, modules_
         tower_input_hook=info.image_text,
         towers_trainable=any(train.get(t) in ("full", "adapter") for t in ("vision", "projector")),
         towers_full="full" in (train.get("vision"), train.get("projector")),
+        image_cross_attention=info.image_text and family(info.model_type).image_cross_attention,
         # What PEFT alone would do with an image-text model: match adapter targets across every tower.
         targets_all_towers=info.image_text and config.adapter.method != "full",
         versions=dict(env.versions),

@@ -102,6 +102,8 @@ class Combination:
     """The vision encoder or projector has trainable weights (trained in full, or adapted)."""
     towers_full: bool = False
     """The vision encoder or projector is trained in full (every weight, as PEFT's modules_to_save)."""
+    image_cross_attention: bool = False
+    """Images reach the language model through cross-attention layers fed a tensor computed outside them (Mllama)."""
     image_every_rank: bool = False
     """Every rank runs the vision encoder on every micro-batch (a blank image where its batch has none), so the
     towers' collectives and gradients are the same on every rank."""
