@@ -18,8 +18,8 @@ from loraflow.plan import resolve
 from loraflow.setup import build_model
 from loraflow.setup.checkpointing import checkpointed_layers, vision_layers
 
-# Families built from their configs only (their processors need torchvision or special tokens): the plan and
-# model-level checks. LLaVA and Idefics3 ship a processor here and go through the whole pipeline.
+# Families built from their configs only, for the plan- and model-level checks below (their processors and the whole
+# pipeline are the composition sweep's: loraflow.verify.sweep_vision). LLaVA and Idefics3 go through it here too.
 TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=128)
 CONFIG_ONLY = {
