@@ -30,7 +30,7 @@ def lora_config(config: Config, model: torch.nn.Module, modules_to_save: list[st
     saved adapter_config.json read the same translation."""
     from peft import LoraConfig
 
-    from loraflow.setup.model import fused_parameters
+    from loraflow.setup.modules import fused_parameters
 
     a = config.adapter
     extra: dict[str, Any] = {"ensure_weight_tying": True} if ensure_weight_tying else {}
@@ -70,7 +70,7 @@ def _expert_parameters(config: Config, model: torch.nn.Module, asked: list[str])
     """The fused expert parameters `experts` in `asked` stands for (none when it is absent); refused where the
     model has none, or where peft's parameter wrapper cannot carry the adapter asked."""
     from loraflow.errors import ConfigError
-    from loraflow.setup.model import fused_parameters, linear_names
+    from loraflow.setup.modules import fused_parameters, linear_names
 
     if EXPERTS_TARGET not in asked:
         return []
