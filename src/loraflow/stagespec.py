@@ -73,10 +73,6 @@ class StageSpec:
     min_group_size: int = 1
     """The smallest rl.group_size the loss makes sense with."""
 
-    def phase_names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.phases)
-
-
 def _phases(*middle: PhaseSpec) -> tuple[PhaseSpec, ...]:
     return (*middle, PhaseSpec(UPDATE, "trained", train=True))
 

@@ -47,8 +47,6 @@ class Framework:
     """Where a traceback runs through this framework's own code (`loraflow explain` names the framework)."""
     file_markers: frozenset[str] = frozenset()
     """Config-file keys only this framework uses (to recognise its YAML on a launch line or given to check)."""
-    release: str | None = None
-    """The name of its own release in `--versions` (trl, openrlhf, ms-swift, ...); None: no release of its own."""
     depends: tuple[tuple[str, str, dict[str, str]], ...] = ()
     """(package, release range, {dependency: range}): what a release range pins (requirements.txt), so the
     scenarios of `check` never pair a release with versions it cannot run with."""

@@ -202,5 +202,4 @@ def _recognise(view) -> bool:
 
 
 FRAMEWORK = Framework(name=NAME, title="DeepSpeed-Chat", module="deepspeed_chat", recognise=_recognise, flags=FLAGS,
-                      log_paths=r"dschat[/\\]|DeepSpeed-Chat|deepspeed_chat|applications[/\\]DeepSpeed-Chat",
-                      release="deepspeed-chat")
+                      log_paths=r"dschat[/\\]|DeepSpeed-Chat|deepspeed_chat|applications[/\\]DeepSpeed-Chat")

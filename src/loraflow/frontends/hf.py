@@ -465,4 +465,4 @@ def _recognise(view) -> bool:
 
 FRAMEWORK = Framework(name=NAME, title="HF Trainer / TRL", module="hf", recognise=_recognise, flags=FLAGS,
                       log_paths=r"trl[/\\]trainer[/\\]|transformers[/\\]trainer\.py|accelerate[/\\]accelerator\.py",
-                      release="trl", depends=trl_rel.DEPENDS)
+                      depends=trl_rel.DEPENDS)

@@ -347,4 +347,4 @@ def _recognise(view) -> bool:
 
 FRAMEWORK = Framework(name=NAME, title="ms-swift", module="ms_swift", recognise=_recognise, flags=FLAGS,
                       log_paths=r"[/\\]swift[/\\](llm|trainers|cli|rlhf_trainers)[/\\]|swift (sft|rlhf)",
-                      release="ms-swift", depends=DEPENDS)
+                      depends=DEPENDS)

@@ -252,4 +252,4 @@ def _recognise(view) -> bool:
 
 
 FRAMEWORK = Framework(name=NAME, title="OpenRLHF", module="openrlhf", recognise=_recognise, flags=FLAGS,
-                      log_paths=r"openrlhf[/\\]|openrlhf\.cli", release="openrlhf", depends=DEPENDS)
+                      log_paths=r"openrlhf[/\\]|openrlhf\.cli", depends=DEPENDS)

@@ -30,8 +30,6 @@ HOOK_SINCE = {"sft": "0.7.5", "dpo": "0.7.3", "kto": "0.8.0", "grpo": "0.16.0", 
 # GRPO/RLOO with use_transformers_paged: transformers' continuous-batching generator leaves the policy in eval mode
 # and TRL restored it only from 0.24.0 (PR #4065).
 PAGED_EVAL = {"grpo": (">=0.20.0,<0.24.0", "0.20.0"), "rloo": (">=0.22.0,<0.24.0", "0.22.0")}
-TRL_CURRENT = "1.9.0"
-"""The newest TRL release these defaults were read from."""
 # Newest TRL that installs with a transformers 4.x, from TRL's declared minimum (setup.cfg / pyproject.toml): 0.19
 # needs transformers >= 4.51.0, 0.21 >= 4.55.0, 0.23 >= 4.56.1, 0.27 up to 1.9 >= 4.56.2.
 _FOR_TRANSFORMERS = (("4.51.0", "0.18.2"), ("4.55.0", "0.20.0"), ("4.56.1", "0.22.2"), ("4.56.2", "0.26.2"))

@@ -101,8 +101,3 @@ def _covering(root: str, names: list[str], unreached: list[str]) -> list[str]:
     depth = root.count(".") + 1
     children = [n for n in names if n.startswith(root + ".") and n.count(".") == depth]
     return [m for child in children for m in _covering(child, names, unreached)]
-
-
-def frozen_roots(towers: list[TowerPlan]) -> list[str]:
-    """Module roots whose weights stay frozen under full fine-tuning (adapter.method=full with a frozen tower)."""
-    return [r for t in towers if t.train == "frozen" and t.name != "language" for r in t.roots]

@@ -224,10 +224,6 @@ def freeze_towers(model: torch.nn.Module, plan) -> None:
             p.requires_grad_(False)
 
 
-def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
 def adapter_modules(model: torch.nn.Module, with_modules: bool = False) -> dict[str, Any]:
     """Each adapter-carrying module (and each trained full copy) with its trainable parameters (or, with
     `with_modules`, the module itself)."""
