@@ -8,6 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from loraflow.environment import FRAMEWORK_RELEASES
 from loraflow.errors import LoraflowError
 from loraflow.stagespec import STAGE_NAMES as STAGES
 from loraflow.stagespec import stage_spec
@@ -303,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--framework", help="read FILE... as this framework's config (openrlhf, deepspeed-chat, hf, "
                                        "llama-factory, ms-swift, axolotl, deepspeed)")
     c.add_argument("--versions", metavar="PKG=VER,...", help="the versions the run used, e.g. deepspeed=0.15.3,"
-                   "torch=2.5.1,trl=0.12.2 (frameworks: openrlhf, ms-swift, llama-factory, axolotl, deepspeed-chat=DATE). "
+                   f"torch=2.5.1,trl=0.12.2 (frameworks: {', '.join(FRAMEWORK_RELEASES)}; deepspeed-chat=DATE). "
                    "Another framework's setup is checked over every release of what is not given; `installed` takes "
                    "this machine's. A loraflow config is checked against the installed versions unless given")
     c.add_argument("--json", action="store_true", help="machine-readable output")
