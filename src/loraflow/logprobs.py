@@ -228,18 +228,20 @@ def _selecting_head(model: torch.nn.Module, mask: torch.Tensor, targets: torch.T
 
 
 def learned_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], mode: HeadMode, *,
-                  temperature: float = 1.0, use_cache: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs [B, T-1] float32, 0 where not learned; mask [B, T-1]): position j holds
     log pi(labels[j + 1] | tokens <= j), as losses.token_logps computes from full logits."""
     inputs = model_inputs(batch)
     labels = batch["labels"]
     mask = labels[:, 1:] != IGNORE
+    # use_cache=False always: training never reads a KV cache, and writing one under recompute breaks checkpointing
+    # (the plan's `use_cache` decision, rule cache-during-recompute).
     if not mode.selected:
         from loraflow.losses import token_logps
 
-        return token_logps(model(**inputs, use_cache=use_cache).logits, labels, temperature)
+        return token_logps(model(**inputs, use_cache=False).logits, labels, temperature)
     targets = labels[:, 1:][mask]
     with _selecting_head(model, mask, targets, temperature, mode.chunk_tokens):
-        picked = model(**inputs, use_cache=use_cache).logits
+        picked = model(**inputs, use_cache=False).logits
     out = torch.zeros(mask.shape, dtype=torch.float32, device=picked.device)
     return out.masked_scatter(mask, picked), mask

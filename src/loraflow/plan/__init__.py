@@ -322,7 +322,6 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
                 load_dtype=load_dtype, trainable_dtype=trainable_dtype, autocast_dtype=autocast_dtype,
                 modules_to_save=modules_to_save, ensure_weight_tying=final.weight_tying_enforced,
                 checkpoint_layers=layers, reentrant=final.reentrant, input_grad_hook=final.input_grad_hook,
-                use_cache=False,
                 checkpoint_in_engine=bool(layers) and final.engine == "fsdp2" and not final.checkpoint_outside_shard
                 and block is None, checkpoint_block=block if layers else None,
                 offload_activations=config.checkpointing.offload_activations and env.device != "cpu",

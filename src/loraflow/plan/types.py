@@ -47,7 +47,6 @@ class Plan:
     checkpoint_layers: list[int] = field(default_factory=list)
     reentrant: bool | None = None
     input_grad_hook: bool = False
-    use_cache: bool = False
     checkpoint_in_engine: bool = False
     """FSDP2 with checkpointing inside the sharded unit: the engine wraps the layers, not transformers."""
     checkpoint_block: str | None = None

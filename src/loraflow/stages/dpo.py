@@ -32,7 +32,7 @@ REFERENCE_FILE = "reference_logps.pt"
 def pair_logps(plan, average: bool):
     """(model, pair batch) -> [P, 2] sequence log-probs of (chosen, rejected); IPO uses length-averaged ones."""
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logps = summed_logps(*learned_logps(model, batch, plan.logits, use_cache=plan.use_cache), average=average,
+        logps = summed_logps(*learned_logps(model, batch, plan.logits), average=average,
                              segments=batch.get("segments"), count=2 * int(batch["num_pairs"]))
         p = int(batch["num_pairs"])  # rows past the pairs' 2P (a blank image's row) are never scored
         return torch.stack([logps[:p], logps[p:2 * p]], dim=1)

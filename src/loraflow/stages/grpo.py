@@ -28,7 +28,7 @@ def loss_fn(plan):
     r = plan.config.rl
 
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int):
-        logps, mask = learned_logps(model, batch, plan.logits, temperature=r.temperature, use_cache=plan.use_cache)
+        logps, mask = learned_logps(model, batch, plan.logits, temperature=r.temperature)
         old = batch.get("old_logps", logps.detach())  # one update per rollout: the policy is the old policy
         loss, stats = grpo_loss(logps, old, batch.get("reference_logps"), batch["advantages"], mask,
                                 r.clip_eps, r.kl_coef, num_items)
@@ -50,7 +50,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     worker = RolloutWorker(plan, tokenizer, train, eval_split)
 
     def completion_logps(model, batch):  # the reference's, or the rollout policy's
-        return learned_logps(model, batch, plan.logits, temperature=r.temperature, use_cache=plan.use_cache)[0]
+        return learned_logps(model, batch, plan.logits, temperature=r.temperature)[0]
 
     def prepare(engine, batches, step):
         out = []

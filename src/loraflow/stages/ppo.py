@@ -37,8 +37,7 @@ def logps_and_values(model: torch.nn.Module, head, batch: dict[str, torch.Tensor
     """Per-token log-probs [S, T-1], their mask, and the critic's values aligned with them: the value of the
     state each token is sampled from (the hidden state one position before it; the value head reads every
     position's hidden state before the output head selects the learned ones)."""
-    logps, mask = learned_logps(model, batch, plan.logits, temperature=plan.config.rl.temperature,
-                                use_cache=plan.use_cache)
+    logps, mask = learned_logps(model, batch, plan.logits, temperature=plan.config.rl.temperature)
     return logps, mask, head.values[:, :-1]
 
 
@@ -70,7 +69,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     worker = RolloutWorker(plan, tokenizer, train, eval_split)
 
     def reference_logps(ref_model, batch):
-        return learned_logps(ref_model, batch, plan.logits, temperature=r.temperature, use_cache=plan.use_cache)[0]
+        return learned_logps(ref_model, batch, plan.logits, temperature=r.temperature)[0]
 
     def prepare(engine, batches, step):
         out, masks = [], []

@@ -25,18 +25,18 @@ from loraflow.stages.pairs import eval_pairs, pair_collate
 from loraflow.stagespec import EVALUATION
 
 
-def scores(model: torch.nn.Module, batch: dict[str, torch.Tensor], use_cache: bool) -> torch.Tensor:
+def scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """[2P] scores: the head's output at each answer's last token (chosen first). Unpacked, that is what the model
     returns (its last non-pad token); packed rows hold several answers, so the head's per-position output is read
     at each one's end (data.preference.sequence_ends)."""
     if "segments" not in batch:
-        return model(**model_inputs(batch), use_cache=use_cache).logits.squeeze(-1).float()
+        return model(**model_inputs(batch), use_cache=False).logits.squeeze(-1).float()
     head = score_head(model)
     seen: list[torch.Tensor] = []
     # The module's own output (after any engine's hooks on it), so ZeRO-3 still gathers the head for backward.
     handle = head.register_forward_hook(lambda module, args, output: seen.append(output))
     try:
-        model(**model_inputs(batch), use_cache=use_cache)
+        model(**model_inputs(batch), use_cache=False)
     finally:
         handle.remove()
     # The model's own rule for unpacked rows (transformers' sequence classification): the last token that is not
@@ -56,9 +56,9 @@ def score_head(model: torch.nn.Module) -> torch.nn.Module:
     return head
 
 
-def loss_fn(use_cache: bool):
+def loss_fn():
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int):
-        r = scores(model, batch, use_cache)
+        r = scores(model, batch)
         p = r.shape[0] // 2
         margin = (r[:p] - r[p:]).detach()
         return pairwise_rm_loss(r[:p], r[p:], num_items), {"accuracy": float((margin > 0).sum()),
@@ -75,13 +75,13 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     def evaluate(engine) -> dict[str, Any]:
         def margins(batch):
             with phase(EVALUATION, engine.module), autocast(plan.device, plan.autocast_dtype):
-                r = scores(engine.module, batch, plan.use_cache)
+                r = scores(engine.module, batch)
             p = r.shape[0] // 2
             return r[:p] - r[p:]
 
         return eval_pairs(plan, engine, tokenizer, eval_split, margins, prefix="preference")
 
-    hooks = StageHooks(loss_fn(plan.use_cache), evaluate if eval_split is not None else None,
+    hooks = StageHooks(loss_fn(), evaluate if eval_split is not None else None,
                        collate=pair_collate(plan), count=pair_count)
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 

@@ -18,7 +18,7 @@ log = logging.getLogger("loraflow")
 
 def loss_fn(plan):
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int) -> torch.Tensor:
-        logps, _ = learned_logps(model, batch, plan.logits, use_cache=plan.use_cache)
+        logps, _ = learned_logps(model, batch, plan.logits)
         return sft_loss_from_logps(logps, num_items)
 
     return compute
