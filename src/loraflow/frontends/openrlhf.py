@@ -13,17 +13,28 @@ from loraflow.frontends import keys
 from loraflow.frontends.argv import (
     Command,
     command_from_script,
-    parse_bool,
     parse_flags,
     split_command,
 )
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, at_least, finish_world, int_value
+from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, int_value
+from loraflow.frontends.table import (
+    Default,
+    Field,
+    apply_table,
+    at_stage,
+    checkpointing_on,
+    empty_list,
+    fact,
+    stages,
+    switch,
+    zero_stage,
+)
 
 NAME = "openrlhf"
 CLI = "openrlhf/cli/train_sft.py"
-STAGES = {"train_sft": "sft", "train_rm": "rm", "train_dpo": "dpo", "train_ppo": "ppo", "train_ppo_ray": "ppo",
-          "train_kto": "dpo", "train_prm": "rm", "train_kd": "sft"}
+# Entry points openrlhf.cli.train_* -> loraflow stage (kto, prm, kd through table.STAGE_ALIASES).
+STAGES = stages("sft", "rm", "dpo", "ppo", "ppo_ray", "kto", "prm", "kd", prefix="train_")
 
 # Combination field -> (flat flag, dotted flag, PPO-dotted flag). None: that generation has no such flag.
 _FLAGS = {
@@ -101,29 +112,77 @@ def _eras(draft: Draft, cmd: Command, given: dict, style: int) -> None:
         draft.era("openrlhf", "<0.10.2", "flat flags (--zero_stage, --lora_rank) are the spelling before v0.10.2")
 
 
-def from_command(cmd: Command, versions: dict) -> FrontendResult:
-    name = entry(cmd)
-    if name not in STAGES:
-        raise LoraflowError(f"`{cmd.describe()}` is not an OpenRLHF training entry point loraflow reads; expected "
-                            f"openrlhf.cli.{{{','.join(STAGES)}}} (or an example script train_*.py of v0.3.5 and "
-                            "earlier).")
-    draft = Draft(NAME, versions)
+def _table(spelled: dict[str, str]) -> tuple[Field, ...]:
+    """What OpenRLHF's flags set, up to precision (whose two flag generations _precision reads); `spelled` names the
+    reentrant flag in the command's own style for the default's source."""
+    f = _FLAGS
+    lora = _adapter_is("lora")
+    return (
+        # Every trainer runs on DeepSpeed (openrlhf/utils/deepspeed/deepspeed.py), ZeRO stage 2 unless told otherwise.
+        fact("engine", "deepspeed", "OpenRLHF always trains through DeepSpeed (openrlhf/utils/deepspeed/deepspeed.py)"),
+        Field("zero_stage", f["zero_stage"], zero_stage, Default(2, f"default (OpenRLHF {CLI}: --zero_stage default 2)")),
+        Field("offload", f["offload"], switch),
+        Field("adapter", f["adapter"], _lora_rank,
+              Default("full", f"default (OpenRLHF {CLI}: --lora_rank 0 trains every weight)")),
+        # LoRA models get enable_input_require_grads() before get_peft_model (openrlhf/models/actor.py), since
+        # v0.1.5; before, get_peft_model ran before checkpointing was enabled, so PEFT added no hook either.
+        Field("input_grad_hook", when=lora, default=Default(
+            False, "OpenRLHF < 0.1.5 adds no input-grad hook (get_peft_model ran before checkpointing was enabled)",
+            since=(("openrlhf", HOOK_SINCE, True, "OpenRLHF >= 0.1.5 calls enable_input_require_grads() for LoRA "
+                    "(openrlhf/models/actor.py)"),))),
+        Field("matched_modules", f["matched_modules"], empty_list, suffix=" (empty list)"),
+        Field("checkpointing", f["checkpointing"], _all_if_on),
+        # The flag is store_true and passed as use_reentrant to gradient_checkpointing_enable
+        # (openrlhf/cli/train_sft.py; Actor.gradient_checkpointing_enable default in openrlhf/models/actor.py).
+        Field("reentrant", f["reentrant"], when=checkpointing_on, default=Default(
+            True, "OpenRLHF < 0.1.10 calls gradient_checkpointing_enable() without kwargs (transformers 4.x: reentrant)",
+            since=(("openrlhf", NONREENTRANT_SINCE, False, f"default (OpenRLHF {CLI}: {spelled['reentrant']} not "
+                    "given; non-reentrant since v0.1.10)"),))),
+        fact("checkpoint_impl", "transformers", "model.gradient_checkpointing_enable (openrlhf/models/actor.py)",
+             when=checkpointing_on),
+        fact("use_cache", False, "OpenRLHF sets model.config.use_cache = False (openrlhf/models/actor.py)"),
+        Field("packing", f["packing"], switch),
+        Field("quantization", f["quantization"], lambda v, w: "4bit" if as_bool(v, w) else None),
+        # BitsAndBytesConfig without bnb_4bit_quant_storage: packed uint8 (openrlhf/models/actor.py).
+        fact("quant_storage_matches", False, "OpenRLHF sets no bnb_4bit_quant_storage (openrlhf/models/actor.py)",
+             when=lambda d: d.get("quantization") == "4bit"),
+    )
+
+
+# After precision: what the trainers always do.
+_TRAINERS = (
+    # chosen and rejected in one concatenated forward (openrlhf/trainer/dpo_trainer.py)
+    fact("forwards_per_step", 1, "concatenated_forward (openrlhf/trainer/dpo_trainer.py, rm_trainer.py)",
+         when=at_stage("dpo", "rm")),
+    fact("train_mode_at_backward", True, "the trainers call model.train() before each step "
+         "(openrlhf/trainer/*_trainer.py, trainer/ray/ppo_actor.py)"),
+)
+
+
+def _lora_rank(value, where: str) -> str:
+    return "lora" if int_value(value, where, "a LoRA rank") > 0 else "full"
+
+
+def _all_if_on(value, where: str) -> str | None:
+    return "all" if as_bool(value, where) else None
+
+
+def _adapter_is(kind: str):
+    return lambda draft: draft.get("adapter") == kind
+
+
+def _read(cmd: Command, name: str, draft: Draft) -> tuple[dict, list, int]:
+    """The flags by name, the flags in order, and the style: 0 flat (<= v0.10.1), 1 dotted, 2 PPO-dotted."""
     args, positionals, _ = parse_flags(cmd.args, switches=_SWITCHES, lists=_LISTS, underscore=False)
     for extra in positionals:
         draft.unknown.append(f"{extra} (a positional argument; OpenRLHF takes none)")
     given = {a.name: a for a in args}
     style = 2 if any(n.startswith("actor.") for n in given) or (name == "train_ppo_ray" and any(
         "." in n for n in given)) else (1 if any("." in n for n in given) else 0)
-    spelled = {field: "--" + (names[style] or names[0]) for field, names in _FLAGS.items()}
+    return given, args, style
 
-    def arg(field: str):
-        return next((given[n] for n in _FLAGS[field] if n in given), None)
 
-    def on(field: str) -> bool:
-        a = arg(field)
-        return a is not None and parse_bool(a.value, a.raw)
-
-    _eras(draft, cmd, given, style)
+def _stage(draft: Draft, name: str, given: dict) -> str:
     stage = STAGES[name]
     algo = given.get("advantage_estimator") or given.get("algo.advantage.estimator")
     if algo is not None and algo.one() in ("group_norm", "dr_grpo"):
@@ -131,63 +190,19 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         draft.set("stage", stage, algo.raw)
     else:
         draft.set("stage", stage, f"openrlhf.cli.{name}")
-    if name in ("train_kto", "train_prm", "train_kd"):
+    if STAGES[name] != name.removeprefix("train_") and name != "train_ppo_ray":
         draft.note(f"{name} is read as stage {stage} (loraflow's stages are sft, rm, dpo, grpo, ppo)")
+    return stage
 
-    # Every trainer runs on DeepSpeed (openrlhf/utils/deepspeed/deepspeed.py), ZeRO stage 2 unless told otherwise.
-    draft.set("engine", "deepspeed", "OpenRLHF always trains through DeepSpeed (openrlhf/utils/deepspeed/deepspeed.py)")
-    z = arg("zero_stage")
-    if z is not None:
-        draft.set("zero_stage", int_value(z.value, z.raw, "a ZeRO stage", (0, 1, 2, 3)), z.raw)
-    else:
-        draft.set("zero_stage", 2, f"default (OpenRLHF {CLI}: --zero_stage default 2)")
-    if on("offload"):
-        draft.set("offload", True, arg("offload").raw)
 
-    rank = arg("adapter")
-    lora = rank is not None and int_value(rank.value, rank.raw, "a LoRA rank") > 0
-    if lora:
-        draft.set("adapter", "lora", rank.raw)
-        # LoRA models get enable_input_require_grads() before get_peft_model (openrlhf/models/actor.py), since
-        # v0.1.5; before, get_peft_model ran before checkpointing was enabled, so PEFT added no hook either.
-        hooked = at_least(draft, "openrlhf", HOOK_SINCE)
-        draft.set("input_grad_hook", hooked, "OpenRLHF >= 0.1.5 calls enable_input_require_grads() for LoRA "
-                  "(openrlhf/models/actor.py)" if hooked else "OpenRLHF < 0.1.5 adds no input-grad hook "
-                  "(get_peft_model ran before checkpointing was enabled)")
-    else:
-        draft.set("adapter", "full", (rank.raw if rank is not None else
-                                      f"default (OpenRLHF {CLI}: --lora_rank 0 trains every weight)"))
-    targets = arg("matched_modules")
-    if targets is not None and isinstance(targets.value, list) and not targets.value:
-        draft.set("matched_modules", 0, f"{targets.raw} (empty list)")
-
-    if on("checkpointing"):
-        draft.set("checkpointing", "all", arg("checkpointing").raw)
-        r = arg("reentrant")
-        if r is not None:
-            draft.set("reentrant", parse_bool(r.value, r.raw), r.raw)
-        elif at_least(draft, "openrlhf", NONREENTRANT_SINCE):
-            # The flag is store_true and passed as use_reentrant to gradient_checkpointing_enable
-            # (openrlhf/cli/train_sft.py; Actor.gradient_checkpointing_enable default in openrlhf/models/actor.py).
-            draft.set("reentrant", False, f"default (OpenRLHF {CLI}: {spelled['reentrant']} not given; non-reentrant "
-                      "since v0.1.10)")
-        else:
-            draft.set("reentrant", True, "OpenRLHF < 0.1.10 calls gradient_checkpointing_enable() without kwargs "
-                      "(transformers 4.x: reentrant)")
-        draft.set("checkpoint_impl", "transformers", "model.gradient_checkpointing_enable (openrlhf/models/actor.py)")
-    draft.set("use_cache", False, "OpenRLHF sets model.config.use_cache = False (openrlhf/models/actor.py)")
-    if on("packing"):
-        draft.set("packing", True, arg("packing").raw)
-    if on("quantization"):
-        draft.set("quantization", "4bit", arg("quantization").raw)
-        # BitsAndBytesConfig without bnb_4bit_quant_storage: packed uint8 (openrlhf/models/actor.py).
-        draft.set("quant_storage_matches", False, "OpenRLHF sets no bnb_4bit_quant_storage (openrlhf/models/actor.py)")
-
+def _precision(draft: Draft, given: dict, style: int) -> None:
+    """--bf16 up to v0.9.2, --param_dtype after (default bf16)."""
+    param_dtype = next((given[n] for n in _FLAGS["precision"] if n in given), None)
     if "bf16" in given:
         draft.set("precision", "bf16-mixed", "--bf16 (DeepSpeed bf16 keeps fp32 master weights)")
-    elif arg("precision") is not None:
-        dtype = arg("precision").one()
-        draft.set("precision", "fp16-mixed" if dtype == "fp16" else "bf16-mixed", arg("precision").raw)
+    elif param_dtype is not None:
+        dtype = param_dtype.one()
+        draft.set("precision", "fp16-mixed" if dtype == "fp16" else "bf16-mixed", param_dtype.raw)
     else:
         draft.set("precision", "bf16-mixed", f"default (OpenRLHF {CLI}: --param_dtype bf16; DeepSpeed bf16 keeps fp32 "
                   "master weights)")
@@ -195,15 +210,13 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
             draft.note("OpenRLHF releases before --param_dtype (older than v0.9.2) trained in fp32 unless --bf16 was "
                        "given")
 
-    if stage in ("dpo", "rm"):  # chosen and rejected in one concatenated forward (openrlhf/trainer/dpo_trainer.py)
-        draft.set("forwards_per_step", 1, "concatenated_forward (openrlhf/trainer/dpo_trainer.py, rm_trainer.py)")
-    draft.set("train_mode_at_backward", True, "the trainers call model.train() before each step "
-              "(openrlhf/trainer/*_trainer.py, trainer/ray/ppo_actor.py)")
+
+def _save_and_generation(draft: Draft, cmd: Command, name: str, given: dict) -> None:
     # save_model gathers ZeRO-3 partitions before writing the adapter; before v0.1.5 it merged LoRA into the
     # partitioned weights first.
     gathered = at_least(draft, "openrlhf", GATHER_SAVE_SINCE)
     draft.set("adapter_save_gather", True, "save_model gathers ZeRO-3 weights (openrlhf/utils/deepspeed/deepspeed.py)")
-    if lora and not gathered:
+    if draft.get("adapter") == "lora" and not gathered:
         draft.set("merge_in_sharded", True, "OpenRLHF < 0.1.5 saves by merging LoRA into the partitioned weights, "
                   "then gathering (openrlhf/utils/deepspeed.py)")
     if name == "train_ppo":
@@ -221,6 +234,23 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         cmd.world_source = (f"actor nodes x GPUs per node = {n} x {g}" +
                             ("" if gpus else f" (default {g}, openrlhf/cli/train_ppo_ray.py)"))
 
+
+def from_command(cmd: Command, versions: dict) -> FrontendResult:
+    name = entry(cmd)
+    if name not in STAGES:
+        raise LoraflowError(f"`{cmd.describe()}` is not an OpenRLHF training entry point loraflow reads; expected "
+                            f"openrlhf.cli.{{{','.join(STAGES)}}} (or an example script train_*.py of v0.3.5 and "
+                            "earlier).")
+    draft = Draft(NAME, versions)
+    given, args, style = _read(cmd, name, draft)
+    spelled = {field: "--" + (names[style] or names[0]) for field, names in _FLAGS.items()}
+    _eras(draft, cmd, given, style)
+    _stage(draft, name, given)
+    options = {n: (a.value, a.raw) for n, a in given.items()}
+    apply_table(draft, options, _table(spelled))
+    _precision(draft, given, style)
+    apply_table(draft, options, _TRAINERS)
+    _save_and_generation(draft, cmd, name, given)
     known = set().union(*_FLAGS.values()) | {"bf16", "advantage_estimator", "algo.advantage.estimator"}
     for a in args:
         if a.name not in known and a.name not in keys.OPENRLHF:
