@@ -23,6 +23,17 @@ from loraflow.frontends.argv import (
 )
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, at_least, finish_world, int_value
+from loraflow.frontends.table import (
+    Default,
+    Field,
+    all_if_on,
+    apply_table,
+    at_stage,
+    checkpointing_on,
+    fact,
+    switch,
+    zero_stage,
+)
 
 NAME = "deepspeed-chat"
 _DIRS = {"step1_supervised_finetuning": "sft", "step2_reward_model_finetuning": "rm", "step2_dpo_finetuning": "dpo",
@@ -83,6 +94,97 @@ def stage_of(cmd: Command, given: set[str]) -> tuple[str, str]:
     return "sft", f"{cmd.program} (not under a step directory; read as step 1)"
 
 
+def _table(p: str, main: str) -> tuple[Field, ...]:
+    """What main.py's flags set; `p` is step 3's `actor_` prefix, `main` the step's main.py (the defaults' source)."""
+    return (
+        # deepspeed.initialize wraps the model at every stage, ZeRO 0 included (main.py).
+        fact("engine", "deepspeed", f"{main} always calls deepspeed.initialize"),
+        Field("zero_stage", (f"{p}zero_stage",), zero_stage, Default(0, f"default ({main}: --{p}zero_stage default 0)")),
+        # get_train_ds_config offloads both optimizer and parameters (dschat/utils/ds_utils.py).
+        Field("offload", ("offload",), switch),
+        Field("precision", ("dtype",), lambda v, w: "bf16-mixed" if v == "bf16" else "fp16-mixed", Default(
+            "fp16-mixed", f"default ({main}: --dtype fp16; DeepSpeed fp16 keeps fp32 master weights, "
+            "dschat/utils/ds_utils.py)")),
+    )
+
+
+def _checkpointing(p: str, main: str) -> tuple[Field, ...]:
+    return (
+        Field("checkpointing", (f"{p}gradient_checkpointing",), all_if_on),
+        fact("checkpoint_impl", "transformers", f"{main}: model.gradient_checkpointing_enable()", when=checkpointing_on),
+        # No kwargs: transformers < 5 passes use_reentrant=True, >= 5 False (transformers PR #43203;
+        # trl/trainer/sft_trainer.py checks the same 5.0.0 boundary).
+        Field("reentrant", when=checkpointing_on, default=Default(
+            True, "default (transformers < 5.0 gradient_checkpointing_enable without kwargs; DeepSpeed-Chat passes "
+            "none)", since=(("transformers", "5.0.0", False, "default (transformers >= 5.0 "
+                             "gradient_checkpointing_enable without kwargs; DeepSpeed-Chat passes none)"),))),
+    )
+
+
+# What every step does whatever its flags.
+_FACTS = (
+    fact("forwards_per_step", 1, "chosen and rejected share one batch and one forward (step2 main.py)",
+         when=at_stage("dpo", "rm")),
+    fact("adapter_save_gather", True, "save_zero_three_model gathers each parameter (dschat/utils/utils.py)"),
+)
+
+
+def _adapter(draft: Draft, given: dict, p: str, main: str, step3: bool) -> int:
+    """DeepSpeed-Chat's own LoRA: the base weights freeze only with --only_optimize_lora. Returns the LoRA dim."""
+    dim_arg = given.get(f"{p}lora_dim")
+    lora_dim = int_value(dim_arg.value, dim_arg.raw, "a LoRA dimension") if dim_arg is not None else 0
+    lora_flag = f"--{p}lora_dim"
+    if lora_dim > 0 and _on(given, "only_optimize_lora"):
+        draft.set("adapter", "lora", f"{lora_flag} {lora_dim} --only_optimize_lora")
+    elif lora_dim > 0:
+        draft.set("adapter", "full", f"{lora_flag} {lora_dim} without --only_optimize_lora")
+        draft.note("without --only_optimize_lora DeepSpeed-Chat trains the base weights together with the LoRA "
+                   "weights (only_optimize_lora_parameters in dschat/utils/module/lora.py is what freezes them): "
+                   "read as full fine-tuning")
+    else:
+        draft.set("adapter", "full", given[f"{p}lora_dim"].raw if f"{p}lora_dim" in given else
+                  f"default ({main}: {lora_flag} 0, no LoRA)")
+    scope_flag = f"{p}lora_module_name"
+    scope = given[scope_flag].one() if scope_flag in given else "decoder.layers."
+    model = given.get("actor_model_name_or_path" if step3 else "model_name_or_path")
+    if lora_dim > 0 and scope == "decoder.layers.":
+        _lora_scope(draft, (model.one() if model is not None else "") or "", scope_flag, scope_flag in given)
+    return lora_dim
+
+
+def _input_grad_hook(draft: Draft, given: dict, lora_dim: int) -> None:
+    if not checkpointing_on(draft):
+        return
+    new = at_least(draft, "transformers", "5.0.0")
+    if lora_dim > 0 and _on(given, "only_optimize_lora"):
+        hooked = at_least(draft, "deepspeed-chat", HOOK_SINCE)
+        draft.set("input_grad_hook", hooked, "--only_optimize_lora: make_model_gradient_checkpointing_compatible "
+                  "calls enable_input_require_grads() (dschat/utils/module/lora.py, since PR #658, 2023-08-03)"
+                  if hooked else "DeepSpeed-Chat before PR #658 (2023-08-03) adds no input-grad hook (its main.py "
+                  "asserts against --gradient_checkpointing with --only_optimize_lora; copies without the assert "
+                  "crash in backward)")
+    elif new:
+        draft.set("input_grad_hook", True, "transformers >= 5 gradient checkpointing hooks the embedding output "
+                  "for input_ids models (transformers modeling_utils.py)")
+
+
+def _step3(draft: Draft, given: dict, lora_dim: int) -> None:
+    draft.set("generation", True, "step 3 samples with actor.generate (dschat/rlhf/ppo_trainer.py)")
+    hybrid = _on(given, "enable_hybrid_engine")
+    if hybrid and lora_dim > 0:
+        draft.set("merge_in_sharded", True, "--enable_hybrid_engine fuses the LoRA weights into the actor's "
+                  "weights before each generation (fuse_lora_weight, deepspeed/runtime/hybrid_engine.py)")
+    draft.set("generation_gather", hybrid, "--enable_hybrid_engine (gathers once per generate)" if hybrid else
+              "default: no --enable_hybrid_engine, ZeRO-3 gathers at every decoding step")
+    draft.set("train_mode_at_backward", True, "generate_experience calls eval() then train() "
+              "(dschat/rlhf/ppo_trainer.py)")
+
+
+def _on(given: dict, name: str) -> bool:
+    a = given.get(name)
+    return a is not None and parse_bool(a.value, a.raw)
+
+
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
     args, positionals, _ = parse_flags(cmd.args, switches=_SWITCHES, lists={"data_path"})
@@ -94,92 +196,23 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     step3 = stage == "ppo"
     p = "actor_" if step3 else ""
     draft.eras_from("deepspeed-chat", "DeepSpeed-Chat", _ERAS, given, prefix="--")
-
-    def value(name: str, default=None):
-        a = given.get(name)
-        return a.one() if a is not None else default
-
-    def on(name: str) -> bool:
-        a = given.get(name)
-        return a is not None and parse_bool(a.value, a.raw)
-
     main = f"DeepSpeed-Chat training/{next(k for k, v in _DIRS.items() if v == stage)}/main.py"
-    zero_flag = f"{p}zero_stage"
-    # deepspeed.initialize wraps the model at every stage, ZeRO 0 included (main.py).
-    draft.set("engine", "deepspeed", f"{main} always calls deepspeed.initialize")
-    if zero_flag in given:
-        draft.set("zero_stage", int_value(given[zero_flag].value, given[zero_flag].raw, "a ZeRO stage", (0, 1, 2, 3)),
-                  given[zero_flag].raw)
-    else:
-        draft.set("zero_stage", 0, f"default ({main}: --{zero_flag} default 0)")
-    if on("offload"):
-        # get_train_ds_config offloads both optimizer and parameters (dschat/utils/ds_utils.py).
-        draft.set("offload", True, given["offload"].raw)
-    dtype = value("dtype", "fp16")
-    draft.set("precision", "bf16-mixed" if dtype == "bf16" else "fp16-mixed",
-              given["dtype"].raw if "dtype" in given else f"default ({main}: --dtype fp16; DeepSpeed fp16 keeps fp32 "
-              "master weights, dschat/utils/ds_utils.py)")
-
-    dim_arg = given.get(f"{p}lora_dim")
-    lora_dim = int_value(dim_arg.value, dim_arg.raw, "a LoRA dimension") if dim_arg is not None else 0
-    lora_flag = f"--{p}lora_dim"
-    if lora_dim > 0 and on("only_optimize_lora"):
-        draft.set("adapter", "lora", f"{lora_flag} {lora_dim} --only_optimize_lora")
-    elif lora_dim > 0:
-        draft.set("adapter", "full", f"{lora_flag} {lora_dim} without --only_optimize_lora")
-        draft.note("without --only_optimize_lora DeepSpeed-Chat trains the base weights together with the LoRA "
-                   "weights (only_optimize_lora_parameters in dschat/utils/module/lora.py is what freezes them): "
-                   "read as full fine-tuning")
-    else:
-        draft.set("adapter", "full", given[f"{p}lora_dim"].raw if f"{p}lora_dim" in given else
-                  f"default ({main}: {lora_flag} 0, no LoRA)")
-    scope_flag = f"{p}lora_module_name"
-    scope = value(scope_flag, "decoder.layers.")
-    model = value("actor_model_name_or_path" if step3 else "model_name_or_path", "") or ""
-    if lora_dim > 0 and scope == "decoder.layers.":
-        _lora_scope(draft, model, scope_flag, scope_flag in given)
-
-    ckpt_flag = f"{p}gradient_checkpointing"
-    if on(ckpt_flag):
-        draft.set("checkpointing", "all", given[ckpt_flag].raw)
-        draft.set("checkpoint_impl", "transformers", f"{main}: model.gradient_checkpointing_enable()")
-        # No kwargs: transformers < 5 passes use_reentrant=True, >= 5 False (transformers PR #43203;
-        # trl/trainer/sft_trainer.py checks the same 5.0.0 boundary).
-        new = at_least(draft, "transformers", "5.0.0")
-        draft.set("reentrant", not new, f"default (transformers {'>=' if new else '<'} 5.0 "
-                  "gradient_checkpointing_enable without kwargs; DeepSpeed-Chat passes none)")
-        if lora_dim > 0 and on("only_optimize_lora"):
-            hooked = at_least(draft, "deepspeed-chat", HOOK_SINCE)
-            draft.set("input_grad_hook", hooked, "--only_optimize_lora: make_model_gradient_checkpointing_compatible "
-                      "calls enable_input_require_grads() (dschat/utils/module/lora.py, since PR #658, 2023-08-03)"
-                      if hooked else "DeepSpeed-Chat before PR #658 (2023-08-03) adds no input-grad hook (its main.py "
-                      "asserts against --gradient_checkpointing with --only_optimize_lora; copies without the assert "
-                      "crash in backward)")
-        elif new:
-            draft.set("input_grad_hook", True, "transformers >= 5 gradient checkpointing hooks the embedding output "
-                      "for input_ids models (transformers modeling_utils.py)")
+    options = {n: (a.value, a.raw) for n, a in given.items()}
+    apply_table(draft, options, _table(p, main))
+    lora_dim = _adapter(draft, given, p, main, step3)
+    apply_table(draft, options, _checkpointing(p, main))
+    _input_grad_hook(draft, given, lora_dim)
     draft.set("use_cache", False, f"{main} calls the model with use_cache=False")
-    if stage in ("dpo", "rm"):
-        draft.set("forwards_per_step", 1, "chosen and rejected share one batch and one forward (step2 main.py)")
-    draft.set("adapter_save_gather", True, "save_zero_three_model gathers each parameter (dschat/utils/utils.py)")
+    apply_table(draft, options, _FACTS)
     if step3:
-        draft.set("generation", True, "step 3 samples with actor.generate (dschat/rlhf/ppo_trainer.py)")
-        hybrid = on("enable_hybrid_engine")
-        if hybrid and lora_dim > 0:
-            draft.set("merge_in_sharded", True, "--enable_hybrid_engine fuses the LoRA weights into the actor's "
-                      "weights before each generation (fuse_lora_weight, deepspeed/runtime/hybrid_engine.py)")
-        draft.set("generation_gather", hybrid, "--enable_hybrid_engine (gathers once per generate)" if hybrid else
-                  "default: no --enable_hybrid_engine, ZeRO-3 gathers at every decoding step")
-        draft.set("train_mode_at_backward", True, "generate_experience calls eval() then train() "
-                  "(dschat/rlhf/ppo_trainer.py)")
-
+        _step3(draft, given, lora_dim)
     for a in args:
         if a.name not in keys.DEEPSPEED_CHAT and a.name not in _DEEPSPEED_ARGS:
             draft.unknown.append(a.raw)
-    draft.flag(zero_stage=f"--{zero_flag}", checkpointing=f"--{ckpt_flag}",
-               adapter=f"{lora_flag} / --only_optimize_lora",
+    draft.flag(zero_stage=f"--{p}zero_stage", checkpointing=f"--{p}gradient_checkpointing",
+               adapter=f"--{p}lora_dim / --only_optimize_lora",
                input_grad_hook="--only_optimize_lora (adds enable_input_require_grads)", offload="--offload",
-               precision="--dtype", matched_modules=f"--{scope_flag}", world_size="deepspeed --num_gpus",
+               precision="--dtype", matched_modules=f"--{p}lora_module_name", world_size="deepspeed --num_gpus",
                generation_gather="--enable_hybrid_engine")
     finish_world(draft, cmd)
     return draft.result()

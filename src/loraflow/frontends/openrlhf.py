@@ -21,6 +21,7 @@ from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, in
 from loraflow.frontends.table import (
     Default,
     Field,
+    all_if_on,
     apply_table,
     at_stage,
     checkpointing_on,
@@ -131,7 +132,7 @@ def _table(spelled: dict[str, str]) -> tuple[Field, ...]:
             since=(("openrlhf", HOOK_SINCE, True, "OpenRLHF >= 0.1.5 calls enable_input_require_grads() for LoRA "
                     "(openrlhf/models/actor.py)"),))),
         Field("matched_modules", f["matched_modules"], empty_list, suffix=" (empty list)"),
-        Field("checkpointing", f["checkpointing"], _all_if_on),
+        Field("checkpointing", f["checkpointing"], all_if_on),
         # The flag is store_true and passed as use_reentrant to gradient_checkpointing_enable
         # (openrlhf/cli/train_sft.py; Actor.gradient_checkpointing_enable default in openrlhf/models/actor.py).
         Field("reentrant", f["reentrant"], when=checkpointing_on, default=Default(
@@ -161,10 +162,6 @@ _TRAINERS = (
 
 def _lora_rank(value, where: str) -> str:
     return "lora" if int_value(value, where, "a LoRA rank") > 0 else "full"
-
-
-def _all_if_on(value, where: str) -> str | None:
-    return "all" if as_bool(value, where) else None
 
 
 def _adapter_is(kind: str):

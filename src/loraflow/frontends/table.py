@@ -97,6 +97,11 @@ def switch(value: Any, where: str) -> bool | None:
     return True if as_bool(value, where) else None
 
 
+def all_if_on(value: Any, where: str) -> str | None:
+    """A checkpointing switch: on checkpoints every layer."""
+    return "all" if as_bool(value, where) else None
+
+
 def zero_stage(value: Any, where: str) -> int:
     return int_value(value, where, "a ZeRO stage", (0, 1, 2, 3))
 
