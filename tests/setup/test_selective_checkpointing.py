@@ -5,6 +5,7 @@ bytes saved for backward sits at the full-recompute floor when every layer recom
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,6 @@ def test_verify_compares_blocks_with_the_plan(tiny_model, chat_data):
 
     plan, model, _ = plan_and_model(tiny_model, *MODES["mlp-layers2"], data=chat_data)
     _verify(model, plan)
-    plan.checkpoint_block = "self_attn"
+    other = dataclasses.replace(plan, checkpoint_block="self_attn")  # the plan is frozen: a changed copy
     with pytest.raises(LoraflowError, match=r"the plan says \[\(0, 'self_attn'\).*checkpointing.granularity=layer"):
-        _verify(model, plan)
+        _verify(model, other)

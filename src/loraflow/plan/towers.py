@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from loraflow.config.schema import Config
 from loraflow.errors import ConfigError
 from loraflow.families import TOWER_NAMES
+from loraflow.plan.context import Context
+from loraflow.plan.types import Decision
 from loraflow.setup.model import ModelInfo
 
 
@@ -74,6 +76,9 @@ def resolve_towers(config: Config, info: ModelInfo, language_layers: list[int]) 
         elif name == "vision" and vision_recompute:
             plan.checkpoint_layers = list(range(plan.layers))
         out.append(plan)
+    if config.data.packing:
+        problems.append("data.packing=true: image-text rows are not packed (each row keeps its own images, and "
+                        "Qwen2-VL's 3-D positions cannot restart inside a row); set data.packing=false.")
     if problems:
         raise ConfigError(problems)
     return out
@@ -101,3 +106,45 @@ def _covering(root: str, names: list[str], unreached: list[str]) -> list[str]:
     depth = root.count(".") + 1
     children = [n for n in names if n.startswith(root + ".") and n.count(".") == depth]
     return [m for child in children for m in _covering(child, names, unreached)]
+
+
+def blank_images(ctx: Context) -> bool:
+    """Whether a micro-batch without an image gets one blank image. Beyond the rules' cases (ZeRO-1/2): ranks that
+    run the same modules keep every engine's collectives and gradient buckets alike, at the cost of one blank
+    image."""
+    return ctx.setup.image_every_rank or (ctx.model.image_text and ctx.env.world_size > 1)
+
+
+def tower_decisions(ctx: Context, towers: list[TowerPlan], modules_to_save: list[str],
+                    blank: bool) -> list[Decision]:
+    """An image-text model's towers: what trains in each and where it recomputes."""
+    config, info = ctx.config, ctx.model
+    out = []
+    for t in towers:
+        asked = getattr(config.towers, t.name)
+        why = (f"towers.{t.name}.train={asked.train}" if asked.train != "auto" else
+               f"towers.{t.name}.train=auto: " + ("the language model follows adapter.method" if t.name == "language"
+                                                  else "under adapters, the vision side stays frozen unless asked"
+                                                  if config.adapter.method != "full" else
+                                                  "adapter.method=full trains every tower"))
+        if t.train == "full" and config.adapter.method != "full":
+            copies = [m for m in modules_to_save if any(m == r or m.startswith(r + ".") for r in t.roots)]
+            why += f"; trained as PEFT modules_to_save ({', '.join(copies)}), copies saved in the adapter"
+        if t.name == "vision" and t.layers:
+            c = asked.checkpointing
+            why += (f"; its layers recompute: towers.vision.checkpointing={c}" + (
+                f" follows checkpointing.enabled={str(config.checkpointing.enabled).lower()}" if c == "auto"
+                else ""))
+        if t.name == "vision" and info.unreached and t.train != "frozen":
+            why += (f"; {', '.join(info.unreached)} are never read by the image-text forward (the features "
+                    "are taken before them), so they get no gradient and stay frozen (in the tower's dtype)")
+        out.append(Decision(f"tower {t.name}", t.describe().split(": ", 1)[1], why))
+    if towers:
+        out.append(Decision("image truncation", "a sample whose image tokens data.max_length would cut is dropped",
+                            "the model needs one placeholder per image feature", ctx.rule("image_safe_truncation")))
+    if blank:
+        out.append(Decision("blank images", "a micro-batch without an image gets one blank image, masked out of "
+                            "attention and loss", "every rank must run the vision encoder each step: sharded towers "
+                            "gather by collectives and DDP waits for every trainable weight's gradient",
+                            ctx.rule("image_every_rank")))
+    return out

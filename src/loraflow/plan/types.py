@@ -17,6 +17,7 @@ from loraflow.logprobs import FULL, HeadMode
 from loraflow.rules import Combination, Finding
 from loraflow.setup.model import ModelInfo
 from loraflow.setup.quantize import Quantization
+from loraflow.stagespec import stage_spec
 
 
 @dataclass
@@ -27,8 +28,11 @@ class Decision:
     rule: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """Every choice of a run, built once by `resolve` and never changed (frozen): each area of plan/ decides its
+    values and words their reasons (`decisions`). Facts that another object already holds (the device, the final
+    reentrant mode and hook, the stage's head) are properties reading it, not copies."""
     config: Config
     env: Environment
     model: ModelInfo
@@ -38,15 +42,11 @@ class Plan:
     asked: Combination | None = None
     """The setup as asked, before the rules' fixes (the guards name rules whose conditions hold on either)."""
     # The typed choices that setup code executes.
-    device: str = "cpu"
     load_dtype: torch.dtype = torch.float32
     trainable_dtype: torch.dtype = torch.float32
     autocast_dtype: torch.dtype | None = None
     modules_to_save: list[str] = field(default_factory=list)
-    ensure_weight_tying: bool = False
     checkpoint_layers: list[int] = field(default_factory=list)
-    reentrant: bool | None = None
-    input_grad_hook: bool = False
     checkpoint_in_engine: bool = False
     """FSDP2 with checkpointing inside the sharded unit: the engine wraps the layers, not transformers."""
     checkpoint_block: str | None = None
@@ -55,9 +55,6 @@ class Plan:
     offload_activations: bool = False
     """Tensors saved for backward go to CPU memory during the forward (setup/saved_tensors.py); False on a CPU
     device, where they are already there."""
-    head: str = "lm"
-    """`lm` (a causal LM), `score` (a scalar score head: the reward model) or `value` (a causal LM with PPO's value
-    head)."""
     reference: str | None = None
     """How the stage gets reference log-probs: adapters-disabled, copy, precomputed, or None (no reference)."""
     phases: list = field(default_factory=list)
@@ -82,6 +79,30 @@ class Plan:
     saves: str = "adapter"
     """What checkpoints and the export hold, and the export's directory name: `adapter` (the trainable weights, in
     PEFT's format) or `model` (every weight: full fine-tuning)."""
+
+    @property
+    def device(self) -> str:
+        return self.env.device
+
+    @property
+    def reentrant(self) -> bool | None:
+        """The checkpointing mode after the rules' fixes (None: nothing recomputes)."""
+        return self.setup.reentrant
+
+    @property
+    def input_grad_hook(self) -> bool:
+        return self.setup.input_grad_hook
+
+    @property
+    def ensure_weight_tying(self) -> bool:
+        """PEFT's ensure_weight_tying: trained copies of tied embeddings stay tied (a rule's fix)."""
+        return self.setup.weight_tying_enforced
+
+    @property
+    def head(self) -> str:
+        """`lm` (a causal LM), `score` (a scalar score head: the reward model) or `value` (a causal LM with PPO's
+        value head): the stage's."""
+        return stage_spec(self.config.stage).head
 
     @property
     def errors(self) -> list[Finding]:

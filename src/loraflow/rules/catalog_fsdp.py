@@ -31,7 +31,7 @@ register(Rule(
                "unit, torch < 2.13 (LoRA and DoRA alike)",
     knobs=("checkpoint_outside_shard", "precision"),
     affected={"torch": "<2.13"},
-    when=lambda s: s.engine == "fsdp2" and s.checkpointed and s.half_precision and s.checkpoint_outside_shard,
+    when=lambda s: s.dtensor_params and s.checkpointed and s.half_precision and s.checkpoint_outside_shard,
     cause=("FSDP2 casts a unit's inputs and outputs to the policy's dtype in its forward hooks. When the "
            "checkpoint wraps the sharded unit from outside, the recompute in backward ran without those casts, so "
            "recomputed tensors came back in a different dtype than the forward saved."),
@@ -63,7 +63,7 @@ register(Rule(
     impact="crash",
     conditions="FSDP1 with use_orig_params=False and units holding both frozen base weights and adapters",
     knobs=("fsdp_use_orig_params", "engine"),
-    when=lambda s: (s.engine == "fsdp1" and s.frozen_params and not s.fsdp_use_orig_params
+    when=lambda s: (s.flat_params and s.frozen_params and not s.fsdp_use_orig_params
                     and not s.fsdp_frozen_units_separate),
     cause=("FSDP1 flattens all parameters of a unit into one FlatParameter, which has a single requires_grad. "
            "A decoder layer with frozen base weights and trainable adapters cannot be flattened."),
@@ -94,7 +94,7 @@ register(Rule(
     impact="slow",
     conditions="FSDP1 units holding both frozen base weights and adapters (use_orig_params=True)",
     knobs=("fsdp_frozen_units_separate", "engine"),
-    when=lambda s: (s.engine == "fsdp1" and s.frozen_params and s.fsdp_use_orig_params
+    when=lambda s: (s.flat_params and s.frozen_params and s.fsdp_use_orig_params
                     and not s.fsdp_frozen_units_separate),
     cause=("With use_orig_params=True FSDP1 still keeps one flat gradient buffer per unit, sized for all of its "
            "parameters. A unit of frozen weights plus small adapters allocates gradient memory as large as full "
@@ -116,7 +116,7 @@ register(Rule(
                "(DPO chosen and rejected separately)",
     knobs=("forwards_per_step",),
     affected={"torch": "<2.11"},
-    when=lambda s: s.engine == "fsdp2" and s.checkpointed and s.forwards_per_step > 1,
+    when=lambda s: s.dtensor_params and s.checkpointed and s.forwards_per_step > 1,
     cause=("FSDP2 reshards a unit after its forward and re-registers plain tensors for the recompute; a second "
            "forward before backward leaves the recompute of the first one mixing sharded DTensor parameters with "
            "unsharded tensors."),
@@ -146,7 +146,7 @@ register(Rule(
     conditions="FSDP1 units holding both a bf16/fp16 base and float32 adapters (PEFT upcasts adapters of a "
                "half-precision base since peft 0.12), adapters not wrapped as their own units",
     knobs=("mixed_param_dtypes", "fsdp_frozen_units_separate", "engine"),
-    when=lambda s: (s.engine == "fsdp1" and s.adapter != "full" and s.mixed_param_dtypes
+    when=lambda s: (s.flat_params and s.adapter != "full" and s.mixed_param_dtypes
                     and not s.fsdp_frozen_units_separate),
     cause=("FSDP1 flattens every parameter of a unit into one FlatParameter of a single dtype. A decoder layer whose "
            "base weights were loaded in bf16 and whose LoRA weights are float32 cannot be flattened: `Must flatten "
@@ -220,7 +220,7 @@ register(Rule(
     conditions="FSDP2 and generate() on the trained model (GRPO/PPO rollouts) without unsharding the parameters "
                "first or registering generate as an FSDP forward method",
     knobs=("generation_gather",),
-    when=lambda s: s.engine == "fsdp2" and s.generation and not s.generation_gather,
+    when=lambda s: s.dtensor_params and s.generation and not s.generation_gather,
     cause=("FSDP2 all-gathers a module's parameters in the hooks of its forward() only. generate() is another method "
            "of the root module, so the decoding forwards meet parameters that are still DTensor shards beside the "
            "plain tensors of the inputs: `got mixed torch.Tensor and DTensor`."),
@@ -252,7 +252,7 @@ register(Rule(
     conditions="FSDP2, reentrant checkpointing, a model whose images enter the language model through "
                "cross-attention layers (Mllama)",
     knobs=("engine", "reentrant", "image_cross_attention"),
-    when=lambda s: s.engine == "fsdp2" and s.image_cross_attention and s.checkpointed and s.reentrant is True,
+    when=lambda s: s.dtensor_params and s.image_cross_attention and s.checkpointed and s.reentrant is True,
     cause=("Mllama computes its image states once, outside the decoder layers, and hands them to each "
            "cross-attention layer as a keyword argument. Reentrant checkpointing detaches only positional inputs, "
            "so the recompute in backward reaches the image states' graph through the layer, beside FSDP2's own "

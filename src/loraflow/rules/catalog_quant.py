@@ -70,7 +70,7 @@ register(Rule(
     impact="crash",
     conditions="a bitsandbytes 8-bit base sharded by FSDP2",
     knobs=("quantization", "engine"),
-    when=lambda s: s.quantization == "8bit" and s.engine == "fsdp2",
+    when=lambda s: s.quantization == "8bit" and s.dtensor_params,
     cause=("FSDP2 replaces each sharded weight with a plain parameter and gathers it into another plain parameter. "
            "bitsandbytes' Linear8bitLt reads its int8 codes and row scales (CB, SCB) from the weight object itself, "
            "and unlike Linear4bit (which keeps its quantization state on the module and restores it at each "

@@ -184,7 +184,7 @@ register(Rule(
     impact="crash",
     conditions="DDP, reentrant checkpointing, find_unused_parameters=True, no static graph",
     knobs=("find_unused_parameters", "reentrant", "ddp_static_graph"),
-    when=lambda s: (s.engine == "ddp" and s.checkpointed and s.reentrant is True and s.find_unused_parameters
+    when=lambda s: (s.gradient_reducer and s.checkpointed and s.reentrant is True and s.find_unused_parameters
                     and not s.ddp_static_graph),
     cause=("Reentrant checkpointing runs a second autograd pass in backward that fires each parameter's gradient "
            "hook again. DDP with find_unused_parameters=True marks a parameter ready per hook and refuses the "
@@ -275,7 +275,7 @@ register(Rule(
                "the norm",
     knobs=("dora_weight_gather", "engine"),
     when=lambda s: (s.adapter == "dora" and not s.dora_weight_gather
-                    and (s.zero3 or (s.engine == "fsdp1" and _older(s, "peft", "0.12")))),
+                    and (s.zero3 or (s.flat_params and _older(s, "peft", "0.12")))),
     cause=("DoRA computes a per-column norm of the base weight outside the base layer's forward. Under FSDP1 that "
            "weight is a flattened shard and under ZeRO-3 an empty partition or 1-D slice, so the norm's shapes "
            "do not fit."),
@@ -425,7 +425,7 @@ register(Rule(
     conditions="pure bf16 (weights, gradients and optimizer state stored in bfloat16) with DeepSpeed ZeRO stage 1, 2 "
                "or 3",
     knobs=("precision", "zero_stage", "engine"),
-    when=lambda s: s.engine == "deepspeed" and s.zero_stage >= 1 and s.precision == "bf16",
+    when=lambda s: s.engine_spec.zero and s.sharded_optimizer and s.precision == "bf16",
     cause=("DeepSpeed's ZeRO optimizers keep fp32 master copies of the trained weights and reduce and apply fp32 "
            "gradients whatever dtype the model is stored in (bf16 masters only as an opt-in of recent releases, "
            "bf16_master_weights_and_grads, tied to ZeRO-Offload, which loraflow does not set). A run configured "
@@ -455,7 +455,7 @@ register(Rule(
                "output head are tied (tie_word_embeddings=True), with lm_head trained",
     knobs=("engine", "zero_stage", "tied_embeddings", "lm_head_trainable"),
     when=lambda s: (s.tied_embeddings and s.adapter != "full" and s.lm_head_trainable
-                    and (s.engine in ("fsdp1", "fsdp2") or (s.engine == "deepspeed" and s.zero_stage >= 1))),
+                    and s.sharded_optimizer),
     cause=("Trained copies of tied embeddings must stay tied (rule tied-embedding-adapter), and PEFT ties them by "
            "making the output head's adapter matrices transposed views of the embedding adapter's "
            "(peft/tuners/lora/model.py, tied_adapter: lora_A = emb_B.t()): two parameters over one storage, one "

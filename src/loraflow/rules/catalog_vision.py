@@ -65,7 +65,7 @@ register(Rule(
     conditions="an image-text model under DDP on several ranks without find_unused_parameters, with a vision "
                "encoder or projector that trains (in full or with adapters) and micro-batches without an image",
     knobs=("image_every_rank", "find_unused_parameters"),
-    when=lambda s: _ranks_differ(s) and s.engine == "ddp" and s.towers_trainable and not s.find_unused_parameters,
+    when=lambda s: _ranks_differ(s) and s.gradient_reducer and s.towers_trainable and not s.find_unused_parameters,
     cause=("DDP's reducer waits for a gradient of every trainable parameter each step. On a rank whose micro-batch "
            "has no image the vision encoder and projector do not run, their parameters get no gradient, and the "
            "next step fails with `Expected to have finished reduction in the prior iteration`, listing the vision "

@@ -14,8 +14,9 @@ from typing import Literal
 
 from packaging.version import Version
 
+from loraflow.enginespec import EngineSpec, engine_spec
+
 CheckpointPlacement = Literal["off", "all", "partial"]
-Engine = Literal["single", "ddp", "deepspeed", "fsdp1", "fsdp2"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,9 @@ class Combination:
     without autograd (evaluation, generation), as it does unless told not to."""
     cpu: bool = False
     """The run computes on the CPU (bitsandbytes, SDPA and autocast take CPU-only paths there)."""
-    engine: Engine = "single"
+    engine: str = "single"
+    """A name of the engine table (enginespec.ENGINES); rules read its capabilities (the properties below), not
+    its name."""
     zero_stage: int = 0
     offload: bool = False
     """Optimizer state or parameters offloaded to CPU (ZeRO-Offload, FSDP CPUOffload)."""
@@ -138,13 +141,37 @@ class Combination:
                 or (self.adapter == "full" and not self.frozen_modules))
 
     @property
+    def engine_spec(self) -> EngineSpec:
+        return engine_spec(self.engine)
+
+    @property
     def zero3(self) -> bool:
-        return self.engine == "deepspeed" and self.zero_stage == 3
+        return self.engine_spec.zero and self.zero_stage == 3
 
     @property
     def sharded_params(self) -> bool:
         """Parameters live as shards between uses (ZeRO-3, FSDP)."""
-        return self.zero3 or self.engine in ("fsdp1", "fsdp2")
+        return self.engine_spec.shards_params(self.zero_stage)
+
+    @property
+    def sharded_optimizer(self) -> bool:
+        """Optimizer state is partitioned over ranks (ZeRO stage 1 and up, FSDP)."""
+        return self.engine_spec.shards_optimizer(self.zero_stage)
+
+    @property
+    def flat_params(self) -> bool:
+        """Sharded units hold one flat parameter each (FSDP1)."""
+        return self.engine_spec.flat_params
+
+    @property
+    def dtensor_params(self) -> bool:
+        """Every parameter is its own sharded DTensor (FSDP2)."""
+        return self.engine_spec.dtensor_params
+
+    @property
+    def gradient_reducer(self) -> bool:
+        """A reducer all-reduces gradient buckets and expects a gradient of every trainable weight (DDP)."""
+        return self.engine_spec.gradient_reducer
 
     @property
     def half_precision(self) -> bool:
