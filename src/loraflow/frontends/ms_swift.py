@@ -36,11 +36,12 @@ from loraflow.frontends.common import (
     trainer_dtypes,
     world_from_env,
 )
+from loraflow.frontends.table import Default, Field, apply_table, at_stage, empty_targets, fact, stages, switch
 
 NAME = "ms-swift"
 ARGS = "swift/trainers/arguments.py"
-RLHF = {"dpo": "dpo", "grpo": "grpo", "ppo": "ppo", "rm": "rm", "kto": "dpo", "orpo": "dpo", "simpo": "dpo",
-        "cpo": "dpo", "gkd": "sft"}
+# --rlhf_type -> loraflow stage (kto, orpo, simpo, cpo, gkd through table.STAGE_ALIASES).
+RLHF = stages("dpo", "grpo", "ppo", "rm", "kto", "orpo", "simpo", "cpo", "gkd")
 # Combination field -> the ms-swift flag that changes it (also read by `loraflow explain` through flags_for).
 FLAGS = {"checkpointing": "--gradient_checkpointing",
          "reentrant": "--gradient_checkpointing_kwargs '{\"use_reentrant\": ...}'",
@@ -65,7 +66,8 @@ def _first(value: Any) -> Any:
     return value[0] if isinstance(value, list) and len(value) == 1 else value
 
 
-def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Command | None) -> None:
+def _accessors(opts: dict[str, tuple[Any, str]]):
+    """get, src and on over ms-swift's options; every flag is parsed as a list (nargs), so one value is unwrapped."""
     def get(name: str, default: Any = None) -> Any:
         return _first(opts[name][0]) if name in opts else default
 
@@ -74,7 +76,11 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
 
     def on(name: str, default: bool = False) -> bool:
         return as_bool(get(name), src(name)) if name in opts else default
+    return get, src, on
 
+
+def _stage(draft: Draft, opts: dict, sub: str) -> None:
+    get, src, on = _accessors(opts)
     if sub == "rlhf":
         kind = str(get("rlhf_type", "dpo"))
         if kind not in RLHF:
@@ -85,9 +91,12 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
             draft.note(f"rlhf_type {kind} is read as stage {RLHF[kind]}")
     else:
         draft.set("stage", "sft", f"swift {sub}")
-        kind = sub
 
-    _eras(draft, opts, sub, cmd)
+
+def _engine(draft: Draft, opts: dict) -> dict[str, Any]:
+    """--deepspeed (a preset name or a JSON) or --fsdp (the fsdp2 preset or a JSON); returns deepspeed.apply's info."""
+    get, src, on = _accessors(opts)
+    info: dict[str, Any] = {}
     if get("deepspeed"):
         ref = str(get("deepspeed"))
         ds = deepspeed.read(ref, "--deepspeed", (), names=deepspeed.SWIFT_NAMES)
@@ -95,8 +104,6 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
         if ref == "default-zero3" and not at_least(draft, "ms-swift", "1.5.4"):
             # The preset gained stage3_gather_16bit_weights_on_model_save in v1.5.4 (swift/llm/ds_config/zero3.json).
             info["gather"] = False
-    else:
-        info = {}
     if get("fsdp"):
         ref = str(get("fsdp"))
         if ref == "fsdp2":  # swift/config/fsdp2.json: FSDP2 with activation_checkpointing (swift/arguments/sft_args.py)
@@ -112,9 +119,14 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
         version = int_value(options.get("version", 2), f"{label}: fsdp_version", "an FSDP version", (1, 2))
         draft.set("engine", "fsdp2" if version == 2 else "fsdp1", label)
         apply_fsdp_options(draft, options, label)
+    return info
 
-    # Mixed precision follows torch_dtype: bfloat16 -> bf16, float16/float32 -> fp16
-    # (swift/arguments/base_args/model_args.py _init_mixed_precision); unset, the model's own dtype decides.
+
+def _precision(draft: Draft, opts: dict, info: dict) -> str | None:
+    """Mixed precision follows torch_dtype: bfloat16 -> bf16, float16/float32 -> fp16
+    (swift/arguments/base_args/model_args.py _init_mixed_precision); unset, the model's own dtype decides.
+    Returns --torch_dtype."""
+    get, src, on = _accessors(opts)
     dtype = str(get("torch_dtype", "")) or None
     bf16 = on("bf16", default=dtype == "bfloat16") if "bf16" in opts or dtype else None
     fp16 = on("fp16", default=dtype in ("float16", "float32")) if "fp16" in opts or dtype else None
@@ -126,7 +138,11 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
         deepspeed.resolve_precision(draft, info, src("deepspeed"), bool(bf16), bool(fp16), hf)
     if not draft.has("precision"):
         draft.set("precision", precision_from(bool(bf16), bool(fp16)), hf)
+    return dtype
 
+
+def _adapter(draft: Draft, opts: dict, dtype: str | None) -> None:
+    get, src, on = _accessors(opts)
     ttype_name = next((n for n in ("tuner_type", "train_type", "sft_type") if n in opts), None)
     ttype = str(get(ttype_name)) if ttype_name else "lora"
     tsrc = src(ttype_name) if ttype_name else "default (ms-swift swift/arguments/base_args/base_args.py: lora)"
@@ -137,8 +153,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
                   else tsrc)
         if ttype not in ("lora", "longlora"):
             draft.note(f"tuner_type {ttype} is read like LoRA (frozen base weights, small trained modules)")
-    if "target_modules" in opts and not as_list(opts["target_modules"][0]):
-        draft.set("matched_modules", 0, f"{src('target_modules')} (empty)")
+    apply_table(draft, opts, (Field("matched_modules", ("target_modules",), empty_targets, suffix=" (empty)"),))
     if "modules_to_save" in opts:
         embedding_targets(draft, as_list(opts["modules_to_save"][0]), src("modules_to_save"),
                           str(get("model") or get("model_id_or_path") or ""))
@@ -151,53 +166,66 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
                   src("bnb_4bit_quant_storage") if storage else "default (bnb_4bit_quant_storage unset: uint8, "
                   "swift/arguments/base_args/quant_args.py)")
 
+
+def _checkpointing(draft: Draft, opts: dict) -> None:
+    get, src, on = _accessors(opts)
     fsdp_ac = draft.get("checkpoint_impl") == "torch-wrapper"
     # Checkpointing by default from v1.3 (llm_sft.py of v1.1 - v1.2 had it off).
     gc = on("gradient_checkpointing", default=not fsdp_ac and at_least(draft, "ms-swift", "1.3.0"))
     if fsdp_ac and on("gradient_checkpointing"):
         draft.note("ms-swift turns --gradient_checkpointing off when FSDP activation_checkpointing is on "
                    "(swift/arguments/sft_args.py)")
-    if gc and not fsdp_ac:
-        draft.set("checkpointing", "all", src("gradient_checkpointing") if "gradient_checkpointing" in opts
-                  else f"default (ms-swift {ARGS}: gradient_checkpointing true)")
-        draft.set("checkpoint_impl", "transformers", "model.gradient_checkpointing_enable (swift/trainers/mixin.py)")
-        kwargs = get("gradient_checkpointing_kwargs")
-        try:
-            kwargs = json.loads(kwargs) if isinstance(kwargs, str) and kwargs.strip() else (kwargs or {})
-        except ValueError:
-            raise LoraflowError(f"{src('gradient_checkpointing_kwargs')}: not JSON; write e.g. "
-                                "--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'.") from None
-        kwargs = mapping_value(kwargs, src("gradient_checkpointing_kwargs") if "gradient_checkpointing_kwargs" in opts
-                               else "gradient_checkpointing_kwargs")
-        if "use_reentrant" in kwargs:
-            draft.set("reentrant", as_bool(kwargs["use_reentrant"], "use_reentrant"),
-                      src("gradient_checkpointing_kwargs"))
-        else:
-            draft.set("reentrant", *_reentrant_default(draft))
-        draft.set("input_grad_hook", True, "ms-swift calls enable_input_require_grads() with gradient "
-                  "checkpointing (swift/trainers/mixin.py)")
-    draft.set("use_cache", False, "ms-swift sets config.use_cache = False for training (swift/trainers/mixin.py)")
-    for name in ("packing", "padding_free"):
-        if on(name):
-            draft.set("packing", True, src(name))
-    if "ddp_find_unused_parameters" in opts:
-        draft.set("find_unused_parameters", on("ddp_find_unused_parameters"), src("ddp_find_unused_parameters"))
-    elif draft.get("adapter") != "full" and draft.get("engine") not in ("deepspeed", "fsdp1", "fsdp2"):
-        draft.set("find_unused_parameters", True, "default (HF Trainer: a PeftModel is not a PreTrainedModel, so "
-                  "find_unused_parameters=True; transformers trainer.py)")
-    if on("ddp_static_graph"):
-        draft.set("ddp_static_graph", True, src("ddp_static_graph"))
-    if draft.get("stage") in ("grpo", "ppo"):
-        if on("use_vllm"):
-            draft.set("generation", False, f"{src('use_vllm')} (rollouts come from vLLM)")
-        else:
-            draft.set("generation", True, "default (ms-swift swift/rlhf_trainers/args_mixin.py: use_vllm false, "
-                      "model.generate)")
-            draft.set("generation_gather", on("ds3_gather_for_generation", True),
-                      src("ds3_gather_for_generation") if "ds3_gather_for_generation" in opts else
-                      f"default (ms-swift {ARGS}: ds3_gather_for_generation true)")
-    if draft.get("stage") == "dpo":
-        draft.set("forwards_per_step", 1, "concatenated_forward (swift/rlhf_trainers/dpo_trainer.py)")
+    if not gc or fsdp_ac:
+        return
+    draft.set("checkpointing", "all", src("gradient_checkpointing") if "gradient_checkpointing" in opts
+              else f"default (ms-swift {ARGS}: gradient_checkpointing true)")
+    draft.set("checkpoint_impl", "transformers", "model.gradient_checkpointing_enable (swift/trainers/mixin.py)")
+    kwargs = get("gradient_checkpointing_kwargs")
+    try:
+        kwargs = json.loads(kwargs) if isinstance(kwargs, str) and kwargs.strip() else (kwargs or {})
+    except ValueError:
+        raise LoraflowError(f"{src('gradient_checkpointing_kwargs')}: not JSON; write e.g. "
+                            "--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'.") from None
+    kwargs = mapping_value(kwargs, src("gradient_checkpointing_kwargs") if "gradient_checkpointing_kwargs" in opts
+                           else "gradient_checkpointing_kwargs")
+    if "use_reentrant" in kwargs:
+        draft.set("reentrant", as_bool(kwargs["use_reentrant"], "use_reentrant"), src("gradient_checkpointing_kwargs"))
+    else:
+        draft.set("reentrant", *_reentrant_default(draft))
+    draft.set("input_grad_hook", True, "ms-swift calls enable_input_require_grads() with gradient "
+              "checkpointing (swift/trainers/mixin.py)")
+
+
+def _unused_parameters_default(draft: Draft) -> tuple[bool, str] | None:
+    if draft.get("adapter") != "full" and draft.get("engine") not in ("deepspeed", "fsdp1", "fsdp2"):
+        return True, ("default (HF Trainer: a PeftModel is not a PreTrainedModel, so find_unused_parameters=True; "
+                      "transformers trainer.py)")
+    return None
+
+
+def _rollouts(draft: Draft) -> bool:
+    return draft.get("stage") in ("grpo", "ppo")
+
+
+# What ms-swift's Trainer flags set once the model, engine and checkpointing are known.
+_TRAINER = (
+    fact("use_cache", False, "ms-swift sets config.use_cache = False for training (swift/trainers/mixin.py)"),
+    Field("packing", ("packing",), switch),
+    Field("packing", ("padding_free",), switch),
+    Field("find_unused_parameters", ("ddp_find_unused_parameters",), default=_unused_parameters_default),
+    Field("ddp_static_graph", ("ddp_static_graph",), switch),
+    Field("generation", ("use_vllm",), lambda v, w: False if as_bool(v, w) else None, when=_rollouts,
+          suffix=" (rollouts come from vLLM)"),
+    fact("generation", True, "default (ms-swift swift/rlhf_trainers/args_mixin.py: use_vllm false, model.generate)",
+         when=lambda d: _rollouts(d) and not d.has("generation")),
+    Field("generation_gather", ("ds3_gather_for_generation",), when=lambda d: _rollouts(d) and d.get("generation"),
+          default=Default(True, f"default (ms-swift {ARGS}: ds3_gather_for_generation true)")),
+    fact("forwards_per_step", 1, "concatenated_forward (swift/rlhf_trainers/dpo_trainer.py)", when=at_stage("dpo")),
+)
+
+
+def _train_mode_and_save(draft: Draft, opts: dict, info: dict) -> None:
+    get, src, on = _accessors(opts)
     if draft.get("stage") == "grpo" and draft.get("generation") and not at_least(draft, "ms-swift", "3.1.1"):
         # GRPO's PT-engine rollouts put the policy in eval mode; train() after them came with v3.1.1 (issue #3107).
         draft.set("train_mode_at_backward", False, "ms-swift < 3.1.1 GRPO without vLLM leaves the policy in eval mode "
@@ -211,7 +239,17 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
                f"{src('deepspeed')}: stage3_gather_16bit_weights_on_model_save false")
         draft.set("adapter_save_gather", gather, why)
 
-    _image_text(draft, get, src, on, opts)
+
+def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Command | None) -> None:
+    _stage(draft, opts, sub)
+    _eras(draft, opts, sub, cmd)
+    info = _engine(draft, opts)
+    dtype = _precision(draft, opts, info)
+    _adapter(draft, opts, dtype)
+    _checkpointing(draft, opts)
+    apply_table(draft, {k: (_first(v), where) for k, (v, where) in opts.items()}, _TRAINER)
+    _train_mode_and_save(draft, opts, info)
+    _image_text(draft, *_accessors(opts), opts)
     for name, (value, source) in opts.items():
         if name not in _HANDLED and name not in keys.MS_SWIFT and name not in keys.HF_TRAINER:
             draft.unknown.append(source)
