@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 import loraflow
-from loraflow.enginespec import ENGINE_NAMES, ENGINES, engine_class
+from loraflow.enginespec import ENGINE_NAMES, ENGINES, VARIANTS, engine_class
 from loraflow.stagespec import STAGES, stage_module
 
 SRC = Path(loraflow.__file__).parent
@@ -129,6 +129,38 @@ def _stage_name_checks(path: Path) -> list[int]:
     return lines
 
 
+def _engine_name_checks(path: Path) -> list[int]:
+    """Lines comparing something called *engine to an engine's name (`s.engine == "fsdp2"`,
+    `engine in ("fsdp1", "fsdp2")`): what an engine does is a capability of its table entry."""
+    names = set(ENGINES) | set(VARIANTS)
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        named = any((s.attr if isinstance(s, ast.Attribute) else getattr(s, "id", "")).endswith("engine")
+                    for s in sides)
+        values = [v for s in sides for v in (s.elts if isinstance(s, (ast.Tuple, ast.List, ast.Set)) else [s])]
+        if named and any(isinstance(v, ast.Constant) and v.value in names for v in values):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_engine_facts_come_from_the_engine_table():
+    # frontends read other frameworks' engine flags, which are those frameworks' facts; probes build the naive
+    # setups of other frameworks by name.
+    found = {m: lines for m, path in MODULES.items()
+             if not m.startswith(("loraflow.frontends", "loraflow.enginespec"))
+             and (lines := _engine_name_checks(path))}
+    assert found == {}
+
+
+def test_the_checker_finds_an_engine_string_check(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(s):\n    return s.engine == 'fsdp2'\n\n\ndef g(engine):\n    return engine in ('ddp', 'x')\n")
+    assert _engine_name_checks(probe) == [2, 6]
+
+
 def test_stage_facts_come_from_the_stage_table():
     # frontends read other frameworks' stage names, which are those frameworks' facts, not loraflow's.
     found = {m: lines for m, path in MODULES.items()
@@ -158,3 +190,29 @@ def test_every_declared_stage_and_engine_has_its_implementation():
 def test_the_family_table_is_on_the_ground_floor():
     # plan, setup, data, engines and frontends all read loraflow.families, so it can import none of them.
     assert GRAPH["loraflow.families"] <= {"loraflow.errors"}
+
+
+def _decision_keys(path: Path) -> set[str]:
+    """The keys of the Decisions a module words: `Decision("engine", ...)`."""
+    return {node.args[0].value for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Decision"
+            and node.args and isinstance(node.args[0], ast.Constant)}
+
+
+def test_each_decision_is_worded_in_its_plan_area_only():
+    # A choice and its reason live in one module of plan/ (plan/__init__.py lists the areas): no Decision is worded
+    # outside plan/, and no key is worded by two areas.
+    keys = {m: _decision_keys(path) for m, path in MODULES.items()}
+    assert {m for m, k in keys.items() if k and not m.startswith("loraflow.plan.")} == set()
+    owners: dict[str, list[str]] = {}
+    for m, found in keys.items():
+        for key in found:
+            owners.setdefault(key, []).append(m)
+    assert {k: ms for k, ms in owners.items() if len(ms) > 1} == {}
+    assert len(owners) >= 30  # the checker sees the plan's decisions
+
+
+def test_only_the_plan_package_reaches_into_its_areas():
+    # Callers take `resolve` and the Plan from loraflow.plan; the areas are the plan's own business.
+    area = lambda d: d.startswith("loraflow.plan.") and d != "loraflow.plan.types"
+    assert {m for m in _importers(area) if not m.startswith("loraflow.plan")} == set()

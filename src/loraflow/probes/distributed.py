@@ -34,7 +34,7 @@ DS = ("deepspeed",)
 
 def _model(setup: Combination):
     model = with_adapters(tiny_llama(use_cache=setup.use_cache), setup)
-    if setup.engine != "fsdp2":  # FSDP2 applies its torch wrapper around or inside the sharded units itself
+    if not setup.engine_spec.units:  # an engine with sharded units places its torch wrapper around or inside them
         checkpoint_as_setup(model, setup)
     return model
 

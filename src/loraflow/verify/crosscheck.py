@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from loraflow.enginespec import VARIANTS, wants_process_group
+
 STEPS = 3
 GLOBAL_BATCH = 4
 ZERO3_SHARD_ALL = {"zero_optimization": {"stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 0,
@@ -53,7 +55,7 @@ class Cell:
     adapter: str = "lora"  # lora | dora | full
     checkpointing: str = "off"  # off | reentrant | non-reentrant
     precision: str = "fp32"  # fp32 | bf16-mixed
-    engine: str = "ddp"  # single | ddp | zero0..zero3 | zero3-offload | fsdp2
+    engine: str = "ddp"  # a name of enginespec.VARIANTS: single | ddp | zero0..zero3 | zero3-offload | fsdp2
     accumulation: int = 1  # micro-batches per optimizer step (the global batch per step stays GLOBAL_BATCH)
     granularity: str = "layer"  # checkpointing.granularity: layer | mlp | attention
     head: str = "frozen"  # the output head: frozen | lora (an adapter on it) | trained (adapter.train_modules)
@@ -134,18 +136,23 @@ class Cell:
         if self.checkpointing != "off":
             out.append(f"checkpointing.reentrant={'true' if self.checkpointing == 'reentrant' else 'false'}")
             out.append(f"checkpointing.granularity={self.granularity}")
-        # zeroN[-offload] names a DeepSpeed cell; any other name is an engine of the table (enginespec.py).
-        out.append(f"parallel.engine={'deepspeed' if self.engine.startswith('zero') else self.engine}")
-        if self.engine.startswith("zero"):
-            stage = int(self.engine[4])
-            out.append(f"parallel.zero_stage={stage}")
-            if stage == 3:
-                path = workdir / "zero3-shard-all.json"
-                path.write_text(json.dumps(ZERO3_SHARD_ALL))
-                out.append(f"parallel.deepspeed_config={path}")
-            if self.engine.endswith("offload"):
-                out += ["parallel.offload_optimizer=true", "parallel.offload_params=true"]
-        return out
+        return out + engine_overrides(self.engine, workdir)
+
+
+def engine_overrides(variant: str, workdir: Path) -> list[str]:
+    """The parallel.* overrides of an engine variant (enginespec.VARIANTS: zero3-offload, fsdp2, ...). ZeRO-3
+    partitions every weight, as a real model's are (ZERO3_SHARD_ALL, written under workdir)."""
+    v = VARIANTS[variant]
+    out = [f"parallel.engine={v.engine}"]
+    if v.zero_stage is not None:
+        out.append(f"parallel.zero_stage={v.zero_stage}")
+        if v.zero_stage == 3:
+            path = workdir / "zero3-shard-all.json"
+            path.write_text(json.dumps(ZERO3_SHARD_ALL))
+            out.append(f"parallel.deepspeed_config={path}")
+    if v.offload:
+        out += ["parallel.offload_optimizer=true", "parallel.offload_params=true"]
+    return out
 
 
 def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Path,
@@ -308,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     from loraflow.run import setup_logging
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 or any(c.engine != "single" for c in cells):
+    if any(wants_process_group(VARIANTS[c.engine].engine, world) for c in cells):
         from loraflow.engines import init_distributed
 
         init_distributed("gloo")

@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from loraflow.enginespec import VARIANTS
 from loraflow.verify.sweep_models import EXPERT_FAMILIES, FAMILIES, image_text
 
 AXES: dict[str, tuple[str, ...]] = {
@@ -47,7 +48,8 @@ DEFAULT = {"stage": "sft", "family": "llama", "adapter": "lora", "targets": "all
 """A setup's values on the axes a caller leaves out."""
 
 PACKING_STAGES = ("sft",)
-ZERO = ("zero2", "zero3", "zero3-offload")
+ZERO = tuple(v for v in AXES["engine"] if VARIANTS[v].zero_stage is not None)
+"""The engine values that run DeepSpeed (its release is an axis of its own)."""
 STEPS = 3
 
 
@@ -246,19 +248,9 @@ def overrides(setup: dict[str, str], model_dir: str, out_dir: Path, workdir: Pat
     o += TOWERS[setup["towers"]]
     if setup["packing"] == "on":
         o.append("data.packing=true")
-    engine = setup["engine"]
-    o.append(f"parallel.engine={'deepspeed' if engine in ZERO else engine}")
-    if engine in ZERO:
-        o.append(f"parallel.zero_stage={engine[4]}")
-        if engine.startswith("zero3"):  # partition every weight, as a real model's are (crosscheck.ZERO3_SHARD_ALL)
-            from loraflow.verify.crosscheck import ZERO3_SHARD_ALL
+    from loraflow.verify.crosscheck import engine_overrides
 
-            path = workdir / "zero3-shard-all.json"
-            path.write_text(json.dumps(ZERO3_SHARD_ALL))
-            o.append(f"parallel.deepspeed_config={path}")
-        if engine.endswith("offload"):
-            o += ["parallel.offload_optimizer=true", "parallel.offload_params=true"]
-    return o
+    return o + engine_overrides(setup["engine"], workdir)
 
 
 TOWERS = {"auto": [], "vision-full": ["towers.vision.train=full", "towers.projector.train=full"],
