@@ -26,6 +26,7 @@ from loraflow.frontends.common import (
     Draft,
     accessors,
     apply_accelerate,
+    as_bool,
     as_list,
     at_least,
     embedding_targets,
@@ -36,10 +37,22 @@ from loraflow.frontends.common import (
     trainer_dtypes,
     world_from_env,
 )
+from loraflow.frontends.table import (
+    Default,
+    Field,
+    apply_table,
+    at_stage,
+    checkpointing_on,
+    empty_targets,
+    fact,
+    stages,
+    switch,
+)
 
 NAME = "llama-factory"
 HP = "src/llamafactory/hparams"
-STAGES = {"pt": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "kto": "dpo", "ppo": "ppo"}
+# LLaMA-Factory's stages -> loraflow's (pt and kto through table.STAGE_ALIASES).
+STAGES = stages("pt", "sft", "rm", "dpo", "kto", "ppo")
 # Combination field -> the LLaMA-Factory key (YAML) or flag that changes it (also read by `loraflow explain`).
 FLAGS = {"checkpointing": "disable_gradient_checkpointing", "reentrant": "use_reentrant_gc",
          "zero_stage": "deepspeed (e.g. examples/deepspeed/ds_z2_config.json)", "adapter": "finetuning_type / use_dora",
@@ -135,24 +148,28 @@ def _eras(draft: Draft, opts: dict, cmd: Command | None) -> None:
             draft.era("llama-factory", ">=0.7.1", "llamafactory-cli came in v0.7.1")
 
 
+# use_reentrant per release when use_reentrant_gc is not given: transformers' default (reentrant) to v0.4; v0.5.0
+# non-reentrant; reentrant again from v0.5.2 (use_reentrant_gc from v0.9.2).
+_REENTRANT = Default(True, "LLaMA-Factory < 0.5: gradient_checkpointing_enable() without kwargs (transformers 4.x: "
+                     "reentrant)", since=(
+                         ("llama-factory", "0.5.2", True, f"default ({HP}/model_args.py: use_reentrant_gc true; "
+                          "reentrant since v0.5.2)"),
+                         ("llama-factory", "0.5.0", False, "LLaMA-Factory 0.5.0 - 0.5.1 checkpoints with "
+                          "use_reentrant=False (model/patcher.py)")))
+
+
 def _reentrant(draft: Draft, opts: dict, on) -> tuple[bool, str]:
-    """use_reentrant per release: transformers' default (reentrant) to v0.4; v0.5.0 non-reentrant; reentrant again
-    from v0.5.2 (use_reentrant_gc from v0.9.2), forced off under FSDP2 from v0.9.4."""
+    """use_reentrant: forced off under FSDP2 from v0.9.4, else use_reentrant_gc, else the release's default."""
     if draft.get("engine") == "fsdp2" and at_least(draft, "llama-factory", "0.9.4"):
         return False, "LLaMA-Factory >= 0.9.4 sets use_reentrant_gc false under FSDP2 (model_utils/checkpointing.py)"
     if "use_reentrant_gc" in opts:
         return on("use_reentrant_gc"), opts["use_reentrant_gc"][1]
-    if at_least(draft, "llama-factory", "0.5.2"):
-        return True, f"default ({HP}/model_args.py: use_reentrant_gc true; reentrant since v0.5.2)"
-    if at_least(draft, "llama-factory", "0.5.0"):
-        return False, "LLaMA-Factory 0.5.0 - 0.5.1 checkpoints with use_reentrant=False (model/patcher.py)"
-    return True, "LLaMA-Factory < 0.5: gradient_checkpointing_enable() without kwargs (transformers 4.x: reentrant)"
+    return _REENTRANT(draft)
 
 
-def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, bases: list) -> None:
+def _stage(draft: Draft, opts: dict) -> str:
+    """Returns LLaMA-Factory's own stage name (pt, kto... decide packing and the trainer)."""
     get, src, on = accessors(opts)
-    _eras(draft, opts, cmd)
-
     stage_raw = str(get("stage", "sft"))
     if stage_raw not in STAGES:
         raise LoraflowError(f"stage: `{stage_raw}` is not a LLaMA-Factory stage ({', '.join(STAGES)}).")
@@ -160,7 +177,13 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
               src("stage") if "stage" in opts else f"default ({HP}/finetuning_args.py: sft)")
     if stage_raw in ("pt", "kto"):
         draft.note(f"stage {stage_raw} is read as {STAGES[stage_raw]} (loraflow's stages are sft, rm, dpo, grpo, ppo)")
+    return stage_raw
 
+
+def _engine_and_precision(draft: Draft, opts: dict, cmd: Command | None, bases: list) -> tuple[dict, dict]:
+    """accelerate's config and the DeepSpeed JSON, then bf16 / fp16 / pure_bf16. Returns (accelerate's leftovers,
+    deepspeed.apply's info)."""
+    get, src, on = accessors(opts)
     acc = apply_accelerate(draft, cmd, tuple(bases)) if cmd is not None and cmd.launcher == "accelerate" else {}
     info: dict[str, Any] = {}
     if "deepspeed" in opts and get("deepspeed"):
@@ -178,7 +201,12 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
     elif not draft.has("precision") and acc.get("mixed_precision") in ("bf16", "fp16"):
         draft.set("precision", precision_from(acc["mixed_precision"] == "bf16", acc["mixed_precision"] == "fp16"),
                   "accelerate mixed_precision")
+    return acc, info
 
+
+def _adapter(draft: Draft, opts: dict) -> str:
+    """finetuning_type, DoRA, extra trained modules, targets and quantization. Returns finetuning_type."""
+    get, src, on = accessors(opts)
     ftype = str(get("finetuning_type", "lora"))
     ftsrc = src("finetuning_type") if "finetuning_type" in opts else f"default ({HP}/finetuning_args.py: lora)"
     if ftype == "full":
@@ -192,8 +220,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
     if "additional_target" in opts:
         embedding_targets(draft, as_list(get("additional_target")), src("additional_target"),
                           str(get("model_name_or_path") or ""))
-    if "lora_target" in opts and not as_list(get("lora_target")):
-        draft.set("matched_modules", 0, f"{src('lora_target')} (empty)")
+    apply_table(draft, opts, (Field("matched_modules", ("lora_target",), empty_targets, suffix=" (empty)"),))
     bits = get("quantization_bit")
     if bits not in (None, "null", "None") and str(get("quantization_method", "bnb")) == "bnb":
         bits = int_value(bits, src("quantization_bit"), "a number of bits")
@@ -201,27 +228,39 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
         # bnb_4bit_quant_storage = compute dtype under ZeRO-3/FSDP (src/llamafactory/model/model_utils/quantization.py)
         draft.set("quant_storage_matches", True, "LLaMA-Factory sets bnb_4bit_quant_storage to the compute dtype "
                   "(model_utils/quantization.py)")
+    return ftype
 
+
+_CHECKPOINTING = (
+    Field("checkpointing", ("disable_gradient_checkpointing",), lambda v, w: "off" if as_bool(v, w) else "all",
+          Default("all", f"default ({HP}/model_args.py: disable_gradient_checkpointing false)")),
+    fact("checkpoint_impl", "transformers", "model_utils/checkpointing.py: _set_gradient_checkpointing",
+         when=checkpointing_on),
+)
+
+
+def _checkpointing(draft: Draft, opts: dict) -> None:
+    get, src, on = accessors(opts)
     if "gradient_checkpointing" in opts:
         draft.note(f"{src('gradient_checkpointing')}: LLaMA-Factory checkpoints through disable_gradient_checkpointing "
                    "(default false, so on); the Trainer's own flag is not how it enables it")
-    if not on("disable_gradient_checkpointing"):
-        draft.set("checkpointing", "all", src("disable_gradient_checkpointing") if "disable_gradient_checkpointing"
-                  in opts else f"default ({HP}/model_args.py: disable_gradient_checkpointing false)")
-        draft.set("checkpoint_impl", "transformers", "model_utils/checkpointing.py: _set_gradient_checkpointing")
+    apply_table(draft, opts, _CHECKPOINTING)
+    if checkpointing_on(draft):
         draft.set("reentrant", *_reentrant(draft, opts, on))
         draft.set("input_grad_hook", True, "LLaMA-Factory's checkpoint function marks each trainable layer's hidden-"
                   "state input as requiring grad (model_utils/checkpointing.py)")
         if on("use_unsloth_gc"):
             draft.note("use_unsloth_gc: activations are offloaded to CPU by LLaMA-Factory's own autograd function")
-    else:
-        draft.set("checkpointing", "off", src("disable_gradient_checkpointing"))
     draft.set("use_cache", False, "LLaMA-Factory turns the KV cache off for training (model_utils/kv_cache.py)")
+
+
+def _trainer(draft: Draft, opts: dict, stage_raw: str, ftype: str) -> None:
+    """Packing and the DDP settings."""
+    get, src, on = accessors(opts)
     packing = on("neat_packing") or (on("packing") if "packing" in opts else stage_raw == "pt")
     if packing:
         draft.set("packing", True, src("neat_packing") if on("neat_packing") else src("packing") if "packing" in opts
                   else f"default ({HP}/parser.py: packing on for stage pt)")
-
     if "ddp_find_unused_parameters" in opts:
         draft.set("find_unused_parameters", on("ddp_find_unused_parameters"), src("ddp_find_unused_parameters"))
     elif draft.get("engine") in ("deepspeed", "fsdp1", "fsdp2"):
@@ -230,28 +269,44 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
         draft.set("find_unused_parameters", False, f"LLaMA-Factory sets it false for LoRA under DDP ({HP}/parser.py)")
     else:
         draft.set("find_unused_parameters", False, "default (HF Trainer: false with gradient checkpointing)")
-    if on("ddp_static_graph"):
-        draft.set("ddp_static_graph", True, src("ddp_static_graph"))
-    if stage_raw in ("dpo", "kto", "rm"):
-        draft.set("forwards_per_step", 1, "concatenated_forward (src/llamafactory/train/dpo/trainer.py)")
-    if stage_raw == "ppo":
-        draft.set("generation", True, "PPO samples with generate (src/llamafactory/train/ppo/trainer.py)")
-        gathers = at_least(draft, "llama-factory", "0.8.0")
-        draft.set("generation_gather", gathers, "trl unwrap_model_for_generation gathers ZeRO-3 weights once "
-                  "(train/ppo/trainer.py, since v0.8.0)" if gathers else "LLaMA-Factory < 0.8 generates on the "
-                  "partitioned model (unwrap_model().generate)")
-    draft.set("train_mode_at_backward", True, "model.train() before each step (HF Trainer; ppo/trainer.py)")
-    if draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3:
-        if stage_raw != "ppo" and at_least(draft, "transformers", "5.0.0"):
-            draft.set("adapter_save_gather", True, "transformers >= 5 Trainer.save_model consolidates the trainable "
-                      "ZeRO-3 params of a PeftModel (transformers trainer.py)")
-        else:
-            gather = deepspeed.gather_on_save(draft, info) or bool(acc.get("zero3_save_16bit_model"))
-            key = info.get("gather_key", "stage3_gather_16bit_weights_on_model_save")
-            why = ("PPO saves through accelerator.get_state_dict, train/ppo/trainer.py" if stage_raw == "ppo" else
-                   "transformers < 5 saves through it")
-            draft.set("adapter_save_gather", gather, f"{key} in the DeepSpeed config ({why})")
+    apply_table(draft, opts, _FACTS)
 
+
+_FACTS = (
+    Field("ddp_static_graph", ("ddp_static_graph",), switch),
+    fact("forwards_per_step", 1, "concatenated_forward (src/llamafactory/train/dpo/trainer.py)",
+         when=at_stage("dpo", "rm")),
+    fact("generation", True, "PPO samples with generate (src/llamafactory/train/ppo/trainer.py)", when=at_stage("ppo")),
+    Field("generation_gather", when=at_stage("ppo"), default=Default(
+        False, "LLaMA-Factory < 0.8 generates on the partitioned model (unwrap_model().generate)", since=(
+            ("llama-factory", "0.8.0", True, "trl unwrap_model_for_generation gathers ZeRO-3 weights once "
+             "(train/ppo/trainer.py, since v0.8.0)"),))),
+    fact("train_mode_at_backward", True, "model.train() before each step (HF Trainer; ppo/trainer.py)"),
+)
+
+
+def _save_gather(draft: Draft, stage_raw: str, acc: dict, info: dict) -> None:
+    if draft.get("engine") != "deepspeed" or draft.get("zero_stage") != 3:
+        return
+    if stage_raw != "ppo" and at_least(draft, "transformers", "5.0.0"):
+        draft.set("adapter_save_gather", True, "transformers >= 5 Trainer.save_model consolidates the trainable "
+                  "ZeRO-3 params of a PeftModel (transformers trainer.py)")
+    else:
+        gather = deepspeed.gather_on_save(draft, info) or bool(acc.get("zero3_save_16bit_model"))
+        key = info.get("gather_key", "stage3_gather_16bit_weights_on_model_save")
+        why = ("PPO saves through accelerator.get_state_dict, train/ppo/trainer.py" if stage_raw == "ppo" else
+               "transformers < 5 saves through it")
+        draft.set("adapter_save_gather", gather, f"{key} in the DeepSpeed config ({why})")
+
+
+def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, bases: list) -> None:
+    _eras(draft, opts, cmd)
+    stage_raw = _stage(draft, opts)
+    acc, info = _engine_and_precision(draft, opts, cmd, bases)
+    ftype = _adapter(draft, opts)
+    _checkpointing(draft, opts)
+    _trainer(draft, opts, stage_raw, ftype)
+    _save_gather(draft, stage_raw, acc, info)
     _image_text(draft, opts, ftype)
     trainer_dtypes(draft, draft.get("precision") != "fp32", "LLaMA-Factory loads the model in the compute dtype")
     cli = cmd is not None and any(a.startswith("--") for a in cmd.args)
