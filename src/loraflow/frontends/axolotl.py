@@ -39,11 +39,12 @@ from loraflow.frontends.common import (
     trainer_dtypes,
 )
 from loraflow.frontends.intent import TOWER_MODULE
+from loraflow.frontends.table import Field, apply_table, at_stage, fact, stages, switch
 
 NAME = "axolotl"
 CFG = "src/axolotl/utils/config/__init__.py"
-_RL = {"dpo": "dpo", "ipo": "dpo", "orpo": "dpo", "kto": "dpo", "simpo": "dpo", "gdpo": "dpo", "grpo": "grpo",
-       "ebft": "sft"}
+# `rl:` -> loraflow stage (the preference objectives and ebft through table.STAGE_ALIASES).
+_RL = stages("dpo", "ipo", "orpo", "kto", "simpo", "gdpo", "grpo", "ebft")
 # Combination field -> the Axolotl config key that changes it (also read by `loraflow explain` through flags_for).
 FLAGS = {"checkpointing": "gradient_checkpointing", "reentrant": "gradient_checkpointing_kwargs: {use_reentrant: ...}",
          "zero_stage": "deepspeed (e.g. deepspeed_configs/zero2.json)", "engine": "deepspeed / fsdp / fsdp_version",
@@ -58,10 +59,8 @@ FLAGS = {"checkpointing": "gradient_checkpointing", "reentrant": "gradient_check
 _CLI = {"launcher", "cloud", "use_exec", "no_use_exec", "accelerate", "debug", "shard", "sweep"}
 
 
-def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, bases: list) -> None:
+def _stage(draft: Draft, cfg: dict) -> None:
     get, src, on = accessors(cfg)
-    _eras(draft, cfg, cmd)
-
     rl = get("rl")
     if rl:
         if str(rl) not in _RL:
@@ -71,8 +70,14 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
         draft.set("stage", "rm" if get("reward_model") else "sft", src("reward_model") if get("reward_model") else
                   "default (no rl: supervised fine-tuning)")
 
+
+def _engine(draft: Draft, cfg: dict, cmd: Command | None, bases: list) -> tuple[dict, dict, str]:
+    """accelerate's config, `deepspeed:` and `fsdp:` / `fsdp_config:`. Returns (accelerate's leftovers,
+    deepspeed.apply's info, the DeepSpeed config's label)."""
+    get, src, on = accessors(cfg)
     acc = apply_accelerate(draft, cmd, tuple(bases)) if cmd is not None and cmd.launcher == "accelerate" else {}
     info: dict[str, Any] = {}
+    label = ""
     if get("deepspeed"):
         ds = deepspeed.read(get("deepspeed"), src("deepspeed"), tuple(bases))
         info, label = deepspeed.apply(draft, ds), ds.label
@@ -87,7 +92,12 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
         if "offload" in as_list(get("fsdp")):
             draft.set("offload", True, src("fsdp"))
         apply_fsdp_options(draft, options, src("fsdp_config") if "fsdp_config" in cfg else src("fsdp"))
+    return acc, info, label
 
+
+def _precision(draft: Draft, cfg: dict, info: dict, label: str) -> bool:
+    """bf16 / fp16 (and DeepSpeed's sections). Returns whether bf16 trains."""
+    get, src, on = accessors(cfg)
     # bf16: auto resolves to true on GPUs with bf16 (resolve_dtype in src/axolotl/utils/config/__init__.py).
     bf16 = get("bf16")
     bf = (bf16 == "auto" or on("bf16") or on("bfloat16")) and not on("fp16")
@@ -99,7 +109,12 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
     if not draft.has("precision") and (bf or fp):
         key = next(k for k in ("bf16", "bfloat16", "fp16", "float16") if k in cfg and (bf if "b" in k else fp))
         draft.set("precision", "bf16-mixed" if bf else "fp16-mixed", src(key))
+    return bf
 
+
+def _adapter(draft: Draft, cfg: dict, bf: bool) -> None:
+    """adapter: lora / qlora (+ DoRA), its targets and extra trained modules, then load_in_4bit / 8bit."""
+    get, src, on = accessors(cfg)
     adapter = get("adapter")
     if adapter in ("lora", "qlora"):
         dora = on("peft_use_dora")
@@ -129,9 +144,14 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
                   "(src/axolotl/loaders/model.py)")
     elif on("load_in_8bit"):
         draft.set("quantization", "8bit", src("load_in_8bit"))
-
     if get("unfrozen_parameters"):
         draft.set("frozen_modules", True, f"{src('unfrozen_parameters')}: every other weight stays frozen")
+
+
+def _checkpointing(draft: Draft, cfg: dict) -> None:
+    """gradient_checkpointing, and the reentrancy Axolotl writes into gradient_checkpointing_kwargs itself."""
+    get, src, on = accessors(cfg)
+    rl = get("rl")
     gc = get("gradient_checkpointing", False)
     offloading = get("activation_offloading")
     if offloading and offloading != "hidden_states" and draft.get("adapter") != "full":
@@ -140,40 +160,56 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
         gc = False
     elif offloading == "hidden_states":
         gc = True
-    if gc and draft.get("checkpoint_impl") != "torch-wrapper":
-        draft.set("checkpointing", "all", src("gradient_checkpointing") if "gradient_checkpointing" in cfg
-                  else src("activation_offloading"))
-        draft.set("checkpoint_impl", "transformers", "HF Trainer gradient_checkpointing (src/axolotl/core/builders/"
-                  "base.py)")
-        kwargs = mapping_value(get("gradient_checkpointing_kwargs"), src("gradient_checkpointing_kwargs") if
-                               "gradient_checkpointing_kwargs" in cfg else "gradient_checkpointing_kwargs")
-        model_type = str(get("model_config_type") or get("base_model") or "")
-        if "use_reentrant" in kwargs:
-            draft.set("reentrant", as_bool(kwargs["use_reentrant"], "use_reentrant"),
-                      src("gradient_checkpointing_kwargs"))
-        elif "gemma4" in model_type.lower() or "gemma-4" in model_type.lower():
-            draft.set("reentrant", False, f"Axolotl forces use_reentrant false for Gemma4 ({CFG})")
-        elif (rl and at_least(draft, "axolotl", "0.5.0")) or get("unfrozen_parameters") or \
-                offloading == "hidden_states":
-            draft.set("reentrant", False, "default (Axolotl: use_reentrant false for rl (since v0.5.0) / "
-                      "unfrozen_parameters, src/axolotl/core/builders/base.py)")
-        else:
-            draft.set("reentrant", True, f"default (Axolotl {CFG}: gradient_checkpointing_kwargs "
-                      "{use_reentrant: true} when unset; transformers 4.x's reentrant default before v0.4.0)")
-        if gc in ("offload", "offload_disk"):
-            draft.note(f"gradient_checkpointing: {gc} offloads the checkpointed activations to CPU/disk")
-    draft.set("use_cache", False, "Axolotl sets config.use_cache = False (src/axolotl/loaders/utils.py)")
-    if on("sample_packing"):
-        draft.set("packing", True, src("sample_packing"))
+    if not gc or draft.get("checkpoint_impl") == "torch-wrapper":
+        return
+    draft.set("checkpointing", "all", src("gradient_checkpointing") if "gradient_checkpointing" in cfg
+              else src("activation_offloading"))
+    draft.set("checkpoint_impl", "transformers", "HF Trainer gradient_checkpointing (src/axolotl/core/builders/"
+              "base.py)")
+    kwargs = mapping_value(get("gradient_checkpointing_kwargs"), src("gradient_checkpointing_kwargs") if
+                           "gradient_checkpointing_kwargs" in cfg else "gradient_checkpointing_kwargs")
+    model_type = str(get("model_config_type") or get("base_model") or "")
+    if "use_reentrant" in kwargs:
+        draft.set("reentrant", as_bool(kwargs["use_reentrant"], "use_reentrant"),
+                  src("gradient_checkpointing_kwargs"))
+    elif "gemma4" in model_type.lower() or "gemma-4" in model_type.lower():
+        draft.set("reentrant", False, f"Axolotl forces use_reentrant false for Gemma4 ({CFG})")
+    elif (rl and at_least(draft, "axolotl", "0.5.0")) or get("unfrozen_parameters") or \
+            offloading == "hidden_states":
+        draft.set("reentrant", False, "default (Axolotl: use_reentrant false for rl (since v0.5.0) / "
+                  "unfrozen_parameters, src/axolotl/core/builders/base.py)")
+    else:
+        draft.set("reentrant", True, f"default (Axolotl {CFG}: gradient_checkpointing_kwargs "
+                  "{use_reentrant: true} when unset; transformers 4.x's reentrant default before v0.4.0)")
+    if gc in ("offload", "offload_disk"):
+        draft.note(f"gradient_checkpointing: {gc} offloads the checkpointed activations to CPU/disk")
 
+
+def _trainer(draft: Draft, cfg: dict) -> None:
+    """The KV cache, packing, DDP's unused parameters and the preference forward."""
+    get, src, on = accessors(cfg)
+    # A key set to null counts as unset (accessors).
+    apply_table(draft, {k: v for k, v in cfg.items() if v[0] is not None}, _TRAINER)
     if "ddp_find_unused_parameters" in cfg:
         draft.set("find_unused_parameters", on("ddp_find_unused_parameters"), src("ddp_find_unused_parameters"))
     elif draft.get("engine") not in ("deepspeed", "fsdp1", "fsdp2"):
         draft.set("find_unused_parameters", False, "default (Axolotl passes bool(ddp_find_unused_parameters) "
                   "under DDP, src/axolotl/core/builders/causal.py)")
-    if draft.get("stage") == "dpo":
-        draft.set("forwards_per_step", 1, "TRL's DPOTrainer concatenates chosen and rejected "
-                  "(trl/trainer/dpo_trainer.py)")
+    apply_table(draft, {}, _STEP)
+
+
+_TRAINER = (
+    fact("use_cache", False, "Axolotl sets config.use_cache = False (src/axolotl/loaders/utils.py)"),
+    Field("packing", ("sample_packing",), switch),
+)
+_STEP = (
+    fact("forwards_per_step", 1, "TRL's DPOTrainer concatenates chosen and rejected (trl/trainer/dpo_trainer.py)",
+         when=at_stage("dpo")),
+)
+
+
+def _rollouts_and_save(draft: Draft, cfg: dict, acc: dict, info: dict) -> None:
+    get, src, on = accessors(cfg)
     if draft.get("stage") == "grpo":
         trl = mapping_value(get("trl"), src("trl") if "trl" in cfg else "trl")
         vllm = as_bool(trl.get("use_vllm", False), "trl.use_vllm")
@@ -190,6 +226,16 @@ def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, b
                   "ZeRO-3 params (transformers trainer.py)" if new else
                   f"{info.get('gather_key', 'gather_16bit_weights_on_model_save')} in the DeepSpeed config")
 
+
+def _apply(draft: Draft, cfg: dict[str, tuple[Any, str]], cmd: Command | None, bases: list) -> None:
+    _eras(draft, cfg, cmd)
+    _stage(draft, cfg)
+    acc, info, label = _engine(draft, cfg, cmd, bases)
+    bf = _precision(draft, cfg, info, label)
+    _adapter(draft, cfg, bf)
+    _checkpointing(draft, cfg)
+    _trainer(draft, cfg)
+    _rollouts_and_save(draft, cfg, acc, info)
     _image_text(draft, cfg)
     for name, (value, source) in cfg.items():
         if name not in keys.AXOLOTL and name not in _CLI:
