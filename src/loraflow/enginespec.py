@@ -134,3 +134,7 @@ VARIANTS: dict[str, Variant] = {
 }
 """Harness name -> engine setting: `zeroN[-offload]` is DeepSpeed at ZeRO stage N (offloading optimizer and
 parameters to the CPU); the other names are engines of the table."""
+
+SHARD_UNIT = "_loraflow_shard_unit"
+"""The attribute by which setup marks, in order, the modules an engine with sharded units (`units` above) shards
+(setup/units.py): the engine shards what setup found, without knowing transformers' or a tower's layout."""

@@ -7,8 +7,8 @@ frozen weights never share a gather or reduce buffer with trainable ones, so the
 Precision: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) for bf16-mixed (sharded fp32 adapters,
 bf16 compute, fp32 gradient reduction). Checkpointing sits where the plan says (fsdp2-recompute-cast): outside the
 unit (transformers' layer checkpointing, already applied at setup) or inside it (torch's checkpoint around the
-layer's forward). Both mechanisms live in setup/checkpointing.py; this engine only places the inside one, before
-sharding, because fully_shard must find it there.
+layer's forward). Both mechanisms live in setup/checkpointing.py, which places either before this engine shards;
+the units themselves are found and marked at setup too (setup/units.py), so this engine knows no model layout.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any, Iterator
 import torch
 
 from loraflow.engines.base import Engine, clean_name, make_optimizer, make_scheduler
-from loraflow.setup.checkpointing import checkpoint_in_units, decoder_layers, hf_model, vision_layers
-from loraflow.setup.towers import tower_root_modules
+from loraflow.enginespec import SHARD_UNIT
+from loraflow.errors import LoraflowError
 
 
 def _is_dtensor(t: Any) -> bool:
@@ -47,23 +47,18 @@ class FSDP2Engine(Engine):
         policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                   if plan.autocast_dtype == torch.bfloat16 else MixedPrecisionPolicy())
         reshard = plan.config.parallel.fsdp_reshard_after_forward
-        layers = decoder_layers(model)
-        if not layers:
-            from loraflow.errors import LoraflowError
-
-            raise LoraflowError(f"{type(hf_model(model)).__name__} has no transformers decoder layers to shard; "
-                                "parallel.engine=fsdp2 needs a model whose layers are GradientCheckpointingLayer.")
-        checkpoint_in_units(model, plan)  # before fully_shard: the recompute must sit inside each unit
-        # An image-text model's vision layers are units like the decoder layers, and the vision encoder and
-        # projector are units of their own: each tower is gathered only while it runs.
-        for layer in [*vision_layers(model), *layers]:
-            if plan.setup.fsdp_frozen_units_separate:
-                for base in _frozen_base_layers(layer):
+        # The units setup marked (setup/units.py), in its order: layers (with the frozen base Linear of each LoRA
+        # module first, where the plan separates them), then the towers' other weights. Checkpointing inside the
+        # units was placed at setup, before this sharding (setup/checkpointing.py).
+        units = sorted((m for m in model.modules() if hasattr(m, SHARD_UNIT)), key=lambda m: getattr(m, SHARD_UNIT))
+        if not units:
+            raise LoraflowError("the model has no sharded units marked; build it with loraflow.setup.build_model, "
+                                "which marks them for parallel.engine=fsdp2.")
+        for unit in units:
+            if plan.setup.fsdp_frozen_units_separate and getattr(unit, SHARD_UNIT)[1]:  # a layer
+                for base in _frozen_base_layers(unit):
                     fully_shard(base, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-        roots = [r for t in plan.towers if t.name != "language" for r in t.roots]
-        for tower in _tower_units(tower_root_modules(hf_model(model), roots)):
-            fully_shard(tower, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+            fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self._units = [m for m in model.modules() if _is_fsdp(m)]
 
@@ -146,32 +141,6 @@ def _is_fsdp(module: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(module, FSDPModule)
-
-
-def _tower_units(roots: list[torch.nn.Module]) -> Iterator[torch.nn.Module]:
-    """The units that hold a tower's weights outside its layers. A tower that is a transformers sub-model (the
-    vision encoder) is not sharded whole: fully_shard swaps a module's class for an FSDP subclass, and transformers
-    5.23 looks up which outputs a model can record by the class's name (utils/output_capturing.py
-    _CanRecordRegistry), so a sharded vision encoder stops returning the hidden states LLaVA reads its features
-    from (`'NoneType' object is not subscriptable`). Its children that hold weights outside the layer units are
-    sharded instead (embeddings, norms); a plain module (the projector) is a unit itself. A generator: each unit
-    is sharded before the next root is looked at, so a unit inside a later root (Qwen2-VL's merger in its vision
-    encoder) is not taken twice."""
-    from transformers import PreTrainedModel
-
-    for root in roots:
-        if isinstance(root, (torch.nn.ModuleList, torch.nn.ModuleDict)):
-            # A container has no forward for fully_shard to hook (Qwen2.5-VL's vision blocks are a root when its
-            # merger, inside the same encoder, is left out): its members are the units, where not units already.
-            yield from _tower_units([m for m in root.children() if not any(_is_fsdp(x) for x in m.modules())])
-            continue
-        if not isinstance(root, PreTrainedModel):
-            if not _is_fsdp(root):
-                yield root
-            continue
-        for child in list(root.children()):
-            if any(True for _ in child.parameters()) and not any(_is_fsdp(m) for m in child.modules()):
-                yield from _tower_units([child])  # a container child (its blocks) gives its members
 
 
 def _frozen_base_layers(layer: torch.nn.Module) -> list[torch.nn.Module]:

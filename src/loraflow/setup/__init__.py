@@ -7,6 +7,7 @@ from loraflow.setup.adapters import apply_adapters
 from loraflow.setup.checkpointing import apply_checkpointing
 from loraflow.setup.model import load_merged
 from loraflow.setup.preflight import check_vocab
+from loraflow.setup.units import mark_shard_units
 
 
 def load_base(plan, tokenizer=None):
@@ -30,6 +31,7 @@ def build_model(plan, tokenizer=None):
 
         attach_value_head(model, plan.trainable_dtype)
     apply_checkpointing(model, plan)
+    mark_shard_units(model, plan)  # after checkpointing, which places its wrappers inside the units
     model.to(plan.device)
     model.train()
     return model

@@ -6,7 +6,8 @@ mechanisms, applied to exactly `plan.checkpoint_layers` (indices into `decoder_l
   recompute) and turns the KV cache off inside checkpointed layers. `apply_checkpointing` does it at setup.
 - Inside each FSDP2 unit (plan.checkpoint_in_engine, rule fsdp2-recompute-cast): torch's checkpoint around the
   layer's forward, so that FSDP2's gather and mixed-precision casts, which run in the unit's __call__, stay outside
-  the recompute. It has to be in place before fully_shard, so the FSDP2 engine places it (`checkpoint_in_units`).
+  the recompute. It has to be in place before fully_shard, so `apply_checkpointing` places it at setup too
+  (`checkpoint_in_units`), before the engine shards the units setup/units.py marked.
 - One sub-block of each chosen layer (plan.checkpoint_block: checkpointing.granularity=mlp or attention): torch's
   checkpoint around that child's forward (`checkpoint_forward`), at setup for every engine. The child sits inside
   its layer, so under FSDP2 the recompute is inside the layer's sharded unit whichever placement the plan chose.
@@ -146,8 +147,9 @@ def _verify(model: torch.nn.Module, plan) -> None:
 
 
 def apply_checkpointing(model: torch.nn.Module, plan) -> None:
-    if plan.checkpoint_in_engine:  # placed by the FSDP2 engine before sharding: checkpoint_in_units
+    if plan.checkpoint_in_engine:  # inside the engine's sharded units: placed now, before the engine shards
         set_input_grad_hook(model, plan.input_grad_hook)
+        checkpoint_in_units(model, plan)
         return
     if plan.checkpoint_block:  # sub-blocks: inside their layer (and its FSDP2 unit) for every engine
         for i, layer in enumerate(decoder_layers(model)):
@@ -166,10 +168,8 @@ def apply_checkpointing(model: torch.nn.Module, plan) -> None:
 
 def checkpoint_in_units(model: torch.nn.Module, plan) -> None:
     """Checkpointing inside FSDP2's units (plan.checkpoint_in_engine): torch's checkpoint around the forward of
-    exactly plan.checkpoint_layers. The FSDP2 engine calls it before fully_shard. (Sub-blocks are placed at setup:
-    they are inside their layer's unit anyway.)"""
-    if not plan.checkpoint_in_engine:
-        return
+    exactly plan.checkpoint_layers, placed before the engine's fully_shard wraps each layer. (Sub-blocks are inside
+    their layer's unit anyway.)"""
     chosen = set(plan.checkpoint_layers)
     for i, layer in enumerate(decoder_layers(model)):
         if i in chosen:
