@@ -42,16 +42,18 @@ from loraflow.frontends.common import (
     precision_from,
     trainer_dtypes,
 )
+from loraflow.frontends.hf_checkpointing import checkpointing
 from loraflow.frontends.hf_options import (
     HANDLED,
     Opt,
-    kwargs_of,
+    Run,
     options_from_args,
     options_from_file,
     trainer_from_name,
     trl_keys,
 )
 from loraflow.frontends.intent import TOWER_MODULE, infer
+from loraflow.frontends.table import Field, apply_table, fact, switch
 
 NAME = "hf"
 # Combination field -> the HF Trainer / TRL flag that changes it (command-line spelling; also read by
@@ -111,22 +113,43 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
           bases: list, trainer: str = "") -> None:
     """`trainer`: the TRL trainer (sft, dpo, grpo, rloo, kto, reward, orpo...), which decides TRL's per-trainer
     behaviour; empty means the one named by the stage."""
-    def on(name: str, default: bool = False) -> bool:
-        return as_bool(opts[name].value, opts[name].source) if name in opts else default
-
-    who = "TRL" if trl else "HF Trainer"
     cli = cmd.subcommand if cmd is not None and cmd.program == "trl" else None
     if trl:
         trl_rel.eras(draft, set(opts), cli)
     draft.set("stage", *stage)
     info = _engine(draft, opts, cmd, bases)
     zero3 = draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3
-
     trainer = trainer or {"rm": "reward"}.get(stage[0], stage[0])
-    # Precision: TRL defaults bf16 on unless fp16 (trl/trainer/*_config.py since 0.19, base_config.py now); the
-    # Trainer defaults to fp32.
-    fp16 = on("fp16")
-    bf16 = on("bf16") if "bf16" in opts else bool(trl and not fp16 and trl_rel.since(draft, "0.19.0"))
+    bf16, fp16 = _precision(draft, opts, trl, info)
+    # A script's own flags (not TrainingArguments', not TRL's): what they say about adapters, quantization,
+    # reentrancy and frozen towers (frontends/intent.py).
+    known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | HANDLED | set(_MODEL_KEYS) | set(_LENGTH_KEYS)
+    intent = infer({n: (o.value, o.source) for n, o in opts.items() if n not in known})
+    run = Run(opts, trl, trainer, cli, intent, info, zero3)
+    _adapter(draft, run)
+    _image_text(draft, opts, intent, cmd)
+    _quant_storage(draft, run, bf16, fp16)
+    gc, gc_name, kw_name = checkpointing(draft, run)
+    apply_table(draft, {n: (o.value, o.source) for n, o in opts.items()}, _cache_and_ddp(run, gc))
+    _rollouts_and_mode(draft, run)
+    _save_gather(draft, run)
+    dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)
+    # The base is half precision when loaded so, or when ZeRO-3's zero.Init partitions it in the DeepSpeed dtype.
+    half_init = zero3 and draft.get("precision") in ("bf16-mixed", "fp16-mixed")
+    trainer_dtypes(draft, dtype in ("bfloat16", "float16", "bf16", "fp16") or half_init,
+                   "--dtype / --torch_dtype" if not half_init else "ZeRO-3 zero.Init in the DeepSpeed dtype")
+    _flags(draft, run, cmd is not None, gc_name, kw_name)
+    for name, opt in opts.items():
+        if name not in known and name not in intent.used:
+            draft.unknown.append(opt.source)
+
+
+def _precision(draft: Draft, opts: dict[str, Opt], trl: bool, info: dict) -> tuple[bool, bool]:
+    """TRL defaults bf16 on unless fp16 (trl/trainer/*_config.py since 0.19, base_config.py now); the Trainer
+    defaults to fp32. Returns (bf16, fp16) as the Trainer reads them."""
+    fp16 = as_bool(opts["fp16"].value, opts["fp16"].source) if "fp16" in opts else False
+    bf16 = (as_bool(opts["bf16"].value, opts["bf16"].source) if "bf16" in opts else
+            bool(trl and not fp16 and trl_rel.since(draft, "0.19.0")))
     hf_src = (opts["bf16"].source if "bf16" in opts else opts["fp16"].source if "fp16" in opts else
               "default (TRL trl/trainer/base_config.py: bf16 unless fp16, since TRL 0.19)" if bf16 else "")
     if "ds" in info:
@@ -137,22 +160,21 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
             draft.set("precision", precision_from(bf16, fp16), hf_src)
         elif mp in ("bf16", "fp16"):
             draft.set("precision", precision_from(mp == "bf16", mp == "fp16"), "accelerate mixed_precision")
+    return bf16, fp16
 
-    # A script's own flags (not TrainingArguments', not TRL's): what they say about adapters, quantization,
-    # reentrancy and frozen towers (frontends/intent.py).
-    known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | HANDLED | set(_MODEL_KEYS) | set(_LENGTH_KEYS)
-    intent = infer({n: (o.value, o.source) for n, o in opts.items() if n not in known})
-    custom = bool(intent.used)
-    # Adapter: TRL scripts train a PEFT adapter only with --use_peft (ModelConfig.use_peft default False,
-    # trl/trainer/model_config.py). A plain Trainer script trains what it builds; with no PEFT flag, every weight.
+
+def _adapter(draft: Draft, run: Run) -> None:
+    """Adapter: TRL scripts train a PEFT adapter only with --use_peft (ModelConfig.use_peft default False,
+    trl/trainer/model_config.py). A plain Trainer script trains what it builds; with no PEFT flag, every weight."""
+    opts, intent = run.opts, run.intent
     if intent.adapter and "use_peft" not in opts:
         draft.set("adapter", intent.adapter, f"{intent.sources['adapter']} (inferred from the script's own flag)")
         draft.note(f"{intent.sources['adapter']}: read as {intent.adapter} on a frozen base (a flag of the script "
                    "itself, not of the HF Trainer)" if intent.adapter != "full" else
                    f"{intent.sources['adapter']}: read as full fine-tuning")
-    elif "use_peft" in opts or trl:
-        peft = on("use_peft")
-        draft.set("adapter", ("dora" if on("use_dora") else "lora") if peft else "full",
+    elif "use_peft" in opts or run.trl:
+        peft = run.on("use_peft")
+        draft.set("adapter", ("dora" if run.on("use_dora") else "lora") if peft else "full",
                   opts["use_peft"].source if "use_peft" in opts else
                   "default (TRL trl/trainer/model_config.py: use_peft false, full fine-tuning)")
     else:
@@ -166,7 +188,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
         embedding_targets(draft, as_list(opts["lora_modules_to_save"].value), opts["lora_modules_to_save"].source,
                           str((opts.get("model_name_or_path") or Opt("", "")).value))
     for bits in ("4", "8"):
-        if on(f"load_in_{bits}bit"):
+        if run.on(f"load_in_{bits}bit"):
             draft.set("quantization", f"{bits}bit", opts[f"load_in_{bits}bit"].source)
     if intent.quantization and not draft.has("quantization"):
         draft.set("quantization", intent.quantization, f"{intent.sources['quantization']} (inferred)")
@@ -178,131 +200,63 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                   "tower)")
     elif targets is not None and TOWER_MODULE.search(" ".join(map(str, as_list(targets.value)))):
         draft.set("tower_adapters", True, f"{targets.source} (names vision-tower modules)")
-    _image_text(draft, opts, intent, cmd)
-    if draft.get("quantization") == "4bit":
-        storage = (str(opts["bnb_4bit_quant_storage"].value) if "bnb_4bit_quant_storage" in opts else
-                   intent.storage)
-        dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)
-        same = storage is not None and storage in (dtype, "bfloat16" if bf16 else "float16" if fp16 else "float32")
-        draft.set("quant_storage_matches", same, (opts["bnb_4bit_quant_storage"].source if "bnb_4bit_quant_storage"
-                                                  in opts else f"{storage} (the script's storage flag)") if storage else
-                  "default (bnb_4bit_quant_storage unset: packed uint8, trl/trainer/utils.py)")
 
-    # Checkpointing: TRL turns it on by default (trl/trainer/base_config.py, since TRL 0.22); the Trainer does not.
-    # A script's own switch (InternVL's --grad_checkpoint) counts where the Trainer's flag is absent.
-    gc_name = next((n for n in ("activation_checkpointing", "gradient_checkpointing") if n in opts),
-                   "gradient_checkpointing")
-    kw_name = next((n for n in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs") if n in opts),
-                   "gradient_checkpointing_kwargs")
-    own_gc = gc_name not in opts and intent.checkpointing is not None
-    gc = (on(gc_name) if gc_name in opts else intent.checkpointing if own_gc else
-          bool(trl and trl_rel.since(draft, "0.22.0")))
-    if gc_name in opts:
-        gc_src = opts[gc_name].source
-    elif own_gc:
-        gc_src = f"{intent.sources['checkpointing']} (the script's own switch)"
-    else:
-        gc_src = f"default ({who} " + ("trl/trainer/base_config.py: gradient_checkpointing true since TRL 0.22)"
-                                       if trl else "TrainingArguments: false)")
-    if gc and draft.get("checkpoint_impl") == "torch-wrapper":
-        draft.note("both the Trainer's gradient_checkpointing and FSDP activation_checkpointing are on; transformers "
-                   "refuses that combination")
-    if gc:
-        kwargs = kwargs_of(opts.get(kw_name))
-        every = int_value(kwargs.get("every_n_layers", 1), f"{opts[kw_name].source if kw_name in opts else kw_name}: "
-                          "every_n_layers", "a number of layers")
-        draft.set("checkpointing", "partial" if every > 1 else "all", gc_src)
-        if every > 1:
-            draft.set("checkpoint_every_n", every, opts[kw_name].source)
-        draft.set("checkpoint_impl", "transformers", f"{who} calls model.gradient_checkpointing_enable")
-        if draft.get("engine") == "fsdp2":
-            # transformers < 5.23 checkpoints each layer's __call__, FSDP2's forward hooks (and their mixed-precision
-            # casts) inside the recompute; 5.23 checkpoints forward and leaves the hooks outside.
-            outside = not at_least(draft, "transformers", "5.23.0")
-            draft.set("checkpoint_outside_shard", outside, "transformers < 5.23 checkpoints the layer's __call__, "
-                      "FSDP2's hooks included" if outside else "transformers >= 5.23 checkpoints the layer's forward, "
-                      "inside FSDP2's hooks")
-        peft = draft.get("adapter") != "full"
-        forced = trl_rel.FORCED_SINCE.get(trainer)
-        if trl and peft and zero3 and forced and trl_rel.since(draft, forced):
-            # TRL forces reentrant for PEFT + ZeRO-3, overriding an explicit false: SFT since 0.28 (PR #4951), the
-            # DPO, GRPO, RLOO, KTO and reward trainers since 1.9 (PR #6356).
-            draft.set("reentrant", True, f"TRL >= {forced} forces use_reentrant=True for PEFT + ZeRO-3 "
-                      f"(trl/trainer/{trainer}_trainer.py)")
-            if kwargs.get("use_reentrant") is False:
-                draft.note(f"{opts[kw_name].source}: TRL overrides use_reentrant=false to true under PEFT + ZeRO-3")
-        elif "use_reentrant" in kwargs:
-            draft.set("reentrant", as_bool(kwargs["use_reentrant"], kw_name), opts[kw_name].source)
-        elif trl and (by_cli := trl_rel.cli_reentrant(draft, cli)):
-            draft.set("reentrant", *by_cli)
-        elif intent.reentrant is not None:
-            draft.set("reentrant", intent.reentrant, f"{intent.sources['reentrant']} (inferred: the script passes it "
-                      "to gradient_checkpointing_enable)")
-        elif trl and trl_rel.since(draft, "0.27.0"):
-            draft.set("reentrant", False, "default (TRL >= 0.27 sets use_reentrant=False when unset, trl/trainer/"
-                      f"{trainer}_trainer.py; transformers >= 5 defaults to False as well)")
-        else:
-            new = at_least(draft, "transformers", "5.0.0")
-            draft.set("reentrant", not new, f"default (transformers {'>=' if new else '<'} 5.0: use_reentrant="
-                      f"{not new} when gradient_checkpointing_kwargs is unset; transformers PR #43203)")
-        if custom and kw_name not in opts and intent.reentrant is None:
-            draft.maybe("reentrant", {True: "the script checkpoints reentrant", False: "the script checkpoints "
-                                      "non-reentrant (use_reentrant=False)"},
-                        "a training script of its own may pass gradient_checkpointing_kwargs itself")
-        if peft and custom:
-            draft.set("input_grad_hook", True, "assumed: scripts that train adapters with checkpointing call "
-                      "enable_input_require_grads() themselves")
-            draft.maybe("input_grad_hook", {True: "the script calls enable_input_require_grads()",
-                                            False: "the script adds no input-grad hook"},
-                        "only the script's code shows whether it hooks the embedding output")
-        elif peft and trl:
-            draft.set("input_grad_hook", *trl_rel.hook(draft, trainer))
-        elif peft and at_least(draft, "transformers", "5.0.0"):
-            draft.set("input_grad_hook", True, "transformers >= 5 checkpointing hooks the embedding output of "
-                      "input_ids models (transformers modeling_utils.py activation_checkpointing_enable)")
-        elif peft:
-            draft.set("input_grad_hook", False, "transformers < 5: the Trainer's hook is skipped for a PeftModel "
-                      "(transformers issue #42489)")
 
-    if gc:
-        vision.tower_hook(draft)
-    if trl:
-        draft.set("use_cache", False, "TRL passes use_cache=False in the training forward (trl/trainer/sft_trainer.py)")
-    elif "use_cache" in opts:
-        draft.set("use_cache", on("use_cache"), opts["use_cache"].source)
-    elif at_least(draft, "transformers", "5.0.0"):
-        draft.set("use_cache", False, "default (transformers 5 Trainer sets config.use_cache = args.use_cache, "
-                  "default false; transformers trainer.py)")
-    for name in ("packing", "padding_free"):
-        if on(name):
-            draft.set("packing", True, opts[name].source)
+def _quant_storage(draft: Draft, run: Run, bf16: bool, fp16: bool) -> None:
+    if draft.get("quantization") != "4bit":
+        return
+    opts = run.opts
+    storage = (str(opts["bnb_4bit_quant_storage"].value) if "bnb_4bit_quant_storage" in opts else
+               run.intent.storage)
+    dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)
+    same = storage is not None and storage in (dtype, "bfloat16" if bf16 else "float16" if fp16 else "float32")
+    draft.set("quant_storage_matches", same, (opts["bnb_4bit_quant_storage"].source if "bnb_4bit_quant_storage"
+                                              in opts else f"{storage} (the script's storage flag)") if storage else
+              "default (bnb_4bit_quant_storage unset: packed uint8, trl/trainer/utils.py)")
 
-    sharded = draft.get("engine") in ("deepspeed", "fsdp1", "fsdp2")  # DDP settings do not apply there
-    if "ddp_find_unused_parameters" in opts:
-        draft.set("find_unused_parameters", on("ddp_find_unused_parameters"), opts["ddp_find_unused_parameters"].source)
-    elif sharded:
-        pass
-    elif draft.get("adapter") != "full":
-        draft.set("find_unused_parameters", True, "default (HF Trainer: a PeftModel is not a PreTrainedModel, so "
-                  "find_unused_parameters=True; transformers trainer.py)")
-    else:
-        draft.set("find_unused_parameters", not gc, "default (HF Trainer: not gradient_checkpointing; trainer.py)")
-    if on("ddp_static_graph"):
-        draft.set("ddp_static_graph", True, opts["ddp_static_graph"].source)
 
+def _cache_and_ddp(run: Run, gc: bool) -> tuple[Field, ...]:
+    """use_cache, packing and DDP's settings (which do not apply under DeepSpeed or FSDP)."""
+    def cache_default(draft: Draft) -> tuple[bool, str] | None:
+        if at_least(draft, "transformers", "5.0.0"):
+            return False, ("default (transformers 5 Trainer sets config.use_cache = args.use_cache, default false; "
+                           "transformers trainer.py)")
+        return None
+
+    def unused_default(draft: Draft) -> tuple[bool, str] | None:
+        if draft.get("engine") in ("deepspeed", "fsdp1", "fsdp2"):
+            return None
+        if draft.get("adapter") != "full":
+            return True, ("default (HF Trainer: a PeftModel is not a PreTrainedModel, so find_unused_parameters=True; "
+                          "transformers trainer.py)")
+        return not gc, "default (HF Trainer: not gradient_checkpointing; trainer.py)"
+
+    return (
+        fact("use_cache", False, "TRL passes use_cache=False in the training forward (trl/trainer/sft_trainer.py)",
+             when=lambda d: run.trl),
+        Field("use_cache", ("use_cache",), default=cache_default, when=lambda d: not run.trl),
+        Field("packing", ("packing",), switch),
+        Field("packing", ("padding_free",), switch),
+        Field("find_unused_parameters", ("ddp_find_unused_parameters",), default=unused_default),
+        Field("ddp_static_graph", ("ddp_static_graph",), switch),
+    )
+
+
+def _rollouts_and_mode(draft: Draft, run: Run) -> None:
+    opts, trl, trainer = run.opts, run.trl, run.trainer
     if draft.get("stage") in ("grpo", "ppo"):
-        if on("use_vllm"):
+        if run.on("use_vllm"):
             draft.set("generation", False, opts["use_vllm"].source + " (rollouts come from vLLM)")
         else:
             draft.set("generation", True, f"{draft.get('stage')} samples with model.generate (use_vllm false)")
-            gather = on("ds3_gather_for_generation", default=True)
+            gather = run.on("ds3_gather_for_generation", default=True)
             draft.set("generation_gather", gather, opts["ds3_gather_for_generation"].source if
                       "ds3_gather_for_generation" in opts else "default (TRL trl/trainer/grpo_config.py: "
                       "ds3_gather_for_generation true)")
     if draft.get("stage") == "dpo":
         draft.set("forwards_per_step", 1, "TRL concatenates chosen and rejected in one forward "
                   "(trl/trainer/dpo_trainer.py)")
-    if trl and trl_rel.paged_eval(draft, trainer, on("use_transformers_paged")):
+    if trl and trl_rel.paged_eval(draft, trainer, run.on("use_transformers_paged")):
         draft.set("train_mode_at_backward", False, f"TRL 0.20 - 0.23 {trainer} with --use_transformers_paged: the "
                   "continuous-batching generator leaves the policy in eval mode (restored from 0.24, PR #4065)")
     else:
@@ -312,39 +266,39 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
         draft.set("generation", True, "legacy PPOTrainer samples with generate (trl/trainer/ppo_trainer.py)")
         draft.set("generation_gather", trl_rel.since(draft, "0.8.2"), "unwrap_model_for_generation gathers once "
                   "since TRL 0.8.2 (PR #1483)")
-    if zero3:
-        if at_least(draft, "transformers", "5.0.0"):
-            draft.set("adapter_save_gather", True, "transformers >= 5 Trainer.save_model consolidates the trainable "
-                      "ZeRO-3 params of a PeftModel (transformers trainer.py)")
-        else:
-            gather = (deepspeed.gather_on_save(draft, info.get("ds", {}))
-                      or bool(info["acc"].get("zero3_save_16bit_model")))
-            draft.set("adapter_save_gather", gather, f"{info.get('ds_label', 'accelerate config')}: "
-                      "stage3_gather_16bit_weights_on_model_save (transformers < 5 saves through it)")
 
-    dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)
-    # The base is half precision when loaded so, or when ZeRO-3's zero.Init partitions it in the DeepSpeed dtype.
-    half_init = zero3 and draft.get("precision") in ("bf16-mixed", "fp16-mixed")
-    trainer_dtypes(draft, dtype in ("bfloat16", "float16", "bf16", "fp16") or half_init,
-                   "--dtype / --torch_dtype" if not half_init else "ZeRO-3 zero.Init in the DeepSpeed dtype")
-    cli = cmd is not None
+
+def _save_gather(draft: Draft, run: Run) -> None:
+    if not run.zero3:
+        return
+    info = run.info
+    if at_least(draft, "transformers", "5.0.0"):
+        draft.set("adapter_save_gather", True, "transformers >= 5 Trainer.save_model consolidates the trainable "
+                  "ZeRO-3 params of a PeftModel (transformers trainer.py)")
+    else:
+        gather = (deepspeed.gather_on_save(draft, info.get("ds", {}))
+                  or bool(info["acc"].get("zero3_save_16bit_model")))
+        draft.set("adapter_save_gather", gather, f"{info.get('ds_label', 'accelerate config')}: "
+                  "stage3_gather_16bit_weights_on_model_save (transformers < 5 saves through it)")
+
+
+def _flags(draft: Draft, run: Run, cli: bool, gc_name: str, kw_name: str) -> None:
+    """The flags that change each field, spelled as this run spells them (a file's keys carry no dashes)."""
+    ds = "ds" in run.info
     kw = f"--{kw_name} '{{\"use_reentrant\": ...}}'" if cli else f"{kw_name}: {{use_reentrant: ...}}"
     draft.flag(checkpointing=f"--{gc_name}" if cli else gc_name, reentrant=kw, precision="--bf16 / --fp16" if cli else
                "bf16 / fp16", engine="--deepspeed / --fsdp", find_unused_parameters="--ddp_find_unused_parameters",
-               ddp_static_graph="--ddp_static_graph", use_cache="--use_cache" if not trl else "",
+               ddp_static_graph="--ddp_static_graph", use_cache="--use_cache" if not run.trl else "",
                adapter="--use_peft / --use_dora", quantization="--load_in_4bit",
                matched_modules="--lora_target_modules",
                quant_storage_matches="--bnb_4bit_quant_storage", packing="--packing",
                generation_gather="--ds3_gather_for_generation", world_size="the launcher's process count",
                targets_all_towers="--lora_target_modules",
-               zero_stage="zero_optimization.stage in the --deepspeed JSON" if "ds" in info else
+               zero_stage="zero_optimization.stage in the --deepspeed JSON" if ds else
                "--zero_stage / zero_stage in the accelerate config",
-               adapter_save_gather="stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON" if "ds" in info
+               adapter_save_gather="stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON" if ds
                else "zero3_save_16bit_model in the accelerate config")
     draft.flags = {k: v if cli else re.sub(r"(^|\s)--", r"\1", v) for k, v in draft.flags.items() if v}
-    for name, opt in opts.items():
-        if name not in known and name not in intent.used:
-            draft.unknown.append(opt.source)
 
 
 # Where scripts name the model: TrainingArguments-style scripts and TRL (--model_name_or_path), Qwen2-VL-Finetune

@@ -13,7 +13,8 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import keys
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import Command, parse_flags, resolve_path
-from loraflow.frontends.common import Draft, load_mapping
+from loraflow.frontends.common import Draft, as_bool, load_mapping
+from loraflow.frontends.intent import Intent
 
 # Flags that take several values; and the flags hf.py gives a meaning (`--no_X` negates them).
 LISTS = {"lora_target_modules", "lora_modules_to_save", "report_to", "reward_funcs", "reward_weights", "label_names",
@@ -31,6 +32,33 @@ class Opt:
     value: Any
     source: str
     derived: bool = False  # translated from a vendor's section (peft_config:), so not a sign of TRL's own keys
+
+
+@dataclass
+class Run:
+    """What each part of reading an HF Trainer / TRL run needs: the options, whether TRL runs them, TRL's trainer
+    (sft, dpo, grpo, rloo, kto, reward, orpo...: it decides TRL's per-trainer behaviour), the `trl` subcommand, what
+    the script's own flags say (intent) and what the engine read left (info)."""
+    opts: dict[str, Opt]
+    trl: bool
+    trainer: str
+    cli: str | None
+    intent: Intent
+    info: dict[str, Any]
+    zero3: bool
+
+    @property
+    def who(self) -> str:
+        return "TRL" if self.trl else "HF Trainer"
+
+    @property
+    def custom(self) -> bool:
+        """The script has flags of its own (not TrainingArguments', not TRL's)."""
+        return bool(self.intent.used)
+
+    def on(self, name: str, default: bool = False) -> bool:
+        opts = self.opts
+        return as_bool(opts[name].value, opts[name].source) if name in opts else default
 
 
 def trainer_from_name(text: str) -> str | None:

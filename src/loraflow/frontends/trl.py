@@ -6,8 +6,10 @@ from __future__ import annotations
 from packaging.version import Version
 
 from loraflow.frontends.common import Draft, at_least
+from loraflow.frontends.table import stages
 
-TRL_COMMANDS = {"sft": "sft", "dpo": "dpo", "grpo": "grpo", "reward": "rm", "kto": "dpo", "rloo": "grpo"}
+# `trl SUBCOMMAND` -> loraflow stage (reward, kto, rloo through table.STAGE_ALIASES).
+TRL_COMMANDS = stages("sft", "dpo", "grpo", "reward", "kto", "rloo")
 # Flags only TRL has - not TrainingArguments, not transformers' example scripts (whose --dataset_name, and the generic
 # --packing / --beta, say nothing about TRL): ModelConfig (trl/trainer/model_config.py), ScriptArguments
 # (trl/scripts/utils.py) and SFT/GRPO config fields (trl/trainer/*_config.py).
@@ -18,8 +20,7 @@ MARKERS = {"use_peft", "lora_r", "lora_target_modules", "lora_modules_to_save", 
            "max_completion_length", "use_vllm", "vllm_mode", "ds3_gather_for_generation", "reward_funcs",
            "use_transformers_paged"}
 # TRL trainer (CLI subcommand or script name) -> loraflow stage.
-TRAINERS = {"grpo": "grpo", "rloo": "grpo", "online_dpo": "dpo", "kto": "dpo", "orpo": "dpo", "simpo": "dpo",
-            "cpo": "dpo", "dpo": "dpo", "ppo": "ppo", "reward": "rm", "sft": "sft"}
+TRAINERS = stages("grpo", "rloo", "online_dpo", "kto", "orpo", "simpo", "cpo", "dpo", "ppo", "reward", "sft")
 # TRL forces use_reentrant=True for PEFT + ZeRO-3 + checkpointing: SFTTrainer since 0.28.0 (PR #4951), DPO, GRPO,
 # RLOO, KTO and reward trainers since 1.9.0 (PR #6356); the other trainers never.
 FORCED_SINCE = {"sft": "0.28.0", "dpo": "1.9.0", "grpo": "1.9.0", "rloo": "1.9.0", "kto": "1.9.0", "reward": "1.9.0"}
