@@ -220,6 +220,39 @@ def visible_devices(cmd: Command) -> tuple[int | None, str | None]:
     return None, None
 
 
+def _env_word(cmd: Command, rest: list[str]) -> list[str]:
+    """`env`, `nohup`... or a `VAR=value` in front of the launch: the words after it."""
+    head = rest[0]
+    if _ENV.match(head):
+        key, _, val = head.partition("=")
+        if val.startswith("$(") and val.count("(") > val.count(")"):
+            # `N=$(nvidia-smi --list-gpus | wc -l) swift sft ...` split by a shell that did not run it: the
+            # substitution's words go with it, and its value is unknown.
+            end = next((i for i, t in enumerate(rest[1:], 1) if t.endswith(")")), 0)
+            rest = rest[end:]
+            val = ""
+        cmd.env[key] = val
+    return rest[1:]
+
+
+def _cluster_launcher(cmd: Command, rest: list[str], argv: list[str]) -> list[str]:
+    """srun / mpirun / mpiexec in front of the launch: the words from the program it starts."""
+    head = rest[0]
+    # srun/mpirun options are many and differ per site (`-N 2`, `--gres=gpu:8`, `-x NCCL_DEBUG`): rather than
+    # know them all, skip to the first word that starts something we read.
+    start = next((i for i, t in enumerate(rest[1:], 1) if _starts_program(t)), None)
+    if start is None:
+        raise LoraflowError(f"`{head}` launches nothing loraflow reads in `{shlex.join(argv)}`: expected "
+                            "torchrun, deepspeed, accelerate, python or a training CLI after its options.")
+    cmd.notes.append(f"launched through `{head}`; its options other than the process count were not read")
+    count = next((_int(rest[i + 1]) for i, t in enumerate(rest[1:start - 1], 1) if t in ("-np", "-n")), None)
+    if count and head != "srun":
+        # mpirun starts `-np` copies of the program; srun's `-n` counts tasks, which a torchrun after it
+        # multiplies again, so it is left to the launcher that follows.
+        cmd.world_size, cmd.world_source = count, f"{head} -np {count}"
+    return rest[start:]
+
+
 def split_command(argv: list[str], depth: int = 0) -> Command:
     """Peel env assignments and launchers off `argv` (already split by the shell)."""
     if not argv:
@@ -230,35 +263,14 @@ def split_command(argv: list[str], depth: int = 0) -> Command:
     while rest:
         head = rest[0]
         if head in ("env", "nohup", "time", "exec", "command") or _ENV.match(head):
-            if _ENV.match(head):
-                key, _, val = head.partition("=")
-                if val.startswith("$(") and val.count("(") > val.count(")"):
-                    # `N=$(nvidia-smi --list-gpus | wc -l) swift sft ...` split by a shell that did not run it: the
-                    # substitution's words go with it, and its value is unknown.
-                    end = next((i for i, t in enumerate(rest[1:], 1) if t.endswith(")")), 0)
-                    rest = rest[end:]
-                    val = ""
-                cmd.env[key] = val
-            rest = rest[1:]
+            rest = _env_word(cmd, rest)
         elif head in ("bash", "sh") and len(rest) > 1 and Path(rest[1]).is_file() and depth < 3:
             inner = split_command(command_from_script(rest[1]), depth + 1)
             inner.env = {**cmd.env, **inner.env}
             inner.notes.insert(0, f"launch line read from {rest[1]}")
             return inner
         elif head in _CLUSTER_LAUNCHERS:
-            # srun/mpirun options are many and differ per site (`-N 2`, `--gres=gpu:8`, `-x NCCL_DEBUG`): rather than
-            # know them all, skip to the first word that starts something we read.
-            start = next((i for i, t in enumerate(rest[1:], 1) if _starts_program(t)), None)
-            if start is None:
-                raise LoraflowError(f"`{head}` launches nothing loraflow reads in `{shlex.join(argv)}`: expected "
-                                    "torchrun, deepspeed, accelerate, python or a training CLI after its options.")
-            cmd.notes.append(f"launched through `{head}`; its options other than the process count were not read")
-            count = next((_int(rest[i + 1]) for i, t in enumerate(rest[1:start - 1], 1) if t in ("-np", "-n")), None)
-            if count and head != "srun":
-                # mpirun starts `-np` copies of the program; srun's `-n` counts tasks, which a torchrun after it
-                # multiplies again, so it is left to the launcher that follows.
-                cmd.world_size, cmd.world_source = count, f"{head} -np {count}"
-            rest = rest[start:]
+            rest = _cluster_launcher(cmd, rest, argv)
         elif head == "ray":
             if "--" not in rest:
                 raise LoraflowError("`ray job submit` without `--`: cannot find the training command after it.")

@@ -105,13 +105,7 @@ def infer(options: dict[str, tuple[Any, str]]) -> Intent:
     out = Intent()
     for name, (value, raw) in options.items():
         if _ADAPTER_TYPE.match(name) and isinstance(value, (str, list)):
-            kind = str(value[0] if isinstance(value, list) and value else value).lower()
-            if kind in ("lora", "qlora", "dora", "longlora", "full", "freeze"):
-                out.adapter = "full" if kind == "full" else "dora" if kind == "dora" else "lora"
-                out.sources["adapter"] = raw
-                if kind == "qlora":
-                    out.quantization, out.sources["quantization"] = "4bit", raw
-                out.used.add(name)
+            _adapter_type(out, name, value, raw)
             continue
         if _TOWER_LORA.match(name) or (_TARGETS.match(name) and TOWER_MODULE.search(str(value))):
             on = True if _TARGETS.match(name) else _truthy(value, raw)
@@ -156,25 +150,7 @@ def infer(options: dict[str, tuple[Any, str]]) -> Intent:
             out.adapter, out.sources["adapter"] = "dora", raw
             out.used.add(name)
         elif _TUNE.match(name) or _FREEZE.match(name):
-            on = _truthy(value, raw)
-            if on is None:
-                continue
-            out.used.add(name)
-            # `--tune_llm false`, `--freeze_vision_tower`, `--fix_vit True`, `--tune_mm_mlp_adapter` (only the
-            # projector trains): some base weights stay frozen.
-            frozen = (on is False) if _TUNE.match(name) else on
-            if name == "tune_mm_mlp_adapter" and on:
-                frozen = True
-            if frozen:
-                out.frozen_modules, out.sources["frozen_modules"] = True, raw
-            vision = _VISION_PART.search(name)
-            if vision:
-                out.image_text = True
-                out.sources.setdefault("image_text", raw)
-            if (vision and frozen is False) or (name == "tune_mm_mlp_adapter" and on):
-                out.towers_trainable, out.sources["towers_trainable"] = True, raw
-            elif name == "freeze_mlp" and on is False:
-                out.projector_mlp_trains, out.sources["projector_mlp_trains"] = True, raw
+            _towers(out, name, value, raw)
         elif _CHECKPOINT.match(name):
             on = _truthy(value, raw)
             if on is not None:
@@ -188,3 +164,37 @@ def infer(options: dict[str, tuple[Any, str]]) -> Intent:
             out.full_paths, out.sources["full_paths"] = True, raw
             out.used.add(name)
     return out
+
+
+def _adapter_type(out: Intent, name: str, value: Any, raw: str) -> None:
+    """`--finetuning_type lora`, `--train_type qlora`, `--peft_type dora`."""
+    kind = str(value[0] if isinstance(value, list) and value else value).lower()
+    if kind in ("lora", "qlora", "dora", "longlora", "full", "freeze"):
+        out.adapter = "full" if kind == "full" else "dora" if kind == "dora" else "lora"
+        out.sources["adapter"] = raw
+        if kind == "qlora":
+            out.quantization, out.sources["quantization"] = "4bit", raw
+        out.used.add(name)
+
+
+def _towers(out: Intent, name: str, value: Any, raw: str) -> None:
+    """`--tune_X` / `--freeze_X` / `--fix_X`: which towers train."""
+    on = _truthy(value, raw)
+    if on is None:
+        return
+    out.used.add(name)
+    # `--tune_llm false`, `--freeze_vision_tower`, `--fix_vit True`, `--tune_mm_mlp_adapter` (only the
+    # projector trains): some base weights stay frozen.
+    frozen = (on is False) if _TUNE.match(name) else on
+    if name == "tune_mm_mlp_adapter" and on:
+        frozen = True
+    if frozen:
+        out.frozen_modules, out.sources["frozen_modules"] = True, raw
+    vision = _VISION_PART.search(name)
+    if vision:
+        out.image_text = True
+        out.sources.setdefault("image_text", raw)
+    if (vision and frozen is False) or (name == "tune_mm_mlp_adapter" and on):
+        out.towers_trainable, out.sources["towers_trainable"] = True, raw
+    elif name == "freeze_mlp" and on is False:
+        out.projector_mlp_trains, out.sources["projector_mlp_trains"] = True, raw
