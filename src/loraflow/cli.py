@@ -301,8 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="loraflow check [CONFIG.yaml] [key=value ...] | loraflow check -- COMMAND LINE | "
                                    "loraflow check --framework NAME FILE...")
     c.add_argument("items", nargs="*", metavar="CONFIG.yaml | key=value | FILE")
-    c.add_argument("--framework", help="read FILE... as this framework's config (openrlhf, deepspeed-chat, hf, "
-                                       "llama-factory, ms-swift, axolotl, deepspeed)")
+    from loraflow.frontends.base import frameworks  # the names as the frontends declare them, never a copy here
+
+    c.add_argument("--framework", help="read FILE... as this framework's config "
+                                       f"({', '.join(f.name for f in frameworks())})")
     c.add_argument("--versions", metavar="PKG=VER,...", help="the versions the run used, e.g. deepspeed=0.15.3,"
                    f"torch=2.5.1,trl=0.12.2 (frameworks: {', '.join(FRAMEWORK_RELEASES)}; deepspeed-chat=DATE). "
                    "Another framework's setup is checked over every release of what is not given; `installed` takes "

@@ -1,7 +1,9 @@
 """Other frameworks' command lines and config files -> loraflow's normalized Combination, for `loraflow check`.
 
 Interface (one module per framework, each declaring itself once in a module-level FRAMEWORK; _MODULES in base.py is
-the dispatch order):
+the dispatch order). A new framework is one module - its FRAMEWORK, its flag table (table.Field rows: field, flags,
+parser, default per release with its source) applied by table.apply_table, its stage names through
+table.STAGE_ALIASES, and from_command / from_files - plus its name in base._MODULES:
   result = from_command(argv, versions)            # argv: the launch line after `loraflow check --`
   result = from_files(framework, paths, versions)   # `loraflow check --framework NAME FILE...`
 A FrontendResult carries the Combination, where each field's value came from (a flag, a file key, or the framework's own

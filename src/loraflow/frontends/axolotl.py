@@ -353,4 +353,4 @@ def _recognise(view) -> bool:
 
 
 FRAMEWORK = Framework(name=NAME, title="Axolotl", module="axolotl", recognise=_recognise, flags=FLAGS,
-                      log_paths=r"axolotl[/\\]", file_markers=MARKERS, depends=DEPENDS)
+                      log_paths=r"axolotl[/\\]", file_markers=MARKERS, depends=DEPENDS, dated=True)

@@ -50,6 +50,10 @@ class Framework:
     depends: tuple[tuple[str, str, dict[str, str]], ...] = ()
     """(package, release range, {dependency: range}): what a release range pins (requirements.txt), so the
     scenarios of `check` never pair a release with versions it cannot run with."""
+    aliases: tuple[str, ...] = ()
+    """Other spellings of its name (`swift`, `llama_factory`), accepted wherever the name is."""
+    dated: bool = False
+    """Its own release changes its defaults: `--versions NAME=X` names it, and `check` evaluates its releases."""
 
 
 # The frontends in dispatch order: the first whose `recognise` accepts a command line reads it; the general HF
@@ -65,11 +69,22 @@ def framework(name: str) -> Framework:
     from loraflow.errors import LoraflowError
 
     known = {f.name: f for f in frameworks()}
+    name = aliases().get(name, name)
     if name not in known:
         near = get_close_matches(name.lower(), list(known), n=2, cutoff=0.5)
         hint = f" Did you mean {' or '.join(near)}?" if near else ""
         raise LoraflowError(f"unknown framework `{name}`: loraflow check reads {', '.join(known)}.{hint}")
     return known[name]
+
+
+def aliases() -> dict[str, str]:
+    """Every other spelling of a framework's name -> its name, from the declarations."""
+    return {alias: f.name for f in frameworks() for alias in f.aliases}
+
+
+def release_names() -> tuple[str, ...]:
+    """The frameworks whose own release is a version `check` reads (`--versions openrlhf=0.5.9`)."""
+    return tuple(f.name for f in frameworks() if f.dated)
 
 
 def framework_of_log(text: str) -> str | None:

@@ -99,7 +99,8 @@ def _table(p: str, main: str) -> tuple[Field, ...]:
     return (
         # deepspeed.initialize wraps the model at every stage, ZeRO 0 included (main.py).
         fact("engine", "deepspeed", f"{main} always calls deepspeed.initialize"),
-        Field("zero_stage", (f"{p}zero_stage",), zero_stage, Default(0, f"default ({main}: --{p}zero_stage default 0)")),
+        Field("zero_stage", (f"{p}zero_stage",), zero_stage,
+              Default(0, f"default ({main}: --{p}zero_stage default 0)")),
         # get_train_ds_config offloads both optimizer and parameters (dschat/utils/ds_utils.py).
         Field("offload", ("offload",), switch),
         Field("precision", ("dtype",), lambda v, w: "bf16-mixed" if v == "bf16" else "fp16-mixed", Default(
@@ -111,7 +112,8 @@ def _table(p: str, main: str) -> tuple[Field, ...]:
 def _checkpointing(p: str, main: str) -> tuple[Field, ...]:
     return (
         Field("checkpointing", (f"{p}gradient_checkpointing",), all_if_on),
-        fact("checkpoint_impl", "transformers", f"{main}: model.gradient_checkpointing_enable()", when=checkpointing_on),
+        fact("checkpoint_impl", "transformers", f"{main}: model.gradient_checkpointing_enable()",
+             when=checkpointing_on),
         # No kwargs: transformers < 5 passes use_reentrant=True, >= 5 False (transformers PR #43203;
         # trl/trainer/sft_trainer.py checks the same 5.0.0 boundary).
         Field("reentrant", when=checkpointing_on, default=Default(
@@ -235,4 +237,5 @@ def _recognise(view) -> bool:
 
 
 FRAMEWORK = Framework(name=NAME, title="DeepSpeed-Chat", module="deepspeed_chat", recognise=_recognise, flags=FLAGS,
-                      log_paths=r"dschat[/\\]|DeepSpeed-Chat|deepspeed_chat|applications[/\\]DeepSpeed-Chat")
+                      log_paths=r"dschat[/\\]|DeepSpeed-Chat|deepspeed_chat|applications[/\\]DeepSpeed-Chat",
+                      dated=True, aliases=("deepspeed_chat", "dschat"))

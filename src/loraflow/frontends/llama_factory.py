@@ -432,4 +432,5 @@ def _recognise(view) -> bool:
 
 FRAMEWORK = Framework(name=NAME, title="LLaMA-Factory", module="llama_factory", recognise=_recognise, flags=FLAGS,
                       log_paths=r"llamafactory[/\\]|llmtuner[/\\]|llamafactory-cli|LLaMA-Factory",
-                      file_markers=MARKERS, depends=DEPENDS)
+                      file_markers=MARKERS, depends=DEPENDS, dated=True,
+                      aliases=("llamafactory", "llama_factory"))

@@ -385,4 +385,4 @@ def _recognise(view) -> bool:
 
 FRAMEWORK = Framework(name=NAME, title="ms-swift", module="ms_swift", recognise=_recognise, flags=FLAGS,
                       log_paths=r"[/\\]swift[/\\](llm|trainers|cli|rlhf_trainers)[/\\]|swift (sft|rlhf)",
-                      depends=DEPENDS)
+                      depends=DEPENDS, dated=True, aliases=("swift", "ms_swift"))

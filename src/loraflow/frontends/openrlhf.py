@@ -121,7 +121,8 @@ def _table(spelled: dict[str, str]) -> tuple[Field, ...]:
     return (
         # Every trainer runs on DeepSpeed (openrlhf/utils/deepspeed/deepspeed.py), ZeRO stage 2 unless told otherwise.
         fact("engine", "deepspeed", "OpenRLHF always trains through DeepSpeed (openrlhf/utils/deepspeed/deepspeed.py)"),
-        Field("zero_stage", f["zero_stage"], zero_stage, Default(2, f"default (OpenRLHF {CLI}: --zero_stage default 2)")),
+        Field("zero_stage", f["zero_stage"], zero_stage,
+              Default(2, f"default (OpenRLHF {CLI}: --zero_stage default 2)")),
         Field("offload", f["offload"], switch),
         Field("adapter", f["adapter"], _lora_rank,
               Default("full", f"default (OpenRLHF {CLI}: --lora_rank 0 trains every weight)")),
@@ -136,7 +137,8 @@ def _table(spelled: dict[str, str]) -> tuple[Field, ...]:
         # The flag is store_true and passed as use_reentrant to gradient_checkpointing_enable
         # (openrlhf/cli/train_sft.py; Actor.gradient_checkpointing_enable default in openrlhf/models/actor.py).
         Field("reentrant", f["reentrant"], when=checkpointing_on, default=Default(
-            True, "OpenRLHF < 0.1.10 calls gradient_checkpointing_enable() without kwargs (transformers 4.x: reentrant)",
+            True, "OpenRLHF < 0.1.10 calls gradient_checkpointing_enable() without kwargs "
+            "(transformers 4.x: reentrant)",
             since=(("openrlhf", NONREENTRANT_SINCE, False, f"default (OpenRLHF {CLI}: {spelled['reentrant']} not "
                     "given; non-reentrant since v0.1.10)"),))),
         fact("checkpoint_impl", "transformers", "model.gradient_checkpointing_enable (openrlhf/models/actor.py)",
@@ -279,4 +281,4 @@ def _recognise(view) -> bool:
 
 
 FRAMEWORK = Framework(name=NAME, title="OpenRLHF", module="openrlhf", recognise=_recognise, flags=FLAGS,
-                      log_paths=r"openrlhf[/\\]|openrlhf\.cli", depends=DEPENDS)
+                      log_paths=r"openrlhf[/\\]|openrlhf\.cli", depends=DEPENDS, dated=True)
