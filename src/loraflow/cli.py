@@ -8,7 +8,6 @@ import sys
 import warnings
 from pathlib import Path
 
-from loraflow.environment import FRAMEWORK_RELEASES
 from loraflow.errors import LoraflowError
 from loraflow.stagespec import STAGE_NAMES as STAGES
 from loraflow.stagespec import stage_spec
@@ -43,7 +42,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _versions(args: argparse.Namespace):
-    from loraflow.environment import detect_environment, parse_versions, with_versions
+    from loraflow.environment import detect_environment, with_versions
+    from loraflow.frontends import parse_versions
 
     given = "" if (args.versions or "").strip() == "installed" else (args.versions or "")
     env = with_versions(detect_environment(), parse_versions(given))
@@ -113,8 +113,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _check_foreign(args: argparse.Namespace, command_line: list[str] | None, framework: str | None,
                    files: list[str]) -> int:
-    from loraflow.environment import parse_versions
-    from loraflow.frontends import run_check
+    from loraflow.frontends import parse_versions, run_check
 
     # Another framework's run does not happen on this machine: only the versions given are known (`installed`
     # takes this machine's), and every finding says for which releases of the others it holds.
@@ -301,12 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="loraflow check [CONFIG.yaml] [key=value ...] | loraflow check -- COMMAND LINE | "
                                    "loraflow check --framework NAME FILE...")
     c.add_argument("items", nargs="*", metavar="CONFIG.yaml | key=value | FILE")
-    from loraflow.frontends.base import frameworks  # the names as the frontends declare them, never a copy here
+    from loraflow.frontends.base import frameworks, release_names  # as the frontends declare them, never a copy
 
     c.add_argument("--framework", help="read FILE... as this framework's config "
                                        f"({', '.join(f.name for f in frameworks())})")
     c.add_argument("--versions", metavar="PKG=VER,...", help="the versions the run used, e.g. deepspeed=0.15.3,"
-                   f"torch=2.5.1,trl=0.12.2 (frameworks: {', '.join(FRAMEWORK_RELEASES)}; deepspeed-chat=DATE). "
+                   f"torch=2.5.1,trl=0.12.2 (frameworks: {', '.join(release_names())}; deepspeed-chat=DATE). "
                    "Another framework's setup is checked over every release of what is not given; `installed` takes "
                    "this machine's. A loraflow config is checked against the installed versions unless given")
     c.add_argument("--json", action="store_true", help="machine-readable output")

@@ -49,25 +49,25 @@ def detect_environment() -> Environment:
                        world_size=world_size)
 
 
-# Frameworks whose own release decides their defaults (`loraflow check --versions openrlhf=0.5.9`); DeepSpeed-Chat has
-# no releases, so its commit date stands for one (`deepspeed-chat=2023-08-03`).
-FRAMEWORK_RELEASES = ("openrlhf", "ms-swift", "llama-factory", "axolotl", "deepspeed-chat")
-_ALIASES = {"swift": "ms-swift", "ms_swift": "ms-swift", "llamafactory": "llama-factory", "llama_factory": "llama-factory",
-            "deepspeed_chat": "deepspeed-chat", "dschat": "deepspeed-chat", "pytorch": "torch"}
+_ALIASES = {"pytorch": "torch"}
 
 
-def parse_versions(text: str) -> dict[str, Version]:
+def parse_versions(text: str, releases: tuple[str, ...] = (), aliases: dict[str, str] | None = None
+                   ) -> dict[str, Version]:
     """`deepspeed=0.15.3,torch=2.5.1,trl=0.7.1` -> {package: Version}; the `--versions` flag of `loraflow check`.
-    A date (`deepspeed-chat=2023-08-03`) becomes the version 2023.8.3, so releases and commit dates compare alike."""
+    `releases` adds names beyond the tracked packages (other frameworks' releases: loraflow.frontends.parse_versions
+    passes those the frontends declare) and `aliases` their other spellings. A date (`deepspeed-chat=2023-08-03`)
+    becomes the version 2023.8.3, so releases and commit dates compare alike."""
     import re
 
     from loraflow.errors import LoraflowError
 
     out: dict[str, Version] = {}
-    known = TRACKED_PACKAGES + FRAMEWORK_RELEASES
+    known = TRACKED_PACKAGES + tuple(releases)
+    spellings = {**_ALIASES, **(aliases or {})}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, raw = item.partition("=")
-        name = _ALIASES.get(name.strip().lower(), name.strip().lower())
+        name = spellings.get(name.strip().lower(), name.strip().lower())
         if not sep or name not in known:
             raise LoraflowError(f"--versions: `{item}` is not PACKAGE=VERSION with PACKAGE one of {', '.join(known)} "
                                 f"(e.g. --versions deepspeed=0.15.3,torch=2.5.1,trl=0.12.2).")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from loraflow.environment import parse_versions
+from loraflow.frontends import parse_versions
 from loraflow.explain import explain_text
 from loraflow.frontends import run_check
 

@@ -15,7 +15,7 @@ import yaml
 from conftest import ROOT
 from packaging.version import Version
 
-from loraflow.environment import parse_versions
+from loraflow.frontends import parse_versions
 from loraflow.errors import LoraflowError
 from loraflow.frontends import (
     FRAMEWORKS,

@@ -25,6 +25,7 @@ from loraflow.frontends.base import (  # noqa: F401
     framework,
     framework_of_log,
     frameworks,
+    parse_versions,
 )
 
 

@@ -87,6 +87,14 @@ def release_names() -> tuple[str, ...]:
     return tuple(f.name for f in frameworks() if f.dated)
 
 
+def parse_versions(text: str) -> dict:
+    """`--versions` of `loraflow check`: the tracked packages (environment.parse_versions) and the releases of the
+    frameworks that declare them, under any of their spellings."""
+    from loraflow.environment import parse_versions as packages
+
+    return packages(text, release_names(), aliases())
+
+
 def framework_of_log(text: str) -> str | None:
     """The framework whose code a log's traceback runs through (first match in dispatch order)."""
     import re
