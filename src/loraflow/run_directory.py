@@ -1,0 +1,147 @@
+"""A run directory's lifecycle: a new run takes a new or empty directory, a resumed run reuses its saved config
+(only the keys that do not shape the checkpoint may change), a restarted run (one that never wrote a checkpoint)
+starts again in place with its earlier attempt's files set aside. Nothing of the user's there is ever moved or
+written to."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from loraflow.config import Config, config_to_dict, load_config
+from loraflow.errors import ConfigError
+from loraflow.run_config import load_run_config
+
+# Keys a resumed run may change: everything else shapes the adapter, the optimizer state or the data order,
+# which were saved with the checkpoint (the optimizer state even restores its own learning rate).
+RESUMABLE = ("train.max_steps", "eval.", "output.")
+
+# What a run writes into its directory; everything else there is the user's and is never moved or written to.
+RUN_FILES = ("config.yaml", "plan.json", "train.log", "metrics.jsonl", "summary.json", "latest", "tensorboard",
+             "checkpoints", "adapter", "model", "plots")
+ATTEMPTS = "earlier-attempts"
+
+
+def _flat(config: Config) -> dict[str, Any]:
+    def walk(node: Any, prefix: str) -> dict[str, Any]:
+        if isinstance(node, dict):
+            return {k: v for key, sub in node.items() for k, v in walk(sub, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: node}
+
+    return walk(config_to_dict(config), "")
+
+
+def prepare_run(stage: str, config_path: str | None, overrides: list[str], resume: str | None,
+                stamp: str | None = None, restart: str | None = None) -> tuple[Config, Path]:
+    """Load the config and settle the run directory. A resumed run reuses the config saved in its directory; only
+    train.max_steps, eval.* and output.* may be overridden. A restarted run (one that never wrote a checkpoint)
+    reuses its saved config with any overrides, and its earlier attempt's files are kept aside. A new run never
+    reuses a directory that holds one, or that holds anything at all. Nothing is written here (every rank reads the
+    directory before any rank changes it: see `train`); config.yaml is saved once the run has really started.
+    `stamp` names a new run's default directory; every rank of a run gets rank 0's."""
+    if resume:
+        run_dir = Path(resume)
+        config = _resume_config(stage, resume, config_path, overrides)
+    elif restart:
+        run_dir = Path(restart)
+        config = _restart_config(run_dir, config_path, overrides)  # its files are set aside by `train`
+    else:
+        config = load_run_config(stage, config_path, overrides)
+        run_dir = Path(config.output.dir or f"runs/{stage}-{stamp or time.strftime('%Y%m%d-%H%M%S')}")
+        refuse_used_directory(run_dir)
+    if config.stage != stage:
+        raise ConfigError([f"the config says stage={config.stage}, but the command trains {stage}."])
+    if config.output.wandb:  # before the model loads, not at the first metric
+        from loraflow.metrics import check_wandb
+
+        check_wandb(config.output.wandb)
+    config.output.dir = str(run_dir)
+    return config, run_dir
+
+
+def _resume_config(stage: str, resume: str, config_path: str | None, overrides: list[str]) -> Config:
+    """The saved config of the run to continue, with the overrides a resumed run may take (RESUMABLE). `resume`
+    is --resume's directory, quoted in the errors as the user wrote it."""
+    run_dir = Path(resume)
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError([f"--resume {resume}: no config.yaml there; is it a loraflow run directory?"])
+    if config_path is not None:
+        raise ConfigError([f"--resume reuses {saved}; pass only key=value overrides, not {config_path}."])
+    before, config = load_config(saved), load_config(saved, overrides)
+    old, new = _flat(before), _flat(config)
+    changed = [k for k in new if new[k] != old.get(k)]
+    frozen = [k for k in changed if k == "output.dir" or not k.startswith(RESUMABLE)]
+    if frozen:
+        raise ConfigError([f"{k}={new[k]!r} cannot change when resuming (the run used {old.get(k)!r}): the "
+                           "checkpoint's adapter, optimizer state and data order depend on it. Start a new run "
+                           "instead." for k in frozen])
+    if not _has_checkpoint(run_dir):
+        raise ConfigError([f"--resume {resume}: the run there stopped before it wrote any checkpoint, so there "
+                           f"is nothing to continue. Start it again in place with `loraflow train {stage} "
+                           f"--restart {resume}` (its earlier files are kept aside), and set "
+                           "output.save_every_steps so a long run leaves checkpoints."])
+    return config
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    """Any checkpoint that looks complete; which one verifies is decided when resuming (it may fall back)."""
+    from loraflow.checkpoint import complete_checkpoints
+
+    return bool(complete_checkpoints(run_dir))
+
+
+def refuse_used_directory(run_dir: Path) -> None:
+    """A new run writes into a new or empty directory: never appends to someone's metrics or overwrites files."""
+    if not run_dir.is_dir():
+        if run_dir.exists():
+            raise ConfigError([f"output.dir={run_dir} is a file; choose a directory path for output.dir."])
+        return
+    held = sorted(p.name for p in run_dir.iterdir())
+    if set(held) <= {"train.log", "plan.json", ATTEMPTS}:
+        return  # empty, or an attempt that failed before it started (set aside by `train`): a corrected retry
+    shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+    if (run_dir / "config.yaml").exists():
+        how = (f"Continue it with --resume {run_dir}" if _has_checkpoint(run_dir) else
+               f"It never wrote a checkpoint: start it again in place with --restart {run_dir}")
+        raise ConfigError([f"output.dir={run_dir} already holds a run ({shown}). {how}, or choose another "
+                           "output.dir."])
+    raise ConfigError([f"output.dir={run_dir} already holds files ({shown}). A new run writes into a new or empty "
+                       "directory, so that nothing there is overwritten or appended to: choose another output.dir."])
+
+
+def _restart_config(run_dir: Path, config_path: str | None, overrides: list[str]) -> Config:
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError([f"--restart {run_dir}: no config.yaml there; is it a loraflow run directory? (A new run "
+                           "takes output.dir instead.)"])
+    if config_path is not None:
+        raise ConfigError([f"--restart reuses {saved}; pass only key=value overrides, not {config_path}."])
+    if _has_checkpoint(run_dir):
+        raise ConfigError([f"--restart {run_dir}: the run there has a checkpoint; continue it with --resume "
+                           f"{run_dir} (a restart would set aside its training), or start a new run elsewhere."])
+    moved = [o for o in overrides if o.split("=", 1)[0].strip() == "output.dir"]
+    if moved:
+        raise ConfigError([f"--restart {run_dir} restarts the run in that directory; remove {moved[0]} (or start a "
+                           "new run there with output.dir instead of --restart)."])
+    return load_config(saved, overrides)
+
+
+def needs_setting_aside(run_dir: Path, resume: bool, restart: bool) -> bool:
+    """Whether an earlier attempt's files are in the way: a restart's, or those of an attempt that failed before
+    it started (train.log, plan.json). A resumed run continues its files instead."""
+    return not resume and (restart or any((run_dir / n).exists() for n in ("train.log", "plan.json")))
+
+
+def set_aside_attempt(run_dir: Path) -> Path:
+    """Move the earlier attempt's files into earlier-attempts/N/ (kept, not deleted: its log says why it
+    stopped)."""
+    root = run_dir / ATTEMPTS
+    n = 1 + max((int(p.name) for p in root.glob("*") if p.name.isdigit()), default=0)
+    target = root / str(n)
+    target.mkdir(parents=True)
+    for name in RUN_FILES:
+        if (run_dir / name).exists():
+            (run_dir / name).rename(target / name)
+    return target
