@@ -27,7 +27,8 @@ from loraflow.checkpoint import (
     save_checkpoint,
 )
 from loraflow.data import BatchOrder, DataSplit, collate, learned_tokens
-from loraflow.data.multimodal import with_blank
+from loraflow.data.batching import real_tokens
+from loraflow.data.blank_images import images_in_step
 from loraflow.divergence import DivergenceWatch
 from loraflow.engines import Engine, build_engine
 from loraflow.engines.memory import MemoryReport
@@ -54,6 +55,8 @@ class StageHooks:
     step)."""
     evaluate_fn: EvalFn | None = None
     collate: Callable[[list[Any], int], dict[str, torch.Tensor]] = field(default=collate)
+    """(rows, pad id) -> one micro-batch: everything a row becomes in a batch, an image-text run's blank image
+    included (data.blank_images.blank_image_collate)."""
     count: Callable[[dict[str, torch.Tensor]], int] = field(default=learned_tokens)
     """The items the loss is normalised by (learned tokens, pairs, completions) in one batch."""
     prepare: Callable[[Engine, Batches, int], Batches] | None = None
@@ -140,8 +143,6 @@ class Trainer:
             rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
             restore_rng(rngs[self.engine.rank] if self.engine.rank < len(rngs) else rngs[0])
         self.pad_id = tokenizer.pad_token_id
-        # A multi-rank image-text run: micro-batches without an image get the blank image (plan.blank_images).
-        self.blank = collate([train.blank], self.pad_id) if train.blank is not None else None
         unit = stage_spec(plan.config.stage).unit.format(**vars(plan.config.rl))
         log.info("training: %d optimizer steps of %d x %d %s x %d processes", self.total_steps, self.accum,
                  t.micro_batch_size, unit, world)
@@ -174,8 +175,6 @@ class Trainer:
         batches = []
         for rows, real in shares:
             batch = h.collate([self.train.rows[i] for i in rows], self.pad_id)
-            if self.blank is not None and "pixel_values" not in batch:
-                batch = with_blank(batch, self.blank, self.pad_id)
             batch["index"] = torch.tensor(rows)  # the rows' positions in the data (reference log-probs, sampling)
             batches.append(({key: v.to(self.plan.device) for key, v in batch.items()}, real))
         self.progress.position += self.accum
@@ -191,12 +190,7 @@ class Trainer:
         batches, num_items = self.next_batches()
         total_loss, tokens, sums = 0.0, 0, {}
         for k, (batch, real) in enumerate(batches):
-            # Real tokens: the attention mask (pad may equal eos), the positions packed pairs' segments cover, or
-            # every position of a packed SFT row.
-            mask = batch.get("attention_mask", batch["segments"] >= 0 if "segments" in batch else None)
-            if "blank_rows" in batch:  # the blank image's row is no data
-                mask = mask[: -int(batch["blank_rows"])]
-            tokens += (int(mask.sum()) if mask is not None else batch["input_ids"].numel()) if real else 0
+            tokens += real_tokens(batch) if real else 0
             with e.micro_step(last=k == self.accum - 1):
                 with autocast(self.plan.device, self.plan.autocast_dtype), self.activations.forward():
                     out = self.loss_fn(e.model, batch, int(num_items))
@@ -217,16 +211,6 @@ class Trainer:
                  for i, n in enumerate(names)}
         return {"loss": total_loss, "tokens": int(tokens), **means}
 
-    def _images(self) -> int | None:
-        """Micro-batches of this step that held a real image, on all ranks (None for a text model): the first-step
-        guard excuses the vision side of a step without one."""
-        if not self.plan.towers:
-            return None
-        batches, _ = self.prepared
-        local = sum(1 for b, real in batches if real and "blank_rows" not in b and "pixel_values" in b)
-        (total,) = self.engine.all_sum([local])
-        return int(total)
-
     def apply_update(self) -> float:
         """Clip, step the optimizer and the schedule, clear gradients; returns the pre-clip gradient norm."""
         return self.engine.step()
@@ -238,7 +222,8 @@ class Trainer:
         step = self.progress.step + 1
         self.watch.check_loss(step, stats["loss"])  # the same reduced number on every rank: all stop together
         if guard is not None:
-            check_first_gradients(self.model, self.plan, self.engine.full_grads(), self._images())
+            images = images_in_step(self.plan.towers, self.prepared[0], self.engine.all_sum)
+            check_first_gradients(self.model, self.plan, self.engine.full_grads(), images)
             self.memory = MemoryReport.after_backward(self.engine)
             self.memory.activations = self.activations.counted
         stats["grad_norm"] = self.apply_update()

@@ -146,7 +146,8 @@ def test_the_blank_image_changes_no_loss_and_no_gradient(families):
 
     from loraflow.data import load_sft
     from loraflow.data.batching import collate
-    from loraflow.data.multimodal import blank_row, with_blank
+    from loraflow.data.blank_images import blank_image_collate
+    from loraflow.data.multimodal import blank_row
     from loraflow.logprobs import learned_logps
     from loraflow.losses import sft_loss_from_logps
 
@@ -156,7 +157,7 @@ def test_the_blank_image_changes_no_loss_and_no_gradient(families):
     text_rows = [r for r in train.rows if not r.images][:2]
     pad = processor.tokenizer.pad_token_id
     plain = collate(text_rows, pad)
-    padded = with_blank(plain, collate([blank_row(processor)], pad), pad)
+    padded = blank_image_collate(collate, blank_row(processor), pad)(text_rows, pad)  # as the SFT stage batches
     assert "pixel_values" in padded and padded["input_ids"].shape[0] == 3
 
     def step(batch):

@@ -132,6 +132,16 @@ def collate(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
     return batch
 
 
+def real_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """The tokens of a micro-batch that are data (the run's token count and tokens/s): those of the attention mask
+    (pad may equal eos), the positions packed pairs' segments cover, or every position of a packed SFT row. A blank
+    image's row (data.blank_images.with_blank, counted in `blank_rows`) is no data."""
+    mask = batch.get("attention_mask", batch["segments"] >= 0 if "segments" in batch else None)
+    if "blank_rows" in batch:
+        mask = mask[: -int(batch["blank_rows"])]
+    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+
+
 def learned_tokens(batch: dict[str, torch.Tensor]) -> int:
     """Tokens the loss predicts in this batch (labels shifted by one)."""
     return int((batch["labels"][:, 1:] != IGNORE).sum())

@@ -301,26 +301,3 @@ def blank_row(processor) -> Row:
     tensors = {k: v for k, v in out.items() if k not in TEXT_KEYS and k not in TOKEN_KEYS}
     types = {k: out[k][0].tolist() for k in TOKEN_KEYS if k in out}
     return Row(ids, [IGNORE] * len(ids), None, tensors, types or None, len(ids))
-
-
-def with_blank(batch: dict[str, torch.Tensor], blank: dict[str, torch.Tensor], pad_id: int) -> dict[str, torch.Tensor]:
-    """`batch` (a collated micro-batch without an image, SFT or pairs) with the collated blank row added as its
-    last row, padded to the common width; `blank_rows` tells the trainer not to count its tokens. Stages read
-    their rows by count (pairs: the first 2 x num_pairs), so the extra row is never scored."""
-    width = max(batch["input_ids"].shape[1], blank["input_ids"].shape[1])
-    fill = {"input_ids": pad_id, "labels": IGNORE}
-    out = {k: v for k, v in batch.items()}
-    for key in ("input_ids", "labels", "attention_mask", *TOKEN_KEYS):
-        if key not in batch and key not in blank:
-            continue
-        rows = []
-        for part in (batch, blank):
-            t = part.get(key)
-            if t is None:  # a per-token key only the blank has (token_type_ids): 0 on the text rows
-                t = torch.zeros_like(part["input_ids"])
-            pad = t.new_full((t.shape[0], width - t.shape[1]), fill.get(key, 0))
-            rows.append(torch.cat([t, pad], dim=1))
-        out[key] = torch.cat(rows, dim=0)
-    out.update({k: v for k, v in blank.items() if k not in out})
-    out["blank_rows"] = torch.tensor(1)
-    return out

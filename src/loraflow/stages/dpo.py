@@ -93,7 +93,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
         return eval_pairs(plan, engine, tokenizer, eval_split, margins, prefix="reward")
 
     hooks = StageHooks(loss_fn(plan), evaluate if eval_split is not None else None,
-                       collate=pair_collate(plan), count=pair_count, prepare=prepare, start=start)
+                       collate=pair_collate(plan, train, pad), count=pair_count, prepare=prepare, start=start)
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 

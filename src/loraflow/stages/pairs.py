@@ -8,13 +8,16 @@ from typing import Any, Callable
 import torch
 
 from loraflow.data import DataSplit
+from loraflow.data.blank_images import blank_image_collate
 from loraflow.data.preference import collate_pairs
 
 
-def pair_collate(plan) -> Callable[[list, int], dict[str, torch.Tensor]]:
-    """Training micro-batches of pairs: one row per answer, or packed into data.max_length rows (data.packing)."""
+def pair_collate(plan, train: DataSplit, pad_id: int) -> Callable[[list, int], dict[str, torch.Tensor]]:
+    """Training micro-batches of pairs: one row per answer, or packed into data.max_length rows (data.packing);
+    on a multi-rank image-text run, a micro-batch without an image gets the blank image after its pairs."""
     d = plan.config.data
-    return functools.partial(collate_pairs, pack_to=d.max_length if d.packing else 0)
+    pairs = functools.partial(collate_pairs, pack_to=d.max_length if d.packing else 0)
+    return blank_image_collate(pairs, train.blank, pad_id)
 
 
 def eval_pairs(plan, engine, tokenizer, split: DataSplit, margin_fn: Callable[[dict], torch.Tensor],

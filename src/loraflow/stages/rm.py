@@ -82,7 +82,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
         return eval_pairs(plan, engine, tokenizer, eval_split, margins, prefix="preference")
 
     hooks = StageHooks(loss_fn(), evaluate if eval_split is not None else None,
-                       collate=pair_collate(plan), count=pair_count)
+                       collate=pair_collate(plan, train, tokenizer.pad_token_id), count=pair_count)
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from loraflow.data import DataSplit
+from loraflow.data import DataSplit, collate
+from loraflow.data.blank_images import blank_image_collate
 from loraflow.evaluate import eval_loss, exact_match
 from loraflow.logprobs import learned_logps
 from loraflow.losses import sft_loss_from_logps
@@ -50,5 +51,6 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     """The stage's trainer, ready to fit (tests drive single steps of it)."""
     from loraflow.trainer import StageHooks, Trainer
 
-    hooks = StageHooks(loss_fn(plan), evaluator(plan, tokenizer, eval_split))
+    hooks = StageHooks(loss_fn(plan), evaluator(plan, tokenizer, eval_split),
+                       collate=blank_image_collate(collate, train.blank, tokenizer.pad_token_id))
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
