@@ -50,12 +50,14 @@ class FSDP2Engine(Engine):
         # The units setup marked (setup/units.py), in its order: layers (with the frozen base Linear of each LoRA
         # module first, where the plan separates them), then the towers' other weights. Checkpointing inside the
         # units was placed at setup, before this sharding (setup/checkpointing.py).
-        units = sorted((m for m in model.modules() if hasattr(m, SHARD_UNIT)), key=lambda m: getattr(m, SHARD_UNIT))
+        # Read from the module's own __dict__: PEFT's wrappers forward unknown attributes to the module they wrap,
+        # so getattr would find a wrapped unit's mark on its wrapper too.
+        units = sorted((m for m in model.modules() if SHARD_UNIT in vars(m)), key=lambda m: vars(m)[SHARD_UNIT])
         if not units:
             raise LoraflowError("the model has no sharded units marked; build it with loraflow.setup.build_model, "
                                 "which marks them for parallel.engine=fsdp2.")
         for unit in units:
-            if plan.setup.fsdp_frozen_units_separate and getattr(unit, SHARD_UNIT)[1]:  # a layer
+            if plan.setup.fsdp_frozen_units_separate and vars(unit)[SHARD_UNIT][1]:  # a layer
                 for base in _frozen_base_layers(unit):
                     fully_shard(base, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
             fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)

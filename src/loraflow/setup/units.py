@@ -36,7 +36,8 @@ def mark_shard_units(model: torch.nn.Module, plan) -> None:
 
 
 def _marked(module: torch.nn.Module) -> bool:
-    return hasattr(module, SHARD_UNIT)
+    # The module's own attribute only: PEFT's wrappers forward unknown attributes to the module they wrap.
+    return SHARD_UNIT in vars(module)
 
 
 def _tower_units(roots: list[torch.nn.Module]) -> Iterator[torch.nn.Module]:
