@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import DataError
-from loraflow.setup.paths import resolve_path
+from loraflow.locations import location_of
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ READERS = {".jsonl": _jsonl, ".json": _json, ".parquet": _parquet}
 def read_records(spec: str, key: str, split: str) -> list[Record]:
     """All records of a data source. `key` is the config key that named it (for error messages)."""
     try:
-        resolved = resolve_path(spec, key)
+        resolved = location_of(spec, key)
     except Exception as exc:
         raise DataError(str(exc).split("\n", 1)[-1].strip(" -")) from None
     path = Path(resolved)
