@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import plan_and_model, randomize_adapters
-from loraflow.data import load_split
+from loraflow.data import load_sft
 from loraflow.errors import ConfigError
 from loraflow.metrics import read_metrics
 from loraflow.run import train
@@ -78,7 +78,7 @@ def test_accumulation_invariance(tiny_model, chat_data, tmp_path):
                                                 f"train.gradient_accumulation_steps={accum}", "train.max_steps=1",
                                                 f"train.learning_rate={lr}", "adapter.method=dora", data=chat_data)
         randomize_adapters(model)
-        split = load_split(plan.config, tokenizer, "train")
+        split, _ = load_sft(plan.config, tokenizer)
         trainer = Trainer(plan, model, tokenizer, split, StageHooks(loss_fn(plan)), tmp_path / f"r{mbs}")
         loss = trainer.accumulate()["loss"]
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import make_config, plan_and_model, reverse_records, write_jsonl
-from loraflow.data import load_split, read_records
+from loraflow.data import load_sft, read_records
 from loraflow.data.batching import as_rows, collate, pack, truncate
 from loraflow.data.formatting import IGNORE, eval_prompt, tokenize
 from loraflow.errors import DataError
@@ -89,7 +89,7 @@ def test_truncation_is_counted_and_empty_samples_dropped(tmp_path, tiny_model, t
     short = {"prompt": "p", "completion": "c"}
     path = write_jsonl(tmp_path / "t.jsonl", [long, short, {"prompt": "z" * 60, "completion": "w"}])
     config = make_config(tiny_model, f"data.train={path}", "data.eval=", "data.max_length=45")
-    split = load_split(config, tokenizer, "train")
+    split, _ = load_sft(config, tokenizer)
     assert (split.stats.samples, split.stats.truncated, split.stats.dropped) == (2, 2, 1)
     assert "1 dropped" in split.stats.describe("train", 45) and "t.jsonl line 3" in split.stats.describe("train", 45)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 import torch
@@ -22,7 +24,7 @@ from transformers import (
 from loraflow.data import load_sft, load_stage_data, read_records
 from loraflow.data.batching import Row, collate
 from loraflow.data.formatting import IGNORE
-from loraflow.data.images import check_images
+from loraflow.data.images import content_parts, image_payload, load_image
 from loraflow.data.multimodal import (
     collate_images,
     image_token_ids,
@@ -41,6 +43,31 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{% if m['content'] is str
             "{% endfor %}{% endif %}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
 SIDE, PATCH = 16, 8
 TOKENS_PER_IMAGE = (SIDE // PATCH) ** 2
+
+
+# The tests' own check of every image a data file names (moved out of the package: the product checks images as it
+# reads rows, in data.multimodal); it counts them and raises the loader's DataError at the first bad one.
+def iter_image_parts(messages: Any, record: Record, field: str) -> Iterable[tuple[str, Any]]:
+    """(where, value) of each image part of a list of messages, in order."""
+    if not isinstance(messages, list):
+        return
+    for i, m in enumerate(messages):
+        if isinstance(m, dict) and isinstance(m.get("content"), list):
+            for j, part in enumerate(content_parts(m["content"], record, f"{field}[{i}].content")):
+                if part["type"] == "image":
+                    yield f"{field}[{i}].content[{j}]", image_payload(part)[1]
+
+
+def check_images(records: Iterable[Record]) -> int:
+    """Open every image the records name (chat `messages`, and a pair's `prompt`, `chosen` and `rejected`); raise
+    a DataError at the first that is missing or unreadable. Returns the number of images checked."""
+    count = 0
+    for record in records:
+        for field in ("messages", "prompt", "chosen", "rejected"):
+            for where, value in iter_image_parts(record.data.get(field), record, field):
+                load_image(value, record, where)
+                count += 1
+    return count
 
 
 def _tokenizer(*special: str):

@@ -33,7 +33,7 @@ from loraflow.stagespec import stage_spec
 log = logging.getLogger("loraflow")
 
 __all__ = ["BatchOrder", "DataSplit", "DataStats", "EvalPrompt", "Record", "Row", "Sample", "collate",
-           "learned_tokens", "load_sft", "load_split", "load_splits", "load_stage_data", "read_records", "read_splits"]
+           "learned_tokens", "load_sft", "load_splits", "load_stage_data", "read_records", "read_splits"]
 
 
 @dataclass
@@ -86,12 +86,6 @@ def _load_pair_data(config: Config, tokenizer, eval_generates: bool,
         else:
             held_out.prompts = [answer_prompt(r, tokenizer) for r in held_out.rows]
     return train, held_out
-
-
-def load_split(config: Config, tokenizer, which: str, processor=None) -> DataSplit | None:
-    """`which` is "train" or "eval" (see load_sft)."""
-    train, held_out = load_sft(config, tokenizer, processor)
-    return train if which == "train" else held_out
 
 
 def load_sft(config: Config, tokenizer, processor=None) -> tuple[DataSplit, DataSplit | None]:

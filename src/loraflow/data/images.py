@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import io
 import re
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -148,26 +147,3 @@ def content_parts(content: Any, record: Record, where: str) -> list[dict[str, An
                             "(video and audio are not supported).")
         parts.append(part)
     return parts
-
-
-def iter_image_parts(messages: Any, record: Record, field: str) -> Iterable[tuple[str, Any]]:
-    """(where, value) of each image part of a list of messages, in order."""
-    if not isinstance(messages, list):
-        return
-    for i, m in enumerate(messages):
-        if isinstance(m, dict) and isinstance(m.get("content"), list):
-            for j, part in enumerate(content_parts(m["content"], record, f"{field}[{i}].content")):
-                if part["type"] == "image":
-                    yield f"{field}[{i}].content[{j}]", image_payload(part)[1]
-
-
-def check_images(records: Iterable[Record]) -> int:
-    """Open every image the records name (chat `messages`, and a pair's `prompt`, `chosen` and `rejected`); raise
-    a DataError at the first that is missing or unreadable. Returns the number of images checked."""
-    count = 0
-    for record in records:
-        for field in ("messages", "prompt", "chosen", "rejected"):
-            for where, value in iter_image_parts(record.data.get(field), record, field):
-                load_image(value, record, where)
-                count += 1
-    return count
