@@ -37,9 +37,9 @@ class DeepSpeedSettings:
 
 
 def _read(path: str) -> dict[str, Any]:
-    from loraflow.setup.paths import resolve_path
+    from loraflow.locations import location_of
 
-    resolved = Path(resolve_path(path, "parallel.deepspeed_config"))
+    resolved = Path(location_of(path, "parallel.deepspeed_config"))
     try:
         data = json.loads(resolved.read_text())
     except (OSError, ValueError) as exc:
