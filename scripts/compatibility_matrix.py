@@ -55,7 +55,7 @@ from matrix_cells import (
 from matrix_render import COMMAND, fmt_time, render_markdown
 
 from loraflow.engines.launch import launch_env, run_isolated
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 from loraflow.verify.crosscheck import Cell, worker_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,11 +221,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(ENGINES)}")
     if not args.skip_image_text:  # before minutes of text cells, not after them
         from loraflow.errors import ConfigError
-        from loraflow.setup.paths import resolve_path
+        from loraflow.locations import location_of
 
         for flag, spec in (("--image-text-model", args.image_text_model), ("--image-text-data", args.image_text_data)):
             try:
-                resolve_path(spec, flag)
+                location_of(spec, flag)
             except ConfigError as exc:
                 p.error(f"{exc} Name an image-text model and data with --image-text-model / --image-text-data, or "
                         "pass --skip-image-text.")

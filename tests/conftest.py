@@ -21,7 +21,8 @@ from loraflow.config import load_config  # noqa: E402
 from loraflow.environment import detect_environment  # noqa: E402
 from loraflow.plan import resolve  # noqa: E402
 from loraflow.setup import build_model  # noqa: E402
-from loraflow.setup.model import ASSETS, load_tokenizer  # noqa: E402
+from loraflow.locations import ASSETS
+from loraflow.setup.model import load_tokenizer  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ from loraflow.data import read_records
 from loraflow.data.formatting import eval_prompt
 from loraflow.evaluate import exact_match
 from loraflow.run import demo_config
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 
 
 @pytest.mark.slow

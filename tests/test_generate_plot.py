@@ -20,7 +20,7 @@ from loraflow.cli import main
 from loraflow.errors import ConfigError, DataError
 from loraflow.metrics import MetricsWriter, read_metrics
 from loraflow.run import train
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 
 PROMPT = "Please write the word kelmu backwards."
 QUIET = ["output.progress_bar=false", "output.tensorboard=false", "eval.generate=false", "eval.max_samples=20",

@@ -19,7 +19,7 @@ from loraflow.config import load_config
 from loraflow.data import read_records
 from loraflow.data.formatting import eval_prompt
 from loraflow.evaluate import exact_match
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 
 EXAMPLE = ROOT / "examples" / "sft-qlora.yaml"
 

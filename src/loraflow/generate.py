@@ -72,12 +72,8 @@ def load(target: str, base: str | None = None) -> Loaded:
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from loraflow.setup.model import (
-        load_model,
-        load_tokenizer,
-        merge_adapters,
-        resolve_path,
-    )
+    from loraflow.locations import location_of
+    from loraflow.setup.model import load_model, load_tokenizer, merge_adapters
     from loraflow.stagespec import STAGES, stage_spec
 
     path = Path(target).expanduser()
@@ -100,14 +96,14 @@ def load(target: str, base: str | None = None) -> Loaded:
             raise LoraflowError(f"{weights} is a reward-model adapter (task_type SEQ_CLS): it scores text, it does "
                                 "not generate.")
         if base is not None:
-            base_path, merged = resolve_path(base, "--base"), config.model.merge_adapters if config else []
+            base_path, merged = location_of(base, "--base"), config.model.merge_adapters if config else []
         elif config is not None:
-            base_path, merged = resolve_path(config.model.path, "model.path"), config.model.merge_adapters
+            base_path, merged = location_of(config.model.path, "model.path"), config.model.merge_adapters
         else:
             recorded, where = peft_config.base_model_name_or_path, weights / "adapter_config.json"
             if not recorded:
                 raise ConfigError([f"{where} does not record its base model; pass --base."])
-            base_path, merged = resolve_path(recorded, f"{where}: base_model_name_or_path"), []
+            base_path, merged = location_of(recorded, f"{where}: base_model_name_or_path"), []
             notes.append("no run config beside the adapter: if its run merged adapters into the base "
                          "(model.merge_adapters), generate from the run directory instead")
         if config is not None:
@@ -153,9 +149,9 @@ def _run_base(config, base_path: str, device: str):
 
 def read_prompts(spec: str) -> list[Prompt]:
     """A .txt file (one prompt per non-empty line) or a .jsonl file (`prompt` or `messages` per line)."""
-    from loraflow.setup.paths import BUILTIN, resolve_path
+    from loraflow.locations import BUILTIN, location_of
 
-    path = Path(resolve_path(spec, "--prompts") if spec.startswith(BUILTIN) else spec).expanduser()
+    path = Path(location_of(spec, "--prompts") if spec.startswith(BUILTIN) else spec).expanduser()
     if not path.is_file():
         raise LoraflowError(f"--prompts {spec}: no such file.")
     if path.suffix not in (".txt", ".jsonl"):

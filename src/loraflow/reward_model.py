@@ -16,7 +16,7 @@ from loraflow.errors import ConfigError
 from loraflow.logprobs import model_inputs
 from loraflow.phases import phase
 from loraflow.setup.paths import quiet as _quiet
-from loraflow.setup.paths import resolve_path
+from loraflow.locations import location_of
 from loraflow.setup.precision import autocast
 from loraflow.stagespec import REWARD_SCORING
 
@@ -39,7 +39,7 @@ def load_reward_model(spec: str, plan, tokenizer) -> RewardModel:
 
     from loraflow.setup.model import hf_attn_implementation, load_merged, merge_adapters
 
-    path = Path(resolve_path(spec, "rl.reward_model"))
+    path = Path(location_of(spec, "rl.reward_model"))
     manifest = path / MANIFEST
     if not manifest.is_file():
         raise ConfigError([f"rl.reward_model={spec}: no {MANIFEST} there. Point it at the `adapter` (or `model`) "
@@ -52,7 +52,7 @@ def load_reward_model(spec: str, plan, tokenizer) -> RewardModel:
         else:
             from peft import PeftModel
 
-            base_path, merges = resolve_path(info["base"], "rl.reward_model"), info.get("merge_adapters", [])
+            base_path, merges = location_of(info["base"], "rl.reward_model"), info.get("merge_adapters", [])
             if info.get("quantization"):  # trained on a quantized base: merged into those weights, dequantized
                 from loraflow.setup.quantize import Quantization, dequantize_model
 

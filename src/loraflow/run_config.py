@@ -10,7 +10,7 @@ from loraflow.config import Config, load_config
 
 def demo_config(stage: str) -> Path:
     """The stage's built-in demo config, shipped with the package."""
-    from loraflow.setup.model import ASSETS
+    from loraflow.locations import ASSETS
 
     return ASSETS / "configs" / f"{stage}.yaml"
 

@@ -19,7 +19,8 @@ from loraflow.data.formatting import IGNORE, tokenize
 from loraflow.data.preference import tokenize_pair
 from loraflow.data.readers import Record
 from loraflow.errors import DataError
-from loraflow.setup.model import ASSETS, load_tokenizer
+from loraflow.locations import ASSETS
+from loraflow.setup.model import load_tokenizer
 
 REVERSE = ASSETS / "reverse"
 # The training runs' lengths and floors, measured on CPU with train.seed=0 (2026-11): SFT at 100 steps reached exact

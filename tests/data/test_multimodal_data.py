@@ -35,7 +35,7 @@ from loraflow.data.multimodal import (
 from loraflow.data.preference import collate_pairs, tokenize_pair
 from loraflow.data.readers import Record
 from loraflow.errors import DataError
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 
 # Renders string content or a list of parts; an image part becomes IMAGE (the processor's placeholder).
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{% if m['content'] is string %}{{ m['content'] }}{% else %}"

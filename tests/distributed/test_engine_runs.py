@@ -15,7 +15,7 @@ from conftest import ROOT
 
 from loraflow.engines.launch import launch_env, run_isolated, torchrun_argv
 from loraflow.metrics import read_metrics
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 
 ZERO3_JSON = ROOT / "examples" / "deepspeed" / "zero3-shard-small-models.json"
 # Warmup over 3 steps: the lr of step 3 depends on the restored schedule state (and not on max_steps), so a resume

@@ -15,7 +15,7 @@ import torch
 
 from loraflow.verify.crosscheck import Cell, compare, worker_argv
 from loraflow.engines.launch import launch_env, run_isolated
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 
 MODEL = str(ASSETS / "tiny-base")
 DATA = str(ASSETS / "reverse" / "train.jsonl")

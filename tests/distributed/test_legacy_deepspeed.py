@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from loraflow.engines.launch import launch_env, run_isolated
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 from loraflow.verify.crosscheck import Cell, compare, worker_argv
 from loraflow.verify.side_envs import side_python
 

@@ -11,7 +11,7 @@ from conftest import TOKENIZER_FILES, make_config
 from loraflow.environment import detect_environment
 from loraflow.errors import ConfigError
 from loraflow.plan import resolve
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 
 
 def plan_for(model, *overrides):

@@ -18,7 +18,7 @@ from loraflow.errors import ConfigError
 from loraflow.pipeline import build_run
 from loraflow.plan import resolve
 from loraflow.setup.checkpointing import checkpointed_blocks
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 from loraflow.verify.sweep_models import model_dir
 
 TARGETS = "adapter.target_modules=[q_proj,v_proj,experts]"

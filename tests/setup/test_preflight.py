@@ -14,7 +14,7 @@ from conftest import TOKENIZER_FILES, write_jsonl
 
 from loraflow.cli import main
 from loraflow.run import demo_config
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 
 STAGES = ("sft", "rm", "dpo", "grpo", "ppo")
 

@@ -19,7 +19,7 @@ from loraflow.setup.checkpointing import (
     checkpointed_blocks,
     decoder_layers,
 )
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 from loraflow.setup.saved_tensors import ActivationSaving
 
 ON = "checkpointing.enabled=true"

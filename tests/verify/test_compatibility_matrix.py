@@ -17,7 +17,7 @@ import torch
 from conftest import ROOT
 
 from loraflow.rules import all_rules
-from loraflow.setup.model import ASSETS
+from loraflow.locations import ASSETS
 from loraflow.verify.crosscheck import NULL_GRADIENT, Cell, compare
 
 DOC = ROOT / "docs" / "compatibility-matrix.md"

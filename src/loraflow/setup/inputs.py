@@ -16,7 +16,8 @@ from loraflow.setup.model import (
     load_tokenizer,
 )
 from loraflow.setup.processor import load_processor
-from loraflow.setup.paths import quiet, resolve_path
+from loraflow.locations import location_of
+from loraflow.setup.paths import quiet
 from loraflow.setup.preflight import check_vocab
 
 
@@ -27,7 +28,7 @@ def inspect_for_check(config: Config):
         return inspect_model(config), None
     except ConfigError as exc:
         path = config.model.path
-        if path.startswith("builtin:") or Path(resolve_path(path, "model.path")).exists() or \
+        if path.startswith("builtin:") or Path(location_of(path, "model.path")).exists() or \
                 "cannot read a model config" not in str(exc):
             raise
         note = (f"note: could not look at model.path={path} (not a local directory, and not in the Hugging Face "

@@ -16,14 +16,13 @@ import torch
 from loraflow.config.schema import Config
 from loraflow.errors import ConfigError
 from loraflow.logprobs import logit_transform
-from loraflow.setup.paths import ASSETS, BUILTIN, resolve_path
+from loraflow.locations import ASSETS, BUILTIN, location_of
 from loraflow.setup.paths import quiet as _quiet
 from loraflow.setup.modules import fused_weights, linear_names
 from loraflow.setup.towers import Tower, find_towers, unreached_modules
 from loraflow.stagespec import stage_spec
 
-__all__ = ["ASSETS", "BUILTIN", "ModelInfo", "inspect_model", "load_merged", "load_model", "load_tokenizer",
-           "resolve_path"]
+__all__ = ["ModelInfo", "inspect_model", "load_merged", "load_model", "load_tokenizer"]
 
 @dataclass
 class ModelInfo:
@@ -81,7 +80,7 @@ def _module_name(model: torch.nn.Module, target: torch.nn.Module | None) -> str 
 def load_hf_config(config: Config):
     from transformers import AutoConfig
 
-    path = resolve_path(config.model.path, "model.path")
+    path = location_of(config.model.path, "model.path")
     try:
         return path, AutoConfig.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -168,7 +167,7 @@ def load_tokenizer(config: Config, model_path: str):
     from transformers import AutoTokenizer
 
     spec = config.model.tokenizer
-    path = resolve_path(spec, "model.tokenizer") if spec else model_path
+    path = location_of(spec, "model.tokenizer") if spec else model_path
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -269,7 +268,7 @@ def merge_adapters(model: torch.nn.Module, specs: list[str]) -> torch.nn.Module:
     from peft import PeftConfig, PeftModel
 
     for spec in specs:
-        path = resolve_path(spec, "model.merge_adapters")
+        path = location_of(spec, "model.merge_adapters")
         if not (Path(path) / "adapter_config.json").is_file():
             raise ConfigError([f"model.merge_adapters: {spec} holds no adapter_config.json; give the `adapter` "
                                "directory of an earlier run."])

@@ -25,7 +25,7 @@ from loraflow.config.schema import Config
 from loraflow.errors import ConfigError
 from loraflow.families import AUTO_CLASSES, auto_mapping, loads_as
 from loraflow.setup.paths import quiet as _quiet
-from loraflow.setup.paths import resolve_path
+from loraflow.locations import location_of
 
 
 def _first_sentence(exc: BaseException) -> str:
@@ -151,7 +151,7 @@ def check_merge_adapters(config: Config, skeleton: torch.nn.Module) -> list[str]
     notes: list[str] = []
     problems: list[str] = []
     for spec in config.model.merge_adapters:
-        path = Path(resolve_path(spec, "model.merge_adapters"))
+        path = Path(location_of(spec, "model.merge_adapters"))
         if not (path / "adapter_config.json").is_file():
             problems.append(f"model.merge_adapters: {spec} holds no adapter_config.json; give the `adapter` "
                             "directory of an earlier run.")
@@ -194,7 +194,7 @@ def check_merge_adapters(config: Config, skeleton: torch.nn.Module) -> list[str]
 def _same_model(recorded: str, spec: str) -> bool:
     """Loosely the same model: the same directory, or the same final name (a hub id and its local snapshot)."""
     try:
-        here = resolve_path(spec, "model.path")
+        here = location_of(spec, "model.path")
     except ConfigError:
         return False
     if Path(here).exists() and Path(recorded).exists():

@@ -20,7 +20,8 @@ import torch
 from loraflow.config.schema import Config
 from loraflow.errors import ConfigError
 from loraflow.setup.model import _first_line
-from loraflow.setup.paths import quiet, resolve_path
+from loraflow.locations import location_of
+from loraflow.setup.paths import quiet
 
 log = logging.getLogger("loraflow")
 
@@ -34,7 +35,7 @@ def load_processor(config: Config, model_path: str):
     from transformers import AutoProcessor
 
     spec = config.model.tokenizer
-    path = resolve_path(spec, "model.tokenizer") if spec else model_path
+    path = location_of(spec, "model.tokenizer") if spec else model_path
     trust = config.model.trust_remote_code
     try:
         with quiet():  # image processors without torchvision say they fall back to PIL: expected on a CPU stack

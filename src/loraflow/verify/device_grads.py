@@ -101,7 +101,7 @@ def run(workdir: Path, log=print) -> dict[str, Any]:
     import torch
 
     from loraflow.engines import init_distributed
-    from loraflow.setup.paths import ASSETS
+    from loraflow.locations import ASSETS
 
     workdir.mkdir(parents=True, exist_ok=True)
     data = str(write_data(ASSETS / "reverse" / "train.jsonl", workdir / "grads-data.jsonl"))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow import families
-from loraflow.setup.paths import ASSETS
+from loraflow.locations import ASSETS
 from loraflow.verify import sweep_vision
 
 COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from loraflow.setup.paths import ASSETS
+from loraflow.locations import ASSETS
 
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
 
