@@ -35,7 +35,7 @@ def build_model(path: Path, layers: int, hidden: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from loraflow.setup.model import ASSETS
+    from loraflow.locations import ASSETS
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
