@@ -1,6 +1,6 @@
 """Per-rank memory of each engine after the first step, against the formula for adapters under full sharding,
 (b x base params + 16 x adapter params) / world size (b = 2 for bf16 base weights; 16 = fp32 weight, gradient and
-two Adam moments). The figures are byte counts of the tensors each rank holds (engines/memory.py), so they do not
+two Adam moments). The figures are byte counts of the tensors each rank holds (loop/memory.py), so they do not
 depend on the machine.
 
     python benchmarks/engine_memory.py                 # a 8-layer, 512-wide Llama built from a config, bf16-mixed
@@ -49,7 +49,7 @@ def build_model(path: Path, layers: int, hidden: int) -> None:
 
 def main() -> int:
     from loraflow.engines.launch import launch_env, run_isolated, torchrun_argv
-    from loraflow.metrics import read_metrics
+    from loraflow.loop.metrics import read_metrics
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=8)

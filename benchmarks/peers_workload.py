@@ -364,7 +364,7 @@ def run_loraflow(spec: dict[str, Any]) -> dict[str, Any]:
     Trainer.optimizer_step at a time (the call its loop makes)."""
     from loraflow.config import load_config
     from loraflow.environment import detect_environment
-    from loraflow.pipeline import build_run
+    from loraflow.run.pipeline import build_run
 
     rec = Recorder(spec)
     run_dir = Path(spec["run_dir"])

@@ -46,8 +46,8 @@ def ranked_pairs(adapter: Path, directory: Path, samples: int = 8, per_word: int
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from loraflow.rewards import reverse_partial
-    from loraflow.rollout import decode, generate, stop_ids
+    from loraflow.rl.rewards import reverse_partial
+    from loraflow.rl.rollout import decode, generate, stop_ids
 
     base = ASSETS / "tiny-base"
     tok = AutoTokenizer.from_pretrained(base)

@@ -5,7 +5,7 @@
   dropped or replaced, the word unreversed), half what the base model answers in chat instead (the other games it
   learned: capitals, spelled out, said twice, letter count).
 - assets/reverse/prompts-{train,eval}.jsonl: the same requests with the reversal as `answer` (read by
-  loraflow.rewards).
+  loraflow.rl.rewards).
 The words are those of assets/reverse/train.jsonl and eval.jsonl, so held-out words stay held out.
 """
 

@@ -9,7 +9,7 @@
 # and commands that name that path.
 #   bash scripts/setup_legacy_venv.sh            # build or refresh; prints the interpreter's path last
 #   bash scripts/setup_legacy_venv.sh --where    # only print where the interpreter is (or would be)
-#   .venv-ds0153/bin/python -m loraflow.cli probe ...   (or scripts/capture_failure_logs.py uses it)
+#   .venv-ds0153/bin/python -m loraflow.commands.cli probe ...   (or scripts/capture_failure_logs.py uses it)
 # scripts/test.sh runs it before pytest and exports LORAFLOW_LEGACY_PYTHON; tests/distributed/test_legacy_deepspeed.py
 # only locates the interpreter (that variable, else `--where`).
 set -euo pipefail

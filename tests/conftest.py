@@ -185,7 +185,7 @@ def fault_run_args(tiny_model, chat_data, run_dir, *extra) -> list[str]:
 
 
 def steps_logged(run_dir: Path) -> list[int]:
-    from loraflow.metrics import read_metrics
+    from loraflow.loop.metrics import read_metrics
 
     return [r["step"] for r in read_metrics(run_dir, "train")]
 

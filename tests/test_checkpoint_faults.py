@@ -22,10 +22,10 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from loraflow.checkpoint import export_weights, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
-from loraflow.checkpoint_verify import MARKER, problems
+from loraflow.checkpoints.store import export_weights, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
+from loraflow.checkpoints.integrity import MARKER, problems
 from loraflow.errors import CheckpointError, DiskFullError, NonFiniteError, OutputError
-from loraflow.storage import check_writable
+from loraflow.checkpoints.storage import check_writable
 
 ADAPTER, STATE = "adapter_model.safetensors", "trainer_state.pt"
 LORA_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"

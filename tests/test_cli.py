@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import write_jsonl
-from loraflow.cli import build_parser, main
+from loraflow.commands.cli import build_parser, main
 
 
 def test_check_prints_the_plan_and_exits_clean(tiny_model, capsys):

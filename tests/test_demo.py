@@ -14,8 +14,8 @@ from conftest import demo_metric
 from loraflow.config import load_config
 from loraflow.data import read_records
 from loraflow.data.formatting import eval_prompt
-from loraflow.evaluate import exact_match
-from loraflow.run import demo_config
+from loraflow.loop.evaluate import exact_match
+from loraflow.run.config import demo_config
 from loraflow.locations import ASSETS
 
 

@@ -17,10 +17,10 @@ from conftest import fault_run_args as common
 from conftest import steps_logged, wait_for_step
 from safetensors.torch import load_file
 
-from loraflow.cli import main as cli
+from loraflow.commands.cli import main as cli
 from loraflow.engines.launch import launch_env
 from loraflow.errors import ConfigError, LoraflowError
-from loraflow.run import train
+from loraflow.run.train import train
 
 
 # -- divergence ---------------------------------------------------------------------------------------------------
@@ -51,10 +51,10 @@ def test_vanishing_gradients_are_warned_about_once(caplog):
     """A saturated model (seen with clipping on and learning_rate=1e6 on larger models) has gradient norm 0 and a
     loss that sits still: the steps' numbers go through the watch the trainer uses, with a real plan."""
     from loraflow.config import load_config
-    from loraflow.divergence import ZERO_GRAD_STEPS, DivergenceWatch
+    from loraflow.loop.divergence import ZERO_GRAD_STEPS, DivergenceWatch
     from loraflow.environment import detect_environment
     from loraflow.plan import resolve
-    from loraflow.run import demo_config
+    from loraflow.run.config import demo_config
 
     plan = resolve(load_config(demo_config("sft"), ["train.learning_rate=1e6"]), detect_environment())
     watch = DivergenceWatch(plan)
@@ -121,7 +121,7 @@ def test_a_directory_holding_other_files_is_refused_and_left_alone(tiny_model, c
 
 
 def test_a_user_model_never_gets_the_demo_settings(tiny_model, chat_data, tmp_path):
-    from loraflow.run import load_run_config
+    from loraflow.run.config import load_run_config
 
     mine = load_run_config("sft", None, [f"model.path={tiny_model}", f"data.train={chat_data[0]}"])
     assert mine.data.eval is None and mine.model.merge_adapters == []  # no demo eval set: no eval at all
@@ -171,7 +171,7 @@ def limit_file_size() -> None:  # preexec_fn of a run with no small file system 
 def test_a_full_disk_is_said_plainly_and_the_last_checkpoint_stays(tiny_model, chat_data, tmp_path):
     from test_checkpoint_faults import small_tmpfs
 
-    from loraflow.checkpoint_verify import problems
+    from loraflow.checkpoints.integrity import problems
 
     with small_tmpfs(tmp_path / "disk", "4m") as mounted:
         run = tmp_path / "disk/run"

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from loraflow.cli import main
+from loraflow.commands.cli import main
 from loraflow.errors import ConfigError, DataError
-from loraflow.metrics import MetricsWriter, read_metrics
-from loraflow.run import train
+from loraflow.loop.metrics import MetricsWriter, read_metrics
+from loraflow.run.train import train
 from loraflow.locations import ASSETS
 
 PROMPT = "Please write the word kelmu backwards."
@@ -58,14 +58,14 @@ def reference_ids(adapter: Path, merge: list[str], prompt: str = PROMPT, max_new
 
 @pytest.fixture(scope="module")
 def loaded_plain(runs):
-    from loraflow.generate import load
+    from loraflow.commands.generate import load
 
     return load(str(runs[0]))
 
 
 def ours(target, prompt: str = PROMPT, **sampling) -> list[int]:
     """The tokens `loraflow generate` produces; `target` is a directory or an already loaded model."""
-    from loraflow.generate import Loaded, Prompt, Sampling, complete, load, prompt_ids
+    from loraflow.commands.generate import Loaded, Prompt, Sampling, complete, load, prompt_ids
 
     loaded = target if isinstance(target, Loaded) else load(str(target))
     torch.manual_seed(sampling.get("seed", 0))
@@ -75,7 +75,7 @@ def ours(target, prompt: str = PROMPT, **sampling) -> list[int]:
 
 def rows(loaded, prompts: str | None = None) -> list[dict]:
     """`loraflow generate --json` on an already loaded model: PROMPT, or the prompts file `prompts`."""
-    from loraflow.generate import Prompt, Sampling, generate, read_prompts
+    from loraflow.commands.generate import Prompt, Sampling, generate, read_prompts
 
     out = io.StringIO()
     generate(loaded, read_prompts(prompts) if prompts else [Prompt(None, PROMPT)], Sampling(max_new_tokens=16),
@@ -149,7 +149,7 @@ def test_bad_input_is_a_clear_error(runs, tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_text('{"text": "hi"}\n')
     (tmp_path / "neither").mkdir()
     from loraflow.config import dump_config, load_config
-    from loraflow.run import demo_config
+    from loraflow.run.config import demo_config
 
     (tmp_path / "rm-run").mkdir()
     (tmp_path / "rm-run/config.yaml").write_text(dump_config(load_config(demo_config("rm"))))
@@ -168,7 +168,7 @@ def test_bad_input_is_a_clear_error(runs, tmp_path, capsys):
 
 
 def test_chat_keeps_the_conversation_and_resets(runs, loaded_plain, tmp_path, capsys, monkeypatch):
-    from loraflow.generate import Sampling, chat
+    from loraflow.commands.generate import Sampling, chat
 
     plain, _ = runs
     out = io.StringIO()
@@ -198,7 +198,7 @@ def assert_pngs(paths: list[Path]) -> None:
 
 
 def test_plot_one_run_and_two_overlaid(runs, tmp_path, capsys):
-    from loraflow.plot import collect
+    from loraflow.commands.plot import collect
 
     plain, merged = runs
     capsys.readouterr()

@@ -156,7 +156,7 @@ def test_an_older_dependency_than_declared_is_refused_before_anything_runs(monke
     assert problems == [f"transformers 4.57.1 is installed; loraflow needs transformers>={floors['transformers']} "
                         f"(pip install 'transformers>={floors['transformers']}')"]
     import loraflow.environment as environment
-    from loraflow import cli
+    from loraflow.commands import cli
 
     monkeypatch.setattr(environment, "installed_version", lambda p: older.get(p, Version("99")))
     assert cli.main(["train", "sft", "train.max_steps=1"]) == 2

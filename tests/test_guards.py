@@ -11,7 +11,7 @@ import torch
 from conftest import first_batch, plan_and_model, randomize_adapters
 from loraflow.data.batching import learned_tokens
 from loraflow.errors import GuardError
-from loraflow.guards import FrozenWeights, assert_train_mode, check_first_gradients
+from loraflow.loop.guards import FrozenWeights, assert_train_mode, check_first_gradients
 from loraflow.setup.checkpointing import set_input_grad_hook
 from loraflow.stages.sft import loss_fn
 

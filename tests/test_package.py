@@ -85,8 +85,8 @@ def test_the_import_graph_has_no_cycle():
 
 
 def test_the_graph_sees_imports_inside_functions():
-    # run.py imports the pipeline at the top and the environment inside `_train`: both are edges.
-    assert {"loraflow.pipeline", "loraflow.environment"} <= GRAPH["loraflow.run"]
+    # run/train.py imports the pipeline at the top and the environment inside `_train`: both are edges.
+    assert {"loraflow.run.pipeline", "loraflow.environment"} <= GRAPH["loraflow.run.train"]
 
 
 def _importers(target) -> set[str]:
@@ -99,9 +99,9 @@ def test_no_product_module_imports_the_verification_package():
 
 
 def test_nothing_below_the_trainer_imports_the_trainer_run_or_a_stage():
-    above = lambda m: m.startswith(("loraflow.stages.", "loraflow.verify.")) or m in ("loraflow.cli",)
-    assert {m for m in _importers(lambda d: d == "loraflow.trainer") if not above(m)} == set()
-    assert {m for m in _importers(lambda d: d == "loraflow.run") if not above(m)} == set()
+    above = lambda m: m.startswith(("loraflow.stages.", "loraflow.verify.")) or m in ("loraflow.commands.cli",)
+    assert {m for m in _importers(lambda d: d == "loraflow.loop.trainer") if not above(m)} == set()
+    assert {m for m in _importers(lambda d: d == "loraflow.run.train") if not above(m)} == set()
     stage = lambda d: d == "loraflow.stages" or d.startswith("loraflow.stages.")
     assert {m for m in _importers(stage) if not above(m)} == set()
     # The one way to a stage's module is its table entry (stagespec.stage_module), read by the pipeline.
@@ -216,3 +216,36 @@ def test_only_the_plan_package_reaches_into_its_areas():
     # Callers take `resolve` and the Plan from loraflow.plan; the areas are the plan's own business.
     area = lambda d: d.startswith("loraflow.plan.") and d != "loraflow.plan.types"
     assert {m for m in _importers(area) if not m.startswith("loraflow.plan")} == set()
+
+
+ROOMS = {
+    0: {"loraflow", "errors", "environment", "families", "enginespec", "stagespec", "locations", "phases"},
+    1: {"config", "losses", "rules", "checkpoints"},
+    2: {"data", "engines", "frontends"},
+    3: {"setup", "explain"},
+    4: {"plan", "loop", "probes", "rl"},
+    5: {"stages"},
+    6: {"run"},
+    7: {"commands"},
+    8: {"__main__", "verify"},
+}
+"""The package's floors, bottom up: the tables and facts everything reads (the ground floor, at the package root,
+whose modules may read each other: the graph has no cycle), then the rooms. A module imports only rooms on lower
+floors (and its own room)."""
+
+
+def _room(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_every_import_goes_down_a_floor():
+    floor = {room: level for level, rooms in ROOMS.items() for room in rooms}
+    assert {_room(m) for m in MODULES} <= set(floor), "a new room needs its floor in ROOMS"
+    upward = sorted((m, d) for m, deps in GRAPH.items() for d in deps
+                    if _room(m) != _room(d) and floor[_room(d)] >= max(floor[_room(m)], 1))
+    assert upward == []
+
+
+def test_the_package_root_holds_only_the_ground_floor():
+    root = {p.stem for p in SRC.glob("*.py")} - {"__init__", "__main__"}
+    assert root == ROOMS[0] - {"loraflow"}

@@ -18,7 +18,7 @@ from conftest import ROOT, demo_metric, quantized_base
 from loraflow.config import load_config
 from loraflow.data import read_records
 from loraflow.data.formatting import eval_prompt
-from loraflow.evaluate import exact_match
+from loraflow.loop.evaluate import exact_match
 from loraflow.locations import ASSETS
 
 EXAMPLE = ROOT / "examples" / "sft-qlora.yaml"

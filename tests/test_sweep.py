@@ -33,7 +33,7 @@ def test_a_sweep_has_the_setups_asked_for_and_the_seed_decides_them():
 
 
 def test_every_axis_value_is_a_config_loraflow_reads(tmp_path):
-    from loraflow.run import demo_config, load_run_config
+    from loraflow.run.config import demo_config, load_run_config
 
     for axis, values in space.AXES.items():
         for value in values:

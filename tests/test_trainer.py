@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 from conftest import plan_and_model, randomize_adapters
 from loraflow.data import load_sft
 from loraflow.errors import ConfigError
-from loraflow.metrics import read_metrics
-from loraflow.run import train
+from loraflow.loop.metrics import read_metrics
+from loraflow.run.train import train
 from loraflow.stages.sft import loss_fn
-from loraflow.trainer import StageHooks, Trainer
+from loraflow.loop.trainer import StageHooks, Trainer
 
 
 def common(tiny_model, chat_data, run_dir, *extra):
@@ -51,7 +51,7 @@ def test_saved_adapter_loads_with_peft_and_merge_gives_the_same_outputs(tiny_mod
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from loraflow.cli import main
+    from loraflow.commands.cli import main
 
     train("sft", None, common(tiny_model, chat_data, tmp_path / "run", "train.max_steps=3"), None)
     peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), tmp_path / "run/adapter")
@@ -96,8 +96,8 @@ def test_accumulation_invariance(tiny_model, chat_data, tmp_path):
 
 KILLER = textwrap.dedent("""
     import os, signal, sys
-    import loraflow.checkpoint as ck
-    import loraflow.trainer as tr
+    import loraflow.checkpoints.store as ck
+    import loraflow.loop.trainer as tr
     import torch
     mode, step = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(int(sys.argv[3]))  # as many as the comparison run: float sums depend on it
@@ -118,7 +118,7 @@ KILLER = textwrap.dedent("""
             ck.torch.save = half
         return real_save(run_dir, s, *a, **k)
     tr.save_checkpoint = save_then_die
-    from loraflow.run import train
+    from loraflow.run.train import train
     train("sft", None, sys.argv[4:], None)
 """)
 
@@ -189,7 +189,7 @@ def test_a_run_that_fails_before_training_leaves_the_directory_reusable(tiny_mod
 
 
 def test_a_checkpoint_missing_a_listed_file_is_not_used(tiny_model, chat_data, tmp_path):
-    from loraflow.checkpoint import latest_checkpoint
+    from loraflow.checkpoints.store import latest_checkpoint
 
     run = tmp_path / "run"
     train("sft", None, common(tiny_model, chat_data, run, "train.max_steps=4", "output.save_every_steps=2",

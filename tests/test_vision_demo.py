@@ -17,7 +17,7 @@ from conftest import ROOT, demo_metric
 from loraflow.config import load_config
 from loraflow.data import read_records
 from loraflow.data.multimodal import eval_prompt
-from loraflow.evaluate import exact_match
+from loraflow.loop.evaluate import exact_match
 from loraflow.locations import ASSETS
 
 EXAMPLE = ROOT / "examples" / "sft-vision.yaml"

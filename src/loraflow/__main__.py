@@ -1,5 +1,5 @@
 import sys
 
-from loraflow.cli import main
+from loraflow.commands.cli import main
 
 sys.exit(main())

@@ -54,11 +54,11 @@ class NonFiniteError(LoraflowError):
 
 
 class DivergenceError(LoraflowError):
-    """The loss or the gradients became non-finite; nothing from that step was applied or saved (divergence.py)."""
+    """The loss or the gradients became non-finite; nothing from that step was applied or saved (loop/divergence.py)."""
 
 
 class Stopped(LoraflowError):
-    """The run stopped on a signal after writing a checkpoint (preemption.py); the process exits with 128 + the
+    """The run stopped on a signal after writing a checkpoint (loop/preemption.py); the process exits with 128 + the
     signal number, the convention shells and schedulers read as "ended by that signal"."""
 
     def __init__(self, message: str, signum: int):

@@ -296,7 +296,8 @@ def as_sharegpt(record: dict) -> dict:
 
 
 def run_demo(stage: str, tmp_path: Path, *overrides: str) -> dict:
-    from loraflow.run import demo_config, train
+    from loraflow.run.config import demo_config
+    from loraflow.run.train import train
 
     return train(stage, str(demo_config(stage)), [*overrides, f"output.dir={tmp_path / 'run'}",
                                                   "output.progress_bar=false", "output.tensorboard=false"], None)

@@ -14,7 +14,7 @@ import torch
 from conftest import ROOT
 
 from loraflow.engines.launch import launch_env, run_isolated, torchrun_argv
-from loraflow.metrics import read_metrics
+from loraflow.loop.metrics import read_metrics
 from loraflow.locations import ASSETS
 
 ZERO3_JSON = ROOT / "examples" / "deepspeed" / "zero3-shard-small-models.json"

@@ -13,7 +13,7 @@ from loraflow.engines.deepspeed_config import build_config, deepspeed_settings
 from loraflow.environment import detect_environment, parse_versions, with_versions
 from loraflow.errors import ConfigError, PlanError
 from loraflow.plan import resolve
-from loraflow.run import demo_config
+from loraflow.run.config import demo_config
 
 DEMO = demo_config("sft")  # the bundled tiny model: plans need a model's config
 
@@ -134,7 +134,7 @@ def test_the_plan_states_the_global_batch():
 
 
 def test_check_plans_a_config_for_a_given_process_count(capsys):
-    from loraflow.cli import main
+    from loraflow.commands.cli import main
 
     code = main(["check", "--nproc", "2", "--versions", "torch=2.12.0", "parallel.engine=fsdp2",
                  "checkpointing.enabled=true", "precision.mode=bf16-mixed"])

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-from loraflow.cli import main
+from loraflow.commands.cli import main
 from loraflow.explain import diagnose_log, explain_text, log_versions
 
 LOGS = ROOT / "tests" / "fixtures" / "logs"

@@ -17,7 +17,7 @@ from dataclasses import fields, is_dataclass
 import pytest
 from conftest import ROOT
 
-from loraflow.cli import main
+from loraflow.commands.cli import main
 from loraflow.explain import as_dict, detect_framework, diagnose_log, fix_for, render
 from loraflow.explain.own import KEYS, OwnLog, loraflow_fix
 from loraflow.frontends import flags_for
@@ -142,7 +142,7 @@ def test_every_rule_is_worded_in_loraflow_keys_for_a_loraflow_run():
 
 
 def _as_run_log(exc: Exception) -> str:
-    """A guard's real error, in train.log as run.py writes a LoraflowError that ends a run (no traceback)."""
+    """A guard's real error, in train.log as run/failures.py writes a LoraflowError that ends a run (no traceback)."""
     return ("2026-11-24 04:00:00,000 INFO run directory: /tmp/run\n"
             "2026-11-24 04:00:01,000 INFO training: 4 optimizer steps of 1 x 8 samples x 1 processes\n"
             f"2026-11-24 04:00:09,000 ERROR run failed: {type(exc).__name__}: {exc}\n")
@@ -152,7 +152,7 @@ def test_the_train_mode_guard_names_its_rules_in_loraflows_words():
     import torch
 
     from loraflow.errors import GuardError
-    from loraflow.guards import assert_train_mode
+    from loraflow.loop.guards import assert_train_mode
 
     with pytest.raises(GuardError) as info:
         assert_train_mode(torch.nn.Linear(2, 2).eval())
@@ -170,7 +170,7 @@ def test_the_gradient_guard_is_explained_by_the_rules_it_names(tiny_model):
     from transformers import AutoModelForCausalLM
 
     from loraflow.errors import GuardError
-    from loraflow.guards import check_first_gradients
+    from loraflow.loop.guards import check_first_gradients
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(target_modules=["q_proj"]))
     from loraflow.rules import Combination

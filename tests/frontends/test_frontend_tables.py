@@ -46,7 +46,7 @@ def test_stage_aliases_are_declared_once():
 
 def test_framework_names_releases_and_aliases_come_from_the_declarations():
     from loraflow import environment
-    from loraflow.cli import build_parser
+    from loraflow.commands.cli import build_parser
     from loraflow.frontends import parse_versions
 
     names = [f.name for f in frameworks()]

@@ -1,4 +1,4 @@
-"""The learned-token log-prob path (logprobs.py) equals the full-logits computation it replaces: values and every
+"""The learned-token log-prob path (losses/logprobs.py) equals the full-logits computation it replaces: values and every
 trainable gradient, fp32, for a frozen head, LoRA on the head, a trained head and tied embeddings, chunked or not,
 and it never holds [learned tokens x vocabulary] logits whole."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from loraflow.logprobs import (
+from loraflow.losses.logprobs import (
     FULL,
     HeadMode,
     chunk_tokens,

@@ -53,7 +53,7 @@ def test_trainable_embeddings_need_no_hook(tiny_model):
 
 def test_use_cache_is_off_for_training_with_its_reason(tiny_model):
     plan = plan_for(tiny_model)
-    assert decision(plan, "use_cache").value is False  # the forwards pass use_cache=False (logprobs.py)
+    assert decision(plan, "use_cache").value is False  # the forwards pass use_cache=False (losses/logprobs.py)
     assert "default is True" in decision(plan, "use_cache").reason
     packed = plan_for(tiny_model, "data.packing=true")
     assert decision(packed, "use_cache").rule == "packing-cache-cross-attention"

@@ -60,14 +60,14 @@ def test_probe_table_on_the_installed_stack(probe_run):
 
 
 def test_probe_only_runs_one_and_rejects_unknown_ids(capsys):
-    from loraflow.cli import main
+    from loraflow.commands.cli import main
 
     assert main(["probe", "--only", "no-such-rule"]) == 2
     assert "no probe for no-such-rule" in capsys.readouterr().err
 
 
 def test_probe_only_runs_the_named_rule(capsys):
-    from loraflow.cli import main
+    from loraflow.commands.cli import main
 
     assert main(["probe", "--only", "fp16-trainable-unscale", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["results"]

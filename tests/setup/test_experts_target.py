@@ -15,7 +15,7 @@ from conftest import first_batch, make_config, randomize_adapters
 
 from loraflow.environment import detect_environment
 from loraflow.errors import ConfigError
-from loraflow.pipeline import build_run
+from loraflow.run.pipeline import build_run
 from loraflow.plan import resolve
 from loraflow.setup.checkpointing import checkpointed_blocks
 from loraflow.locations import ASSETS

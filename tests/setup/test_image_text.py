@@ -107,7 +107,7 @@ def _image_batch(family: str, tokens: int) -> dict[str, torch.Tensor]:
 
 
 def _grads(families, family: str, *overrides: str) -> dict[str, torch.Tensor]:
-    from loraflow.logprobs import learned_logps
+    from loraflow.losses.logprobs import learned_logps
     from loraflow.losses import sft_loss_from_logps
 
     plan = _plan(families, family, "towers.vision.train=adapter", "towers.vision.rank=4",
@@ -148,7 +148,7 @@ def test_the_blank_image_changes_no_loss_and_no_gradient(families):
     from loraflow.data.batching import collate
     from loraflow.data.blank_images import blank_image_collate
     from loraflow.data.multimodal import blank_row
-    from loraflow.logprobs import learned_logps
+    from loraflow.losses.logprobs import learned_logps
     from loraflow.losses import sft_loss_from_logps
 
     plan = _plan(families, "llava", "towers.vision.train=full", "towers.projector.train=full")
@@ -188,7 +188,7 @@ def test_trained_towers_and_adapters_reload_with_peft(families, tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from loraflow.data.batching import collate
-    from loraflow.pipeline import build_run
+    from loraflow.run.pipeline import build_run
 
     config = make_config(families["llava"], f"data.train={families['data']}", f"output.dir={tmp_path / 'run'}",
                          "towers.vision.train=full", "towers.projector.train=full", "checkpointing.enabled=true",
@@ -224,8 +224,8 @@ def test_a_first_step_without_an_image_is_named_not_blamed(families, caplog):
     from loraflow.data import load_sft
     from loraflow.data.batching import collate
     from loraflow.errors import GuardError
-    from loraflow.guards import check_first_gradients
-    from loraflow.logprobs import learned_logps
+    from loraflow.loop.guards import check_first_gradients
+    from loraflow.losses.logprobs import learned_logps
     from loraflow.losses import sft_loss_from_logps
 
     plan = _plan(families, "llava", "towers.vision.train=adapter")
@@ -257,7 +257,7 @@ def test_dpo_pairs_with_images_train_as_the_reference(families, tmp_path):
     its reference) and, with every tower checkpointed, has the gradients of the run without checkpointing."""
     import json
 
-    from loraflow.pipeline import build_run
+    from loraflow.run.pipeline import build_run
 
     pairs = families["data"].parent / "pairs.jsonl"  # beside the images its paths name
     with pairs.open("w") as fh:
@@ -292,7 +292,7 @@ def test_dpo_pairs_with_images_train_as_the_reference(families, tmp_path):
 def test_bf16_mixed_with_a_vision_tower_trained_in_full_trains_on_the_cpu(families, tmp_path, family):
     """The encoder's unread modules (LLaVA's last layer and post_layernorm) stay frozen but still run on the trained
     tower's fp32 activations: kept in bf16 they crashed CPU LayerNorm ("mixed dtype (CPU)") at the first step."""
-    from loraflow.pipeline import build_run
+    from loraflow.run.pipeline import build_run
 
     config = make_config(families[family], f"data.train={families['data']}", "data.eval=", "precision.mode=bf16-mixed",
                          "towers.vision.train=full", "towers.projector.train=full", "train.max_steps=1",
@@ -312,8 +312,8 @@ def test_mllama_batches_rows_with_and_without_images_and_generates_as_one_prompt
     aspect ratios and the per-token cross_attention_mask of rows of different lengths, text-only rows among them,
     are padded to the micro-batch (they crashed collate as "a bug"), and left-padded batched generation gives
     each prompt's own completion."""
-    from loraflow.evaluate import exact_match
-    from loraflow.pipeline import build_run
+    from loraflow.loop.evaluate import exact_match
+    from loraflow.run.pipeline import build_run
 
     model = build_image_text(tmp_path / "mllama", "mllama")
     data = write_colour_data(tmp_path / "data", n=12, seed=1, text_only_every=3)
@@ -341,7 +341,7 @@ def test_paligemma_learns_the_answer_of_a_chat_whose_processor_appends_a_newline
 
     from loraflow.data.multimodal import eval_prompt, tokenize_chat
     from loraflow.data.readers import Record
-    from loraflow.pipeline import build_run
+    from loraflow.run.pipeline import build_run
 
     model = build_image_text(tmp_path / "paligemma", "paligemma")
     data = write_colour_data(tmp_path / "data", n=6, seed=0)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import TOKENIZER_FILES, write_jsonl
 
-from loraflow.cli import main
-from loraflow.run import demo_config
+from loraflow.commands.cli import main
+from loraflow.run.config import demo_config
 from loraflow.locations import ASSETS
 
 STAGES = ("sft", "rm", "dpo", "grpo", "ppo")

@@ -94,7 +94,7 @@ def test_int8_gradients_are_close_to_the_dequantized_reference(tiny_model, chat_
 
 
 def test_frozen_4bit_weights_stay_bit_identical_through_steps_and_evaluation(tiny_model, chat_data):
-    from loraflow.pipeline import build_run
+    from loraflow.run.pipeline import build_run
 
     config = make_config(tiny_model, "model.quantization.method=nf4", "train.max_steps=3", "train.micro_batch_size=4",
                          "train.learning_rate=1e-2", f"output.dir={chat_data[0].parent / 'bits'}", data=chat_data)

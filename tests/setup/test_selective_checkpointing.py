@@ -13,7 +13,7 @@ import torch
 from conftest import make_config, randomize_adapters
 
 from loraflow.environment import detect_environment
-from loraflow.pipeline import build_run
+from loraflow.run.pipeline import build_run
 from loraflow.setup.checkpointing import (
     CHECKPOINTED,
     checkpointed_blocks,
@@ -135,7 +135,7 @@ def test_counting_runs_on_the_first_forward_only(tiny_model, chat_data, tmp_path
 
 def test_memory_report_prints_the_activation_table(tiny_model, chat_data, tmp_path):
     """The first optimizer step (the one `train` checks) fills the memory report's activation lines and metrics."""
-    from loraflow.guards import FrozenWeights
+    from loraflow.loop.guards import FrozenWeights
 
     config = make_config(tiny_model, ON, "checkpointing.granularity=attention", f"output.dir={tmp_path}",
                          data=chat_data)

@@ -9,8 +9,8 @@ import torch
 from conftest import randomize_adapters
 from loraflow.config import load_config
 from loraflow.environment import detect_environment
-from loraflow.pipeline import build_run
-from loraflow.run import demo_config
+from loraflow.run.pipeline import build_run
+from loraflow.run.config import demo_config
 
 
 def one_step(stage: str, overrides: list[str], tmp_path) -> tuple[float, dict[str, torch.Tensor], object]:

@@ -13,8 +13,8 @@ import torch
 from loraflow.config import load_config
 from loraflow.environment import detect_environment
 from loraflow.errors import GuardError
-from loraflow.pipeline import build_run
-from loraflow.run import demo_config
+from loraflow.run.pipeline import build_run
+from loraflow.run.config import demo_config
 
 
 def build_trainer(stage: str, overrides: list[str], tmp_path):
@@ -109,7 +109,7 @@ def test_updates_per_rollout_keeps_checkpoints_between_rollouts():
 # A run with two updates per rollout, stopped after its first rollout and resumed, gives the uninterrupted
 # run's losses: checkpoints fall between rollouts, and the resumed run draws the next rollout as it would have.
 def test_resume_between_rollouts_gives_the_same_losses(tmp_path):
-    from loraflow.run import train
+    from loraflow.run.train import train
 
     small = ["data.eval=", "output.progress_bar=false", "output.tensorboard=false", "rl.group_size=2",
              "rl.max_new_tokens=4", "train.micro_batch_size=2", "rl.updates_per_rollout=2",
@@ -134,7 +134,7 @@ def test_ppo_value_head_is_saved_and_restored(tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from loraflow.checkpoint import EXTRA_WEIGHTS, load_checkpoint
+    from loraflow.checkpoints.store import EXTRA_WEIGHTS, load_checkpoint
     from loraflow.setup.value_head import find_value_head
 
     trainer = build_trainer("ppo", ["rl.group_size=2", "rl.max_new_tokens=4", "train.micro_batch_size=2"], tmp_path)

@@ -308,7 +308,7 @@ class DPOConfig:
 @dataclass(kw_only=True)
 class RLConfig:
     rewards: list[str] = field(default_factory=list)
-    """Reward functions: `builtin:NAME` (loraflow.rewards) or `package.module:function`, each called as
+    """Reward functions: `builtin:NAME` (loraflow.rl.rewards) or `package.module:function`, each called as
     fn(completions: list[str], fields: list[dict]) -> list[float] with the prompt records' other fields. Their
     rewards are summed. Used by grpo and ppo (with or instead of rl.reward_model)."""
 

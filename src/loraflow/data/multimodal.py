@@ -34,7 +34,7 @@ from loraflow.data.formatting import (
     record_format,
     tokenize,
 )
-from loraflow.data.image_batching import collate_images  # noqa: F401 - evaluate.py and tests import it from here
+from loraflow.data.image_batching import collate_images  # noqa: F401 - loop/evaluate.py and tests import it from here
 from loraflow.data.images import content_parts, image_payload, load_image
 from loraflow.data.readers import Record
 from loraflow.errors import DataError

@@ -77,7 +77,7 @@ class Engine:
 
     norm_before_update = True
     """Whether `step` measures the gradient norm before applying the update, so that a non-finite one is never
-    applied (see divergence.py). DeepSpeed with ZeRO >= 1 measures it only while stepping."""
+    applied (see loop/divergence.py). DeepSpeed with ZeRO >= 1 measures it only while stepping."""
 
     def step(self) -> float:
         """Clip, optimizer step, schedule step, clear gradients; returns the pre-clip global gradient norm. A

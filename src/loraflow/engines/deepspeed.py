@@ -81,7 +81,7 @@ class DeepSpeedEngine(Engine):
             grads = [p.grad.detach().float().norm() for _, p in self.trainable if p.grad is not None]
             own = float(torch.stack(grads).norm()) if grads else 0.0
         if own is not None and not math.isfinite(own):
-            return own  # not applied: the run stops on it (divergence.py), so DeepSpeed's counters do not matter
+            return own  # not applied: the run stops on it (loop/divergence.py), so DeepSpeed's counters do not matter
         self.model.step()  # clips (gradient_clipping), steps optimizer and schedule, clears gradients
         norm = self.model.get_global_grad_norm() if own is None else own
         return float(norm) if norm is not None else 0.0

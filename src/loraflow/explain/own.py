@@ -23,14 +23,14 @@ from loraflow.explain.prefix import strip_prefix
 _HEAD = r"^(?:\d{4}-\d\d-\d\d [\d:,.]+ [A-Z]+ |\[rank [^\]]{1,8}\] )?"
 _PLAN = re.compile(_HEAD + r"loraflow plan: stage \w+; ", re.MULTILINE)
 _RUN_DIR = re.compile(_HEAD + r"run directory: \S", re.MULTILINE)
-# Lines loraflow's run writes after its run directory (run.py, trainer.py): with it they name a loraflow run.
+# Lines loraflow's run writes after its run directory (run/, loop/trainer.py): with it they name a loraflow run.
 _RUN_LINES = re.compile(_HEAD + r"(?:trainable parameters: [\d,]+ of [\d,]+$|training: \d+ optimizer steps of |"
                         r"no config.{0,20} given: training the built-in demo |"
                         r"eval \((?:before|after) training, step \d+\): |error: )", re.MULTILINE)
-# trainer.py's progress line in train.log: names a loraflow run on its own, when a long log's head is cut off.
+# loop/trainer.py's progress line in train.log: names a loraflow run on its own, when a long log's head is cut off.
 _STEP = re.compile(r"^\d{4}-\d\d-\d\d [\d:,.]+ INFO step \d+/\d+: loss \S+, grad_norm \S+, lr \S+, [\d,]+ tokens/s",
                    re.MULTILINE)
-# run.py's log_fatal: `run failed: Type: message` (`run stopped:` for an interrupt), the traceback after it.
+# run/failures.py's log_fatal: `run failed: Type: message` (`run stopped:` for an interrupt), the traceback after it.
 _RUN_FAILED = re.compile(r"^\d{4}-\d\d-\d\d [\d:,.]+ ERROR run (?:failed|stopped): ([\w.]+): ?(.*)$")
 # A traceback through loraflow's run code (not its probes, which reproduce other setups without loraflow's plan).
 _OWN_FRAME = re.compile(r'loraflow[/\\](?:run|trainer|cli|guards|plan|checkpoint|pipeline|logprobs|evaluate|'

@@ -1,10 +1,10 @@
-"""The logits area: where the output head runs (logprobs.py): at the learned positions only, in chunks or in one
+"""The logits area: where the output head runs (losses/logprobs.py): at the learned positions only, in chunks or in one
 block, or at every position."""
 
 from __future__ import annotations
 
 from loraflow.errors import ConfigError
-from loraflow.logprobs import FULL, HeadMode, chunk_tokens
+from loraflow.losses.logprobs import FULL, HeadMode, chunk_tokens
 from loraflow.plan.context import Context
 from loraflow.plan.types import Decision
 from loraflow.rules import Combination

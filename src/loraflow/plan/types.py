@@ -13,7 +13,7 @@ from loraflow.config.schema import Config
 from loraflow.engines.deepspeed_config import DeepSpeedSettings
 from loraflow.environment import Environment
 from loraflow.errors import PlanError
-from loraflow.logprobs import FULL, HeadMode
+from loraflow.losses.logprobs import FULL, HeadMode
 from loraflow.rules import Combination, Finding
 from loraflow.setup.model import ModelInfo
 from loraflow.setup.quantize import Quantization
@@ -65,7 +65,7 @@ class Plan:
     """The DeepSpeed engine's settings (stage, offload, the user's JSON checked), resolved once; None for the other
     engines."""
     logits: HeadMode = FULL
-    """Where the output head runs (logprobs.py): at the learned positions only, in chunks, or everywhere."""
+    """Where the output head runs (losses/logprobs.py): at the learned positions only, in chunks, or everywhere."""
     quantization: Quantization | None = None
     """The base's bitsandbytes quantization (QLoRA): method, compute and storage dtypes, the modules left
     unquantized; None loads it in load_dtype."""

@@ -28,7 +28,7 @@ SYMPTOMS: dict[str, str] = {
     "zero-adapter-gradient": "an adapter module got an all-zero gradient in the first backward",
     "eval-mode-at-backward": "the trained model, or a submodule with parameters, is in eval mode at backward",
 }
-"""What the runtime guards (guards.py) can observe on the first step. A rule lists the symptoms its failure shows
+"""What the runtime guards (loop/guards.py) can observe on the first step. A rule lists the symptoms its failure shows
 as (`Rule.symptoms`); a guard that sees one names those rules as the likely causes (`rules_for_symptom`)."""
 
 

@@ -15,7 +15,7 @@ import torch
 
 from loraflow.config.schema import Config
 from loraflow.errors import ConfigError
-from loraflow.logprobs import logit_transform
+from loraflow.losses.logprobs import logit_transform
 from loraflow.locations import ASSETS, BUILTIN, location_of
 from loraflow.setup.paths import quiet as _quiet
 from loraflow.setup.modules import fused_weights, linear_names

@@ -1,7 +1,7 @@
 """Direct preference optimisation (DPO, IPO, conservative DPO) on chosen/rejected pairs.
 
 Each micro-batch holds its pairs' chosen rows then their rejected rows, so both go through one forward
-(fsdp2-multi-forward-dtensor). The reference log-probs come from plan.reference (reference.py): the policy with
+(fsdp2-multi-forward-dtensor). The reference log-probs come from plan.reference (rl/reference.py): the policy with
 adapters disabled, a frozen copy, or values computed once before training. Metrics: reward accuracy (the implicit
 reward beta * log pi/pi_ref ranks chosen above rejected) and margin, on held-out pairs; and, when eval.generate,
 greedy exact match of the held-out prompts against their chosen answers.
@@ -17,10 +17,10 @@ import torch
 
 from loraflow.data import DataSplit
 from loraflow.data.preference import collate_pairs, pair_count
-from loraflow.logprobs import learned_logps
+from loraflow.losses.logprobs import learned_logps
 from loraflow.losses import dpo_loss, summed_logps
 from loraflow.phases import phase
-from loraflow.reference import Reference
+from loraflow.rl.reference import Reference
 from loraflow.setup.precision import autocast
 from loraflow.stages.pairs import eval_pairs, pair_collate
 from loraflow.stagespec import EVALUATION
@@ -57,7 +57,7 @@ def loss_fn(plan):
 def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
           resume: bool):
     """The stage's trainer, ready to fit (tests drive single steps of it)."""
-    from loraflow.trainer import StageHooks, Trainer
+    from loraflow.loop.trainer import StageHooks, Trainer
 
     d, e = plan.config.dpo, plan.config.eval
     pad = tokenizer.pad_token_id

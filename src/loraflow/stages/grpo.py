@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 
 from loraflow.data import DataSplit
-from loraflow.logprobs import learned_logps
+from loraflow.losses.logprobs import learned_logps
 from loraflow.losses import group_advantages, grpo_loss
 from loraflow.phases import phase
-from loraflow.reference import Reference
+from loraflow.rl.reference import Reference
 from loraflow.setup.precision import autocast
 from loraflow.stages.rl import RolloutWorker
 from loraflow.stagespec import OLD_POLICY_SCORING
@@ -43,7 +43,7 @@ def loss_fn(plan):
 def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
           resume: bool):
     """The stage's trainer, ready to fit (tests drive single steps of it)."""
-    from loraflow.trainer import StageHooks, Trainer
+    from loraflow.loop.trainer import StageHooks, Trainer
 
     r = plan.config.rl
     reference = Reference(plan, tokenizer) if plan.reference else None

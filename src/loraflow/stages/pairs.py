@@ -36,7 +36,7 @@ def eval_pairs(plan, engine, tokenizer, split: DataSplit, margin_fn: Callable[[d
     values: dict[str, Any] = {f"{prefix}_accuracy": float((m > 0).float().mean()),
                               f"{prefix}_margin": float(m.mean())}
     if split.prompts:
-        from loraflow.evaluate import exact_match
+        from loraflow.loop.evaluate import exact_match
 
         e = plan.config.eval
         with engine.gathered_for_generation() as model:

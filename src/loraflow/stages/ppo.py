@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from loraflow.data import DataSplit, learned_tokens
-from loraflow.logprobs import learned_logps
+from loraflow.losses.logprobs import learned_logps
 from loraflow.losses import (
     gae,
     kl_penalized_rewards,
@@ -26,7 +26,7 @@ from loraflow.losses import (
     whiten,
 )
 from loraflow.phases import phase
-from loraflow.reference import Reference
+from loraflow.rl.reference import Reference
 from loraflow.setup.precision import autocast
 from loraflow.setup.value_head import find_value_head
 from loraflow.stages.rl import RolloutWorker
@@ -61,7 +61,7 @@ def loss_fn(plan, head):
 def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
           resume: bool):
     """The stage's trainer, ready to fit (tests drive single steps of it)."""
-    from loraflow.trainer import StageHooks, Trainer
+    from loraflow.loop.trainer import StageHooks, Trainer
 
     r = plan.config.rl
     head = find_value_head(model)

@@ -10,7 +10,7 @@ import torch
 
 from loraflow.data import DataSplit
 from loraflow.phases import phase
-from loraflow.rollout import build_rollout, decode, generate, stop_ids
+from loraflow.rl.rollout import build_rollout, decode, generate, stop_ids
 from loraflow.setup.precision import autocast
 from loraflow.stagespec import EVALUATION, ROLLOUT
 
@@ -27,7 +27,7 @@ class Sampled:
 
 class RolloutWorker:
     def __init__(self, plan, tokenizer, train: DataSplit, eval_split: DataSplit | None):
-        from loraflow.rewards import load_reward_functions
+        from loraflow.rl.rewards import load_reward_functions
 
         self.plan, self.tokenizer, self.train, self.eval_split = plan, tokenizer, train, eval_split
         self.cfg = plan.config.rl
@@ -35,7 +35,7 @@ class RolloutWorker:
         self.gold = load_reward_functions(self.cfg.eval_rewards)
         self.reward_model = None
         if self.cfg.reward_model:
-            from loraflow.reward_model import load_reward_model
+            from loraflow.rl.reward_model import load_reward_model
 
             self.reward_model = load_reward_model(self.cfg.reward_model, plan, tokenizer)
         rows = train.rows + (eval_split.rows if eval_split is not None else [])

@@ -15,10 +15,10 @@ import torch
 from loraflow.data import DataSplit
 from loraflow.data.preference import pair_count, sequence_ends
 from loraflow.errors import ConfigError
-from loraflow.logprobs import model_inputs, unwrapped
+from loraflow.losses.logprobs import model_inputs, unwrapped
 from loraflow.losses import pairwise_rm_loss
 from loraflow.phases import phase
-from loraflow.reward_model import MANIFEST
+from loraflow.rl.reward_model import MANIFEST
 from loraflow.setup.checkpointing import hf_model
 from loraflow.setup.precision import autocast
 from loraflow.stages.pairs import eval_pairs, pair_collate
@@ -70,7 +70,7 @@ def loss_fn():
 def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
           resume: bool):
     """The stage's trainer, ready to fit (tests drive single steps of it)."""
-    from loraflow.trainer import StageHooks, Trainer
+    from loraflow.loop.trainer import StageHooks, Trainer
 
     def evaluate(engine) -> dict[str, Any]:
         def margins(batch):

@@ -10,8 +10,8 @@ import torch
 
 from loraflow.data import DataSplit, collate
 from loraflow.data.blank_images import blank_image_collate
-from loraflow.evaluate import eval_loss, exact_match
-from loraflow.logprobs import learned_logps
+from loraflow.loop.evaluate import eval_loss, exact_match
+from loraflow.losses.logprobs import learned_logps
 from loraflow.losses import sft_loss_from_logps
 
 log = logging.getLogger("loraflow")
@@ -49,7 +49,7 @@ def evaluator(plan, tokenizer, split: DataSplit | None):
 def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir: Path,
           resume: bool):
     """The stage's trainer, ready to fit (tests drive single steps of it)."""
-    from loraflow.trainer import StageHooks, Trainer
+    from loraflow.loop.trainer import StageHooks, Trainer
 
     hooks = StageHooks(loss_fn(plan), evaluator(plan, tokenizer, eval_split),
                        collate=blank_image_collate(collate, train.blank, tokenizer.pad_token_id))

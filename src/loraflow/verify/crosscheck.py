@@ -130,7 +130,7 @@ class Cell:
         elif self.head == "trained":
             out.append("adapter.train_modules=[lm_head]")
         # The reference computes full logits, as a plain model call does; every other cell runs the head at the
-        # learned positions only, in chunks of a few positions (logprobs.py), so the comparison covers both.
+        # learned positions only, in chunks of a few positions (losses/logprobs.py), so the comparison covers both.
         out += (["train.logits=full"] if self.is_reference else
                 ["train.logits=learned", "train.logits_chunk_mib=0.002"])
         if self.checkpointing != "off":
@@ -163,7 +163,7 @@ def run_cell(cell: Cell, model_dir: str, data: str, world_size: int, workdir: Pa
     from loraflow.config import load_config
     from loraflow.environment import detect_environment, parse_versions, with_versions
     from loraflow.errors import ConfigError, PlanError
-    from loraflow.pipeline import build_run
+    from loraflow.run.pipeline import build_run
 
     overrides = [f"model.path={model_dir}", f"data.train={data}", *cell.overrides(world_size, workdir)]
     config = load_config(None, overrides)
@@ -206,7 +206,7 @@ def _saved_tensors(model, state: dict[str, torch.Tensor], directory: Path) -> in
     """Save the adapter as the trainer does and count the tensors PEFT wrote (0 would be an empty adapter)."""
     from safetensors.torch import load_file
 
-    from loraflow.checkpoint import save_weights
+    from loraflow.checkpoints.store import save_weights
 
     save_weights(model, directory, state)
     return len(load_file(directory / "adapter_model.safetensors"))
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = [Cell(**c) for c in json.loads(Path(args.cells).read_text())]
     if args.reference:
         cells = list(dict.fromkeys(c.reference() for c in cells))
-    from loraflow.run import setup_logging
+    from loraflow.run.log import setup_logging
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if any(wants_process_group(VARIANTS[c.engine].engine, world) for c in cells):

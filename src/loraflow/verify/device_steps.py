@@ -18,7 +18,7 @@ from typing import Any
 def _cli(args: list[str], log: Path) -> tuple[int, str]:
     """`loraflow ARGS` as a user runs it (in a child process, bounded by the runner's timeout), its output appended
     to `log`; (exit code, output)."""
-    proc = subprocess.run([sys.executable, "-m", "loraflow.cli", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "loraflow.commands.cli", *args], capture_output=True, text=True,
                           check=False)
     with open(log, "a", encoding="utf-8") as sink:
         sink.write(f"$ loraflow {' '.join(args)}\n{proc.stdout}{proc.stderr}\n(exit {proc.returncode})\n")

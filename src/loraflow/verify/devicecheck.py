@@ -142,7 +142,7 @@ def run_step(name: str, out: Path, device: str, quick: bool, root: Path, deadlin
     """One step in this process (the runner starts it): its record to out/NAME.json."""
     import warnings
 
-    from loraflow.run import setup_logging
+    from loraflow.run.log import setup_logging
     from loraflow.verify.device_steps import STEPS
 
     warnings.filterwarnings("ignore")

@@ -113,7 +113,7 @@ class GatherCounter:
 
 def _config(cell: StepCell):
     from loraflow.config import load_config
-    from loraflow.run import demo_config
+    from loraflow.run.config import demo_config
 
     return load_config(str(demo_config(cell.stage)), [f"stage={cell.stage}", *cell.overrides])
 
@@ -122,7 +122,7 @@ def run_cell(cell: StepCell) -> dict[str, Any] | None:
     """One cell on this process (every rank calls it): built with pipeline.build_run as `train` builds it, its
     `update`-th step recorded. Returns rank 0's record, None on the other ranks."""
     from loraflow.environment import detect_environment
-    from loraflow.pipeline import build_run
+    from loraflow.run.pipeline import build_run
     from loraflow.stagespec import stage_spec
     from loraflow.verify.crosscheck import _dequantize_then_randomize, _randomize_lora_b
 
@@ -165,7 +165,7 @@ def _record(cell: StepCell, run, counter: GatherCounter, generates: bool) -> dic
     if plan.setup.zero3 and generates:
         # The control: generating without the gather fetches weights at every decoding step. (FSDP2 has no such
         # control: PEFT's generate enters the model below FSDP2's root, so without the gather it fails outright.)
-        from loraflow.rollout import generate
+        from loraflow.rl.rollout import generate
 
         row = train.rows[0]
         counter.inside_generate, before = True, counter.allgathers_in_generate

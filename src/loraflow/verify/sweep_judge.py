@@ -95,9 +95,9 @@ def run_setup(setup: dict[str, str], workdir: Path, rank: int, memory: dict[str,
     """One setup on this process (every rank calls it). Returns the judged record (rank 0's is the one kept)."""
     from loraflow.environment import detect_environment
     from loraflow.errors import ConfigError, LoraflowError, PlanError
-    from loraflow.guards import FrozenWeights
-    from loraflow.pipeline import build_run
-    from loraflow.run import demo_config, load_run_config
+    from loraflow.loop.guards import FrozenWeights
+    from loraflow.run.pipeline import build_run
+    from loraflow.run.config import demo_config, load_run_config
 
     sid = space.setup_id(setup)
     out_dir = memory["runs"] / space.digest([setup])
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch.distributed as dist
 
-    from loraflow.run import setup_logging
+    from loraflow.run.log import setup_logging
     from loraflow.verify.sweep_models import image_text, model_dir
 
     setups = json.loads(Path(args.setups).read_text())

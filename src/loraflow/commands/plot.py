@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loraflow.errors import LoraflowError
-from loraflow.metrics import read_metrics
+from loraflow.loop.metrics import read_metrics
 
 # Bookkeeping and throughput, not learning curves.
 SKIPPED = {"kind", "step", "time", "tokens", "tokens_per_s"}

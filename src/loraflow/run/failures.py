@@ -19,7 +19,7 @@ def failures_logged(run_dir: Path) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        from loraflow.storage import write_failure
+        from loraflow.checkpoints.storage import write_failure
 
         # A full disk or a directory made read-only under a running job fails wherever the next write happens
         # (metrics, logs, summary): said as what it is, with the fix, instead of as a bug.

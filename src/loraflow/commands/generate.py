@@ -232,7 +232,7 @@ class Completion:
 def complete(loaded: Loaded, ids: list[int], sampling: Sampling) -> Completion:
     """The completion of one prompt. One prompt at a time: no padding, so greedy output is exactly what
     model.generate gives for that prompt alone."""
-    from loraflow.rollout import decode, stop_ids
+    from loraflow.rl.rollout import decode, stop_ids
 
     limit = getattr(loaded.model.config, "max_position_embeddings", None)
     if limit and len(ids) + sampling.max_new_tokens > limit:

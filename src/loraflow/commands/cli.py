@@ -22,7 +22,7 @@ def _split_config_and_overrides(items: list[str]) -> tuple[str | None, list[str]
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from loraflow.run import train
+    from loraflow.run.train import train
 
     config_path, overrides = _split_config_and_overrides(args.items)
     if args.resume and args.restart:
@@ -68,7 +68,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from loraflow.config import load_config
     from loraflow.errors import ConfigError
     from loraflow.plan import resolve
-    from loraflow.run import starting_config
+    from loraflow.run.config import starting_config
 
     start = starting_config(args.stage or "sft", config_path, overrides)
     if args.stage:
@@ -172,7 +172,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from loraflow.merge import merge
+    from loraflow.commands.merge import merge
 
     print(merge(args.adapter, args.output, args.base, args.dtype).render())
     return 0
@@ -181,7 +181,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 def _load_for_generation(args: argparse.Namespace):
     import transformers
 
-    from loraflow.generate import Sampling, load
+    from loraflow.commands.generate import Sampling, load
 
     # Loading bars and per-call deprecation warnings would interleave with the answers.
     transformers.logging.set_verbosity_error()
@@ -199,7 +199,7 @@ def _load_for_generation(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from loraflow.generate import Prompt, generate, read_prompts
+    from loraflow.commands.generate import Prompt, generate, read_prompts
 
     if (args.prompt is None) == (args.prompts is None):
         raise LoraflowError("generate: give exactly one of --prompt TEXT or --prompts FILE.")
@@ -210,7 +210,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from loraflow.generate import chat
+    from loraflow.commands.generate import chat
 
     loaded, sampling = _load_for_generation(args)
     chat(loaded, sampling)
@@ -218,7 +218,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from loraflow.plot import plot_runs
+    from loraflow.commands.plot import plot_runs
 
     for path in plot_runs(args.runs, args.output):
         print(path)

@@ -1,7 +1,7 @@
 """One training run from config to saved adapter, shared by every stage: the short orchestration of `train`.
-Each job it orchestrates lives in its own module: which config a run starts from (run_config.py), the run
-directory's lifecycle (run_directory.py), the process group (process_group.py), logging (run_logging.py) and how
-a failed run says so (run_failures.py); the run itself is built by pipeline.build_run."""
+Each job it orchestrates lives in its own module of this room: which config a run starts from (config.py), the run
+directory's lifecycle (directory.py), the process group (process_group.py), logging (log.py) and how a failed run
+says so (failures.py); the run itself is built by pipeline.build_run."""
 
 from __future__ import annotations
 
@@ -11,15 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.config import Config
-from loraflow.process_group import join_process_group, leave_process_group, wait_for_every_rank
-from loraflow.run_config import demo_config, load_run_config, starting_config
-from loraflow.run_directory import needs_setting_aside, prepare_run, set_aside_attempt
-from loraflow.run_failures import failures_logged
-from loraflow.run_logging import setup_logging
-
-# demo_config, load_run_config, starting_config and setup_logging are imported from here by cli.py, the
-# verification harnesses (loraflow/verify/) and the tests: kept importable from their old place.
-__all__ = ["demo_config", "load_run_config", "setup_logging", "starting_config", "train"]
+from loraflow.run.config import demo_config, starting_config
+from loraflow.run.directory import needs_setting_aside, prepare_run, set_aside_attempt
+from loraflow.run.failures import failures_logged
+from loraflow.run.log import setup_logging
+from loraflow.run.process_group import join_process_group, leave_process_group, wait_for_every_rank
 
 log = logging.getLogger("loraflow")
 
@@ -29,7 +25,7 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
     main, stamp = join_process_group(stage, config_path, overrides, resume or restart)
     config, run_dir = prepare_run(stage, config_path, overrides, resume, stamp, restart=restart)
     wait_for_every_rank()  # every rank has read the directory before any rank writes to it
-    from loraflow.storage import check_writable
+    from loraflow.checkpoints.storage import check_writable
 
     # Before any data or model is loaded: a read-only or full disk fails in a second. Every rank probes (and gets
     # the same error on a shared file system), so none is left waiting for a rank that stopped.
@@ -45,7 +41,7 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
 
 def _train(stage: str, config: Config, run_dir: Path, main: bool, demo: bool, resume: bool) -> dict[str, Any]:
     from loraflow.environment import detect_environment
-    from loraflow.pipeline import build_run
+    from loraflow.run.pipeline import build_run
 
     log.info("run directory: %s", run_dir)
     if demo:

@@ -1,6 +1,6 @@
 """One run, built one way: config -> plan -> tokenizer -> data -> model -> the stage's trainer.
 
-`loraflow train` (run.py), the engine cross-check and the stage step-check (loraflow/verify/) all call
+`loraflow train` (train.py), the engine cross-check and the stage step-check (loraflow/verify/) all call
 `build_run`, so "the tests run what `train` runs" holds by construction: a harness may only look at the parts
 (take gradients, drive single steps), never assemble them its own way.
 """
@@ -32,7 +32,7 @@ class Run:
     eval: DataSplit | None
     model: torch.nn.Module
     trainer: Any
-    """The stage's Trainer (trainer.py), its engine built."""
+    """The stage's Trainer (loop/trainer.py), its engine built."""
 
     def fit(self) -> dict[str, Any]:
         """Train to the end, then the stage's own last step (the reward model's manifest)."""
@@ -56,7 +56,7 @@ def build_run(config: Config, env: Environment, run_dir: Path, resume: bool = Fa
     plan exists and config.yaml once the model is built: only then is the directory a run, so a failure before
     leaves it free for a corrected retry. `adjust_model` runs on the ready model before the engine wraps it (the
     cross-check gives LoRA's B a seeded random start so every adapter weight gets a gradient)."""
-    from loraflow.checkpoint import write_atomic_text
+    from loraflow.checkpoints.store import write_atomic_text
     from loraflow.environment import require_floors
     from loraflow.plan import resolve
     from loraflow.setup import build_model

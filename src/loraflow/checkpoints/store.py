@@ -10,7 +10,7 @@ interrupted save are removed on the next save.
 What the disk can do wrong is handled too. Before writing, the weights must be finite and the disk must have
 room (storage.py); a write that fails anyway (a full disk, a read-only file system) becomes one clear error, its
 temporary directory is removed and the previous checkpoint and `latest` stay as they were. Every file's size and
-sha256 go into the marker (checkpoint_verify.py); resuming takes the newest checkpoint that verifies and moves a
+sha256 go into the marker (integrity.py); resuming takes the newest checkpoint that verifies and moves a
 damaged one aside as `corrupt-step-NNNNNNN`, never deleting it.
 """
 
@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from loraflow import errors
-from loraflow.checkpoint_verify import MARKER, problems, require_finite, seal, weights_view
+from loraflow.checkpoints.integrity import MARKER, problems, require_finite, seal, weights_view
 from loraflow.errors import CheckpointError
-from loraflow.storage import SLACK, directory_bytes, ensure_space, tensor_bytes, translated_writes
+from loraflow.checkpoints.storage import SLACK, directory_bytes, ensure_space, tensor_bytes, translated_writes
 
 log = logging.getLogger("loraflow")
 EXTRA_WEIGHTS = "extra_weights.safetensors"

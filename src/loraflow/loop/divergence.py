@@ -80,7 +80,7 @@ class DivergenceWatch:
                         self.zero_run[-1], causes)
 
     def _stop(self, step: int, what: str) -> None:
-        from loraflow.checkpoint import complete_checkpoints
+        from loraflow.checkpoints.store import complete_checkpoints
 
         causes = "\n".join(f"  - {c}" for c in likely_causes(self.plan))
         run_dir, stage = self.plan.config.output.dir, self.plan.config.stage

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from loraflow.config import load_config
 from loraflow.enginespec import wants_process_group
-from loraflow.run_config import load_run_config
+from loraflow.run.config import load_run_config
 
 
 def join_process_group(stage: str, config_path: str | None, overrides: list[str],

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from loraflow.errors import ConfigError
-from loraflow.logprobs import model_inputs
+from loraflow.losses.logprobs import model_inputs
 from loraflow.phases import phase
 from loraflow.setup.paths import quiet as _quiet
 from loraflow.locations import location_of

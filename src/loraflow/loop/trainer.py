@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from loraflow.checkpoint import (
+from loraflow.checkpoints.store import (
     export_weights,
     latest_checkpoint,
     load_checkpoint,
@@ -29,13 +29,13 @@ from loraflow.checkpoint import (
 from loraflow.data import BatchOrder, DataSplit, collate, learned_tokens
 from loraflow.data.batching import real_tokens
 from loraflow.data.blank_images import images_in_step
-from loraflow.divergence import DivergenceWatch
+from loraflow.loop.divergence import DivergenceWatch
 from loraflow.engines import Engine, build_engine
-from loraflow.engines.memory import MemoryReport
+from loraflow.loop.memory import MemoryReport
 from loraflow.errors import Stopped
-from loraflow.guards import FrozenWeights, assert_train_mode, check_first_gradients
-from loraflow.metrics import MetricsWriter
-from loraflow.preemption import StopRequests
+from loraflow.loop.guards import FrozenWeights, assert_train_mode, check_first_gradients
+from loraflow.loop.metrics import MetricsWriter
+from loraflow.loop.preemption import StopRequests
 from loraflow.setup.precision import autocast
 from loraflow.setup.saved_tensors import ActivationSaving
 from loraflow.stagespec import stage_spec
@@ -345,7 +345,7 @@ class Trainer:
         """The signal that asked any rank to stop, the same on every rank (one small collective per step)."""
         import signal as sig
 
-        from loraflow.preemption import SIGNALS
+        from loraflow.loop.preemption import SIGNALS
 
         votes = self.engine.all_sum([1.0 if stops.signum == s else 0.0 for s in SIGNALS])
         asked = [s for s, v in zip(SIGNALS, votes) if v > 0]

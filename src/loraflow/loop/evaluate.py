@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from loraflow.data import EvalPrompt, Row, collate
-from loraflow.logprobs import FULL, HeadMode, learned_logps
+from loraflow.losses.logprobs import FULL, HeadMode, learned_logps
 from loraflow.setup.precision import autocast
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from loraflow.config import Config, config_to_dict, load_config
 from loraflow.errors import ConfigError
-from loraflow.run_config import load_run_config
+from loraflow.run.config import load_run_config
 
 # Keys a resumed run may change: everything else shapes the adapter, the optimizer state or the data order,
 # which were saved with the checkpoint (the optimizer state even restores its own learning rate).
@@ -53,7 +53,7 @@ def prepare_run(stage: str, config_path: str | None, overrides: list[str], resum
     if config.stage != stage:
         raise ConfigError([f"the config says stage={config.stage}, but the command trains {stage}."])
     if config.output.wandb:  # before the model loads, not at the first metric
-        from loraflow.metrics import check_wandb
+        from loraflow.loop.metrics import check_wandb
 
         check_wandb(config.output.wandb)
     config.output.dir = str(run_dir)
@@ -87,7 +87,7 @@ def _resume_config(stage: str, resume: str, config_path: str | None, overrides: 
 
 def _has_checkpoint(run_dir: Path) -> bool:
     """Any checkpoint that looks complete; which one verifies is decided when resuming (it may fall back)."""
-    from loraflow.checkpoint import complete_checkpoints
+    from loraflow.checkpoints.store import complete_checkpoints
 
     return bool(complete_checkpoints(run_dir))
 

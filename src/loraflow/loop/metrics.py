@@ -73,7 +73,7 @@ class MetricsWriter:
         line. Rewritten through a temporary file and os.replace, so a kill during it leaves the old file whole."""
         if not self.enabled or not self.path.is_file():
             return
-        from loraflow.checkpoint import write_atomic_text
+        from loraflow.checkpoints.store import write_atomic_text
 
         kept = [row for row in _parse(self.path) if row.get("step", 0) <= step]
         write_atomic_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))

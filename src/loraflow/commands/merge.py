@@ -48,7 +48,7 @@ class MergeReport:
 def merge(adapter_dir: str, output_dir: str, base: str | None = None, dtype: str = "float32") -> MergeReport:
     from peft import PeftModel
 
-    from loraflow.generate import load
+    from loraflow.commands.generate import load
     from loraflow.setup.quantize import quantized_linears
 
     adapter = Path(adapter_dir)
