@@ -1,6 +1,8 @@
-"""Verification beside the product: the engine cross-check (verify/crosscheck.py) and the stage step-check
-(verify/stepcheck.py) that the tests, the compatibility matrix and the legacy-DeepSpeed job run.
+"""Verification beside the product: the engine cross-check (crosscheck.py), the stage step-check (stepcheck.py),
+the composition sweep (sweep_*.py), the device check (device*.py) and the side environments they run in
+(side_envs.py), which the tests, scripts/ and the legacy-DeepSpeed job run from a clone.
 
-These harnesses import the product and build every run with the same `pipeline.build_run` that `loraflow train`
-calls; no module of the product imports this package (a test holds the import graph to it).
+These harnesses import the product and build every run with the same `run.pipeline.build_run` that `loraflow train`
+calls; no module of the product imports this package (a test holds the import graph to it), and the wheel leaves it
+out (pyproject.toml): an editable install from a clone, which every script and test uses, has it.
 """
