@@ -295,25 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("-v", "--verbose", action="store_true", help="also print debug lines (eval examples)")
     t.set_defaults(func=cmd_train)
 
-    c = sub.add_parser("check", help="predict conflicts for a loraflow config or another framework's launch "
-                                     "(exit 0 clean, 1 warnings, 2 errors)",
-                       description="loraflow check [CONFIG.yaml] [key=value ...] | loraflow check -- COMMAND LINE | "
-                                   "loraflow check --framework NAME FILE...")
-    c.add_argument("items", nargs="*", metavar="CONFIG.yaml | key=value | FILE")
-    from loraflow.frontends.base import frameworks, release_names  # as the frontends declare them, never a copy
-
-    c.add_argument("--framework", help="read FILE... as this framework's config "
-                                       f"({', '.join(f.name for f in frameworks())})")
-    c.add_argument("--versions", metavar="PKG=VER,...", help="the versions the run used, e.g. deepspeed=0.15.3,"
-                   f"torch=2.5.1,trl=0.12.2 (frameworks: {', '.join(release_names())}; deepspeed-chat=DATE). "
-                   "Another framework's setup is checked over every release of what is not given; `installed` takes "
-                   "this machine's. A loraflow config is checked against the installed versions unless given")
-    c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.add_argument("--stage", choices=STAGES, help="check the config as this stage would train it; with no "
-                   "config, that stage's built-in demo (default: the config's stage, or sft)")
-    c.add_argument("--nproc", type=int, metavar="N", help="plan a loraflow config as launched on N processes "
-                   "(torchrun --nproc_per_node N); default: this process's WORLD_SIZE")
-    c.set_defaults(func=cmd_check, command_line=None)
+    _check_parser(sub)
 
     e = sub.add_parser("explain", help="say what broke in a failed run's log, why, and how to fix it "
                                        "(exit 0 explained, 1 nothing matched, 2 unreadable input)")
@@ -363,6 +345,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--defaults", action="store_true", help="print the default config as YAML instead")
     g.set_defaults(func=cmd_config)
     return p
+
+
+def _check_parser(sub) -> None:
+    """`loraflow check`: its flags name the frameworks and releases the frontends declare."""
+    c = sub.add_parser("check", help="predict conflicts for a loraflow config or another framework's launch "
+                                     "(exit 0 clean, 1 warnings, 2 errors)",
+                       description="loraflow check [CONFIG.yaml] [key=value ...] | loraflow check -- COMMAND LINE | "
+                                   "loraflow check --framework NAME FILE...")
+    c.add_argument("items", nargs="*", metavar="CONFIG.yaml | key=value | FILE")
+    from loraflow.frontends.base import frameworks, release_names  # as the frontends declare them, never a copy
+
+    c.add_argument("--framework", help="read FILE... as this framework's config "
+                                       f"({', '.join(f.name for f in frameworks())})")
+    c.add_argument("--versions", metavar="PKG=VER,...", help="the versions the run used, e.g. deepspeed=0.15.3,"
+                   f"torch=2.5.1,trl=0.12.2 (frameworks: {', '.join(release_names())}; deepspeed-chat=DATE). "
+                   "Another framework's setup is checked over every release of what is not given; `installed` takes "
+                   "this machine's. A loraflow config is checked against the installed versions unless given")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--stage", choices=STAGES, help="check the config as this stage would train it; with no "
+                   "config, that stage's built-in demo (default: the config's stage, or sft)")
+    c.add_argument("--nproc", type=int, metavar="N", help="plan a loraflow config as launched on N processes "
+                   "(torchrun --nproc_per_node N); default: this process's WORLD_SIZE")
+    c.set_defaults(func=cmd_check, command_line=None)
 
 
 RUNS_MODELS = ("train", "probe", "merge", "generate", "chat")
