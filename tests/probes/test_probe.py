@@ -101,3 +101,23 @@ def test_a_probe_that_dies_is_reported_as_failed_not_as_a_reproduction(tmp_path)
 
     result = run_case(all_cases()["fp16-trainable-unscale"], tmp_path, python="/bin/false")
     assert (result.affected, result.safe, result.matches_registry) == ("failed", "n/a", None)
+
+
+def test_a_forked_case_that_hangs_is_killed_at_its_timeout_and_the_next_still_runs(tmp_path, monkeypatch):
+    """One-process cases run in children forked from the runner: a hang is killed at the case's timeout, the
+    other cases still report, and nothing runs in the runner's own process."""
+    import dataclasses
+
+    from loraflow.probes import _CASES, all_cases
+    from loraflow.probes.runner import _run_forked
+
+    all_cases()
+    real = _CASES["fp16-trainable-unscale"]
+    hang = dataclasses.replace(real, execute=lambda setup, ctx: time.sleep(120), timeout=3)
+    monkeypatch.setitem(_CASES, real.rule, hang)
+    other = _CASES["cache-during-recompute"]
+    start = time.monotonic()
+    results = _run_forked([hang, other], tmp_path)
+    assert time.monotonic() - start < 60
+    assert results[real.rule].naive.status == "timeout"
+    assert results[other.rule].naive.status not in ("timeout", "failed"), results[other.rule].naive

@@ -1,7 +1,9 @@
 """Run probe cases in subprocesses and print the table: rule, affected with naive settings, safe under loraflow.
 
-Each case runs in a fresh interpreter (torchrun with 2 ranks where the case needs them) with a timeout, so a
-crash, a hang or global state left by DeepSpeed cannot leak into the next case.
+Each case runs in a process of its own with a timeout, so a crash, a hang or global state left by DeepSpeed cannot
+leak into the next case: two-rank cases under torchrun, one-process cases forked from `run_probes`, which imports
+torch, transformers and peft once before the first fork (about 6 s of every case's start-up on 2 cores, most of the
+probe table's time when each case started a fresh interpreter). The parent never runs a case itself.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraflow.engines.launch import run_isolated, torchrun_argv
+from loraflow.engines.launch import launch_env, run_isolated, torchrun_argv
 from loraflow.probes import Case, Observation, all_cases
 
 
@@ -73,18 +76,27 @@ def command(case: Case, out: str, python: str, only_naive: bool = False) -> list
 
 
 def run_case(case: Case, log_dir: Path, python: str = sys.executable, only_naive: bool = False) -> ProbeResult:
+    """One case in a fresh interpreter (`python`: another environment's, for captured logs)."""
     from loraflow.probes.plan import predicted
 
-    expected = predicted(case)
     reason = not_applicable(case)
     if reason:
         na = Observation("n/a", reason)
-        return ProbeResult(case.rule, na, na, expected, what=case.what)
-    out = str(log_dir / f"{case.rule}.jsonl")
-    log = log_dir / f"{case.rule}.log"
+        return ProbeResult(case.rule, na, na, predicted(case), what=case.what)
+    out, log = _paths(case, log_dir)
     start = time.monotonic()
     code = run_isolated(command(case, out, python, only_naive), log, case.timeout)
-    seconds = time.monotonic() - start
+    return _collect(case, out, log, code, time.monotonic() - start, only_naive)
+
+
+def _paths(case: Case, log_dir: Path) -> tuple[str, Path]:
+    return str(log_dir / f"{case.rule}.jsonl"), log_dir / f"{case.rule}.log"
+
+
+def _collect(case: Case, out: str, log: Path, code: int | None, seconds: float, only_naive: bool) -> ProbeResult:
+    """The case's result from what its process wrote to `out` (code None: it was killed at its timeout)."""
+    from loraflow.probes.plan import predicted
+
     modes = {}
     if os.path.exists(out):
         for line in open(out):
@@ -97,7 +109,81 @@ def run_case(case: Case, log_dir: Path, python: str = sys.executable, only_naive
                                                 f"see {log}"))
     if "plan" not in modes:
         modes["plan"] = Observation("n/a", "not run" + ("" if only_naive else ": the naive run did not finish"))
-    return ProbeResult(case.rule, modes["naive"], modes["plan"], expected, seconds, str(log), case.what)
+    return ProbeResult(case.rule, modes["naive"], modes["plan"], predicted(case), seconds, str(log), case.what)
+
+
+def _fork_case(case: Case, out: str, log: Path) -> int:
+    """Start one one-process case in a forked child of this (pre-imported) process; returns its pid. The child
+    gets its own session (so a timeout kills all it started), the log as stdout and stderr, one thread (as
+    launch_env gives a fresh interpreter), and leaves with os._exit: nothing of it returns here."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.setsid()
+        sink = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(sink, 1)
+        os.dup2(sink, 2)
+        os.environ.update(launch_env())
+        import torch
+
+        torch.set_num_threads(1)
+        from loraflow.probes.worker import main
+
+        code = main([case.rule, "--out", out]) or 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _run_forked(cases: list[Case], log_dir: Path, progress=None, jobs: int = 2) -> dict[str, ProbeResult]:
+    """One-process cases, `jobs` at a time, each in a forked child (see the module's docstring). Forks happen on
+    this thread only: forking while other threads hold locks would leave the child with them held."""
+    import signal
+
+    from loraflow.probes.plan import predicted
+
+    _preimport()
+    pending, running, done = list(cases), {}, {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            case = pending.pop(0)
+            if progress:
+                progress(case.rule)
+            reason = not_applicable(case)
+            if reason:
+                na = Observation("n/a", reason)
+                done[case.rule] = ProbeResult(case.rule, na, na, predicted(case), what=case.what)
+                continue
+            out, log = _paths(case, log_dir)
+            running[_fork_case(case, out, log)] = (case, out, log, time.monotonic())
+        pid, status = os.waitpid(-1, os.WNOHANG) if running else (0, 0)
+        if pid == 0:
+            for child, (case, out, log, start) in list(running.items()):
+                if time.monotonic() - start > case.timeout:
+                    os.killpg(child, signal.SIGKILL)
+                    os.waitpid(child, 0)
+                    del running[child]
+                    done[case.rule] = _collect(case, out, log, None, time.monotonic() - start, False)
+            time.sleep(0.05)
+            continue
+        case, out, log, start = running.pop(pid)
+        done[case.rule] = _collect(case, out, log, os.waitstatus_to_exitcode(status), time.monotonic() - start,
+                                   False)
+    return done
+
+
+def _preimport() -> None:
+    """What every one-process case imports, loaded once before the first fork. DeepSpeed is left to the children
+    that need it: it reads DS_ACCELERATOR when imported."""
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
 
 
 def run_probes(only: list[str] | None = None, log_dir: str | None = None, progress=None) -> list[ProbeResult]:
@@ -113,19 +199,14 @@ def run_probes(only: list[str] | None = None, log_dir: str | None = None, progre
     directory = Path(log_dir or tempfile.mkdtemp(prefix="loraflow-probe-"))
     directory.mkdir(parents=True, exist_ok=True)
 
-    def one(rule_id: str) -> ProbeResult:
-        if progress:
-            progress(rule_id)
-        return run_case(cases[rule_id], directory)
-
-    # One-process cases run one thread each (launch_env), two at a time: most of their time is start-up and
-    # imports, and two cores take two of them. Two-rank cases use both cores and run alone, after them.
-    from concurrent.futures import ThreadPoolExecutor
-
-    single = [r for r, c in cases.items() if c.ranks == 1]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        done = dict(zip(single, pool.map(one, single)))
-    done.update({r: one(r) for r, c in cases.items() if c.ranks > 1})
+    # One-process cases run one thread each, two at a time, forked from this process after one import of torch,
+    # transformers and peft. Two-rank cases use both cores and run alone, after them, under torchrun.
+    done = _run_forked([c for c in cases.values() if c.ranks == 1], directory, progress)
+    for rule, case in cases.items():
+        if case.ranks > 1:
+            if progress:
+                progress(rule)
+            done[rule] = run_case(case, directory)
     return [done[r] for r in cases]  # in registry order, as the table lists them
 
 
