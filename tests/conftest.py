@@ -28,6 +28,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root, for tests in any folder of tests/ (`from conftest import ROOT`)."""
 DISTRIBUTED = ROOT / "tests" / "distributed"
+LAUNCH_TIMEOUT = 480
+"""Seconds a torchrun launch of cross-check cells may take: below pytest's own timeout (600 s in pyproject.toml),
+so that run_isolated, not pytest, stops a hung launch, kills its ranks and the test shows their log."""
 """Every test below it launches two processes: it carries the `distributed` marker (pyproject.toml registers it)."""
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import LAUNCH_TIMEOUT
 
 from loraflow.verify.crosscheck import Cell, compare, worker_argv
 from loraflow.engines.launch import launch_env, run_isolated
@@ -81,7 +82,7 @@ def test_engine_matches_the_single_process_reference(engine, references, tmp_pat
     for name in (engine, *SHARED_LAUNCH.get(engine, ())):
         cells += [Cell(adapter, ckpt, "fp32", name) for adapter in ENGINES[name] for ckpt in CHECKPOINTING]
         cells += SUB_BLOCK_CELLS.get(name, ()) + HEAD_CELLS.get(name, ()) + QUANTIZED_CELLS.get(name, ())
-    results = run_worker(tmp_path, cells, ranks=2, timeout=600)
+    results = run_worker(tmp_path, cells, ranks=2, timeout=LAUNCH_TIMEOUT)
     lines, bad = [], []
     for cell in cells:
         r = compare(results[cell.id], references[cell.reference().id])
@@ -105,7 +106,7 @@ def test_fsdp2_checkpointing_inside_the_sharded_unit_matches_outside(tmp_path):
     torch < 2.13 with bf16) run on this torch, against the default placement (transformers' checkpointing around
     the unit): the same bf16 computation, so the same gradients."""
     cells = [Cell(a, c, "bf16-mixed", "fsdp2") for a in ("lora", "dora") for c in ("reentrant", "non-reentrant")]
-    inside = run_worker(tmp_path / "inside", cells, 2, 600, ("--plan-versions", "torch=2.12.0"))
+    inside = run_worker(tmp_path / "inside", cells, 2, LAUNCH_TIMEOUT, ("--plan-versions", "torch=2.12.0"))
     outside = run_worker(tmp_path / "outside", cells, 2, 600)
     for cell in cells:
         r = compare(inside[cell.id], outside[cell.id])
@@ -127,7 +128,7 @@ def test_accumulation_and_a_rank_left_without_rows_match_one_process(tmp_path):
     cells = [Cell("lora", "non-reentrant", "fp32", engine, accumulation=2)
              for engine in ("ddp", "zero2", "zero3", "fsdp2")]
     references = run_worker(tmp_path / "reference", cells, 1, 300, data=str(data))
-    results = run_worker(tmp_path / "engines", cells, 2, 600, data=str(data))
+    results = run_worker(tmp_path / "engines", cells, 2, LAUNCH_TIMEOUT, data=str(data))
     for cell in cells:
         r = compare(results[cell.id], references[cell.reference().id])
         print(cell.id, r)

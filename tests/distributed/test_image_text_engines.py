@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import LAUNCH_TIMEOUT
 import torch
 from image_text import build_image_text, write_colour_data
 
@@ -31,7 +32,7 @@ def _worker(tmp: Path, model: Path, data: Path, cells: list[Cell], ranks: int) -
     tmp.mkdir(parents=True, exist_ok=True)
     argv, out = worker_argv(cells, str(model), str(data), tmp, "worker", ranks, reference=ranks == 1)
     log = tmp / "worker.log"
-    code = run_isolated(argv, log, 600, launch_env())
+    code = run_isolated(argv, log, LAUNCH_TIMEOUT, launch_env())
     assert code == 0, f"worker exited with {code}:\n{log.read_text()[-4000:]}"
     return torch.load(out, weights_only=False)["results"]
 

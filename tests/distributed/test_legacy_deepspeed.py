@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 import torch
+from conftest import LAUNCH_TIMEOUT
 
 from loraflow.engines.launch import launch_env, run_isolated
 from loraflow.locations import ASSETS
@@ -55,7 +56,7 @@ def test_loraflow_plan_trains_correctly_on_deepspeed_0_15_3(legacy_python, tmp_p
         argv, outs[tag] = worker_argv(cells, model, data, tmp_path, tag, ranks, reference=ranks == 1,
                                       python=legacy_python)
         log = tmp_path / f"{tag}.log"
-        code = run_isolated(argv, log, 600, launch_env())
+        code = run_isolated(argv, log, LAUNCH_TIMEOUT, launch_env())
         assert code == 0, log.read_text()[-4000:]
     ref = torch.load(outs["ref"], weights_only=False)["results"]
     run = torch.load(outs["run"], weights_only=False)["results"]

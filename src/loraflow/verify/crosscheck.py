@@ -16,6 +16,8 @@ Used by tests/distributed/test_engines.py and scripts/compatibility_matrix.py, s
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import gc
 import json
 import os
 import tempfile
@@ -31,6 +33,10 @@ from loraflow.enginespec import VARIANTS, wants_process_group
 
 STEPS = 3
 GLOBAL_BATCH = 4
+CELL_TIMEOUT = 240.0
+"""Seconds one cell may take before every rank prints the stacks of all its threads and exits (a cell takes 2-30 s):
+a hang between ranks (two ranks in different collectives) then fails with each rank's stack in the log instead of
+running into the caller's timeout, which kills the launch without a word."""
 ZERO3_SHARD_ALL = {"zero_optimization": {"stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 0,
                                          "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}}
 """Tiny models fall under ZeRO-3's default persistence threshold (100k elements) and would not be partitioned at
@@ -290,6 +296,18 @@ def worker_argv(cells: list[Cell], model: str, data: str, workdir: Path, tag: st
     return (torchrun_argv(ranks, tail, python) if ranks > 1 else [python or sys.executable, *tail]), out
 
 
+def _between_cells() -> None:
+    """Start the next cell on every rank from the same state: the last cell's engine released now (it sits in
+    reference cycles, so otherwise the automatic collector destroys it, DeepSpeedEngine.__del__ -> destroy()
+    included, at a moment each rank reaches at its own time in the middle of the next cell) and the ranks lined
+    up."""
+    gc.collect()
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def save(cells: list[Cell], results: dict[str, Any], out: str) -> None:
     """Write the results so far (atomically: a reader never sees half a file)."""
     part = f"{out}.part"
@@ -304,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cells", required=True, help="JSON list of cells (adapter, checkpointing, precision, engine)")
     p.add_argument("--out", required=True)
     p.add_argument("--reference", action="store_true", help="run each cell's single-process fp32 reference")
+    p.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT, metavar="S",
+                   help="seconds per cell before every rank dumps its stacks and exits (a hang)")
     p.add_argument("--plan-versions", default="", metavar="PKG=VER,...",
                    help="let the plan decide as for these versions (run an older stack's remedy on this one)")
     args = p.parse_args(argv)
@@ -329,12 +349,15 @@ def main(argv: list[str] | None = None) -> int:
         if dist.is_initialized():
             dist.broadcast_object_list(shared, src=0)  # one directory for every rank's checkpoint files
         for cell in cells:
+            faulthandler.dump_traceback_later(args.cell_timeout, exit=True)
             try:
                 results[cell.id] = run_cell(cell, args.model, args.data, world, Path(shared[0]),
                                           args.plan_versions)
             except Exception as exc:  # recorded, and the next cell still runs (both ranks fail alike)
                 results[cell.id] = {"status": "error", "message": f"{type(exc).__name__}: {exc}",
                                     "traceback": traceback.format_exc()}
+            _between_cells()
+            faulthandler.cancel_dump_traceback_later()
             if rank == 0:
                 r = results[cell.id]
                 print(f"{cell.id}: {r.get('status')} {r.get('message', '')[:200]}", flush=True)
