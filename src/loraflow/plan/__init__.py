@@ -12,6 +12,7 @@ registry apply its fixes and report its errors and warnings, and builds the froz
   logits.py         where the output head runs
   quantization.py   bitsandbytes settings and the k-bit preparation
   stage.py          loss, reference, phases, rollout
+  rollout.py        an RL stage's rollout engine (hf or vLLM), its policy sync and the log-prob check
 
 Nothing downstream re-decides: setup code and the engines read `plan.<choice>` (the engine's settings included)
 and never the raw config for anything the plan covers.
@@ -89,4 +90,4 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
                 offload_activations=ckpt.offload_activations, reference=stage.reference, phases=stage.phases,
                 attn_implementation=attention, deepspeed=deepspeed, logits=logits, quantization=quantization,
                 towers=towers, vision_checkpoint_layers=list(vision_layers), blank_images=blank,
-                saves=saves(config))
+                saves=saves(config), rollout=stage.rollout)

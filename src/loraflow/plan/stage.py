@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from loraflow.phases import stage_phases
 from loraflow.plan.context import Context
+from loraflow.plan.rollout import RolloutPlan, decide_rollout
 from loraflow.plan.types import Decision
 from loraflow.stagespec import reference_kind
 
@@ -23,6 +24,7 @@ class Stage:
     reference: str | None
     phases: list
     decisions: list[Decision]
+    rollout: RolloutPlan | None = None
 
 
 def decide_stage(ctx: Context) -> Stage:
@@ -30,10 +32,11 @@ def decide_stage(ctx: Context) -> Stage:
     reference = reference_kind(spec, config)
     phases = stage_phases(spec, reference, bool(config.rl.reward_model) and spec.generates,
                           config.rl.updates_per_rollout)
-    return Stage(reference, phases, _decisions(ctx, reference, phases))
+    rollout, rollout_choices = decide_rollout(ctx) if spec.generates else (None, [])
+    return Stage(reference, phases, _decisions(ctx, reference, phases, rollout_choices), rollout)
 
 
-def _decisions(ctx: Context, reference: str | None, phases: list) -> list[Decision]:
+def _decisions(ctx: Context, reference: str | None, phases: list, rollout: list[Decision]) -> list[Decision]:
     cfg, spec, s = ctx.config, ctx.spec, ctx.setup
     r = cfg.rl
     # The loss and why its normalisation keeps gradient accumulation exact, from the stage's declaration.
@@ -56,7 +59,7 @@ def _decisions(ctx: Context, reference: str | None, phases: list) -> list[Decisi
         key = spec.reference_key or "the adapter method"
         out.append(Decision("reference", reference, f"{_REFERENCE_REASONS[reference]} ({key})"))
     if spec.generates:
-        out += _rollout(ctx)
+        out += _rollout(ctx) + rollout
     out.append(Decision("phases", "; ".join(p.describe() for p in phases),
                         "the policy is in train mode before every backward (asserted), and reference, reward and "
                         "rollout forwards run without autograd", ctx.rule("train_mode_at_backward")))

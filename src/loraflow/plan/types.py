@@ -76,6 +76,9 @@ class Plan:
     blank_images: bool = False
     """Image-text models on several ranks: a micro-batch without an image gets one blank image, masked out of
     attention and loss, so every rank runs the vision encoder (rules zero3-vision-skipped, ddp-unused-vision-tower)."""
+    rollout: Any = None
+    """An RL stage's rollout engine (plan/rollout.py RolloutPlan: hf or vllm, the sync, the check's bound); None
+    for stages that do not sample."""
     saves: str = "adapter"
     """What checkpoints and the export hold, and the export's directory name: `adapter` (the trainable weights, in
     PEFT's format) or `model` (every weight: full fine-tuning)."""

@@ -124,6 +124,20 @@ class Combination:
     mixed_param_dtypes: bool = False
     """Trainable adapters are stored in float32 beside a base stored in bf16/fp16 (PEFT's autocast_adapter_dtype
     upcasts adapters of a half-precision base since peft 0.12)."""
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    """What samples an RL stage's rollouts: the trained model's own generate (hf) or a vLLM server (vllm)."""
+    rollout_sync: Literal["adapter", "merged"] | None = None
+    """How a vLLM engine gets the policy after an update: the adapter's tensors only, loaded by the engine as a
+    LoRA adapter, or the weights with the adapter merged in, reloaded in place (None without an engine)."""
+    rollout_verified: bool = False
+    """The engine's log-probabilities of the sampled tokens are compared with the trainer's after every sync."""
+    rollout_logprobs_processed: bool = False
+    """The engine returns log-probabilities after temperature scaling (vLLM --logprobs-mode processed_logprobs),
+    the distribution the tokens were sampled from, rather than the raw model's."""
+    adapter_rank: int = 0
+    """The LoRA rank (the largest one, where towers have their own)."""
+    engine_max_lora_rank: int = 16
+    """The largest adapter rank the rollout engine accepts (vLLM --max-lora-rank, 16 by default)."""
     versions: dict[str, Version | None] = field(default_factory=dict, hash=False, compare=False)
 
     @property

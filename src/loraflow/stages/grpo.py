@@ -20,7 +20,7 @@ from loraflow.losses import group_advantages, grpo_loss
 from loraflow.phases import phase
 from loraflow.rl.reference import Reference
 from loraflow.setup.precision import autocast
-from loraflow.stages.rl import RolloutWorker
+from loraflow.stages.rl import RolloutWorker, with_rollout_stats
 from loraflow.stagespec import OLD_POLICY_SCORING
 
 
@@ -35,7 +35,8 @@ def loss_fn(plan):
         tokens = float(mask.sum())
         # reward and completion length: sums over completions (means per completion); KL, clipping: per token.
         return loss, {"reward": float(batch["rewards"].sum()), "kl": (stats["kl"] * tokens, tokens),
-                      "clip_fraction": (stats["clip_fraction"] * tokens, tokens), "completion_tokens": tokens}
+                      "clip_fraction": (stats["clip_fraction"] * tokens, tokens), "completion_tokens": tokens,
+                      **batch.get("rollout_stats", {})}
 
     return compute
 
@@ -47,24 +48,28 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
 
     r = plan.config.rl
     reference = Reference(plan, tokenizer) if plan.reference else None
-    worker = RolloutWorker(plan, tokenizer, train, eval_split)
+    worker = RolloutWorker(plan, tokenizer, train, eval_split, run_dir)
 
     def completion_logps(model, batch):  # the reference's, or the rollout policy's
         return learned_logps(model, batch, plan.logits, temperature=r.temperature)[0]
 
     def prepare(engine, batches, step):
-        out = []
+        out, scored = [], []
         for (batch, real), rollout in zip(batches, worker.rollouts(engine, batches, step)):
             rewards = worker.rewards(engine, rollout)
             batch = {**rollout.batch, "rewards": rewards.to(plan.device),
                      "advantages": group_advantages(rewards, r.group_size).to(plan.device)}
             if reference is not None:
                 batch["reference_logps"] = reference.score(engine, batch, completion_logps)
-            if r.updates_per_rollout > 1:  # the rollout's policy, fixed for the ratio of every later update
+            # The rollout's policy: fixed for the ratio of every later update, and what an engine's sampled
+            # tokens are checked against.
+            if r.updates_per_rollout > 1 or worker.engine_rollouts is not None:
                 with phase(OLD_POLICY_SCORING, engine.module), autocast(plan.device, plan.autocast_dtype):
-                    batch["old_logps"] = completion_logps(engine.module, batch).float()
+                    scored.append(completion_logps(engine.module, batch).float())
+                if r.updates_per_rollout > 1:
+                    batch["old_logps"] = scored[-1]
             out.append((batch, real))
-        return out
+        return with_rollout_stats(out, worker.check(engine, out, scored, step))
 
     hooks = StageHooks(loss_fn(plan), worker.evaluate if eval_split is not None else None,
                        collate=lambda rows, pad: {}, count=lambda batch: int(batch["input_ids"].shape[0]),

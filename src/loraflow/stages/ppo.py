@@ -29,7 +29,7 @@ from loraflow.phases import phase
 from loraflow.rl.reference import Reference
 from loraflow.setup.precision import autocast
 from loraflow.setup.value_head import find_value_head
-from loraflow.stages.rl import RolloutWorker
+from loraflow.stages.rl import RolloutWorker, with_rollout_stats
 from loraflow.stagespec import VALUE_ESTIMATION
 
 
@@ -53,7 +53,8 @@ def loss_fn(plan, head):
         # clip_fraction per completion token of the step, however the step is split into micro-batches and ranks
         return policy + r.value_coef * critic, {"score": (float(batch["scores"].sum()), n),
                                                 "value_loss": float(critic.detach()) * num_items,
-                                                "clip_fraction": (stats["clip_fraction"] * tokens, tokens)}
+                                                "clip_fraction": (stats["clip_fraction"] * tokens, tokens),
+                                                **batch.get("rollout_stats", {})}
 
     return compute
 
@@ -66,13 +67,13 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     r = plan.config.rl
     head = find_value_head(model)
     reference = Reference(plan, tokenizer) if plan.reference else None
-    worker = RolloutWorker(plan, tokenizer, train, eval_split)
+    worker = RolloutWorker(plan, tokenizer, train, eval_split, run_dir)
 
     def reference_logps(ref_model, batch):
         return learned_logps(ref_model, batch, plan.logits, temperature=r.temperature)[0]
 
     def prepare(engine, batches, step):
-        out, masks = [], []
+        out, masks, scored = [], [], []
         for (batch, real), sampled in zip(batches, worker.rollouts(engine, batches, step)):
             scores = worker.rewards(engine, sampled).to(plan.device)
             batch = dict(sampled.batch)
@@ -86,6 +87,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
                      "old_values": old_values.float()}
             if r.updates_per_rollout > 1:
                 batch["old_logps"] = old_logps.float()
+            scored.append(old_logps)
             out.append((batch, real))
             masks.append(mask if real else torch.zeros_like(mask))  # a stand-in batch adds nothing to the moments
         if r.whiten_advantages:
@@ -93,7 +95,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
                                       zip(*(masked_moments(b["advantages"], m) for (b, _), m in zip(out, masks)))])
             for (batch, _), mask in zip(out, masks):
                 batch["advantages"] = whiten(batch["advantages"], mask, moments)
-        return out
+        return with_rollout_stats(out, worker.check(engine, out, scored, step))
 
     hooks = StageHooks(loss_fn(plan, head), worker.evaluate if eval_split is not None else None,
                        collate=lambda rows, pad: {}, count=learned_tokens, prepare=prepare,

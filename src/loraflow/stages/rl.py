@@ -1,5 +1,6 @@
-"""What the RL stages (grpo, ppo) share: rollouts (sampling with the weights gathered once per
-rollout), rewards from functions and a reward model, and evaluation by greedy completions of held-out prompts."""
+"""What the RL stages (grpo, ppo) share: rollouts (sampled by the policy's own generate with the weights gathered
+once per rollout, or by a vLLM engine holding the synced policy: rl/engine_rollout.py), the engine/trainer log-prob
+check, rewards from functions and a reward model, and evaluation by greedy completions of held-out prompts."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import torch
 
 from loraflow.data import DataSplit
 from loraflow.phases import phase
+from loraflow.data.formatting import IGNORE
 from loraflow.rl.rollout import build_rollout, decode, generate, stop_ids
 from loraflow.setup.precision import autocast
 from loraflow.stagespec import EVALUATION, ROLLOUT
 
-__all__ = ["RolloutWorker"]
+__all__ = ["RolloutWorker", "with_rollout_stats"]
 
 
 @dataclass
@@ -26,7 +28,7 @@ class Sampled:
 
 
 class RolloutWorker:
-    def __init__(self, plan, tokenizer, train: DataSplit, eval_split: DataSplit | None):
+    def __init__(self, plan, tokenizer, train: DataSplit, eval_split: DataSplit | None, run_dir=None):
         from loraflow.rl.rewards import load_reward_functions
 
         self.plan, self.tokenizer, self.train, self.eval_split = plan, tokenizer, train, eval_split
@@ -44,6 +46,12 @@ class RolloutWorker:
         self.pad = tokenizer.pad_token_id
         # Sharded weights: ranks step through generate together (HF's synced_gpus), as sharded engines require.
         self.synced = plan.setup.world_size > 1 and plan.setup.sharded_params
+        self.engine_rollouts = None
+        if plan.rollout is not None and plan.rollout.engine == "vllm":
+            from loraflow.rl.engine_rollout import EngineRollouts
+
+            self.engine_rollouts = EngineRollouts(plan, run_dir)
+        self.started = False
 
     def _sample(self, model, rows: list[Any], keys: list[tuple[int, ...]] | None, group: int,
                 stop: list[int]) -> Sampled:
@@ -55,9 +63,11 @@ class RolloutWorker:
                        [row.fields for row in rows for _ in range(group)])
 
     def rollouts(self, engine, batches, step: int) -> list[Sampled]:
-        """Sample group_size completions for every prompt of the step's micro-batches, with the weights gathered
-        once for all of them (zero3-generation-gather)."""
+        """Sample group_size completions for every prompt of the step's micro-batches: on the vLLM engine after
+        syncing the policy to it, or with the weights gathered once for all of them (zero3-generation-gather)."""
         g, seed = self.cfg.group_size, self.plan.config.train.seed
+        if self.engine_rollouts is not None:
+            return self._engine_rollouts(engine, batches, step)
         out = []
         with engine.gathered_for_generation() as model:
             stop = stop_ids(model, self.tokenizer)
@@ -67,6 +77,47 @@ class RolloutWorker:
                     keys = [(seed, step, i, k) for i in index for k in range(g)]
                     out.append(self._sample(model, [self.train.rows[i] for i in index], keys, g, stop))
         return out
+
+    def _engine_rollouts(self, engine, batches, step: int) -> list[Sampled]:
+        er = self.engine_rollouts
+        if not self.started:
+            er.start(engine)
+            self.started = True
+        er.sync(engine, step)
+        stop = stop_ids(engine.module, self.tokenizer)
+        out = []
+        for batch, _ in batches:
+            index = batch["index"].tolist()
+            rows = [self.train.rows[i] for i in index]
+            completions, logps = er.sample([row.prompt_ids for row in rows], index, step, self.cfg.group_size,
+                                           stop, self.pad)
+            prompts = [row.prompt_ids for row in rows for _ in range(self.cfg.group_size)]
+            rollout = build_rollout(prompts, completions, self.width, stop, self.pad)
+            sampled = Sampled(rollout.as_batch(self.plan.device), decode(self.tokenizer, completions, stop),
+                              [row.fields for row in rows for _ in range(self.cfg.group_size)])
+            # [N, T-1] like the trainer's log-probs: position j scores token j + 1 (completion token c sits at
+            # position width + c of the sequence).
+            aligned = torch.zeros(sampled.batch["labels"][:, 1:].shape, dtype=torch.float32)
+            aligned[:, self.width - 1:self.width - 1 + completions.shape[1]] = logps
+            sampled.batch["engine_logps"] = aligned.to(self.plan.device)
+            out.append(sampled)
+        return out
+
+    def check(self, engine, batches: list, trainer_logps: list[torch.Tensor], step: int) -> dict[str, float]:
+        """The engine/trainer log-prob comparison of this step's sampled tokens (rule vllm-stale-policy), on
+        every rank; empty when the trainer samples itself. `batches` are (batch, real) pairs."""
+        if self.engine_rollouts is None:
+            return {}
+        diffs = []
+        for (batch, real), mine in zip(batches, trainer_logps):
+            if real:
+                mask = batch["labels"][:, 1:] != IGNORE
+                diffs.append((mine.float() - batch["engine_logps"]).abs()[mask].cpu())
+        return self.engine_rollouts.check(engine, diffs, step)
+
+    def close(self) -> None:
+        if self.engine_rollouts is not None:
+            self.engine_rollouts.close()
 
     def rewards(self, engine, sampled: Sampled) -> torch.Tensor:
         """The sum of the reward functions' rewards and the reward model's score, per completion."""
@@ -110,3 +161,12 @@ class RolloutWorker:
         if with_answer:
             values["exact_match"] = exact / with_answer
         return values
+
+
+def with_rollout_stats(out: list, stats: dict[str, float]) -> list:
+    """Put the step's rollout statistics (already the same on every rank) on its micro-batches, for the loss to
+    report: the first micro-batch carries (value, 1), the others (0, 0), so the trainer's sum over micro-batches
+    and ranks divided by the count is the value."""
+    for k, (batch, _) in enumerate(out):
+        batch["rollout_stats"] = {n: (v, 1.0) if k == 0 else (0.0, 0.0) for n, v in stats.items()}
+    return out

