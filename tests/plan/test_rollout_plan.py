@@ -1,0 +1,66 @@
+"""The rollout area of the plan (plan/rollout.py): which engine samples, how the policy reaches it, and the bound of
+the engine/trainer check, each with its reason and the rule that set it."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_config
+
+from loraflow.environment import detect_environment
+from loraflow.errors import ConfigError
+from loraflow.plan import resolve
+
+GRPO = ("stage=grpo", "rl.rewards=[builtin:reverse_partial]")
+
+
+def plan_for(model, *overrides):
+    return resolve(make_config(model, *GRPO, *overrides), detect_environment())
+
+
+def decision(plan, key):
+    return next(d for d in plan.decisions if d.key == key)
+
+
+def test_the_trainer_samples_itself_unless_told_otherwise(tiny_model):
+    plan = plan_for(tiny_model)
+    assert plan.rollout.engine == "hf" and plan.setup.rollout_engine == "hf"
+    assert not any(f.rule.id.startswith("vllm-") for f in plan.findings)
+
+
+def test_servers_named_make_auto_use_them_with_adapter_sync_and_a_checked_policy(tiny_model):
+    plan = plan_for(tiny_model, "rl.rollout.urls=[http://127.0.0.1:8000]")
+    assert (plan.rollout.engine, plan.rollout.sync, plan.rollout.urls) == ("vllm", "adapter",
+                                                                          ("http://127.0.0.1:8000",))
+    assert decision(plan, "rollout sync").rule is None  # plain LoRA: nothing to change
+    check = decision(plan, "rollout check")
+    assert check.rule == "vllm-stale-policy" and plan.rollout.bound == 1e-3
+    assert {f.rule.id for f in plan.findings} >= {"vllm-stale-policy", "vllm-raw-logprobs"}
+
+
+@pytest.mark.parametrize("overrides", [("adapter.method=dora",), ("adapter.method=full",),
+                                       ("adapter.train_modules=[lm_head]",)])
+def test_what_vllm_cannot_serve_as_an_adapter_is_synced_merged(tiny_model, overrides):
+    plan = plan_for(tiny_model, "rl.rollout.engine=vllm", "rl.rollout.sync=adapter", *overrides)
+    assert plan.rollout.sync == "merged"
+    assert decision(plan, "rollout sync").rule == "vllm-adapter-unservable"
+
+
+def test_a_local_engine_is_started_with_room_for_the_adapter_rank(tiny_model):
+    plan = plan_for(tiny_model, "rl.rollout.engine=vllm", "adapter.rank=48", "adapter.alpha=96")
+    assert plan.rollout.max_lora_rank == 64
+    assert decision(plan, "engine max LoRA rank").rule == "vllm-max-lora-rank"
+    assert plan.rollout.base is not None  # no merged adapters: the engine loads model.path itself
+
+
+def test_the_bound_follows_the_precision_or_the_key(tiny_model):
+    assert plan_for(tiny_model, "rl.rollout.engine=vllm", "precision.mode=bf16-mixed").rollout.bound == 0.5
+    assert plan_for(tiny_model, "rl.rollout.engine=vllm", "rl.rollout.max_logprob_diff=0.01").rollout.bound == 0.01
+
+
+def test_rollout_keys_that_cannot_work_are_refused_by_name(tiny_model):
+    with pytest.raises(ConfigError) as err:
+        make_config(tiny_model, *GRPO, "rl.rollout.engine=hf", "rl.rollout.urls=[http://h:1]",
+                    "rl.rollout.sync_every=0", "rl.rollout.max_logprob_diff=0")
+    text = str(err.value)
+    for key in ("rl.rollout.urls names servers", "rl.rollout.sync_every=0", "rl.rollout.max_logprob_diff=0"):
+        assert key in text
