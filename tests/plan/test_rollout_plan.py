@@ -64,3 +64,8 @@ def test_rollout_keys_that_cannot_work_are_refused_by_name(tiny_model):
     text = str(err.value)
     for key in ("rl.rollout.urls names servers", "rl.rollout.sync_every=0", "rl.rollout.max_logprob_diff=0"):
         assert key in text
+
+
+def test_a_quantized_base_is_refused_with_the_key_to_change(tiny_model):
+    with pytest.raises(ConfigError, match="rl.rollout.engine=hf"):
+        plan_for(tiny_model, "rl.rollout.engine=vllm", "model.quantization.method=nf4")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loraflow.config.schema import Config
+from loraflow.errors import ConfigError
 from loraflow.locations import location_of
 from loraflow.plan.context import Context
 from loraflow.plan.types import Decision
@@ -50,6 +51,10 @@ def rollout_fields(config: Config, spec: StageSpec) -> dict:
     vllm = spec.generates and (ro.engine == "vllm" or (ro.engine == "auto" and bool(ro.urls)))
     if not vllm:
         return {}
+    if config.model.quantization.enabled:
+        raise ConfigError(["rl.rollout.engine=vllm with model.quantization: loraflow does not yet hand a vLLM engine "
+                           "the dequantized base a QLoRA policy trains on (the merged weights would be the 4-bit "
+                           "codes); set rl.rollout.engine=hf, or model.quantization.method=none."])
     ranks = [config.adapter.rank] + [t.rank for t in (config.towers.vision, config.towers.projector)
                                      if getattr(t, "rank", None)]
     # With remote servers loraflow cannot change how they were started: their rank limit is vLLM's default, and

@@ -16,8 +16,7 @@ def _vllm(s) -> bool:
 
 def unservable_as_adapter(s) -> bool:
     """The policy has trained weights that vLLM cannot serve as a LoRA adapter."""
-    return (s.adapter in ("dora", "full") or s.embeddings_trainable or s.lm_head_trainable or s.towers_trainable
-            or s.quantization is not None)
+    return s.adapter in ("dora", "full") or s.embeddings_trainable or s.lm_head_trainable or s.towers_trainable
 
 
 register(Rule(
@@ -26,8 +25,7 @@ register(Rule(
     verdict="fix",
     impact="crash",
     conditions="rollouts on vLLM with adapter sync, and trained weights outside plain LoRA: DoRA, full fine-tuning, "
-               "embeddings or the output head trained in full (modules_to_save), trained vision towers, or a "
-               "quantized base",
+               "embeddings or the output head trained in full (modules_to_save), or trained vision towers",
     knobs=("rollout_sync", "adapter"),
     when=lambda s: _vllm(s) and s.rollout_sync == "adapter" and unservable_as_adapter(s),
     cause=("vLLM's LoRA loader serves plain LoRA on the linear layers it knows: it refuses a DoRA adapter (`vLLM does "
