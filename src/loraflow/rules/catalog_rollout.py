@@ -124,7 +124,9 @@ register(Rule(
     fixed_in=None,
     log=LogSigns(
         messages=(Message(r"There is no module or parameter named 'base_model", "own",
-                          "vllm model loader: load_weights with PEFT parameter names"),),
+                          "vllm model loader: load_weights with PEFT parameter names"),
+                  Message(r"KeyError: '[\w.]*\.base_layer\.weight'", "own",
+                          "vllm model load_weights: params_dict lookup of a PEFT-wrapped '.base_layer' name")),
         evidence=(Evidence("peft", 2, "adapters are trained"),
                   Evidence("generation", 2, "rollouts are sampled by an engine")),
         prior=1.0,
