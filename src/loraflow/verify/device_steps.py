@@ -209,6 +209,35 @@ def vision(ctx: dict[str, Any]) -> dict[str, Any]:
     return {"status": "pass" if ok else "fail", "headline": "; ".join(parts), "figures": figures}
 
 
+def rollout(ctx: dict[str, Any]) -> dict[str, Any]:
+    """GRPO with its rollouts on a local vLLM engine (rl.rollout.engine=vllm), where vLLM is installed: every step's
+    engine/trainer log-prob difference within the plan's bound, and the adapter's bytes per sync. Where vLLM is not
+    installed the step says so and does not count as a failure."""
+    from loraflow.rl.vllm_server import EngineError, find_vllm_python
+
+    try:
+        python = find_vllm_python()
+    except EngineError as exc:
+        return {"status": "unavailable", "figures": {},
+                "headline": "vLLM is not installed here, so the vLLM rollout path was not run: " + str(exc)[:160]}
+    run_dir = ctx["work"] / "rollout"
+    steps = 3 if ctx["quick"] else 10
+    code, output = _cli(["train", "grpo", "rl.rollout.engine=vllm", f"train.max_steps={steps}", "data.eval=",
+                         "output.log_every_steps=1", f"output.dir={run_dir}", "output.progress_bar=false"], ctx["log"])
+    rows = [r for r in _metrics(run_dir) if r.get("kind") == "train"]
+    if code != 0 or len(rows) != steps:
+        return {"status": "fail", "headline": f"exit {code}: {_tail(output, 3)}", "figures": {"exit": code}}
+    from loraflow.plan.rollout import LOGPROB_BOUNDS
+
+    worst = max(r["rollout/logprob_diff_max"] for r in rows)
+    figures = {"vllm_python": python, "steps": steps, "logprob_diff_max": worst,
+               "sync_bytes": rows[-1]["rollout/sync_bytes"], "tokens_per_s": rows[-1]["tokens_per_s"]}
+    ok = worst <= LOGPROB_BOUNDS["fp32"] and all(r["rollout/policy_version"] == r["step"] for r in rows)
+    return {"status": "pass" if ok else "fail", "figures": figures,
+            "headline": f"{steps} GRPO steps on vLLM: engine/trainer log-probs within {worst:.1e} (bound "
+                        f"{LOGPROB_BOUNDS['fp32']:g}), {rows[-1]['rollout/sync_bytes']:,.0f} bytes per adapter sync"}
+
+
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
@@ -216,5 +245,6 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-STEPS = {"env": env, "grads": grads, "demo": demo, "qlora": qlora, "vision": vision, "peers": peers}
+STEPS = {"env": env, "grads": grads, "demo": demo, "qlora": qlora, "vision": vision, "rollout": rollout,
+         "peers": peers}
 """Run order: the short steps first, so a slow benchmark cannot crowd them out of the time budget."""

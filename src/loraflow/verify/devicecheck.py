@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 TIMEOUTS = {"env": (90, 120), "grads": (180, 300), "demo": (150, 240), "qlora": (150, 240), "vision": (120, 240),
-            "peers": (300, 300)}
+            "rollout": (240, 240), "peers": (300, 300)}
 """Seconds per step: (on a GPU at full size, --quick). A GPU run must leave room for a rerun within a 15-minute
 lease (the default budget is 8 minutes); the CPU rehearsal runs the same steps at toy sizes."""
 BUDGET = {False: 480, True: 900}
@@ -83,7 +83,8 @@ def run_all(out: Path, device: str, quick: bool, budget: float, only: list[str] 
     (out / "summary.json").write_text(json.dumps({"device": device, "quick": quick, "steps": records}, indent=2,
                                                  default=str))
     print("\n" + summary)
-    return 0 if records and all(r["status"] == "pass" for r in records.values()) else 1
+    # `unavailable`: the machine lacks what the step needs (vLLM), and the step said so; it fails nothing.
+    return 0 if records and all(r["status"] in ("pass", "unavailable") for r in records.values()) else 1
 
 
 def _last_line(log: Path) -> str:
