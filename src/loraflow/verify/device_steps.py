@@ -227,15 +227,15 @@ def rollout(ctx: dict[str, Any]) -> dict[str, Any]:
     rows = [r for r in _metrics(run_dir) if r.get("kind") == "train"]
     if code != 0 or len(rows) != steps:
         return {"status": "fail", "headline": f"exit {code}: {_tail(output, 3)}", "figures": {"exit": code}}
-    from loraflow.plan.rollout import LOGPROB_BOUNDS
-
+    # The run itself stops on a difference beyond the plan's bound (rule vllm-stale-policy): exit 0 means every
+    # sync was within it.
     worst = max(r["rollout/logprob_diff_max"] for r in rows)
     figures = {"vllm_python": python, "steps": steps, "logprob_diff_max": worst,
                "sync_bytes": rows[-1]["rollout/sync_bytes"], "tokens_per_s": rows[-1]["tokens_per_s"]}
-    ok = worst <= LOGPROB_BOUNDS["fp32"] and all(r["rollout/policy_version"] == r["step"] for r in rows)
+    ok = all(r["rollout/policy_version"] == r["step"] for r in rows)
     return {"status": "pass" if ok else "fail", "figures": figures,
-            "headline": f"{steps} GRPO steps on vLLM: engine/trainer log-probs within {worst:.1e} (bound "
-                        f"{LOGPROB_BOUNDS['fp32']:g}), {rows[-1]['rollout/sync_bytes']:,.0f} bytes per adapter sync"}
+            "headline": f"{steps} GRPO steps on vLLM: engine/trainer log-probs within {worst:.1e}, "
+                        f"{rows[-1]['rollout/sync_bytes']:,.0f} bytes per adapter sync"}
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
