@@ -100,19 +100,31 @@ def test_a_stale_sync_is_stopped_before_its_update(vllm_url, tmp_path):
     print(f"fresh syncs: largest difference {max(diffs):.2e}; one update stale: {failure.value}")
 
 
-# DoRA cannot be served as a vLLM adapter: the plan syncs merged weights instead and says so, on a local server
-# that loraflow starts and stops for the run; the merged weights hold the policy as closely as the adapter does.
-def test_dora_syncs_merged_weights_on_a_local_server(tmp_path):
-    proc = run("grpo", tmp_path / "run", "rl.rollout.engine=vllm", "adapter.method=dora", "train.max_steps=4",
-               "data.eval=")
+# DoRA cannot be served as a vLLM adapter: the plan syncs merged weights instead and says so, and the merged weights
+# hold the policy as closely as an adapter does. (On the session's server, whose base the test puts back: a local
+# server started by the run itself is the device check's rollout step, tests/test_gpu_check.py.)
+def test_dora_syncs_merged_weights(vllm_url, demo_base, tmp_path):
+    from loraflow.rl.vllm_server import Client
+
+    try:
+        proc = run("grpo", tmp_path / "run", f"rl.rollout.urls=[{vllm_url}]", "adapter.method=dora",
+                   "train.max_steps=4", "data.eval=")
+    finally:
+        Client(vllm_url).reload_weights(demo_base)  # the base the other tests' runs start from
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[vllm-adapter-unservable]" in proc.stdout and "rollout sync     merged" in proc.stdout
-    assert "starting a local vLLM server" in proc.stdout + proc.stderr
     rows = train_rows(tmp_path / "run")
     assert [r["rollout/policy_version"] for r in rows] == [1, 2, 3, 4]
     assert max(r["rollout/logprob_diff_max"] for r in rows) <= 1e-3
-    log = (tmp_path / "run" / "rollout" / "vllm.log").read_text()
-    assert "Reloading weights inplace" in log
+    # each sync moved every LoRA-wrapped weight (the 7 linear layers of each decoder layer), merged, and no other
+    import re
+
+    from safetensors.torch import load_file
+
+    wrapped = [t for n, t in load_file(demo_base / "model.safetensors").items()
+               if re.search(r"layers\.\d+\.\w+\.(q|k|v|o|gate|up|down)_proj\.weight$", n)]
+    assert len(wrapped) == 28
+    assert {r["rollout/sync_bytes"] for r in rows} == {sum(t.numel() * t.element_size() for t in wrapped)}
 
 
 # PPO samples on the same server: its value head stays out of the adapter the engine loads.
