@@ -20,7 +20,7 @@ from loraflow.environment import declared_floors, too_old
 from loraflow.verify import device_grads
 from loraflow.verify.side_envs import side_python
 
-STEPS = ("env", "grads", "demo", "qlora", "vision", "peers")
+STEPS = ("env", "grads", "demo", "qlora", "vision", "rollout", "peers")
 SETUP_FLOOR = "bash scripts/setup_floor_venv.sh"
 
 
@@ -85,6 +85,20 @@ def test_the_peers_step_compares_three_variants_from_one_start(tested_stack):
         losses = [cell[v]["first_loss"] for v in ("plain", "trl", "loraflow")]
         assert None not in losses and max(losses) - min(losses) <= 2e-3 * abs(losses[0])
         assert all(cell[v]["tokens_per_s"] > 0 for v in ("plain", "trl", "loraflow"))
+
+
+def test_the_rollout_step_samples_on_a_local_vllm_engine(tested_stack):
+    _, summary = tested_stack
+    figures = summary["steps"]["rollout"]["figures"]
+    assert figures["steps"] == 3 and figures["logprob_diff_max"] <= 1e-4 and figures["sync_bytes"] > 0
+
+
+def test_without_vllm_the_rollout_step_says_it_could_not_and_fails_nothing(monkeypatch, tmp_path):
+    from loraflow.verify import device_steps
+
+    monkeypatch.setenv("LORAFLOW_VLLM_PYTHON", str(tmp_path / "no-such-python"))
+    record = device_steps.rollout({"work": tmp_path, "quick": True, "log": tmp_path / "log"})
+    assert record["status"] == "unavailable" and "not run" in record["headline"]
 
 
 def test_the_oldest_declared_transformers_and_peft_pass_the_rehearsal(floor_stack):
