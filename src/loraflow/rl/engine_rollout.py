@@ -75,6 +75,7 @@ class EngineRollouts:
         """Whether the engine got the policy at the last sync (the next rollout is checked)."""
         self.last_sync: SyncRecord | None = None
         self.tag = ""
+        self.rank = 0
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self, engine) -> None:
@@ -100,6 +101,7 @@ class EngineRollouts:
             except EngineError as exc:
                 error = str(exc)
         urls, error, self.tag = engine.gather_objects((urls, error, tag))[0]
+        self.rank = engine.rank
         if error:
             self.close()
             raise EngineError(error)
@@ -143,7 +145,7 @@ class EngineRollouts:
         return f"{self.tag}-v{version}"
 
     def close(self) -> None:
-        if self.served != "base" and self.server is None:  # a remote server: leave it as it was found
+        if self.served != "base" and self.server is None and self.rank == 0:  # remote: leave it as it was found
             for client in self.clients:
                 try:
                     client.unload_adapter(self.served)
