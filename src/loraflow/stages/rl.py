@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from loraflow.data import DataSplit
-from loraflow.phases import phase
 from loraflow.data.formatting import IGNORE
+from loraflow.phases import phase
 from loraflow.rl.rollout import build_rollout, decode, generate, stop_ids
 from loraflow.setup.precision import autocast
 from loraflow.stagespec import EVALUATION, ROLLOUT
