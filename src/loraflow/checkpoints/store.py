@@ -94,7 +94,7 @@ def save_weights(model: torch.nn.Module, directory: Path, state: dict[str, torch
         tokenizer.save_pretrained(directory)
 
 
-def _publish(tmp: Path, final: Path) -> None:
+def publish_dir(tmp: Path, final: Path) -> None:
     """Make the complete directory `tmp` appear as `final`. An existing `final` is renamed aside first and
     deleted only after the new one is in place, so it is never deleted before its replacement exists."""
     _fsync_tree(tmp)
@@ -119,7 +119,7 @@ def export_weights(model: torch.nn.Module, directory: Path, state: dict[str, tor
         with translated_writes(directory.parent, what, kept):
             shutil.rmtree(tmp, ignore_errors=True)
             save_weights(model, tmp, state, tokenizer)
-            _publish(tmp, directory)
+            publish_dir(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already after a publish; the partial files after a failure
 
@@ -177,7 +177,7 @@ def save_checkpoint(run_dir: Path, step: int, model, weights: dict[str, torch.Te
         torch.save(trainer_state, tmp / "trainer_state.pt")
         # Hashed now, while the directory is private to this save: every rank's files are in it and final.
         (tmp / MARKER).write_text(json.dumps({"step": step, "files": seal(tmp)}, indent=1))
-        _publish(tmp, final)  # also covers re-saving a step (a resumed run that ends where it resumed)
+        publish_dir(tmp, final)  # also covers re-saving a step (a resumed run that ends where it resumed)
         write_atomic_text(run_dir / "latest", final.name + "\n")
         for old in complete_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)

@@ -22,11 +22,13 @@ before the update with the evidence.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,15 +133,11 @@ class EngineRollouts:
             hf = hf_name(name)
             if hf is not None:
                 weights[hf] = p.detach().cpu().contiguous()
-        tmp = target.with_name(".tmp-base")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_file(weights, str(tmp / "model.safetensors"))
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-        inner.config.save_pretrained(tmp)
-        copy_tokenizer(Path(self.rollout.tokenizer_dir), tmp)
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
+        with written(target) as tmp:
+            save_file(weights, str(tmp / "model.safetensors"))
+            inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+            inner.config.save_pretrained(tmp)
+            copy_tokenizer(Path(self.rollout.tokenizer_dir), tmp)
 
     def name(self, version: int) -> str:
         return f"{self.tag}-v{version}"
@@ -202,13 +200,9 @@ class EngineRollouts:
         config = model.peft_config["default"].to_dict()
         config["modules_to_save"] = None
         config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
-        target = self._version_dir(version)
-        tmp = target.with_name(f".tmp-{target.name}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_file(tensors, str(tmp / "adapter_model.safetensors"))
-        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=1, default=str))
-        os.replace(tmp, target)
+        with written(self._version_dir(version)) as tmp:
+            save_file(tensors, str(tmp / "adapter_model.safetensors"))
+            (tmp / "adapter_config.json").write_text(json.dumps(config, indent=1, default=str))
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def _write_merged(self, model, version: int) -> int:
@@ -216,12 +210,8 @@ class EngineRollouts:
         from safetensors.torch import save_file
 
         tensors = merged_weights(model, self.plan.config.adapter.method == "full")
-        target = self._version_dir(version)
-        tmp = target.with_name(f".tmp-{target.name}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_file(tensors, str(tmp / "model.safetensors"))
-        os.replace(tmp, target)
+        with written(self._version_dir(version)) as tmp:
+            save_file(tensors, str(tmp / "model.safetensors"))
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def _load(self, version: int) -> None:
@@ -287,6 +277,19 @@ class EngineRollouts:
                 "that rl.rollout.urls serve the run's base model, or raise rl.rollout.max_logprob_diff if the "
                 "numerics of this setup differ by more.")
         return stats
+
+
+@contextlib.contextmanager
+def written(target: Path) -> Iterator[Path]:
+    """A directory to write into that appears as `target` only when complete (checkpoints.store.publish_dir): an
+    engine never loads a half-written policy."""
+    from loraflow.checkpoints.store import publish_dir
+
+    tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    yield tmp
+    publish_dir(tmp, target)
 
 
 def merged_weights(model, full: bool) -> dict[str, torch.Tensor]:
