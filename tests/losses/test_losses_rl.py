@@ -9,8 +9,9 @@ import statistics
 import pytest
 import torch
 
-from loraflow.losses import (dpo_loss, gae, group_advantages, grpo_loss, kl_penalized_rewards, masked_moments,
-                             pairwise_rm_loss, ppo_policy_loss, sequence_logps, token_logps, value_loss, whiten)
+from loraflow.losses import (dpo_loss, gae, group_advantages, grpo_loss, importance_weights, kl_penalized_rewards,
+                             masked_moments, pairwise_rm_loss, ppo_policy_loss, sequence_logps, token_logps,
+                             value_loss, whiten)
 
 
 def logsig(x: float) -> float:
@@ -136,6 +137,55 @@ def test_grpo_gradient_at_ratio_one(gen):
             d = float(ref[i, t] - logps[i, t])
             want = -(float(adv[i]) - 0.1 * (1 - math.exp(d))) / n_tokens / 2 if mask[i, t] else 0.0
             assert float(logps.grad[i, t]) == pytest.approx(want, rel=1e-9, abs=1e-15)
+
+
+# Importance weights of engine-sampled tokens, by hand: per token or per completion, truncated or masked at the cap.
+def test_importance_weights_by_hand():
+    trainer = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-0.3, -0.2, 0.0, 0.0]])
+    engine = torch.tensor([[-1.0, -0.5, -2.0, 0.0], [-0.35, -0.2, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    ratios = [[1.0, math.exp(-1.5)], [math.exp(0.05)]]
+
+    def weights(mode, cap):
+        return importance_weights(trainer, engine, mask, mode, cap).flatten().tolist()
+
+    assert weights("token_truncate", 3.0) == pytest.approx([1.0, ratios[0][1], 3.0, 0, ratios[1][0], 1.0, 0, 0])
+    assert weights("token_mask", 3.0) == pytest.approx([1.0, ratios[0][1], 0, 0, ratios[1][0], 1.0, 0, 0])
+    # per completion: exp of the summed differences (0 for the first row, 0.05 for the second) on each of its tokens
+    assert weights("sequence_mask", 1.02) == pytest.approx([1.0, 1.0, 1.0, 0, 0, 0, 0, 0])
+    assert weights("sequence_truncate", 1.02) == pytest.approx([1.0, 1.0, 1.0, 0, 1.02, 1.02, 0, 0])
+    # a grossly wrong token (another policy) gives a finite weight, at the cap
+    far = importance_weights(torch.zeros(1, 2), torch.full((1, 2), -1e4), torch.ones(1, 2, dtype=torch.bool),
+                             "token_truncate", 3.0)
+    assert far.tolist() == [[3.0, 3.0]]
+
+
+# The weights scale each token's policy term (not the KL term, as TRL); unit weights change nothing.
+def test_weighted_policy_losses(gen):
+    logps = -torch.rand(2, 4, generator=gen, dtype=torch.float64)
+    old = logps + 0.1 * torch.randn(2, 4, generator=gen, dtype=torch.float64)
+    ref = logps + 0.2 * torch.randn(2, 4, generator=gen, dtype=torch.float64)
+    adv = torch.tensor([0.8, -1.3], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    weights = 0.5 + torch.rand(2, 4, generator=gen, dtype=torch.float64)
+    plain = float(grpo_loss(logps, old, ref, adv, mask, 0.2, 0.0, 2)[0])
+    assert float(grpo_loss(logps, old, ref, adv, mask, 0.2, 0.0, 2, torch.ones_like(logps))[0]) == \
+        pytest.approx(plain, rel=1e-12)
+    weighted = grpo_loss(logps, old, None, adv, mask, 0.2, 0.0, 2, weights)[0]
+    ratio = torch.exp(logps - old)
+    a = adv.unsqueeze(-1)
+    term = torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a) * weights * mask
+    want = -float((term.sum(-1) / mask.sum(-1)).sum() / 2)
+    assert float(weighted) == pytest.approx(want, rel=1e-12)
+    with_kl = grpo_loss(logps, old, ref, adv, mask, 0.2, 0.1, 2, weights)[0]
+    kl = torch.exp(ref - logps) - (ref - logps) - 1
+    assert float(with_kl) == pytest.approx(want + 0.1 * float(((kl * mask).sum(-1) / mask.sum(-1)).sum() / 2),
+                                           rel=1e-12)
+    adv_t = torch.randn(2, 4, generator=gen, dtype=torch.float64)
+    loss, stats = ppo_policy_loss(logps, old, adv_t, mask, 0.2, 7, weights)
+    want = -float((torch.min(ratio * adv_t, ratio.clamp(0.8, 1.2) * adv_t) * weights * mask).sum() / 7)
+    assert float(loss) == pytest.approx(want, rel=1e-12)
+    assert stats == ppo_policy_loss(logps, old, adv_t, mask, 0.2, 7)[1]  # the statistics count tokens, unweighted
 
 
 # Per-token KL penalty with the score on the last completion token (InstructGPT eq. 2), by hand.

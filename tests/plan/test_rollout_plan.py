@@ -57,12 +57,25 @@ def test_the_bound_follows_the_precision_or_the_key(tiny_model):
     assert plan_for(tiny_model, "rl.rollout.engine=vllm", "rl.rollout.max_logprob_diff=0.01").rollout.bound == 0.01
 
 
+def test_importance_correction_follows_the_precision_or_the_key(tiny_model):
+    fp32 = plan_for(tiny_model, "rl.rollout.engine=vllm")
+    assert fp32.rollout.importance == "off" and "within 4e-5" in decision(fp32, "importance correction").reason
+    bf16 = plan_for(tiny_model, "rl.rollout.engine=vllm", "precision.mode=bf16-mixed")
+    assert bf16.rollout.importance == "token_truncate"
+    assert "capped at 3" in decision(bf16, "importance correction").value
+    asked = plan_for(tiny_model, "rl.rollout.engine=vllm", "rl.rollout.importance=sequence_mask",
+                     "rl.rollout.importance_cap=2")
+    assert (asked.rollout.importance, asked.rollout.importance_cap) == ("sequence_mask", 2.0)
+    assert decision(asked, "importance correction").reason == "rl.rollout.importance=sequence_mask"
+
+
 def test_rollout_keys_that_cannot_work_are_refused_by_name(tiny_model):
     with pytest.raises(ConfigError) as err:
         make_config(tiny_model, *GRPO, "rl.rollout.engine=hf", "rl.rollout.urls=[http://h:1]",
-                    "rl.rollout.sync_every=0", "rl.rollout.max_logprob_diff=0")
+                    "rl.rollout.sync_every=0", "rl.rollout.max_logprob_diff=0", "rl.rollout.importance_cap=1")
     text = str(err.value)
-    for key in ("rl.rollout.urls names servers", "rl.rollout.sync_every=0", "rl.rollout.max_logprob_diff=0"):
+    for key in ("rl.rollout.urls names servers", "rl.rollout.sync_every=0", "rl.rollout.max_logprob_diff=0",
+                "rl.rollout.importance_cap=1"):
         assert key in text
 
 

@@ -127,10 +127,21 @@ def test_dora_syncs_merged_weights(vllm_url, demo_base, tmp_path):
     assert {r["rollout/sync_bytes"] for r in rows} == {sum(t.numel() * t.element_size() for t in wrapped)}
 
 
-# PPO samples on the same server: its value head stays out of the adapter the engine loads.
-def test_ppo_on_a_vllm_server(vllm_url, tmp_path):
-    proc = run("ppo", tmp_path / "run", f"rl.rollout.urls=[{vllm_url}]", "train.max_steps=4", "data.eval=")
+# PPO samples on the same server (its value head stays out of the adapter the engine loads), syncing every second
+# update with the importance correction on: the rollout right after a sync is checked and its weights are 1 within
+# the fp32 numerics; the one after it is sampled by a policy one update old, unchecked, and reweighted.
+def test_ppo_on_a_vllm_server_with_importance_correction(vllm_url, tmp_path):
+    proc = run("ppo", tmp_path / "run", f"rl.rollout.urls=[{vllm_url}]", "train.max_steps=4", "data.eval=",
+               "rl.rollout.sync_every=2", "rl.rollout.importance=token_truncate")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "importance correction  token_truncate" in proc.stdout
     rows = train_rows(tmp_path / "run")
-    assert [r["rollout/policy_version"] for r in rows] == [1, 2, 3, 4]
-    assert max(r["rollout/logprob_diff_max"] for r in rows) <= ADAPTER_FP32
+    assert [r["rollout/policy_version"] for r in rows] == [1, 1, 2, 2]
+    fresh, stale = rows[0::2], rows[1::2]
+    assert max(r["rollout/logprob_diff_max"] for r in fresh) <= ADAPTER_FP32
+    assert all(abs(r["rollout/importance_mean"] - 1) <= ADAPTER_FP32 for r in fresh)
+    assert all(r["rollout/importance_capped"] == 0 for r in fresh)
+    # one update old: beyond the check's bound (it would have stopped a fresh sync), and the weights move off 1
+    assert all(r["rollout/logprob_diff_max"] > 1e-3 for r in stale), stale
+    assert all(abs(r["rollout/importance_mean"] - 1) > ADAPTER_FP32 for r in stale), stale
+    print("stale rollouts:", [(r["rollout/logprob_diff_max"], r["rollout/importance_mean"]) for r in stale])

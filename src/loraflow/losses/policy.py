@@ -54,18 +54,41 @@ def _masked_mean_rows(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
 
 
+@torch.no_grad()
+def importance_weights(trainer_logps: torch.Tensor, engine_logps: torch.Tensor, mask: torch.Tensor, mode: str,
+                       cap: float) -> torch.Tensor:
+    """Per-token weights w correcting for tokens sampled by an engine whose policy differs slightly from the
+    trainer's (truncated importance sampling, Ionides 2008; for RL rollouts on vLLM: Yao et al. 2025, "Your
+    Efficient RL Framework Secretly Brings You Off-Policy RL Training"):
+        token_*:    w_t = pi_trainer(o_t) / pi_engine(o_t)
+        sequence_*: w_t = prod_t' pi_trainer(o_t') / pi_engine(o_t')   for every token of the completion,
+    then `*_truncate`: min(w, cap); `*_mask`: w where w <= cap, else 0 (the token or completion drops out).
+    Float32 [B, T-1], 0 outside the mask."""
+    m = mask.float()
+    delta = (trainer_logps.float() - engine_logps.float()) * m
+    if mode.startswith("sequence"):
+        delta = delta.sum(dim=-1, keepdim=True).expand_as(m)
+    w = torch.exp(delta.clamp(max=20.0))  # exp(20) is far beyond any cap: no overflow for a grossly wrong token
+    w = w.clamp(max=cap) if mode.endswith("truncate") else torch.where(w <= cap, w, torch.zeros_like(w))
+    return w * m
+
+
 def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Tensor | None,
               advantages: torch.Tensor, mask: torch.Tensor, clip_eps: float, beta: float,
-              num_items: int) -> tuple[torch.Tensor, dict[str, float]]:
+              num_items: int, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO objective (DeepSeekMath eq. 3), negated:
-        J = 1/G sum_i 1/|o_i| sum_t [ min(rho A_i, clip(rho, 1-eps, 1+eps) A_i) - beta KL_t ],
-        rho = pi(o_t) / pi_old(o_t),  KL_t = pi_ref/pi - log(pi_ref/pi) - 1  (the k3 estimator, eq. 4).
-    The per-completion token means are summed and divided by N, the completions in the whole optimizer step."""
+        J = 1/G sum_i 1/|o_i| sum_t [ w_t min(rho A_i, clip(rho, 1-eps, 1+eps) A_i) - beta KL_t ],
+        rho = pi(o_t) / pi_old(o_t),  KL_t = pi_ref/pi - log(pi_ref/pi) - 1  (the k3 estimator, eq. 4),
+    w_t the importance weights of engine-sampled tokens (importance_weights; 1 without them, and the KL term is
+    not weighted, as in TRL). The per-completion token means are summed and divided by N, the completions in the
+    whole optimizer step."""
     m = mask.to(logps.dtype)
     ratio = torch.exp(logps - old_logps.detach())
     adv = advantages.detach().to(logps.dtype).unsqueeze(-1)
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
     objective = torch.min(ratio * adv, clipped * adv)
+    if weights is not None:
+        objective = objective * weights.detach().to(logps.dtype)
     kl = torch.zeros_like(logps)
     if beta:
         delta = ref_logps.detach() - logps
@@ -136,14 +159,17 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, moments: list[float], eps: 
 
 
 def ppo_policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                    clip_eps: float, num_items: int) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate (Schulman et al. 2017 eq. 7): -min(rho A_t, clip(rho, 1-eps, 1+eps) A_t), summed over
-    completion tokens / N, the completion tokens of the whole optimizer step."""
+                    clip_eps: float, num_items: int, weights: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate (Schulman et al. 2017 eq. 7): -w_t min(rho A_t, clip(rho, 1-eps, 1+eps) A_t), summed over
+    completion tokens / N, the completion tokens of the whole optimizer step; w_t the importance weights of
+    engine-sampled tokens (1 without them)."""
     m = mask.to(logps.dtype)
+    w = m if weights is None else m * weights.detach().to(logps.dtype)
     ratio = torch.exp(logps - old_logps.detach())
     adv = advantages.detach().to(logps.dtype)
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
-    loss = -(torch.min(ratio * adv, clipped * adv) * m).sum() / max(num_items, 1)
+    loss = -(torch.min(ratio * adv, clipped * adv) * w).sum() / max(num_items, 1)
     tokens = m.sum().clamp(min=1)
     diff = (logps - old_logps).detach()
     return loss, {"clip_fraction": float((((ratio - clipped).abs() > 0).float() * m).sum() / tokens),

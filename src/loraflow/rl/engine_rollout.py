@@ -252,17 +252,24 @@ class EngineRollouts:
     def bound(self) -> float:
         return self.rollout.bound
 
-    def check(self, engine, diffs: list[torch.Tensor], step: int) -> dict[str, float]:
+    def check(self, engine, diffs: list[torch.Tensor], step: int, weights: list[torch.Tensor] = ()
+              ) -> dict[str, float]:
         """The largest and mean |engine - trainer| log-prob over this step's sampled tokens on every rank
-        (collective); stops the run before the update when the largest is beyond the bound."""
+        (collective), and the mean importance weight and the fraction of tokens the cap changed when `weights` are
+        given; stops the run before the update when the largest difference is beyond the bound."""
         local = torch.cat([d.flatten() for d in diffs]) if diffs else torch.zeros(0)
-        worst = float(local.max()) if local.numel() else 0.0
-        total, count = float(local.sum()), float(local.numel())
-        gathered = engine.gather_objects((worst, total, count))
-        worst = max(w for w, _, _ in gathered)
-        total, count = sum(t for _, t, _ in gathered), sum(c for _, _, c in gathered)
+        w = torch.cat([x.flatten() for x in weights]) if weights else torch.zeros(0)
+        cap = self.rollout.importance_cap
+        mine = (float(local.max()) if local.numel() else 0.0, float(local.sum()), float(local.numel()),
+                float(w.sum()), float(((w >= cap) | (w == 0)).sum()))
+        gathered = engine.gather_objects(mine)
+        worst = max(g[0] for g in gathered)
+        total, count, w_sum, capped = (sum(g[k] for g in gathered) for k in range(1, 5))
         stats = {"rollout/logprob_diff_max": worst, "rollout/logprob_diff_mean": total / max(count, 1.0),
                  "rollout/policy_version": float(self.version)}
+        if weights:
+            stats["rollout/importance_mean"] = w_sum / max(count, 1.0)
+            stats["rollout/importance_capped"] = capped / max(count, 1.0)
         if self.last_sync is not None and self.fresh:
             stats["rollout/sync_bytes"] = float(self.last_sync.bytes)
             stats["rollout/sync_seconds"] = self.last_sync.seconds

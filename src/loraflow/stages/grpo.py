@@ -31,7 +31,7 @@ def loss_fn(plan):
         logps, mask = learned_logps(model, batch, plan.logits, temperature=r.temperature)
         old = batch.get("old_logps", logps.detach())  # one update per rollout: the policy is the old policy
         loss, stats = grpo_loss(logps, old, batch.get("reference_logps"), batch["advantages"], mask,
-                                r.clip_eps, r.kl_coef, num_items)
+                                r.clip_eps, r.kl_coef, num_items, batch.get("is_weights"))
         tokens = float(mask.sum())
         # reward and completion length: sums over completions (means per completion); KL, clipping: per token.
         return loss, {"reward": float(batch["rewards"].sum()), "kl": (stats["kl"] * tokens, tokens),

@@ -47,7 +47,8 @@ def loss_fn(plan, head):
     def compute(model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: int):
         logps, mask, values = logps_and_values(model, head, batch, plan)
         old = batch.get("old_logps", logps.detach())  # one update per rollout: the policy is the old policy
-        policy, stats = ppo_policy_loss(logps, old, batch["advantages"], mask, r.clip_eps, num_items)
+        policy, stats = ppo_policy_loss(logps, old, batch["advantages"], mask, r.clip_eps, num_items,
+                                        batch.get("is_weights"))
         critic = value_loss(values, batch["old_values"], batch["returns"], mask, r.value_clip, num_items)
         n, tokens = len(logps), float(mask.sum())
         # clip_fraction per completion token of the step, however the step is split into micro-batches and ranks

@@ -11,6 +11,7 @@ import torch
 
 from loraflow.data import DataSplit
 from loraflow.data.formatting import IGNORE
+from loraflow.losses import importance_weights
 from loraflow.phases import phase
 from loraflow.rl.rollout import build_rollout, decode, generate, stop_ids
 from loraflow.setup.precision import autocast
@@ -105,15 +106,23 @@ class RolloutWorker:
 
     def check(self, engine, batches: list, trainer_logps: list[torch.Tensor], step: int) -> dict[str, float]:
         """The engine/trainer log-prob comparison of this step's sampled tokens (rule vllm-stale-policy), on
-        every rank; empty when the trainer samples itself. `batches` are (batch, real) pairs."""
+        every rank, and the importance weights of those tokens when the plan corrects for the difference
+        (batch["is_weights"], which the policy losses apply); empty when the trainer samples itself. `batches` are
+        (batch, real) pairs."""
         if self.engine_rollouts is None:
             return {}
-        diffs = []
+        ro = self.plan.rollout
+        diffs, weights = [], []
         for (batch, real), mine in zip(batches, trainer_logps):
+            mask = batch["labels"][:, 1:] != IGNORE
+            if ro.importance != "off":
+                batch["is_weights"] = importance_weights(mine, batch["engine_logps"], mask, ro.importance,
+                                                         ro.importance_cap)
+                if real:
+                    weights.append(batch["is_weights"][mask].cpu())
             if real:
-                mask = batch["labels"][:, 1:] != IGNORE
                 diffs.append((mine.float() - batch["engine_logps"]).abs()[mask].cpu())
-        return self.engine_rollouts.check(engine, diffs, step)
+        return self.engine_rollouts.check(engine, diffs, step, weights)
 
     def close(self) -> None:
         if self.engine_rollouts is not None:
