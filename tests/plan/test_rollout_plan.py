@@ -79,6 +79,12 @@ def test_rollout_keys_that_cannot_work_are_refused_by_name(tiny_model):
         assert key in text
 
 
-def test_a_quantized_base_is_refused_with_the_key_to_change(tiny_model):
-    with pytest.raises(ConfigError, match="rl.rollout.engine=hf"):
-        plan_for(tiny_model, "rl.rollout.engine=vllm", "model.quantization.method=nf4")
+def test_a_quantized_base_is_served_dequantized_locally_and_refused_on_a_remote_adapter_sync(tiny_model):
+    local = plan_for(tiny_model, "rl.rollout.engine=vllm", "model.quantization.method=nf4")
+    assert local.rollout.base is None  # the trainer writes the dequantized base for the engine
+    assert "dequantized" in decision(local, "rollout engine").value
+    with pytest.raises(ConfigError, match="rl.rollout.sync=merged"):
+        plan_for(tiny_model, "rl.rollout.urls=[http://h:1]", "model.quantization.method=nf4")
+    merged = plan_for(tiny_model, "rl.rollout.urls=[http://h:1]", "model.quantization.method=nf4",
+                      "rl.rollout.sync=merged")
+    assert merged.rollout.sync == "merged"

@@ -145,3 +145,41 @@ def test_ppo_on_a_vllm_server_with_importance_correction(vllm_url, tmp_path):
     assert all(r["rollout/logprob_diff_max"] > 1e-3 for r in stale), stale
     assert all(abs(r["rollout/importance_mean"] - 1) > ADAPTER_FP32 for r in stale), stale
     print("stale rollouts:", [(r["rollout/logprob_diff_max"], r["rollout/importance_mean"]) for r in stale])
+
+
+# A QLoRA policy's engine needs the weights the adapter trains against: the 4-bit base dequantized. The base a
+# local engine starts from is written that way (a plain model that transformers loads, with no quantization_config),
+# and it computes what the trainer's 4-bit model computes with its adapter switched off.
+def test_the_engine_base_of_a_qlora_policy_is_the_dequantized_4bit_base(tmp_path):
+    from test_stages import build_trainer
+    from transformers import AutoModelForCausalLM
+
+    trainer = build_trainer("grpo", ["rl.rollout.engine=vllm", "model.quantization.method=nf4"], tmp_path)
+    er = trainer.hooks.finish.__self__.engine_rollouts
+    assert er.rollout.base is None
+    model = trainer.engine.module
+    er._write_base(model)
+    config = json.loads((er.dir / "base" / "config.json").read_text())
+    assert "quantization_config" not in config
+    plain = AutoModelForCausalLM.from_pretrained(er.dir / "base", dtype=torch.float32)
+    ids = torch.tensor([list(range(5, 37))])
+    with torch.no_grad(), model.disable_adapter():
+        want = model(input_ids=ids).logits
+    got = plain(input_ids=ids).logits
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+# QLoRA on a remote server: every quantized weight goes to the engine dequantized, with the adapter merged in, at
+# each sync (the server's own base is not the 4-bit-rounded one), and the check holds as for an unquantized policy.
+def test_qlora_syncs_merged_dequantized_weights_to_a_server(vllm_url, demo_base, tmp_path):
+    from loraflow.rl.vllm_server import Client
+
+    try:
+        proc = run("grpo", tmp_path / "run", f"rl.rollout.urls=[{vllm_url}]", "model.quantization.method=nf4",
+                   "rl.rollout.sync=merged", "train.max_steps=2", "data.eval=")
+    finally:
+        Client(vllm_url).reload_weights(demo_base)  # the base the other tests' runs start from
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = train_rows(tmp_path / "run")
+    assert [r["rollout/policy_version"] for r in rows] == [1, 2]
+    assert max(r["rollout/logprob_diff_max"] for r in rows) <= ADAPTER_FP32

@@ -39,7 +39,7 @@ class RolloutPlan:
     max_model_len: int = 512
     base: str | None = None
     """The directory a local engine loads as its base; None: the trainer's base, written under the run directory
-    (model.merge_adapters changed it)."""
+    (model.merge_adapters changed it, or it is quantized: written dequantized)."""
     tokenizer_dir: str = ""
     bound: float | None = None
     """The largest engine/trainer log-prob difference of a sampled token allowed after a sync."""
@@ -54,10 +54,13 @@ def rollout_fields(config: Config, spec: StageSpec) -> dict:
     vllm = spec.generates and (ro.engine == "vllm" or (ro.engine == "auto" and bool(ro.urls)))
     if not vllm:
         return {}
-    if config.model.quantization.enabled:
-        raise ConfigError(["rl.rollout.engine=vllm with model.quantization: loraflow does not yet hand a vLLM engine "
-                           "the dequantized base a QLoRA policy trains on (the merged weights would be the 4-bit "
-                           "codes); set rl.rollout.engine=hf, or model.quantization.method=none."])
+    if config.model.quantization.enabled and ro.urls and ro.sync != "merged":
+        # A remote server loaded its base itself: not the 4-bit-rounded weights the adapter trains against, and
+        # vLLM cannot load bitsandbytes' CPU layout. Merged sync sends every quantized weight dequantized.
+        raise ConfigError(["rl.rollout.urls with model.quantization: a remote vLLM server serves the base it loaded, "
+                           "not the dequantized 4-bit weights the adapter is trained against; drop rl.rollout.urls "
+                           "(loraflow starts a local engine on the dequantized base), or set rl.rollout.sync=merged "
+                           "(every quantized weight is sent dequantized, with the adapter merged in, at each sync)."])
     ranks = [config.adapter.rank] + [t.rank for t in (config.towers.vision, config.towers.projector)
                                      if getattr(t, "rank", None)]
     # With remote servers loraflow cannot change how they were started: their rank limit is vLLM's default, and
@@ -78,7 +81,7 @@ def decide_rollout(ctx: Context) -> tuple[RolloutPlan, list[Decision]]:
     bound = ro.max_logprob_diff or LOGPROB_BOUNDS[config.precision.mode]
     local = not ro.urls
     base = None
-    if local and not config.model.merge_adapters:
+    if local and not config.model.merge_adapters and not config.model.quantization.enabled:
         base = location_of(config.model.path, "model.path")
     tokenizer = location_of(config.model.tokenizer or config.model.path, "model.tokenizer")
     importance, importance_why = _importance(config)
@@ -86,6 +89,8 @@ def decide_rollout(ctx: Context) -> tuple[RolloutPlan, list[Decision]]:
                        config.data.max_length + config.rl.max_new_tokens, base, tokenizer, bound, importance,
                        ro.importance_cap)
     where = "a local vLLM server started for the run" if local else f"vLLM servers at {', '.join(ro.urls)}"
+    if local and config.model.quantization.enabled:
+        where += ", on the 4-bit base dequantized (the weights the adapter trains against, which vLLM serves as-is)"
     out = [Decision("rollout engine", f"vllm ({where})",
                     "rl.rollout.engine=vllm" if ro.engine == "vllm" else "rl.rollout.urls names servers")]
     if s.rollout_sync == "adapter":

@@ -133,10 +133,13 @@ class EngineRollouts:
             hf = hf_name(name)
             if hf is not None:
                 weights[hf] = p.detach().cpu().contiguous()
+        weights.update(dequantized_weights(model))  # 4-bit codes replaced by the weights they stand for
         with written(target) as tmp:
             save_file(weights, str(tmp / "model.safetensors"))
             inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-            inner.config.save_pretrained(tmp)
+            config = inner.config.to_dict()
+            config.pop("quantization_config", None)  # the written weights are plain floats
+            (tmp / "config.json").write_text(json.dumps(config, indent=1, default=str))
             copy_tokenizer(Path(self.rollout.tokenizer_dir), tmp)
 
     def name(self, version: int) -> str:
@@ -305,22 +308,35 @@ def merged_weights(model, full: bool) -> dict[str, torch.Tensor]:
     full and full fine-tuning: the weights as they are."""
     from peft.tuners.lora import LoraLayer
 
-    out: dict[str, torch.Tensor] = {}
+    from loraflow.setup.quantize import dequantized_weight, is_quantized_linear
+
+    out = dequantized_weights(model)  # a 4-bit base the engine cannot hold as it is: every quantized weight, always
     with torch.no_grad():
         for name, module in model.named_modules():
             if isinstance(module, LoraLayer) and "default" in module.lora_A and hasattr(module.base_layer, "weight"):
-                base = module.base_layer.weight.float()
+                quantized = is_quantized_linear(module.base_layer)
+                base = dequantized_weight(module.base_layer) if quantized else module.base_layer.weight
                 delta = module.get_delta_weight("default").float()
-                weight = base + delta
+                weight = base.float() + delta
                 if module.use_dora.get("default"):
                     norm = weight.norm(p=2, dim=1, keepdim=True)
                     magnitude = module.lora_magnitude_vector["default"].weight.float().view(-1, 1)
                     weight = weight * (magnitude / norm)
                 hf = hf_name(f"{name}.weight")
-                out[hf] = weight.to(module.base_layer.weight.dtype).cpu().contiguous()
+                out[hf] = weight.to(base.dtype).cpu().contiguous()
         for name, p in model.named_parameters():
             if (full or ".modules_to_save.default." in name) and p.requires_grad:
                 hf = hf_name(name)
                 if hf is not None:
                     out[hf] = p.detach().cpu().contiguous()
     return out
+
+
+def dequantized_weights(model) -> dict[str, torch.Tensor]:
+    """Every 4-bit (or 8-bit) base weight as the float weight it computes with, by the model's own names: what an
+    engine must hold for the trainer's policy (empty for an unquantized model)."""
+    from loraflow.setup.quantize import dequantized_weight, quantized_linears
+
+    with torch.no_grad():
+        return {hf_name(f"{name}.weight"): dequantized_weight(module).cpu().contiguous()
+                for name, module in quantized_linears(model).items()}
