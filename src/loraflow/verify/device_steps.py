@@ -211,7 +211,8 @@ def vision(ctx: dict[str, Any]) -> dict[str, Any]:
 
 def rollout(ctx: dict[str, Any]) -> dict[str, Any]:
     """GRPO with its rollouts on a local vLLM engine (rl.rollout.engine=vllm), where vLLM is installed: every step's
-    engine/trainer log-prob difference within the plan's bound, and the adapter's bytes per sync. Where vLLM is not
+    engine/trainer log-prob difference within the plan's bound, and the bytes per sync (the adapter's on a GPU; a CPU
+    engine gets merged weights, rl.rollout.sync=auto weighing its slow LoRA path). Where vLLM is not
     installed the step says so and does not count as a failure."""
     from loraflow.rl.vllm_server import EngineError, find_vllm_python
 
@@ -230,12 +231,14 @@ def rollout(ctx: dict[str, Any]) -> dict[str, Any]:
     # The run itself stops on a difference beyond the plan's bound (rule vllm-stale-policy): exit 0 means every
     # sync was within it.
     worst = max(r["rollout/logprob_diff_max"] for r in rows)
-    figures = {"vllm_python": python, "steps": steps, "logprob_diff_max": worst,
+    sync = next((line.split()[2].rstrip(":") for line in output.splitlines()
+                 if line.strip().startswith("rollout sync ")), "?")
+    figures = {"vllm_python": python, "steps": steps, "logprob_diff_max": worst, "sync": sync,
                "sync_bytes": rows[-1]["rollout/sync_bytes"], "tokens_per_s": rows[-1]["tokens_per_s"]}
     ok = all(r["rollout/policy_version"] == r["step"] for r in rows)
     return {"status": "pass" if ok else "fail", "figures": figures,
             "headline": f"{steps} GRPO steps on vLLM: engine/trainer log-probs within {worst:.1e}, "
-                        f"{rows[-1]['rollout/sync_bytes']:,.0f} bytes per adapter sync"}
+                        f"{rows[-1]['rollout/sync_bytes']:,.0f} bytes per {sync} sync"}
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
