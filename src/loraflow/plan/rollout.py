@@ -60,7 +60,9 @@ BREAK_EVEN_TOKENS = round((CPU_ENGINE_COST["merged_sync_s"] - CPU_ENGINE_COST["a
 
 def sharded_weights(engine: str, zero_stage: int) -> bool:
     """Whether the trainer's weights are sharded over ranks (a merged sync must gather them all)."""
-    return engine == "fsdp2" or zero_stage == 3
+    from loraflow.enginespec import engine_spec
+
+    return engine_spec(engine).shards_params(zero_stage)
 
 
 def auto_sync(config: Config, cpu: bool, sharded: bool) -> tuple[str, str]:
@@ -141,7 +143,7 @@ def decide_rollout(ctx: Context) -> tuple[RolloutPlan, list[Decision]]:
     elif ro.sync != "auto":
         why = f"rl.rollout.sync={ro.sync}"
     else:
-        why = auto_sync(config, s.cpu, sharded_weights(s.engine, s.zero_stage))[1]
+        why = auto_sync(config, s.cpu, s.sharded_params)[1]
     out.append(Decision("rollout sync", value, why, ctx.rule("rollout_sync")))
     if local and s.rollout_sync == "adapter":
         out.append(Decision("engine max LoRA rank", s.engine_max_lora_rank,
