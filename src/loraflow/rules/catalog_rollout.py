@@ -172,7 +172,11 @@ register(Rule(
                           "vllm model load_weights: params_dict lookup of a PEFT-wrapped '.base_layer' name"),
                   Message(r"RayTaskError\(KeyError\): ray::LLMRayActor\.update_weight", "shared",
                           "OpenRLHF vllm_worker_wrap.py update_weight -> vLLM load_weights: a broadcast name the "
-                          "engine's model has no parameter for")),
+                          "engine's model has no parameter for"),
+                  # PEFT keeps adapters in float32 beside a bf16 base; OpenRLHF asserts the engine's dtype on each
+                  # broadcast tensor, so the first lora_A it sends stops the sync (issue #1349).
+                  Message(r"mismatch dtype: src torch\.float32, dst torch\.(bfloat16|float16)", "shared",
+                          "OpenRLHF vllm_worker_wrap.py update_weight: assert dtype == self.model_config.dtype")),
         frames=(Message(r"ppo_actor\.py:_?broadcast_to_vllm$", "shared"),),
         evidence=(Evidence("peft", 2, "adapters are trained"),
                   Evidence("generation", 2, "rollouts are sampled by an engine")),
@@ -211,8 +215,8 @@ register(Rule(
     fixed_in=None,
     log=LogSigns(
         messages=(Message(r"Free memory on device \S*\s*\([\d.]+/[\d.]+ GiB\) on startup is less than desired GPU "
-                          r"memory utilization", "shared", "vllm/v1/worker/gpu_worker.py: init_device (V1 engine)"),
-                  Message(r"No available memory for the cache blocks", "shared",
+                          r"memory utilization", "generic", "vllm/v1/worker/gpu_worker.py: init_device (V1 engine)"),
+                  Message(r"No available memory for the cache blocks", "generic",
                           "vllm/worker/worker.py: raise_if_cache_size_invalid (V0 engine)")),
         evidence=(Evidence("vllm_colocated", 4, "the engine shares the trainer's GPUs", decisive=True),),
         prior=1.0,
