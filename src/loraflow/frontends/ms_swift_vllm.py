@@ -7,13 +7,19 @@ from __future__ import annotations
 from loraflow.frontends.common import Draft, at_least, int_value
 from loraflow.frontends.table import Default, Field, apply_table, fact, fraction, rank
 
-# GRPO's vLLM engine (swift/rlhf_trainers/args_mixin.py, rollout_mixin.py). Adapter sync came with v3.10 (PR #5773):
-# LoRA + --vllm_enable_lora loads the adapter into the engine, whose max_lora_rank is then --lora_rank itself
-# (colocate) or the `swift rollout` server's --vllm_max_lora_rank (16 unless given). Every other setup merges the
-# adapter and loads the merged weights (_move_full_model_to_vllm).
+# SWIFT = https://github.com/modelscope/ms-swift/blob/3602360a562313afbf2ef6065fdf61f271a2c5b9 (4.x, 2026-08-22)
+# GRPO's vLLM engine (SWIFT/swift/rlhf_trainers/args_mixin.py#L37 share 0.9, #L174 vllm_enable_lora, #L188
+# sleep_level). Adapter sync came with v3.10 (https://github.com/modelscope/ms-swift/pull/5773): LoRA +
+# --vllm_enable_lora loads the adapter into the engine (SWIFT/swift/rlhf_trainers/rollout_mixin.py#L643-L729), whose
+# max_lora_rank is then --lora_rank itself in colocate mode (rollout_mixin.py#L478) or the `swift rollout` server's
+# --vllm_max_lora_rank (16 unless given, swift/arguments/deploy_args.py). Every other setup merges the adapter and
+# loads the merged weights (_move_full_model_to_vllm). Processed log-probs are asked for from v3.11 with vLLM >= 0.10.2
+# (rollout_mixin.py#L499), when the off-policy correction (https://github.com/modelscope/ms-swift/pull/6678) uses them.
 ADAPTER_SYNC_SINCE = "3.10.0"
 # --sleep_level 2 discards the engine's weights; on the adapter path only the adapter was re-sent after waking, so
-# the base was garbage until v3.12 (PR #7017, "sleep_level 2 causes gibberish outputs").
+# the base was garbage until v3.12 (https://github.com/modelscope/ms-swift/pull/7017). With --offload_model the model
+# leaves the GPU while the engine starts and runs (https://github.com/modelscope/ms-swift/pull/4770), so with a
+# sleeping engine the two take turns.
 SLEEP2_BASE_SYNC_SINCE = "3.12.0"
 VLLM_FLAGS = {"engine_gpu_memory_utilization": "--vllm_gpu_memory_utilization",
               "rollout_colocated": "--sleep_level 1 with --offload_model true (or --vllm_mode server)",
@@ -47,7 +53,8 @@ def _vllm_table(get, on, mode: str) -> tuple[Field, ...]:
 
     return (
         fact("rollout_engine", "vllm", "--use_vllm true (rollouts from vLLM)"),
-        Field("adapter_rank", ("lora_rank",), rank, Default(8, f"default (ms-swift swift/arguments/tuner_args.py: lora_rank 8)"), when=lora),
+        Field("adapter_rank", ("lora_rank",), rank,
+              Default(8, "default (ms-swift swift/arguments/tuner_args.py: lora_rank 8)"), when=lora),
         Field("rollout_sync", default=sync),
         Field("engine_max_lora_rank", ("lora_rank",), rank, Default(8, "default (ms-swift lora_rank 8)"),
               when=lambda d: adapter_sync(d) and mode == "colocate", suffix=" (the engine's max_lora_rank too, "

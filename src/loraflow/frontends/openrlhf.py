@@ -54,7 +54,9 @@ _FLAGS = {
     "precision": ("param_dtype", "ds.param_dtype", "ds.param_dtype"),
 }
 # train_ppo_ray's vLLM engines, flat (v0.5.8 - v0.10.1) and dotted (v0.10.2+) spellings of each flag
-# (openrlhf/cli/train_ppo_ray.py).
+# (https://github.com/OpenRLHF/OpenRLHF/blob/v0.9.10/openrlhf/cli/train_ppo_ray.py#L221-L254; dotted:
+# ORL/openrlhf/cli/train_ppo_ray.py#L224-L257).
+# ORL = https://github.com/OpenRLHF/OpenRLHF/blob/3c3be6234e0cb353e76bb8019947db9dfe99fca7 (main after v0.11.0)
 _VLLM = {"engines": ("vllm_num_engines", "vllm.num_engines"),
          "share": ("vllm_gpu_memory_utilization", "vllm.gpu_memory_utilization"),
          "colocate": ("colocate_all_models", "train.colocate_all"), "async": ("async_train", "train.async_enable"),
@@ -194,8 +196,10 @@ def _vllm_table(on) -> tuple[Field, ...]:
              "(openrlhf/cli/train_ppo_ray.py create_vllm_engines)"),
         Field("adapter_rank", ("lora_rank", "ds.lora.rank"), rank, when=_adapter_is("lora")),
         # broadcast_to_vllm sends every model.named_parameters() by name, and for a LoRA actor those are PEFT's
-        # (base_model.model...base_layer, lora_A/B): no release merges first (ppo_actor.py, v0.2.0 - v0.11.0;
-        # issues #546, #991, #1081, #1349; PR #869 to merge was never merged).
+        # (base_model.model...base_layer, lora_A/B): no release merges first (v0.2.0 - v0.11.0, e.g.
+        # ORL/openrlhf/trainer/ray/ppo_actor.py#L408-L488;
+        # https://github.com/OpenRLHF/OpenRLHF/issues/1081 "not supported", #546, #991, #1349; the merging PR #869
+        # was never merged).
         fact("rollout_sync", "unmerged", "OpenRLHF broadcasts the PEFT model's own parameters to vLLM "
              "(openrlhf/trainer/ray/ppo_actor.py broadcast_to_vllm)", when=_adapter_is("lora")),
         fact("rollout_sync", "merged", "OpenRLHF broadcasts every weight under its own name "
@@ -212,7 +216,8 @@ def _vllm_table(on) -> tuple[Field, ...]:
             since=(("openrlhf", "0.7.0", 0.95, "default (OpenRLHF >= 0.7 train_ppo_ray.py: "
                     "vllm_gpu_memory_utilization 0.95)"),))),
         # The engines are asked for processed log-probs exactly when the trainer uses them (train_ppo_ray.py passes
-        # logprobs_mode="processed_logprobs" if the IS correction is on; v0.8.9+).
+        # logprobs_mode="processed_logprobs" if the IS correction is on, v0.8.9+:
+        # https://github.com/OpenRLHF/OpenRLHF/blob/v0.9.10/openrlhf/cli/train_ppo_ray.py#L78).
         fact("rollout_logprobs_used", on("is_correction"), "--enable_vllm_is_correction" + (
             "" if on("is_correction") else " not given: the actor recomputes every log-prob")),
         fact("rollout_logprobs_processed", on("is_correction"), "train_ppo_ray.py starts the engines with "

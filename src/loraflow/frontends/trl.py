@@ -93,23 +93,30 @@ def paged_eval(draft: Draft, trainer: str, paged: bool) -> bool:
 
 
 # --- Rollouts on vLLM (--use_vllm) -----------------------------------------------------------------------------
+# TRL = https://github.com/huggingface/trl/blob/f2cd57710ae345ea6428ae95363267fcf38a3dc8 (main after v1.9.0)
 # The trainers that sample with vLLM when --use_vllm is on (GRPOConfig, RLOOConfig, OnlineDPOConfig).
 VLLM_TRAINERS = ("grpo", "rloo", "online_dpo")
-# TRL 0.14 loaded the PEFT model's own state_dict into vLLM (trl#2698); 0.15 merges the adapter and strips PEFT's
-# prefixes first (PR #2725: grpo_trainer.py _move_model_to_vllm; trl/generation/vllm_generation.py
-# _iter_named_params in 1.x), so the engine always gets merged weights under the base model's names.
+# TRL 0.14 loaded the PEFT model's own state_dict into vLLM (https://github.com/huggingface/trl/issues/2698); 0.15
+# merges the adapter and strips PEFT's prefixes first (https://github.com/huggingface/trl/pull/2725; now
+# TRL/trl/generation/vllm_generation.py#L456-L473 _iter_named_params), so the engine gets merged weights under the base
+# model's names.
 MERGED_SYNC_SINCE = "0.15.0"
-# --vllm_mode came with 0.18 (PR #3394), server by default until 1.0 made colocate the default (grpo_config.py);
-# before 0.16 vLLM ran in the training process on --vllm_device (auto: the first GPU no rank trains on).
+# --vllm_mode came with 0.18 (https://github.com/huggingface/trl/pull/3394), server by default until 1.0 made colocate
+# the default (TRL/trl/trainer/grpo_config.py#L584, TRL/MIGRATION.md); 0.14 - 0.15 ran vLLM in the training process on
+# --vllm_device (auto: the first GPU no rank trains on; v0.14.0 grpo_trainer.py). The colocated share defaults to
+# 0.3 from 0.18 (TRL/trl/trainer/grpo_config.py#L646), 0.9 before (https://github.com/huggingface/trl/issues/2688).
 COLOCATE_DEFAULT_SINCE, COLOCATE_SHARE_SINCE = "1.0.0", "0.18.0"
-# GRPO's importance-sampling correction against vLLM's log-probs, on by default (PR #3867, grpo_config.py).
+# GRPO's importance-sampling correction against vLLM's log-probs, on by default (TRL/trl/trainer/grpo_config.py#L915,
+# https://github.com/huggingface/trl/pull/3867).
 IS_CORRECTION_SINCE = "0.23.0"
-# vLLM asked for processed (temperature-scaled) log-probs: the colocated engine from PR #4163, `trl vllm-serve` from
-# PR #4873 (vllm_generation.py / scripts/vllm_serve.py logprobs_mode="processed_logprobs").
+# vLLM asked for processed (temperature-scaled) log-probs: the colocated engine from
+# https://github.com/huggingface/trl/pull/4163 (TRL/trl/generation/vllm_generation.py#L365), `trl vllm-serve` from
+# https://github.com/huggingface/trl/pull/4873 (TRL/trl/scripts/vllm_serve.py#L361).
 PROCESSED_COLOCATE_SINCE, PROCESSED_SERVER_SINCE = "0.24.0", "0.28.0"
-# From 0.26 (PR #4571) waking a sleeping colocated engine reloaded the initial checkpoint from disk over the weights
-# just synced (trl#5312, reproduced on 1.9.0). The fix (PR #5313) merged after v1.9.0; 1.16.0 is the first release
-# whose source was read with it (generation/vllm_generation.py re-syncs after sleep), so 1.10 - 1.15 count as affected.
+# From 0.26 (https://github.com/huggingface/trl/pull/4571) waking a sleeping colocated engine reloaded the initial
+# checkpoint from disk over the weights just synced (https://github.com/huggingface/trl/issues/5312, reproduced on
+# 1.9.0). The fix (https://github.com/huggingface/trl/pull/5313) merged after v1.9.0; 1.16.0 is the first release whose
+# source was read with it (generation/vllm_generation.py re-syncs after sleep), so 1.10 - 1.15 count as affected.
 SLEEP_STALE = ("0.26.0", "1.16.0")
 
 
