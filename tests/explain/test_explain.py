@@ -278,3 +278,16 @@ def test_peft_warning_about_tied_embeddings_names_the_silent_rule():
             "the adapter. This can lead to complications.\n{'loss': 1.2}\n{'loss': 1.1}\nSaving model checkpoint\n")
     candidates, _, _ = explain_text(text)
     assert [(c.rule.id, c.confidence) for c in candidates] == [("tied-embedding-adapter", "likely")]
+
+
+def test_vllm_startup_memory_is_blamed_on_a_colocated_engine_only_with_colocation_in_the_log():
+    """The V1 engine's startup check prints the same line for any process holding the GPU (CI, a stale server): it
+    names vllm-colocate-memory only beside a sign that the engine shares the trainer's GPUs."""
+    line = ("(EngineCore_DP0 pid=6940) ValueError: Free memory on device cuda:1 (19.77/22.05 GiB) on startup is less "
+            "than desired GPU memory utilization (0.9, 19.84 GiB). Decrease GPU memory utilization or reduce GPU memory "
+            "used by other processes.")
+    assert diagnose_log(line)[1] == []
+    colocated = "INFO [core.py:69] Initializing a V1 LLM engine with config: distributed_executor_backend=" \
+                "external_launcher, seed=0\n" + line
+    top = diagnose_log(colocated)[1][0]
+    assert (top.rule.id, top.confidence) == ("vllm-colocate-memory", "confirmed")

@@ -157,6 +157,12 @@ CASES = {
     "vllm-stale-policy": (
         VLLM.replace(rollout_verified=False),
         VLLM.replace(rollout_engine="hf", rollout_sync=None)),
+    "vllm-sync-peft-names": (
+        VLLM.replace(rollout_sync="unmerged"),
+        VLLM.replace(rollout_sync="unmerged", adapter="full")),
+    "vllm-colocate-memory": (
+        VLLM.replace(rollout_colocated=True, engine_gpu_memory_utilization=0.9),
+        VLLM.replace(rollout_colocated=True, engine_gpu_memory_utilization=0.5)),
 }
 
 
@@ -288,3 +294,29 @@ def test_every_guard_symptom_names_rules_and_unknown_ones_are_refused():
     with pytest.raises(ValueError, match="not in registry.SYMPTOMS"):
         Rule(id="x", title="x", verdict="error", impact="crash", when=lambda s: True, conditions="c", cause="c",
              fix="f", symptoms=("no-such-symptom",))
+
+
+def test_vllm_rank_outside_the_engines_list_is_refused_and_rounded_up():
+    """ms-swift passes --lora_rank as the engine's max_lora_rank; vLLM takes only the ranks of its own list."""
+    rule = get_rule("vllm-max-lora-rank")
+    odd = VLLM.replace(adapter_rank=12, engine_max_lora_rank=12)
+    assert rule.applies(odd) and rule.remedy(odd) == {"engine_max_lora_rank": 16}
+    assert not rule.applies(odd.replace(adapter_rank=8, engine_max_lora_rank=8))
+
+
+def test_raw_logprobs_matter_only_where_the_trainer_uses_the_engines():
+    rule = get_rule("vllm-raw-logprobs")
+    assert rule.applies(VLLM) and not rule.applies(VLLM.replace(rollout_logprobs_used=False))
+
+
+def test_a_sync_path_known_to_keep_the_engine_current_needs_no_check():
+    rule = get_rule("vllm-stale-policy")
+    assert not rule.applies(VLLM.replace(rollout_sync_proven=True))
+    # A sync under PEFT's names crashes first: that is vllm-sync-peft-names, not a stale engine.
+    assert not rule.applies(VLLM.replace(rollout_sync="unmerged"))
+
+
+def test_peft_names_are_fixed_by_a_merged_sync_and_then_checked():
+    final, findings = evaluate(VLLM.replace(rollout_sync="unmerged"))
+    assert final.rollout_sync == "merged" and final.rollout_verified
+    assert {"vllm-sync-peft-names", "vllm-stale-policy"} <= {f.rule.id for f in findings}

@@ -67,7 +67,7 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "generation_gather": "--ds3_gather_for_generation", "world_size": "the launcher's process count",
          "zero_stage": "zero_optimization.stage in the --deepspeed JSON",
          "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON",
-         "targets_all_towers": "--lora_target_modules"}
+         "targets_all_towers": "--lora_target_modules", **trl_rel.VLLM_FLAGS}
 
 
 def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list) -> dict[str, Any]:
@@ -132,6 +132,8 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     gc, gc_name, kw_name = checkpointing(draft, run)
     apply_table(draft, {n: (o.value, o.source) for n, o in opts.items()}, _cache_and_ddp(run, gc))
     _rollouts_and_mode(draft, run)
+    if trl:
+        trl_rel.vllm_rollouts(draft, {n: (o.value, o.source) for n, o in opts.items()}, trainer)
     _save_gather(draft, run)
     dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)
     # The base is half precision when loaded so, or when ZeRO-3's zero.Init partitions it in the DeepSpeed dtype.
@@ -293,7 +295,7 @@ def _flags(draft: Draft, run: Run, cli: bool, gc_name: str, kw_name: str) -> Non
                matched_modules="--lora_target_modules",
                quant_storage_matches="--bnb_4bit_quant_storage", packing="--packing",
                generation_gather="--ds3_gather_for_generation", world_size="the launcher's process count",
-               targets_all_towers="--lora_target_modules",
+               targets_all_towers="--lora_target_modules", **trl_rel.VLLM_FLAGS,
                zero_stage="zero_optimization.stage in the --deepspeed JSON" if ds else
                "--zero_stage / zero_stage in the accelerate config",
                adapter_save_gather="stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON" if ds

@@ -14,6 +14,7 @@ from typing import Any
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import deepspeed, keys, vision
+from loraflow.frontends import ms_swift_vllm as rollouts
 from loraflow.frontends.argv import (
     Command,
     command_from_script,
@@ -36,7 +37,16 @@ from loraflow.frontends.common import (
     trainer_dtypes,
     world_from_env,
 )
-from loraflow.frontends.table import Default, Field, apply_table, at_stage, empty_targets, fact, stages, switch
+from loraflow.frontends.table import (
+    Default,
+    Field,
+    apply_table,
+    at_stage,
+    empty_targets,
+    fact,
+    stages,
+    switch,
+)
 
 NAME = "ms-swift"
 ARGS = "swift/trainers/arguments.py"
@@ -54,12 +64,13 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "generation_gather": "--ds3_gather_for_generation", "embeddings_trainable": "--modules_to_save",
          "lm_head_trainable": "--modules_to_save", "world_size": "NPROC_PER_NODE",
          "targets_all_towers": "--target_modules", "towers_trainable": "--freeze_vit / --freeze_aligner",
-         "image_safe_truncation": "--max_length / MAX_PIXELS"}
+         "image_safe_truncation": "--max_length / MAX_PIXELS", **rollouts.VLLM_FLAGS}
 _HANDLED = {"train_type", "tuner_type", "sft_type", "use_dora", "target_modules", "modules_to_save",
             "gradient_checkpointing", "gradient_checkpointing_kwargs", "deepspeed", "fsdp", "fsdp_config",
             "torch_dtype", "bf16", "fp16", "quant_bits", "quant_method", "bnb_4bit_quant_storage", "packing",
             "padding_free", "ddp_find_unused_parameters", "ddp_static_graph", "use_vllm", "ds3_gather_for_generation",
-            "rlhf_type", "model", "model_id_or_path"}
+            "rlhf_type", "model", "model_id_or_path", "vllm_mode", "vllm_enable_lora", "vllm_gpu_memory_utilization",
+            "sleep_level", "offload_model", "lora_rank"}
 
 
 def _first(value: Any) -> Any:
@@ -249,6 +260,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     _checkpointing(draft, opts)
     apply_table(draft, {k: (_first(v), where) for k, (v, where) in opts.items()}, _TRAINER)
     _train_mode_and_save(draft, opts, info)
+    rollouts.apply(draft, *_accessors(opts), {k: (_first(v), where) for k, (v, where) in opts.items()})
     _image_text(draft, *_accessors(opts), opts)
     for name, (value, source) in opts.items():
         if name not in _HANDLED and name not in keys.MS_SWIFT and name not in keys.HF_TRAINER:
@@ -305,7 +317,8 @@ def _image_text(draft: Draft, get, src, on, opts: dict) -> None:
 
 # What a flag's spelling says about the release (ms-swift's git history).
 _ERAS = (("sft_type", "<3.0.0"), ("model_id_or_path", "<3.0.0"), ("model_type", "<3.0.0"),
-         ("train_type", ">=3.0.0,<4.1.0"), ("tuner_type", ">=4.0.0"), ("ds3_gather_for_generation", ">=3.1.1"))
+         ("train_type", ">=3.0.0,<4.1.0"), ("tuner_type", ">=4.0.0"), ("ds3_gather_for_generation", ">=3.1.1"),
+         ("vllm_mode", ">=3.5.0"), ("rollout_importance_sampling_mode", ">=3.11.0"))
 DEPENDS = (("ms-swift", "<2.0.0", {"transformers": "<4.41"}), ("ms-swift", ">=2.0.0,<3.0.0", {"transformers": "<4.48"}),
            ("ms-swift", ">=3.0.0,<4.0.0", {"transformers": "<4.58"}))
 

@@ -27,6 +27,8 @@ from loraflow.frontends.table import (
     checkpointing_on,
     empty_list,
     fact,
+    fraction,
+    rank,
     stages,
     switch,
     zero_stage,
@@ -51,10 +53,30 @@ _FLAGS = {
     "packing": ("packing_samples", "ds.packing_samples", "ds.packing_samples"),
     "precision": ("param_dtype", "ds.param_dtype", "ds.param_dtype"),
 }
+# train_ppo_ray's vLLM engines, flat (v0.5.8 - v0.10.1) and dotted (v0.10.2+) spellings of each flag
+# (https://github.com/OpenRLHF/OpenRLHF/blob/v0.9.10/openrlhf/cli/train_ppo_ray.py#L221-L254; dotted:
+# ORL/openrlhf/cli/train_ppo_ray.py#L224-L257).
+# ORL = https://github.com/OpenRLHF/OpenRLHF/blob/3c3be6234e0cb353e76bb8019947db9dfe99fca7 (main after v0.11.0)
+_VLLM = {"engines": ("vllm_num_engines", "vllm.num_engines"),
+         "share": ("vllm_gpu_memory_utilization", "vllm.gpu_memory_utilization"),
+         "colocate": ("colocate_all_models", "train.colocate_all"), "async": ("async_train", "train.async_enable"),
+         "engine_sleep": ("vllm_enable_sleep", "vllm.enable_sleep"),
+         "trainer_sleep": ("deepspeed_enable_sleep", "ds.enable_sleep"),
+         "is_correction": ("enable_vllm_is_correction", "algo.advantage.is_correction_enable")}
+VLLM_FLAGS = {"engine_gpu_memory_utilization": "--vllm_gpu_memory_utilization",
+              "rollout_colocated": "--vllm_enable_sleep with --deepspeed_enable_sleep (or drop --colocate_all_models)",
+              "rollout_sync": "--lora_rank 0 or --vllm_num_engines 0 (OpenRLHF broadcasts PEFT's parameters as they "
+                              "are)",
+              "adapter_rank": "--lora_rank", "rollout_logprobs_used": "--enable_vllm_is_correction"}
+
+
 FLAGS = {**{field: "--" + names[0] for field, names in _FLAGS.items()},
-         "world_size": "the launcher's --num_gpus / --nproc_per_node"}
+         "world_size": "the launcher's --num_gpus / --nproc_per_node", **VLLM_FLAGS}
 """Flat spellings (OpenRLHF <= v0.10.1); a command in the dotted style gets its fixes in dotted flags."""
-_SWITCHES = {"gradient_checkpointing", "gradient_checkpointing_use_reentrant", "adam_offload", "load_in_4bit",
+_SWITCHES = {"colocate_all_models", "train.colocate_all", "vllm_enable_sleep", "vllm.enable_sleep",
+             "deepspeed_enable_sleep", "ds.enable_sleep", "enable_vllm_is_correction",
+             "algo.advantage.is_correction_enable", "async_train", "train.async_enable",
+             "gradient_checkpointing", "gradient_checkpointing_use_reentrant", "adam_offload", "load_in_4bit",
              "packing_samples", "bf16", "flash_attn", "model.gradient_checkpointing_enable",
              "model.gradient_checkpointing_reentrant", "actor.gradient_checkpointing_enable",
              "actor.gradient_checkpointing_reentrant", "ds.adam_offload", "ds.load_in_4bit", "ds.packing_samples"}
@@ -80,7 +102,11 @@ _ERAS = (("--gradient_checkpointing_use_reentrant", "gradient_checkpointing_use_
          ("--param_dtype", "param_dtype", ">=0.9.2,<0.10.2"),
          ("--bf16", "bf16", "<0.9.2"),
          ("--flash_attn", "flash_attn", "<0.8.10"),
-         ("--attn_implementation", "attn_implementation", ">=0.8.10,<0.10.2"))
+         ("--attn_implementation", "attn_implementation", ">=0.8.10,<0.10.2"),
+         ("--colocate_all_models", "colocate_all_models", ">=0.5.8,<0.10.2"),
+         ("--vllm_gpu_memory_utilization", "vllm_gpu_memory_utilization", ">=0.5.8,<0.10.2"),
+         ("--deepspeed_enable_sleep", "deepspeed_enable_sleep", ">=0.6.0.post1,<0.10.2"),
+         ("--enable_vllm_is_correction", "enable_vllm_is_correction", ">=0.8.9,<0.10.2"))
 # Defaults that changed across releases (first tag holding each change).
 HOOK_SINCE = "0.1.5"        # enable_input_require_grads() before get_peft_model (PR #189)
 NONREENTRANT_SINCE = "0.1.10"  # {"use_reentrant": args.gradient_checkpointing_use_reentrant}, a store_true (PR #206)
@@ -162,6 +188,45 @@ _TRAINERS = (
 )
 
 
+def _vllm_table(on) -> tuple[Field, ...]:
+    """What train_ppo_ray's vLLM flags set; `on(key)` says whether a switch of _VLLM is given."""
+    colocated = on("colocate") and not on("async") and not (on("engine_sleep") and on("trainer_sleep"))
+    return (
+        fact("rollout_engine", "vllm", "--vllm_num_engines > 0: rollouts come from vLLM engines "
+             "(openrlhf/cli/train_ppo_ray.py create_vllm_engines)"),
+        Field("adapter_rank", ("lora_rank", "ds.lora.rank"), rank, when=_adapter_is("lora")),
+        # broadcast_to_vllm sends every model.named_parameters() by name, and for a LoRA actor those are PEFT's
+        # (base_model.model...base_layer, lora_A/B): no release merges first (v0.2.0 - v0.11.0, e.g.
+        # ORL/openrlhf/trainer/ray/ppo_actor.py#L408-L488;
+        # https://github.com/OpenRLHF/OpenRLHF/issues/1081 "not supported", #546, #991, #1349; the merging PR #869
+        # was never merged).
+        fact("rollout_sync", "unmerged", "OpenRLHF broadcasts the PEFT model's own parameters to vLLM "
+             "(openrlhf/trainer/ray/ppo_actor.py broadcast_to_vllm)", when=_adapter_is("lora")),
+        fact("rollout_sync", "merged", "OpenRLHF broadcasts every weight under its own name "
+             "(openrlhf/trainer/ray/ppo_actor.py broadcast_to_vllm)", when=_adapter_is("full")),
+        fact("rollout_sync_proven", True, "every weight is broadcast and loaded with load_weights after each update "
+             "(openrlhf/trainer/ray/vllm_worker_wrap.py update_weight)", when=_adapter_is("full")),
+        # The engines share the actor's GPUs with --colocate_all_models (not with --async_train); only sleep on both
+        # sides frees one's memory while the other runs (--vllm_enable_sleep, --deepspeed_enable_sleep).
+        fact("rollout_colocated", colocated, "--colocate_all_models" + (
+            " with --vllm_enable_sleep and --deepspeed_enable_sleep (time-shared)" if on("colocate") and not colocated
+            else "" if on("colocate") else " not given: the engines have GPUs of their own")),
+        Field("engine_gpu_memory_utilization", _VLLM["share"], fraction, Default(
+            0.9, "default (OpenRLHF < 0.7 train_ppo_ray.py: vllm_gpu_memory_utilization 0.9)",
+            since=(("openrlhf", "0.7.0", 0.95, "default (OpenRLHF >= 0.7 train_ppo_ray.py: "
+                    "vllm_gpu_memory_utilization 0.95)"),))),
+        # The engines are asked for processed log-probs exactly when the trainer uses them (train_ppo_ray.py passes
+        # logprobs_mode="processed_logprobs" if the IS correction is on, v0.8.9+:
+        # https://github.com/OpenRLHF/OpenRLHF/blob/v0.9.10/openrlhf/cli/train_ppo_ray.py#L78).
+        fact("rollout_logprobs_used", on("is_correction"), "--enable_vllm_is_correction" + (
+            "" if on("is_correction") else " not given: the actor recomputes every log-prob")),
+        fact("rollout_logprobs_processed", on("is_correction"), "train_ppo_ray.py starts the engines with "
+             "logprobs_mode=" + ("processed_logprobs for the IS correction" if on("is_correction") else
+                                 "None (vLLM's raw_logprobs) without the IS correction")),
+        fact("rollout_verified", False, "OpenRLHF does not compare the engines' log-probs with the actor's"),
+    )
+
+
 def _lora_rank(value, where: str) -> str:
     return "lora" if int_value(value, where, "a LoRA rank") > 0 else "full"
 
@@ -225,6 +290,11 @@ def _save_and_generation(draft: Draft, cmd: Command, name: str, given: dict) -> 
     elif name == "train_ppo_ray":
         draft.set("generation", False, "rollouts come from vLLM engines, not from the DeepSpeed actor "
                   "(openrlhf/trainer/ppo_utils/samples_generator.py)")
+        engines = next((given[n] for n in _VLLM["engines"] if n in given), None)
+        if engines is not None and int_value(engines.value, engines.raw, "a number of vLLM engines") > 0:
+            def on(key: str) -> bool:
+                return any(n in given and as_bool(given[n].value, given[n].raw) for n in _VLLM[key])
+            apply_table(draft, {n: (a.value, a.raw) for n, a in given.items()}, _vllm_table(on))
         nodes = given.get("actor_num_nodes") or given.get("actor.num_nodes")
         gpus = given.get("actor_num_gpus_per_node") or given.get("actor.num_gpus_per_node")
         n = int_value(nodes.value, nodes.raw, "a number of nodes") if nodes else 1
@@ -254,6 +324,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     for a in args:
         if a.name not in known and a.name not in keys.OPENRLHF:
             draft.unknown.append(a.raw)
+    draft.flag(**VLLM_FLAGS)
     draft.flag(**spelled, world_size="--actor_num_gpus_per_node" if name == "train_ppo_ray" else
                "the launcher's --num_gpus / --nproc_per_node")
     if "bf16" in given:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Union
 
+from loraflow.errors import LoraflowError
 from loraflow.frontends.common import Draft, as_bool, as_list, at_least, int_value
 
 # Other frameworks' stage and trainer names that are not loraflow's: the loraflow stage each is read as.
@@ -122,3 +123,21 @@ def at_stage(*names: str) -> Callable[[Draft], bool]:
 
 def checkpointing_on(draft: Draft) -> bool:
     return draft.get("checkpointing") != "off"
+
+
+def fraction(value: Any, where: str) -> float:
+    """A share of a GPU's memory (`--vllm_gpu_memory_utilization 0.6`), between 0 and 1."""
+    item = value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
+    try:
+        share = float(item)
+    except (TypeError, ValueError):
+        share = -1.0
+    if not 0 < share <= 1:
+        raise LoraflowError(f"{where}: `{item}` is not a share of GPU memory; write a number above 0 and at most 1, "
+                            "such as 0.5.")
+    return share
+
+
+def rank(value: Any, where: str) -> int:
+    """A LoRA rank (`--lora_r 64`)."""
+    return int_value(value, where, "a LoRA rank")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from loraflow.frontends.common import Draft, at_least
-from loraflow.frontends.table import stages
+from loraflow.frontends.common import Draft, as_bool, at_least
+from loraflow.frontends.table import Default, Field, apply_table, fact, fraction, rank, stages
 
 # `trl SUBCOMMAND` -> loraflow stage (reward, kto, rloo through table.STAGE_ALIASES).
 TRL_COMMANDS = stages("sft", "dpo", "grpo", "reward", "kto", "rloo")
@@ -38,7 +38,9 @@ _FOR_TRANSFORMERS = (("4.51.0", "0.18.2"), ("4.55.0", "0.20.0"), ("4.56.1", "0.2
 _ERAS = (("use_dora", ">=0.16.0"), ("dtype", ">=0.23.0"), ("torch_dtype", "<0.27.0"),
          ("gradient_checkpointing_use_reentrant", ">=0.8.0,<0.27.0"), ("use_transformers_paged", ">=0.20.0,<1.7.0"),
          ("lora_target_parameters", ">=0.21.0"), ("bnb_4bit_quant_storage", ">=0.26.0"),
-         ("ds3_gather_for_generation", ">=0.14.0"))
+         ("ds3_gather_for_generation", ">=0.14.0"), ("use_vllm", ">=0.14.0"), ("vllm_device", "<0.18.0"),
+         ("vllm_mode", ">=0.18.0"), ("vllm_importance_sampling_correction", ">=0.23.0"),
+         ("vllm_enable_sleep_mode", ">=0.23.0"))
 _CLI_ERAS = {"grpo": ">=0.14.0", "rloo": ">=0.22.0", "reward": ">=0.27.0", "sft": ">=0.8.0", "dpo": ">=0.8.0",
              "kto": ">=0.13.0"}
 # TRL before 0.27 does not install with transformers 5 (its releases predate it).
@@ -88,3 +90,106 @@ def paged_eval(draft: Draft, trainer: str, paged: bool) -> bool:
         return False
     spec, start = PAGED_EVAL[trainer]
     return since(draft, start) and not since(draft, "0.24.0")
+
+
+# --- Rollouts on vLLM (--use_vllm) -----------------------------------------------------------------------------
+# TRL = https://github.com/huggingface/trl/blob/f2cd57710ae345ea6428ae95363267fcf38a3dc8 (main after v1.9.0)
+# The trainers that sample with vLLM when --use_vllm is on (GRPOConfig, RLOOConfig, OnlineDPOConfig).
+VLLM_TRAINERS = ("grpo", "rloo", "online_dpo")
+# TRL 0.14 loaded the PEFT model's own state_dict into vLLM (https://github.com/huggingface/trl/issues/2698); 0.15
+# merges the adapter and strips PEFT's prefixes first (https://github.com/huggingface/trl/pull/2725; now
+# TRL/trl/generation/vllm_generation.py#L456-L473 _iter_named_params), so the engine gets merged weights under the base
+# model's names.
+MERGED_SYNC_SINCE = "0.15.0"
+# --vllm_mode came with 0.18 (https://github.com/huggingface/trl/pull/3394), server by default until 1.0 made colocate
+# the default (TRL/trl/trainer/grpo_config.py#L584, TRL/MIGRATION.md); 0.14 - 0.15 ran vLLM in the training process on
+# --vllm_device (auto: the first GPU no rank trains on; v0.14.0 grpo_trainer.py). The colocated share defaults to
+# 0.3 from 0.18 (TRL/trl/trainer/grpo_config.py#L646), 0.9 before (https://github.com/huggingface/trl/issues/2688).
+COLOCATE_DEFAULT_SINCE, COLOCATE_SHARE_SINCE = "1.0.0", "0.18.0"
+# GRPO's importance-sampling correction against vLLM's log-probs, on by default (TRL/trl/trainer/grpo_config.py#L915,
+# https://github.com/huggingface/trl/pull/3867).
+IS_CORRECTION_SINCE = "0.23.0"
+# vLLM asked for processed (temperature-scaled) log-probs: the colocated engine from
+# https://github.com/huggingface/trl/pull/4163 (TRL/trl/generation/vllm_generation.py#L365), `trl vllm-serve` from
+# https://github.com/huggingface/trl/pull/4873 (TRL/trl/scripts/vllm_serve.py#L361).
+PROCESSED_COLOCATE_SINCE, PROCESSED_SERVER_SINCE = "0.24.0", "0.28.0"
+# From 0.26 (https://github.com/huggingface/trl/pull/4571) waking a sleeping colocated engine reloaded the initial
+# checkpoint from disk over the weights just synced (https://github.com/huggingface/trl/issues/5312, reproduced on
+# 1.9.0). The fix (https://github.com/huggingface/trl/pull/5313) merged after v1.9.0; 1.16.0 is the first release whose
+# source was read with it (generation/vllm_generation.py re-syncs after sleep), so 1.10 - 1.15 count as affected.
+SLEEP_STALE = ("0.26.0", "1.16.0")
+
+
+# Combination field -> the TRL flag that changes it (the rollout rules' knobs).
+VLLM_FLAGS = {"engine_gpu_memory_utilization": "--vllm_gpu_memory_utilization",
+              "rollout_colocated": "--vllm_mode server (a vLLM server on GPUs of its own, `trl vllm-serve`)",
+              "rollout_sync_proven": "--vllm_enable_sleep_mode false", "adapter_rank": "--lora_r",
+              "rollout_sync": "the TRL release (>= 0.15 merges the adapter before the sync)"}
+
+
+def vllm_rollouts(draft: Draft, options: dict, trainer: str) -> None:
+    """The vLLM rollout fields of a TRL run with --use_vllm (options: name -> (value, source))."""
+    if trainer not in VLLM_TRAINERS or "use_vllm" not in options:
+        return
+    if not as_bool(*options["use_vllm"]):
+        return
+    sleeps = "vllm_enable_sleep_mode" in options and as_bool(*options["vllm_enable_sleep_mode"])
+    apply_table(draft, options, _vllm_table(trainer, sleeps))
+
+
+def _lora(draft: Draft) -> bool:
+    return draft.get("adapter") != "full"
+
+
+def _sync(draft: Draft) -> tuple[str, str]:
+    if _lora(draft) and not since(draft, MERGED_SYNC_SINCE):
+        return "unmerged", ("TRL < 0.15 loads the PEFT model's own state_dict into vLLM (trl/trainer/grpo_trainer.py "
+                            "_move_model_to_vllm; fixed by PR #2725)")
+    return "merged", ("TRL merges the adapter and loads the merged weights under the base model's names "
+                      "(trl/generation/vllm_generation.py _iter_named_params; grpo_trainer.py before 1.x)")
+
+
+def _processed(draft: Draft) -> tuple[bool, str]:
+    first = PROCESSED_COLOCATE_SINCE if draft.get("rollout_colocated") else PROCESSED_SERVER_SINCE
+    where = "the colocated engine (PR #4163)" if draft.get("rollout_colocated") else "`trl vllm-serve` (PR #4873)"
+    if since(draft, first):
+        return True, f"TRL >= {first} starts {where} with logprobs_mode=processed_logprobs"
+    return False, f"TRL < {first} leaves {where} in vLLM's default raw_logprobs mode"
+
+
+def _vllm_table(trainer: str, sleeps: bool) -> tuple[Field, ...]:
+    colocated = lambda d: d.get("rollout_colocated")  # noqa: E731
+
+    def proven(draft: Draft) -> tuple[bool, str] | None:
+        if draft.get("rollout_sync") == "unmerged":
+            return None  # the first sync crashes (vllm-sync-peft-names)
+        if sleeps and colocated(draft) and since(draft, SLEEP_STALE[0]) and not since(draft, SLEEP_STALE[1]):
+            return False, (f"TRL {SLEEP_STALE[0]} - 1.15 with --vllm_enable_sleep_mode: waking the engine reloads the "
+                           "initial checkpoint over the synced weights (trl#5312, fixed by PR #5313)")
+        return True, "TRL reloads the updated weights into the engine before every generation (trl#3189)"
+
+    return (
+        fact("rollout_engine", "vllm", "--use_vllm (rollouts from vLLM)"),
+        Field("adapter_rank", ("lora_r",), rank, Default(16, "default (TRL trl/trainer/model_config.py: lora_r 16)"),
+              when=_lora),
+        Field("rollout_sync", default=_sync),
+        Field("rollout_colocated", ("vllm_mode",), lambda v, w: str(v) == "colocate", Default(
+            False, "default (TRL < 1.0: vllm_mode server; before 0.18 vllm_device auto, a GPU no rank trains on)",
+            since=(("trl", COLOCATE_DEFAULT_SINCE, True, "default (TRL >= 1.0 grpo_config.py: vllm_mode colocate)"),))),
+        # TRL 0.14 - 0.15: the engine on a device rank 0 trains on (the trainer warns `is also used for training`).
+        Field("rollout_colocated", ("vllm_device",), lambda v, w: True if str(v) == "cuda:0" else None),
+        Field("engine_gpu_memory_utilization", ("vllm_gpu_memory_utilization",), fraction, Default(
+            0.9, "default (TRL < 0.18 grpo_config.py: vllm_gpu_memory_utilization 0.9)",
+            since=(("trl", COLOCATE_SHARE_SINCE, 0.3, "default (TRL >= 0.18 grpo_config.py: "
+                    "vllm_gpu_memory_utilization 0.3, colocate mode)"),)), when=colocated),
+        Field("rollout_logprobs_used", ("vllm_importance_sampling_correction",), default=Default(
+            False, "TRL < 0.23 recomputes every log-prob with the trainer",
+            since=(("trl", IS_CORRECTION_SINCE, True, "default (TRL >= 0.23 grpo_config.py: "
+                    "vllm_importance_sampling_correction true, PR #3867)"),)), when=lambda d: trainer == "grpo"),
+        fact("rollout_logprobs_used", False, f"TRL's {trainer} trainer recomputes every log-prob with the trainer "
+             "(no importance-sampling correction against vLLM)", when=lambda d: trainer != "grpo"),
+        Field("rollout_logprobs_processed", default=_processed),
+        Field("rollout_sync_proven", default=proven),
+        fact("rollout_verified", False, "TRL logs sampling/sampling_logp_difference but never stops on it "
+             "(trl/trainer/grpo_trainer.py)"),
+    )

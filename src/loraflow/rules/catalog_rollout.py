@@ -52,28 +52,37 @@ register(Rule(
 
 register(Rule(
     id="vllm-max-lora-rank",
-    title="The adapter's rank is above the engine's --max-lora-rank",
+    title="The adapter's rank does not fit the engine's --max-lora-rank",
     verdict="fix",
     impact="crash",
     conditions="rollouts on vLLM with adapter sync, an adapter rank above the engine's max_lora_rank (16 by "
-               "default)",
+               "default), or a max_lora_rank outside the ranks vLLM offers (a framework that passes the adapter's "
+               "own rank, e.g. 12 or 48)",
     knobs=("adapter_rank", "engine_max_lora_rank"),
-    when=lambda s: _vllm(s) and s.rollout_sync == "adapter" and s.adapter_rank > s.engine_max_lora_rank,
+    when=lambda s: _vllm(s) and s.rollout_sync == "adapter" and (s.adapter_rank > s.engine_max_lora_rank
+                                                                 or s.engine_max_lora_rank not in VLLM_LORA_RANKS),
     cause=("vLLM allocates its LoRA buffers for --max-lora-rank at start-up (16 unless told) and refuses a larger "
-           "adapter when it is loaded (`LoRA rank 64 is greater than max_lora_rank 16.`): the first sync fails."),
+           "adapter when it is loaded (`LoRA rank 64 is greater than max_lora_rank 16.`): the first sync fails. "
+           "It takes only the ranks of its own list (1, 8, 16, 32, 64, 128, 256, 320, 512) and refuses any other "
+           "value when the engine starts."),
     fix="loraflow starts its local engine with --max-lora-rank set to the smallest rank vLLM offers that holds "
         "adapter.rank; a remote server must be started with it (`vllm serve ... --max-lora-rank N`).",
     remedy=lambda s: {"engine_max_lora_rank": next((r for r in VLLM_LORA_RANKS if r >= s.adapter_rank),
                                                    s.adapter_rank)},
     elsewhere="start vLLM with --max-lora-rank at least the adapter's rank (vllm_max_lora_rank in TRL-style configs)",
     references=("https://github.com/hiyouga/LlamaFactory/pull/3794", "https://github.com/vllm-project/vllm/issues/2847",
-                "https://github.com/verl-project/verl/issues/3696"),
+                "https://github.com/verl-project/verl/issues/3696", "https://github.com/modelscope/ms-swift/issues/4221",
+                "https://github.com/PrimeIntellect-ai/prime-rl/pull/1408",
+                "https://github.com/vllm-project/vllm-omni/pull/1397"),
     fixed_in=None,
     log=LogSigns(
         messages=(Message(r"LoRA rank \d+ is greater than max_lora_rank \d+", "own",
-                          "vllm/lora/peft_helper.py: PEFTHelper.validate_legal"),),
+                          "vllm/lora/peft_helper.py: PEFTHelper.validate_legal"),
+                  Message(r"max_lora_rank \(\d+\) must be one of \(", "own", "vllm/config.py: LoRAConfig.__post_init__"),
+                  Message(r"Input should be 1, 8, 16, 32, 64, 128, 256, 320 or 512 \[type=literal_error", "own",
+                          "vllm/config/lora.py: LoRAConfig.max_lora_rank (a pydantic Literal)")),
         prior=1.0,
-        tells_apart="vLLM names the adapter's rank and its max_lora_rank"),
+        tells_apart="vLLM names the adapter's rank and its max_lora_rank, or refuses the max_lora_rank itself"),
 ))
 
 register(Rule(
@@ -84,7 +93,7 @@ register(Rule(
     conditions="rollouts on vLLM whose log-probabilities are used by the trainer (importance ratios, the "
                "engine/trainer comparison) with the engine in its default raw_logprobs mode",
     knobs=("rollout_logprobs_processed",),
-    when=lambda s: _vllm(s) and not s.rollout_logprobs_processed,
+    when=lambda s: _vllm(s) and s.rollout_logprobs_used and not s.rollout_logprobs_processed,
     cause=("vLLM returns the raw model's log-probabilities by default (--logprobs-mode raw_logprobs), before the "
            "temperature the tokens were sampled at; the trainer scores tokens at that temperature. Every ratio of "
            "the two is off by the temperature's effect (TRL saw its first-token importance ratio at exactly 2)."),
@@ -103,33 +112,114 @@ register(Rule(
     title="The rollout engine samples from another policy than the trainer's",
     verdict="fix",
     impact="silent",
-    conditions="rollouts on vLLM (or any separate engine) while the trainer updates an adapter, without a check that "
-               "the engine holds the updated policy",
-    knobs=("rollout_verified",),
-    when=lambda s: _vllm(s) and not s.rollout_verified,
+    conditions="rollouts on vLLM (or any separate engine) while the trainer updates the policy, without a check that "
+               "the engine holds the updated policy, on a sync path not known to keep it (a server loraflow did not "
+               "start, or a framework release with a stale path: TRL 0.26 up to the fix of #5312 with "
+               "vllm_enable_sleep_mode, verl's early async LoRA)",
+    knobs=("rollout_verified", "rollout_sync_proven"),
+    when=lambda s: (_vllm(s) and s.rollout_sync != "unmerged" and not s.rollout_verified
+                    and not s.rollout_sync_proven),
     cause=("After each update the engine must be handed the new policy, and nothing in the engine says whether it "
            "was: verl's async LoRA path pushed only the frozen base (its list of LoRAs stayed empty), so rollouts "
-           "sampled the initial policy for a whole run; OpenRLHF's sync named parameters the engine does not have; "
-           "an adapter loaded under a reused name or a server in sleep mode keeps the old weights. Training then "
-           "goes on, silently, on off-policy samples."),
+           "sampled the initial policy for a whole run; TRL's colocated engine in sleep mode reloaded the initial "
+           "checkpoint from disk on waking, over the weights just synced; an adapter loaded under a reused name "
+           "keeps the old weights. Training then goes on, silently, on off-policy samples."),
     fix="loraflow compares the engine's log-probability of every sampled token with the trainer's on the rollout "
         "after each sync (rollout/logprob_diff_max and _mean in metrics.jsonl) and stops the run before the update "
         "when they differ beyond the precision's numerics (rl.rollout.max_logprob_diff).",
     remedy=lambda s: {"rollout_verified": True},
     elsewhere="log the mean absolute difference of the engine's and the trainer's token log-probs every step "
-              "(train_rollout_logprob_abs_diff) and stop on a jump; load each synced adapter under a new name",
+              "(train_rollout_logprob_abs_diff in verl, sampling/sampling_logp_difference in TRL) and stop on a "
+              "jump; load each synced adapter under a new name; in TRL turn vllm_enable_sleep_mode off until the "
+              "release with the #5312 fix",
     references=("https://github.com/verl-project/verl/issues/7495", "https://github.com/verl-project/verl/pull/3821",
-                "https://github.com/OpenRLHF/OpenRLHF/issues/1349", "https://github.com/huggingface/trl/issues/5312",
-                "https://github.com/vllm-project/vllm/issues/34186"),
+                "https://github.com/huggingface/trl/issues/5312", "https://github.com/huggingface/trl/pull/4571",
+                "https://github.com/huggingface/trl/pull/5313", "https://github.com/vllm-project/vllm/issues/34186"),
+    fixed_in=None,
+))
+
+register(Rule(
+    id="vllm-sync-peft-names",
+    title="The policy is synced to vLLM under PEFT's parameter names",
+    verdict="fix",
+    impact="crash",
+    conditions="rollouts on vLLM whose weight sync sends the adapter-wrapped model's own parameters "
+               "(base_model.model..., .base_layer, lora_A/lora_B) rather than merged weights or an adapter: "
+               "OpenRLHF's broadcast with --lora_rank > 0 (every release), TRL < 0.15 with --use_peft",
+    knobs=("rollout_sync",),
+    when=lambda s: _vllm(s) and s.rollout_sync == "unmerged" and s.adapter != "full",
+    cause=("The engine's model has the base model's parameter names only. A sync that walks the PEFT-wrapped "
+           "model's named_parameters() sends `base_model.model.model.layers.0...base_layer.weight` and the "
+           "lora_A/lora_B tensors, which vLLM's load_weights cannot place (`There is no module or parameter named "
+           "'base_model'`, or a KeyError in its name lookup): the first sync after the first update crashes. "
+           "Renaming alone is not enough, since the LoRA tensors have no place in the engine either."),
+    fix="loraflow never sends PEFT's names: it syncs an adapter that vLLM loads as one, or the merged weights under "
+        "the base model's names (rl.rollout.sync=adapter|merged).",
+    remedy=lambda s: {"rollout_sync": "merged"},
+    elsewhere="merge the adapter before the sync and send the base names (strip 'base_model.model.' and "
+              "'.base_layer', skip the lora_* tensors; TRL >= 0.15 does so), load the adapter as a vLLM LoRA, or "
+              "train without vLLM rollouts (OpenRLHF: --vllm_num_engines 0)",
+    references=("https://github.com/OpenRLHF/OpenRLHF/issues/546", "https://github.com/OpenRLHF/OpenRLHF/issues/991",
+                "https://github.com/OpenRLHF/OpenRLHF/issues/1081", "https://github.com/OpenRLHF/OpenRLHF/issues/1349",
+                "https://github.com/OpenRLHF/OpenRLHF/pull/869", "https://github.com/huggingface/trl/issues/2698",
+                "https://github.com/huggingface/trl/pull/2725", "https://github.com/alibaba/ROLL/issues/418",
+                "https://github.com/TIGER-AI-Lab/verl-tool/issues/125"),
     fixed_in=None,
     log=LogSigns(
         messages=(Message(r"There is no module or parameter named 'base_model", "own",
                           "vllm model loader: load_weights with PEFT parameter names"),
                   Message(r"KeyError: '[\w.]*\.base_layer\.weight'", "own",
-                          "vllm model load_weights: params_dict lookup of a PEFT-wrapped '.base_layer' name")),
+                          "vllm model load_weights: params_dict lookup of a PEFT-wrapped '.base_layer' name"),
+                  Message(r"RayTaskError\(KeyError\): ray::LLMRayActor\.update_weight", "shared",
+                          "OpenRLHF vllm_worker_wrap.py update_weight -> vLLM load_weights: a broadcast name the "
+                          "engine's model has no parameter for"),
+                  # PEFT keeps adapters in float32 beside a bf16 base; OpenRLHF asserts the engine's dtype on each
+                  # broadcast tensor, so the first lora_A it sends stops the sync (issue #1349).
+                  Message(r"mismatch dtype: src torch\.float32, dst torch\.(bfloat16|float16)", "shared",
+                          "OpenRLHF vllm_worker_wrap.py update_weight: assert dtype == self.model_config.dtype")),
+        frames=(Message(r"ppo_actor\.py:_?broadcast_to_vllm$", "shared"),),
         evidence=(Evidence("peft", 2, "adapters are trained"),
                   Evidence("generation", 2, "rollouts are sampled by an engine")),
         prior=1.0,
-        tells_apart="weights synced to vLLM under PEFT's names (base_model.model...) that the engine has no "
-                    "parameter for"),
+        tells_apart="weights synced to vLLM under PEFT's names (base_model.model..., .base_layer) that the engine has "
+                    "no parameter for"),
+))
+
+COLOCATED_MAX_SHARE = 0.9
+"""vLLM's own default --gpu-memory-utilization, meant for a GPU of its own: a colocated engine that claims it leaves
+the trainer a tenth of the memory, less than its weights alone hold on the GPUs these runs use (TRL lowered its
+colocated default to 0.3 for this, trl#2688; ms-swift's colocated examples use 0.4 - 0.55)."""
+
+register(Rule(
+    id="vllm-colocate-memory",
+    title="A colocated vLLM engine claims the memory the trainer holds",
+    verdict="error",
+    impact="crash",
+    conditions="rollouts on vLLM colocated on the trainer's GPUs while the trainer's weights stay there (no sleep "
+               f"and offload on both sides), with the engine's gpu_memory_utilization at {COLOCATED_MAX_SHARE} or more",
+    knobs=("engine_gpu_memory_utilization", "rollout_colocated"),
+    when=lambda s: _vllm(s) and s.rollout_colocated and s.engine_gpu_memory_utilization >= COLOCATED_MAX_SHARE,
+    cause=("--gpu-memory-utilization is a share of the whole GPU that vLLM reserves for itself at start (weights "
+           "and KV cache), whoever else is on it. Beside a trainer whose weights, optimizer state and activations "
+           "stay on the same GPU, vLLM's V1 engine refuses to start (`Free memory on device ... on startup is less "
+           "than desired GPU memory utilization`), an older engine finds no room for its cache blocks, or the "
+           "trainer runs out of memory at its first step."),
+    fix="loraflow starts its engine as a server of its own; colocated engines are not loraflow's.",
+    elsewhere="lower the engine's share (vllm_gpu_memory_utilization 0.3 - 0.5 in TRL and ms-swift colocate mode), "
+              "or time-share the GPUs (OpenRLHF --vllm_enable_sleep with --deepspeed_enable_sleep; ms-swift "
+              "--sleep_level 1 with --offload_model/--offload_optimizer), or give the engine GPUs of its own "
+              "(vllm_mode server)",
+    references=("https://github.com/huggingface/trl/issues/2688", "https://github.com/huggingface/trl/pull/3394",
+                "https://github.com/modelscope/ms-swift/issues/4594", "https://github.com/modelscope/ms-swift/pull/4770",
+                "https://github.com/hiyouga/EasyR1/pull/1"),
+    fixed_in=None,
+    log=LogSigns(
+        messages=(Message(r"Free memory on device \S*\s*\([\d.]+/[\d.]+ GiB\) on startup is less than desired GPU "
+                          r"memory utilization", "generic", "vllm/v1/worker/gpu_worker.py: init_device (V1 engine)"),
+                  Message(r"No available memory for the cache blocks", "generic",
+                          "vllm/worker/worker.py: raise_if_cache_size_invalid (V0 engine)")),
+        evidence=(Evidence("vllm_colocated", 4, "the engine shares the trainer's GPUs", decisive=True),),
+        prior=1.0,
+        tells_apart="the engine runs colocated with the trainer (vllm_mode colocate, external_launcher, "
+                    "colocate_all_models) when it finds too little free memory"),
 ))

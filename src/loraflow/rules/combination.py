@@ -126,18 +126,34 @@ class Combination:
     upcasts adapters of a half-precision base since peft 0.12)."""
     rollout_engine: Literal["hf", "vllm"] = "hf"
     """What samples an RL stage's rollouts: the trained model's own generate (hf) or a vLLM server (vllm)."""
-    rollout_sync: Literal["adapter", "merged"] | None = None
+    rollout_sync: Literal["adapter", "merged", "unmerged"] | None = None
     """How a vLLM engine gets the policy after an update: the adapter's tensors only, loaded by the engine as a
-    LoRA adapter, or the weights with the adapter merged in, reloaded in place (None without an engine)."""
+    LoRA adapter; the weights with the adapter merged in, reloaded in place; or `unmerged`, every parameter of the
+    adapter-wrapped model under PEFT's own names (`base_model.model.`, `.base_layer`, `lora_A`), which the engine's
+    model has no parameter for (None without an engine)."""
+    rollout_sync_proven: bool = False
+    """The framework's sync path is known to leave the engine holding the updated policy in this release: the stale
+    cases found on that path are fixed or not taken. False where nobody knows: a server loraflow did not start, a
+    release with a known stale path."""
     rollout_verified: bool = False
     """The engine's log-probabilities of the sampled tokens are compared with the trainer's after every sync."""
+    rollout_logprobs_used: bool = True
+    """The trainer uses the engine's log-probabilities (an importance-sampling correction, the engine/trainer check);
+    loraflow's own runs always do, other frameworks where a flag asks for it."""
     rollout_logprobs_processed: bool = False
     """The engine returns log-probabilities after temperature scaling (vLLM --logprobs-mode processed_logprobs),
     the distribution the tokens were sampled from, rather than the raw model's."""
+    rollout_colocated: bool = False
+    """The engine shares the trainer's GPUs while the trainer's weights stay on them: a colocated engine not
+    time-shared by sleep and offload on both sides."""
+    engine_gpu_memory_utilization: float = 0.9
+    """The fraction of each GPU's whole memory the engine claims when it starts (vLLM --gpu-memory-utilization,
+    0.9 by default)."""
     adapter_rank: int = 0
     """The LoRA rank (the largest one, where towers have their own)."""
     engine_max_lora_rank: int = 16
-    """The largest adapter rank the rollout engine accepts (vLLM --max-lora-rank, 16 by default)."""
+    """The largest adapter rank the rollout engine accepts (vLLM --max-lora-rank, 16 by default); vLLM refuses a
+    value outside its own list of ranks at start."""
     versions: dict[str, Version | None] = field(default_factory=dict, hash=False, compare=False)
 
     @property

@@ -100,6 +100,11 @@ FACTS: dict[str, tuple[str, str]] = {
                      "context or sequence parallelism is in use"),
     "generation": (r"\bgenerate\b|generation|rollout|experience_maker|make_experience|\bvllm\b",
                    "the model generates (RLHF rollouts)"),
+    # TRL/ms-swift colocate mode (vLLM's config dump names the external_launcher backend they start it with),
+    # OpenRLHF's hybrid engine, TRL 0.14's warning for a vLLM device that trains too.
+    "vllm_colocated": (r"vllm_mode\W{1,4}colocate|distributed_executor_backend\W{1,4}external_launcher|"
+                       r"colocate_all(_models)?\b|train\.colocate_all|is also used for training",
+                       "the vLLM engine shares the trainer's GPUs"),
     "vision": (r"pixel_values|vision_tower|vision_model|\bvisual\b|Vision(Transformer|Model|Encoder)|\bvit\b|"
                r"image_grid_thw|patch_embed|\bvpm\b|siglip|clip_vision|vision_lora|freeze_vision|tune_vision|"
                r"\bmm_projector\b|\bVL\b|-VL-|llava", "a vision tower is in the model (a vision-language run)"),
