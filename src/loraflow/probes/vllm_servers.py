@@ -80,7 +80,10 @@ class ServerGroup:
         try:
             python = find_vllm_python()
         except EngineError as exc:
-            self.problem = Observation("unavailable", f"no vLLM environment to run against: {exc}")
+            cause = str(exc).split(";")[0].removeprefix("rl.rollout.engine=vllm: ")  # the rest is advice for runs
+            self.problem = Observation("unavailable", f"no vLLM environment here ({cause}): `bash scripts/setup_vllm.sh` "
+                                                      "builds one where loraflow finds it (or set LORAFLOW_VLLM_PYTHON "
+                                                      f"to a Python with vllm, or name running servers in {ENV})")
             return
         if not self.served.base:
             base, log = self.log_dir / "demo-base", self.log_dir / "demo-base.log"
