@@ -76,16 +76,22 @@ def command(case: Case, out: str, python: str, only_naive: bool = False) -> list
 
 
 def run_case(case: Case, log_dir: Path, python: str = sys.executable, only_naive: bool = False) -> ProbeResult:
-    """One case in a fresh interpreter (`python`: another environment's, for captured logs)."""
+    """One case in a fresh interpreter (`python`: another environment's, for captured logs), with the servers it
+    names."""
     from loraflow.probes.plan import predicted
+    from loraflow.probes.vllm_servers import servers_for
 
     reason = not_applicable(case)
     if reason:
         na = Observation("n/a", reason)
         return ProbeResult(case.rule, na, na, predicted(case), what=case.what)
     out, log = _paths(case, log_dir)
-    start = time.monotonic()
-    code = run_isolated(command(case, out, python, only_naive), log, case.timeout)
+    with servers_for([case] if case.servers else [], log_dir) as servers:
+        problem = servers.ready() if case.servers else None
+        if problem is not None:
+            return ProbeResult(case.rule, problem, problem, predicted(case), what=case.what)
+        start = time.monotonic()
+        code = run_isolated(command(case, out, python, only_naive), log, case.timeout)
     return _collect(case, out, log, code, time.monotonic() - start, only_naive)
 
 
@@ -226,19 +232,15 @@ def run_probes(only: list[str] | None = None, log_dir: str | None = None, progre
     # One-process cases run one thread each, two at a time, forked from this process after one import of torch,
     # transformers and peft. The servers the rollout cases share start first and boot while those run; the rollout
     # cases follow, then the servers stop. Two-rank cases use both cores and run alone, last, under torchrun.
-    from loraflow.probes.vllm_servers import ServerGroup
+    from loraflow.probes.vllm_servers import servers_for
 
     one = [c for c in cases.values() if c.ranks == 1]
     served = [c for c in one if c.servers]
-    servers = ServerGroup(served, directory)
-    try:
-        if served:
-            _preimport()  # before the demo base is written in a forked child, which then imports nothing anew
-            servers.launch()
+    if served:
+        _preimport()  # before the demo base is written in a forked child, which then imports nothing anew
+    with servers_for(served, directory) as servers:
         done = _run_forked([c for c in one if not c.servers], directory, progress)
         done.update(_run_served(served, servers, directory, progress))
-    finally:
-        servers.stop()
     for rule, case in cases.items():
         if case.ranks > 1:
             if progress:

@@ -15,10 +15,12 @@ session passes its own server so that only the missing kind starts, and the runn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +125,18 @@ class ServerGroup:
             os.environ.pop(ENV, None)
         else:
             os.environ[ENV] = self.saved_env
+
+
+@contextlib.contextmanager
+def servers_for(cases: list[Case], log_dir: Path) -> Iterator[ServerGroup]:
+    """The servers the cases name, launched (not yet waited for) on entry and stopped on exit."""
+    group = ServerGroup(cases, log_dir)
+    try:
+        if group.kinds:
+            group.launch()
+        yield group
+    finally:
+        group.stop()
 
 
 def plan_rank(cases: list[Case]) -> int:
