@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from loraflow.probes.base import Context, Observation, case
-from loraflow.probes.vllm_servers import DEFAULT, LORAFLOW, Served
+from loraflow.probes.vllm_servers import DEFAULT, ENV, LORAFLOW, Served
 from loraflow.rules.combination import Combination
 
 ROLLOUT = Combination(adapter="lora", matched_modules=14, generation=True, rollout_engine="vllm",
@@ -41,6 +41,9 @@ def server_for(setup: Combination) -> tuple[str, str]:
     kind = LORAFLOW if setup.rollout_logprobs_processed else DEFAULT
     if kind == DEFAULT and setup.engine_max_lora_rank != DEFAULT_MAX_LORA_RANK:
         raise ValueError(f"no shared server has raw log-probs and --max-lora-rank {setup.engine_max_lora_rank}")
+    if kind not in served.urls:
+        raise RuntimeError(f"no {kind} server named in {ENV}: rollout cases run through the probe runner "
+                           "(run_probes, run_case), which starts the servers they name")
     return served.urls[kind], served.base
 
 
