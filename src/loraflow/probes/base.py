@@ -5,20 +5,24 @@ cycle); the package re-exports the public names for callers outside it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 from loraflow.rules.combination import Combination
 
-Status = Literal["ok", "error", "wrong", "refused", "n/a", "timeout", "failed"]
+Status = Literal["ok", "error", "wrong", "refused", "n/a", "unavailable", "timeout", "failed"]
 """`failed`: the probe process died before reporting (a probe bug or a broken install), which says nothing
-about the rule."""
+about the rule. `unavailable`: what the reproduction runs against is not installed here and the detail names the
+command that builds it (vLLM's environment); `n/a`: the reproduction does not apply to this machine."""
 
 
 @dataclass
 class Observation:
     status: Status
     detail: str = ""
+    values: dict[str, float] = field(default_factory=dict)
+    """What the reproduction measured, by name (the largest engine/trainer log-prob difference and its bound), for
+    tests and --json to compare with numbers rather than read the detail."""
 
     @property
     def broken(self) -> bool:
@@ -46,6 +50,9 @@ class Case:
     timeout: float = 150.0
     what: str = ""
     """One line: what the reproduction runs."""
+    servers: tuple[str, ...] = ()
+    """Servers the reproduction runs against (probes/vllm_servers.py): the runner starts each once per `loraflow
+    probe` for all the cases that name it, and runs those cases one at a time."""
 
 
 _CASES: dict[str, Case] = {}

@@ -35,13 +35,13 @@ class ProbeResult:
 
     @property
     def affected(self) -> str:
-        if self.naive.status in ("n/a", "failed"):
-            return self.naive.status  # not applicable here, or the probe itself broke: neither yes nor no
+        if self.naive.status in ("n/a", "unavailable", "failed"):
+            return self.naive.status  # not applicable or not installed here, or the probe broke: neither yes nor no
         return "yes" if self.naive.broken else "no"
 
     @property
     def safe(self) -> str:
-        if self.plan.status in ("n/a", "failed"):
+        if self.plan.status in ("n/a", "unavailable", "failed"):
             return self.plan.status
         return "no" if self.plan.broken else "yes"
 
@@ -76,16 +76,22 @@ def command(case: Case, out: str, python: str, only_naive: bool = False) -> list
 
 
 def run_case(case: Case, log_dir: Path, python: str = sys.executable, only_naive: bool = False) -> ProbeResult:
-    """One case in a fresh interpreter (`python`: another environment's, for captured logs)."""
+    """One case in a fresh interpreter (`python`: another environment's, for captured logs), with the servers it
+    names."""
     from loraflow.probes.plan import predicted
+    from loraflow.probes.vllm_servers import servers_for
 
     reason = not_applicable(case)
     if reason:
         na = Observation("n/a", reason)
         return ProbeResult(case.rule, na, na, predicted(case), what=case.what)
     out, log = _paths(case, log_dir)
-    start = time.monotonic()
-    code = run_isolated(command(case, out, python, only_naive), log, case.timeout)
+    with servers_for([case] if case.servers else [], log_dir) as servers:
+        problem = servers.ready() if case.servers else None
+        if problem is not None:
+            return ProbeResult(case.rule, problem, problem, predicted(case), what=case.what)
+        start = time.monotonic()
+        code = run_isolated(command(case, out, python, only_naive), log, case.timeout)
     return _collect(case, out, log, code, time.monotonic() - start, only_naive)
 
 
@@ -101,7 +107,7 @@ def _collect(case: Case, out: str, log: Path, code: int | None, seconds: float, 
     if os.path.exists(out):
         for line in open(out):
             row = json.loads(line)
-            modes[row["mode"]] = Observation(row["status"], row["detail"])
+            modes[row["mode"]] = Observation(row["status"], row["detail"], row.get("values", {}))
     if "naive" not in modes:
         modes["naive"] = (Observation("timeout", f"no result within {case.timeout:.0f}s (a hang counts as broken)")
                           if code is None else
@@ -163,7 +169,7 @@ def _run_forked(cases: list[Case], log_dir: Path, progress=None, jobs: int = 2) 
                 continue
             out, log = _paths(case, log_dir)
             running[_fork_case(case, out, log)] = (case, out, log, time.monotonic())
-        pid, status = os.waitpid(-1, os.WNOHANG) if running else (0, 0)
+        pid, status = _reap(running)
         if pid == 0:
             for child, (case, out, log, start) in list(running.items()):
                 if time.monotonic() - start > case.timeout:
@@ -177,6 +183,30 @@ def _run_forked(cases: list[Case], log_dir: Path, progress=None, jobs: int = 2) 
         done[case.rule] = _collect(case, out, log, os.waitstatus_to_exitcode(status), time.monotonic() - start,
                                    False)
     return done
+
+
+def _reap(running: dict[int, tuple]) -> tuple[int, int]:
+    """(pid, wait status) of one case child that ended, or (0, 0). Only the cases are waited for: the vLLM
+    servers of the rollout cases are children of this process too, and their own Popen must see them end."""
+    for child in running:
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid:
+            return pid, status
+    return 0, 0
+
+
+def _run_served(cases: list[Case], servers, log_dir: Path, progress=None) -> dict[str, ProbeResult]:
+    """The cases that run against shared servers, once the servers answer, one at a time (they share the servers'
+    state: a merged sync reloads the served weights in place). When the servers cannot run (no vLLM environment
+    here, or one did not start), every such case reports why instead."""
+    from loraflow.probes.plan import predicted
+
+    if not cases:
+        return {}
+    problem = servers.ready()
+    if problem is None:
+        return _run_forked(cases, log_dir, progress, jobs=1)
+    return {c.rule: ProbeResult(c.rule, problem, problem, predicted(c), what=c.what) for c in cases}
 
 
 def _preimport() -> None:
@@ -200,8 +230,17 @@ def run_probes(only: list[str] | None = None, log_dir: str | None = None, progre
     directory.mkdir(parents=True, exist_ok=True)
 
     # One-process cases run one thread each, two at a time, forked from this process after one import of torch,
-    # transformers and peft. Two-rank cases use both cores and run alone, after them, under torchrun.
-    done = _run_forked([c for c in cases.values() if c.ranks == 1], directory, progress)
+    # transformers and peft. The servers the rollout cases share start first and boot while those run; the rollout
+    # cases follow, then the servers stop. Two-rank cases use both cores and run alone, last, under torchrun.
+    from loraflow.probes.vllm_servers import servers_for
+
+    one = [c for c in cases.values() if c.ranks == 1]
+    served = [c for c in one if c.servers]
+    if served:
+        _preimport()  # before the demo base is written in a forked child, which then imports nothing anew
+    with servers_for(served, directory) as servers:
+        done = _run_forked([c for c in one if not c.servers], directory, progress)
+        done.update(_run_served(served, servers, directory, progress))
     for rule, case in cases.items():
         if case.ranks > 1:
             if progress:

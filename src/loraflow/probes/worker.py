@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     if ctx.rank == 0:
         with open(args.out, "w") as f:
             for mode, obs in results.items():
-                f.write(json.dumps({"mode": mode, "status": obs.status, "detail": obs.detail}) + "\n")
+                f.write(json.dumps({"mode": mode, "status": obs.status, "detail": obs.detail,
+                                    "values": obs.values}) + "\n")
     return 0
 
 

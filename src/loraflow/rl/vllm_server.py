@@ -205,6 +205,12 @@ class LocalServer:
         return env
 
     def start(self) -> Client:
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to answer (`loraflow probe` starts its servers side by side
+        and waits for them later)."""
         import atexit
 
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -212,6 +218,8 @@ class LocalServer:
             self.proc = subprocess.Popen(self.argv(), stdout=sink, stderr=subprocess.STDOUT, env=self.env(),
                                          start_new_session=True, preexec_fn=_die_with_parent)
         atexit.register(self.stop)  # the run's end, an error or a signal that exits Python: the server goes too
+
+    def wait_ready(self) -> Client:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
