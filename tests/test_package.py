@@ -223,11 +223,12 @@ ROOMS = {
     1: {"config", "losses", "rules", "checkpoints"},
     2: {"data", "engines", "frontends"},
     3: {"setup", "explain"},
-    4: {"plan", "loop", "probes", "rl"},
+    4: {"plan", "loop", "rl"},
     5: {"stages"},
     6: {"run"},
-    7: {"commands"},
-    8: {"__main__", "verify"},
+    7: {"probes"},
+    8: {"commands"},
+    9: {"__main__", "verify"},
 }
 """The package's floors, bottom up: the tables and facts everything reads (the ground floor, at the package root,
 whose modules may read each other: the graph has no cycle), then the rooms. A module imports only rooms on lower

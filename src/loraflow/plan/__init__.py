@@ -30,6 +30,7 @@ from loraflow.plan.engine import checkpoint_in_engine, engine_decisions, resolve
 from loraflow.plan.logits import decide_logits
 from loraflow.plan.precision import decide_precision
 from loraflow.plan.quantization import decide_quantization
+from loraflow.plan.rollout import DEFAULT_MAX_LORA_RANK, LOGPROB_BOUNDS  # the probes reproduce against them
 from loraflow.plan.stage import decide_stage
 from loraflow.plan.towers import blank_images, full_tower_roots, resolve_towers, tower_decisions
 from loraflow.plan.types import Decision, Plan
@@ -37,7 +38,7 @@ from loraflow.rules import evaluate
 from loraflow.setup.model import ModelInfo
 from loraflow.stagespec import stage_spec
 
-__all__ = ["Decision", "Plan", "resolve"]
+__all__ = ["DEFAULT_MAX_LORA_RANK", "Decision", "LOGPROB_BOUNDS", "Plan", "resolve"]
 
 
 def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> Plan:

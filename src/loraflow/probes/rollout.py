@@ -35,7 +35,7 @@ TEMPERATURE = 0.7
 
 def server_for(setup: Combination) -> tuple[str, str]:
     """(url, base) of the shared server started with the flags the setup names."""
-    from loraflow.plan.rollout import DEFAULT_MAX_LORA_RANK
+    from loraflow.plan import DEFAULT_MAX_LORA_RANK
 
     served = Served.from_env()
     kind = LORAFLOW if setup.rollout_logprobs_processed else DEFAULT
@@ -79,7 +79,7 @@ def steps(trainer, n: int) -> dict[str, float]:
 
 def compared(trainer, stats: dict[str, float], what: str) -> Observation:
     """The engine/trainer log-prob difference of the step's sampled tokens against the precision's bound."""
-    from loraflow.plan.rollout import LOGPROB_BOUNDS
+    from loraflow.plan import LOGPROB_BOUNDS
 
     bound = LOGPROB_BOUNDS[trainer.plan.config.precision.mode]
     worst, mean = stats["rollout/logprob_diff_max"], stats["rollout/logprob_diff_mean"]

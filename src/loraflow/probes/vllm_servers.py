@@ -148,27 +148,14 @@ def plan_rank(cases: list[Case]) -> int:
 
 
 def _write_demo_base(target: Path, log: Path) -> int:
-    """The RL demos' base, as `loraflow merge builtin:reverse-sft-weak OUT --base builtin:tiny-base` writes it,
-    in a forked child (its exit code): the runner never computes with torch itself, since the cases it forks
-    afterwards would inherit a thread pool whose threads did not come with them."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid:
-        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    code = 1
-    try:
-        sink = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(sink, 1)
-        os.dup2(sink, 2)
-        from loraflow.commands.merge import merge
-        from loraflow.locations import ASSETS
+    """The RL demos' base, as `loraflow merge builtin:reverse-sft-weak OUT --base builtin:tiny-base` writes it, by
+    that command in a child process (its exit code): the runner never computes with torch itself, since the cases
+    it forks afterwards would inherit a thread pool whose threads did not come with them."""
+    import subprocess
 
-        merge(str(ASSETS / "reverse-sft-weak"), str(target), "builtin:tiny-base")
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    from loraflow.locations import ASSETS
+
+    with open(log, "w") as sink:
+        return subprocess.run([sys.executable, "-m", "loraflow", "merge", str(ASSETS / "reverse-sft-weak"),
+                               str(target), "--base", "builtin:tiny-base"], stdout=sink, stderr=subprocess.STDOUT,
+                              check=False).returncode
