@@ -57,7 +57,7 @@ def test_a_local_engine_is_started_with_room_for_the_adapter_rank(tiny_model):
 def test_auto_sync_on_a_local_cpu_engine_weighs_sampling_against_the_sync(tiny_model):
     from loraflow.plan.rollout import BREAK_EVEN_TOKENS
 
-    local = plan_for(tiny_model, "rl.rollout.engine=vllm")  # 8 prompts x 8 completions x 64 new tokens
+    local = plan_for(tiny_model, "rl.rollout.engine=vllm")  # the default batch: far past the break-even
     assert local.rollout.sync == "merged" and "2.8x faster" in decision(local, "rollout sync").reason
     assert 50 < BREAK_EVEN_TOKENS < 200
     short = plan_for(tiny_model, "rl.rollout.engine=vllm", "train.micro_batch_size=1", "rl.group_size=2",
