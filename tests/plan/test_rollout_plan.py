@@ -34,7 +34,7 @@ def test_servers_named_make_auto_use_them_with_adapter_sync_and_a_checked_policy
     assert decision(plan, "rollout sync").rule is None  # plain LoRA: nothing to change
     check = decision(plan, "rollout check")
     assert check.rule == "vllm-stale-policy" and plan.rollout.bound == 1e-3
-    assert {f.rule.id for f in plan.findings} >= {"vllm-stale-policy", "vllm-raw-logprobs"}
+    assert {f.rule.id for f in plan.findings} >= {"vllm-stale-policy", "vllm-raw-logprobs", "vllm-tokenizer-mismatch"}
 
 
 @pytest.mark.parametrize("overrides", [("adapter.method=dora",), ("adapter.method=full",),

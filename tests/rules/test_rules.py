@@ -160,6 +160,9 @@ CASES = {
     "vllm-sync-peft-names": (
         VLLM.replace(rollout_sync="unmerged"),
         VLLM.replace(rollout_sync="unmerged", adapter="full")),
+    "vllm-tokenizer-mismatch": (
+        VLLM.replace(engine_tokenizer_checked=False),
+        VLLM.replace(engine_tokenizer_checked=None)),
     "vllm-colocate-memory": (
         VLLM.replace(rollout_colocated=True, engine_gpu_memory_utilization=0.9),
         VLLM.replace(rollout_colocated=True, engine_gpu_memory_utilization=0.5)),

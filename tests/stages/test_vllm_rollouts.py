@@ -183,3 +183,29 @@ def test_qlora_syncs_merged_dequantized_weights_to_a_server(vllm_url, demo_base,
     rows = train_rows(tmp_path / "run")
     assert [r["rollout/policy_version"] for r in rows] == [1, 2]
     assert max(r["rollout/logprob_diff_max"] for r in rows) <= ADAPTER_FP32
+
+
+# Rule vllm-tokenizer-mismatch: before the first rollout each server's tokenization of a probe text must be the
+# trainer's. The session's server (the demo base's tokenizer) agrees; against a trainer with another tokenizer (a
+# word-level one here) it is refused with both results named. The server's base is found by its own name.
+def test_a_server_with_another_tokenizer_is_refused_before_the_first_rollout(vllm_url, tmp_path):
+    import dataclasses
+
+    from test_stages import build_trainer
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from loraflow.rl.vllm_server import Client
+
+    trainer = build_trainer("grpo", [f"rl.rollout.urls=[{vllm_url}]"], tmp_path)
+    er = trainer.hooks.finish.__self__.engine_rollouts
+    assert "vllm-tokenizer-mismatch" in {f.rule.id for f in trainer.plan.findings}
+    name = Client(vllm_url).base_model()
+    assert name == "base"
+    assert er._tokenizer_mismatch([vllm_url], name) is None
+    core = Tokenizer(models.WordLevel({"<unk>": 0, "The": 1}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>").save_pretrained(tmp_path / "words")
+    er.rollout = dataclasses.replace(er.rollout, tokenizer_dir=str(tmp_path / "words"))
+    refusal = er._tokenizer_mismatch([vllm_url], name)
+    assert refusal.startswith("[vllm-tokenizer-mismatch]") and "[1, 0, 0" in refusal

@@ -106,7 +106,7 @@ def rollout_fields(config: Config, spec: StageSpec, cpu: bool = False, sharded: 
     sync = ro.sync if ro.sync != "auto" else auto_sync(config, cpu, sharded)[0]
     return {"rollout_engine": "vllm", "rollout_sync": sync,
             "adapter_rank": max(ranks) if config.adapter.method != "full" else 0,
-            "engine_max_lora_rank": DEFAULT_MAX_LORA_RANK}
+            "engine_max_lora_rank": DEFAULT_MAX_LORA_RANK, "engine_tokenizer_checked": False}
 
 
 def decide_rollout(ctx: Context) -> tuple[RolloutPlan, list[Decision]]:

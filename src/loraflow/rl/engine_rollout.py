@@ -42,6 +42,8 @@ from loraflow.rl.vllm_server import Client, EngineError, LocalServer, Request, S
 log = logging.getLogger("loraflow")
 
 ENGINE_DTYPES = {"fp32": "float32", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}
+TOKENIZER_PROBE = "The engine's tokenizer: 12 + 3 = 15, naïve café, <tool_call>\n\tdone."
+"""Words, digits, spaces, accents, a tag and control characters: tokenizers that differ split some of it apart."""
 
 
 def hf_name(peft_name: str) -> str | None:
@@ -71,8 +73,10 @@ class EngineRollouts:
         self.server: LocalServer | None = None
         self.clients: list[Client] = []
         self.version = 0
-        self.served = "base"
-        """The model name requests use: `base`, or the loaded adapter version (name())."""
+        self.base_name = "base"
+        """The name the servers serve the base under (Client.base_model; `base` for loraflow's own)."""
+        self.served = self.base_name
+        """The model name requests use: the base's, or the loaded adapter version (name())."""
         self.fresh = False
         """Whether the engine got the policy at the last sync (the next rollout is checked)."""
         self.last_sync: SyncRecord | None = None
@@ -86,7 +90,7 @@ class EngineRollouts:
         import uuid
 
         urls = list(self.cfg.urls)
-        error, tag = None, f"loraflow-{uuid.uuid4().hex[:8]}"
+        error, tag, base_name = None, f"loraflow-{uuid.uuid4().hex[:8]}", "base"
         if not urls and self.rollout.base is None:  # the engine starts from the trainer's base: write it once
             with engine.gathered_for_generation() as model:
                 if engine.rank == 0:
@@ -100,14 +104,40 @@ class EngineRollouts:
                         raise EngineError(f"rl.rollout.urls: no vLLM server answers at {url}/health; start it with "
                                           "`vllm serve MODEL --enable-lora --logprobs-mode processed_logprobs` (and "
                                           "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True for adapter sync).")
+                names = [Client(u).base_model() for u in urls]
+                if len(set(names)) > 1:
+                    raise EngineError(f"rl.rollout.urls: the servers serve different models ({', '.join(names)}); "
+                                      "start every one on the run's base under one --served-model-name.")
+                base_name = names[0]
+                error = self._tokenizer_mismatch(urls, base_name)
             except EngineError as exc:
                 error = str(exc)
-        urls, error, self.tag = engine.gather_objects((urls, error, tag))[0]
+        urls, error, self.tag, base_name = engine.gather_objects((urls, error, tag, base_name))[0]
+        self.base_name = self.served = base_name
         self.rank = engine.rank
         if error:
             self.close()
             raise EngineError(error)
         self.clients = [Client(u) for u in urls]
+
+    def _tokenizer_mismatch(self, urls: list[str], base_name: str) -> str | None:
+        """Rule vllm-tokenizer-mismatch: prompts go to the engine as the trainer's token ids and samples come back
+        as ids, so nothing is tokenized twice; but an engine whose tokenizer differs serves another vocabulary (a
+        server started on another model), and its ids would mean other text. Each server's tokenization of a probe
+        text must equal the trainer's."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.rollout.tokenizer_dir)
+        want = tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False)
+        for url in urls:
+            got = Client(url).tokenize(base_name, TOKENIZER_PROBE)
+            if got != want:
+                return (f"[vllm-tokenizer-mismatch] the vLLM server at {url} tokenizes {TOKENIZER_PROBE!r} as "
+                        f"{got[:12]}, the trainer's tokenizer ({self.rollout.tokenizer_dir}) as {want[:12]}: the "
+                        "server serves another model or tokenizer, so the token ids it samples would mean other "
+                        "text. Start it on the run's base and tokenizer (`vllm serve BASE --tokenizer "
+                        "TOKENIZER`), or set model.tokenizer to the one it serves.")
+        return None
 
     def _start_local(self) -> str:
         base = self.rollout.base or self.dir / "base"
@@ -146,13 +176,13 @@ class EngineRollouts:
         return f"{self.tag}-v{version}"
 
     def close(self) -> None:
-        if self.served != "base" and self.server is None and self.rank == 0:  # remote: leave it as it was found
+        if self.served != self.base_name and self.server is None and self.rank == 0:  # remote: as it was found
             for client in self.clients:
                 try:
                     client.unload_adapter(self.served)
                 except EngineError:
                     pass
-            self.served = "base"
+            self.served = self.base_name
         if self.server is not None:
             self.server.stop()
             self.server = None
@@ -184,7 +214,7 @@ class EngineRollouts:
         if error:
             raise EngineError(error)
         self.version, self.fresh = version, True
-        self.served = self.name(version) if self.rollout.sync == "adapter" else "base"
+        self.served = self.name(version) if self.rollout.sync == "adapter" else self.base_name
         self.last_sync = SyncRecord(version, self.rollout.sync, int(moved), time.monotonic() - started)
         return self.last_sync
 

@@ -92,6 +92,12 @@ class Client:
     def models(self) -> list[str]:
         return [m["id"] for m in json.loads(self._request("/v1/models"))["data"]]
 
+    def base_model(self) -> str:
+        """The name the server serves its base model under (`vllm serve PATH` names it PATH unless
+        --served-model-name says otherwise; loaded LoRA adapters are listed with their base as `parent`)."""
+        models = json.loads(self._request("/v1/models"))["data"]
+        return next((m["id"] for m in models if not m.get("parent")), models[0]["id"])
+
     def load_adapter(self, name: str, path: Path) -> None:
         self._request("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
 
@@ -103,6 +109,11 @@ class Client:
         weights); the server needs VLLM_SERVER_DEV_MODE=1."""
         self._request("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
         self._request("/reset_prefix_cache", {})  # cached prefixes hold the old weights' keys and values
+
+    def tokenize(self, model: str, text: str) -> list[int]:
+        """The server's own token ids of `text` (no special tokens added): what its tokenizer makes of it."""
+        body = {"model": model, "prompt": text, "add_special_tokens": False}
+        return list(json.loads(self._request("/tokenize", body))["tokens"])
 
     def complete(self, model: str, prompt: list[int], n: int, max_tokens: int, temperature: float, seed: int | None,
                  stop: list[int], ignore_eos: bool = False) -> list[tuple[list[int], list[float]]]:

@@ -223,3 +223,29 @@ register(Rule(
         tells_apart="the engine runs colocated with the trainer (vllm_mode colocate, external_launcher, "
                     "colocate_all_models) when it finds too little free memory"),
 ))
+
+register(Rule(
+    id="vllm-tokenizer-mismatch",
+    title="The rollout engine tokenizes with another tokenizer than the trainer's",
+    verdict="fix",
+    impact="silent",
+    conditions="rollouts on vLLM where nothing checks that the engine's tokenizer is the trainer's: a remote server "
+               "started on another model path or tokenizer, or text that the engine tokenizes again",
+    knobs=("engine_tokenizer_checked",),
+    when=lambda s: _vllm(s) and s.engine_tokenizer_checked is False,
+    cause=("The engine samples token ids with its own tokenizer and vocabulary; the trainer scores and trains on them "
+           "with its own. A server started on another model or tokenizer gives ids that mean other text, and text "
+           "decoded and tokenized again need not give back the sampled ids (BPE merges differ, special tokens, a chat "
+           "template applied twice): the update then trains on tokens the engine never sampled, with no error."),
+    fix="loraflow sends prompts as the trainer's token ids and reads the samples back as ids (nothing is tokenized "
+        "twice), and before the first rollout compares each server's tokenization of a probe text (its /tokenize) "
+        "with the trainer's, refusing a server that differs (`[vllm-tokenizer-mismatch]`, naming both results).",
+    remedy=lambda s: {"engine_tokenizer_checked": True},
+    elsewhere="pass token ids to the engine rather than text (TRL does since its token-in/token-out change), start "
+              "the server on the trainer's model and tokenizer (`vllm serve BASE --tokenizer TOKENIZER`), and compare "
+              "the server's /tokenize of a sample text with the trainer's tokenizer",
+    references=("https://github.com/vllm-project/vllm/issues/8904", "https://github.com/huggingface/trl/pull/5238",
+                "https://github.com/vllm-project/vllm/pull/44708",
+                "https://github.com/marin-community/marin/pull/2458"),
+    fixed_in=None,
+))

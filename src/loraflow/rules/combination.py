@@ -143,6 +143,10 @@ class Combination:
     rollout_logprobs_processed: bool = False
     """The engine returns log-probabilities after temperature scaling (vLLM --logprobs-mode processed_logprobs),
     the distribution the tokens were sampled from, rather than the raw model's."""
+    engine_tokenizer_checked: bool | None = None
+    """The engine's tokenization is checked against the trainer's before the first rollout (prompts go as the
+    trainer's token ids, samples come back as ids); False where nothing checks it; None where unknown (launches
+    of other frameworks: not read)."""
     rollout_colocated: bool = False
     """The engine shares the trainer's GPUs while the trainer's weights stay on them: a colocated engine not
     time-shared by sleep and offload on both sides."""
