@@ -8,16 +8,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The environments build before pytest (a cold build takes minutes, and a test must never build one inside its
-# timeout), side by side: the DeepSpeed 0.15.3 one of the legacy tests and vLLM's (the RL rollout engine's
-# tests) need nothing from .venv, so they build while .venv and the floor environment (the oldest transformers and
-# peft pyproject.toml declares, on .venv's stack) do; mostly downloads and unpacking, about 100 s cold instead of
-# 240 s one after another.
+# timeout), side by side where they can: vLLM's (the RL rollout engine's tests) needs nothing from this clone, so it
+# builds in the background from the start; the DeepSpeed 0.15.3 one of the legacy tests installs this clone
+# editable, as .venv does, so it starts only once .venv's install has left the clone (two editable builds of one
+# tree at once race on its build files); the floor environment (the oldest transformers and peft pyproject.toml
+# declares) sits on .venv's stack. Mostly downloads and unpacking: about 2 minutes cold instead of 4.
 logs="$(mktemp -d)"
-bash scripts/setup_legacy_venv.sh >"$logs/legacy" 2>&1 &
-legacy=$!
 bash scripts/setup_vllm.sh >"$logs/vllm" 2>&1 &
 vllm=$!
 bash scripts/setup_env.sh test
+bash scripts/setup_legacy_venv.sh >"$logs/legacy" 2>&1 &
+legacy=$!
 bash scripts/setup_floor_venv.sh
 for job in legacy vllm; do
   if ! wait "${!job}"; then
