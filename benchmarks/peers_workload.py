@@ -35,8 +35,10 @@ IGNORE = -100
 
 
 # -- the workload, made once by the parent ----------------------------------------------------------------------
-def word_tokenizer(vocab_size: int):
-    """A WordLevel tokenizer of `vocab_size` ids (the specials, then w0, w1, ...): any id decodes and encodes."""
+def word_tokenizer(vocab_size: int, eos: bool = True):
+    """A WordLevel tokenizer of `vocab_size` ids (the specials, then w0, w1, ...): any id decodes and encodes.
+    `eos=False` declares no end-of-sequence token ("</s>" stays an ordinary word): a sampler that stops at the
+    tokenizer's EOS then never stops early (benchmarks/grpo_step.py needs completions of one length)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -46,14 +48,29 @@ def word_tokenizer(vocab_size: int):
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     # No post-processor: nobody adds a BOS, and the EOS each variant appends to the completion is the only special
     # token in a sample (TRL appends the string "</s>", loraflow the id; the batch hash shows they agree).
-    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>")
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>" if eos else None, pad_token="<pad>")
 
 
 def prepare(workdir: Path, model_shape: dict[str, Any], sizes: list[tuple[int, int]], rows_per_batch: int,
             dtype: str = "float32") -> dict[str, Any]:
     """Model + tokenizer in workdir/model (weights saved in `dtype`), data_SEQ.jsonl per sequence length with
     `rows_per_batch` batches of the largest batch asked at that length, initial_adapter.pt. Returns paths."""
+    longest = max(seq for seq, _ in sizes)
+    paths = prepare_model(workdir, model_shape, longest, dtype)
+    vocab_size = model_shape["vocab_size"]
+    batches: dict[int, int] = {}
+    for seq, batch in sizes:
+        batches[seq] = max(batches.get(seq, 0), batch)
+    data = {seq: str(_write_rows(workdir / f"data_{seq}.jsonl", seq, vocab_size, batch * rows_per_batch))
+            for seq, batch in batches.items()}
+    return {**paths, "data": data}
+
+
+def prepare_model(workdir: Path, model_shape: dict[str, Any], longest: int, dtype: str = "float32",
+                  eos: bool = True) -> dict[str, Any]:
+    """The seeded Llama and its word tokenizer in workdir/model, initial_adapter.pt beside it. `eos=False`: no
+    EOS in the tokenizer or the model's (generation) config, so no sampler stops before its token limit."""
     import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -62,17 +79,16 @@ def prepare(workdir: Path, model_shape: dict[str, Any], sizes: list[tuple[int, i
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir = workdir / "model"
     vocab_size = model_shape["vocab_size"]
-    tokenizer = word_tokenizer(vocab_size)
+    tokenizer = word_tokenizer(vocab_size, eos)
     torch.manual_seed(0)
     heads = model_shape["num_attention_heads"]
-    longest = max(seq for seq, _ in sizes)
     config = LlamaConfig(hidden_size=model_shape["hidden_size"], num_hidden_layers=model_shape["num_hidden_layers"],
                          num_attention_heads=heads, num_key_value_heads=model_shape.get("num_key_value_heads", heads),
                          intermediate_size=model_shape["intermediate_size"], vocab_size=vocab_size,
                          max_position_embeddings=max(4096, longest),
                          tie_word_embeddings=model_shape.get("tie_word_embeddings", False),
-                         rope_theta=model_shape.get("rope_theta", 10000.0), bos_token_id=1, eos_token_id=2,
-                         pad_token_id=3)
+                         rope_theta=model_shape.get("rope_theta", 10000.0), bos_token_id=1,
+                         eos_token_id=2 if eos else None, pad_token_id=3)
     # Built where it will run: initialising a billion weights takes seconds on a GPU, a minute on a few cores.
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = LlamaForCausalLM(config)
@@ -81,12 +97,7 @@ def prepare(workdir: Path, model_shape: dict[str, Any], sizes: list[tuple[int, i
     tokenizer.save_pretrained(model_dir)
     adapter = workdir / "initial_adapter.pt"
     torch.save(_initial_adapter(model), adapter)  # after saving: PEFT injects its layers into `model`
-    batches: dict[int, int] = {}
-    for seq, batch in sizes:
-        batches[seq] = max(batches.get(seq, 0), batch)
-    data = {seq: str(_write_rows(workdir / f"data_{seq}.jsonl", seq, vocab_size, batch * rows_per_batch))
-            for seq, batch in batches.items()}
-    return {"model": str(model_dir), "data": data, "adapter": str(adapter)}
+    return {"model": str(model_dir), "adapter": str(adapter)}
 
 
 def _write_rows(path: Path, seq: int, vocab_size: int, rows: int) -> Path:
