@@ -89,9 +89,6 @@ class Client:
         except EngineError:
             return False
 
-    def models(self) -> list[str]:
-        return [m["id"] for m in json.loads(self._request("/v1/models"))["data"]]
-
     def base_model(self) -> str:
         """The name the server serves its base model under (`vllm serve PATH` names it PATH unless
         --served-model-name says otherwise; loaded LoRA adapters are listed with their base as `parent`)."""
