@@ -1,0 +1,168 @@
+"""How `loraflow explain` and `loraflow check` do on the mined sample of issue 31 (tests/fixtures/mined/): public
+threads labelled by cause, a fifth of them set aside before any rule was written from the sample.
+
+explain reads each thread's posted output (its `log`, else its final `error` line): a thread whose cause is a rule of
+the catalog must get that rule first; any other (a cause outside the family, or one the catalog has no rule for)
+must get no claim. check reads each thread's posted launch (a command line, or a config file) with the versions the
+thread states: a thread whose cause is a rule must get that rule among its findings; any other must get no
+unconditional crash or silent finding.
+
+    python benchmarks/mined_accuracy.py                    # the set-aside fifth: scores only (never its misses)
+    python benchmarks/mined_accuracy.py --part train       # the other four fifths, with every miss
+    python benchmarks/mined_accuracy.py --part all --json  # machine-readable
+
+The set-aside fifth is scored, never mined for rules: its misses are not printed (--show-set-aside-misses exists for
+the closing review only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MINED = ROOT / "tests" / "fixtures" / "mined"
+COMMANDS = ("python", "python3", "torchrun", "deepspeed", "accelerate", "swift", "llamafactory-cli", "bash", "sh",
+            "ray", "trl", "tune", "axolotl", "CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "export", "nohup", "srun")
+
+
+def load(part: str) -> list[dict]:
+    aside = set(json.loads((MINED / "SET_ASIDE.json").read_text())["set_aside"])
+    rows = [json.loads(line) for path in sorted(MINED.glob("*.jsonl")) for line in path.read_text().splitlines()]
+    if part == "set-aside":
+        return [r for r in rows if r["id"] in aside]
+    if part == "train":
+        return [r for r in rows if r["id"] not in aside]
+    return rows
+
+
+def rule_ids() -> set[str]:
+    from loraflow.rules import all_rules
+
+    return {r.id for r in all_rules()}
+
+
+def score_explain(records: list[dict], rules: set[str]) -> list[dict]:
+    from loraflow.explain import diagnose_log
+
+    rows = []
+    for r in records:
+        text = r["log"] or r["error"]
+        if not text:
+            continue
+        _, candidates, _ = diagnose_log(text)
+        top = candidates[0].rule.id if candidates else None
+        expected = r["family"] if r["family"] in rules else None
+        ok = top == expected if expected else top is None
+        rows.append({"id": r["id"], "expected": expected, "family": r["family"], "top": top, "ok": ok,
+                     "candidates": [c.rule.id for c in candidates[:3]]})
+    return rows
+
+
+def _is_command(text: str) -> bool:
+    first = text.lstrip().split(None, 1)[0] if text.strip() else ""
+    return first.split("=")[0] in COMMANDS or first.startswith(("./", "/")) or first.endswith(".sh")
+
+
+def _check(r: dict) -> dict:
+    """`loraflow check --json` on the thread's launch: a command line as argv, anything else as a config file."""
+    import shlex
+
+    from loraflow.environment import TRACKED_PACKAGES, parse_versions
+    from loraflow.errors import LoraflowError
+    from loraflow.frontends import FRAMEWORKS, run_check
+
+    versions = parse_versions(",".join(f"{k}={m.group(0)}" for k, v in (r["versions"] or {}).items()
+                                       if k in TRACKED_PACKAGES and (m := re.search(r"\d+(\.\d+)+", str(v)))))
+    text = r["launch"]
+    try:
+        if _is_command(text):
+            joined = " ".join(line.rstrip("\\").strip() for line in text.splitlines()
+                              if line.strip() and not line.lstrip().startswith("#"))
+            out, _ = run_check(shlex.split(joined), None, [], dict(versions), True)
+        else:
+            suffix = ".json" if text.lstrip().startswith("{") else ".yaml"
+            with tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False) as f:
+                f.write(text)
+            # A config file alone: the framework the thread names (the user knows which one they ran).
+            framework = r["framework"] if r["framework"] in FRAMEWORKS else None
+            out, _ = run_check(None, framework, [f.name], dict(versions), True)
+        return json.loads(out)
+    except (LoraflowError, ValueError) as exc:  # ValueError: shlex on an unbalanced quote
+        return {"error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__, "findings": []}
+
+
+def score_check(records: list[dict], rules: set[str]) -> list[dict]:
+    rows = []
+    for r in records:
+        if not r["launch"]:
+            continue
+        doc = _check(r)
+        found = {f["rule"] for f in doc.get("findings", [])}
+        serious = {f["rule"] for f in doc.get("findings", [])
+                   if f.get("impact") in ("crash", "silent") and not f.get("holds_if")}
+        expected = r["family"] if r["family"] in rules else None
+        ok = expected in found if expected else not serious
+        rows.append({"id": r["id"], "expected": expected, "family": r["family"], "found": sorted(found),
+                     "serious": sorted(serious), "error": doc.get("error"), "ok": ok,
+                     "versions_given": bool(r["versions"])})
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    named = [r for r in rows if r["expected"]]
+    other = [r for r in rows if not r["expected"]]
+    return {"n": len(rows), "rule_cases": len(named), "rule_right": sum(r["ok"] for r in named),
+            "other_cases": len(other), "other_clean": sum(r["ok"] for r in other)}
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{a}/{b} ({100 * a / b:.0f}%)" if b else "0/0"
+
+
+def render(part: str, records: list[dict], explain: list[dict], check: list[dict], show_misses: bool) -> str:
+    e, c = summary(explain), summary(check)
+    fw = Counter(r["framework"] for r in records)
+    lines = [f"mined sample, part {part}: {len(records)} threads ({', '.join(f'{k} {v}' for k, v in fw.most_common())})",
+             f"explain ({e['n']} threads with posted output): cause is a rule, named first {_pct(e['rule_right'], e['rule_cases'])}; "
+             f"cause is not a rule, no claim {_pct(e['other_clean'], e['other_cases'])}",
+             f"check ({c['n']} threads with a posted launch): cause is a rule, found {_pct(c['rule_right'], c['rule_cases'])}; "
+             f"cause is not a rule, no unconditional crash/silent finding {_pct(c['other_clean'], c['other_cases'])}"]
+    if show_misses:
+        lines += ["", "explain misses:"]
+        lines += [f"  {r['id']}: {r['family']} -> {r['top']} (candidates {r['candidates']})"
+                  for r in explain if not r["ok"]]
+        lines += ["", "check misses:"]
+        lines += [f"  {r['id']}: {r['family']} -> found {r['found']}{' error: ' + r['error'] if r['error'] else ''}"
+                  for r in check if not r["ok"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", choices=("set-aside", "train", "all"), default="set-aside")
+    p.add_argument("--json", action="store_true", help="every row, machine-readable")
+    p.add_argument("--show-set-aside-misses", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    import logging
+
+    logging.disable(logging.WARNING)
+    records = load(args.part)
+    rules = rule_ids()
+    explain, check = score_explain(records, rules), score_check(records, rules)
+    if args.json:
+        print(json.dumps({"part": args.part, "explain": {**summary(explain), "rows": explain},
+                          "check": {**summary(check), "rows": check}}, indent=1))
+    else:
+        print(render(args.part, records, explain, check, args.part == "train" or args.show_set_aside_misses))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
