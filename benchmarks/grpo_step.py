@@ -1,6 +1,8 @@
 """Seconds per GRPO optimizer step, side by side (issue 30): loraflow sampling with the policy's own generate
-(`loraflow-hf`, rl.rollout.engine=hf), loraflow sampling on a local vLLM server that gets the adapter after every
-update (`loraflow-vllm`, rl.rollout.engine=vllm, adapter sync) and TRL 1.16's GRPOTrainer (`trl`, use_vllm=False),
+(`loraflow-hf`, rl.rollout.engine=hf), loraflow sampling on a local vLLM server that gets the policy after every
+update, with the adapter merged into the weights it serves (`loraflow-vllm-merged`, rl.rollout.sync=merged, what
+sync=auto picks for this workload on a CPU) or as a LoRA adapter (`loraflow-vllm-adapter`, rl.rollout.sync=adapter),
+and TRL 1.16's GRPOTrainer (`trl`, use_vllm=False),
 on one model, tokenizer, prompt set, reward function and group size.
 
     python benchmarks/grpo_step.py                      # hidden 512, 8 layers, vocab 8192; 8 prompts x 8 x 64 tokens
@@ -12,7 +14,7 @@ transformers than the 5.23 this stack trains with, so TRL + vLLM cannot run on t
 server from a venv of its own (scripts/setup_vllm.sh) and talks to it over HTTP.
 
 Each variant runs in its own fresh interpreter (`--worker`), one at a time, rounds interleaved (loraflow-hf,
-loraflow-vllm, trl; then the reverse). The workload, made once: a seeded Llama (benchmarks/peers_workload.py; hidden
+the two loraflow-vllm variants, trl; then the reverse). The workload, made once: a seeded Llama (benchmarks/peers_workload.py; hidden
 512, 8 layers, 8 heads, MLP 1376, vocab 8192, untied head, fp32), its WordLevel tokenizer, 8 prompts of 32 random
 words as plain text (no chat template: both tokenize the same string with the same tokenizer) and one initial LoRA
 adapter (small random B) that both load. The same in both: LoRA r16 alpha 32 dropout 0 on every linear layer but the
@@ -33,16 +35,16 @@ The report refuses to compare (exit 1, NOT COMPARABLE) unless every step of ever
 64 tokens and the first step's prompt token ids (all completions' prompts, sorted, hashed in each worker) agree.
 
 A "step" is one optimizer step end to end as each trainer runs it: sampling the group of every prompt, decoding,
-the reward, advantages, the policy's forward and backward over prompt + completion, clipping, AdamW. loraflow-vllm's
-step also holds the adapter sync (written, loaded by the server) and a forward scoring the sampled tokens under the
+the reward, advantages, the policy's forward and backward over prompt + completion, clipping, AdamW. A loraflow-vllm
+step also holds the sync (the adapter, or the merged weights, written and loaded by the server) and a forward scoring the sampled tokens under the
 trainer's policy for the engine/trainer log-prob check (TRL with vLLM would run that forward for its importance
 sampling). loraflow: a step's seconds are the gap between its metrics.jsonl row's wall-clock `time` and the previous
 row's (output.log_every_steps=1); TRL: the gap between consecutive on_step_end callbacks. The first step of a worker
-is warm-up, not timed (loraflow-vllm starts its engine there: reported apart, from loraflow's log records). The
+is warm-up, not timed (loraflow-vllm-* start their engine there: reported apart, from loraflow's log records). The
 rollout phase is timed inside the step: loraflow's stage prepare hook (sync, sampling, reward, advantages, the
 check's scoring), TRL's _generate_and_score_completions (generation, reward, advantages); the rest is the update.
 Reported per variant: median and min s/step over every timed step of all rounds, medians of the two phases, tokens
-per step, for loraflow-vllm the engine start and the sync's seconds and bytes (rollout/sync_seconds, sync_bytes of
+per step, for loraflow-vllm-* the engine start and the sync's seconds and bytes (rollout/sync_seconds, sync_bytes of
 metrics.jsonl); the ratios of the medians; the load average around each worker. On a shared machine times move with
 its load: compare variants within one run.
 """
@@ -65,7 +67,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # peers and peers_workload beside this file; loraflow imports `grpo_step:reward`
 
-VARIANTS = ("loraflow-hf", "loraflow-vllm", "trl")
+VARIANTS = ("loraflow-hf", "loraflow-vllm-merged", "loraflow-vllm-adapter", "trl")
+VLLM_VARIANTS = ("loraflow-vllm-merged", "loraflow-vllm-adapter")
 REWARD = "grpo_step:reward"
 """rl.rewards entry: this module, importable in the workers (their PYTHONPATH has benchmarks/)."""
 SIZES = {
@@ -156,7 +159,7 @@ def gaps(times: list[float]) -> list[float]:
 
 
 # -- loraflow ------------------------------------------------------------------------------------------------------
-def loraflow_overrides(spec: dict[str, Any], engine: str) -> list[str]:
+def loraflow_overrides(spec: dict[str, Any], variant: str) -> list[str]:
     """`loraflow train grpo KEY=VALUE ...` for this workload (printed in the report)."""
     from peers_workload import LORA, LR
 
@@ -167,7 +170,7 @@ def loraflow_overrides(spec: dict[str, Any], engine: str) -> list[str]:
             f"data.train={spec['prompts']}", "data.eval=null", f"data.max_length={s['prompt_len']}",
             f"rl.rewards=[{REWARD}]", f"rl.group_size={s['group']}", f"rl.max_new_tokens={s['new']}",
             f"rl.temperature={TEMPERATURE}", f"rl.clip_eps={CLIP_EPS}", f"rl.kl_coef={BETA}",
-            "rl.updates_per_rollout=1", f"rl.rollout.engine={engine}",
+            "rl.updates_per_rollout=1", *engine_overrides(variant),
             "train.seed=0", f"train.micro_batch_size={s['prompts']}", "train.gradient_accumulation_steps=1",
             f"train.max_steps={spec['steps']}", f"train.learning_rate={LR}", "train.weight_decay=0.0",
             "train.warmup_steps=0", "train.schedule=constant", "train.max_grad_norm=1.0",
@@ -175,7 +178,13 @@ def loraflow_overrides(spec: dict[str, Any], engine: str) -> list[str]:
             "output.save_every_steps=0", "output.log_every_steps=1"]
 
 
-def run_loraflow(spec: dict[str, Any], engine: str) -> dict[str, Any]:
+def engine_overrides(variant: str) -> list[str]:
+    """loraflow-hf: the policy's generate; loraflow-vllm-SYNC: a local vLLM server synced that way."""
+    engine, _, sync = variant.removeprefix("loraflow-").partition("-")
+    return [f"rl.rollout.engine={engine}", *([f"rl.rollout.sync={sync}"] if sync else [])]
+
+
+def run_loraflow(spec: dict[str, Any], variant: str) -> dict[str, Any]:
     """The config `loraflow train grpo` reads from these overrides, built and fitted by pipeline.build_run as
     `train` does; the stage's prepare hook (rollout, reward, advantages) is wrapped only to look at its batches."""
     from loraflow.data.formatting import IGNORE
@@ -190,7 +199,7 @@ def run_loraflow(spec: dict[str, Any], engine: str) -> dict[str, Any]:
     logger.setLevel(logging.INFO)  # the records reach the handler; nothing is printed (no handler prints INFO)
     logger.addHandler(log_times)
     run_dir = Path(spec["run_dir"])
-    config = load_run_config("grpo", None, loraflow_overrides(spec, engine))
+    config = load_run_config("grpo", None, loraflow_overrides(spec, variant))
     run = build_run(config, detect_environment(), run_dir,
                     adjust_model=lambda model: load_adapter(model, spec["adapter"]))
     rollouts = Rollouts()
@@ -216,7 +225,7 @@ def run_loraflow(spec: dict[str, Any], engine: str) -> dict[str, Any]:
     step_times = gaps([r["time"] for r in rows])
     result = {"step_times": step_times, "generated": rollouts.generated, "first_prompts": rollouts.first_prompts,
               "device": run.plan.device, **rollouts.timed(step_times)}
-    if engine == "vllm":
+    if variant in VLLM_VARIANTS:
         started = log_times.first("rollout engine: starting a local vLLM server")
         answered = log_times.first("rollout engine: vLLM answered")
         timed = rows[1:]
@@ -295,7 +304,7 @@ def run_worker(variant: str, spec_path: str, out_path: str) -> None:
 
     warnings.filterwarnings("ignore")
     spec = json.loads(Path(spec_path).read_text())
-    result = run_trl(spec) if variant == "trl" else run_loraflow(spec, variant.split("-", 1)[1])
+    result = run_trl(spec) if variant == "trl" else run_loraflow(spec, variant)
     result.update(variant=variant, threads=torch.get_num_threads())
     Path(out_path).write_text(json.dumps(result))
 
@@ -366,7 +375,7 @@ def problems(summary: dict[str, dict[str, Any]], expected_tokens: int) -> list[s
 
 def ratios(summary: dict[str, dict[str, Any]], key: str = "median_s") -> dict[str, float]:
     """loraflow's variants over TRL and vLLM over generate, of `key` (median_s or min_s)."""
-    pairs = (("loraflow-hf", "trl"), ("loraflow-vllm", "trl"), ("loraflow-vllm", "loraflow-hf"))
+    pairs = (("loraflow-hf", "trl"), *((v, "trl") for v in VLLM_VARIANTS), *((v, "loraflow-hf") for v in VLLM_VARIANTS))
     values = [(f"{a}/{b}", summary.get(a, {}).get(key), summary.get(b, {}).get(key)) for a, b in pairs]
     return {name: x / y for name, x, y in values if x and y}
 
@@ -399,26 +408,26 @@ def print_settings(size: dict[str, Any], args, trl_version: str, vllm_version: s
 
 
 def print_report(summary: dict[str, Any], rates: dict[str, dict[str, float]], found: list[str]) -> None:
-    print(f"\n{'variant':<14}{'median s':>10}{'min s':>9}{'rollout s':>11}{'update s':>10}{'steps':>7}"
+    print(f"\n{'variant':<23}{'median s':>10}{'min s':>9}{'rollout s':>11}{'update s':>10}{'steps':>7}"
           f"{'tokens/step':>13}{'engine start s':>16}{'sync s':>9}{'sync MB':>9}")
     for v, r in summary.items():
         if "error" in r:
-            print(f"{v:<14}FAILED ({r['error']})\n    " + r.get("tail", "").replace("\n", "\n    "))
+            print(f"{v:<23}FAILED ({r['error']})\n    " + r.get("tail", "").replace("\n", "\n    "))
             continue
         tokens = "/".join(str(g) for g in r["generated"])
         sync_mb = "/".join(f"{b / 1e6:.2f}" for b in r["sync_bytes"]) if "sync_bytes" in r else "-"
-        print(f"{v:<14}{_fmt(r['median_s'], '10.2f')}{_fmt(r['min_s'], '9.2f')}{_fmt(r['rollout_s'], '11.2f')}"
+        print(f"{v:<23}{_fmt(r['median_s'], '10.2f')}{_fmt(r['min_s'], '9.2f')}{_fmt(r['rollout_s'], '11.2f')}"
               f"{_fmt(r['update_s'], '10.2f')}{len(r['step_times']):>7}"
               f"{tokens:>13}{_fmt(r.get('engine_start_s'), '16.1f')}{_fmt(r.get('sync_s'), '9.3f')}{sync_mb:>9}")
-    print("rollout s: sampling to advantages (loraflow-vllm: with the sync and the check's scoring forward); update s: "
+    print("rollout s: sampling to advantages (loraflow-vllm-*: with the sync and the check's scoring forward); update s: "
           "the rest of the step (forward, backward, clipping, AdamW); medians per step")
     for key, label in (("median_s", "median"), ("min_s", "min")):
         if rates[key]:
             print(f"ratios of {label} s/step: " + ", ".join(f"{k} {v:.2f}" for k, v in rates[key].items()))
-    vllm = summary.get("loraflow-vllm", {})
-    if "logprob_diff_max" in vllm:
-        print(f"loraflow-vllm: largest engine/trainer log-prob difference of a sampled token "
-              f"{vllm['logprob_diff_max']:.1e}")
+    for v in VLLM_VARIANTS:
+        if "logprob_diff_max" in summary.get(v, {}):
+            print(f"{v}: largest engine/trainer log-prob difference of a sampled token "
+                  f"{summary[v]['logprob_diff_max']:.1e}")
     hashes = {h for r in summary.values() if "error" not in r for h in r["first_prompts"]}
     if not found:
         print(f"first step's prompt token ids: the same in every variant (hash {', '.join(sorted(hashes))})")
@@ -446,7 +455,7 @@ def run(args, workdir: Path) -> int:
     size = {**SIZES["quick" if args.quick else "full"]}
     args.steps = args.steps or size["steps"]
     args.rounds = args.rounds or (1 if args.quick else 2)
-    print_settings(size, args, version("trl"), vllm_version() if "loraflow-vllm" in args.variants else None)
+    print_settings(size, args, version("trl"), vllm_version() if set(VLLM_VARIANTS) & set(args.variants) else None)
     paths = prepare(workdir, size)
     spec = {**paths, "size": size, "steps": args.steps}
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in args.variants}
