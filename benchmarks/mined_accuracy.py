@@ -41,13 +41,20 @@ def load(part: str) -> list[dict]:
     return rows
 
 
-def rule_ids() -> set[str]:
+def rule_ids() -> dict[str, str]:
+    """family slug -> the rule that covers it: every rule id itself, and each family of a cluster in CLUSTERS.json
+    that became a rule."""
     from loraflow.rules import all_rules
 
-    return {r.id for r in all_rules()}
+    ids = {r.id: r.id for r in all_rules()}
+    clusters = json.loads((MINED / "CLUSTERS.json").read_text())["clusters"]
+    for cluster in clusters.values():
+        if cluster["rule"] in ids:
+            ids.update({family: cluster["rule"] for family in cluster["families"]})
+    return ids
 
 
-def score_explain(records: list[dict], rules: set[str]) -> list[dict]:
+def score_explain(records: list[dict], rules: dict[str, str]) -> list[dict]:
     from loraflow.explain import diagnose_log
 
     rows = []
@@ -57,7 +64,7 @@ def score_explain(records: list[dict], rules: set[str]) -> list[dict]:
             continue
         _, candidates, _ = diagnose_log(text)
         top = candidates[0].rule.id if candidates else None
-        expected = r["family"] if r["family"] in rules else None
+        expected = rules.get(r["family"])
         ok = top == expected if expected else top is None
         rows.append({"id": r["id"], "expected": expected, "family": r["family"], "top": top, "ok": ok,
                      "candidates": [c.rule.id for c in candidates[:3]]})
@@ -97,7 +104,7 @@ def _check(r: dict) -> dict:
         return {"error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__, "findings": []}
 
 
-def score_check(records: list[dict], rules: set[str]) -> list[dict]:
+def score_check(records: list[dict], rules: dict[str, str]) -> list[dict]:
     rows = []
     for r in records:
         if not r["launch"]:
@@ -106,7 +113,7 @@ def score_check(records: list[dict], rules: set[str]) -> list[dict]:
         found = {f["rule"] for f in doc.get("findings", [])}
         serious = {f["rule"] for f in doc.get("findings", [])
                    if f.get("impact") in ("crash", "silent") and not f.get("holds_if")}
-        expected = r["family"] if r["family"] in rules else None
+        expected = rules.get(r["family"])
         ok = expected in found if expected else not serious
         rows.append({"id": r["id"], "expected": expected, "family": r["family"], "found": sorted(found),
                      "serious": sorted(serious), "error": doc.get("error"), "ok": ok,
@@ -128,11 +135,14 @@ def _pct(a: int, b: int) -> str:
 def render(part: str, records: list[dict], explain: list[dict], check: list[dict], show_misses: bool) -> str:
     e, c = summary(explain), summary(check)
     fw = Counter(r["framework"] for r in records)
-    lines = [f"mined sample, part {part}: {len(records)} threads ({', '.join(f'{k} {v}' for k, v in fw.most_common())})",
-             f"explain ({e['n']} threads with posted output): cause is a rule, named first {_pct(e['rule_right'], e['rule_cases'])}; "
-             f"cause is not a rule, no claim {_pct(e['other_clean'], e['other_cases'])}",
-             f"check ({c['n']} threads with a posted launch): cause is a rule, found {_pct(c['rule_right'], c['rule_cases'])}; "
-             f"cause is not a rule, no unconditional crash/silent finding {_pct(c['other_clean'], c['other_cases'])}"]
+    frameworks = ", ".join(f"{k} {v}" for k, v in fw.most_common())
+    lines = [f"mined sample, part {part}: {len(records)} threads ({frameworks})",
+             f"explain ({e['n']} threads with posted output): cause is a rule, named first "
+             f"{_pct(e['rule_right'], e['rule_cases'])}; cause is not a rule, no claim "
+             f"{_pct(e['other_clean'], e['other_cases'])}",
+             f"check ({c['n']} threads with a posted launch): cause is a rule, found "
+             f"{_pct(c['rule_right'], c['rule_cases'])}; cause is not a rule, no unconditional crash/silent finding "
+             f"{_pct(c['other_clean'], c['other_cases'])}"]
     if show_misses:
         lines += ["", "explain misses:"]
         lines += [f"  {r['id']}: {r['family']} -> {r['top']} (candidates {r['candidates']})"

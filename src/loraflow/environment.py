@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
 
-TRACKED_PACKAGES = ("torch", "transformers", "peft", "deepspeed", "bitsandbytes", "accelerate", "trl")
+TRACKED_PACKAGES = ("torch", "transformers", "peft", "deepspeed", "bitsandbytes", "accelerate", "trl", "unsloth")
 
 
 def installed_version(package: str) -> Version | None:

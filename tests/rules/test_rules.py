@@ -104,6 +104,20 @@ CASES = {
     "kbit-cpu-repack": (
         BASE.replace(quantization="4bit", cpu=True),
         BASE.replace(quantization="4bit", cpu=False)),
+    "kbit-merge": (
+        BASE.replace(quantization="4bit", merge_into_quantized=True),
+        BASE.replace(quantization=None, merge_into_quantized=True)),
+    "zero-grad-reduced-twice": (
+        BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, checkpointing="all", reentrant=True,
+                     forwards_per_step=2),
+        BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, checkpointing="all", reentrant=False,
+                     forwards_per_step=2)),
+    "kbit-model-moved": (
+        BASE.replace(quantization="8bit", quantized_moved=True),
+        BASE.replace(quantization="8bit")),
+    "unsloth-multi-gpu": (
+        DDP.replace(unsloth=True, versions={"unsloth": Version("2025.4.1")}),
+        BASE.replace(unsloth=True)),
     "kbit-full-finetune": (
         BASE.replace(quantization="4bit", adapter="full"),
         BASE.replace(quantization="4bit")),

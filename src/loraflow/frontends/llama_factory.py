@@ -62,11 +62,12 @@ FLAGS = {"checkpointing": "disable_gradient_checkpointing", "reentrant": "use_re
          "engine": "deepspeed / accelerate --config_file", "world_size": "NPROC_PER_NODE / CUDA_VISIBLE_DEVICES",
          "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the deepspeed JSON",
          "targets_all_towers": "lora_target / freeze_vision_tower", "image_safe_truncation": "cutoff_len / "
-         "image_max_pixels", "towers_trainable": "freeze_vision_tower / freeze_multi_modal_projector"}
+         "image_max_pixels", "towers_trainable": "freeze_vision_tower / freeze_multi_modal_projector",
+         "unsloth": "use_unsloth"}
 _HANDLED = {"stage", "finetuning_type", "use_dora", "lora_target", "additional_target", "quantization_bit",
             "quantization_method", "disable_gradient_checkpointing", "use_reentrant_gc", "use_unsloth_gc", "deepspeed",
             "bf16", "fp16", "pure_bf16", "packing", "neat_packing", "ddp_find_unused_parameters", "ddp_static_graph",
-            "gradient_checkpointing", "fsdp", "fsdp_config", "model_name_or_path"}
+            "gradient_checkpointing", "fsdp", "fsdp_config", "model_name_or_path", "use_unsloth"}
 
 
 def _refuse_accelerate(path: str, data: dict) -> None:
@@ -274,6 +275,8 @@ def _trainer(draft: Draft, opts: dict, stage_raw: str, ftype: str) -> None:
 
 _FACTS = (
     Field("ddp_static_graph", ("ddp_static_graph",), switch),
+    # use_unsloth loads the model through unsloth.FastLanguageModel (src/llamafactory/model/model_utils/unsloth.py).
+    Field("unsloth", ("use_unsloth",), switch),
     fact("forwards_per_step", 1, "concatenated_forward (src/llamafactory/train/dpo/trainer.py)",
          when=at_stage("dpo", "rm")),
     fact("generation", True, "PPO samples with generate (src/llamafactory/train/ppo/trainer.py)", when=at_stage("ppo")),

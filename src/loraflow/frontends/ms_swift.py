@@ -64,6 +64,7 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "generation_gather": "--ds3_gather_for_generation", "embeddings_trainable": "--modules_to_save",
          "lm_head_trainable": "--modules_to_save", "world_size": "NPROC_PER_NODE",
          "targets_all_towers": "--target_modules", "towers_trainable": "--freeze_vit / --freeze_aligner",
+         "unsloth": "--tuner_backend",
          "image_safe_truncation": "--max_length / MAX_PIXELS", **rollouts.VLLM_FLAGS}
 _HANDLED = {"train_type", "tuner_type", "sft_type", "use_dora", "target_modules", "modules_to_save",
             "gradient_checkpointing", "gradient_checkpointing_kwargs", "deepspeed", "fsdp", "fsdp_config",
@@ -225,6 +226,8 @@ _TRAINER = (
     Field("packing", ("padding_free",), switch),
     Field("find_unused_parameters", ("ddp_find_unused_parameters",), default=_unused_parameters_default),
     Field("ddp_static_graph", ("ddp_static_graph",), switch),
+    # --tuner_backend unsloth loads and patches the model with Unsloth (swift/llm/model/register.py).
+    Field("unsloth", ("tuner_backend",), lambda v, w: True if str(v).lower() == "unsloth" else None),
     Field("generation", ("use_vllm",), lambda v, w: False if as_bool(v, w) else None, when=_rollouts,
           suffix=" (rollouts come from vLLM)"),
     fact("generation", True, "default (ms-swift swift/rlhf_trainers/args_mixin.py: use_vllm false, model.generate)",

@@ -149,6 +149,13 @@ def _sync(draft: Draft) -> tuple[str, str]:
                       "(trl/generation/vllm_generation.py _iter_named_params; grpo_trainer.py before 1.x)")
 
 
+def _merge_into_quantized(draft: Draft) -> tuple[bool, str] | None:
+    if draft.get("rollout_sync") != "merged" or not _lora(draft) or not draft.get("quantization"):
+        return None
+    return True, ("TRL merges the adapter into the quantized weights before each sync and unmerges it after "
+                  "(merge_adapter / unmerge_adapter on PEFT's bitsandbytes layers)")
+
+
 def _processed(draft: Draft) -> tuple[bool, str]:
     first = PROCESSED_COLOCATE_SINCE if draft.get("rollout_colocated") else PROCESSED_SERVER_SINCE
     where = "the colocated engine (PR #4163)" if draft.get("rollout_colocated") else "`trl vllm-serve` (PR #4873)"
@@ -173,6 +180,7 @@ def _vllm_table(trainer: str, sleeps: bool) -> tuple[Field, ...]:
         Field("adapter_rank", ("lora_r",), rank, Default(16, "default (TRL trl/trainer/model_config.py: lora_r 16)"),
               when=_lora),
         Field("rollout_sync", default=_sync),
+        Field("merge_into_quantized", default=_merge_into_quantized),
         Field("rollout_colocated", ("vllm_mode",), lambda v, w: str(v) == "colocate", Default(
             False, "default (TRL < 1.0: vllm_mode server; before 0.18 vllm_device auto, a GPU no rank trains on)",
             since=(("trl", COLOCATE_DEFAULT_SINCE, True, "default (TRL >= 1.0 grpo_config.py: vllm_mode colocate)"),))),

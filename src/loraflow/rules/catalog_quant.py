@@ -110,3 +110,86 @@ register(Rule(
                 "(Linear8bitLt.init_8bit_state)",),
     fixed_in=None,
 ))
+
+register(Rule(
+    id="kbit-merge",
+    title="An adapter merged into 4-bit or 8-bit base weights",
+    verdict="fix",
+    impact="silent",
+    conditions="a bitsandbytes 4-bit or 8-bit base and an adapter merged into it: merge_and_unload on the quantized "
+               "model, a sync that merges the adapter into the quantized weights for an inference engine and "
+               "unmerges it after (TRL's use_vllm with a QLoRA policy), a merge command that loads the base quantized",
+    knobs=("merge_into_quantized", "quantization"),
+    when=lambda s: s.quantization is not None and s.merge_into_quantized,
+    cause=("A quantized weight has no float storage to add the adapter's delta to: PEFT dequantizes it, adds B@A "
+           "and quantizes the sum again. The second quantization rounds the delta (an NF4 code has 16 levels per "
+           "block), so the merged model no longer computes what was trained; a merge-then-unmerge round trip at "
+           "every engine sync also leaves the trained base a little different after each step. Where the result "
+           "must be moved or cast (a merged 4-bit model saved in another dtype), transformers refuses outright."),
+    fix="loraflow merges into the dequantized base, never into the 4-bit codes: `loraflow merge` writes the base "
+        "with the adapter merged in at the compute precision, and a QLoRA policy's merged vLLM sync sends every "
+        "quantized weight dequantized with the adapter added.",
+    remedy=lambda s: {"merge_into_quantized": False},
+    elsewhere="load the base unquantized (bf16/fp16) to merge, or serve the adapter unmerged (an inference engine's "
+              "LoRA support, TRL's adapter sync where the release has it)",
+    references=("https://github.com/huggingface/peft/issues/1043", "https://github.com/huggingface/peft/issues/2501",
+                "https://github.com/huggingface/trl/pull/5188",
+                "https://github.com/axolotl-ai-cloud/axolotl/issues/596",
+                "https://github.com/axolotl-ai-cloud/axolotl/pull/2511",
+                "https://github.com/huggingface/peft/blob/main/src/peft/tuners/lora/bnb.py (Linear4bit.merge)"),
+    fixed_in="design",
+    log=LogSigns(
+        frames=(Message(r"peft[/\\.]tuners[/\\.]lora[/\\.]bnb\.py:(merge|unmerge)$", "own"),),
+        messages=(Message(r"Merge lora module to (4|8)-bit linear may get different generations due to rounding "
+                          r"errors", "warning", "peft/tuners/lora/bnb.py: Linear4bit.merge / Linear8bitLt.merge"),
+                  Message(r"Unmerge lora module to (4|8)-bit linear may get different generations due to rounding "
+                          r"errors", "warning", "peft/tuners/lora/bnb.py: unmerge"),
+                  Message(r"You cannot cast a bitsandbytes model in a new `?dtype`?", "shared",
+                          "transformers/modeling_utils.py: PreTrainedModel.to / half / float"),
+                  Message(r"`?\.to`? is not supported for `?4-bit`? or `?8-bit`? bitsandbytes models", "shared",
+                          "transformers/modeling_utils.py: PreTrainedModel.to")),
+        evidence=(Evidence("merge", 4, "the adapter is merged (merge_and_unload, merge_adapter)", decisive=True),
+                  Evidence("merge_frames", 3, "the traceback runs through a LoRA merge"),
+                  Evidence("quant4bit", 4, "a quantized base is in use: the merge goes into its 4-bit codes")),
+        prior=0.5,
+        tells_apart="PEFT's rounding warning at the merge, or a merge call on the traceback of transformers' refusal "
+                    "to move or cast a quantized model"),
+))
+
+register(Rule(
+    id="kbit-model-moved",
+    title="A 4-bit or 8-bit model moved to another device after loading",
+    verdict="fix",
+    impact="crash",
+    conditions="a bitsandbytes-quantized model (the policy, a reference or a reward model) moved or cast after it "
+               "was loaded: a DeepSpeed engine wrapping it calls module.to(device), accelerate prepares a model "
+               "loaded on another device than its rank's",
+    knobs=("quantized_moved", "quantization"),
+    when=lambda s: s.quantization is not None and s.quantized_moved,
+    cause=("bitsandbytes places and quantizes the weights while the model loads; transformers refuses to move or "
+           "cast the result (8-bit always, 4-bit before bitsandbytes 0.43.2), and accelerate refuses to train a "
+           "quantized model on another device than the one it was loaded on. A DeepSpeed engine built around a "
+           "quantized model moves it to its device at construction, and a multi-process run that loads a quantized "
+           "model without a per-rank device_map puts every rank's copy on the first GPU."),
+    fix="loraflow loads a quantized model on its rank's device (device_map {'': local rank}) and never moves or "
+        "casts it afterwards.",
+    remedy=lambda s: {"quantized_moved": False},
+    elsewhere="load quantized models with device_map={'': local_rank} (PartialState().process_index) on every rank, "
+              "and keep quantized reference or reward models out of a DeepSpeed engine (or load them unquantized)",
+    references=("https://github.com/OpenRLHF/OpenRLHF/issues/403", "https://github.com/huggingface/trl/issues/2760",
+                "https://github.com/huggingface/transformers/blob/main/src/transformers/modeling_utils.py "
+                "(PreTrainedModel.to)",
+                "https://github.com/huggingface/accelerate/blob/main/src/accelerate/accelerator.py (prepare_model)"),
+    fixed_in="design",
+    log=LogSigns(
+        messages=(Message(r"`?\.to`? is not supported for `?4-bit`? or `?8-bit`? bitsandbytes models", "shared",
+                          "transformers/modeling_utils.py: PreTrainedModel.to"),
+                  Message(r"You can't train a model that has been loaded in 8-bit or 4-bit precision on a "
+                          r"different device", "own", "accelerate/accelerator.py: prepare_model")),
+        frames=(Message(r"deepspeed[/\\.]runtime[/\\.]engine\.py:_configure_distributed_model$", "shared"),
+                Message(r"accelerate[/\\.]accelerator\.py:prepare_model$", "generic")),
+        evidence=(Evidence("deepspeed", 2, "a DeepSpeed engine moves the model it wraps to its device"),
+                  Evidence("quant4bit", 2, "a quantized model is in use")),
+        prior=1.0,
+        tells_apart="no merge on the traceback: the model is moved by an engine's or accelerate's preparation"),
+))

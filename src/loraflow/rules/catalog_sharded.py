@@ -178,35 +178,6 @@ register(Rule(
 ))
 
 register(Rule(
-    id="ddp-reentrant-unused",
-    title="DDP counts reentrant recompute's parameter hooks twice",
-    verdict="fix",
-    impact="crash",
-    conditions="DDP, reentrant checkpointing, find_unused_parameters=True, no static graph",
-    knobs=("find_unused_parameters", "reentrant", "ddp_static_graph"),
-    when=lambda s: (s.gradient_reducer and s.checkpointed and s.reentrant is True and s.find_unused_parameters
-                    and not s.ddp_static_graph),
-    cause=("Reentrant checkpointing runs a second autograd pass in backward that fires each parameter's gradient "
-           "hook again. DDP with find_unused_parameters=True marks a parameter ready per hook and refuses the "
-           "second mark. The HF Trainer turns find_unused_parameters on for PEFT models with checkpointing."),
-    fix="loraflow wraps DDP with find_unused_parameters=False: every adapter is used in every forward.",
-    remedy=lambda s: {"find_unused_parameters": False},
-    elsewhere="ddp_find_unused_parameters=False, or non-reentrant checkpointing, or static_graph=True",
-    references=("https://github.com/huggingface/transformers/issues/23018",
-                "https://github.com/pytorch/pytorch/issues/24005",
-                "https://github.com/huggingface/accelerate/issues/2017"),
-    fixed_in="not a bug: configuration",
-    log=LogSigns(
-        messages=(Message(r"Expected to mark a variable ready only once", "own",
-                          "torch/csrc/distributed/c10d/reducer.cpp: mark_variable_ready"),
-                  Message(r"has been marked as ready twice|marked as ready twice", "own",
-                          "reducer.cpp (names the parameter, with TORCH_DISTRIBUTED_DEBUG)")),
-        evidence=(Evidence("find_unused", 2, "DDP's unused-parameter search is on"),
-                  Evidence("checkpointing", 1, "checkpointing is in use"),
-                  Evidence("reentrant", 1, "reentrant checkpointing is named"))),
-))
-
-register(Rule(
     id="zero3-empty-adapter-save",
     title="ZeRO-3 adapter saved without gathering its partitions",
     verdict="fix",

@@ -124,6 +124,16 @@ class Combination:
     mixed_param_dtypes: bool = False
     """Trainable adapters are stored in float32 beside a base stored in bf16/fp16 (PEFT's autocast_adapter_dtype
     upcasts adapters of a half-precision base since peft 0.12)."""
+    merge_into_quantized: bool = False
+    """The adapter is merged into 4-/8-bit base weights (bitsandbytes): PEFT dequantizes, adds the delta and
+    quantizes again. merge_and_unload on a quantized model, a merge-then-unmerge sync of a QLoRA policy into an
+    inference engine (TRL's use_vllm), a merge command that loads the base quantized."""
+    quantized_moved: bool = False
+    """A bitsandbytes-quantized model (policy, reference, reward) is moved to another device or cast after loading:
+    a DeepSpeed engine's module.to(device), accelerate preparing a model loaded on another rank's device."""
+    unsloth: bool = False
+    """The model is loaded and patched by Unsloth (FastLanguageModel / FastVisionModel; LLaMA-Factory use_unsloth,
+    ms-swift --tuner_backend unsloth)."""
     rollout_engine: Literal["hf", "vllm"] = "hf"
     """What samples an RL stage's rollouts: the trained model's own generate (hf) or a vLLM server (vllm)."""
     rollout_sync: Literal["adapter", "merged", "unmerged"] | None = None

@@ -20,8 +20,8 @@ __all__ = ["SYMPTOMS", "Finding", "Rule", "affected_by", "all_rules", "evaluate"
 
 def all_rules() -> list[Rule]:
     # Importing the catalogs registers their rules.
-    from loraflow.rules import (catalog, catalog_fsdp, catalog_quant, catalog_rollout,  # noqa: F401
-                                catalog_sharded, catalog_vision)
+    from loraflow.rules import (catalog, catalog_fsdp, catalog_patchers, catalog_quant,  # noqa: F401
+                                catalog_reducers, catalog_rollout, catalog_sharded, catalog_vision)
 
     return list(_REGISTRY.values())
 

@@ -1,0 +1,41 @@
+"""The rules of kernel patchers: libraries that replace a model's modules or its trainer's code with their own
+kernels (Unsloth) and so change what the rest of the stack may assume."""
+
+from __future__ import annotations
+
+from loraflow.rules.rule import Rule, register
+from loraflow.rules.signs import LogSigns, Message
+
+UNSLOTH_DDP_SINCE = "2026.6"
+"""Unsloth's open-source releases refused more than one process until data-parallel support landed (PR #3917;
+maintainers' comments of 2026-06-10 and 2026-06-18 in unslothai/unsloth#127 and #2147 say it is in, or in the next
+PyPI release). Unsloth numbers its releases by date; the first with it is taken as June 2026's."""
+
+register(Rule(
+    id="unsloth-multi-gpu",
+    title="Unsloth on more than one GPU in a release without its multi-GPU support",
+    verdict="error",
+    impact="crash",
+    conditions="a model patched by Unsloth (FastLanguageModel, LLaMA-Factory use_unsloth, ms-swift --tuner_backend "
+               "unsloth) in a launch with more than one process (torchrun, accelerate, DeepSpeed, FSDP)",
+    knobs=("unsloth", "world_size"),
+    affected={"unsloth": f"<{UNSLOTH_DDP_SINCE}"},
+    when=lambda s: s.unsloth and s.world_size > 1,
+    cause=("Unsloth's open-source releases supported one GPU: its trainer patch checks the world size (and, in "
+           "older releases, the GPUs holding memory) and raises before the first step; runs that got past it "
+           "(DeepSpeed through LLaMA-Factory's early integration) were unsupported and their results unverified "
+           "by the maintainers."),
+    fix="Launch on one GPU (one process), or drop Unsloth (LLaMA-Factory use_unsloth: false) for the multi-GPU "
+        "run, or upgrade Unsloth to a release with data-parallel support.",
+    elsewhere="run one process (CUDA_VISIBLE_DEVICES=0) with Unsloth, or train without it under DDP/DeepSpeed/FSDP",
+    references=("https://github.com/unslothai/unsloth/issues/859", "https://github.com/unslothai/unsloth/issues/2147",
+                "https://github.com/unslothai/unsloth/issues/127",
+                "https://github.com/hiyouga/LlamaFactory/issues/2253",
+                "https://github.com/unslothai/unsloth/blob/main/unsloth/models/llama.py (get_max_steps)"),
+    fixed_in=UNSLOTH_DDP_SINCE,
+    log=LogSigns(
+        messages=(Message(r"Unsloth currently does not support multi GPU setups", "own",
+                          "unsloth/models/_utils.py, llama.py: the trainer patch's GPU check"),),
+        prior=1.0,
+        tells_apart="Unsloth's own refusal of a multi-GPU launch"),
+))

@@ -1,0 +1,46 @@
+"""Frontends of `loraflow check` feeding the rules written from the mined sample (issue 31): a QLoRA policy synced
+into vLLM by merging (TRL --use_vllm --load_in_4bit), Unsloth under a multi-process launch (LLaMA-Factory
+use_unsloth, ms-swift --tuner_backend unsloth). Pure parsing, as in test_frontends.py."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from packaging.version import Version
+
+from loraflow.frontends import from_command, run_check
+
+CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2"),
+           "deepspeed": Version("0.19.8"), "trl": Version("1.16.0")}
+TRL_QLORA_GRPO = ("accelerate launch --num_processes 2 trl/scripts/grpo.py --model_name_or_path Qwen/Qwen2.5-7B "
+                  "--output_dir out --reward_funcs accuracy_reward --use_vllm --use_peft --load_in_4bit")
+SWIFT_UNSLOTH = ("NPROC_PER_NODE=2 swift sft --model Qwen/Qwen2.5-7B-Instruct --train_type lora "
+                 "--tuner_backend unsloth --dataset alpaca")
+
+
+def findings(argv: list[str], versions: dict = CURRENT) -> dict[str, str | None]:
+    doc = json.loads(run_check(argv, None, [], versions, as_json=True)[0])
+    return {f["rule"]: f["holds_if"] for f in doc["findings"]}
+
+
+def test_trl_merges_a_qlora_policy_into_its_4bit_weights_for_vllm():
+    s = from_command(shlex.split(TRL_QLORA_GRPO), CURRENT).setup
+    assert (s.quantization, s.rollout_sync, s.merge_into_quantized) == ("4bit", "merged", True)
+    assert findings(shlex.split(TRL_QLORA_GRPO))["kbit-merge"] is None  # unconditional
+    plain = TRL_QLORA_GRPO.replace(" --load_in_4bit", "")
+    assert "kbit-merge" not in findings(shlex.split(plain))
+
+
+def test_unsloth_on_two_processes_is_refused_by_releases_before_its_multi_gpu_support(tmp_path):
+    config = tmp_path / "lora.yaml"
+    config.write_text("model_name_or_path: meta-llama/Meta-Llama-3-8B\nstage: sft\ndo_train: true\n"
+                      "finetuning_type: lora\nlora_target: all\nuse_unsloth: true\ndataset: alpaca_en_demo\n"
+                      "template: llama3\noutput_dir: out\nbf16: true\n")
+    two = ["env", "FORCE_TORCHRUN=1", "NPROC_PER_NODE=2", "llamafactory-cli", "train", str(config)]
+    assert findings(two)["unsloth-multi-gpu"] == "unsloth<2026.6"
+    assert "unsloth-multi-gpu" in findings(two, {**CURRENT, "unsloth": Version("2025.4.1")})
+    assert "unsloth-multi-gpu" not in findings(two, {**CURRENT, "unsloth": Version("2026.7.1")})
+    assert "unsloth-multi-gpu" not in findings(["llamafactory-cli", "train", str(config)])
+    assert findings(shlex.split(SWIFT_UNSLOTH))["unsloth-multi-gpu"] == "unsloth<2026.6"
+    assert "unsloth-multi-gpu" not in findings(shlex.split(SWIFT_UNSLOTH.replace("unsloth", "peft")))
