@@ -44,3 +44,13 @@ def test_unsloth_on_two_processes_is_refused_by_releases_before_its_multi_gpu_su
     assert "unsloth-multi-gpu" not in findings(["llamafactory-cli", "train", str(config)])
     assert findings(shlex.split(SWIFT_UNSLOTH))["unsloth-multi-gpu"] == "unsloth<2026.6"
     assert "unsloth-multi-gpu" not in findings(shlex.split(SWIFT_UNSLOTH.replace("unsloth", "peft")))
+
+
+def test_openrlhf_reward_model_lora_leaves_its_value_head_out_of_the_adapter():
+    rm = ("deepspeed --module openrlhf.cli.train_rm --pretrain meta-llama/Meta-Llama-3-8B --lora_rank 16 "
+          "--zero_stage 2 --bf16")
+    assert from_command(shlex.split(rm), CURRENT).setup.task_head_saved is False
+    assert findings(shlex.split(rm))["adapter-omits-new-head"] is None
+    assert "adapter-omits-new-head" not in findings(shlex.split(rm.replace("--lora_rank 16", "--lora_rank 0")))
+    sft = rm.replace("train_rm", "train_sft")
+    assert "adapter-omits-new-head" not in findings(shlex.split(sft))

@@ -112,6 +112,9 @@ CASES = {
                      forwards_per_step=2),
         BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, checkpointing="all", reentrant=False,
                      forwards_per_step=2)),
+    "adapter-omits-new-head": (
+        BASE.replace(stage="rm", task_head_saved=False),
+        BASE.replace(stage="rm")),
     "kbit-model-moved": (
         BASE.replace(quantization="8bit", quantized_moved=True),
         BASE.replace(quantization="8bit")),

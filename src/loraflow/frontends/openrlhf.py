@@ -185,6 +185,11 @@ _TRAINERS = (
          when=at_stage("dpo", "rm")),
     fact("train_mode_at_backward", True, "the trainers call model.train() before each step "
          "(openrlhf/trainer/*_trainer.py, trainer/ray/ppo_actor.py)"),
+    # get_llm_for_sequence_regression adds the value head after get_peft_model's freeze and saves only the adapter
+    # (openrlhf/models/model.py); the fix (https://github.com/OpenRLHF/OpenRLHF/pull/1342, 2026-09) is unmerged.
+    fact("task_head_saved", False, "OpenRLHF's reward model LoRA leaves its new value head out of the adapter "
+         "(openrlhf/models/model.py get_llm_for_sequence_regression; PR #1342 unmerged)",
+         when=lambda d: d.get("stage") == "rm" and d.get("adapter") != "full"),
 )
 
 

@@ -343,3 +343,36 @@ register(Rule(
     fixed_in="design (bfloat16's 8-bit significand)",
     log=LogSigns(),
 ))
+
+register(Rule(
+    id="adapter-omits-new-head",
+    title="A reward model's new head left out of its LoRA adapter",
+    verdict="fix",
+    impact="silent",
+    conditions="a reward (sequence-classification) model trained with LoRA whose score or value head, created for "
+               "the task, is neither trained in full beside the adapters nor saved with them",
+    knobs=("task_head_saved", "adapter"),
+    when=lambda s: s.stage == "rm" and s.adapter != "full" and not s.task_head_saved,
+    cause=("The reward model's head is new: a random linear layer added on top of the language model. An adapter "
+           "that holds only the LoRA weights leaves that head frozen at its random initialization during training, "
+           "or trains it and does not save it; either way, loading the adapter on the base model, or merging it, "
+           "builds a fresh random head, and the rewards that steer the next stage are not the trained ones, with "
+           "no error."),
+    fix="loraflow trains the reward model's score head in full and saves it with the adapter (PEFT "
+        "modules_to_save), and reward_model.json names it.",
+    remedy=lambda s: {"task_head_saved": True},
+    elsewhere="put the head in the LoRA config's modules_to_save (PEFT does so for task_type SEQ_CLS), and load the "
+              "adapter on AutoModelForSequenceClassification, not the causal-LM class",
+    references=("https://github.com/OpenRLHF/OpenRLHF/issues/873", "https://github.com/OpenRLHF/OpenRLHF/pull/1342",
+                "https://github.com/huggingface/trl/issues/368", "https://github.com/modelscope/ms-swift/issues/6099"),
+    fixed_in="design",
+    log=LogSigns(
+        messages=(Message(r"newly initialized: \[[^\]]*'(score|value_head|v_head|classifier)\.weight'", "generic",
+                          "transformers/modeling_utils.py: loading a sequence-classification model whose head the "
+                          "checkpoint lacks"),),
+        evidence=(Evidence("peft", 2, "the model was trained with an adapter"),
+                  Evidence("load", 2, "a trained model or adapter is loaded"),
+                  Evidence("rlhf", 1, "a reward model feeds an RL stage")),
+        prior=0.5,
+        tells_apart="transformers reports the head as newly initialized when the trained reward model is loaded"),
+))

@@ -128,6 +128,10 @@ class Combination:
     """The adapter is merged into 4-/8-bit base weights (bitsandbytes): PEFT dequantizes, adds the delta and
     quantizes again. merge_and_unload on a quantized model, a merge-then-unmerge sync of a QLoRA policy into an
     inference engine (TRL's use_vllm), a merge command that loads the base quantized."""
+    task_head_saved: bool = True
+    """A head created for the task (a reward model's score or value head) is trained in full beside the adapters and
+    saved with them (PEFT modules_to_save); False where the adapter holds only the LoRA weights and the head stays at
+    its random initialization or is left out of the saved adapter."""
     quantized_moved: bool = False
     """A bitsandbytes-quantized model (policy, reference, reward) is moved to another device or cast after loading:
     a DeepSpeed engine's module.to(device), accelerate preparing a model loaded on another rank's device."""
