@@ -82,7 +82,7 @@ def _check(r: dict) -> dict:
 
     from loraflow.environment import TRACKED_PACKAGES, parse_versions
     from loraflow.errors import LoraflowError
-    from loraflow.frontends import FRAMEWORKS, run_check
+    from loraflow.frontends import FRAMEWORKS, guess_framework_for_files, run_check
 
     versions = parse_versions(",".join(f"{k}={m.group(0)}" for k, v in (r["versions"] or {}).items()
                                        if k in TRACKED_PACKAGES and (m := re.search(r"\d+(\.\d+)+", str(v)))))
@@ -96,8 +96,9 @@ def _check(r: dict) -> dict:
             suffix = ".json" if text.lstrip().startswith("{") else ".yaml"
             with tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False) as f:
                 f.write(text)
-            # A config file alone: the framework the thread names (the user knows which one they ran).
-            framework = r["framework"] if r["framework"] in FRAMEWORKS else None
+            # A config file alone: the framework the thread names (the user knows which one they ran), else the one
+            # `loraflow check FILE` reads it as (by its keys).
+            framework = r["framework"] if r["framework"] in FRAMEWORKS else guess_framework_for_files([f.name])
             out, _ = run_check(None, framework, [f.name], dict(versions), True)
         return json.loads(out)
     except (LoraflowError, ValueError) as exc:  # ValueError: shlex on an unbalanced quote
