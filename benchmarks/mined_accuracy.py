@@ -76,8 +76,20 @@ def _is_command(text: str) -> bool:
     return first.split("=")[0] in COMMANDS or first.startswith(("./", "/")) or first.endswith(".sh")
 
 
-def _check(r: dict) -> dict:
-    """`loraflow check --json` on the thread's launch: a command line as argv, anything else as a config file."""
+def _as_of(opened: str | None) -> dict:
+    """The releases current on the day the thread was opened (`check --as-of`); a month or a year counts from its
+    last day."""
+    from loraflow.frontends.versions_source import versions_as_of
+
+    if not opened:
+        return {}
+    day = {4: f"{opened}-12-31", 7: f"{opened}-28"}.get(len(opened), opened)
+    return versions_as_of(day)
+
+
+def _check(r: dict, as_of: bool) -> dict:
+    """`loraflow check --json` on the thread's launch: a command line as argv, anything else as a config file. The
+    versions the thread states, and with `as_of` the releases of its day for the rest."""
     import shlex
 
     from loraflow.environment import TRACKED_PACKAGES, parse_versions
@@ -86,6 +98,8 @@ def _check(r: dict) -> dict:
 
     versions = parse_versions(",".join(f"{k}={m.group(0)}" for k, v in (r["versions"] or {}).items()
                                        if k in TRACKED_PACKAGES and (m := re.search(r"\d+(\.\d+)+", str(v)))))
+    if as_of:
+        versions = {**_as_of(r["opened"]), **versions}
     text = r["launch"]
     try:
         if _is_command(text):
@@ -105,12 +119,12 @@ def _check(r: dict) -> dict:
         return {"error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__, "findings": []}
 
 
-def score_check(records: list[dict], rules: dict[str, str]) -> list[dict]:
+def score_check(records: list[dict], rules: dict[str, str], as_of: bool = False) -> list[dict]:
     rows = []
     for r in records:
         if not r["launch"]:
             continue
-        doc = _check(r)
+        doc = _check(r, as_of)
         found = {f["rule"] for f in doc.get("findings", [])}
         serious = {f["rule"] for f in doc.get("findings", [])
                    if f.get("impact") in ("crash", "silent") and not f.get("holds_if")}
@@ -158,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--part", choices=("set-aside", "train", "all"), default="set-aside")
     p.add_argument("--json", action="store_true", help="every row, machine-readable")
+    p.add_argument("--as-of", action="store_true", help="check with the releases of each thread's day for what the "
+                   "thread does not state (`check --as-of`)")
     p.add_argument("--show-set-aside-misses", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
@@ -166,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)
     records = load(args.part)
     rules = rule_ids()
-    explain, check = score_explain(records, rules), score_check(records, rules)
+    explain, check = score_explain(records, rules), score_check(records, rules, args.as_of)
     if args.json:
         print(json.dumps({"part": args.part, "explain": {**summary(explain), "rows": explain},
                           "check": {**summary(check), "rows": check}}, indent=1))

@@ -38,11 +38,11 @@ def test_unsloth_on_two_processes_is_refused_by_releases_before_its_multi_gpu_su
                       "finetuning_type: lora\nlora_target: all\nuse_unsloth: true\ndataset: alpaca_en_demo\n"
                       "template: llama3\noutput_dir: out\nbf16: true\n")
     two = ["env", "FORCE_TORCHRUN=1", "NPROC_PER_NODE=2", "llamafactory-cli", "train", str(config)]
-    assert findings(two)["unsloth-multi-gpu"] == "unsloth<2026.6"
+    assert findings(two)["unsloth-multi-gpu"] == "unsloth<2026.6.2"
     assert "unsloth-multi-gpu" in findings(two, {**CURRENT, "unsloth": Version("2025.4.1")})
     assert "unsloth-multi-gpu" not in findings(two, {**CURRENT, "unsloth": Version("2026.7.1")})
     assert "unsloth-multi-gpu" not in findings(["llamafactory-cli", "train", str(config)])
-    assert findings(shlex.split(SWIFT_UNSLOTH))["unsloth-multi-gpu"] == "unsloth<2026.6"
+    assert findings(shlex.split(SWIFT_UNSLOTH))["unsloth-multi-gpu"] == "unsloth<2026.6.2"
     assert "unsloth-multi-gpu" not in findings(shlex.split(SWIFT_UNSLOTH.replace("unsloth", "peft")))
 
 

@@ -113,15 +113,39 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _check_foreign(args: argparse.Namespace, command_line: list[str] | None, framework: str | None,
                    files: list[str]) -> int:
-    from loraflow.frontends import parse_versions, run_check
+    from loraflow.frontends import run_check
 
-    # Another framework's run does not happen on this machine: only the versions given are known (`installed`
-    # takes this machine's), and every finding says for which releases of the others it holds.
-    given = args.versions or ""
-    versions = dict(_versions(args).versions) if given.strip() == "installed" else parse_versions(given)
-    text, code = run_check(command_line or None, framework, files, versions, args.json)
-    print(text)
+    versions = _foreign_versions(args)
+    text, code = run_check(command_line or None, framework, files, dict(versions.values), args.json)
+    if args.json:
+        doc = json.loads(text)
+        print(json.dumps({"versions_used": versions.describe(), **doc}, indent=2))
+    else:
+        print(versions.describe())
+        print(text)
     return code
+
+
+def _foreign_versions(args: argparse.Namespace):
+    """The versions another framework's run used, from the first source that states each (frontends/
+    versions_source.py): --versions, --versions-from, --as-of; with none of them, this environment's packages.
+    What no source states stays unknown, and each finding then says for which releases it holds."""
+    from loraflow.environment import installed_version
+    from loraflow.frontends import parse_versions
+    from loraflow.frontends.versions_source import PYPI_NAMES, Versions, versions_as_of, versions_from_file
+
+    given = (args.versions or "").strip()
+    found = Versions()
+    if given and given != "installed":
+        found.fill(parse_versions(given), "--versions")
+    if args.versions_from:
+        found.fill(versions_from_file(args.versions_from), f"--versions-from {args.versions_from}")
+    if args.as_of:
+        found.fill(versions_as_of(args.as_of), f"released by {args.as_of}")
+    if given == "installed" or not (given or args.versions_from or args.as_of):
+        installed = {p: v for p, pypi in PYPI_NAMES.items() if (v := installed_version(pypi)) is not None}
+        found.fill(installed, "installed here; pass --versions, --versions-from or --as-of for the run's own")
+    return found
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -362,6 +386,12 @@ def _check_parser(sub) -> None:
                    f"torch=2.5.1,trl=0.12.2 (frameworks: {', '.join(release_names())}; deepspeed-chat=DATE). "
                    "Another framework's setup is checked over every release of what is not given; `installed` takes "
                    "this machine's. A loraflow config is checked against the installed versions unless given")
+    c.add_argument("--versions-from", metavar="FILE", help="read the run's versions from an environment listing: "
+                   "`pip freeze`, `pip list`, `conda list`, a requirements file's == pins, or the output of `trl env`, "
+                   "`llamafactory-cli env`, `accelerate env`, `transformers env`, `ds_report`")
+    c.add_argument("--as-of", metavar="YYYY-MM-DD", help="take the releases current on this date (the day the run "
+                   "or its thread was written) for what --versions and --versions-from do not state. With none of "
+                   "the three, another framework's run is checked against the packages installed here")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--stage", choices=STAGES, help="check the config as this stage would train it; with no "
                    "config, that stage's built-in demo (default: the config's stage, or sft)")

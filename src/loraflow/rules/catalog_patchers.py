@@ -6,10 +6,11 @@ from __future__ import annotations
 from loraflow.rules.rule import Rule, register
 from loraflow.rules.signs import LogSigns, Message
 
-UNSLOTH_DDP_SINCE = "2026.6"
-"""Unsloth's open-source releases refused more than one process until data-parallel support landed (PR #3917;
-maintainers' comments of 2026-06-10 and 2026-06-18 in unslothai/unsloth#127 and #2147 say it is in, or in the next
-PyPI release). Unsloth numbers its releases by date; the first with it is taken as June 2026's."""
+UNSLOTH_DDP_SINCE = "2026.6.2"
+"""Unsloth's open-source releases refused more than one process until data-parallel support landed (PR #3917):
+a comment in unslothai/unsloth#127 says it fixed that issue on 2026-06-10, and 2026.6.2 is the release uploaded
+that day (release_dates.json); the maintainers' comment of 2026-06-18 in #2147 allows that it reached PyPI a
+release or two later, so a run on 2026.6.2 - 2026.6.8 may still be refused."""
 
 register(Rule(
     id="unsloth-multi-gpu",
