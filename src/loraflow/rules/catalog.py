@@ -352,7 +352,7 @@ register(Rule(
     conditions="a reward (sequence-classification) model trained with LoRA whose score or value head, created for "
                "the task, is neither trained in full beside the adapters nor saved with them",
     knobs=("task_head_saved", "adapter"),
-    when=lambda s: s.stage == "rm" and s.adapter != "full" and not s.task_head_saved,
+    when=lambda s: s.score_head and s.adapter != "full" and not s.task_head_saved,
     cause=("The reward model's head is new: a random linear layer added on top of the language model. An adapter "
            "that holds only the LoRA weights leaves that head frozen at its random initialization during training, "
            "or trains it and does not save it; either way, loading the adapter on the base model, or merging it, "

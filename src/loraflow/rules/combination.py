@@ -193,6 +193,14 @@ class Combination:
         return engine_spec(self.engine)
 
     @property
+    def score_head(self) -> bool:
+        """The stage trains a scalar score head it creates (a reward model; stagespec's head "score")."""
+        from loraflow.stagespec import STAGES
+
+        spec = STAGES.get(self.stage)
+        return spec is not None and spec.head == "score"
+
+    @property
     def zero3(self) -> bool:
         return self.engine_spec.zero and self.zero_stage == 3
 
