@@ -4,7 +4,7 @@ of sharded 4-bit weights is with the other sharding rules (catalog_sharded.py: q
 from __future__ import annotations
 
 from loraflow.rules.rule import Rule, register
-from loraflow.rules.signs import BNB_SHAPE, Evidence, LogSigns, Message
+from loraflow.rules.signs import BNB_CAST, BNB_MOVED, BNB_SHAPE, Evidence, LogSigns, Message
 
 register(Rule(
     id="kbit-cpu-repack",
@@ -144,10 +144,7 @@ register(Rule(
                           r"errors", "warning", "peft/tuners/lora/bnb.py: Linear4bit.merge / Linear8bitLt.merge"),
                   Message(r"Unmerge lora module to (4|8)-bit linear may get different generations due to rounding "
                           r"errors", "warning", "peft/tuners/lora/bnb.py: unmerge"),
-                  Message(r"You cannot cast a bitsandbytes model in a new `?dtype`?", "shared",
-                          "transformers/modeling_utils.py: PreTrainedModel.to / half / float"),
-                  Message(r"`?\.to`? is not supported for `?4-bit`? or `?8-bit`? bitsandbytes models", "shared",
-                          "transformers/modeling_utils.py: PreTrainedModel.to")),
+                  BNB_CAST, BNB_MOVED),
         evidence=(Evidence("merge", 4, "the adapter is merged (merge_and_unload, merge_adapter)", decisive=True),
                   Evidence("merge_frames", 3, "the traceback runs through a LoRA merge"),
                   Evidence("quant4bit", 4, "a quantized base is in use: the merge goes into its 4-bit codes")),
@@ -182,8 +179,7 @@ register(Rule(
                 "https://github.com/huggingface/accelerate/blob/main/src/accelerate/accelerator.py (prepare_model)"),
     fixed_in="design",
     log=LogSigns(
-        messages=(Message(r"`?\.to`? is not supported for `?4-bit`? or `?8-bit`? bitsandbytes models", "shared",
-                          "transformers/modeling_utils.py: PreTrainedModel.to"),
+        messages=(BNB_MOVED,
                   Message(r"You can't train a model that has been loaded in 8-bit or 4-bit precision on a "
                           r"different device", "own", "accelerate/accelerator.py: prepare_model")),
         frames=(Message(r"deepspeed[/\\.]runtime[/\\.]engine\.py:_configure_distributed_model$", "shared"),

@@ -189,6 +189,10 @@ NO_GRAD_FN = r"element 0 of tensors does not require grad and does not have a gr
 BNB_SHAPE = Message(r"shape '\[\d+, \d+\]' is invalid for input of size \d+", "shared",
                     "bitsandbytes dequantizing a 4-bit weight whose packed bytes are not what its quantization state "
                     "describes (repacked in place, or cast to another dtype)", "bitsandbytes 0.50.2 (seen)")
+BNB_MOVED = Message(r"`?\.to`? is not supported for `?4-bit`? or `?8-bit`? bitsandbytes models", "shared",
+                    "transformers/modeling_utils.py: PreTrainedModel.to (a quantized model moved after loading)")
+BNB_CAST = Message(r"You cannot cast a bitsandbytes model in a new `?dtype`?", "shared",
+                   "transformers/modeling_utils.py: PreTrainedModel.to / half / float (a quantized model cast)")
 ZERO_TRAINABLE = Message(r"trainable params: 0\b", "shared", "peft PeftModel.print_trainable_parameters")
 REENTRANT_WARNING = r"None of the inputs have requires_grad=True"
 RECOMPUTE_MESSAGES = (
