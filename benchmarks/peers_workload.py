@@ -208,6 +208,13 @@ def flop_counter() -> Any:
         count._get_raw = True  # the registry's formulas already take tensors: FlopCounterMode must not rewrap them
         return count
 
+    def tensors_only(formula, count_args):  # the `.dtype` overloads pass out_dtype where the formula takes out_shape
+        def count(*args, **kwargs):
+            return formula(*args[:count_args], **kwargs)
+
+        count._get_raw = True
+        return count
+
     ops = {"_scaled_dot_product_efficient_attention": "_scaled_dot_product_efficient_attention",
            "_scaled_dot_product_flash_attention": "_scaled_dot_product_flash_attention",
            "_scaled_dot_product_cudnn_attention": "_scaled_dot_product_cudnn_attention",
@@ -218,6 +225,10 @@ def flop_counter() -> Any:
             target, formula = getattr(aten, op + suffix, None), flop_registry.get(getattr(aten, counted_as + suffix))
             if target is not None and formula is not None:
                 extra[target] = grouped(formula, first)
+    # TRL's chunked log-probabilities call torch.addmm(..., out_dtype=torch.float32) on CUDA (aten.addmm.dtype):
+    # torch's own formulas then fail with "addmm_flop() got multiple values for argument 'out_shape'".
+    for op, count_args in (("addmm", 3), ("baddbmm", 3), ("bmm", 2)):
+        extra[getattr(aten, op)] = tensors_only(flop_registry[getattr(aten, op)], count_args)
     return FlopCounterMode(display=False, custom_mapping=extra)
 
 

@@ -132,3 +132,25 @@ def test_grouped_query_attention_is_counted_as_its_repeated_heads():
 
     # 2 x (b h s s d) for each of the forward's two matmuls and the backward's five (b=2 h=8 s=16 d=32)
     assert count(grouped=True) == count(grouped=False) == 2 * 2 * 8 * 16 * 16 * 32 * (2 + 5)
+
+
+def test_matmuls_with_an_output_dtype_are_counted():
+    """TRL's chunked log-probabilities call torch.addmm(..., out_dtype=torch.float32) on CUDA; torch's own formulas
+    fail on that overload ("addmm_flop() got multiple values for argument 'out_shape'"), which failed TRL's variant
+    of the second H200 run. Meta tensors run the overload's shapes on the CPU, which has no kernel for it."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from peers_workload import flop_counter
+
+    a = torch.empty(4, 8, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(8, 3, dtype=torch.bfloat16, device="meta")
+    acc = torch.empty(4, 3, device="meta")
+    with flop_counter() as counter:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        torch.bmm(a[None], b[None], out_dtype=torch.float32)
+        torch.mm(a, b, out_dtype=torch.float32)
+        torch.addmm(acc, a.float(), b.float())
+    assert counter.get_total_flops() == 4 * (2 * 4 * 8 * 3)

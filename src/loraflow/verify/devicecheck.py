@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -50,7 +51,7 @@ def run_all(out: Path, device: str, quick: bool, budget: float, only: list[str] 
     start = time.monotonic()
     records: dict[str, dict[str, Any]] = {}
     for name in STEPS:
-        if only and name not in only:
+        if only and name not in only and name != "env":  # env always: the summary's device and versions
             continue
         left = budget - (time.monotonic() - start)
         timeout = min(TIMEOUTS[name][quick], left)
@@ -149,6 +150,9 @@ def run_step(name: str, out: Path, device: str, quick: bool, root: Path, deadlin
     warnings.filterwarnings("ignore")
     setup_logging(None, main=False)
     work = out / "work"
+    # A check run again into the same --out starts each step from nothing: the step's scratch from the last run
+    # would otherwise be refused as a run to resume (output.dir already holds a run).
+    shutil.rmtree(work / name, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     ctx = {"dir": out, "work": work, "log": out / f"{name}.steps.log", "device": device, "quick": quick,
            "root": root, "peers_worker_timeout": PEERS_WORKER_TIMEOUT[quick], "deadline": deadline}
@@ -166,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="the same steps at tiny sizes (the CPU rehearsal)")
     p.add_argument("--budget", type=float, help=f"seconds for the whole check (default {BUDGET[False]}, "
                                                 f"{BUDGET[True]} with --quick)")
-    p.add_argument("--only", help=f"comma-separated steps to run (of {', '.join(STEPS)})")
+    p.add_argument("--only", help=f"comma-separated steps to run (of {', '.join(STEPS)}); env runs always")
     p.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[3],
                    help="the loraflow checkout (benchmarks/ and examples/ are read from it)")
     p.add_argument("--step", choices=list(STEPS), help=argparse.SUPPRESS)
