@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_parser(sub) -> None:
     """`loraflow check`: its flags name the frameworks and releases the frontends declare."""
     c = sub.add_parser("check", help="predict conflicts for a loraflow config or another framework's launch "
-                                     "(exit 0 clean, 1 warnings, 2 errors)",
+                                     "(exit 2 fails as given, 1 depends on what it names, 0 nothing found)",
                        description="loraflow check [CONFIG.yaml] [key=value ...] | loraflow check -- COMMAND LINE | "
                                    "loraflow check --framework NAME FILE...")
     c.add_argument("items", nargs="*", metavar="CONFIG.yaml | key=value | FILE")

@@ -45,9 +45,13 @@ def fix_here(result: FrontendResult, rule) -> list[str]:
 
 
 def _exit_code(result: FrontendResult, findings: list[Checked]) -> int:
-    if any(f.rule.impact in _SERIOUS and f.holds_if is None for f in findings):
+    """2: the launch fails or trains wrongly as given; 1: it depends on something check could not see (a version,
+    a choice in the user's code, the data, or a flag it could not read), named in the report; 0: nothing found
+    that fails or trains wrongly (a slow-only finding is advice, not a verdict)."""
+    serious = [f for f in findings if f.rule.impact in _SERIOUS]
+    if any(f.holds_if is None for f in serious):
         return 2
-    return 1 if findings or result.unknown else 0
+    return 1 if serious or result.unknown else 0
 
 
 def _condition_note(f: Checked, verdict: Verdict) -> list[str]:
@@ -79,7 +83,8 @@ def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
                "versions": {k: str(v) for k, v in result.setup.versions.items() if v is not None},
                "sources": result.sources, "flags": result.flags, "unknown": result.unknown, "notes": result.notes,
                "inferred_eras": {k: {"range": spec, "why": why} for k, (spec, why) in result.eras.items()},
-               "unknowns": unknowns, "scenarios": verdict.scenarios, "findings": items, "exit_code": code}
+               "unknowns": unknowns, "scenarios": verdict.scenarios, "findings": items, "exit_code": code,
+               "depends_on": _questions([i for i in items if i["holds_if"] is not None], unknowns)}
         return json.dumps(doc, indent=2), code
     return _text(result, items, unknowns, code), code
 
@@ -101,28 +106,61 @@ def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code:
         lines += [f"  {u}" for u in result.unknown]
     if result.notes:
         lines += ["", "notes:"] + [f"  - {n}" for n in result.notes]
-    versions = [u for u in unknowns if u["kind"] == "version"]
-    if versions:
-        lines += ["", "versions not given that decide a finding (the setup above reads each at its newest release):"]
-        lines += [f"  {u['name']}: {', '.join(u['ranges'])}" for u in versions]
-    choices = [u for u in unknowns if u["kind"] == "choice"]
-    if choices:
-        lines += ["", "choices the command does not show that decide a finding:"]
-        lines += [f"  {u['name']}: {' / '.join(u['ranges'])} ({u['why']})" for u in choices]
     lines.append("")
-    if not items:
-        lines.append("no known conflict between these memory savers and the adapter setup.")
-    for item in items:
-        lines.append(f"[{item['impact']}] {item['rule']}: {item['title']}")
-        lines.append(f"    cause: {item['cause']}")
-        for note in item["notes"]:
-            lines.append(f"    note: {note}")
-        for fix in item["fix_here"]:
-            lines.append(f"    {fix}" if fix.startswith("in general:") else f"    fix here: {fix}")
-        lines.append(f"    in loraflow: {item['fix_loraflow']}")
+    decided = [i for i in items if i["holds_if"] is None]
+    open_ = [i for i in items if i["holds_if"] is not None]
+    if not decided:
+        lines.append("no known conflict holds whatever is unknown." if open_ else
+                     "no known conflict between these memory savers and the adapter setup.")
         lines.append("")
-    meaning = {2: "a finding crashes or silently corrupts training whatever the unknown versions",
-               1: "findings that hold only for some versions or choices, slow findings, or unread flags",
-               0: "clean"}[code]
+    for item in decided:
+        lines += _finding_lines(item)
+    if open_:
+        lines += _depends_on(open_, unknowns)
+    meaning = {2: "this launch fails or trains wrongly as given",
+               1: "it depends on what check could not see (" + ("the question above" if open_ else
+                                                                  "the flags it could not read") + ")",
+               0: "nothing found that fails or trains wrongly" + (" (advice only above)" if decided else "")}[code]
     lines.append(f"exit code {code}: {meaning}")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _finding_lines(item: dict) -> list[str]:
+    lines = [f"[{item['impact']}] {item['rule']}: {item['title']}", f"    cause: {item['cause']}"]
+    lines += [f"    note: {note}" for note in item["notes"]]
+    lines += [f"    {fix}" if fix.startswith("in general:") else f"    fix here: {fix}" for fix in item["fix_here"]]
+    return lines + [f"    in loraflow: {item['fix_loraflow']}", ""]
+
+
+def _depends_on(items: list[dict], unknowns: list[dict]) -> list[str]:
+    """The findings that hold only in some cases, under the one question that decides most of them (then any
+    other), instead of a list of conditional [crash] findings."""
+    first, *others = _questions(items, unknowns)
+    lines = ["depends on: " + first] + [f"  also: {q}" for q in others]
+    lines.append("")
+    for item in items:
+        lines.append(f"  if {item['holds_if']}: [{item['impact']}] {item['rule']}: {item['title']}")
+        lines.append(f"      cause: {item['cause']}")
+        lines += [f"      {fix}" if fix.startswith("in general:") else f"      fix here: {fix}"
+                  for fix in item["fix_here"]]
+    return lines + [""]
+
+
+def _questions(items: list[dict], unknowns: list[dict]) -> list[str]:
+    """One question per unknown that decides a finding, the one deciding most crash/silent findings first."""
+    by_name = {u["name"]: u for u in unknowns}
+    askers: dict[str, list[dict]] = {}
+    for item in items:
+        for name in item["decided_by"] or ["?"]:
+            askers.setdefault(name, []).append(item)
+    order = sorted(askers, key=lambda n: (-sum(i["impact"] in _SERIOUS for i in askers[n]), n))
+    return [_question(name, by_name.get(name)) for name in order]
+
+
+def _question(name: str, unknown: dict | None) -> str:
+    if unknown is None:
+        return f"{name} (not shown by the launch)"
+    if unknown["kind"] == "version":
+        return (f"which {name} release the run uses (the findings below say for which): pass --versions "
+                f"{name}=X.Y.Z, --versions-from FILE (pip freeze, an env dump) or --as-of DATE")
+    return f"{' or '.join(unknown['ranges'])}? ({unknown['why']})"
