@@ -64,6 +64,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     if config_path and Path(config_path).suffix == ".sh" and not overrides:
         # A launch script is another framework's command line: `loraflow check run.sh` == `check -- bash run.sh`.
         return _check_foreign(args, ["bash", config_path], None, [])
+    if args.data:
+        raise LoraflowError("--data is for another framework's run (after `--`, or with --framework); a loraflow "
+                            "config names its data in data.train, which check reads itself.")
     env = _versions(args)
     from loraflow.config import load_config
     from loraflow.errors import ConfigError
@@ -116,7 +119,7 @@ def _check_foreign(args: argparse.Namespace, command_line: list[str] | None, fra
     from loraflow.frontends import run_check
 
     versions = _foreign_versions(args)
-    text, code = run_check(command_line or None, framework, files, dict(versions.values), args.json)
+    text, code = run_check(command_line or None, framework, files, dict(versions.values), args.json, args.data)
     if args.json:
         doc = json.loads(text)
         print(json.dumps({"versions_used": versions.describe(), **doc}, indent=2))
@@ -392,6 +395,8 @@ def _check_parser(sub) -> None:
     c.add_argument("--as-of", metavar="YYYY-MM-DD", help="take the releases current on this date (the day the run "
                    "or its thread was written) for what --versions and --versions-from do not state. With none of "
                    "the three, another framework's run is checked against the packages installed here")
+    c.add_argument("--data", metavar="FILE", help="another framework's run: its training data (JSON or JSON Lines), "
+                   "which decides the rules that depend on the samples (text-only samples mixed with image ones)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--stage", choices=STAGES, help="check the config as this stage would train it; with no "
                    "config, that stage's built-in demo (default: the config's stage, or sft)")

@@ -131,10 +131,12 @@ def from_files(name: str, paths: list[str], versions: dict) -> FrontendResult:
 
 
 def run_check(argv: list[str] | None, name: str | None, files: list[str], versions: dict,
-              as_json: bool) -> tuple[str, int]:
+              as_json: bool, data: str | None = None) -> tuple[str, int]:
     """Build the setup from a command line or files, evaluate the rules as they stand (nothing is fixed: loraflow
     does not run this setup) over every unknown version and choice, and render the report. Exit code: 2 when a
-    crash/silent finding holds whatever is unknown, 1 for conditional or slow findings or unknown flags, 0 clean."""
+    crash/silent finding holds whatever is unknown, 1 when one depends on what check could not see or a flag was not
+    understood, 0 when nothing found fails or trains wrongly. `data`: the run's data file, which settles the choices
+    the samples decide."""
     from loraflow.errors import LoraflowError
     from loraflow.frontends.report import render
     from loraflow.frontends.verdict import check_setup
@@ -152,4 +154,14 @@ def run_check(argv: list[str] | None, name: str | None, files: list[str], versio
         names = ", ".join(f.name for f in frameworks())
         raise LoraflowError(f"nothing to check: put the launch command after `--`, or pass --framework NAME with "
                             f"config files ({names}).")
+    if data:  # `--data FILE`: the choices the samples decide are settled from them (frontends/data_facts.py)
+        from loraflow.frontends import data_facts
+
+        facts, read_setup = data_facts.read(data), build
+
+        def build(v: dict) -> FrontendResult:
+            result = read_setup(v)
+            data_facts.apply(result, facts)
+            result.notes.append(f"--data {facts.describe()}")
+            return result
     return render(check_setup(build, versions), as_json)

@@ -163,4 +163,4 @@ def _question(name: str, unknown: dict | None) -> str:
     if unknown["kind"] == "version":
         return (f"which {name} release the run uses (the findings below say for which): pass --versions "
                 f"{name}=X.Y.Z, --versions-from FILE (pip freeze, an env dump) or --as-of DATE")
-    return f"{' or '.join(unknown['ranges'])}? ({unknown['why']})"
+    return f"which holds: {'; or '.join(unknown['ranges'])}? ({unknown['why']})"
