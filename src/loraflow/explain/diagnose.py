@@ -55,9 +55,22 @@ def _hits(messages: tuple[Message, ...], lines: list[str]) -> dict[str, list[tup
         rx = _rx(m.pattern)
         last = next(((i, line) for i, line in zip(range(len(lines), 0, -1), reversed(lines)) if rx.search(line)),
                     None)
+        if last is None:
+            last = _wrapped(rx, lines)
         if last:
             out.setdefault(m.kind, []).append((m, last[0], last[1].strip()[:240]))
     return out
+
+
+def _wrapped(rx: re.Pattern, lines: list[str]) -> tuple[int, str] | None:
+    """The last place a message matches across two lines: pastes from a terminal, an e-mail or an issue often wrap a
+    long error line (`...for the following tensors` / `have different metadata...`). Only a break inside the
+    sentence counts: the second line starts in lower case, not as a new error, frame or log record."""
+    for i in range(len(lines) - 1, 0, -1):
+        first, second = lines[i - 1].rstrip(), lines[i].strip()
+        if first and second[:1].islower() and not second.startswith(("at ", "in ")) and rx.search(f"{first} {second}"):
+            return i, f"{first.strip()} {second}"
+    return None
 
 
 def _frame_hits(rule: Rule, log: LogView) -> tuple[list[tuple[Message, int, str]], bool]:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from loraflow.explain.logread import LogView
 from loraflow.rules.signs import COMPILED_FACTS
 
-_SHAPE = re.compile(r"'shape':\s*torch\.Size\(\[([\d,\s]*)\]\)")
+# torch prints `'shape': torch.Size([1024])`; a hand-shortened paste `'shape': [1024]`.
+_SHAPE = re.compile(r"'shape':\s*(?:torch\.Size\()?\[([\d,\s]*)\]")
 _DTYPE = re.compile(r"'dtype':\s*torch\.(\w+)")
 _HALF = {"bfloat16", "float16", "half", "bf16", "fp16"}
 _FLOAT = {"float32", "float"}
@@ -90,6 +91,15 @@ def _dtype_verdict(a: str, b: str) -> str:
 def _metadata(log: LogView, facts: Facts) -> None:
     saved: tuple[int, Tensor] | None = None
     for i, line in enumerate(log.lines, 1):
+        one_line = re.search(r"\bsaved\b(.*)\brecomputed\b(.*)", line)
+        if one_line and "recomputed metadata" not in line:  # `saved {'shape': [1024]} vs recomputed {'shape': [0]}`
+            before, after = _tensor(one_line.group(1)), _tensor(one_line.group(2))
+            if before.shape is not None and after.shape is not None:
+                facts.add("meta:any", (i, line.strip()[:240]))
+                verdict = pair_verdict(before, after)
+                if verdict:
+                    facts.add(verdict, (i, line.strip()[:240]))
+                continue
         if "saved metadata" in line:
             saved = (i, _tensor(line))
         elif "recomputed metadata" in line:

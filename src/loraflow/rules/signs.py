@@ -122,7 +122,9 @@ FACTS: dict[str, tuple[str, str]] = {
     "save": (r"save_pretrained|save_model|save_checkpoint|\bsave_|state_dict|safetensors", "a model is saved"),
     "load": (r"load_state_dict|from_pretrained|load_adapter|size mismatch for", "a saved model is loaded"),
     "grad_scaler": (r"GradScaler|grad_scaler|unscale_", "fp16 loss scaling is in use"),
-    "eval_mode": (r"\.eval\(\)|evaluation mode|model\.training|\bEvaluation: +\d+%",
+    # Not DeepSpeed's own assertion (`... invalid for module in evaluation mode`): that line is the error itself,
+    # and says nothing of what ran before it.
+    "eval_mode": (r"\.eval\(\)|(?<!module in )evaluation mode|model\.training|\bEvaluation: +\d+%",
                   "a module's train/eval mode is involved (an evaluation loop ran)"),
     "shape_zero": (r"torch\.Size\(\[0\]\)|size of tensor [ab] \(0\)|shape \[0\]|\[0\]\)|numel\W{1,4}0\b",
                    "a tensor of size 0 (a released partition)"),

@@ -1,0 +1,40 @@
+"""How people paste errors into issues: a long error line wrapped onto the next line, the checkpoint's metadata
+dump shortened to one line, DeepSpeed's own assertion read as if it were a fact about what ran before it."""
+
+from __future__ import annotations
+
+from loraflow.explain import diagnose_log
+
+# https://github.com/huggingface/transformers/issues/47254 (ZeRO-3 + LoRA + non-reentrant checkpointing), as posted:
+# the error line wrapped after "tensors", the metadata pair shortened to one line.
+WRAPPED = """torch.utils.checkpoint.CheckpointError: Recomputed values for the following tensors
+have different metadata than during the forward pass.
+tensor at position 4: saved {'shape': [1024]} vs recomputed {'shape': [0]}"""
+
+
+def _top(text: str):
+    _, candidates, _ = diagnose_log(text)
+    return (candidates[0].rule.id, candidates[0].confidence) if candidates else None
+
+
+def test_a_wrapped_error_line_and_a_one_line_metadata_pair_are_read():
+    assert _top(WRAPPED) == ("zero3-frozen-recompute", "confirmed")
+    # The same pair with another precision instead of a released partition is not ZeRO-3's.
+    assert _top(WRAPPED.replace("[0]", "[1024], 'dtype': torch.float32").replace(
+        "[1024]}", "[1024], 'dtype': torch.bfloat16}", 1))[0] != "zero3-frozen-recompute"
+
+
+def test_a_line_break_between_two_records_is_not_a_wrap():
+    # The second line starts a new record (upper case): the message must not be stitched across it.
+    text = "RuntimeError: Recomputed values for the following tensors\nWARNING have different metadata"
+    assert _top(text) is None
+
+
+def test_deepspeeds_own_assertion_is_not_evidence_of_an_evaluation_before_it():
+    _, candidates, _ = diagnose_log("AssertionError: backward pass is invalid for module in evaluation mode")
+    top = candidates[0]
+    assert top.rule.id == "zero3-eval-backward"
+    assert not any("eval mode just before" in reason for reason in top.reasons)
+    _, candidates, _ = diagnose_log("trainer.model.eval()\nAssertionError: backward pass is invalid for module in "
+                                    "evaluation mode")
+    assert any("eval mode just before" in reason for reason in candidates[0].reasons)
