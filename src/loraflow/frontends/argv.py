@@ -418,7 +418,10 @@ def command_from_script(path: str) -> list[str]:
 
 def resolve_path(name: str, *bases: str | os.PathLike | None) -> Path | None:
     """An existing file: `name` as given (relative to the working directory), then relative to each base."""
-    candidate = Path(name).expanduser()
+    try:
+        candidate = Path(name).expanduser()
+    except RuntimeError:  # `~key` (a Hydra/OmegaConf deletion) names no user's home
+        candidate = Path(name)
     if candidate.is_file():
         return candidate
     for base in bases:
