@@ -18,9 +18,9 @@ from loraflow.frontends.common import Draft, as_bool, as_list, at_least, int_val
 # verl names its RL stages by the advantage estimator (algorithm.adv_estimator, verl/trainer/ppo/core_algos.py
 # AdvantageEstimator): GAE trains a critic beside the policy (PPO); every other one is a critic-free baseline over a
 # group of samples, as GRPO's.
-_VERL = {"gae": "ppo", **dict.fromkeys(("grpo_passk", "grpo_vectorized", "rloo_vectorized", "reinforce_plus_plus",
-                                         "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "optimal_token_baseline",
-                                         "tir_optimal_token_baseline"), "grpo")}
+_VERL = {"gae": "ppo", **dict.fromkeys((
+    "grpo_passk", "grpo_vectorized", "rloo_vectorized", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
+    "opo", "gpg", "optimal_token_baseline", "tir_optimal_token_baseline"), "grpo")}
 # Other frameworks' stage and trainer names that are not loraflow's: the loraflow stage each is read as.
 # Preference objectives all train on chosen/rejected pairs in one concatenated forward (loraflow's dpo stage);
 # RLOO is a group-baseline policy gradient like GRPO; a (process) reward model is a reward model; continued

@@ -107,21 +107,26 @@ def _concrete(value: Any) -> bool:
     return not (isinstance(value, str) and (value == "???" or value.startswith("${")))
 
 
-def default(entry: Entry, key: str, meaning: Callable[[Any], Any] = lambda v: v) -> Default | None:
+def default(entry: Entry, key: str, meaning: Callable[[Any], Any] = lambda v: v,
+            before: tuple[Any, str] | None = None) -> Default | None:
     """The key's default at each release of verl's config (verl_keys.json), as a table Default: the value of the
-    first release that has it, and each later change."""
+    first release that has it and each later change; `before` is (value, source) for the releases older than the key
+    (what verl's code did before the key existed)."""
     row = _keys(entry).get(key)
     history = [(r, v) for r, v in (row[1] if row else []) if _concrete(v)]
     if not history:
-        return None
+        return Default(*before) if before else None
 
     def said(release: str, value: Any, newer: bool) -> str:
         since = f">= {release}" if newer else f"{release} on" if release != RELEASES[0] else release
         return f"default (verl {since} {_file(entry, release)}: {key}={value})"
 
+    changes = [("verl", r, meaning(v), said(r, v, True)) for r, v in history[1:]]
     first, value = history[0]
-    return Default(meaning(value), said(first, value, False),
-                   since=tuple(("verl", r, meaning(v), said(r, v, True)) for r, v in reversed(history[1:])))
+    if before and first != RELEASES[0]:
+        return Default(*before, since=tuple(reversed([("verl", first, meaning(value), said(first, value, True)),
+                                                      *changes])))
+    return Default(meaning(value), said(first, value, False), since=tuple(reversed(changes)))
 
 
 def _known(entry: Entry, key: str) -> bool:
@@ -177,12 +182,9 @@ def _stage(draft: Draft, entry: Entry, options: dict) -> None:
     if entry.stage:
         draft.set("stage", entry.stage, f"{entry.module} (supervised fine-tuning)")
         return
-    key = entry.key("estimator")
-
     # GAE trains a critic (PPO); the other estimators are critic-free group baselines (table.STAGE_ALIASES).
-    def meaning(value: Any) -> str:
-        return stage_of(str(value))
-    apply_table(draft, options, (Field("stage", (key,), lambda v, w: _estimator(v, w), default(entry, key, meaning)),))
+    key = entry.key("estimator")
+    apply_table(draft, options, (Field("stage", (key,), _estimator, default(entry, key, lambda v: stage_of(str(v)))),))
 
 
 def _estimator(value: Any, where: str) -> str:
@@ -228,10 +230,10 @@ def _engine_table(entry: Entry) -> tuple[Field, ...]:
     fsdp1 = lambda d: d.get("engine") == "fsdp1"  # noqa: E731
     # Before model.strategy existed (v0.4.0) the SFT trainer wrapped with FSDP1 only; the PPO actor's strategy
     # has been in its config since v0.1.
-    sft_fsdp1 = Default("fsdp1", "verl < 0.4.0 fsdp_sft_trainer.py wraps with FullyShardedDataParallel (FSDP1)")
+    fsdp1_only = ("fsdp1", "verl < 0.4.0 fsdp_sft_trainer.py wraps with FullyShardedDataParallel (FSDP1)")
     return (
-        Field("engine", (k("strategy"),), _engine, default(entry, k("strategy"), lambda v: _engine(v, "strategy"))
-              or sft_fsdp1),
+        Field("engine", (k("strategy"),), _engine, default(entry, k("strategy"), lambda v: _engine(v, "strategy"),
+                                                           before=fsdp1_only)),
         # use_orig_params=False hard-coded before v0.6.0, then fsdp_config.get("use_orig_params", False);
         # freeze_vision_tower forces it on (fsdp_workers.py).
         Field("fsdp_use_orig_params", (k("orig_params"),), lambda v, w: as_bool(v, w),
@@ -361,7 +363,7 @@ def entry_of(program: str) -> Entry:
                         f"{', '.join(e.module for e in ENTRIES.values())} (or a recipe built on main_ppo).")
 
 
-def _config_file(cmd: Command, others: list[str], draft: Draft) -> tuple[dict, list[str]]:
+def _config_file(others: list[str], draft: Draft) -> tuple[dict, list[str]]:
     """`--config-path DIR --config-name NAME` (Hydra's own flags): the named YAML as the base, when it is here."""
     flags: dict[str, str] = {}
     rest: list[str] = []
@@ -392,7 +394,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     if entry is ENTRIES["main_ppo"] and not cmd.program.endswith("main_ppo"):
         draft.note(f"{cmd.program} is read with verl's PPO config (main_ppo's keys)")
     overrides, others = split_overrides(cmd.args)
-    base, others = _config_file(cmd, others, draft)
+    base, others = _config_file(others, draft)
     for token in others:
         draft.unknown.append(f"{token} (not a Hydra override key=value)")
     _eras(draft, entry, overrides)
