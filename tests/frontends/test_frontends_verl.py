@@ -8,12 +8,14 @@ import json
 import shlex
 
 import pytest
+import yaml
 from conftest import ROOT
 from packaging.version import Version
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import detect, from_command, from_files, run_check
 from loraflow.frontends.argv import command_from_script
+from loraflow.frontends.dotlist import split_overrides
 
 FIX = ROOT / "tests" / "fixtures" / "frontends" / "verl"
 CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2")}
@@ -161,3 +163,22 @@ def test_bad_values_name_the_key(override, key):
 def test_not_a_training_entry_point():
     with pytest.raises(LoraflowError, match="not a verl training entry point"):
         from_command(shlex.split("python3 -m verl.trainer.main_generation data.path=x"), CURRENT)
+
+
+def test_hydra_config_name_and_a_verl_yaml_alone(tmp_path):
+    # The GRPO example's overrides as the nested YAML a --config-name file (or a config given alone) holds.
+    overrides, _ = split_overrides(launch(GRPO_LORA)[3:])
+    config: dict = {}
+    for o in overrides:
+        *parents, leaf = o.key.split(".")
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = o.value
+    (tmp_path / "grpo_lora.yaml").write_text(yaml.safe_dump(config))
+    r = from_command(["python3", "-m", "verl.trainer.main_ppo", "--config-path", str(tmp_path), "--config-name",
+                      "grpo_lora", "actor_rollout_ref.model.lora_rank=16"], CURRENT)
+    assert (r.setup.adapter_rank, r.setup.world_size, r.setup.stage) == (16, 8, "grpo")
+    assert r.sources["stage"] == "grpo_lora.yaml: algorithm.adv_estimator" and r.unknown == []
+    alone = from_files("verl", [str(tmp_path / "grpo_lora.yaml")], CURRENT)
+    assert (alone.setup.adapter_rank, alone.setup.rollout_engine) == (64, "vllm") and alone.unknown == []

@@ -79,6 +79,11 @@ def _table(options: dict, lora: bool, default_of: Callable[[str], Default]) -> t
         return new, ("verl after 0.7.0 starts vLLM with logprobs_mode processed_logprobs (rollout.yaml)" if new else
                      "verl <= 0.7.0 leaves vLLM's logprobs_mode at raw_logprobs")
 
+    # A dummy load_format starts the engine with random weights, so the first sync sends the base too; a real one
+    # (safetensors) loads the base from disk (fsdp_workers.py base_sync_done).
+    load_format = str(options[R + "load_format"][0]) if R + "load_format" in options else "dummy"
+    base_first = f" ({R}load_format {load_format})" if "dummy" in load_format else \
+        f" from disk ({R}load_format {load_format})"
     time_shared = (_on(options, R + "free_cache_engine", True)
                    and _on(options, "actor_rollout_ref.actor.fsdp_config.param_offload", False)
                    and _on(options, "actor_rollout_ref.actor.fsdp_config.optimizer_offload", False))
@@ -86,7 +91,8 @@ def _table(options: dict, lora: bool, default_of: Callable[[str], Default]) -> t
         fact("rollout_engine", "vllm", "actor_rollout_ref.rollout.name vllm"),
         fact("generation", False, "rollouts come from vLLM, not from the FSDP actor"),
         fact("rollout_sync", "adapter" if lora else "merged", "verl loads the LoRA into vLLM as an adapter "
-             "(TensorLoRARequest, fsdp_workers.py)" if lora else "verl loads every weight into vLLM in place"),
+             f"(TensorLoRARequest, fsdp_workers.py), after the base weights once{base_first}" if lora else
+             "verl loads every weight into vLLM in place"),
         Field("adapter_rank", (LORA_RANK,), rank, when=lambda d: lora),
         Field("engine_max_lora_rank", default=max_rank, when=lambda d: lora),
         Field("rollout_sync_proven", default=proven),
