@@ -12,7 +12,7 @@ from conftest import ROOT
 from packaging.version import Version
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import detect, from_command, from_files, run_check
+from loraflow.frontends import detect, from_command, from_files, guess_framework_for_files, run_check
 
 FIX = ROOT / "tests" / "fixtures" / "frontends" / "torchtune"
 CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2")}
@@ -84,6 +84,7 @@ def test_releases_before_0_3_wrap_with_fsdp1_and_adapters_in_their_own_units():
 
 
 def test_yaml_alone_takes_its_launch_from_the_header_line():
+    assert guess_framework_for_files([str(FIX / "405B_qlora.yaml")]) == "torchtune"  # `loraflow check FILE`
     r = from_files("torchtune", [str(FIX / "405B_qlora.yaml")], CURRENT)
     assert (r.setup.engine, r.setup.world_size, r.setup.quantization) == ("fsdp2", 8, "4bit")
     assert any("header comment" in n for n in r.notes)

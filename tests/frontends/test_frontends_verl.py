@@ -13,7 +13,7 @@ from conftest import ROOT
 from packaging.version import Version
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import detect, from_command, from_files, run_check
+from loraflow.frontends import detect, from_command, from_files, guess_framework_for_files, run_check
 from loraflow.frontends.argv import command_from_script
 from loraflow.frontends.dotlist import split_overrides
 
@@ -180,5 +180,6 @@ def test_hydra_config_name_and_a_verl_yaml_alone(tmp_path):
                       "grpo_lora", "actor_rollout_ref.model.lora_rank=16"], CURRENT)
     assert (r.setup.adapter_rank, r.setup.world_size, r.setup.stage) == (16, 8, "grpo")
     assert r.sources["stage"] == "grpo_lora.yaml: algorithm.adv_estimator" and r.unknown == []
+    assert guess_framework_for_files([str(tmp_path / "grpo_lora.yaml")]) == "verl"  # `loraflow check FILE`
     alone = from_files("verl", [str(tmp_path / "grpo_lora.yaml")], CURRENT)
     assert (alone.setup.adapter_rank, alone.setup.rollout_engine) == (64, "vllm") and alone.unknown == []

@@ -326,4 +326,5 @@ def _recognise(view) -> bool:
 
 
 FRAMEWORK = Framework(name=NAME, title="torchtune", module="torchtune", recognise=_recognise, flags=FLAGS,
-                      log_paths=r"torchtune[/\\]|recipes[/\\](lora|full)_finetune", dated=True)
+                      log_paths=r"torchtune[/\\]|recipes[/\\](lora|full)_finetune", dated=True,
+                      file_markers=frozenset({"checkpointer"}))  # every torchtune config names its checkpointer

@@ -28,6 +28,8 @@ from loraflow.frontends.table import Default, Field, apply_table, fact, stage_of
 NAME = "verl"
 _TABLE = json.loads(Path(__file__).with_name("verl_keys.json").read_text())
 RELEASES = tuple(_TABLE["releases"])
+TOP_KEYS = frozenset(k.split(".")[0] for entry in _TABLE["entries"].values() for k in entry["keys"])
+"""The top-level sections of verl's configs (to recognise a verl YAML given to `loraflow check FILE`)."""
 WORKERS = "verl/workers/fsdp_workers.py"
 
 
@@ -448,4 +450,5 @@ def _recognise(view) -> bool:
 
 
 FRAMEWORK = Framework(name=NAME, title="verl", module="verl", recognise=_recognise, flags=FLAGS,
-                      log_paths=r"verl[/\\](trainer|workers|utils)[/\\]", dated=True)
+                      log_paths=r"verl[/\\](trainer|workers|utils)[/\\]", dated=True,
+                      file_markers=frozenset({"actor_rollout_ref"}))
