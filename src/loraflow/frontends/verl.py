@@ -365,26 +365,30 @@ def entry_of(program: str) -> Entry:
                         f"{', '.join(e.module for e in ENTRIES.values())} (or a recipe built on main_ppo).")
 
 
+_HYDRA_FLAGS = {"--config-path": "config-path", "-cp": "config-path", "--config-name": "config-name",
+                "-cn": "config-name"}
+
+
 def _config_file(others: list[str], draft: Draft) -> tuple[dict, list[str]]:
     """`--config-path DIR --config-name NAME` (Hydra's own flags): the named YAML as the base, when it is here."""
-    flags: dict[str, str] = {}
+    given: dict[str, str] = {}
     rest: list[str] = []
     i = 0
     while i < len(others):
         name, eq, value = others[i].partition("=")
-        if name in ("--config-path", "--config-name", "-cp", "-cn"):
+        if name in _HYDRA_FLAGS:
             if not eq and i + 1 < len(others):
                 value, i = others[i + 1], i + 1
-            flags[name.lstrip("-").replace("cp", "config-path").replace("cn", "config-name")] = value
+            given[_HYDRA_FLAGS[name]] = value
         else:
             rest.append(others[i])
         i += 1
-    if "config-name" not in flags:
+    if "config-name" not in given:
         return {}, rest
-    name = flags["config-name"] if flags["config-name"].endswith(".yaml") else flags["config-name"] + ".yaml"
-    path = Path(flags.get("config-path", ".")) / name
+    name = given["config-name"] if given["config-name"].endswith(".yaml") else given["config-name"] + ".yaml"
+    path = Path(given.get("config-path", ".")) / name
     if not path.is_file():
-        draft.note(f"--config-name {flags['config-name']}: {path} is not here; its keys are read as verl's defaults")
+        draft.note(f"--config-name {given['config-name']}: {path} is not here; its keys are read as verl's defaults")
         return {}, rest
     return {k: (v, f"{path.name}: {k}") for k, v in flatten(load_mapping(path, "verl config")).items()
             if k not in ("defaults", "hydra")}, rest
