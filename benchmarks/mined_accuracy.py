@@ -92,12 +92,15 @@ def _check(r: dict, as_of: bool) -> dict:
     versions the thread states, and with `as_of` the releases of its day for the rest."""
     import shlex
 
-    from loraflow.environment import TRACKED_PACKAGES, parse_versions
+    from loraflow.environment import TRACKED_PACKAGES
     from loraflow.errors import LoraflowError
-    from loraflow.frontends import FRAMEWORKS, guess_framework_for_files, run_check
+    from loraflow.frontends import FRAMEWORKS, guess_framework_for_files, parse_versions, run_check
+    from loraflow.frontends.base import release_names
 
+    # The packages check tracks and the frameworks' own releases (verl 0.5.0, torchtune 0.2.1) a thread states.
+    known = set(TRACKED_PACKAGES) | set(release_names())
     versions = parse_versions(",".join(f"{k}={m.group(0)}" for k, v in (r["versions"] or {}).items()
-                                       if k in TRACKED_PACKAGES and (m := re.search(r"\d+(\.\d+)+", str(v)))))
+                                       if k in known and (m := re.search(r"\d+(\.\d+)+", str(v)))))
     if as_of:
         versions = {**_as_of(r["opened"]), **versions}
     text = r["launch"]

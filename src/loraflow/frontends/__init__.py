@@ -79,7 +79,10 @@ def guess_framework_for_files(paths) -> str | None:
     from loraflow.frontends.common import load_mapping
 
     own = {f.name for f in fields(Config)}
-    known = {"llama-factory": keys.LLAMA_FACTORY | keys.HF_TRAINER, "axolotl": keys.AXOLOTL}
+    from loraflow.frontends.verl import TOP_KEYS as VERL
+
+    known = {"llama-factory": keys.LLAMA_FACTORY | keys.HF_TRAINER, "axolotl": keys.AXOLOTL,
+             "accelerate": keys.ACCELERATE_TOP, "verl": VERL, "torchtune": keys.TORCHTUNE}
     for path in paths:
         try:
             found = {str(k) for k in load_mapping(path, "config file")}

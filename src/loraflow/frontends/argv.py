@@ -17,7 +17,7 @@ from pathlib import Path
 
 from loraflow.errors import LoraflowError
 
-CLI_PROGRAMS = ("trl", "swift", "llamafactory-cli", "lmf", "axolotl")
+CLI_PROGRAMS = ("trl", "swift", "llamafactory-cli", "lmf", "axolotl", "tune")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
 _PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)*)?$")
@@ -338,11 +338,11 @@ def parse_bool(value: str | list[str] | None, where: str) -> bool:
 
 
 _ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|'[^']*'|[^\s"'#]*)\s*(?:#.*)?$""")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d)")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d|@|\*)")
 _HEREDOC = re.compile(r"^[ \t]*(?:read\s+(?:-\w+\s+(?:''\s+)?)*(?P<var>[A-Za-z_]\w*)|(?P<var2>[A-Za-z_]\w*)=\$\(cat)\s*"
                       r"<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)^[ \t]*(?P=tag)\b[^\n]*\n?", re.M | re.S)
-_STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "ray", "srun",
-           "mpirun", "mpiexec")
+_STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "tune", "ray",
+           "srun", "mpirun", "mpiexec")
 
 
 _CLUSTER_LAUNCHERS = ("srun", "mpirun", "mpiexec")
@@ -377,7 +377,8 @@ def _arithmetic(line: str, variables: dict[str, str]) -> str:
 def command_from_script(path: str) -> list[str]:
     """The launch line of a shell script: line continuations joined, simple `VAR=value` assignments expanded
     (the last assignment wins, so `if [ -z "$X" ]; then X=3; fi` style defaults come through), redirections dropped.
-    Positional parameters ($1, $2) expand to nothing, as when the script runs without arguments."""
+    Positional parameters ($1, $2, $@, ${1:-default}) expand to nothing or their default, as when the script runs
+    without arguments."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -417,7 +418,10 @@ def command_from_script(path: str) -> list[str]:
 
 def resolve_path(name: str, *bases: str | os.PathLike | None) -> Path | None:
     """An existing file: `name` as given (relative to the working directory), then relative to each base."""
-    candidate = Path(name).expanduser()
+    try:
+        candidate = Path(name).expanduser()
+    except RuntimeError:  # `~key` (a Hydra/OmegaConf deletion) names no user's home
+        candidate = Path(name)
     if candidate.is_file():
         return candidate
     for base in bases:

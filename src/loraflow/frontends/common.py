@@ -372,9 +372,10 @@ def apply_fsdp_options(draft: Draft, options: dict[str, Any], label: str, flag=l
         draft.set("fsdp_use_orig_params", as_bool(opt("use_orig_params"), "use_orig_params"),
                   f"{label}: use_orig_params")
     else:
-        # accelerate's FullyShardedDataParallelPlugin reads FSDP_USE_ORIG_PARAMS, default "true"
-        # (accelerate src/accelerate/utils/dataclasses.py).
-        draft.default("fsdp_use_orig_params", True, "accelerate utils/dataclasses.py")
+        # accelerate launch passes FSDP_USE_ORIG_PARAMS from --fsdp_use_orig_params, default "true" (accelerate
+        # src/accelerate/commands/launch.py); the plugin itself reads it with default "False" (utils/dataclasses.py).
+        draft.default("fsdp_use_orig_params", True, "accelerate launch --fsdp_use_orig_params default true "
+                      "(commands/launch.py)")
     if opt("activation_checkpointing") is not None and as_bool(opt("activation_checkpointing"), label):
         # accelerate wraps each layer in torch's checkpoint_wrapper (CheckpointImpl.NO_REENTRANT), before
         # fully_shard for FSDP2 (accelerate accelerator.py, utils/fsdp_utils.py fsdp2_apply_ac): inside the unit.

@@ -45,16 +45,21 @@ def checkpointing(draft: Draft, run: Run) -> tuple[bool, str, str]:
         draft.set("checkpoint_every_n", every, opts[kw_name].source)
     draft.set("checkpoint_impl", "transformers", f"{run.who} calls model.gradient_checkpointing_enable")
     if draft.get("engine") == "fsdp2":
-        # transformers < 5.23 checkpoints each layer's __call__, FSDP2's forward hooks (and their mixed-precision
-        # casts) inside the recompute; 5.23 checkpoints forward and leaves the hooks outside.
-        outside = not at_least(draft, "transformers", "5.23.0")
-        draft.set("checkpoint_outside_shard", outside, "transformers < 5.23 checkpoints the layer's __call__, "
-                  "FSDP2's hooks included" if outside else "transformers >= 5.23 checkpoints the layer's forward, "
-                  "inside FSDP2's hooks")
+        draft.set("checkpoint_outside_shard", *checkpoint_outside_shard(draft))
     _reentrant(draft, run, kwargs, kw_name)
     _input_grad_hook(draft, run)
     vision.tower_hook(draft)
     return gc, gc_name, kw_name
+
+
+def checkpoint_outside_shard(draft: Draft) -> tuple[bool, str]:
+    """Where transformers' layer checkpointing sits relative to FSDP2's units (fully_shard on each decoder layer):
+    transformers < 5.23 checkpoints each layer's __call__, FSDP2's forward hooks (and their mixed-precision casts)
+    inside the recompute; 5.23 checkpoints forward and leaves the hooks outside. For every framework that enables
+    transformers' checkpointing and then shards with FSDP2."""
+    outside = not at_least(draft, "transformers", "5.23.0")
+    return outside, ("transformers < 5.23 checkpoints the layer's __call__, FSDP2's hooks included" if outside else
+                     "transformers >= 5.23 checkpoints the layer's forward, inside FSDP2's hooks")
 
 
 def _reentrant(draft: Draft, run: Run, kwargs: dict[str, Any], kw_name: str) -> None:

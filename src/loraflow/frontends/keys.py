@@ -374,3 +374,33 @@ deepspeed_config_file deepspeed_hostfile deepspeed_multinode_launcher gradient_a
 offload_optimizer_device offload_optimizer_nvme_path offload_param_device offload_param_nvme_path zero3_init_flag
 zero3_save_16bit_model zero_stage seq_parallel_communication_data_type
 """)
+# fsdp_config keys (accelerate src/accelerate/commands/config/cluster.py writes them; fsdp_backward_prefetch_policy
+# and fsdp_sharding_strategy are the older spellings still read by utils/dataclasses.py).
+ACCELERATE_FSDP = _names("""
+fsdp_activation_checkpointing fsdp_auto_wrap_policy fsdp_backward_prefetch fsdp_backward_prefetch_policy
+fsdp_cpu_ram_efficient_loading fsdp_forward_prefetch fsdp_min_num_params fsdp_offload_params fsdp_reshard_after_forward
+fsdp_sharding_strategy fsdp_state_dict_type fsdp_sync_module_states fsdp_transformer_layer_cls_to_wrap
+fsdp_use_orig_params fsdp_version
+""")
+
+# torchtune: the top-level keys of every shipped config (recipes/configs/**/*.yaml) and those the recipes read
+# (`cfg.get("...")`, `cfg.X` in recipes/*.py) at v0.2.1, v0.4.0, v0.6.1 and main; the keys below a component
+# (model.*, dataset.*, optimizer.*) are its builder's arguments.
+TORCHTUNE = _names("""
+ac_mode ac_option activation_offloading_use_streams apply_chat_template base_model_path batch_size batch_size_val
+chat_format chat_template checkpointer clip_grad_norm collate_fn compile context_parallel_dim
+context_parallel_rotate_method cudnn_deterministic_mode custom_sharded_layers data_parallel_replicate_dim
+data_parallel_shard_dim dataloader dataset dataset_val datasets debug_logging_enabled debug_num_samples_per_step device
+dtype early_exit_loss enable_activation_checkpointing enable_activation_offloading enable_async_checkpointing
+enable_expandable_segments enable_fp8_training enable_kv_cache epochs fake_quant_after_n_steps forward_batch_size
+fp8_recipe_name fsdp fsdp_cpu_offload fsdp_reshard_after_forward fsdp_sharding_strategy fused gamma
+gradient_accumulation_steps grpo_samples include_path inference instruct_template kd_loss kd_ratio kl_coeff
+layer_dropout limit lmbda log_every_n_steps log_level log_peak_memory_stats loss low_cpu_ram lr_scheduler
+max_generated_tokens max_new_tokens max_seq_length max_steps_per_epoch memory_efficient_fsdp_wrap metric_logger
+min_response_length model name num_steps optimizer optimizer_in_bwd orchestration output_dir penalise_no_eos
+policy_model postprocessing ppo_batch_size ppo_epochs profile_memory profiler prompt quantizer ref_checkpointer
+ref_policy_checkpointer resize_token_embeddings resume_from_checkpoint reward_and_value_model reward_checkpointer
+reward_functions reward_penalty run_val_every_n_steps save_adapter_weights_only save_every_n_epochs save_every_n_steps
+seed shuffle stop_token_ids tasks teacher_checkpointer teacher_model temperature tensor_parallel_dim
+tensor_parallel_plan tokenizer top_k training use_distributed_state_dict use_flex value_checkpointer whiten_rewards
+""")

@@ -15,13 +15,19 @@ from typing import Any, Callable, Iterable, Union
 from loraflow.errors import LoraflowError
 from loraflow.frontends.common import Draft, as_bool, as_list, at_least, int_value
 
+# verl names its RL stages by the advantage estimator (algorithm.adv_estimator, verl/trainer/ppo/core_algos.py
+# AdvantageEstimator): GAE trains a critic beside the policy (PPO); every other one is a critic-free baseline over a
+# group of samples, as GRPO's.
+_VERL = {"gae": "ppo", **dict.fromkeys((
+    "grpo_passk", "grpo_vectorized", "rloo_vectorized", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
+    "opo", "gpg", "optimal_token_baseline", "tir_optimal_token_baseline"), "grpo")}
 # Other frameworks' stage and trainer names that are not loraflow's: the loraflow stage each is read as.
 # Preference objectives all train on chosen/rejected pairs in one concatenated forward (loraflow's dpo stage);
 # RLOO is a group-baseline policy gradient like GRPO; a (process) reward model is a reward model; continued
 # pre-training, distillation (gkd, kd) and Axolotl's ebft train on text like SFT; OpenRLHF's ppo_ray is its PPO on Ray.
 STAGE_ALIASES = {"kto": "dpo", "orpo": "dpo", "simpo": "dpo", "ipo": "dpo", "cpo": "dpo", "gdpo": "dpo",
                  "online_dpo": "dpo", "rloo": "grpo", "reward": "rm", "prm": "rm", "pt": "sft", "gkd": "sft",
-                 "kd": "sft", "ebft": "sft", "ppo_ray": "ppo"}
+                 "kd": "sft", "ebft": "sft", "ppo_ray": "ppo", **_VERL}
 
 
 def stage_of(name: str) -> str:
