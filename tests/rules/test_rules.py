@@ -340,3 +340,11 @@ def test_peft_names_are_fixed_by_a_merged_sync_and_then_checked():
     final, findings = evaluate(VLLM.replace(rollout_sync="unmerged"))
     assert final.rollout_sync == "merged" and final.rollout_verified
     assert {"vllm-sync-peft-names", "vllm-stale-policy"} <= {f.rule.id for f in findings}
+
+
+def test_sequence_parallel_recompute_spares_fsdp1():
+    """verl#4664: Ulysses with FSDP1 and checkpointing trains; only FSDP2's recompute sees the other split."""
+    rule = next(r for r in all_rules() if r.id == "sequence-parallel-recompute")
+    fsdp1 = FSDP1.replace(sequence_parallel=True, checkpointing="all", reentrant=False)
+    assert fsdp1.flat_params and not rule.when(fsdp1)
+    assert rule.when(fsdp1.replace(engine="fsdp2"))

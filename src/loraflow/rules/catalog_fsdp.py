@@ -186,7 +186,9 @@ register(Rule(
                "recompute runs outside the split the forward ran in (reported with LoRA; full fine-tuning with "
                "context parallelism runs in TRL's own examples)",
     knobs=("sequence_parallel", "checkpointing"),
-    when=lambda s: s.sequence_parallel and s.frozen_params and s.checkpointed and s.reentrant is False,
+    # Not FSDP1 (flat parameters): verl#4664 runs Ulysses with FSDP1 and checkpointing fine, only FSDP2 fails.
+    when=lambda s: (s.sequence_parallel and s.frozen_params and s.checkpointed and s.reentrant is False
+                    and not s.flat_params),
     cause=("Context and sequence parallelism shard or gather the sequence around each attention call (torch's "
            "context_parallel rewrites buffers in place on entry; Ulysses all-to-alls heads and sequence). When the "
            "checkpointed layers recompute in backward outside that context, attention sees the local slice instead "
