@@ -141,8 +141,8 @@ CASES = {
         ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.0")}),
         ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.1")})),
     "adapter-state-dict-patched": (
-        BASE.replace(state_dict_patched=True),
-        BASE.replace(state_dict_patched=True, adapter="full")),
+        BASE.replace(state_dict_patched=True, versions={"peft": Version("0.19.1")}),
+        BASE.replace(state_dict_patched=True, versions={"peft": Version("0.20.0")})),
     "kbit-full-finetune": (
         BASE.replace(quantization="4bit", adapter="full"),
         BASE.replace(quantization="4bit")),

@@ -42,8 +42,10 @@ register(Rule(
            "inside zero.Init also recursed on an attribute read before its __init__."),
     fix="Upgrade peft (0.12 for PiSSA/OLoRA/CorDA/LoftQ and the wrapper, 0.21 for target_parameters, 0.11 for "
         "prompt tuning): it gathers the weight for the read. Else use the default LoRA initialization, or ZeRO-2.",
-    elsewhere="pip install -U peft; else init_lora_weights=True (no PiSSA/OLoRA) or ZeRO-2; create the adapter "
-              "(get_peft_model) outside any deepspeed.zero.Init context",
+    elsewhere="pip install -U peft; else init_lora_weights=True (no PiSSA/OLoRA) or ZeRO-2. PEFT gathers only where "
+              "it sees ZeRO-3 through transformers' HfDeepSpeedConfig (the HF Trainer and accelerate keep one): a "
+              "loop that enters deepspeed.zero.Init itself must keep one alive while get_peft_model runs, in every "
+              "release (seen with peft 0.21.2: `linalg.svd: The input tensor A must have at least 2 dimensions`)",
     references=("https://github.com/huggingface/peft/pull/1887", "https://github.com/huggingface/peft/pull/1892",
                 "https://github.com/huggingface/peft/pull/3576", "https://github.com/huggingface/peft/pull/1591",
                 "https://github.com/huggingface/peft/pull/1000", "https://github.com/huggingface/peft/issues/2916",

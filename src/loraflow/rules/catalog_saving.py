@@ -51,26 +51,25 @@ register(Rule(
     verdict="fix",
     impact="silent",
     conditions="the training script replaces model.state_dict with PEFT's adapter state dict (alpaca-lora's "
-               "finetune.py and scripts copied from it), peft >= 0.3.0",
+               "finetune.py and scripts copied from it), 0.3.0 <= peft < 0.20.0",
     knobs=("state_dict_patched",),
-    affected={"peft": ">=0.3.0"},
+    affected={"peft": ">=0.3.0,<0.20.0"},
     when=lambda s: s.adapter != "full" and s.state_dict_patched,
     cause=("alpaca-lora's script replaces model.state_dict by get_peft_model_state_dict(model, old_state_dict()), "
-           "which already strips each key's adapter name. Since 0.3.0 PEFT's save_pretrained calls "
-           "get_peft_model_state_dict itself and keeps only keys holding the adapter name, of which the patched "
+           "which already strips each key's adapter name. From 0.3.0 to 0.19 PEFT's save_pretrained calls "
+           "get_peft_model_state_dict itself and keeps only LoRA keys holding the adapter name, of which the patched "
            "dict has none: every checkpoint's adapter file is a few hundred bytes, and the reloaded model is the "
            "base model. The crash, if any, comes only at load (a size mismatch)."),
     fix="loraflow saves adapters with PEFT's own save_pretrained and never replaces a model's state_dict.",
     remedy=lambda s: {"state_dict_patched": False},
     elsewhere="delete the `model.state_dict = (lambda self, *_, **__: get_peft_model_state_dict(...))` lines of the "
-              "script; save with model.save_pretrained",
+              "script and save with model.save_pretrained; peft >= 0.20 no longer filters the patched dict again",
     references=("https://github.com/huggingface/peft/issues/286",
                 "https://github.com/huggingface/transformers/issues/24551",
                 "https://github.com/huggingface/peft/issues/580",
                 "https://github.com/tloen/alpaca-lora/blob/main/finetune.py (the state_dict patch)",
-                "https://github.com/huggingface/peft/blob/main/src/peft/utils/save_and_load.py "
-                "(get_peft_model_state_dict: FILTER FOR ADAPTER NAME)"),
-    fixed_in="not a bug in peft: the script's patch",
+                "https://github.com/huggingface/peft/pull/3282 (the second adapter-name filter dropped, peft 0.20.0)"),
+    fixed_in="peft 0.20.0 (PR #3282; the patch itself is the script's)",
     log=LogSigns(
         # `ls -l` / `ls -lh` of a checkpoint whose adapter file is under 10 kB: an adapter holding no tensors.
         messages=(Message(r"\s(\d{1,4}|\d(\.\d)?K)\s+[A-Z][a-z]{2}\s+\d{1,2}\s+(\d{1,2}:\d{2}|\d{4})\s+"
