@@ -202,6 +202,49 @@ IMAGE_TOKEN_ATTR = re.compile(rf"({'|'.join(map(re.escape, _union('image_token_w
 """Processor attributes naming image tokens (image_token, boi_token, vision_start_token, ...)."""
 FRAMING_TOKENS = _union("framing_tokens")
 
+# -- families whose activations overflow float16 ---------------------------------------------------------------
+class Fp16Overflow(NamedTuple):
+    names: str
+    """Matched, case-insensitively, against a model id or path (what a launch line gives)."""
+    source: str
+
+
+FP16_OVERFLOW: Mapping[str, Fp16Overflow] = MappingProxyType({
+    # T5's authors trained it with bfloat16 activations only; its feed-forward outputs exceed 65504 in float16
+    # (google-research/text-to-text-transfer-transformer#539; transformers clamps T5's hidden states under fp16).
+    "t5": Fp16Overflow(r"(?<![a-z0-9])(flan[-_.]?|m|by|u|um|code|long)?t5([-_.]|$)|(?<![a-z])ul2(?![a-z0-9])",
+                       "google-research/text-to-text-transfer-transformer#539"),
+    # Gemma 3's large RMSNorm weights and post-norms overflow float16 (transformers#36822); Unsloth loads Gemma 3 /
+    # 3n, gpt-oss and Qwen3.5 in bfloat16 with float32 upcasts when float16 is asked (unsloth FORCE_FLOAT32).
+    "gemma3": Fp16Overflow(r"gemma[-_.]?3", "huggingface/transformers#36822; unsloth FORCE_FLOAT32"),
+    "gpt_oss": Fp16Overflow(r"gpt[-_.]?oss", "unsloth FORCE_FLOAT32 (unsloth_zoo)"),
+    "qwen3_5": Fp16Overflow(r"qwen[-_.]?3\.5", "unsloth FORCE_FLOAT32 (Qwen3.5's GDN layers NaN in float16)"),
+    # The backward overflows along the residual stream: finite loss, NaN grad norm on the first steps
+    # (unslothai/unsloth-zoo#866).
+    "gemma4": Fp16Overflow(r"gemma[-_.]?4", "unslothai/unsloth-zoo#866"),
+    "qwen3_moe": Fp16Overflow(r"qwen[-_.]?3[-_.]\d+b[-_.]a\d+b", "unslothai/unsloth-zoo#866"),
+    "glm4_moe": Fp16Overflow(r"glm[-_.]?4\.[56](?![0-9])(?![-_.]?v)", "unslothai/unsloth-zoo#866"),
+})
+"""model_type -> the model names that family goes by and the source showing it overflows float16 in training. The
+text-only and multimodal model_types of a family share its entry (fp16_overflows_type)."""
+_FP16_OVERFLOW_RES = tuple((t, re.compile(f.names, re.IGNORECASE)) for t, f in FP16_OVERFLOW.items())
+
+
+_FP16_OVERFLOW_KIN = {"mt5": "t5", "umt5": "t5", "gemma3n": "gemma3", "qwen3_5_moe": "qwen3_5"}
+"""model_types that share a family's FP16_OVERFLOW entry (besides each one's `_text` variant)."""
+
+
+def fp16_overflows_type(model_type: str) -> bool:
+    """Whether a model_type belongs to a family of FP16_OVERFLOW."""
+    base = model_type.removesuffix("_text")
+    return _FP16_OVERFLOW_KIN.get(base, base) in FP16_OVERFLOW
+
+
+def fp16_overflow_name(model: str) -> str | None:
+    """The FP16_OVERFLOW model_type a model id or path names, or None."""
+    return next((t for t, rx in _FP16_OVERFLOW_RES if model and rx.search(model)), None)
+
+
 # -- which transformers auto class loads a model ---------------------------------------------------------------
 class AutoClass(NamedTuple):
     name: str

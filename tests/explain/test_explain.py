@@ -291,3 +291,18 @@ def test_vllm_startup_memory_is_blamed_on_a_colocated_engine_only_with_colocatio
                 "external_launcher, seed=0\n" + line
     top = diagnose_log(colocated)[1][0]
     assert (top.rule.id, top.confidence) == ("vllm-colocate-memory", "confirmed")
+
+
+def test_pissa_on_zero_init_placeholders_is_named_from_its_traceback():
+    """Captured on this machine (peft 0.21.2, deepspeed 0.19.8 on CPU): PiSSA on a model partitioned by
+    deepspeed.zero.Init in a loop that keeps no HfDeepSpeedConfig alive, so PEFT does not gather the weight."""
+    from loraflow.explain import diagnose_log
+
+    site = "/work/main/.venv/lib/python3.11/site-packages"
+    log = (f'  File "{site}/peft/tuners/lora/layer.py", line 290, in update_layer\n'
+           "    self.pissa_init(adapter_name, init_lora_weights)\n"
+           f'  File "{site}/peft/tuners/lora/layer.py", line 440, in pissa_init\n'
+           "    V, S, Uh = torch.linalg.svd(weight.data, full_matrices=False)\n"
+           "RuntimeError: linalg.svd: The input tensor A must have at least 2 dimensions.")
+    _, candidates, _ = diagnose_log(log)
+    assert [(c.rule.id, c.confidence) for c in candidates[:1]] == [("zero3-init-adapter-read", "likely")]

@@ -54,3 +54,48 @@ def test_openrlhf_reward_model_lora_leaves_its_value_head_out_of_the_adapter():
     assert "adapter-omits-new-head" not in findings(shlex.split(rm.replace("--lora_rank 16", "--lora_rank 0")))
     sft = rm.replace("train_rm", "train_sft")
     assert "adapter-omits-new-head" not in findings(shlex.split(sft))
+
+
+# The second round's frontend facts: a model family that overflows float16 read from the model's name, an adapter
+# initialization or target kind that reads the base weights, and the releases that decide each rule.
+def test_an_fp16_run_of_a_family_that_overflows_float16_is_refused_by_name(tmp_path):
+    config = tmp_path / "gemma.yaml"
+    config.write_text("model_name_or_path: google/gemma-3-4b-it\nstage: sft\ndo_train: true\nfinetuning_type: lora\n"
+                      "lora_target: all\ndataset: alpaca_en_demo\ntemplate: gemma3\noutput_dir: out\nfp16: true\n")
+    assert findings(["llamafactory-cli", "train", str(config)])["fp16-overflow"] is None  # unconditional
+    config.write_text(config.read_text().replace("fp16: true", "bf16: true"))
+    assert "fp16-overflow" not in findings(["llamafactory-cli", "train", str(config)])
+    t5 = ("deepspeed --module openrlhf.cli.train_sft --pretrain google/flan-t5-xl --lora_rank 8 --zero_stage 2 "
+          "--save_path out")
+    s = from_command(shlex.split(t5), CURRENT).setup
+    assert s.fp16_overflows and s.precision == "bf16-mixed"  # OpenRLHF trains in bf16 by default: nothing to say
+    assert "fp16-overflow" not in findings(shlex.split(t5))
+
+
+def test_pissa_init_and_parameter_targets_under_zero3_hold_for_the_peft_releases_before_their_gather(tmp_path):
+    config = tmp_path / "pissa.yaml"
+    config.write_text("model_name_or_path: meta-llama/Meta-Llama-3-8B\nstage: sft\ndo_train: true\n"
+                      "finetuning_type: lora\nlora_target: all\npissa_init: true\n"
+                      "deepspeed: examples/deepspeed/ds_z3_config.json\ndataset: alpaca_en_demo\ntemplate: llama3\n"
+                      "output_dir: out\nbf16: true\n")
+    argv = ["llamafactory-cli", "train", str(config)]
+    assert from_command(argv, CURRENT).setup.adapter_reads_base == "svd"
+    unknown = {k: v for k, v in CURRENT.items() if k != "peft"}
+    assert findings(argv, unknown)["zero3-init-adapter-read"] == "peft<0.12.0"
+    assert "zero3-init-adapter-read" not in findings(argv)  # peft 0.21.2 gathers the weight
+    trl = ("accelerate launch --config_file zero3.yaml trl/scripts/sft.py --model_name_or_path Qwen/Qwen3-30B-A3B "
+           "--use_peft --lora_target_parameters mlp.experts.gate_up_proj --output_dir out")
+    s = from_command(shlex.split(trl), CURRENT).setup
+    assert (s.adapter_reads_base, s.fp16_overflows) == ("parameters", True)
+    swift = ("NPROC_PER_NODE=2 swift sft --model Qwen/Qwen2.5-7B-Instruct --train_type lora --init_weights pissa "
+             "--deepspeed zero3 --dataset alpaca")
+    assert from_command(shlex.split(swift), CURRENT).setup.adapter_reads_base == "svd"
+    assert findings(shlex.split(swift), {**CURRENT, "peft": Version("0.11.1")})["zero3-init-adapter-read"] is None
+
+
+def test_a_4bit_lora_of_a_peft_release_without_4bit_layers_is_a_dtype_mismatch():
+    """LLaMA-Factory-13's launch (https://github.com/hiyouga/LlamaFactory/issues/13), with the peft of its day."""
+    launch = ("python src/train_sft.py --model_name_or_path /models/bloomz-7b1-mt --do_train --dataset alpaca_gpt4_zh "
+              "--finetuning_type lora --quantization_bit 4 --output_dir bloomz_lora --fp16")
+    assert "lora-dtype-mismatch" in findings(shlex.split(launch), {**CURRENT, "peft": Version("0.3.0")})
+    assert "lora-dtype-mismatch" not in findings(shlex.split(launch), {**CURRENT, "peft": Version("0.4.0")})

@@ -175,3 +175,24 @@ def test_a_forked_case_that_hangs_is_killed_at_its_timeout_and_the_next_still_ru
     assert time.monotonic() - start < 60
     assert results[real.rule].naive.status == "timeout"
     assert results[other.rule].naive.status not in ("timeout", "failed"), results[other.rule].naive
+
+
+# The reproductions added with the mined sample's second round of rules, run on their own (a few seconds each): the
+# fp16 overflow breaks the naive run (every update skipped) and the plan refuses it; the other three find the
+# installed stack past the releases their rules name (peft 0.21 casts a LoRA layer's input, gathers a weight for
+# PiSSA under ZeRO-3, and no longer filters a patched state_dict into nothing), as the registry predicts.
+SECOND_ROUND = ("fp16-overflow", "lora-dtype-mismatch", "adapter-state-dict-patched", "zero3-init-adapter-read")
+
+
+def test_the_second_round_probes_match_the_registry_and_the_plan_is_safe(capsys):
+    from loraflow.commands.cli import main
+
+    assert main(["probe", "--only", ",".join(SECOND_ROUND), "--json"]) == 0
+    rows = {r["rule"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert set(rows) == set(SECOND_ROUND)
+    for rule, row in rows.items():
+        assert row["matches_registry"] is True and row["safe_under_loraflow"] == "yes", (rule, row["naive"])
+    overflow = rows["fp16-overflow"]
+    assert overflow["naive"]["status"] == "wrong" and overflow["naive"]["values"]["skipped"] == 3
+    assert overflow["plan"]["status"] == "refused"
+    assert rows["adapter-state-dict-patched"]["naive"]["detail"].startswith("all 28 adapter tensors")

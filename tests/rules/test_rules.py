@@ -121,6 +121,28 @@ CASES = {
     "unsloth-multi-gpu": (
         DDP.replace(unsloth=True, versions={"unsloth": Version("2025.4.1")}),
         BASE.replace(unsloth=True)),
+    # Rules from the mined sample's clusters (catalog_precision.py, catalog_placement.py, catalog_saving.py).
+    "fp16-overflow": (
+        BASE.replace(fp16_overflows=True, precision="fp16-mixed"),
+        BASE.replace(fp16_overflows=True, precision="bf16-mixed")),
+    "lora-dtype-mismatch": (
+        ZERO3.replace(quantization="8bit", precision="fp16-mixed", versions={"peft": Version("0.5.0")}),
+        ZERO3.replace(quantization="8bit", precision="fp16-mixed", versions={"peft": Version("0.6.0")})),
+    "zero3-init-adapter-read": (
+        ZERO3.replace(adapter_reads_base="svd", versions={"peft": Version("0.11.1")}),
+        ZERO3.replace(adapter_reads_base="svd", versions={"peft": Version("0.12.0")})),
+    "zero3-init-quantized-load": (
+        ZERO3.replace(quantization="4bit", image_text=True, versions={"transformers": Version("4.45.2")}),
+        ZERO3.replace(quantization="4bit", image_text=False, versions={"transformers": Version("4.45.2")})),
+    "sharded-weights-outside-forward": (
+        FSDP1.replace(weights_outside_forward=True),
+        DDP.replace(weights_outside_forward=True)),
+    "zero3-checkpoint-frozen": (
+        ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.0")}),
+        ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.1")})),
+    "adapter-state-dict-patched": (
+        BASE.replace(state_dict_patched=True, versions={"peft": Version("0.19.1")}),
+        BASE.replace(state_dict_patched=True, versions={"peft": Version("0.20.0")})),
     "kbit-full-finetune": (
         BASE.replace(quantization="4bit", adapter="full"),
         BASE.replace(quantization="4bit")),

@@ -35,11 +35,21 @@ from loraflow.frontends.common import (
     finish_world,
     int_value,
     mapping_value,
+    model_name_facts,
     read_keyed_files,
     trainer_dtypes,
 )
 from loraflow.frontends.intent import TOWER_MODULE
-from loraflow.frontends.table import Field, apply_table, at_stage, fact, stages, switch
+from loraflow.frontends.table import (
+    Field,
+    apply_table,
+    at_stage,
+    fact,
+    parameter_targets,
+    stages,
+    switch,
+    weight_reading_init,
+)
 
 NAME = "axolotl"
 CFG = "src/axolotl/utils/config/__init__.py"
@@ -55,7 +65,8 @@ FLAGS = {"checkpointing": "gradient_checkpointing", "reentrant": "gradient_check
          "offload": "deepspeed offload config / fsdp_config.offload_params",
          "fsdp_use_orig_params": "fsdp_config.use_orig_params", "world_size": "accelerate --num_processes",
          "adapter_save_gather": "gather_16bit_weights_on_model_save in the DeepSpeed JSON",
-         "targets_all_towers": "lora_target_linear / lora_target_modules", "image_safe_truncation": "sequence_len"}
+         "targets_all_towers": "lora_target_linear / lora_target_modules", "image_safe_truncation": "sequence_len",
+         "adapter_reads_base": "peft_init_lora_weights / lora_target_parameters"}
 _CLI = {"launcher", "cloud", "use_exec", "no_use_exec", "accelerate", "debug", "shard", "sweep"}
 
 
@@ -131,6 +142,11 @@ def _adapter(draft: Draft, cfg: dict, bf: bool) -> None:
         if "lora_modules_to_save" in cfg:
             embedding_targets(draft, as_list(get("lora_modules_to_save")), src("lora_modules_to_save"),
                               str(get("base_model") or ""))
+        for key, parse in (("peft_init_lora_weights", weight_reading_init),
+                           ("lora_target_parameters", parameter_targets)):
+            kind = parse(get(key), src(key)) if key in cfg else None
+            if kind:  # passed to PEFT's LoraConfig (src/axolotl/loaders/adapter.py)
+                draft.set("adapter_reads_base", kind, src(key))
         if on("peft_ensure_weight_tying"):
             draft.set("weight_tying_enforced", True, src("peft_ensure_weight_tying"))
     elif adapter:
@@ -250,6 +266,7 @@ def _image_text(draft: Draft, cfg: dict[str, tuple[Any, str]]) -> None:
     (src/axolotl/loaders/model.py _set_auto_model_loader)."""
     get, src, on = accessors(cfg)
     model = str(get("base_model") or "")
+    model_name_facts(draft, model, src("base_model") if model else "")
     if not vision.recognise(draft, model, src("base_model") if model else "",
                             src("processor_type") if get("processor_type") else None):
         return

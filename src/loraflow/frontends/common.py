@@ -13,7 +13,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from loraflow.errors import LoraflowError
-from loraflow.families import DEFAULT, EMBEDDING_NAMES, HEAD_NAMES
+from loraflow.families import DEFAULT, EMBEDDING_NAMES, FP16_OVERFLOW, HEAD_NAMES, fp16_overflow_name
 from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, parse_bool, resolve_path, visible_devices
 from loraflow.frontends.base import FrontendResult
@@ -221,6 +221,15 @@ def embedding_targets(draft: Draft, names: list[str], source: str, model: str = 
         draft.maybe("tied_embeddings", {True: "the model ties embed_tokens and lm_head (tie_word_embeddings)",
                                         False: "the model does not tie them"},
                     f"whether {model or 'the model'} ties its word embeddings is in its config.json, not visible here")
+
+
+def model_name_facts(draft: Draft, model: str, source: str) -> None:
+    """What the model's name or path says beyond its towers: a family whose activations overflow float16
+    (families.FP16_OVERFLOW; rule fp16-overflow)."""
+    kind = fp16_overflow_name(model)
+    if kind is not None:
+        draft.set("fp16_overflows", True, f"{source} ({model}: the {kind} family overflows float16, "
+                                          f"{FP16_OVERFLOW[kind].source})")
 
 
 # What a config's file name says about it: `ds_config_zero3.json`, `zero_stage3_config.json`, `ds_z2_offload.json`,

@@ -22,7 +22,7 @@ from loraflow.frontends.argv import (
     split_command,
 )
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, at_least, finish_world, int_value
+from loraflow.frontends.common import Draft, at_least, finish_world, int_value, model_name_facts
 from loraflow.frontends.table import (
     Default,
     Field,
@@ -149,6 +149,8 @@ def _adapter(draft: Draft, given: dict, p: str, main: str, step3: bool) -> int:
     scope_flag = f"{p}lora_module_name"
     scope = given[scope_flag].one() if scope_flag in given else "decoder.layers."
     model = given.get("actor_model_name_or_path" if step3 else "model_name_or_path")
+    if model is not None:
+        model_name_facts(draft, model.one() or "", model.raw)
     if lora_dim > 0 and scope == "decoder.layers.":
         _lora_scope(draft, (model.one() if model is not None else "") or "", scope_flag, scope_flag in given)
     return lora_dim

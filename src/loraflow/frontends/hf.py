@@ -39,6 +39,7 @@ from loraflow.frontends.common import (
     int_value,
     load_mapping,
     mapping_value,
+    model_name_facts,
     precision_from,
     trainer_dtypes,
 )
@@ -53,7 +54,7 @@ from loraflow.frontends.hf_options import (
     trl_keys,
 )
 from loraflow.frontends.intent import TOWER_MODULE, infer
-from loraflow.frontends.table import Field, apply_table, fact, switch
+from loraflow.frontends.table import Field, apply_table, fact, parameter_targets, switch
 
 NAME = "hf"
 # Combination field -> the HF Trainer / TRL flag that changes it (command-line spelling; also read by
@@ -62,6 +63,7 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "reentrant": "--gradient_checkpointing_kwargs '{\"use_reentrant\": ...}'", "precision": "--bf16 / --fp16",
          "engine": "--deepspeed / --fsdp", "find_unused_parameters": "--ddp_find_unused_parameters",
          "ddp_static_graph": "--ddp_static_graph", "use_cache": "--use_cache", "adapter": "--use_peft / --use_dora",
+         "adapter_reads_base": "--lora_target_parameters",
          "quantization": "--load_in_4bit", "matched_modules": "--lora_target_modules",
          "quant_storage_matches": "--bnb_4bit_quant_storage", "packing": "--packing",
          "generation_gather": "--ds3_gather_for_generation", "world_size": "the launcher's process count",
@@ -184,6 +186,10 @@ def _adapter(draft: Draft, run: Run) -> None:
         draft.note("no PEFT flag in the command: read as full fine-tuning. If the script wraps the model in a PEFT "
                    "adapter itself, tell check so by passing the PEFT flags (e.g. --use_peft --lora_r 16, TRL's "
                    "ModelConfig flags, which read the script as TRL)")
+    if "lora_target_parameters" in opts and draft.get("adapter") != "full":
+        kind = parameter_targets(opts["lora_target_parameters"].value, opts["lora_target_parameters"].source)
+        if kind:  # TRL ModelConfig.lora_target_parameters -> LoraConfig(target_parameters=...)
+            draft.set("adapter_reads_base", kind, opts["lora_target_parameters"].source)
     if "lora_target_modules" in opts and opts["lora_target_modules"].value == []:
         draft.set("matched_modules", 0, opts["lora_target_modules"].source + " (empty list)")
     if "lora_modules_to_save" in opts:
@@ -313,6 +319,7 @@ def _image_text(draft: Draft, opts: dict[str, Opt], intent, cmd: Command | None)
     """The image-text fields, from the model's name and the script's tower flags (frontends/vision.py)."""
     key = next((k for k in _MODEL_KEYS if k in opts), None)
     model = str((opts[key].value if key else "") or "")
+    model_name_facts(draft, model, opts[key].source if key else "")
     if not vision.recognise(draft, model, opts[key].source if key else "", intent.sources.get("image_text")):
         return
     full = draft.get("adapter") == "full"

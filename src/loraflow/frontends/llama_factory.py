@@ -32,6 +32,7 @@ from loraflow.frontends.common import (
     embedding_targets,
     finish_world,
     int_value,
+    model_name_facts,
     precision_from,
     read_keyed_files,
     trainer_dtypes,
@@ -63,11 +64,11 @@ FLAGS = {"checkpointing": "disable_gradient_checkpointing", "reentrant": "use_re
          "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the deepspeed JSON",
          "targets_all_towers": "lora_target / freeze_vision_tower", "image_safe_truncation": "cutoff_len / "
          "image_max_pixels", "towers_trainable": "freeze_vision_tower / freeze_multi_modal_projector",
-         "unsloth": "use_unsloth"}
+         "unsloth": "use_unsloth", "adapter_reads_base": "pissa_init"}
 _HANDLED = {"stage", "finetuning_type", "use_dora", "lora_target", "additional_target", "quantization_bit",
             "quantization_method", "disable_gradient_checkpointing", "use_reentrant_gc", "use_unsloth_gc", "deepspeed",
             "bf16", "fp16", "pure_bf16", "packing", "neat_packing", "ddp_find_unused_parameters", "ddp_static_graph",
-            "gradient_checkpointing", "fsdp", "fsdp_config", "model_name_or_path", "use_unsloth"}
+            "gradient_checkpointing", "fsdp", "fsdp_config", "model_name_or_path", "use_unsloth", "pissa_init"}
 
 
 def _refuse_accelerate(path: str, data: dict) -> None:
@@ -277,6 +278,8 @@ _FACTS = (
     Field("ddp_static_graph", ("ddp_static_graph",), switch),
     # use_unsloth loads the model through unsloth.FastLanguageModel (src/llamafactory/model/model_utils/unsloth.py).
     Field("unsloth", ("use_unsloth",), switch),
+    # pissa_init initializes LoRA from the base weight's SVD (src/llamafactory/model/adapter.py: init_lora_weights).
+    Field("adapter_reads_base", ("pissa_init",), lambda v, w: "svd" if as_bool(v, w) else None),
     fact("forwards_per_step", 1, "concatenated_forward (src/llamafactory/train/dpo/trainer.py)",
          when=at_stage("dpo", "rm")),
     fact("generation", True, "PPO samples with generate (src/llamafactory/train/ppo/trainer.py)", when=at_stage("ppo")),
@@ -340,6 +343,7 @@ def _image_text(draft: Draft, opts: dict[str, tuple[Any, str]], ftype: str) -> N
     evidence = next((src(k) for k in _VLM_KEYS if k in opts), None)
     if evidence is None and _VLM_TEMPLATE.match(str(get("template") or "")):
         evidence = src("template")
+    model_name_facts(draft, model, src("model_name_or_path") if model else "")
     if not vision.recognise(draft, model, src("model_name_or_path") if model else "", evidence):
         return
     if "freeze_vision_tower" in opts:

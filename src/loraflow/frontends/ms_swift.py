@@ -33,6 +33,7 @@ from loraflow.frontends.common import (
     int_value,
     load_mapping,
     mapping_value,
+    model_name_facts,
     precision_from,
     trainer_dtypes,
     world_from_env,
@@ -44,8 +45,10 @@ from loraflow.frontends.table import (
     at_stage,
     empty_targets,
     fact,
+    parameter_targets,
     stages,
     switch,
+    weight_reading_init,
 )
 
 NAME = "ms-swift"
@@ -64,7 +67,7 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "generation_gather": "--ds3_gather_for_generation", "embeddings_trainable": "--modules_to_save",
          "lm_head_trainable": "--modules_to_save", "world_size": "NPROC_PER_NODE",
          "targets_all_towers": "--target_modules", "towers_trainable": "--freeze_vit / --freeze_aligner",
-         "unsloth": "--tuner_backend",
+         "unsloth": "--tuner_backend", "adapter_reads_base": "--init_weights / --target_parameters",
          "image_safe_truncation": "--max_length / MAX_PIXELS", **rollouts.VLLM_FLAGS}
 _HANDLED = {"train_type", "tuner_type", "sft_type", "use_dora", "target_modules", "modules_to_save",
             "gradient_checkpointing", "gradient_checkpointing_kwargs", "deepspeed", "fsdp", "fsdp_config",
@@ -228,6 +231,9 @@ _TRAINER = (
     Field("ddp_static_graph", ("ddp_static_graph",), switch),
     # --tuner_backend unsloth loads and patches the model with Unsloth (swift/llm/model/register.py).
     Field("unsloth", ("tuner_backend",), lambda v, w: True if str(v).lower() == "unsloth" else None),
+    # --init_weights passes PEFT's init_lora_weights; --target_parameters its target_parameters (swift/arguments).
+    Field("adapter_reads_base", ("init_weights",), weight_reading_init),
+    Field("adapter_reads_base", ("target_parameters",), parameter_targets),
     Field("generation", ("use_vllm",), lambda v, w: False if as_bool(v, w) else None, when=_rollouts,
           suffix=" (rollouts come from vLLM)"),
     fact("generation", True, "default (ms-swift swift/rlhf_trainers/args_mixin.py: use_vllm false, model.generate)",
@@ -280,6 +286,7 @@ def _image_text(draft: Draft, get, src, on, opts: dict) -> None:
     key = next((k for k in ("model", "model_id_or_path", "model_type") if k in opts), None)
     model = str(get(key) or "") if key else ""
     flag = next((src(k) for k in ("freeze_vit", "freeze_aligner") if k in opts), None)
+    model_name_facts(draft, model, src(key) if key else "")
     if not vision.recognise(draft, model, src(key) if key else "", flag):
         return
     if "freeze_aligner" in opts and ">=3.0.0" not in draft.eras.get("ms-swift", ("",))[0]:

@@ -17,7 +17,7 @@ from loraflow.frontends.argv import (
     split_command,
 )
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, int_value
+from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, int_value, model_name_facts
 from loraflow.frontends.table import (
     Default,
     Field,
@@ -325,6 +325,9 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     _precision(draft, given, style)
     apply_table(draft, options, _TRAINERS)
     _save_and_generation(draft, cmd, name, given)
+    model = given.get("pretrain") or given.get("actor.model_name_or_path")
+    if model is not None:
+        model_name_facts(draft, model.one() or "", model.raw)
     known = set().union(*_FLAGS.values()) | {"bf16", "advantage_estimator", "algo.advantage.estimator"}
     for a in args:
         if a.name not in known and a.name not in keys.OPENRLHF:

@@ -113,6 +113,18 @@ def zero_stage(value: Any, where: str) -> int:
     return int_value(value, where, "a ZeRO stage", (0, 1, 2, 3))
 
 
+def weight_reading_init(value: Any, where: str) -> str | None:
+    """A LoRA initialization that decomposes the base weight (PEFT init_lora_weights pissa*, olora, corda, loftq):
+    `svd` (rule zero3-init-adapter-read); the default random one, or one reading activations (eva), leaves it."""
+    name = str(value).lower()
+    return "svd" if name.startswith(("pissa", "olora", "corda", "loftq")) else None
+
+
+def parameter_targets(value: Any, where: str) -> str | None:
+    """LoRA on nn.Parameter targets (PEFT target_parameters): `parameters`, when any is named."""
+    return "parameters" if as_list(value) else None
+
+
 def empty_targets(value: Any, where: str) -> int | None:
     """An adapter target list given empty matches no module (PEFT then finds nothing to adapt)."""
     return 0 if not as_list(value) else None

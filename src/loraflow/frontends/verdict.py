@@ -89,15 +89,34 @@ def _consistent(result: FrontendResult, variables: list[Variable], given: dict[s
     return ok
 
 
-def _version_space(first: FrontendResult, queried: dict[str, set[Version]], given: dict[str, Version]
-                   ) -> list[Variable]:
+def _relevant(builds: list[FrontendResult]) -> set[str]:
+    """The rules whose condition holds on some build of this command, under any of the choices its code may make:
+    only their version boundaries can change a finding; the others' would only multiply the scenarios, which are
+    capped (MAX_SCENARIOS). The first build has every unknown version unset, which a rule's condition reads as
+    affected (rule.older), so versions never hide a rule here."""
+    import itertools
+
+    setups = []
+    for b in builds:
+        names = list(b.unsure)
+        for values in itertools.product(*(list(b.unsure[n][0]) for n in names)):
+            setups.append(b.setup.replace(**dict(zip(names, values))))
+    return {r.id for r in all_rules() if any(r.when(s) for s in setups)}
+
+
+def _version_space(first: FrontendResult, queried: dict[str, set[Version]], given: dict[str, Version],
+                   relevant: set[str]) -> list[Variable]:
     from loraflow.frontends.base import framework
 
     for package, within, _ in framework(first.framework).depends:
         queried.setdefault(package, set()).update(spec_points(within))
     for rule in all_rules():
+        if rule.id not in relevant:
+            continue
         for package, spec in rule.affected.items():
             queried.setdefault(package, set()).update(spec_points(spec))
+        for package, releases in rule.boundaries.items():
+            queried.setdefault(package, set()).update(Version(r) for r in releases)
     eras = {p: SpecifierSet(spec) for p, (spec, _) in first.eras.items()}
     return version_variables(queried, given, eras)
 
@@ -128,8 +147,9 @@ def check_setup(build: Build, given: dict[str, Version | None]) -> Verdict:
     first = build(dict(given))
     queried: dict[str, set[Version]] = {p: set(v) for p, v in first.queried.items()}
     rebuilt: dict[tuple, FrontendResult] = {}
+    relevant = _relevant([first])
     for _ in range(MAX_ROUNDS):
-        variables = _version_space(first, {p: set(v) for p, v in queried.items()}, given)
+        variables = _version_space(first, {p: set(v) for p, v in queried.items()}, given, relevant)
         scenarios = enumerate_scenarios(variables, _consistent(first, variables, given))
         frontend_packages = set(queried)
         grew = False
@@ -142,6 +162,8 @@ def check_setup(build: Build, given: dict[str, Version | None]) -> Verdict:
                     if not points <= queried.setdefault(package, set()):
                         queried[package] |= points
                         grew = True
+        now = _relevant([first, *rebuilt.values()])
+        grew, relevant = grew or not now <= relevant, relevant | now
         if not grew:
             break
     # Choices a run's own code makes, from every build; each applies where its build declared it.

@@ -9,7 +9,7 @@ import torch
 from loraflow.config.schema import Config
 from loraflow.engines.deepspeed_config import DeepSpeedSettings
 from loraflow.environment import Environment
-from loraflow.families import family
+from loraflow.families import family, fp16_overflows_type
 from loraflow.plan.engine import engine_fields
 from loraflow.plan.quantization import storage_matches
 from loraflow.plan.rollout import rollout_fields, sharded_weights
@@ -46,6 +46,7 @@ def asked_setup(config: Config, env: Environment, info: ModelInfo, modules_to_sa
         use_cache=info.use_cache_default,
         packing=config.data.packing,
         precision=config.precision.mode,
+        fp16_overflows=fp16_overflows_type(info.model_type),
         world_size=env.world_size,
         quantization=None if not config.model.quantization.enabled else
         ("8bit" if config.model.quantization.bits == 8 else "4bit"),

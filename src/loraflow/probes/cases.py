@@ -206,3 +206,26 @@ def resume_saved_adapter(setup: Combination, ctx: Context) -> Observation:
         return Observation("wrong", "no error raised, but 0 trainable parameters after loading the adapter")
     trained(**batch).loss.backward()
     return compare(adapter_grads(resumed), adapter_grads(trained))
+
+
+@case("adapter-state-dict-patched", LORA.replace(state_dict_patched=True))
+def patched_state_dict_save(setup: Combination, ctx: Context) -> Observation:
+    """a LoRA model saved with save_pretrained after alpaca-lora's patch of model.state_dict (state_dict_patched) or
+    without it, then the saved adapter loaded into a fresh model: its tensors counted and compared with the trained
+    ones"""
+    from peft import PeftModel, get_peft_model_state_dict
+
+    model = with_adapters(tiny_llama(), setup)
+    trained = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+    if setup.state_dict_patched:  # alpaca-lora finetune.py, verbatim in substance
+        old_state_dict = model.state_dict
+        model.state_dict = (lambda self, *_, **__: get_peft_model_state_dict(self, old_state_dict())).__get__(
+            model, type(model))
+    model.save_pretrained(f"{ctx.workdir}/adapter")
+    reloaded = PeftModel.from_pretrained(tiny_llama(), f"{ctx.workdir}/adapter")
+    restored = get_peft_model_state_dict(reloaded)
+    differ = [k for k, v in trained.items() if k not in restored or not torch.equal(v, restored[k])]
+    if differ:
+        return Observation("wrong", f"no error raised, but {len(differ)} of {len(trained)} adapter tensors did not "
+                                    f"come back from the saved adapter (e.g. {differ[0]}): it was saved empty")
+    return Observation("ok", f"all {len(trained)} adapter tensors saved and reloaded unchanged")

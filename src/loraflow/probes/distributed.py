@@ -360,3 +360,35 @@ def fsdp2_generate(setup: Combination, ctx: Context) -> Observation:
         return Observation("wrong", f"no error raised, but generated {tokens.tolist()} instead of "
                                     f"{expected.tolist()}")
     return Observation("ok", f"generated the single-process tokens {tokens[0, 4:].tolist()}")
+
+
+@case("zero3-init-adapter-read", ZERO3.replace(world_size=1, adapter_reads_base="svd"), ranks=1, requires=DS)
+def pissa_on_partitioned_weights(setup: Combination, ctx: Context) -> Observation:
+    """LoRA initialized from the base weights' SVD (PiSSA: adapter_reads_base svd) on a tiny Llama whose weights
+    zero.Init has partitioned into [0] placeholders, as from_pretrained under ZeRO-3 leaves them (one rank; peft
+    sees ZeRO-3 as the HF Trainer shows it); the adapters compared with PiSSA's on the whole weights"""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    from loraflow.engines.launch import init_distributed
+    from loraflow.probes.tiny import TARGETS
+
+    init_distributed("gloo")
+    init = "pissa" if setup.adapter_reads_base == "svd" else True
+
+    def adapters(partitioned: bool) -> dict:
+        model = tiny_llama(use_cache=False)
+        if partitioned:
+            zero3_partition(model, setup)
+        torch.manual_seed(1)
+        config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=TARGETS, init_lora_weights=init)
+        with zero3_visible_to_peft(zero_config(setup), enabled=partitioned):
+            peft_model = get_peft_model(model, config)  # an SVD of a [0] placeholder raises here
+        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(peft_model).items()}
+
+    got, expected = adapters(True), adapters(False)
+    worst = max(float((got[k] - v).norm() / v.norm().clamp_min(1e-12)) for k, v in expected.items())
+    if worst > 1e-4:
+        return Observation("wrong", f"no error raised, but the adapters built on the partitioned model differ from "
+                                    f"those built on the whole weights by relative error {worst:.3g}")
+    return Observation("ok", f"{len(got)} adapter tensors equal those built on the whole weights (max relative error "
+                             f"{worst:.1e}): peft gathered each weight for its SVD")

@@ -7,10 +7,7 @@ same rule answers for loraflow's own plan, for `check --versions`, and for `expl
 
 from __future__ import annotations
 
-from packaging.version import Version
-
-from loraflow.rules.combination import Combination
-from loraflow.rules.rule import Rule, register
+from loraflow.rules.rule import Rule, older, register
 from loraflow.rules.signs import (
     BNB_SHAPE,
     FLAT_PARAM_FRAMES,
@@ -23,12 +20,6 @@ from loraflow.rules.signs import (
     Message,
     recompute_rivals,
 )
-
-
-def _older(s: Combination, package: str, fixed: str) -> bool:
-    """For a version condition on one branch of a rule only; unknown counts as affected, like `affected`."""
-    version = s.version(package)
-    return version is None or version < Version(fixed)
 
 
 register(Rule(
@@ -245,8 +236,9 @@ register(Rule(
     conditions="DoRA under ZeRO-3, or under FSDP1 (flat parameters) with peft < 0.12, base weight not gathered for "
                "the norm",
     knobs=("dora_weight_gather", "engine"),
+    boundaries={"peft": ("0.12",)},
     when=lambda s: (s.adapter == "dora" and not s.dora_weight_gather
-                    and (s.zero3 or (s.flat_params and _older(s, "peft", "0.12")))),
+                    and (s.zero3 or (s.flat_params and older(s, "peft", "0.12")))),
     cause=("DoRA computes a per-column norm of the base weight outside the base layer's forward. Under FSDP1 that "
            "weight is a flattened shard and under ZeRO-3 an empty partition or 1-D slice, so the norm's shapes "
            "do not fit."),

@@ -138,6 +138,24 @@ class Combination:
     unsloth: bool = False
     """The model is loaded and patched by Unsloth (FastLanguageModel / FastVisionModel; LLaMA-Factory use_unsloth,
     ms-swift --tuner_backend unsloth)."""
+    fp16_overflows: bool = False
+    """The model's activations or gradients exceed float16's range (65504) in training: a family known to overflow
+    in float16 (families.FP16_OVERFLOW: T5, Gemma 3/3n/4, gpt-oss, Qwen3.5, Qwen3-MoE, GLM-4 MoE)."""
+    adapter_reads_base: Literal["svd", "parameters", "prompt"] | None = None
+    """What of the base weights PEFT reads while it creates the adapter, beyond their names: their values for an SVD
+    or QR initialization (PiSSA, OLoRA, CorDA, LoftQ: `svd`), the shape of nn.Parameter targets (LoRA on fused MoE
+    expert tensors, PEFT target_parameters: `parameters`), the vocabulary embeddings prompt tuning starts from
+    (`prompt`). None: only the module names (LoRA's default random initialization)."""
+    weights_outside_forward: bool = False
+    """Code uses the trained model's weights outside the forward of the module its engine wraps: a submodule called
+    directly (an embedding looked up, a vision tower run while the inputs are built), or weights a framework moved to
+    the CPU itself and did not bring back before a log-prob, save or sync pass."""
+    frozen_from_engine_checkpoint: bool = False
+    """Frozen weights are restored from the engine's own checkpoint (DeepSpeed save_checkpoint, then load_checkpoint
+    to resume or zero_to_fp32 to consolidate) rather than from the pretrained model they were frozen from."""
+    state_dict_patched: bool = False
+    """The training script replaces the model's state_dict method with PEFT's adapter state dict (alpaca-lora's
+    finetune.py and the scripts copied from it), so PEFT's save_pretrained filters an already filtered dict."""
     rollout_engine: Literal["hf", "vllm"] = "hf"
     """What samples an RL stage's rollouts: the trained model's own generate (hf) or a vLLM server (vllm)."""
     rollout_sync: Literal["adapter", "merged", "unmerged"] | None = None

@@ -20,8 +20,9 @@ __all__ = ["SYMPTOMS", "Finding", "Rule", "affected_by", "all_rules", "evaluate"
 
 def all_rules() -> list[Rule]:
     # Importing the catalogs registers their rules.
-    from loraflow.rules import (catalog, catalog_fsdp, catalog_patchers, catalog_quant,  # noqa: F401
-                                catalog_reducers, catalog_rollout, catalog_sharded, catalog_vision)
+    from loraflow.rules import (catalog, catalog_fsdp, catalog_patchers, catalog_placement,  # noqa: F401
+                                catalog_precision, catalog_quant, catalog_reducers, catalog_rollout,
+                                catalog_saving, catalog_sharded, catalog_vision)
 
     return list(_REGISTRY.values())
 

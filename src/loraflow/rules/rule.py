@@ -14,6 +14,7 @@ from typing import Any, Literal
 from collections.abc import Callable
 
 from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from loraflow.rules.combination import COMBINATION_FIELDS, Combination
 from loraflow.rules.signs import FACT_NAMES, LogSigns
@@ -35,6 +36,14 @@ as (`Rule.symptoms`); a guard that sees one names those rules as the likely caus
 def affected_by(version, spec: str) -> bool:
     """Whether `version` lies in `spec`, a specifier set or several joined by `||`."""
     return any(version in SpecifierSet(part) for part in spec.split("||"))
+
+
+def older(setup: Combination, package: str, release: str) -> bool:
+    """For a version condition on one branch of a rule (declared in Rule.boundaries): whether the setup's `package`
+    is older than `release`. An unknown version counts as older, as `affected` counts it as affected (the finding
+    says so)."""
+    installed = setup.version(package)
+    return installed is None or installed < Version(release)
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,9 @@ class Rule:
     affected: dict[str, str] = field(default_factory=dict)
     """Installed versions that have the bug, as specifiers ({"deepspeed": "<0.19.3"}; `||` separates ranges: a bug
     fixed and later reintroduced); empty: every version."""
+    boundaries: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Releases inside `affected` at which `when` itself changes its answer (a branch of the condition fixed in
+    another release, read with `older`): `check` evaluates both sides of each, as it does `affected`'s own."""
     references: tuple[str, ...] = ()
     fixed_in: str | None = None
     log: LogSigns = field(default_factory=LogSigns)
@@ -78,6 +90,9 @@ class Rule:
         for package, spec in self.affected.items():
             for part in spec.split("||"):
                 SpecifierSet(part)  # raises on a typo
+        for package, releases in self.boundaries.items():
+            for release in releases:
+                Version(release)  # raises on a typo
         unknown_facts = [e.fact for e in self.log.evidence if e.fact not in FACT_NAMES]
         if unknown_facts:
             raise ValueError(f"rule {self.id}: evidence facts {unknown_facts} are not in rules/signs.py")

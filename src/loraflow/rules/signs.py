@@ -122,6 +122,24 @@ FACTS: dict[str, tuple[str, str]] = {
     "save": (r"save_pretrained|save_model|save_checkpoint|\bsave_|state_dict|safetensors", "a model is saved"),
     "load": (r"load_state_dict|from_pretrained|load_adapter|size mismatch for", "a saved model is loaded"),
     "grad_scaler": (r"GradScaler|grad_scaler|unscale_", "fp16 loss scaling is in use"),
+    # float16 itself, not bfloat16 (`\bfloat16` does not match inside `bfloat16`): Lightning's 16-true / 16-mixed,
+    # HF's fp16 flags, DeepSpeed's "fp16": {"enabled": true}.
+    "fp16": (r"\bfp16\b|\bfloat16\b|torch\.half\b|\b16-(true|mixed)\b|precision\W{1,4}16\b",
+             "float16 (not bfloat16) is in use"),
+    # DeepSpeed's own checkpoint files and the tools that consolidate them.
+    "ds_checkpoint": (r"_model_states\.pt|_optim_states\.pt|zero_to_fp32|get_fp32_state_dict_from_zero_checkpoint|"
+                      r"convert_zero_checkpoint_to_fp32_state_dict|load_state_dict_from_zero_checkpoint|"
+                      r"\bglobal_step\d+\b", "a DeepSpeed checkpoint is saved, loaded or consolidated"),
+    # Where PEFT builds an adapter: the functions that read the base weights (their shapes or values) while doing it.
+    "peft_init_frames": (r"in (get_peft_model|inject_adapter|update_layer|pissa_init|olora_init|corda_init|loftq_init|"
+                         r"_get_in_out_features|_setup_prompt_encoder)\b|"
+                         rf"peft{_P}tuners{_P}(lora{_P}layer|prompt_tuning{_P}model)\.py\", line \d+, in __init__\b",
+                         "the traceback runs through PEFT creating its adapter"),
+    "offload": (r"param_offload|offload_param|offload_policy|cpu_offload|offload_params|CPUOffload|"
+                r"offload_fsdp_model_to_cpu|load_fsdp_model_to_gpu", "weights are offloaded to the CPU"),
+    # torch.compile's fake tensors print storage errors of their own (a custom kernel traced into).
+    "compile": (rf"torch{_P}_dynamo|torch{_P}_inductor|FakeTensor|torch\.compile|opaque custom op",
+                "torch.compile is in the traceback"),
     # Not DeepSpeed's own assertion (`... invalid for module in evaluation mode`): that line is the error itself,
     # and says nothing of what ran before it.
     "eval_mode": (r"\.eval\(\)|(?<!module in )evaluation mode|model\.training|\bEvaluation: +\d+%",

@@ -1,0 +1,114 @@
+"""The rules of number formats: a model whose activations overflow float16, and adapters whose dtype differs from
+the activations they multiply outside autocast. (Pure bf16 and fp16 storage of trained weights are in catalog.py:
+bf16-lost-updates, fp16-trainable-unscale; DeepSpeed's bf16 master weights in catalog_sharded.py.)"""
+
+from __future__ import annotations
+
+from loraflow.rules.combination import Combination
+from loraflow.rules.rule import Rule, older, register
+from loraflow.rules.signs import Evidence, LogSigns, Message
+
+
+register(Rule(
+    id="fp16-overflow",
+    title="A model whose activations overflow float16 trained in fp16",
+    verdict="error",
+    impact="silent",
+    conditions="fp16 training (float16 autocast, or weights stored in float16) of a model family whose activations "
+               "or gradients exceed float16's range: T5 (t5, mt5, flan-t5, ul2), Gemma 3 / 3n / 4, gpt-oss, Qwen3.5, "
+               "Qwen3-MoE, GLM-4 MoE (families.FP16_OVERFLOW)",
+    knobs=("precision",),
+    when=lambda s: s.fp16_overflows and s.precision in ("fp16", "fp16-mixed"),
+    cause=("float16 holds values up to 65504; these families were pretrained in bfloat16 and their hidden states or "
+           "backward gradients grow past that, so a layer's output or a gradient turns to inf and then NaN. A dynamic "
+           "loss scaler reads every such step as an overflow: it skips the update and halves the scale, so the run "
+           "learns nothing while the loss looks steady (the HF Trainer), or DeepSpeed stops once the scale reaches "
+           "its floor; sampling from such a model fails on inf/NaN probabilities."),
+    fix="Set precision.mode=bf16-mixed (bfloat16 has float32's range); on a GPU without bfloat16 (T4, V100) train "
+        "in precision.mode=fp32.",
+    elsewhere="bf16=True instead of fp16=True (DeepSpeed: \"bf16\": {\"enabled\": true}, Lightning precision "
+              "bf16-mixed); on a GPU without bfloat16, fp32 (Lightning 32-true)",
+    references=("https://github.com/google-research/text-to-text-transfer-transformer/issues/539",
+                "https://github.com/huggingface/transformers/issues/36822",
+                "https://github.com/unslothai/unsloth-zoo/pull/866",
+                "https://github.com/unslothai/unsloth/blob/main/unsloth/models/loader.py (FORCE_FLOAT32)",
+                "https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/runtime/fp16/loss_scaler.py "
+                "(DynamicLossScaler.update_scale)",
+                "https://github.com/deepspeedai/DeepSpeedExamples/issues/418",
+                "https://github.com/Lightning-AI/litgpt/issues/693"),
+    fixed_in="not a bug: float16's range",
+    log=LogSigns(
+        messages=(Message(r"Current loss scale already at minimum - cannot decrease scale anymore", "own",
+                          "deepspeed/runtime/fp16/loss_scaler.py: DynamicLossScaler.update_scale (every step "
+                          "overflowed down to min_loss_scale)"),
+                  # A scale of 8 or less: ~13 halvings from the usual 2**16 start, far below where a healthy fp16 run
+                  # settles; the first steps' overflow messages at large scales are normal calibration.
+                  Message(r"(Attempted loss scale: |Reducing dynamic loss scale from )(0\.\d+|[1248])(\.0)?,? "
+                          r"(reducing )?to\b", "warning",
+                          "deepspeed fused_optimizer / loss_scaler: the dynamic loss scale fell to 8 or below"),
+                  Message(r"probability tensor contains either `?inf`?, `?nan`? or element < 0", "generic",
+                          "torch.multinomial in generate()'s sampling, on logits that overflowed")),
+        evidence=(Evidence("fp16", 3, "float16 is in use"),
+                  Evidence("grad_scaler", 1, "a loss scaler is in use")),
+        prior=1.0,
+        tells_apart="DeepSpeed's loss scale at its floor, or falling to single digits, in an fp16 run: every step "
+                    "overflows, which a model pretrained in bfloat16 does in float16"),
+))
+
+
+def _dtype_mismatch(s: Combination) -> bool:
+    """Which PEFT release still lets the adapter's dtype and its input's differ, by what the base is."""
+    if s.adapter == "full":
+        return False
+    if s.quantization == "4bit":
+        return older(s, "peft", "0.4.0")
+    if s.quantization == "8bit":
+        # DeepSpeed's fp16/bf16 casts the whole module, adapters included, to half; a pure half run stores them so.
+        half_adapters = s.precision in ("fp16", "bf16") or (s.engine_spec.zero and s.half_precision)
+        return half_adapters and older(s, "peft", "0.6.0")
+    return s.mixed_param_dtypes and s.precision in ("fp16", "bf16") and older(s, "peft", "0.3.0")
+
+
+register(Rule(
+    id="lora-dtype-mismatch",
+    title="LoRA weights multiply activations of another dtype outside autocast",
+    verdict="error",
+    impact="crash",
+    conditions="LoRA without autocast on a base whose activations are in another dtype than the adapters, in a PEFT "
+               "release that does not cast between them: a bitsandbytes 8-bit base with half-precision adapters "
+               "(DeepSpeed fp16/bf16, a pure half run), peft < 0.6.0; a 4-bit base, peft < 0.4.0 (no 4-bit LoRA "
+               "layer); a half-precision base with float32 adapters, peft < 0.3.0",
+    knobs=("precision", "quantization"),
+    affected={"peft": "<0.6.0"},
+    boundaries={"peft": ("0.3.0", "0.4.0")},
+    when=_dtype_mismatch,
+    cause=("Outside autocast a matmul needs both operands in one dtype, and PEFT's LoRA layers did not always cast "
+           "their input to the adapter's dtype: before 0.3.0 a LoRA Linear fed its float32 adapters the half "
+           "activations as they came; until 0.6.0 the 8-bit layer cast its input to float32 whatever the adapters "
+           "were, and DeepSpeed's fp16/bf16 had cast them to half; before 0.4.0 PEFT had no 4-bit layer and wrapped "
+           "a bitsandbytes Linear4bit as a plain Linear, multiplying by its packed uint8 weight."),
+    fix="Upgrade peft to 0.6.0 or later: each LoRA layer then casts its input to the adapter's dtype and its output "
+        "back. Else train under autocast (mixed precision) with float32 adapters.",
+    elsewhere="pip install 'peft>=0.6.0'; else fp16=True / bf16=True as mixed precision (autocast) rather than a "
+              "model cast to half",
+    references=("https://github.com/huggingface/peft/pull/874",
+                "https://github.com/huggingface/peft/blob/v0.3.0/src/peft/tuners/lora.py (Linear.forward casts x "
+                "to lora_A's dtype; v0.2.0 does not)",
+                "https://github.com/huggingface/peft/issues/175", "https://github.com/huggingface/peft/issues/88",
+                "https://github.com/hiyouga/LlamaFactory/issues/515",
+                "https://github.com/hiyouga/LlamaFactory/issues/13"),
+    fixed_in="peft 0.6.0 (8-bit), 0.4.0 (4-bit), 0.3.0 (half base)",
+    log=LogSigns(
+        messages=(Message(r"expected scalar type (Half|Float|BFloat16) but found (Half|Float|BFloat16)", "generic",
+                          "torch addmm/linear on a half input and float32 weight (torch < 2.1 wording)"),
+                  Message(r"expected mat1 and mat2 to have the same dtype|mat1 and mat2 must have the same dtype",
+                          "generic", "torch addmm/mm"),
+                  Message(r"self and mat2 must have the same dtype", "generic", "torch mm")),
+        frames=(Message(r"peft[/\\.]tuners[/\\.](lora(\.py|[/\\.]layer\.py|[/\\.]bnb\.py)):forward$", "shared"),),
+        evidence=(Evidence("quant4bit", 3, "a bitsandbytes-quantized base is in use (its LoRA layer's casts are "
+                                           "release-dependent)"),
+                  Evidence("deepspeed", 1, "DeepSpeed casts the whole module, adapters included, to half")),
+        prior=0.5,
+        tells_apart="a dtype mismatch raised inside a LoRA layer's forward on a quantized base, with a PEFT release "
+                    "before 0.6.0"),
+))

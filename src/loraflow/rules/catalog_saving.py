@@ -1,0 +1,83 @@
+"""The rules of what a save writes: an engine checkpoint that holds only what the optimizer owns, and an adapter
+file filtered twice into nothing. (ZeRO-3 adapter partitions saved without a gather: catalog_sharded.py,
+zero3-empty-adapter-save; a new head left out of the adapter: catalog.py, adapter-omits-new-head.)"""
+
+from __future__ import annotations
+
+from loraflow.rules.rule import Rule, register
+from loraflow.rules.signs import Evidence, LogSigns, Message
+
+register(Rule(
+    id="zero3-checkpoint-frozen",
+    title="A ZeRO-3 checkpoint leaves out the frozen weights",
+    verdict="fix",
+    impact="silent",
+    conditions="DeepSpeed ZeRO-3, frozen weights (adapters, frozen towers or layers), and frozen weights restored "
+               "from DeepSpeed's own checkpoint (load_checkpoint to resume, zero_to_fp32 to consolidate), "
+               "deepspeed < 0.9.1",
+    knobs=("frozen_from_engine_checkpoint",),
+    affected={"deepspeed": "<0.9.1"},
+    when=lambda s: s.zero3 and s.frozen_params and s.frozen_from_engine_checkpoint,
+    cause=("A DeepSpeed checkpoint stores the optimizer's partitions of the trained weights; the module state it "
+           "writes under ZeRO-3 holds [0] placeholders. Before 0.9.1 nothing else recorded the frozen weights, so "
+           "zero_to_fp32 rebuilt a state dict without them and a resumed run kept whatever its frozen weights were "
+           "initialized to: random for layers built from a config, missing keys for a LoRA base."),
+    fix="loraflow restores frozen weights from the pretrained model they were frozen from, and keeps only the "
+        "trained state in DeepSpeed's checkpoint (exclude_frozen_parameters).",
+    remedy=lambda s: {"frozen_from_engine_checkpoint": False},
+    elsewhere="deepspeed >= 0.9.1 (frozen partitions saved and rebuilt by zero_to_fp32); else reload the base "
+              "weights from the pretrained model before loading the checkpoint, or save the adapter or the "
+              "gathered 16-bit model (stage3_gather_16bit_weights_on_model_save) rather than consolidating",
+    references=("https://github.com/deepspeedai/DeepSpeed/pull/3205",
+                "https://github.com/deepspeedai/DeepSpeed/issues/3090",
+                "https://github.com/deepspeedai/DeepSpeed/issues/3291",
+                "https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/runtime/engine.py "
+                "(_save_checkpoint: frozen_param_shapes, frozen_param_fragments)"),
+    fixed_in="0.9.1",
+    log=LogSigns(
+        messages=(Message(r"[\w.]+\.(weight|bias)\W{1,6}torch\.Size\(\[0\]\)", "generic",
+                          "a ZeRO-3 checkpoint's module states: weights saved as [0] placeholders"),
+                  Message(r"Missing key\(s\) in state_dict", "generic",
+                          "load_state_dict of a state dict zero_to_fp32 rebuilt without the frozen weights")),
+        evidence=(Evidence("ds_checkpoint", 4, "a DeepSpeed checkpoint is read or consolidated", decisive=True),
+                  Evidence("zero3", 2, "ZeRO-3 is in use")),
+        prior=1.0,
+        tells_apart="DeepSpeed's own checkpoint files or zero_to_fp32 beside [0]-shaped or missing weights"),
+))
+
+register(Rule(
+    id="adapter-state-dict-patched",
+    title="A patched state_dict makes PEFT save an empty adapter",
+    verdict="fix",
+    impact="silent",
+    conditions="the training script replaces model.state_dict with PEFT's adapter state dict (alpaca-lora's "
+               "finetune.py and scripts copied from it), 0.3.0 <= peft < 0.20.0",
+    knobs=("state_dict_patched",),
+    affected={"peft": ">=0.3.0,<0.20.0"},
+    when=lambda s: s.adapter != "full" and s.state_dict_patched,
+    cause=("alpaca-lora's script replaces model.state_dict by get_peft_model_state_dict(model, old_state_dict()), "
+           "which already strips each key's adapter name. From 0.3.0 to 0.19 PEFT's save_pretrained calls "
+           "get_peft_model_state_dict itself and keeps only LoRA keys holding the adapter name, of which the patched "
+           "dict has none: every checkpoint's adapter file is a few hundred bytes, and the reloaded model is the "
+           "base model. The crash, if any, comes only at load (a size mismatch)."),
+    fix="loraflow saves adapters with PEFT's own save_pretrained and never replaces a model's state_dict.",
+    remedy=lambda s: {"state_dict_patched": False},
+    elsewhere="delete the `model.state_dict = (lambda self, *_, **__: get_peft_model_state_dict(...))` lines of the "
+              "script and save with model.save_pretrained; peft >= 0.20 no longer filters the patched dict again",
+    references=("https://github.com/huggingface/peft/issues/286",
+                "https://github.com/huggingface/transformers/issues/24551",
+                "https://github.com/huggingface/peft/issues/580",
+                "https://github.com/tloen/alpaca-lora/blob/main/finetune.py (the state_dict patch)",
+                "https://github.com/huggingface/peft/pull/3282 (the second adapter-name filter dropped, peft 0.20.0)"),
+    fixed_in="peft 0.20.0 (PR #3282; the patch itself is the script's)",
+    log=LogSigns(
+        # `ls -l` / `ls -lh` of a checkpoint whose adapter file is under 10 kB: an adapter holding no tensors.
+        messages=(Message(r"\s(\d{1,4}|\d(\.\d)?K)\s+[A-Z][a-z]{2}\s+\d{1,2}\s+(\d{1,2}:\d{2}|\d{4})\s+"
+                          r"adapter_model\.(bin|safetensors)\b", "shared",
+                          "a directory listing showing an adapter file of a few hundred bytes"),),
+        evidence=(Evidence("zero3", -6, "ZeRO-3 is in use: an ungathered save (rule zero3-empty-adapter-save) "
+                                        "empties the adapter too"),),
+        prior=0.5,
+        tells_apart="an adapter file of a few hundred bytes without ZeRO-3; the script has alpaca-lora's "
+                    "`model.state_dict = ...get_peft_model_state_dict...` lines"),
+))
