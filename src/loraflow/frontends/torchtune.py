@@ -27,7 +27,7 @@ from loraflow.frontends.argv import (
     split_command,
 )
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, load_mapping
+from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, load_mapping, model_name_facts
 from loraflow.frontends.dotlist import flatten, split_overrides
 from loraflow.frontends.table import Field, apply_table, fact, stage_of, switch
 
@@ -128,6 +128,7 @@ def _adapter(draft: Draft, recipe: Recipe, options: dict) -> None:
     component = str(get("model._component_", ""))
     where = options["model._component_"][1] if "model._component_" in options else "the recipe"
     builder = component.rsplit(".", 1)[-1]
+    model_name_facts(draft, component, where)  # the builder names the family: torchtune.models.gemma.lora_gemma_7b
     if recipe.adapter == "full":
         draft.set("adapter", "full", f"the recipe trains every weight ({where})")
     else:

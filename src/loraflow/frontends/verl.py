@@ -19,7 +19,15 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import verl_rollout, vision
 from loraflow.frontends.argv import Command, command_from_script, split_command
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, as_bool, as_list, finish_world, int_value, load_mapping
+from loraflow.frontends.common import (
+    Draft,
+    as_bool,
+    as_list,
+    finish_world,
+    int_value,
+    load_mapping,
+    model_name_facts,
+)
 from loraflow.frontends.dotlist import Override, flatten, split_overrides
 from loraflow.frontends.hf_checkpointing import checkpoint_outside_shard
 from loraflow.frontends.intent import TOWER_MODULE
@@ -289,6 +297,7 @@ def _image_text(draft: Draft, entry: Entry, options: dict) -> None:
     (v0.5.0 on, verl PR #2182) keeps it out; freeze_vision_tower freezes it and turns use_orig_params on."""
     k = entry.key
     model, model_src = options.get(k("path"), ("", ""))
+    model_name_facts(draft, str(model or ""), model_src)
     if not vision.recognise(draft, str(model or ""), model_src):
         return
     if k("freeze_vision") in options and as_bool(*options[k("freeze_vision")]):
