@@ -58,7 +58,7 @@ class Framework:
 
 # The frontends in dispatch order: the first whose `recognise` accepts a command line reads it; the general HF
 # Trainer reader comes last among those with command lines. This tuple is the one list of frameworks.
-_MODULES = ("openrlhf", "axolotl", "llama_factory", "ms_swift", "deepspeed_chat", "hf", "deepspeed")
+_MODULES = ("openrlhf", "axolotl", "llama_factory", "ms_swift", "deepspeed_chat", "hf", "python_script", "deepspeed")
 
 
 def frameworks() -> list[Framework]:
