@@ -116,14 +116,22 @@ _ELLIPSIS = re.compile(r"(?<=[(\[,])(\s*)\.\.\.(?=\s*[,)\]])")
 
 def _parse(text: str, code: Code) -> ast.Module:
     lines = textwrap.dedent(text.replace("\t", "    ")).splitlines()
+    depth = 0
     for i, line in enumerate(lines):
+        stripped = line.strip()
         # Notebook magics and shell escapes (`!pip install`, `%time`) are not Python.
-        if line.lstrip().startswith(("!", "%")):
-            code.skipped.append(f"{code.file}:{i + 1}: skipped (a notebook command): {line.strip()[:80]}")
+        if stripped.startswith(("!", "%")):
+            code.skipped.append(f"{code.file}:{i + 1}: skipped (a notebook command): {stripped[:80]}")
             lines[i] = ""
+        elif depth > 0 and stripped in ("...", "...,"):  # a line of its own inside a call: `f(\n ...\n x=1)`
+            lines[i] = line.replace("...", "*()," if stripped == "..." else "*()", 1)
+            code.elided.append(i + 1)
         elif "..." in line and _ELLIPSIS.search(line):
             lines[i] = _ELLIPSIS.sub(r"\1*()", line)
             code.elided.append(i + 1)
+        # Open brackets so far (strings and comments are not told apart: a guess is enough here).
+        code_part = line.split("#", 1)[0]
+        depth = max(0, depth + sum(code_part.count(c) for c in "([{") - sum(code_part.count(c) for c in ")]}"))
     for _ in range(_MAX_SKIPS):
         try:
             return ast.parse("\n".join(lines))

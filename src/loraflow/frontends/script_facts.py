@@ -54,11 +54,15 @@ class Facts:
     trl: bool = False
     seqcls: Call | None = None
     trains: str = ""
+    trained_at: int = 0
+    """The line of the first training step (`trainer.train()`, `loss.backward()`): models loaded after it are for
+    inference or merging and set no training option."""
     parser: str = ""
     wraps: list[Call] = field(default_factory=list)
     """Calls that put adapters on a model (get_peft_model, add_adapter, Unsloth's get_peft_model)."""
     configs: list[Call] = field(default_factory=list)
     loads: list[Call] = field(default_factory=list)
+    later_loads: list[Call] = field(default_factory=list)
     peft_loads: list[Call] = field(default_factory=list)
     saved_configs: list[Call] = field(default_factory=list)
     casts: list[tuple[Call, str]] = field(default_factory=list)
@@ -176,6 +180,8 @@ def gather(code: Code) -> Facts:
     for call in code.calls:
         k = kind(call, code)
         handler = _HANDLERS.get(k)
+        if facts.trained_at and call.line > facts.trained_at and k in ("load", "unsloth_load", "peft_load", "bnb"):
+            handler = _later_load
         if handler is not None:
             handler(facts, call, code)
         elif k == "" and _api_call(call, code):
@@ -193,7 +199,7 @@ def literal(facts: Facts, call: Call, key: str) -> Any:
     """A keyword's value when the code gives it literally; a computed one is listed and reads as absent."""
     value = call.kwargs.get(key)
     if isinstance(value, (Unread, Call)):
-        facts.unknown.append(f"{call.at(key)} (computed in the script: its value is not visible)")
+        facts.unknown.append(f"{call.at(key)} (not a literal: its value is not visible here)")
         return None
     return None if isinstance(value, (FromFlag, Parsed)) else value
 
@@ -409,6 +415,13 @@ def _simple(attr: str):
 
 def _trains(facts: Facts, call: Call, code: Code) -> None:
     facts.trains = facts.trains or call.at()
+    facts.trained_at = facts.trained_at or call.line
+
+
+def _later_load(facts: Facts, call: Call, code: Code) -> None:
+    """A model loaded after training (to merge or evaluate the result): kept for tracing merges only."""
+    if call.name == "from_pretrained":
+        facts.later_loads.append(call)
 
 
 def _parser(facts: Facts, call: Call, code: Code) -> None:

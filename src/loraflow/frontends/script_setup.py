@@ -38,7 +38,8 @@ CODE_FLAGS = {"adapter_loaded_frozen": "PeftModel.from_pretrained(..., is_traina
               "unsloth": "FastLanguageModel (Unsloth)", "input_grad_hook": "model.enable_input_require_grads()"}
 FLAGS = {"checkpointing": "gradient_checkpointing=True (TrainingArguments) or model.gradient_checkpointing_enable()",
          "reentrant": "gradient_checkpointing_kwargs={\"use_reentrant\": ...}",
-         "precision": "bf16= / fp16= (TrainingArguments), and no model.half() / .to(dtype) after get_peft_model",
+         "precision": "bf16= / fp16= (TrainingArguments); keep what trains in float32 (no .half() / .to(dtype) after "
+                      "get_peft_model, no float16 torch_dtype with modules_to_save)",
          "engine": "deepspeed= / fsdp= (TrainingArguments) or the launcher",
          "adapter": "LoraConfig(...) + get_peft_model (use_dora=True for DoRA)",
          "quantization": "BitsAndBytesConfig(load_in_4bit=...) in from_pretrained(quantization_config=...)",
@@ -230,26 +231,40 @@ def _bits(draft: Draft, script: Script, value) -> str | None:
 
 
 def _casts(draft: Draft, script: Script) -> None:
-    """model.half() / .to(torch.bfloat16): a quantized model refuses the cast; otherwise the weights that train are
-    stored in half precision when the cast comes after the adapters are added, or in full fine-tuning."""
+    """model.half() / .to(torch.bfloat16): a quantized model refuses the cast. Otherwise the weights that train are
+    stored in half precision when the cast comes after the adapters are added, or in full fine-tuning; a base made
+    half before the adapters (or loaded so) passes its dtype to what PEFT copies from it (modules_to_save), and to
+    the adapters themselves before peft 0.12 (autocast_adapter_dtype)."""
     facts, code = script.facts, script.code
+    base: tuple[str, str] | None = None
+    if facts.opts.get("torch_dtype") is not None and str(facts.opts["torch_dtype"].value) in _HALF:
+        base = (str(facts.opts["torch_dtype"].value), facts.opts["torch_dtype"].source)
     for call, dtype in facts.casts:
         if dtype != "base" and _bits(draft, script, call.owner):
             draft.set("quantized_moved", True, f"{call.at()} (casts a quantized model)")
             continue
         if dtype == "base":  # get_peft_model(..., autocast_adapter_dtype=False): adapters in the base's dtype
-            dtype = str((load_of(call.arg(0, "model"), code) or call).kwargs.get("torch_dtype", "float32"))
-        wrapped = any(w.line <= call.line for w in facts.wraps)
-        if dtype in ("bfloat16", "float16") and (wrapped or draft.get("adapter") == "full"):
+            dtype = base[0] if base else str((load_of(call.arg(0, "model"), code) or call).kwargs.get("torch_dtype"))
+        if dtype not in _HALF:
+            continue
+        if any(w.line <= call.line for w in facts.wraps) or draft.get("adapter") == "full":
             _half(draft, dtype, f"{call.at()} (the trained weights are stored in {dtype})")
-    dtype = str(facts.opts["torch_dtype"].value) if "torch_dtype" in facts.opts else ""
-    if dtype in ("bfloat16", "float16") and draft.get("engine") != "deepspeed":
-        where = facts.opts["torch_dtype"].source
-        if draft.get("adapter") == "full":
-            _half(draft, dtype, f"{where} (full fine-tuning trains the weights in {dtype})")
-        elif facts.wraps and not at_least(draft, "peft", "0.12.0"):
-            _half(draft, dtype, f"{where} (peft < 0.12 creates the adapters in the base's dtype; "
-                  "autocast_adapter_dtype keeps them in float32 from 0.12)")
+        else:
+            base = (dtype, call.at())
+    if base is None or draft.has("precision") and draft.get("precision") in _HALF.values():
+        return
+    dtype, where = base
+    saved = [c.kwargs.get("modules_to_save") for c in facts.configs]
+    if draft.get("adapter") == "full":
+        _half(draft, dtype, f"{where} (full fine-tuning trains the weights in {dtype})")
+    elif any(m and (not isinstance(m, Unread) or m.text not in ("[]", "None")) for m in saved):
+        _half(draft, dtype, f"{where} (modules_to_save copies the {dtype} modules: they train in {dtype})")
+    elif not at_least(draft, "peft", "0.12.0"):
+        _half(draft, dtype, f"{where} (peft < 0.12 creates the adapters in the base's dtype; autocast_adapter_dtype "
+              "keeps them in float32 from 0.12)")
+
+
+_HALF = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 def _half(draft: Draft, dtype: str, source: str) -> None:
@@ -276,11 +291,15 @@ def _moves(draft: Draft, script: Script) -> None:
 
 
 def _merges(draft: Draft, script: Script) -> None:
-    for call in script.facts.merges:
-        found = bits_of(load_of(call.owner, script.code), script.code)
-        if found in ("4bit", "8bit") or (found == "?" and draft.get("quantization")):
+    """merge_and_unload on a k-bit model. Where the code does not show how the merged model was loaded (a fragment,
+    AutoPeftModel loading the base its adapter names), the base may be a pre-quantized checkpoint."""
+    facts = script.facts
+    for call in facts.merges:
+        load = load_of(call.owner, script.code)
+        found = bits_of(load, script.code)
+        if found in ("4bit", "8bit") or (load is None and draft.get("quantization")):
             draft.set("merge_into_quantized", True, f"{call.at()} (merges the adapter into the quantized base)")
-        elif found == "?":
+        elif found == "?" and not facts.loads and draft.get("quantization") is None:
             draft.set("merge_into_quantized", True, f"{call.at()} (merges into quantized weights if the base is "
                       "quantized)")
             draft.maybe("quantization", {None: "the base is not quantized",
