@@ -390,7 +390,7 @@ def apply_script(draft: Draft, script: script_setup.Script, cmd: Command | None,
     """A training script's code read as this frontend reads options (script_setup.py says what the code gives and
     what only code shows), with its launch line's flags, if any, over the code."""
     stage, trainer = script_setup.stage(script, fallback)
-    apply(draft, script_setup.options(script, flags), script.facts.trl or trl, stage, cmd, bases, trainer)
+    apply(draft, script_setup.options(draft, script, flags), script.facts.trl or trl, stage, cmd, bases, trainer)
     script_setup.code_only(draft, script, whole=cmd is not None or script.whole)
     finish_world(draft, cmd)
     script_setup.finish(draft, script)

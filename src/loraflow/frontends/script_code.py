@@ -97,6 +97,9 @@ class Code:
     """Lines that did not parse: `train.py:7: skipped (invalid syntax): <text>`."""
     elided: list[int] = field(default_factory=list)
     """Lines where `...` stands for arguments the poster left out."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Parsed flags the script stops on (`if training_args.gradient_checkpointing: raise ...`) -> the source: a run
+    that trains has them off."""
 
     def packages(self) -> set[str]:
         return set(self.imports.values())
@@ -160,8 +163,10 @@ def _repair(lines: list[str], exc: SyntaxError, code: Code) -> bool:
             lines[j] = lines[j][cut:] if lines[j].strip() else lines[j]
         return True
     code.skipped.append(f"{code.file}:{row + 1}: skipped ({exc.msg}): {line.strip()[:80]}")
-    # A block header that does not parse keeps its body a block.
-    lines[row] = indent + ("if True:" if line.rstrip().endswith(":") else "pass")
+    # A block header that does not parse keeps its indented body a block; prose ending in a colon has none.
+    after = next((x for x in lines[row + 1:] if x.strip()), "")
+    opens = line.rstrip().endswith(":") and len(after) - len(after.lstrip()) > len(indent)
+    lines[row] = indent + ("if True:" if opens else "pass")
     return True
 
 
@@ -186,6 +191,13 @@ class _Reader(ast.NodeVisitor):
         if node.bases:
             self.code.bases[node.name] = ast.unparse(node.bases[0]).rsplit(".", 1)[-1]
         self.generic_visit(node)
+
+    def visit_If(self, node: ast.If) -> None:
+        test = self.value(node.test)
+        if isinstance(test, FromFlag) and len(node.body) == 1 and isinstance(node.body[0], ast.Raise):
+            self.code.refused[test.name] = f"{self.code.file}:{node.lineno}: if {ast.unparse(node.test)}: raise"
+        for child in (*node.body, *node.orelse):
+            self.visit(child)
 
     def visit_Assign(self, node: ast.Assign) -> None:
         value = self.value(node.value)

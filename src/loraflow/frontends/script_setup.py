@@ -102,10 +102,15 @@ def script_of(program: str) -> Script | None:
     return script if recognised(script.code) else None
 
 
-def options(script: Script, flags: dict[str, Opt]) -> dict[str, Opt]:
+def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Opt]:
     """The options hf.py reads: the code's, the launch line's flags over them, then what the code sets on the parsed
     arguments afterwards (`training_args.gradient_checkpointing = True`)."""
     opts = {**script.facts.opts, **flags}
+    for name, where in script.code.refused.items():
+        if name not in opts:  # the script stops when it is on, so a run that trains has it off
+            opts[name] = Opt(False, f"{where} (the script stops if it is on)")
+        elif as_bool(opts[name].value, opts[name].source):
+            draft.note(f"{opts[name].source}: the script stops at {where}")
     _checkpointing(opts, script.facts)
     opts.update(script.facts.late)
     return opts
