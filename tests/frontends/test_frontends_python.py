@@ -74,6 +74,11 @@ CASES = {
         {"stage": "dpo", "unsloth": True, "quantization": "4bit", "checkpointing": "all", "reentrant": True,
          "input_grad_hook": True},
         {}),
+    # An adapter loaded frozen inside accelerate's load hook: only a resumed run trains it.
+    "peft_whisper_adalora_int8_excerpt.py": (
+        {"adapter": "lora", "quantization": "8bit", "checkpointing": "all", "input_grad_hook": True,
+         "adapter_loaded_frozen": False},
+        {"adapter-loaded-frozen": False}),
     # The script stops when gradient_checkpointing is on; the bf16 AutoPeftModel reload after training is not the
     # trained model (no merge into the 4-bit base).
     "trl_sft_llama2.py": (
@@ -106,6 +111,13 @@ def test_sources_name_the_line_and_the_call():
     assert u.sources["reentrant"].startswith("unsloth_readme_dpo.py:16: FastLanguageModel.get_peft_model("
                                              "use_gradient_checkpointing='unsloth') (Unsloth's prepare_model")
     assert u.sources["stage"] == "unsloth_readme_dpo.py:30: DPOTrainer(...)"
+
+
+def test_a_call_in_a_hook_the_script_hands_on_is_a_condition():
+    report = doc(files=[str(FIX / "peft_whisper_adalora_int8_excerpt.py")])
+    why = next(u["why"] for u in report["unknowns"] if u["name"] == "adapter_loaded_frozen")
+    assert why.startswith("peft_whisper_adalora_int8_excerpt.py:25: PeftModel.from_pretrained(...) is in "
+                          "load_model_hook(), which the script only hands on (a hook)")
 
 
 def test_the_fix_of_a_trained_frozen_adapter_is_in_the_code(tmp_path):

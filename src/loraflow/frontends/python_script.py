@@ -6,8 +6,8 @@ The script is parsed with Python's `ast` and never run (script_code.py); its cal
 parses (script_facts.py: a TrainingArguments keyword is the flag of the same name), so every HF / TRL default and
 rule applies unchanged. What only code shows - a model moved or cast after a quantized load, an adapter merged into
 a quantized base, a saved adapter loaded frozen, the input-grad hook, Unsloth - is set from the calls, each with its
-line (script_setup.py). Values the code computes are listed as not read; a snippet that shows no trainer leaves what it does
-not show (full fine-tuning or an adapter) as a choice `check` evaluates both ways.
+line (script_setup.py). Values the code computes are listed as not read; a snippet that shows no trainer leaves what
+it does not show (full fine-tuning or an adapter) as a choice `check` evaluates both ways.
 """
 
 from __future__ import annotations
@@ -50,4 +50,4 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
 
 
 FRAMEWORK = Framework(name=NAME, title="Python training script", module="python_script", recognise=None,
-                      flags=FLAGS, depends=trl_rel.DEPENDS, aliases=("python", "script"))
+                      flags=FLAGS, depends=trl_rel.DEPENDS, aliases=("python", "py"))

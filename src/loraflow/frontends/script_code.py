@@ -60,6 +60,8 @@ class Call:
     """What the method is called on: the value bound to the name (a Call, a Parsed, Unread) or the receiving call."""
     target: str = ""
     """The name this call's result is assigned to (`model = ...`)."""
+    scope: str = ""
+    """The function the call is written in ("" at module level)."""
 
     @property
     def name(self) -> str:
@@ -97,12 +99,19 @@ class Code:
     """Lines that did not parse: `train.py:7: skipped (invalid syntax): <text>`."""
     elided: list[int] = field(default_factory=list)
     """Lines where `...` stands for arguments the poster left out."""
+    called: set[str] = field(default_factory=set)
+    """Names of the functions and methods the script calls (the last part of each callee)."""
     refused: dict[str, str] = field(default_factory=dict)
     """Parsed flags the script stops on (`if training_args.gradient_checkpointing: raise ...`) -> the source: a run
     that trains has them off."""
 
     def packages(self) -> set[str]:
         return set(self.imports.values())
+
+    def always_runs(self, call: Call) -> bool:
+        """Written at module level or in a function the script calls: not only in a hook or a callback it hands to a
+        library (`accelerator.register_load_state_pre_hook(load_model_hook)` runs it on resume only)."""
+        return not call.scope or call.scope in self.called
 
 
 def read_code(text: str, file: str) -> Code:
@@ -177,6 +186,14 @@ class _Reader(ast.NodeVisitor):
         self.code = code
         self.env: dict[str, Any] = {}
         self.seen: dict[int, Call] = {}
+        self.scopes: list[str] = []
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.scopes.append(node.name)
+        self.generic_visit(node)
+        self.scopes.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -288,8 +305,9 @@ class _Reader(ast.NodeVisitor):
         if name.rsplit(".", 1)[-1] in ("parse_args_into_dataclasses", "parse_args", "parse_args_and_config",
                                        "parse_yaml_file", "parse_json_file", "parse_dict"):
             return Parsed(f"{self.code.file}:{node.lineno}: {name}()")
-        call = Call(name, node.lineno, self.code.file, owner=owner)
+        call = Call(name, node.lineno, self.code.file, owner=owner, scope=self.scopes[-1] if self.scopes else "")
         self.seen[id(node)] = call
+        self.code.called.add(name.rsplit(".", 1)[-1])
         for arg in node.args:
             if _nothing(arg):
                 continue

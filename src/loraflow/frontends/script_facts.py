@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from loraflow.frontends.hf_options import Opt, trainer_from_name
+from loraflow.frontends.hf_options import HANDLED, Opt, trainer_from_name
+from loraflow.frontends.trl import MARKERS
 from loraflow.frontends.script_code import PARSERS, Call, Code, FromFlag, Parsed, Unread
 
 TRAINING_ARGS = ("TrainingArguments", "Seq2SeqTrainingArguments")
@@ -36,6 +37,7 @@ _HARMLESS = frozenset((
     "disable_adapter", "set_adapter", "print", "prepare", "save", "get_peft_config", "get_kbit_device_map",
     "get_quantization_config", "PartialState", "TrainerCallback", "for_inference", "for_training", "is_main_process",
     "named_modules", "modules", "get_input_embeddings", "get_output_embeddings", "tokenizer", "from_dict",
+    "get_logger", "get_linear_schedule_with_warmup", "get_cosine_schedule_with_warmup",
 ))
 # Method names that place or cast a model.
 _CASTS = {"half": "float16", "bfloat16": "bfloat16", "float": "float32"}
@@ -98,6 +100,8 @@ def kind(call: Call, code: Code) -> str:
         return "load" if _MODEL_CLASS.match(owner) else "harmless"
     if name == "get_peft_model":
         return "unsloth_wrap" if owner in UNSLOTH else "wrap"
+    if name.endswith("Config") and code.imports.get(name) == "peft" and name not in ("PeftConfig", "LoftQConfig"):
+        return "adapter_config"  # any PEFT method's config (LoHa, LoKr, Arrow...) puts adapters on the model
     return _SIMPLE.get(name, "") or _method_kind(call, code)
 
 
@@ -119,6 +123,8 @@ def _method_kind(call: Call, code: Code) -> str:
     if (name == "train" and ("trainer" in owner or (isinstance(call.owner, Call) and kind(call.owner, code) ==
                                                     "trainer"))) or (name == "step" and "optim" in owner):
         return "trains"
+    if name == "train":  # model.train(): the mode switch
+        return "harmless"
     if name in _HARMLESS or call.owner_name.rsplit(".", 1)[-1] in _HARMLESS:
         return "harmless"
     return ""
@@ -149,7 +155,11 @@ def is_model(call: Call, code: Code) -> bool:
     owner = call.owner
     if isinstance(owner, Call):
         return kind(owner, code) in _MODEL_KINDS
-    return bool(re.search(r"model", call.owner_name.rsplit(".", 1)[-1], re.I)) and not isinstance(owner, Parsed)
+    return bool(_MODEL_NAME.search(call.owner_name.rsplit(".", 1)[-1])) and not isinstance(owner, Parsed)
+
+
+# Names that hold a model in scripts: model, base_model, peft_model, ref_model, reward_model (not model_name).
+_MODEL_NAME = re.compile(r"(^|_)model$", re.I)
 
 
 def lineage(value: Any, code: Code) -> list[Call]:
@@ -196,12 +206,22 @@ def _api_call(call: Call, code: Code) -> bool:
 
 
 def literal(facts: Facts, call: Call, key: str) -> Any:
-    """A keyword's value when the code gives it literally; a computed one is listed and reads as absent."""
+    """A keyword's value when the code gives it literally; a computed one is listed (where check reads that key)
+    and reads as absent."""
     value = call.kwargs.get(key)
-    if isinstance(value, (Unread, Call)):
+    if isinstance(value, (Unread, Call)) and key in READ_KEYS:
         facts.unknown.append(f"{call.at(key)} (not a literal: its value is not visible here)")
         return None
     return None if isinstance(value, (FromFlag, Parsed)) else value
+
+
+# The keywords whose value check reads (hf.py's options, TRL's own, the configs read here): a computed value of any
+# other (learning_rate=args.lr) changes nothing check evaluates and is not listed.
+READ_KEYS = HANDLED | MARKERS | {"vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
+                                 "vllm_importance_sampling_correction", "target_modules", "modules_to_save",
+                                 "quantization_config", "torch_dtype", "dtype", "mixed_precision", "hf_ds_config",
+                                 "zero_stage", "gradient_checkpointing_kwargs", "use_gradient_checkpointing",
+                                 "is_trainable", "task_type", "fsdp_config"}
 
 
 def _args(facts: Facts, call: Call, code: Code) -> None:
@@ -264,7 +284,7 @@ def _peft_load(facts: Facts, call: Call, code: Code) -> None:
 
 
 def _load_kwargs(facts: Facts, call: Call) -> None:
-    if call.owner_name.endswith(("ForSequenceClassification", "ForTokenClassification")):
+    if call.owner_name.endswith("ForSequenceClassification"):
         facts.seqcls = call
     for name in ("load_in_4bit", "load_in_8bit", "use_cache"):
         value = literal(facts, call, name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraflow.enginespec import engine_spec
 from loraflow.errors import LoraflowError
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import resolve_path
@@ -58,8 +59,8 @@ class Script:
 
     @property
     def whole(self) -> bool:
-        """The code shows how it trains (a trainer, a training step, an argument parser): not a fragment."""
-        return bool(self.facts.trainer or self.facts.trains or self.facts.parser)
+        """The code shows how it trains (a trainer or a training step): not a fragment, nor an inference script."""
+        return bool(self.facts.trainer or self.facts.trains)
 
 
 _CACHE: dict[tuple[str, int, int], Script] = {}
@@ -154,10 +155,11 @@ def stage(script: Script, fallback) -> tuple[tuple[str, str], str]:
     if facts.trainer_key and facts.named_by is not None:
         return (trl_rel.TRAINERS[facts.trainer_key], facts.named_by.at()), facts.trainer_key
     if facts.seqcls is not None:
-        return ("rm", f"{facts.seqcls.at()} (a sequence-classification model: a new score head)"), "reward"
+        return (trl_rel.TRAINERS["reward"], f"{facts.seqcls.at()} (a sequence-classification model: a new score "
+                                             "head)"), "reward"
     if facts.trainer is not None:
-        return ("sft", f"{facts.trainer.at()} (transformers' Trainer on a causal LM)"), "sft"
-    return fallback or (("sft", "assumed (the script shows no trainer)"), "sft")
+        return (trl_rel.TRAINERS["sft"], f"{facts.trainer.at()} (transformers' Trainer on a causal LM)"), "sft"
+    return fallback or ((trl_rel.TRAINERS["sft"], "assumed (the script shows no trainer)"), "sft")
 
 
 def code_only(draft: Draft, script: Script, whole: bool) -> None:
@@ -193,13 +195,15 @@ def _loaded_frozen(draft: Draft, script: Script) -> None:
         trainable = load.kwargs.get("is_trainable", False)
         if trainable is True or id(load) in merged:
             continue
-        if facts.trains and not isinstance(trainable, Unread):
+        if facts.trains and not isinstance(trainable, Unread) and code.always_runs(load):
             draft.set("adapter_loaded_frozen", True, f"{load.at()} (without is_trainable=True the adapter loads "
                       "frozen)")
         else:
+            why = (f"{load.at()} is in {load.scope}(), which the script only hands on (a hook): whether it runs before "
+                   "training is not visible" if not code.always_runs(load) else
+                   f"{load.at()}: the code does not show whether this adapter is trained")
             draft.maybe("adapter_loaded_frozen", {True: "the loaded adapter is then trained",
-                                                  False: "the loaded adapter is only used for inference"},
-                        f"{load.at()}: the snippet does not show whether this adapter is trained")
+                                                  False: "the loaded adapter is only used for inference"}, why)
 
 
 def _task_head(draft: Draft, script: Script) -> None:
@@ -213,7 +217,7 @@ def _task_head(draft: Draft, script: Script) -> None:
         return
     for config in facts.configs:
         task, keep = config.kwargs.get("task_type"), config.kwargs.get("modules_to_save")
-        if str(task).upper().endswith("SEQ_CLS"):
+        if str(task).upper().endswith("_CLS"):  # SEQ_CLS, TOKEN_CLS: PEFT's classification models
             draft.set("task_head_saved", True, f"{config.at('task_type')} (PEFT trains and saves the score head)")
             return
         if isinstance(keep, list) and any(h in str(m) for m in keep for h in ("score", "classifier", "head")):
@@ -264,7 +268,8 @@ def _casts(draft: Draft, script: Script) -> None:
         _half(draft, dtype, f"{where} (full fine-tuning trains the weights in {dtype})")
     elif any(m and (not isinstance(m, Unread) or m.text not in ("[]", "None")) for m in saved):
         _half(draft, dtype, f"{where} (modules_to_save copies the {dtype} modules: they train in {dtype})")
-    elif not at_least(draft, "peft", "0.12.0"):
+    elif not draft.get("quantization") and not any("quantization_config" in c.kwargs for c in facts.loads) and \
+            not at_least(draft, "peft", "0.12.0"):  # a quantized base is k-bit prepared: its adapters are float32
         _half(draft, dtype, f"{where} (peft < 0.12 creates the adapters in the base's dtype; autocast_adapter_dtype "
               "keeps them in float32 from 0.12)")
 
@@ -273,7 +278,7 @@ _HALF = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 def _half(draft: Draft, dtype: str, source: str) -> None:
-    if draft.get("engine") == "deepspeed":
+    if engine_spec(draft.get("engine")).zero:
         return  # DeepSpeed keeps float32 master weights of whatever it trains
     if dtype == "bfloat16":
         draft.set("precision", "bf16", source)
