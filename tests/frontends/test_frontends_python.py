@@ -173,6 +173,22 @@ def test_a_launch_line_reads_the_script_with_its_flags(tmp_path, monkeypatch):
     assert multi["sources"]["reentrant"].startswith("train.py:16: FastLanguageModel.get_peft_model(")
 
 
+def test_unsloth_vision_loader_checkpoints_non_reentrant_under_ddp(tmp_path, monkeypatch):
+    """Unsloth's README SFT loads with FastModel (its vision loader), which checkpoints non-reentrantly in a
+    multi-process launch since 2025.12.8 (PR #3751); before, reentrant beside DDP's find_unused_parameters."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(FIX / "unsloth_readme_sft.py", tmp_path / "train.py")
+    launch = shlex.split("torchrun --nproc_per_node 2 train.py")
+    new = doc(launch, versions={**CURRENT, **parse_versions("unsloth=2026.7.1")})
+    assert new["setup"]["reentrant"] is False and "PR #3751" in new["sources"]["reentrant"]
+    assert not {"unsloth-multi-gpu", "ddp-reentrant-unused"} & set(found(new))
+    old = doc(launch, versions={**CURRENT, **parse_versions("unsloth=2025.12.7")})
+    assert old["setup"]["reentrant"] is True and old["sources"]["reentrant"].startswith("train.py:41: ")
+    assert {"unsloth-multi-gpu": True, "ddp-reentrant-unused": True}.items() <= found(old).items()
+    single = doc(files=[str(tmp_path / "train.py")])  # one process: Unsloth's own reentrant checkpointing
+    assert single["setup"]["reentrant"] is True and single["setup"]["quantization"] == "4bit"
+
+
 def test_trl_722_a_4bit_model_on_gpu_0_in_a_two_process_launch(tmp_path, monkeypatch):
     """TRL's sft_llama2.py as trl#722 ran it (device_map={'': 0}) under `accelerate launch` with 2 processes: every
     rank loads the 4-bit model on GPU 0. The script as fixed (Accelerator().local_process_index) is clean."""

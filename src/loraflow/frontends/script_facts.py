@@ -74,6 +74,8 @@ class Facts:
     """Engines that move the model they wrap to their device (deepspeed.initialize)."""
     hook: str = ""
     unsloth: str = ""
+    unsloth_vision: bool = False
+    """Loaded by FastModel / FastVisionModel (unsloth/models/vision.py), whose training preparation differs."""
     gc: Call | None = None
     """The first call that turns checkpointing on in code (gradient_checkpointing_enable, k-bit preparation)."""
     gc_kwargs: dict | None = None
@@ -160,29 +162,6 @@ def is_model(call: Call, code: Code) -> bool:
 
 # Names that hold a model in scripts: model, base_model, peft_model, ref_model, reward_model (not model_name).
 _MODEL_NAME = re.compile(r"(^|_)model$", re.I)
-
-
-def lineage(value: Any, code: Code) -> list[Call]:
-    """The calls that built the model a value holds, newest first, back to the from_pretrained that loaded it:
-    through get_peft_model, k-bit preparation, PeftModel.from_pretrained, casts and merges."""
-    chain: list[Call] = []
-    while isinstance(value, Call) and len(chain) < 20:
-        chain.append(value)
-        k = kind(value, code)
-        if k in ("load", "unsloth_load") or (k == "peft_load" and value.owner_name.startswith("AutoPeftModel")):
-            break
-        # get_peft_model(model, ...), prepare_model_for_kbit_training(model), PeftModel.from_pretrained(model, ...)
-        # take the model as their first argument; methods (.to, .eval, .merge_and_unload) are called on it.
-        takes_model = k in ("wrap", "kbit_prep", "unsloth_wrap", "peft_load") and value.name not in (
-            "add_adapter", "load_adapter")
-        value = value.arg(0, "model") if takes_model else value.owner
-    return chain
-
-
-def load_of(value: Any, code: Code) -> Call | None:
-    """The from_pretrained (or AutoPeftModel load) at the root of a model's lineage, if the code shows it."""
-    chain = lineage(value, code)
-    return chain[-1] if chain and kind(chain[-1], code) in ("load", "unsloth_load", "peft_load") else None
 
 
 def gather(code: Code) -> Facts:
@@ -314,6 +293,7 @@ def _unsloth_load(facts: Facts, call: Call, code: Code) -> None:
     """FastLanguageModel.from_pretrained: Unsloth loads in 4 bits unless told otherwise (load_in_4bit=True by
     default, unsloth/models/loader.py); full_finetuning=True trains every weight."""
     facts.unsloth = facts.unsloth or call.at()
+    facts.unsloth_vision = facts.unsloth_vision or call.owner_name.rsplit(".", 1)[-1] != "FastLanguageModel"
     four = call.kwargs.get("load_in_4bit", True)
     _load(facts, call, code)
     if four is True and not call.kwargs.get("load_in_8bit") and not call.kwargs.get("full_finetuning"):
@@ -473,25 +453,3 @@ def parsed_sets(code: Code, is_args) -> dict[str, Opt]:
                 not isinstance(value, (Unread, Call, Parsed, FromFlag)):
             found[attr] = Opt(value, source)
     return found
-
-
-def bits_of(load: Call | None, code: Code) -> str | None:
-    """"4bit" / "8bit" when the load quantizes with bitsandbytes, None when it visibly does not, "?" when the code
-    cannot tell (a quantization_config built elsewhere, an AutoPeftModel loading the base its adapter names)."""
-    if load is None:
-        return "?"
-    quant = load.kwargs.get("quantization_config")
-    given = quant.kwargs if isinstance(quant, Call) and quant.name == "BitsAndBytesConfig" else \
-        quant if isinstance(quant, dict) else {}
-    for bits in ("4bit", "8bit"):
-        if load.kwargs.get(f"load_in_{bits}") is True or given.get(f"load_in_{bits}") is True:
-            return bits
-    if kind(load, code) == "unsloth_load" and load.kwargs.get("load_in_4bit", True) is True and not (
-            load.kwargs.get("full_finetuning") or load.kwargs.get("load_in_8bit")):
-        return "4bit"
-    name = load.arg(0, "pretrained_model_name_or_path", load.kwargs.get("model_name"))
-    if isinstance(name, str) and prequantized(name):
-        return "4bit"
-    if isinstance(quant, (Unread, Parsed)) or load.owner_name.startswith("AutoPeftModel") or not isinstance(name, str):
-        return "?"
-    return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loraflow.enginespec import engine_spec
 from loraflow.errors import LoraflowError
@@ -17,15 +18,8 @@ from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import resolve_path
 from loraflow.frontends.common import Draft, as_bool, at_least
 from loraflow.frontends.hf_options import Opt
-from loraflow.frontends.script_code import Code, Unread, read_code
-from loraflow.frontends.script_facts import (
-    Facts,
-    bits_of,
-    gather,
-    kind,
-    lineage,
-    load_of,
-)
+from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
+from loraflow.frontends.script_facts import Facts, gather, kind, prequantized
 
 NAME = "python-script"
 # Combination field -> what to change in the script's code (words every fix; the launch-line path keeps hf's flags
@@ -120,6 +114,7 @@ def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Op
 def finish(draft: Draft, script: Script) -> None:
     """After the world size is known: per-rank placement, what was not read, and the fixes in the code's words."""
     _per_rank(draft, script)
+    _unsloth_ddp(draft, script)
     draft.unknown.extend(script.facts.unknown)
     # A fix names the code to change where the code set the value, the flag where a flag did.
     draft.flags.update({k: v for k, v in FLAGS.items() if draft.sources.get(k, "").startswith(script.code.file + ":")
@@ -318,6 +313,22 @@ def _merges(draft: Draft, script: Script) -> None:
                         f"{call.at()}: the code does not show how the merged model's base was loaded")
 
 
+# Unsloth's vision loader (FastModel, FastVisionModel) checkpoints non-reentrantly under DDP since PR #3751 (merged
+# 2025-12-19, first in 2025.12.8; unsloth/models/vision.py `use_reentrant = not is_distributed()`); FastLanguageModel
+# stays reentrant (unsloth/models/llama.py prepare_model_for_kbit_training(use_reentrant=True)).
+UNSLOTH_VISION_DDP_NONREENTRANT = "2025.12.8"
+
+
+def _unsloth_ddp(draft: Draft, script: Script) -> None:
+    if not (script.facts.unsloth_vision and draft.get("world_size") > 1 and draft.get("checkpointing") != "off"
+            and "Unsloth's prepare_model_for_training" in draft.sources.get("reentrant", "")):
+        return
+    if at_least(draft, "unsloth", UNSLOTH_VISION_DDP_NONREENTRANT):
+        draft.set("reentrant", False, f"Unsloth >= {UNSLOTH_VISION_DDP_NONREENTRANT} checkpoints FastModel / "
+                  "FastVisionModel models non-reentrantly in a multi-process launch (unsloth/models/vision.py, "
+                  "unslothai/unsloth PR #3751)")
+
+
 def _per_rank(draft: Draft, script: Script) -> None:
     """A k-bit model loaded on a fixed device in a multi-process launch: accelerate refuses to train it on another
     rank's device (accelerator.py prepare_model). Unsloth places each rank's copy itself (loader.py)."""
@@ -329,3 +340,49 @@ def _per_rank(draft: Draft, script: Script) -> None:
         if fixed and kind(load, script.code) == "load" and bits_of(load, script.code) in ("4bit", "8bit"):
             draft.set("quantized_moved", True, f"{load.at('device_map')} in a {draft.get('world_size')}-process "
                       "launch: every rank loads the k-bit model on the same device")
+
+
+# --- A model's lineage: the calls that built it, back to its load -------------------------------------------
+def lineage(value: Any, code: Code) -> list[Call]:
+    """The calls that built the model a value holds, newest first, back to the from_pretrained that loaded it:
+    through get_peft_model, k-bit preparation, PeftModel.from_pretrained, casts and merges."""
+    chain: list[Call] = []
+    while isinstance(value, Call) and len(chain) < 20:
+        chain.append(value)
+        k = kind(value, code)
+        if k in ("load", "unsloth_load") or (k == "peft_load" and value.owner_name.startswith("AutoPeftModel")):
+            break
+        # get_peft_model(model, ...), prepare_model_for_kbit_training(model), PeftModel.from_pretrained(model, ...)
+        # take the model as their first argument; methods (.to, .eval, .merge_and_unload) are called on it.
+        takes_model = k in ("wrap", "kbit_prep", "unsloth_wrap", "peft_load") and value.name not in (
+            "add_adapter", "load_adapter")
+        value = value.arg(0, "model") if takes_model else value.owner
+    return chain
+
+
+def load_of(value: Any, code: Code) -> Call | None:
+    """The from_pretrained (or AutoPeftModel load) at the root of a model's lineage, if the code shows it."""
+    chain = lineage(value, code)
+    return chain[-1] if chain and kind(chain[-1], code) in ("load", "unsloth_load", "peft_load") else None
+
+
+def bits_of(load: Call | None, code: Code) -> str | None:
+    """"4bit" / "8bit" when the load quantizes with bitsandbytes, None when it visibly does not, "?" when the code
+    cannot tell (a quantization_config built elsewhere, an AutoPeftModel loading the base its adapter names)."""
+    if load is None:
+        return "?"
+    quant = load.kwargs.get("quantization_config")
+    given = quant.kwargs if isinstance(quant, Call) and quant.name == "BitsAndBytesConfig" else \
+        quant if isinstance(quant, dict) else {}
+    for bits in ("4bit", "8bit"):
+        if load.kwargs.get(f"load_in_{bits}") is True or given.get(f"load_in_{bits}") is True:
+            return bits
+    if kind(load, code) == "unsloth_load" and load.kwargs.get("load_in_4bit", True) is True and not (
+            load.kwargs.get("full_finetuning") or load.kwargs.get("load_in_8bit")):
+        return "4bit"
+    name = load.arg(0, "pretrained_model_name_or_path", load.kwargs.get("model_name"))
+    if isinstance(name, str) and prequantized(name):
+        return "4bit"
+    if isinstance(quant, (Unread, Parsed)) or load.owner_name.startswith("AutoPeftModel") or not isinstance(name, str):
+        return "?"
+    return None
