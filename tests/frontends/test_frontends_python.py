@@ -173,6 +173,29 @@ def test_a_launch_line_reads_the_script_with_its_flags(tmp_path, monkeypatch):
     assert multi["sources"]["reentrant"].startswith("train.py:16: FastLanguageModel.get_peft_model(")
 
 
+def test_peft_sft_example_with_its_launch_script(tmp_path, monkeypatch):
+    """PEFT's examples/sft: train.py takes peft_config from a helper in utils.py (not read); its own flag
+    --use_peft_lora says whether that is an adapter. The corpus's run_peft_multigpu.sh launches it."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(FIX / "peft_sft_train_excerpt.py", tmp_path / "train.py")
+    launch = (ROOT / "tests/fixtures/corpus/check/scripts/002-peft-sft-qlora-ddp-torchrun.sh").read_text()
+    (tmp_path / "run.sh").write_text(launch)
+    report = doc(["bash", "run.sh"])
+    assert report["sources"]["adapter"] == ("--use_peft_lora True (the script's own flag; train.py:38: "
+                                            "SFTTrainer(peft_config=peft_config) takes its adapter)")
+    assert (report["setup"]["world_size"], report["setup"]["quantization"], report["setup"]["reentrant"]) == (
+        8, "4bit", False)
+    assert found(report) == {} and report["unknowns"] == []
+    # The script alone: whether peft_config is None is not shown, so the adapter is a choice check evaluates both
+    # ways (the quantization is a flag of the launch line, absent here, so no finding depends on it).
+    alone = from_files("python", [str(tmp_path / "train.py")], CURRENT)
+    assert set(alone.unsure) == {"adapter"} and alone.setup.quantization is None
+    # Without the LoRA flags: peft_config is None, and the 4-bit base trains in full.
+    (tmp_path / "run.sh").write_text(launch.replace("--use_peft_lora True", "--use_peft_lora False")
+                                     .replace("--lora_r 8 \\\n", ""))
+    assert found(doc(["bash", "run.sh"])) == {"kbit-full-finetune": True}
+
+
 def test_unsloth_vision_loader_checkpoints_non_reentrant_under_ddp(tmp_path, monkeypatch):
     """Unsloth's README SFT loads with FastModel (its vision loader), which checkpoints non-reentrantly in a
     multi-process launch since 2025.12.8 (PR #3751); before, reentrant beside DDP's find_unused_parameters."""

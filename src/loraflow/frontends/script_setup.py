@@ -18,6 +18,7 @@ from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import resolve_path
 from loraflow.frontends.common import Draft, as_bool, at_least
 from loraflow.frontends.hf_options import Opt
+from loraflow.frontends.intent import infer
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
 from loraflow.frontends.script_facts import Facts, gather, kind, prequantized
 
@@ -106,6 +107,15 @@ def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Op
             opts[name] = Opt(False, f"{where} (the script stops if it is on)")
         elif as_bool(opts[name].value, opts[name].source):
             draft.note(f"{opts[name].source}: the script stops at {where}")
+    hint = opts.get("use_peft")
+    if hint is not None and hint.source.endswith(_ELSEWHERE) and "use_peft" not in flags:
+        # peft_config comes from a helper; the script's own flags (--use_peft_lora True) say whether it is one.
+        said = infer({n: (o.value, o.source) for n, o in flags.items()})
+        if said.adapter:
+            opts["use_peft"] = Opt(said.adapter != "full", f"{said.sources['adapter']} (the script's own flag; "
+                                   f"{hint.source.removesuffix(_ELSEWHERE)} takes its adapter)")
+            if said.adapter == "dora":
+                opts["use_dora"] = Opt(True, said.sources["adapter"])
     _checkpointing(opts, script.facts)
     opts.update(script.facts.late)
     return opts
@@ -163,6 +173,10 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
         # hf.py's wording is about flags; the code itself shows no adapter.
         draft.set("adapter", "full", f"{script.code.file}: no LoraConfig, get_peft_model or PeftModel in the code")
         draft.notes = [n for n in draft.notes if not n.startswith("no PEFT flag in the command")]
+    if draft.sources.get("adapter", "").endswith(_ELSEWHERE):  # peft_config=<a helper's result>: None or a config
+        draft.maybe("adapter", {"lora": "the trainer's peft_config is an adapter config",
+                                "full": "the trainer's peft_config is None (full fine-tuning)"},
+                    f"{draft.sources['adapter'].removesuffix(_ELSEWHERE)}: built where the code does not show")
     if facts.hook:
         draft.set("input_grad_hook", True, facts.hook)
         draft.unsure.pop("input_grad_hook", None)
@@ -180,6 +194,9 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
             draft.maybe("adapter", {"full": "the rest of the script trains every weight",
                                     "lora": "the rest of the script adds LoRA adapters (get_peft_model)"},
                         "the snippet does not show whether the model gets adapters")
+
+
+_ELSEWHERE = " (an adapter config built elsewhere)"
 
 
 def _loaded_frozen(draft: Draft, script: Script) -> None:
