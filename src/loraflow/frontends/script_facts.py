@@ -64,7 +64,6 @@ class Facts:
     """Calls that put adapters on a model (get_peft_model, add_adapter, Unsloth's get_peft_model)."""
     configs: list[Call] = field(default_factory=list)
     loads: list[Call] = field(default_factory=list)
-    later_loads: list[Call] = field(default_factory=list)
     peft_loads: list[Call] = field(default_factory=list)
     saved_configs: list[Call] = field(default_factory=list)
     casts: list[tuple[Call, str]] = field(default_factory=list)
@@ -419,9 +418,8 @@ def _trains(facts: Facts, call: Call, code: Code) -> None:
 
 
 def _later_load(facts: Facts, call: Call, code: Code) -> None:
-    """A model loaded after training (to merge or evaluate the result): kept for tracing merges only."""
-    if call.name == "from_pretrained":
-        facts.later_loads.append(call)
+    """A model loaded after training (to merge or evaluate the result) sets nothing; merges trace back to it through
+    their own lineage."""
 
 
 def _parser(facts: Facts, call: Call, code: Code) -> None:
