@@ -24,8 +24,8 @@ CURRENT = parse_versions("torch=2.13.0,transformers=5.23.0,peft=0.21.2,trl=1.16.
                          "accelerate=1.15.0,deepspeed=0.19.8,unsloth=2026.7.1")
 
 
-def doc(argv: list[str] | None = None, files: list[str] | None = None, versions=CURRENT) -> dict:
-    text, code = run_check(argv, "python" if files else None, files or [], dict(versions), as_json=True)
+def doc(argv: list[str] | None = None, files: list[str] | None = None, versions=CURRENT, name=None) -> dict:
+    text, code = run_check(argv, "python" if files else name, files or [], dict(versions), as_json=True)
     out = json.loads(text)
     assert out["exit_code"] == code
     return out
@@ -165,6 +165,9 @@ def test_a_launch_line_reads_the_script_with_its_flags(tmp_path, monkeypatch):
     assert (report["setup"]["precision"], report["sources"]["precision"]) == ("fp16-mixed", "--fp16")
     assert report["setup"]["unsloth"] and report["setup"]["stage"] == "dpo"
     assert any("shows no argument parser" in n for n in report["notes"])
+    assert doc(shlex.split("python train.py --fp16"), name="python")["setup"] == report["setup"]
+    with pytest.raises(LoraflowError, match="not a Python training script in this directory"):
+        doc(shlex.split("python missing.py --fp16"), name="python")
     # Two processes: Unsloth before its multi-GPU support; and under DDP, Unsloth's reentrant checkpointing beside
     # the find_unused_parameters=True the HF Trainer sets for a PeftModel.
     multi = doc(shlex.split("torchrun --nproc_per_node 2 train.py"), versions={**CURRENT,

@@ -17,10 +17,11 @@ from pathlib import Path
 from loraflow.errors import LoraflowError
 from loraflow.frontends import hf
 from loraflow.frontends import trl as trl_rel
+from loraflow.frontends.argv import Command
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, load_mapping
 from loraflow.frontends.hf_options import Opt, options_from_file
-from loraflow.frontends.script_setup import FLAGS, NAME, read_script, recognised
+from loraflow.frontends.script_setup import FLAGS, NAME, read_script, recognised, script_of
 
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:
@@ -47,6 +48,16 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
                    f"line to read them too (`loraflow check -- python {script.path.name} --flags...`)")
     draft.flags.update(FLAGS)
     return draft.result()
+
+
+def from_command(cmd: Command, versions: dict) -> FrontendResult:
+    """`--framework python -- torchrun train.py --flags`: the launch line's script read with its flags, as hf.py
+    reads any launch line whose script is here."""
+    if script_of(cmd.program) is None:
+        raise LoraflowError(f"--framework {NAME}: `{cmd.program}` is not a Python training script in this directory "
+                            "that check can read (one that uses transformers, peft, trl, bitsandbytes or unsloth); "
+                            "run check where the script is, or give its path on the launch line.")
+    return hf.from_command(cmd, versions)
 
 
 FRAMEWORK = Framework(name=NAME, title="Python training script", module="python_script", recognise=None,

@@ -20,7 +20,7 @@ from loraflow.frontends.common import Draft, as_bool, at_least
 from loraflow.frontends.hf_options import Opt
 from loraflow.frontends.intent import infer
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
-from loraflow.frontends.script_facts import Facts, gather, kind, prequantized
+from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
 
 NAME = "python-script"
 # Combination field -> what to change in the script's code (words every fix; the launch-line path keeps hf's flags
@@ -43,7 +43,9 @@ FLAGS = {"checkpointing": "gradient_checkpointing=True (TrainingArguments) or mo
          "matched_modules": "LoraConfig(target_modules=...)", "use_cache": "model.config.use_cache",
          "find_unused_parameters": "ddp_find_unused_parameters= (TrainingArguments)",
          "world_size": "the launcher's process count", **CODE_FLAGS}
-_LIBRARIES = ("transformers", "peft", "trl", "unsloth", "bitsandbytes")
+# Importing one of these makes a file a training script check reads (accelerate and deepspeed alone do not: their
+# calls are read where a script makes them).
+_LIBRARIES = tuple(p for p in API_PACKAGES if p not in ("accelerate", "deepspeed"))
 
 
 @dataclass
