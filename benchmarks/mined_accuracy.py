@@ -3,7 +3,8 @@ threads labelled by cause, a fifth of them set aside before any rule was written
 
 explain reads each thread's posted output (its `log`, else its final `error` line): a thread whose cause is a rule of
 the catalog must get that rule first; any other (a cause outside the family, or one the catalog has no rule for)
-must get no claim. check reads each thread's posted launch (a command line, or a config file) with the versions the
+must get no claim. check reads each thread's posted launch (a command line, a config file, or Python training code, read
+as `loraflow check train.py` reads it) with the versions the
 thread states: a thread whose cause is a rule must get that rule among its findings; any other must get no
 unconditional crash or silent finding.
 
@@ -96,6 +97,7 @@ def _check(r: dict, as_of: bool) -> dict:
     from loraflow.errors import LoraflowError
     from loraflow.frontends import FRAMEWORKS, guess_framework_for_files, parse_versions, run_check
     from loraflow.frontends.base import release_names
+    from loraflow.frontends.script_setup import looks_like_script
 
     # The packages check tracks and the frameworks' own releases (verl 0.5.0, torchtune 0.2.1) a thread states.
     known = set(TRACKED_PACKAGES) | set(release_names())
@@ -110,12 +112,15 @@ def _check(r: dict, as_of: bool) -> dict:
                               if line.strip() and not line.lstrip().startswith("#"))
             out, _ = run_check(shlex.split(joined), None, [], dict(versions), True)
         else:
-            suffix = ".json" if text.lstrip().startswith("{") else ".yaml"
+            # Python training code (a snippet of the reporter's script) is read as `loraflow check train.py` reads it.
+            script = looks_like_script(text)
+            suffix = ".py" if script else ".json" if text.lstrip().startswith("{") else ".yaml"
             with tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False) as f:
                 f.write(text)
             # A config file alone: the framework the thread names (the user knows which one they ran), else the one
             # `loraflow check FILE` reads it as (by its keys).
-            framework = r["framework"] if r["framework"] in FRAMEWORKS else guess_framework_for_files([f.name])
+            framework = ("python-script" if script else r["framework"] if r["framework"] in FRAMEWORKS else
+                         guess_framework_for_files([f.name]))
             out, _ = run_check(None, framework, [f.name], dict(versions), True)
         return json.loads(out)
     except (LoraflowError, ValueError) as exc:  # ValueError: shlex on an unbalanced quote

@@ -585,8 +585,10 @@ def test_each_framework_is_declared_once():
     names = [f.name for f in frameworks()]
     assert names == list(FRAMEWORKS) and len(set(names)) == len(names)
     for f in frameworks():
-        # Only the config formats (a DeepSpeed JSON, an accelerate YAML) have no command line of their own.
-        assert f.flags and f.title and (f.recognise is not None or f.name in ("deepspeed", "accelerate")), f.name
+        # Only the config formats (a DeepSpeed JSON, an accelerate YAML) and Python scripts (hf.py reads a script's
+        # launch line) have no command line of their own.
+        formats = ("deepspeed", "accelerate", "python-script")
+        assert f.flags and f.title and (f.recognise is not None or f.name in formats), f.name
     assert framework("openrlhf").depends
     assert framework_of_log('File "/x/site-packages/openrlhf/trainer/dpo_trainer.py", line 1, in fit') == "openrlhf"
 

@@ -67,6 +67,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.data:
         raise LoraflowError("--data is for another framework's run (after `--`, or with --framework); a loraflow "
                             "config names its data in data.train, which check reads itself.")
+    if config_path and Path(config_path).suffix == ".py" and not overrides:
+        # A training script is read statically (never run): `loraflow check train.py` == `--framework python`.
+        return _check_foreign(args, None, "python-script", [config_path])
     env = _versions(args)
     from loraflow.config import load_config
     from loraflow.errors import ConfigError
@@ -379,7 +382,8 @@ def _check_parser(sub) -> None:
     c = sub.add_parser("check", help="predict conflicts for a loraflow config or another framework's launch "
                                      "(exit 2 fails as given, 1 depends on what it names, 0 nothing found)",
                        description="loraflow check [CONFIG.yaml] [key=value ...] | loraflow check -- COMMAND LINE | "
-                                   "loraflow check --framework NAME FILE...")
+                                   "loraflow check TRAIN.py (read, never run) | loraflow check --framework NAME "
+                                   "FILE...")
     c.add_argument("items", nargs="*", metavar="CONFIG.yaml | key=value | FILE")
     from loraflow.frontends.base import frameworks, release_names  # as the frontends declare them, never a copy
 

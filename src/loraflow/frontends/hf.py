@@ -3,8 +3,9 @@
 
 TRL is recognised by its CLI or by flags only TRL has (ModelConfig's `--use_peft`, `--lora_r`; SFT/GRPO config fields);
 anything else, transformers' own example scripts (run_clm.py...) included, is read as a script built on transformers'
-Trainer, training every weight unless PEFT flags say otherwise. What the script itself does with the model (calling
-enable_input_require_grads, building a PeftModel) is not visible; the notes say what was assumed. TRL's defaults
+Trainer, training every weight unless PEFT flags say otherwise. When the script is here, its code is read too (never
+run: script_setup.py), so what it does with the model (enable_input_require_grads, a PeftModel) is seen; otherwise
+the notes say what was assumed. TRL's defaults
 changed across releases; without `--versions trl=X`, the TRL that goes with the given transformers is assumed.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import deepspeed, keys, vision
+from loraflow.frontends import deepspeed, keys, script_setup, vision
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import (
     Arg,
@@ -350,6 +351,9 @@ def _image_text(draft: Draft, opts: dict[str, Opt], intent, cmd: Command | None)
 
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
+    script = script_setup.script_of(cmd.program) if cmd.program_kind == "script" else None
+    if script is not None:  # the script is here: its code and the flags are read together
+        return _from_script(cmd, script, versions)
     draft = Draft(NAME, versions)
     bases: list = []
     if cmd.program == "trl":
@@ -369,6 +373,34 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     apply(draft, opts, trl, (trl_rel.TRAINERS[trainer], source), cmd, bases, trainer)
     finish_world(draft, cmd)
     return draft.result()
+
+
+def _from_script(cmd: Command, script: script_setup.Script, versions: dict) -> FrontendResult:
+    """A launch line whose script is here: the code, then the flags over it (HfArgumentParser fills the
+    TrainingArguments from them), then attributes the code sets on the parsed arguments."""
+    draft = Draft(NAME, versions)
+    bases: list = [script.path.parent]
+    flags, trl = options_from_args(cmd, draft, bases)
+    named = trainer_from_name(script.path.stem.lower())
+    fallback = ((trl_rel.TRAINERS[named], f"script name {cmd.program}"), named) if named else None
+    apply_script(draft, script, cmd, flags, trl, fallback, bases)
+    draft.note(f"{script.path.name} was read (statically, never run) together with the flags; a flag overrides the "
+               "code's TrainingArguments keyword of the same name")
+    if flags and not script.facts.parser:
+        draft.note(f"{script.path.name} shows no argument parser (HfArgumentParser, TrlParser, argparse): the flags "
+                   "were read as its TrainingArguments, but the code may ignore them")
+    return draft.result()
+
+
+def apply_script(draft: Draft, script: script_setup.Script, cmd: Command | None, flags: dict[str, Opt],
+                 trl: bool, fallback, bases: list) -> None:
+    """A training script's code read as this frontend reads options (script_setup.py says what the code gives and
+    what only code shows), with its launch line's flags, if any, over the code."""
+    stage, trainer = script_setup.stage(script, fallback)
+    apply(draft, script_setup.options(draft, script, flags), script.facts.trl or trl, stage, cmd, bases, trainer)
+    script_setup.code_only(draft, script, whole=cmd is not None or script.whole)
+    finish_world(draft, cmd)
+    script_setup.finish(draft, script)
 
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:
@@ -423,7 +455,7 @@ def _recognise(view) -> bool:
     # HF TrainingArguments flags, or a script launched by accelerate (the HF launcher) with none of another
     # framework's markers.
     return (bool((view.flags | view.yaml_keys) & (keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES))
-            or view.launcher == "accelerate")
+            or view.launcher == "accelerate" or script_setup.script_of(view.program) is not None)
 
 
 FRAMEWORK = Framework(name=NAME, title="HF Trainer / TRL", module="hf", recognise=_recognise, flags=FLAGS,

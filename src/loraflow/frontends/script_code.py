@@ -1,0 +1,347 @@
+"""What a Python training script's code says, read statically (Python's `ast`; the script is never imported or run):
+the calls it makes in the order they appear, each with its line and its arguments resolved as far as literals go.
+
+A name assigned earlier (`bnb_config = BitsAndBytesConfig(...)`, `args = TrainingArguments(...)`) resolves to what
+was assigned; `torch.bfloat16` to "bfloat16"; an attribute of the dataclasses HfArgumentParser fills to the
+command-line flag of that name. Anything else stays an `Unread` with its text, for the frontend to list. Snippets
+pasted into issues are fragments: lines that do not parse are skipped one at a time and reported with their number,
+and `...` standing for elided arguments is read as nothing. The meaning of the calls is python_script.py's part.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+# torch dtypes as the HF frontends spell them (`--torch_dtype bfloat16`).
+_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
+           "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# Classes whose attributes are enum members read by name (`TaskType.SEQ_CLS` -> "SEQ_CLS").
+_ENUMS = ("TaskType", "PeftType", "IntervalStrategy", "SchedulerType")
+# What turns a command line into the script's settings; their outputs' attributes are flags.
+PARSERS = ("HfArgumentParser", "TrlParser", "ArgumentParser")
+_MAX_SKIPS = 60
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A value the code computes (a name bound to something not literal, an expression, a function's result)."""
+    text: str
+
+
+@dataclass(frozen=True)
+class FromFlag:
+    """An attribute of the arguments a parser filled from the command line: the flag `--name`."""
+    name: str
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """The dataclasses (or namespace) an argument parser returns."""
+    source: str
+
+
+@dataclass
+class Call:
+    func: str
+    """The callee as written: `AutoModelForCausalLM.from_pretrained`, `model.to`, `get_peft_model`."""
+    line: int
+    file: str
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+    """Each keyword argument as written (for sources)."""
+    splat: str = ""
+    """`**config` / `*args` passed: the text of what check cannot see into."""
+    owner: Any = None
+    """What the method is called on: the value bound to the name (a Call, a Parsed, Unread) or the receiving call."""
+    target: str = ""
+    """The name this call's result is assigned to (`model = ...`)."""
+    scope: str = ""
+    """The function the call is written in ("" at module level)."""
+
+    @property
+    def name(self) -> str:
+        return self.func.rsplit(".", 1)[-1]
+
+    @property
+    def owner_name(self) -> str:
+        return self.func.rsplit(".", 1)[0] if "." in self.func else ""
+
+    def at(self, key: str | None = None) -> str:
+        """Where a value came from: `train.py:12: BitsAndBytesConfig(load_in_4bit=True)`."""
+        inner = f"{key}={self.texts[key]}" if key in self.texts else "..." if self.args or self.kwargs else ""
+        return f"{self.file}:{self.line}: {self.func}({inner})"
+
+    def arg(self, index: int, key: str, default: Any = None) -> Any:
+        """A parameter given by position or by keyword."""
+        if key in self.kwargs:
+            return self.kwargs[key]
+        return self.args[index] if len(self.args) > index else default
+
+
+@dataclass
+class Code:
+    file: str
+    calls: list[Call] = field(default_factory=list)
+    imports: dict[str, str] = field(default_factory=dict)
+    """Imported name -> the top-level package it comes from."""
+    bases: dict[str, str] = field(default_factory=dict)
+    """Classes the script defines -> their first base (`class MyTrainer(SFTTrainer)`)."""
+    attributes: list[tuple[str, str, Any, str]] = field(default_factory=list)
+    """`owner.attr = value` assignments: (owner as written, attr, value, source), in order."""
+    owners: dict[str, Any] = field(default_factory=dict)
+    """For each attribute assignment's owner text: the value its root name held then."""
+    skipped: list[str] = field(default_factory=list)
+    """Lines that did not parse: `train.py:7: skipped (invalid syntax): <text>`."""
+    elided: list[int] = field(default_factory=list)
+    """Lines where `...` stands for arguments the poster left out."""
+    called: set[str] = field(default_factory=set)
+    """Names of the functions and methods the script calls (the last part of each callee)."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Parsed flags the script stops on (`if training_args.gradient_checkpointing: raise ...`) -> the source: a run
+    that trains has them off."""
+
+    def packages(self) -> set[str]:
+        return set(self.imports.values())
+
+    def always_runs(self, call: Call) -> bool:
+        """Written at module level or in a function the script calls: not only in a hook or a callback it hands to a
+        library (`accelerator.register_load_state_pre_hook(load_model_hook)` runs it on resume only)."""
+        return not call.scope or call.scope in self.called
+
+
+def read_code(text: str, file: str) -> Code:
+    """The calls, imports and assignments of `text`; never raises on bad syntax (the lines are skipped)."""
+    code = Code(file)
+    tree = _parse(text, code)
+    _Reader(code).visit(tree)
+    return code
+
+
+# `...` in an argument list or a list literal (`f(x, ..., y=1)`): a poster's elision, read as `*()` (nothing).
+_ELLIPSIS = re.compile(r"(?<=[(\[,])(\s*)\.\.\.(?=\s*[,)\]])")
+
+
+def _parse(text: str, code: Code) -> ast.Module:
+    lines = textwrap.dedent(text.replace("\t", "    ")).splitlines()
+    depth = 0
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        # Notebook magics and shell escapes (`!pip install`, `%time`) are not Python.
+        if stripped.startswith(("!", "%")):
+            code.skipped.append(f"{code.file}:{i + 1}: skipped (a notebook command): {stripped[:80]}")
+            lines[i] = ""
+        elif depth > 0 and stripped in ("...", "...,"):  # a line of its own inside a call: `f(\n ...\n x=1)`
+            lines[i] = line.replace("...", "*()," if stripped == "..." else "*()", 1)
+            code.elided.append(i + 1)
+        elif "..." in line and _ELLIPSIS.search(line):
+            lines[i] = _ELLIPSIS.sub(r"\1*()", line)
+            code.elided.append(i + 1)
+        # Open brackets so far (strings and comments are not told apart: a guess is enough here).
+        code_part = line.split("#", 1)[0]
+        depth = max(0, depth + sum(code_part.count(c) for c in "([{") - sum(code_part.count(c) for c in ")]}"))
+    for _ in range(_MAX_SKIPS):
+        try:
+            return ast.parse("\n".join(lines))
+        except SyntaxError as exc:
+            if not _repair(lines, exc, code):
+                break
+    return ast.Module(body=[], type_ignores=[])
+
+
+def _repair(lines: list[str], exc: SyntaxError, code: Code) -> bool:
+    """Make the line the parser stopped at harmless, keeping every other line where it is (line numbers stay)."""
+    row = min(max((exc.lineno or 1) - 1, 0), len(lines) - 1) if lines else -1
+    while row > 0 and not lines[row].strip():
+        row -= 1
+    if row < 0 or not lines[row].strip():
+        return False
+    line = lines[row]
+    indent = line[:len(line) - len(line.lstrip())]
+    if exc.msg.startswith("unexpected indent"):
+        # A pasted block whose first lines were left out: pull it back to the previous line's indentation.
+        prev = next((x for x in reversed(lines[:row]) if x.strip()), "")
+        cut = len(indent) - (len(prev) - len(prev.lstrip()))
+        for j in range(row, len(lines)):
+            if lines[j].strip() and not lines[j].startswith(indent):
+                break
+            lines[j] = lines[j][cut:] if lines[j].strip() else lines[j]
+        return True
+    code.skipped.append(f"{code.file}:{row + 1}: skipped ({exc.msg}): {line.strip()[:80]}")
+    # A block header that does not parse keeps its indented body a block; prose ending in a colon has none.
+    after = next((x for x in lines[row + 1:] if x.strip()), "")
+    opens = line.rstrip().endswith(":") and len(after) - len(after.lstrip()) > len(indent)
+    lines[row] = indent + ("if True:" if opens else "pass")
+    return True
+
+
+class _Reader(ast.NodeVisitor):
+    """Walks the statements in source order (function bodies included, as if run where they are written)."""
+
+    def __init__(self, code: Code):
+        self.code = code
+        self.env: dict[str, Any] = {}
+        self.seen: dict[int, Call] = {}
+        self.scopes: list[str] = []
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.scopes.append(node.name)
+        self.generic_visit(node)
+        self.scopes.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self.code.imports[alias.asname or alias.name.split(".")[0]] = alias.name.split(".")[0]
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        package = (node.module or "").split(".")[0]
+        for alias in node.names:
+            self.code.imports[alias.asname or alias.name] = package
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        if node.bases:
+            self.code.bases[node.name] = ast.unparse(node.bases[0]).rsplit(".", 1)[-1]
+        self.generic_visit(node)
+
+    def visit_If(self, node: ast.If) -> None:
+        test = self.value(node.test)
+        if isinstance(test, FromFlag) and len(node.body) == 1 and isinstance(node.body[0], ast.Raise):
+            self.code.refused[test.name] = f"{self.code.file}:{node.lineno}: if {ast.unparse(node.test)}: raise"
+        for child in (*node.body, *node.orelse):
+            self.visit(child)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        value = self.value(node.value)
+        for target in node.targets:
+            self.bind(target, value, node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self.bind(node.target, self.value(node.value), node)
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        self.value(node.value)
+
+    def visit_Call(self, node: ast.Call) -> None:  # calls inside other statements (return, if, with, for...)
+        self.value(node)
+
+    def bind(self, target: ast.AST, value: Any, node: ast.AST) -> None:
+        if isinstance(target, ast.Name):
+            self.env[target.id] = value
+            if isinstance(value, Call) and not value.target:
+                value.target = target.id
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            # `model, tokenizer = FastLanguageModel.from_pretrained(...)`: the first name gets the call; a parser's
+            # `model_args, training_args = parser.parse_args_into_dataclasses()`: every name is its output.
+            names = [t for t in target.elts if isinstance(t, ast.Name)]
+            for i, name in enumerate(names):
+                parsed = isinstance(value, Parsed)
+                self.env[name.id] = value if parsed or i == 0 else Unread(name.id)
+            if isinstance(value, Call) and names and not value.target:
+                value.target = names[0].id
+        elif isinstance(target, ast.Attribute):
+            owner = ast.unparse(target.value)
+            root = target.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            self.code.owners[owner] = self.env.get(root.id) if isinstance(root, ast.Name) else None
+            self.code.attributes.append((owner, target.attr, value, f"{self.code.file}:{node.lineno}: "
+                                         f"{ast.unparse(target)} = {_short(ast.unparse(node.value))}"))
+
+    def value(self, node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return self.env.get(node.id, Unread(node.id))
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            items = [self.value(e) for e in node.elts if not _nothing(e)]
+            return _known(items, node)
+        if isinstance(node, ast.Dict):
+            keys = [self.value(k) if k is not None else Unread("**") for k in node.keys]
+            values = [self.value(v) for v in node.values]
+            known = _known(keys + values, node)
+            return dict(zip(keys, values)) if not isinstance(known, Unread) else known
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+            return -node.operand.value
+        if isinstance(node, ast.Attribute):
+            return self.attribute(node)
+        if isinstance(node, ast.Call):
+            return self.call(node)
+        for child in ast.walk(node):  # record the calls inside other expressions (`f(x) if c else g(y)`)
+            if isinstance(child, ast.Call) and child is not node:
+                self.call(child)
+        return Unread(ast.unparse(node))
+
+    def attribute(self, node: ast.Attribute) -> Any:
+        text = ast.unparse(node)
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id == "torch" and node.attr in _DTYPES:
+            return _DTYPES[node.attr]
+        if isinstance(owner, ast.Name) and owner.id in _ENUMS:
+            return node.attr
+        if isinstance(owner, ast.Name) and isinstance(self.env.get(owner.id), Parsed):
+            return FromFlag(node.attr)
+        if isinstance(owner, (ast.Call, ast.Attribute)):
+            self.value(owner)
+        return Unread(text)
+
+    def call(self, node: ast.Call) -> Any:
+        if id(node) in self.seen:
+            return self.seen[id(node)]
+        func = node.func
+        owner: Any = None
+        if isinstance(func, ast.Attribute):
+            base = func.value
+            owner = self.value(base) if not isinstance(base, ast.Name) else self.env.get(base.id)
+            name = f"{_short(ast.unparse(base), 40) if not isinstance(base, ast.Call) else _callee(base)}.{func.attr}"
+        else:
+            name = ast.unparse(func)
+        if name.rsplit(".", 1)[-1] in ("parse_args_into_dataclasses", "parse_args", "parse_args_and_config",
+                                       "parse_yaml_file", "parse_json_file", "parse_dict"):
+            return Parsed(f"{self.code.file}:{node.lineno}: {name}()")
+        call = Call(name, node.lineno, self.code.file, owner=owner, scope=self.scopes[-1] if self.scopes else "")
+        self.seen[id(node)] = call
+        self.code.called.add(name.rsplit(".", 1)[-1])
+        for arg in node.args:
+            if _nothing(arg):
+                continue
+            if isinstance(arg, ast.Starred):
+                call.splat = call.splat or ast.unparse(arg)
+            else:
+                call.args.append(self.value(arg))
+        for kw in node.keywords:
+            if kw.arg is None:
+                call.splat = call.splat or f"**{ast.unparse(kw.value)}"
+                continue
+            call.kwargs[kw.arg] = self.value(kw.value)
+            call.texts[kw.arg] = _short(ast.unparse(kw.value))
+        self.code.calls.append(call)
+        if name == "dict" and not call.args and not call.splat:
+            return dict(call.kwargs)  # dict(use_reentrant=False) is the literal {"use_reentrant": False}
+        return call
+
+
+def _known(items: list[Any], node: ast.AST) -> Any:
+    if any(isinstance(i, (Unread, Call, Parsed, FromFlag)) for i in items):
+        return Unread(ast.unparse(node))
+    return list(items) if not isinstance(node, ast.Dict) else items
+
+
+def _nothing(node: ast.AST) -> bool:
+    """`*()`: what an elided `...` was read as."""
+    return isinstance(node, ast.Starred) and isinstance(node.value, ast.Tuple) and not node.value.elts
+
+
+def _callee(node: ast.Call) -> str:
+    return _short(ast.unparse(node.func), 40) + "(...)"
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -1,0 +1,407 @@
+"""The training script side of `loraflow check` that needs no HF frontend: reading a script once (script_code.py,
+script_facts.py), recognising one, and what the code decides around the HF Trainer / TRL reading of its options -
+the options the code gives (a flag of the launch line overrides the keyword of the same name; attributes the code
+sets on the parsed arguments override both), the stage its trainer class names, and the fields only code shows (a
+model moved or cast after a quantized load, an adapter merged into a quantized base, a saved adapter loaded frozen,
+the input-grad hook, Unsloth). hf.py's apply_script puts them together; python_script.py is the frontend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loraflow.enginespec import engine_spec
+from loraflow.errors import LoraflowError
+from loraflow.frontends import trl as trl_rel
+from loraflow.frontends.argv import resolve_path
+from loraflow.frontends.common import Draft, as_bool, at_least
+from loraflow.frontends.hf_options import Opt
+from loraflow.frontends.intent import infer
+from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
+from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
+
+NAME = "python-script"
+# Combination field -> what to change in the script's code (words every fix; the launch-line path keeps hf's flags
+# and adds the fields only code sets).
+CODE_FLAGS = {"adapter_loaded_frozen": "PeftModel.from_pretrained(..., is_trainable=True)",
+              "quantized_moved": "from_pretrained(device_map={'': local_rank}) for the quantized model, and no "
+                                 ".to(...) / .cuda() / .half() on it afterwards",
+              "merge_into_quantized": "merge_and_unload() on the quantized model (merge into a base loaded in "
+                                      "bf16/fp16)",
+              "task_head_saved": "LoraConfig(task_type=\"SEQ_CLS\") or modules_to_save=[\"score\"]",
+              "unsloth": "FastLanguageModel (Unsloth)", "input_grad_hook": "model.enable_input_require_grads()"}
+FLAGS = {"checkpointing": "gradient_checkpointing=True (TrainingArguments) or model.gradient_checkpointing_enable()",
+         "reentrant": "gradient_checkpointing_kwargs={\"use_reentrant\": ...}",
+         "precision": "bf16= / fp16= (TrainingArguments); keep what trains in float32 (no .half() / .to(dtype) after "
+                      "get_peft_model, no float16 torch_dtype with modules_to_save)",
+         "engine": "deepspeed= / fsdp= (TrainingArguments) or the launcher",
+         "adapter": "LoraConfig(...) + get_peft_model (use_dora=True for DoRA)",
+         "quantization": "BitsAndBytesConfig(load_in_4bit=...) in from_pretrained(quantization_config=...)",
+         "quant_storage_matches": "BitsAndBytesConfig(bnb_4bit_quant_storage=...)",
+         "matched_modules": "LoraConfig(target_modules=...)", "use_cache": "model.config.use_cache",
+         "find_unused_parameters": "ddp_find_unused_parameters= (TrainingArguments)",
+         "world_size": "the launcher's process count", **CODE_FLAGS}
+# Importing one of these makes a file a training script check reads (accelerate and deepspeed alone do not: their
+# calls are read where a script makes them).
+_LIBRARIES = tuple(p for p in API_PACKAGES if p not in ("accelerate", "deepspeed"))
+
+
+@dataclass
+class Script:
+    path: Path
+    code: Code
+    facts: Facts
+
+    @property
+    def whole(self) -> bool:
+        """The code shows how it trains (a trainer or a training step): not a fragment, nor an inference script."""
+        return bool(self.facts.trainer or self.facts.trains)
+
+
+_CACHE: dict[tuple[str, int, int], Script] = {}
+
+
+def read_script(path: str | Path) -> Script:
+    p = Path(path)
+    try:
+        stat = p.stat()
+        key = (str(p.resolve()), stat.st_mtime_ns, stat.st_size)
+        if key not in _CACHE:  # check builds the setup once per release scenario: parse once
+            text = p.read_text(encoding="utf-8", errors="replace")
+            code = read_code(text, p.name)
+            _CACHE[key] = Script(p, code, gather(code))
+        return _CACHE[key]
+    except OSError as exc:
+        raise LoraflowError(f"cannot read the training script {path}: {exc.strerror}.") from None
+
+
+def recognised(code: Code) -> bool:
+    """The code imports or calls what check reads: transformers, PEFT, TRL, bitsandbytes, Unsloth."""
+    if code.packages() & set(_LIBRARIES):
+        return True
+    return any(kind(c, code) not in ("", "harmless", "trains", "parser", "place") for c in code.calls)
+
+
+def looks_like_script(text: str) -> bool:
+    """Pasted text that is Python training code (a snippet from an issue), not a config file or a command."""
+    return recognised(read_code(text, "snippet.py"))
+
+
+def script_of(program: str) -> Script | None:
+    """The launch line's program when it is a Python file here that check can read (for hf.py)."""
+    if not program.endswith(".py"):
+        return None
+    path = resolve_path(program)
+    if path is None:
+        return None
+    script = read_script(path)
+    return script if recognised(script.code) else None
+
+
+def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Opt]:
+    """The options hf.py reads: the code's, the launch line's flags over them, then what the code sets on the parsed
+    arguments afterwards (`training_args.gradient_checkpointing = True`)."""
+    opts = {**script.facts.opts, **flags}
+    for name, where in script.code.refused.items():
+        if name not in opts:  # the script stops when it is on, so a run that trains has it off
+            opts[name] = Opt(False, f"{where} (the script stops if it is on)")
+        elif as_bool(opts[name].value, opts[name].source):
+            draft.note(f"{opts[name].source}: the script stops at {where}")
+    hint = opts.get("use_peft")
+    if hint is not None and hint.source.endswith(_ELSEWHERE) and "use_peft" not in flags:
+        # peft_config comes from a helper; the script's own flags (--use_peft_lora True) say whether it is one.
+        said = infer({n: (o.value, o.source) for n, o in flags.items()})
+        if said.adapter:
+            opts["use_peft"] = Opt(said.adapter != "full", f"{said.sources['adapter']} (the script's own flag; "
+                                   f"{hint.source.removesuffix(_ELSEWHERE)} takes its adapter)")
+            if said.adapter == "dora":
+                opts["use_dora"] = Opt(True, said.sources["adapter"])
+    _checkpointing(opts, script.facts)
+    opts.update(script.facts.late)
+    return opts
+
+
+def finish(draft: Draft, script: Script) -> None:
+    """After the world size is known: per-rank placement, what was not read, and the fixes in the code's words."""
+    _per_rank(draft, script)
+    _unsloth_ddp(draft, script)
+    draft.unknown.extend(script.facts.unknown)
+    # A fix names the code to change where the code set the value, the flag where a flag did.
+    draft.flags.update({k: v for k, v in FLAGS.items() if draft.sources.get(k, "").startswith(script.code.file + ":")
+                        or k in CODE_FLAGS})
+    for line in script.code.skipped:
+        draft.note(line)
+    if script.code.elided:
+        draft.note(f"{script.code.file}: `...` on line(s) {', '.join(map(str, script.code.elided))} stands for "
+                   "arguments left out of the snippet; they are not read")
+
+
+def _checkpointing(opts: dict[str, Opt], facts: Facts) -> None:
+    """Checkpointing the code turns on itself. The Trainer calls gradient_checkpointing_enable again at train() with
+    its own kwargs when its switch is on, so the code's call decides only where the switch is off or absent."""
+    call = facts.gc
+    if call is None:
+        return
+    switch = opts.get("gradient_checkpointing")
+    if switch is not None and as_bool(switch.value, switch.source):
+        return
+    opts["gradient_checkpointing"] = Opt(True, call.at())
+    if facts.gc_kwargs is not None:
+        where = (f"{call.at('use_gradient_checkpointing')} (Unsloth's prepare_model_for_training: use_reentrant=True, "
+                 "unsloth_zoo/training_utils.py)" if facts.unsloth and call.name == "get_peft_model" else
+                 call.at("gradient_checkpointing_kwargs"))
+        opts["gradient_checkpointing_kwargs"] = Opt(facts.gc_kwargs, where)
+
+
+def stage(script: Script, fallback) -> tuple[tuple[str, str], str]:
+    """The stage: TRL's trainer or config class, else a sequence-classification model (a new score head, trained as
+    a reward model), else transformers' Trainer on a causal LM."""
+    facts = script.facts
+    if facts.trainer_key and facts.named_by is not None:
+        return (trl_rel.TRAINERS[facts.trainer_key], facts.named_by.at()), facts.trainer_key
+    if facts.seqcls is not None:
+        return (trl_rel.TRAINERS["reward"], f"{facts.seqcls.at()} (a sequence-classification model: a new score "
+                                             "head)"), "reward"
+    if facts.trainer is not None:
+        return (trl_rel.TRAINERS["sft"], f"{facts.trainer.at()} (transformers' Trainer on a causal LM)"), "sft"
+    return fallback or ((trl_rel.TRAINERS["sft"], "assumed (the script shows no trainer)"), "sft")
+
+
+def code_only(draft: Draft, script: Script, whole: bool) -> None:
+    facts = script.facts
+    if draft.sources.get("adapter", "").startswith("assumed: no PEFT flag"):
+        # hf.py's wording is about flags; the code itself shows no adapter.
+        draft.set("adapter", "full", f"{script.code.file}: no LoraConfig, get_peft_model or PeftModel in the code")
+        draft.notes = [n for n in draft.notes if not n.startswith("no PEFT flag in the command")]
+    if draft.sources.get("adapter", "").endswith(_ELSEWHERE):  # peft_config=<a helper's result>: None or a config
+        draft.maybe("adapter", {"lora": "the trainer's peft_config is an adapter config",
+                                "full": "the trainer's peft_config is None (full fine-tuning)"},
+                    f"{draft.sources['adapter'].removesuffix(_ELSEWHERE)}: built where the code does not show")
+    if facts.hook:
+        draft.set("input_grad_hook", True, facts.hook)
+        draft.unsure.pop("input_grad_hook", None)
+    if facts.unsloth:
+        draft.set("unsloth", True, f"{facts.unsloth} (Unsloth loads and patches the model)")
+    _loaded_frozen(draft, script)
+    _task_head(draft, script)
+    _casts(draft, script)
+    _moves(draft, script)
+    _merges(draft, script)
+    if not whole:
+        draft.note(f"{script.code.file} shows no trainer and no training step: read as a part of a script, so what "
+                   "it does not show is left open")
+        if draft.get("adapter") == "full" and not facts.configs and not facts.wraps and not facts.peft_loads:
+            draft.maybe("adapter", {"full": "the rest of the script trains every weight",
+                                    "lora": "the rest of the script adds LoRA adapters (get_peft_model)"},
+                        "the snippet does not show whether the model gets adapters")
+
+
+_ELSEWHERE = " (an adapter config built elsewhere)"
+
+
+def _loaded_frozen(draft: Draft, script: Script) -> None:
+    """PeftModel.from_pretrained loads an adapter for inference unless is_trainable=True (peft peft_model.py)."""
+    facts, code = script.facts, script.code
+    merged = {id(c) for m in facts.merges for c in lineage(m, code)}
+    for load in facts.peft_loads:
+        trainable = load.kwargs.get("is_trainable", False)
+        if trainable is True or id(load) in merged:
+            continue
+        if facts.trains and not isinstance(trainable, Unread) and code.always_runs(load):
+            draft.set("adapter_loaded_frozen", True, f"{load.at()} (without is_trainable=True the adapter loads "
+                      "frozen)")
+        else:
+            why = (f"{load.at()} is in {load.scope}(), which the script only hands on (a hook): whether it runs before "
+                   "training is not visible" if not code.always_runs(load) else
+                   f"{load.at()}: the code does not show whether this adapter is trained")
+            draft.maybe("adapter_loaded_frozen", {True: "the loaded adapter is then trained",
+                                                  False: "the loaded adapter is only used for inference"}, why)
+
+
+def _task_head(draft: Draft, script: Script) -> None:
+    """A sequence-classification model's new score head is saved with the adapter only as PEFT's modules_to_save:
+    task_type SEQ_CLS adds it (peft PeftModelForSequenceClassification), or the script names it."""
+    from loraflow.stagespec import STAGES
+
+    spec = STAGES.get(draft.get("stage"))
+    facts = script.facts
+    if spec is None or spec.head != "score" or draft.get("adapter") == "full":
+        return
+    for config in facts.configs:
+        task, keep = config.kwargs.get("task_type"), config.kwargs.get("modules_to_save")
+        if str(task).upper().endswith("_CLS"):  # SEQ_CLS, TOKEN_CLS: PEFT's classification models
+            draft.set("task_head_saved", True, f"{config.at('task_type')} (PEFT trains and saves the score head)")
+            return
+        if isinstance(keep, list) and any(h in str(m) for m in keep for h in ("score", "classifier", "head")):
+            draft.set("task_head_saved", True, config.at("modules_to_save"))
+            return
+    if facts.configs:
+        draft.set("task_head_saved", False, f"{facts.configs[0].at()} (no task_type=SEQ_CLS and no score head in "
+                  "modules_to_save: the new head stays out of the adapter)")
+    elif facts.peft_loads or facts.saved_configs:
+        where = (facts.peft_loads or facts.saved_configs)[0]
+        draft.maybe("task_head_saved", {True: "the saved adapter holds the score head (its modules_to_save)",
+                                        False: "the saved adapter holds only the LoRA weights"},
+                    f"{where.at()}: what the saved adapter holds is in its adapter_config.json, not visible here")
+
+
+def _bits(draft: Draft, script: Script, value) -> str | None:
+    """The quantization of the model a value holds; where the code does not show its load, the script's."""
+    found = bits_of(load_of(value, script.code), script.code)
+    return draft.get("quantization") if found == "?" else found
+
+
+def _casts(draft: Draft, script: Script) -> None:
+    """model.half() / .to(torch.bfloat16): a quantized model refuses the cast. Otherwise the weights that train are
+    stored in half precision when the cast comes after the adapters are added, or in full fine-tuning; a base made
+    half before the adapters (or loaded so) passes its dtype to what PEFT copies from it (modules_to_save), and to
+    the adapters themselves before peft 0.12 (autocast_adapter_dtype)."""
+    facts, code = script.facts, script.code
+    base: tuple[str, str] | None = None
+    if facts.opts.get("torch_dtype") is not None and str(facts.opts["torch_dtype"].value) in _HALF:
+        base = (str(facts.opts["torch_dtype"].value), facts.opts["torch_dtype"].source)
+    for call, dtype in facts.casts:
+        if dtype != "base" and _bits(draft, script, call.owner):
+            draft.set("quantized_moved", True, f"{call.at()} (casts a quantized model)")
+            continue
+        if dtype == "base":  # get_peft_model(..., autocast_adapter_dtype=False): adapters in the base's dtype
+            dtype = base[0] if base else str((load_of(call.arg(0, "model"), code) or call).kwargs.get("torch_dtype"))
+        if dtype not in _HALF:
+            continue
+        if any(w.line <= call.line for w in facts.wraps) or draft.get("adapter") == "full":
+            _half(draft, dtype, f"{call.at()} (the trained weights are stored in {dtype})")
+        else:
+            base = (dtype, call.at())
+    if base is None or draft.has("precision") and draft.get("precision") in _HALF.values():
+        return
+    dtype, where = base
+    saved = [c.kwargs.get("modules_to_save") for c in facts.configs]
+    if draft.get("adapter") == "full":
+        _half(draft, dtype, f"{where} (full fine-tuning trains the weights in {dtype})")
+    elif any(m and (not isinstance(m, Unread) or m.text not in ("[]", "None")) for m in saved):
+        _half(draft, dtype, f"{where} (modules_to_save copies the {dtype} modules: they train in {dtype})")
+    elif not draft.get("quantization") and not any("quantization_config" in c.kwargs for c in facts.loads) and \
+            not at_least(draft, "peft", "0.12.0"):  # a quantized base is k-bit prepared: its adapters are float32
+        _half(draft, dtype, f"{where} (peft < 0.12 creates the adapters in the base's dtype; autocast_adapter_dtype "
+              "keeps them in float32 from 0.12)")
+
+
+_HALF = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def _half(draft: Draft, dtype: str, source: str) -> None:
+    if engine_spec(draft.get("engine")).zero:
+        return  # DeepSpeed keeps float32 master weights of whatever it trains
+    if dtype == "bfloat16":
+        draft.set("precision", "bf16", source)
+    elif draft.get("precision") == "fp16-mixed":  # fp16 loss scaling over fp16 weights
+        draft.set("precision", "fp16", source)
+    else:
+        draft.note(f"{source}: trained in float16 without loss scaling (fp16=True is off)")
+
+
+def _moves(draft: Draft, script: Script) -> None:
+    """A k-bit model moved after loading: transformers refuses 8-bit moves, and 4-bit ones before bitsandbytes
+    0.43.2 (modeling_utils.py PreTrainedModel.to); a DeepSpeed engine moves the module it wraps."""
+    for call in script.facts.engine_moves:
+        if _bits(draft, script, call.kwargs.get("model")):
+            draft.set("quantized_moved", True, f"{call.at()} (the DeepSpeed engine moves the model to its device)")
+    for call in script.facts.moves:
+        bits = _bits(draft, script, call.owner)
+        if bits == "8bit" or (bits == "4bit" and not at_least(draft, "bitsandbytes", "0.43.2")):
+            draft.set("quantized_moved", True, f"{call.at()} (moves a {bits} model after loading)")
+
+
+def _merges(draft: Draft, script: Script) -> None:
+    """merge_and_unload on a k-bit model. Where the code does not show how the merged model was loaded (a fragment,
+    AutoPeftModel loading the base its adapter names), the base may be a pre-quantized checkpoint."""
+    facts = script.facts
+    for call in facts.merges:
+        load = load_of(call.owner, script.code)
+        found = bits_of(load, script.code)
+        if found in ("4bit", "8bit") or (load is None and draft.get("quantization")):
+            draft.set("merge_into_quantized", True, f"{call.at()} (merges the adapter into the quantized base)")
+        elif found == "?" and not facts.loads and draft.get("quantization") is None:
+            draft.set("merge_into_quantized", True, f"{call.at()} (merges into quantized weights if the base is "
+                      "quantized)")
+            draft.maybe("quantization", {None: "the base is not quantized",
+                                         "4bit": "the base checkpoint is pre-quantized (quantization_config in its "
+                                                 "config.json)"},
+                        f"{call.at()}: the code does not show how the merged model's base was loaded")
+
+
+# Unsloth's vision loader (FastModel, FastVisionModel) checkpoints non-reentrantly under DDP since PR #3751 (merged
+# 2025-12-19, first in 2025.12.8; unsloth/models/vision.py `use_reentrant = not is_distributed()`); FastLanguageModel
+# stays reentrant (unsloth/models/llama.py prepare_model_for_kbit_training(use_reentrant=True)).
+UNSLOTH_VISION_DDP_NONREENTRANT = "2025.12.8"
+
+
+def _unsloth_ddp(draft: Draft, script: Script) -> None:
+    if not (script.facts.unsloth_vision and draft.get("world_size") > 1 and draft.get("checkpointing") != "off"
+            and "Unsloth's prepare_model_for_training" in draft.sources.get("reentrant", "")):
+        return
+    if at_least(draft, "unsloth", UNSLOTH_VISION_DDP_NONREENTRANT):
+        draft.set("reentrant", False, f"Unsloth >= {UNSLOTH_VISION_DDP_NONREENTRANT} checkpoints FastModel / "
+                  "FastVisionModel models non-reentrantly in a multi-process launch (unsloth/models/vision.py, "
+                  "unslothai/unsloth PR #3751)")
+
+
+def _per_rank(draft: Draft, script: Script) -> None:
+    """A k-bit model loaded on a fixed device in a multi-process launch: accelerate refuses to train it on another
+    rank's device (accelerator.py prepare_model). Unsloth places each rank's copy itself (loader.py)."""
+    if draft.get("world_size") <= 1:
+        return
+    for load in script.facts.loads:
+        where = load.kwargs.get("device_map")
+        fixed = where == "auto" or isinstance(where, (int, dict)) or (isinstance(where, str) and ":" in where)
+        if fixed and kind(load, script.code) == "load" and bits_of(load, script.code) in ("4bit", "8bit"):
+            draft.set("quantized_moved", True, f"{load.at('device_map')} in a {draft.get('world_size')}-process "
+                      "launch: every rank loads the k-bit model on the same device")
+
+
+# --- A model's lineage: the calls that built it, back to its load -------------------------------------------
+def lineage(value: Any, code: Code) -> list[Call]:
+    """The calls that built the model a value holds, newest first, back to the from_pretrained that loaded it:
+    through get_peft_model, k-bit preparation, PeftModel.from_pretrained, casts and merges."""
+    chain: list[Call] = []
+    while isinstance(value, Call) and len(chain) < 20:
+        chain.append(value)
+        k = kind(value, code)
+        if k in ("load", "unsloth_load") or (k == "peft_load" and value.owner_name.startswith("AutoPeftModel")):
+            break
+        # get_peft_model(model, ...), prepare_model_for_kbit_training(model), PeftModel.from_pretrained(model, ...)
+        # take the model as their first argument; methods (.to, .eval, .merge_and_unload) are called on it.
+        takes_model = k in ("wrap", "kbit_prep", "unsloth_wrap", "peft_load") and value.name not in (
+            "add_adapter", "load_adapter")
+        value = value.arg(0, "model") if takes_model else value.owner
+    return chain
+
+
+def load_of(value: Any, code: Code) -> Call | None:
+    """The from_pretrained (or AutoPeftModel load) at the root of a model's lineage, if the code shows it."""
+    chain = lineage(value, code)
+    return chain[-1] if chain and kind(chain[-1], code) in ("load", "unsloth_load", "peft_load") else None
+
+
+def bits_of(load: Call | None, code: Code) -> str | None:
+    """"4bit" / "8bit" when the load quantizes with bitsandbytes, None when it visibly does not, "?" when the code
+    cannot tell (a quantization_config built elsewhere, an AutoPeftModel loading the base its adapter names)."""
+    if load is None:
+        return "?"
+    quant = load.kwargs.get("quantization_config")
+    given = quant.kwargs if isinstance(quant, Call) and quant.name == "BitsAndBytesConfig" else \
+        quant if isinstance(quant, dict) else {}
+    for bits in ("4bit", "8bit"):
+        if load.kwargs.get(f"load_in_{bits}") is True or given.get(f"load_in_{bits}") is True:
+            return bits
+    if kind(load, code) == "unsloth_load" and load.kwargs.get("load_in_4bit", True) is True and not (
+            load.kwargs.get("full_finetuning") or load.kwargs.get("load_in_8bit")):
+        return "4bit"
+    name = load.arg(0, "pretrained_model_name_or_path", load.kwargs.get("model_name"))
+    if isinstance(name, str) and prequantized(name):
+        return "4bit"
+    if isinstance(quant, (Unread, Parsed)) or load.owner_name.startswith("AutoPeftModel") or not isinstance(name, str):
+        return "?"
+    return None
