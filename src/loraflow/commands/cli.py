@@ -64,12 +64,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if config_path and Path(config_path).suffix == ".sh" and not overrides:
         # A launch script is another framework's command line: `loraflow check run.sh` == `check -- bash run.sh`.
         return _check_foreign(args, ["bash", config_path], None, [])
-    if args.data:
-        raise LoraflowError("--data is for another framework's run (after `--`, or with --framework); a loraflow "
-                            "config names its data in data.train, which check reads itself.")
     if config_path and Path(config_path).suffix == ".py" and not overrides:
         # A training script is read statically (never run): `loraflow check train.py` == `--framework python`.
         return _check_foreign(args, None, "python-script", [config_path])
+    if args.data:
+        raise LoraflowError("--data is for another framework's run (after `--`, or with --framework); a loraflow "
+                            "config names its data in data.train, which check reads itself.")
     env = _versions(args)
     from loraflow.config import load_config
     from loraflow.errors import ConfigError
