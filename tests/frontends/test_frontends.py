@@ -633,3 +633,18 @@ def test_vision_tower_lora_under_reentrant_is_silent_before_transformers_5(tmp_p
     # Adapters named in the vision tower by the target list read the same way.
     r = run("python train.py --use_peft --lora_target_modules q_proj visual.blocks.0.attn.qkv --gradient_checkpointing")
     assert r.setup.tower_adapters and "lora_target_modules" in r.sources["tower_adapters"]
+
+
+def test_the_path_of_trls_own_script_dates_the_release():
+    """TRL's scripts moved (examples/scripts/sft_trainer.py until 0.7.1, examples/scripts/sft.py from 0.7.2,
+    trl/scripts/sft.py from 0.13.0: the tags of huggingface/trl that hold each path), so the script a launch runs
+    rules release ranges out, as flag spellings do."""
+    def era(line: str) -> str | None:
+        doc = json.loads(run_check(shlex.split(line), None, [], {}, as_json=True)[0])
+        return doc["inferred_eras"].get("trl", {}).get("range")
+
+    flags = "--model_name_or_path m --use_peft --lora_r 16 --output_dir o"
+    assert era(f"python examples/scripts/sft_trainer.py {flags}") == ">=0.5.0,<0.7.2"
+    assert era(f"accelerate launch trl/examples/scripts/sft_vlm.py {flags}") == ">=0.12.0"
+    assert era(f"python -m trl.scripts.grpo {flags}") == ">=0.14.0"
+    assert era(f"python my_sft.py {flags}") is None

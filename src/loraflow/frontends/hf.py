@@ -118,7 +118,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     behaviour; empty means the one named by the stage."""
     cli = cmd.subcommand if cmd is not None and cmd.program == "trl" else None
     if trl:
-        trl_rel.eras(draft, set(opts), cli)
+        trl_rel.eras(draft, set(opts), cli, cmd.program if cmd is not None and cmd.program != "trl" else "")
     draft.set("stage", *stage)
     info = _engine(draft, opts, cmd, bases)
     zero3 = draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3

@@ -41,14 +41,27 @@ _ERAS = (("use_dora", ">=0.16.0"), ("dtype", ">=0.23.0"), ("torch_dtype", "<0.27
          ("ds3_gather_for_generation", ">=0.14.0"), ("use_vllm", ">=0.14.0"), ("vllm_device", "<0.18.0"),
          ("vllm_mode", ">=0.18.0"), ("vllm_importance_sampling_correction", ">=0.23.0"),
          ("vllm_enable_sleep_mode", ">=0.23.0"))
+# What a script's path says about the release: the tags whose tree holds it (git cat-file on every vX.Y.Z tag of
+# huggingface/trl, through v1.9.0; a path still there has no upper bound). The scripts moved from
+# examples/scripts/*_trainer.py to examples/scripts/*.py in 0.7.2, gained trl/scripts/ copies in 0.13.
+_PATH_ERAS = (("examples/scripts/sft_trainer.py", ">=0.5.0,<0.7.2"),
+              ("examples/scripts/vsft_llava.py", ">=0.8.2,<0.12.0"),
+              ("examples/scripts/ppo.py", ">=0.7.2,<0.12.0"), ("examples/scripts/ppo/ppo.py", ">=0.9.3"),
+              ("examples/scripts/sft_vlm.py", ">=0.12.0"), ("examples/scripts/dpo_vlm.py", ">=0.12.0"),
+              ("examples/scripts/kto.py", ">=0.8.0"), ("examples/scripts/sft_gemma3.py", ">=0.16.0"),
+              ("examples/scripts/sft.py", ">=0.7.2"), ("examples/scripts/dpo.py", ">=0.7.2"),
+              ("examples/scripts/reward_modeling.py", ">=0.7.2"), ("trl/scripts/sft.py", ">=0.13.0"),
+              ("trl/scripts/dpo.py", ">=0.13.0"), ("trl/scripts/kto.py", ">=0.13.0"),
+              ("trl/scripts/grpo.py", ">=0.14.0"), ("trl/scripts/reward.py", ">=0.24.0"))
 _CLI_ERAS = {"grpo": ">=0.14.0", "rloo": ">=0.22.0", "reward": ">=0.27.0", "sft": ">=0.8.0", "dpo": ">=0.8.0",
              "kto": ">=0.13.0"}
 # TRL before 0.27 does not install with transformers 5 (its releases predate it).
 DEPENDS = (("trl", "<0.27.0", {"transformers": "<5.0.0"}),)
 
 
-def eras(draft: Draft, given: set[str], cli: str | None) -> None:
-    """The TRL releases a command can be: from the transformers given beside it and from its flag spellings."""
+def eras(draft: Draft, given: set[str], cli: str | None, program: str = "") -> None:
+    """The TRL releases a command can be: from the transformers given beside it, its flag spellings and the path of
+    TRL's own script it runs (`program`: a script path, or `trl.scripts.sft` run as a module)."""
     transformers = draft.version("transformers")
     if draft.version("trl") is None and transformers is not None and transformers < Version("5.0.0"):
         for limit, trl in _FOR_TRANSFORMERS:
@@ -57,6 +70,12 @@ def eras(draft: Draft, given: set[str], cli: str | None) -> None:
                           f"(later TRL needs transformers >= {limit})")
                 break
     draft.eras_from("trl", "TRL", _ERAS, given, prefix="--")
+    path = program.replace("\\", "/")
+    path = path.replace(".", "/") + ".py" if path.startswith("trl.scripts.") else path
+    for tail, spec in _PATH_ERAS:
+        if path == tail or path.endswith("/" + tail):
+            draft.era("trl", spec, f"TRL's {tail} exists in TRL {spec}")
+            break
     if cli in _CLI_ERAS:
         draft.era("trl", _CLI_ERAS[cli], f"`trl {cli}` exists in TRL {_CLI_ERAS[cli]}")
 
