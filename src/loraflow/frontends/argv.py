@@ -62,6 +62,9 @@ class Command:
     world_size: int | None = None
     world_source: str | None = None
     notes: list[str] = field(default_factory=list)
+    hidden_launcher_options: list[str] = field(default_factory=list)
+    """Unexpanded variables among the launcher's options (`torchrun $DISTRIBUTED_ARGS train.py`): whatever they hold
+    (the process count among it) is not visible."""
 
     def launcher_value(self, *names: str) -> str | None:
         for arg in self.launcher_args:
@@ -114,12 +117,22 @@ def parse_flags(tokens: list[str], switches: frozenset[str] | set[str] = frozens
     return args, positionals, []
 
 
-def _launcher_options(tokens: list[str], switches: set[str]) -> tuple[list[Arg], int]:
-    """Options of a launcher up to its first positional (the script); returns them and that positional's index."""
+_UNEXPANDED = re.compile(r"^\$\{?[A-Za-z_][A-Za-z0-9_]*\}?$")
+
+
+def _launcher_options(tokens: list[str], switches: set[str], hidden: list[str] | None = None
+                      ) -> tuple[list[Arg], int]:
+    """Options of a launcher up to its first positional (the script); returns them and that positional's index.
+    An unexpanded variable among them (`$DISTRIBUTED_ARGS`) is skipped and recorded in `hidden`."""
     out: list[Arg] = []
     i = 0
-    while i < len(tokens) and is_flag(tokens[i]):
+    while i < len(tokens) and (is_flag(tokens[i]) or (_UNEXPANDED.match(tokens[i]) and i + 1 < len(tokens))):
         token = tokens[i]
+        if _UNEXPANDED.match(token):
+            if hidden is not None:
+                hidden.append(token)
+            i += 1
+            continue
         name, eq, inline = token.lstrip("-").partition("=")
         name = name.replace("-", "_")
         if eq or token in switches or token.split("=")[0] in switches:
@@ -281,8 +294,11 @@ def split_command(argv: list[str], depth: int = 0) -> Command:
             tokens = rest[2:] if head == "accelerate" else rest[1:]
             switches = {"deepspeed": _DEEPSPEED_SWITCHES, "torchrun": _TORCHRUN_SWITCHES}.get(name,
                                                                                             _ACCELERATE_SWITCHES)
-            options, index = _launcher_options(tokens, switches)
+            options, index = _launcher_options(tokens, switches, cmd.hidden_launcher_options)
             cmd.launcher, cmd.launcher_args = name, options
+            if cmd.hidden_launcher_options:
+                cmd.notes.append(f"{name} options in {' '.join(cmd.hidden_launcher_options)} are not visible here "
+                                 "(an unset variable): the number of processes is evaluated both ways")
             rest = tokens[index:]
             if any(a.name in ("module", "m") for a in options):
                 cmd.program_kind = "module"
@@ -338,6 +354,7 @@ def parse_bool(value: str | list[str] | None, where: str) -> bool:
 
 
 _ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|'[^']*'|[^\s"'#]*)\s*(?:#.*)?$""")
+_MULTILINE_ASSIGN = re.compile(r'(?m)^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=)"([^"]*\n[^"]*)"')
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d|@|\*)")
 _HEREDOC = re.compile(r"^[ \t]*(?:read\s+(?:-\w+\s+(?:''\s+)?)*(?P<var>[A-Za-z_]\w*)|(?P<var2>[A-Za-z_]\w*)=\$\(cat)\s*"
                       r"<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)^[ \t]*(?P=tag)\b[^\n]*\n?", re.M | re.S)
@@ -374,6 +391,29 @@ def _arithmetic(line: str, variables: dict[str, str]) -> str:
     return "".join(out) + line[i:]
 
 
+def _strip_comment(line: str) -> str:
+    """The line up to a shell comment: a `#` that starts a word outside quotes (bash's rule; `a#b`, `"#### 42"` and
+    `--dataset name#5000` keep theirs, which shlex's own comment handling would cut)."""
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def _unset(m: re.Match) -> str:
+    """An unset variable: its `${X:-default}`, else nothing for positional parameters ($1, $@: the script run
+    without arguments), else the name itself, so that a launcher's `$DISTRIBUTED_ARGS` stays visible as unknown."""
+    name = m.group(1) or m.group(3)
+    if m.group(2) is not None or name.isdigit() or name in ("@", "*"):
+        return m.group(2) or ""
+    return f"${name}"
+
+
 def command_from_script(path: str) -> list[str]:
     """The launch line of a shell script: line continuations joined, simple `VAR=value` assignments expanded
     (the last assignment wins, so `if [ -z "$X" ]; then X=3; fi` style defaults come through), redirections dropped.
@@ -391,9 +431,11 @@ def command_from_script(path: str) -> list[str]:
                                              for line in m.group("body").splitlines())
     text = _HEREDOC.sub("", text)
     joined = re.sub(r"\\\s*\n", " ", text)
+    # A quoted value over several lines (`DISTRIBUTED_ARGS="` newline `--nproc_per_node 8` newline `"`) is one value.
+    joined = _MULTILINE_ASSIGN.sub(lambda m: f'{m.group(1)}"{" ".join(m.group(2).split())}"', joined)
 
     def expand(s: str) -> str:
-        return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(3), m.group(2) or ""), s)
+        return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(3), _unset(m)), s)
 
     for line in joined.splitlines():
         line = _arithmetic(line, variables) if "$((" in line else line
@@ -409,7 +451,7 @@ def command_from_script(path: str) -> list[str]:
         first = next((w for w in words if not _ENV.match(w)), "")
         if Path(first).name in _STARTS or _PYTHON.match(first):
             body = re.split(r"\s(?:&>|2>&1|>>|>|\||&&|;|&)(?:\s|$)", " " + expand(stripped) + " ")[0]
-            tokens = shlex.split(body.split(" #")[0])
+            tokens = shlex.split(_strip_comment(body))
             if tokens:
                 return tokens
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "

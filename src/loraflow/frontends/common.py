@@ -437,6 +437,11 @@ def trainer_dtypes(draft: Draft, base_half: bool, dtype_source: str) -> None:
 def finish_world(draft: Draft, cmd: Command | None) -> None:
     if cmd is not None and cmd.world_size:
         draft.set("world_size", cmd.world_size, cmd.world_source or "launcher")
+    elif not draft.has("world_size") and cmd is not None and cmd.hidden_launcher_options:
+        # The process count may sit in the unset variable: both are evaluated (verdict.py keeps engine single/ddp
+        # in step with it).
+        draft.maybe("world_size", {1: "one process", 2: "several processes"},
+                    f"the launcher's options in {' '.join(cmd.hidden_launcher_options)} are not in the command")
     elif not draft.has("world_size"):
         draft.note("number of processes not visible in the command: assumed 1 (pass the launcher's "
                    "--num_gpus / --nproc_per_node / --num_processes to check multi-process setups)")

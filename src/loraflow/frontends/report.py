@@ -93,7 +93,10 @@ def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code:
     s = result.setup
     world = result.sources.get("world_size", "not visible, assumed")
     title = {f.name: f.title for f in frameworks()}.get(result.framework, result.framework)
-    lines = [f"{title} setup, world size {s.world_size} ({world})", ""]
+    size = f"world size {s.world_size} ({world})"
+    if "world_size" in result.unsure:
+        size = f"world size not visible ({result.unsure['world_size'][1]}): one process and several evaluated"
+    lines = [f"{title} setup, {size}", ""]
     shown = [k for k in COMBINATION_FIELDS if k in _CORE or k in result.sources]
     width = max(len(k) for k in shown)
     vwidth = max(len(str(_value(getattr(s, k)))) for k in shown)

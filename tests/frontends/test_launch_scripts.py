@@ -1,0 +1,56 @@
+"""Launch scripts as people write them: the launcher's options in a variable (Qwen-VL's and MiniCPM-V's
+finetune_lora_ds.sh build `DISTRIBUTED_ARGS="..."` over several lines), that variable left unset in a pasted line,
+and `#` inside a quoted prompt or a dataset spec (`name#5000`), which is no comment to bash."""
+
+from __future__ import annotations
+
+import json
+
+from loraflow.frontends import parse_versions, run_check
+from loraflow.frontends.argv import command_from_script, split_command
+
+VERSIONS = dict(parse_versions("torch=2.13.0,transformers=5.23.0,peft=0.21.2,trl=1.16.0"))
+# HF Trainer flags of a LoRA run that crashes under DDP (ddp-reentrant-unused): reentrant checkpointing with
+# find_unused_parameters on.
+FLAGS = ("train.py --use_peft --lora_r 16 --gradient_checkpointing --gradient_checkpointing_kwargs "
+         "'{\"use_reentrant\": true}' --ddp_find_unused_parameters true --output_dir o")
+
+
+def _doc(script) -> tuple[dict, int]:
+    text, code = run_check(["bash", str(script)], None, [], dict(VERSIONS), True)
+    return json.loads(text), code
+
+
+def test_launcher_options_in_a_multiline_variable_are_read(tmp_path):
+    script = tmp_path / "finetune.sh"
+    script.write_text('GPUS_PER_NODE=8\nNNODES=2\nDISTRIBUTED_ARGS="\n    --nproc_per_node $GPUS_PER_NODE \\\n'
+                      '    --nnodes $NNODES \\\n    --master_port 6001\n"\n\ntorchrun $DISTRIBUTED_ARGS ' + FLAGS + "\n")
+    cmd = split_command(command_from_script(str(script)))
+    assert (cmd.launcher, cmd.program, cmd.world_size) == ("torchrun", "train.py", 16)
+    doc, code = _doc(script)
+    assert code == 2 and {f["rule"]: f["holds_if"] for f in doc["findings"]}["ddp-reentrant-unused"] is None
+
+
+def test_an_unset_launcher_variable_makes_the_process_count_a_question(tmp_path):
+    script = tmp_path / "pasted.sh"
+    script.write_text("torchrun $DISTRIBUTED_ARGS " + FLAGS + "\n")
+    cmd = split_command(command_from_script(str(script)))
+    assert (cmd.program, cmd.world_size, cmd.hidden_launcher_options) == ("train.py", None, ["$DISTRIBUTED_ARGS"])
+    doc, code = _doc(script)
+    assert code == 1
+    assert {f["rule"]: f["holds_if"] for f in doc["findings"]}["ddp-reentrant-unused"] == "several processes"
+    assert any("$DISTRIBUTED_ARGS" in q for q in doc["depends_on"])
+    # Without the variable torchrun starts one process (its --nproc_per_node default): nothing to ask.
+    script.write_text("torchrun " + FLAGS + "\n")
+    doc, code = _doc(script)
+    assert "ddp-reentrant-unused" not in {f["rule"] for f in doc["findings"]}
+
+
+def test_a_hash_inside_quotes_or_a_word_is_no_comment(tmp_path):
+    script = tmp_path / "grpo.sh"
+    script.write_text('PROMPT="Solve it.\nGive the answer after ####."\n'
+                      'swift rlhf --rlhf_type grpo --system "$PROMPT" --dataset AI-MO/NuminaMath-TIR#5000 '
+                      "--train_type lora # the rest is a comment --deepspeed zero3\n")
+    tokens = command_from_script(str(script))
+    assert tokens[tokens.index("--system") + 1] == "Solve it. Give the answer after ####."
+    assert "AI-MO/NuminaMath-TIR#5000" in tokens and "--deepspeed" not in tokens
