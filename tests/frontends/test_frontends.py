@@ -191,7 +191,10 @@ def test_trl_cli_recipe_on_zero3_gets_trl_workaround():
     assert "inferred" in r.sources["engine"]
     # No trl version: the TRL that installs with transformers 4.46 (< 0.19): no checkpointing or bf16 by default.
     era = run(line, OLD)
-    assert era.setup.checkpointing == "off" and any("trl<=0.18.2" in n for n in era.notes)
+    assert era.setup.checkpointing == "off" and era.eras["trl"][0] == ">=0.8.0,<=0.18.2"
+    # The recipe's `dtype` key (TRL >= 0.23) disagrees with what installs beside transformers 4.46: the versions given
+    # stand, and the report says the spelling does not fit them.
+    assert any(n.startswith("trl: --dtype exists in TRL >=0.23.0, which no release") for n in era.notes)
 
 
 def test_hf_trainer_ddp_reentrant_default_depends_on_transformers():
@@ -648,3 +651,17 @@ def test_the_path_of_trls_own_script_dates_the_release():
     assert era(f"accelerate launch trl/examples/scripts/sft_vlm.py {flags}") == ">=0.12.0"
     assert era(f"python -m trl.scripts.grpo {flags}") == ">=0.14.0"
     assert era(f"python my_sft.py {flags}") is None
+
+
+def test_era_clues_are_intersected_and_contradictions_said():
+    """Flag spellings narrow a release range to its shortest form; spellings no single release has (copied from
+    two releases' docs) date nothing instead of an empty range."""
+    from loraflow.frontends.common import intersect
+
+    assert intersect("<4.1.0,>=3.0.0,>=3.0.0,>=3.1.0") == ">=3.1.0,<4.1.0"
+    assert intersect(">=0.5.0,<0.7.2,>=0.8.0") is None and intersect("==0.5.0,>=0.6") is None
+    r = run("swift sft --model Qwen/Qwen2.5-7B --sft_type lora --train_type lora --dataset x", {})
+    assert "ms-swift" not in r.eras
+    assert any("mixes spellings no single release has" in n for n in r.notes)
+    r = run("swift rlhf --rlhf_type grpo --model Qwen/Qwen2.5-7B --train_type lora --dataset x", {})
+    assert r.eras["ms-swift"][0] == ">=3.1.0,<4.1.0"

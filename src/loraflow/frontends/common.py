@@ -41,6 +41,9 @@ class Draft:
         self.queried: dict[str, set[Version]] = {}
         self.eras: dict[str, tuple[str, str]] = {}
         self.unsure: dict[str, tuple[dict[Any, str], str]] = {}
+        self.mixed_eras: set[str] = set()
+        self.firm_eras: set[str] = set()
+        """Packages whose spellings contradict each other (no release has them all): not dated at all."""
 
     def set(self, name: str, value: Any, source: str) -> None:
         if name not in _DEFAULTS:
@@ -68,17 +71,47 @@ class Draft:
     def version(self, package: str) -> Version | None:
         return self.versions.get(package)
 
-    def era(self, package: str, spec: str, reason: str) -> None:
+    def era(self, package: str, spec: str, reason: str, firm: bool = False) -> None:
         """The command reveals the release range of `package` (a flag spelling, a file layout): scenarios outside
-        it are not evaluated."""
-        if self.version(package) is not None:
+        it are not evaluated. `firm`: the range follows from versions the user gave (what installs with them), which
+        outweighs a spelling where the two disagree."""
+        if self.version(package) is not None or package in self.mixed_eras:
             return
         if package in self.eras:  # several spellings: the releases that have all of them
             old_spec, old_reason = self.eras[package]
-            spec, reason = f"{old_spec},{spec}", f"{old_reason}; {reason}"
+            joined = intersect(f"{old_spec},{spec}")
+            if joined is None:  # no release has both
+                self._contradiction(package, spec, reason, firm)
+                return
             self.notes = [n for n in self.notes if not n.startswith(f"{package} release not given:")]
+            spec, reason = joined, f"{old_reason}; {reason}"
+        else:
+            spec = intersect(spec) or spec
         self.eras[package] = (spec, reason)
+        if firm:
+            self.firm_eras.add(package)
         self.note(f"{package} release not given: {reason}, so only {package}{spec} is considered")
+
+    def _contradiction(self, package: str, spec: str, reason: str, firm: bool) -> None:
+        """Two clues no single release satisfies: the firm one (from the versions given) stands, the spelling is
+        said to disagree; two spellings from different releases (flags copied from several versions' docs) date
+        nothing."""
+        old_spec, old_reason = self.eras[package]
+        old_firm = package in self.firm_eras
+        if old_firm != firm:
+            if firm:
+                self.eras[package] = (spec, reason)
+                self.firm_eras.add(package)
+                self.notes = [n for n in self.notes if not n.startswith(f"{package} release not given:")]
+                self.note(f"{package} release not given: {reason}, so only {package}{spec} is considered")
+            kept, dropped = (reason, old_reason) if firm else (old_reason, reason)
+            self.note(f"{package}: {dropped}, which no release allowed by the versions given has ({kept})")
+            return
+        del self.eras[package]
+        self.mixed_eras.add(package)
+        self.notes = [n for n in self.notes if not n.startswith(f"{package} release not given:")]
+        self.note(f"{package} release not given, and the command mixes spellings no single release has "
+                  f"({old_reason}; {reason}): every release is considered")
 
     def eras_from(self, package: str, title: str, table, present, prefix: str = "") -> None:
         """Each entry of a framework's era table, `(key, spec)` or `(shown, key, spec)`, whose key is in `present`
@@ -432,6 +465,30 @@ def trainer_dtypes(draft: Draft, base_half: bool, dtype_source: str) -> None:
                       "transformers >= 4.39 Trainer wraps PEFT adapters as their own FSDP units (peft >= 0.11)"
                       if separate else "the Trainer's adapter wrap policy is missing (transformers < 4.39) or "
                       "broken (peft < 0.11)")
+
+
+def intersect(spec: str) -> str | None:
+    """A specifier set in its shortest form (`<4.1.0,>=3.0.0,>=3.1.0` -> `>=3.1.0,<4.1.0`), or None when no version
+    satisfies it. Bounds are tightened; other operators (==, !=, ~=) are kept as written."""
+    lows, highs, rest = [], [], []
+    for item in SpecifierSet(spec):
+        v = Version(item.version.replace(".*", "")) if item.operator in ("<", "<=", ">", ">=") else None
+        if item.operator in (">", ">="):
+            lows.append((v, item.operator == ">"))
+        elif item.operator in ("<", "<="):
+            highs.append((v, item.operator == "<"))
+        elif str(item) not in rest:
+            rest.append(str(item))
+    low = max(lows, default=None)  # at one version, `>` (strict) is the tighter bound
+    high = min(highs, key=lambda h: (h[0], not h[1]), default=None)  # and `<` the tighter one
+    if low and high and (low[0] > high[0] or (low[0] == high[0] and (low[1] or high[1]))):
+        return None
+    parts = ([f"{'>' if low[1] else '>='}{low[0]}"] if low else []) + (
+        [f"{'<' if high[1] else '<='}{high[0]}"] if high else []) + rest
+    if any(not SpecifierSet(",".join(parts)).contains(Version(r.lstrip("=")), prereleases=True)
+           for r in rest if r.startswith("==") and "*" not in r):
+        return None
+    return ",".join(parts)
 
 
 def finish_world(draft: Draft, cmd: Command | None) -> None:

@@ -30,18 +30,20 @@ def _could_help(rule, setup, knob: str) -> bool:
 
 
 def fix_here(result: FrontendResult, rule) -> list[str]:
-    """The rule's knobs in this framework's flags: `change --zero_stage (zero_stage is now 3)`."""
+    """The rule's knobs in this framework's flags: `change --zero_stage (zero_stage is now 3)`. Knobs the framework
+    has no flag for are not fixes here (see unflagged)."""
     out = []
     for knob in (k for k in rule.knobs if _could_help(rule, result.setup, k)):
-        now = _value(getattr(result.setup, knob))
         flag = result.flags.get(knob)
         if flag:
-            out.append(f"change {flag} ({knob} is now {now})")
-        else:
-            title = {f.name: f.title for f in frameworks()}.get(result.framework, result.framework)
-            out.append(f"{knob} is {now}; {title} has no flag for it (its "
-                       "training code decides)")
+            out.append(f"change {flag} ({knob} is now {_value(getattr(result.setup, knob))})")
     return out
+
+
+def unflagged(result: FrontendResult, rule) -> list[str]:
+    """The knobs of a rule that this framework sets in its own code, with no flag: `reentrant (now True)`."""
+    return [f"{knob} (now {_value(getattr(result.setup, knob))})" for knob in rule.knobs
+            if _could_help(rule, result.setup, knob) and not result.flags.get(knob)]
 
 
 def _exit_code(result: FrontendResult, findings: list[Checked]) -> int:
@@ -73,6 +75,7 @@ def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
               "fixed_in": f.rule.fixed_in,
               "cause": f.rule.cause, "fix_here": fix_here(result, f.rule) + (
                   [f"in general: {f.rule.elsewhere}"] if f.rule.elsewhere else []),
+              "no_flag_for": unflagged(result, f.rule),
               "fix_loraflow": f.rule.fix, "notes": _condition_note(f, verdict) + f.notes,
               "references": list(f.rule.references)} for f in verdict.findings]
     unknowns = [{"name": v.name, "kind": v.kind, "ranges": [v.describe(x) for x in v.considered()], "why": v.why}
@@ -117,9 +120,9 @@ def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code:
                      "no known conflict between these memory savers and the adapter setup.")
         lines.append("")
     for item in decided:
-        lines += _finding_lines(item)
+        lines += _finding_lines(item, title)
     if open_:
-        lines += _depends_on(open_, unknowns)
+        lines += _depends_on(open_, unknowns, title)
     meaning = {2: "this launch fails or trains wrongly as given",
                1: "it depends on what check could not see (" + ("the question above" if open_ else
                                                                   "the flags it could not read") + ")",
@@ -128,14 +131,22 @@ def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _finding_lines(item: dict) -> list[str]:
+def _finding_lines(item: dict, title: str) -> list[str]:
     lines = [f"[{item['impact']}] {item['rule']}: {item['title']}", f"    cause: {item['cause']}"]
     lines += [f"    note: {note}" for note in item["notes"]]
-    lines += [f"    {fix}" if fix.startswith("in general:") else f"    fix here: {fix}" for fix in item["fix_here"]]
+    lines += _fix_lines(item, title, "    ")
     return lines + [f"    in loraflow: {item['fix_loraflow']}", ""]
 
 
-def _depends_on(items: list[dict], unknowns: list[dict]) -> list[str]:
+def _fix_lines(item: dict, title: str, indent: str) -> list[str]:
+    lines = [f"{indent}{fix}" if fix.startswith("in general:") else f"{indent}fix here: {fix}"
+             for fix in item["fix_here"]]
+    if item["no_flag_for"]:  # not a fix: what the framework's own code decides, which only a code change moves
+        lines.append(f"{indent}no {title} flag sets {', '.join(item['no_flag_for'])}: its training code decides")
+    return lines
+
+
+def _depends_on(items: list[dict], unknowns: list[dict], title: str) -> list[str]:
     """The findings that hold only in some cases, under the one question that decides most of them (then any
     other), instead of a list of conditional [crash] findings."""
     first, *others = _questions(items, unknowns)
@@ -144,8 +155,7 @@ def _depends_on(items: list[dict], unknowns: list[dict]) -> list[str]:
     for item in items:
         lines.append(f"  if {item['holds_if']}: [{item['impact']}] {item['rule']}: {item['title']}")
         lines.append(f"      cause: {item['cause']}")
-        lines += [f"      {fix}" if fix.startswith("in general:") else f"      fix here: {fix}"
-                  for fix in item["fix_here"]]
+        lines += _fix_lines(item, title, "      ")
     return lines + [""]
 
 

@@ -67,7 +67,7 @@ def eras(draft: Draft, given: set[str], cli: str | None, program: str = "") -> N
         for limit, trl in _FOR_TRANSFORMERS:
             if transformers < Version(limit):
                 draft.era("trl", f"<={trl}", f"TRL {trl} is the newest that installs with transformers {transformers} "
-                          f"(later TRL needs transformers >= {limit})")
+                          f"(later TRL needs transformers >= {limit})", firm=True)
                 break
     draft.eras_from("trl", "TRL", _ERAS, given, prefix="--")
     path = program.replace("\\", "/")
