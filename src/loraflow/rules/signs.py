@@ -42,6 +42,9 @@ class Evidence:
     alone: bool = False
     """This fact names the failure even without its message: a log cut off before its error line still shows it
     (a metadata pair, the dtypes of a flatten error, torch's reentrant warning before a crash)."""
+    excludes: bool = False
+    """This fact shows a mechanism the failure cannot be: with it in the log the rule is not claimed, even on its own
+    message (a raise site that several mechanisms reach, where the log names the one this rule is not)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,13 @@ FACTS: dict[str, tuple[str, str]] = {
     "peft": (rf"\bpeft{_P}|PeftModel|LoraConfig|\blora_[AB]\b|\blora[_-](rank|dim|r|alpha|target)|use_peft|"
              r"\blora\b|finetuning_type\W{1,4}lora|--lora|qlora|\badapter", "an adapter (LoRA/PEFT) is trained"),
     "dora": (rf"\bdora\b|use_dora|DoraLinear|lora{_P}dora", "DoRA is in use"),
+    # AdaLoRA keeps lora_A/lora_B/lora_E in ParameterDicts, so DDP names its parameters `...lora_B.default` where
+    # LoRA's nn.Linear ones end in `.weight` (peft/tuners/adalora/layer.py); its orthogonal regularization reads them
+    # again after the forward (AdaLoraModel.forward), a second gradient hook that find_unused_parameters=False does
+    # not cure.
+    "adalora": (r"\bAdaLora\w*|orth_reg_weight|RankAllocator|\.lora_E\b|"
+                r"with name \S*\.lora_[AB]\.(?!weight\b|bias\b)\w+\s+has been marked",
+                "AdaLoRA is in use (its config, or a parameter named as its ParameterDicts name them)"),
     "quant4bit": (r"bitsandbytes|Params4bit|Linear4bit|load_in_4bit|quantization_bit\W{1,4}4\b|\bnf4\b|\bqlora\b|"
                   r"use_4bit", "a 4-bit quantized base is in use"),
     "bnb:cpu-repack": (r"_convert_weight_packed_for_cpu", "bitsandbytes' in-place CPU repack of a 4-bit weight is "
