@@ -20,6 +20,11 @@ from loraflow.rules.signs import (
 MIXED_DTENSOR = Message(r"got mixed torch\.Tensor and DTensor|got mixed distributed and non-distributed tensors",
                         "shared", "torch/distributed/tensor/_dispatch.py: OpDispatcher (`mixed distributed and "
                         "non-distributed tensors` in torch 2.0)")
+# Both FSDP2 rules leave a sharded weight where a plain one was expected: the first op to fail reads a weight. An
+# attention kernel named by the refusal points at DTensor activations instead (tensor parallelism, NeMo-RL#1051).
+DTENSOR_ACTIVATIONS = Evidence("dtensor:attention-op", -6, "the refusing op is an attention kernel, which reads "
+                               "activations only: DTensor activations of a tensor/context-parallel plan, not FSDP2's "
+                               "parameters")
 
 
 register(Rule(
@@ -132,7 +137,8 @@ register(Rule(
         evidence=(Evidence("fsdp2", 2, "FSDP2 is in use"),
                   Evidence("dtensor", 2, "DTensor parameters are involved"),
                   Evidence("multi_forward", 2, "a preference stage runs several forwards before one backward"),
-                  Evidence("generate_frames", -4, "the error is raised inside generate, which points elsewhere")),
+                  Evidence("generate_frames", -4, "the error is raised inside generate, which points elsewhere"),
+                  DTENSOR_ACTIVATIONS),
         prior=2.0,
         tells_apart="FSDP2 with activation checkpointing and chosen/rejected run as separate forwards (DPO) on "
                     "torch < 2.11; the traceback runs through checkpoint's recompute"),
@@ -240,7 +246,8 @@ register(Rule(
                   Evidence("generation", 1, "the model generates (rollouts)"),
                   Evidence("fsdp2", 3, "FSDP2 is in use"),
                   Evidence("zero3", -3, "ZeRO-3 is in use, which points at its own generation rules"),
-                  Evidence("recompute_frames", -4, "the error is raised during checkpoint recompute instead")),
+                  Evidence("recompute_frames", -4, "the error is raised during checkpoint recompute instead"),
+                  DTENSOR_ACTIVATIONS),
         prior=1.0,
         tells_apart="FSDP2 with GRPO/PPO rollouts from model.generate (not vLLM); the traceback runs through "
                     "generation/utils.py"),

@@ -156,7 +156,17 @@ FACTS: dict[str, tuple[str, str]] = {
                   "a module's train/eval mode is involved (an evaluation loop ran)"),
     "shape_zero": (r"torch\.Size\(\[0\]\)|size of tensor [ab] \(0\)|shape \[0\]|\[0\]\)|numel\W{1,4}0\b",
                    "a tensor of size 0 (a released partition)"),
-    "dtensor": (r"\bDTensor\b", "DTensor parameters are involved"),
+    # Not the words of DTensor's own refusal (`got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to
+    # DTensor`): that message is the error, not a sign of what holds DTensors.
+    "dtensor": (r"(?<!torch\.Tensor and )(?<!torch\.Tensor to )\bDTensor\b", "DTensor parameters are involved"),
+    # The op DTensor's dispatcher names in `{op}: got mixed torch.Tensor and DTensor` (torch/distributed/tensor/
+    # _dispatch.py; `{op}: got mixed distributed and non-distributed tensors.` in torch 2.0). An attention kernel
+    # reads activations only: DTensor activations (a tensor- or context-parallel plan) met plain ones. A sharded
+    # parameter left unsharded fails earlier, in the first op that reads a weight (aten.mm, aten.embedding).
+    "dtensor:attention-op": (r"(?:flash_attn\w*\.\w+|aten\.(?:_scaled_dot_product\w+|scaled_dot_product_attention|"
+                             r"_flash_attention\w*|_efficient_attention\w*|_cudnn_attention\w*))(?:\.default)?: got "
+                             r"mixed (?:torch\.Tensor and DTensor|distributed and non-distributed tensors)",
+                             "DTensor's refusal names an attention kernel: activations, not parameters, are DTensors"),
     "checkpoint_wrapper": (r"checkpoint_wrapper|CheckpointWrapper|activation_checkpointing\W{1,4}true",
                            "torch's checkpoint_wrapper (FSDP activation checkpointing) is in use"),
     "multi_forward": (r"\bdpo\b|chosen|rejected|concatenated_forward|\bkto\b|\borpo\b",
