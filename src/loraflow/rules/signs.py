@@ -60,6 +60,13 @@ class LogSigns:
     """What in a log or setup points to this cause rather than the others sharing its message: what to check first."""
 
 
+# The lines of accelerate/accelerator.py where prepare_model raises "You can't train a model that has been loaded in
+# 8-bit [or 4-bit] precision on a different device", in releases 0.17.0-1.14.0, kept only where no release has another
+# raise of prepare_model on the same line (read from each tag's source with ast). A traceback that stops on one of
+# them, at the `raise ValueError(` itself, is that refusal even when the paste ends before the message.
+_ACCELERATE_OTHER_DEVICE_RAISE_LINES = (1151, 1187, 1208, 1254, 1257, 1258, 1281, 1324, 1331, 1353, 1377, 1402, 1418,
+                                        1423, 1425, 1441, 1449, 1491, 1504, 1608, 1629, 1786, 1792, 1816, 1850, 1861)
+
 # Facts read from a log by pattern. Paths match with / or \ and module dots; names in any case, as users paste them.
 _P = r"[/\\.]"
 FACTS: dict[str, tuple[str, str]] = {
@@ -145,6 +152,10 @@ FACTS: dict[str, tuple[str, str]] = {
                          r"_get_in_out_features|_setup_prompt_encoder)\b|"
                          rf"peft{_P}tuners{_P}(lora{_P}layer|prompt_tuning{_P}model)\.py\", line \d+, in __init__\b",
                          "the traceback runs through PEFT creating its adapter"),
+    "accelerate:kbit-other-device-raise": (
+        rf'accelerate{_P}accelerator\.py", line (?:{"|".join(map(str, _ACCELERATE_OTHER_DEVICE_RAISE_LINES))}), in '
+        r"prepare_model\s*\n[^\n]{0,60}?raise ValueError\(",
+        "the traceback stops on accelerate prepare_model's refusal of a quantized model loaded on another device"),
     "offload": (r"param_offload|offload_param|offload_policy|cpu_offload|offload_params|CPUOffload|"
                 r"offload_fsdp_model_to_cpu|load_fsdp_model_to_gpu", "weights are offloaded to the CPU"),
     # torch.compile's fake tensors print storage errors of their own (a custom kernel traced into).
