@@ -287,7 +287,8 @@ register(Rule(
     remedy=lambda s: {"quant_storage_matches": True},
     elsewhere="BitsAndBytesConfig(bnb_4bit_quant_storage=torch.bfloat16) (the model's dtype)",
     references=("https://huggingface.co/docs/peft/accelerate/fsdp",
-                "https://github.com/huggingface/transformers/pull/29587"),
+                "https://github.com/huggingface/transformers/pull/29587",
+                "https://github.com/axolotl-ai-cloud/axolotl/issues/207 (ZeRO-3's one-dtype gather, deepspeed<0.12.3)"),
     fixed_in="design",
     log=LogSigns(
         messages=(Message(r"Cannot flatten integer dtype tensors", "own",
