@@ -134,3 +134,115 @@ def test_a_healthy_fp16_runs_calibration_and_a_zero3_adapter_listing_are_not_pin
     zero3 = POSTED[-1][1] + "\nzero_optimization.stage 3 (stage3_gather_16bit_weights_on_model_save false)"
     _, candidates, _ = diagnose_log(zero3)
     assert "adapter-state-dict-patched" not in [c.rule.id for c in candidates]
+
+
+# The third round (explain misses of the four fifths): posted output, copied verbatim from each thread, that now names
+# its rule through a raise site the catalog lacked. litgpt#1392: torch's auto-wrap check warns per FSDP1 unit that
+# mixes frozen and LoRA weights (its whole paste is warnings). trl#2760: the traceback stops on accelerate's raise.
+POSTED_THIRD_ROUND = [
+    ("https://github.com/Lightning-AI/litgpt/issues/1392",
+     "  warnings.warn(msg)\n/home/carlos/nightly-env/lib/python3.10/site-packages/torch/distributed/fsdp/_wrap_utils.py"
+     ":174: UserWarning: transformer.h.1 has both parameters with requires_grad=True and False. We do not recommend "
+     "wrapping such modules since the gradient memory usage will be higher than expected (201510912 numel instead of "
+     "131072 numel before sharding via reduce-scatter). If possible, wrap the frozen parameters with FSDP separately.",
+     "fsdp-frozen-grad-memory", "likely"),
+    ("https://github.com/huggingface/trl/issues/2760",
+     "`low_cpu_mem_usage` was None, now default to True since model is quantized.\n"
+     "[rank1]: Traceback (most recent call last):\n"
+     '[rank1]:   File "/root/src/grpo_trainer.py", line 48, in <module>\n'
+     "[rank1]:     trainer = GRPOTrainer(\n"
+     "[rank1]:               ^^^^^^^^^^^^\n"
+     '[rank1]:   File "/root/miniconda3/envs/trl-latest/lib/python3.11/site-packages/trl/trainer/grpo_trainer.py", '
+     "line 351, in __init__\n"
+     "[rank1]:     self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)\n"
+     "[rank1]:                      ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+     '[rank1]:   File "/root/miniconda3/envs/trl-latest/lib/python3.11/site-packages/accelerate/accelerator.py", '
+     "line 1441, in prepare_model\n"
+     "[rank1]:     raise ValueError(", "kbit-model-moved", "likely"),
+]
+
+
+def test_posted_output_of_the_third_round_names_its_rule():
+    from loraflow.explain import diagnose_log
+
+    for url, text, rule, level in POSTED_THIRD_ROUND:
+        _, candidates, _ = diagnose_log(text)
+        assert candidates and (candidates[0].rule.id, candidates[0].confidence) == (rule, level), (
+            url, [(c.rule.id, c.confidence) for c in candidates[:3]])
+
+
+def test_a_traceback_stopping_elsewhere_in_prepare_model_is_not_the_different_device_refusal():
+    """The raise line is read per accelerate release: 1424 is the multi-device refusal in 1.2-1.3, and a call on the
+    refusal's line is not the refusal."""
+    from loraflow.explain import diagnose_log
+
+    trl_2760 = POSTED_THIRD_ROUND[1][1]
+    for changed in (trl_2760.replace("line 1441,", "line 1424,"),
+                    trl_2760.replace("raise ValueError(", "model = model.to(self.device)")):
+        _, candidates, _ = diagnose_log(changed)
+        assert "kbit-model-moved" not in [c.rule.id for c in candidates]
+
+
+# Narrowed signatures: each thread's posted output (verbatim) that a rule over-claimed, and a real case the rule keeps.
+REDUCER_TWICE = ("RuntimeError: Expected to mark a variable ready only once. This error is caused by one of the "
+                 "following reasons: 1) Use of a module parameter outside the `forward` function. Please make sure "
+                 "model parameters are not shared across multiple concurrent forward-backward passes. or try to use "
+                 "_set_static_graph() as a workaround if this module graph does not change during training loop.2) "
+                 "Reused parameters in multiple reentrant backward passes. For example, if you use multiple "
+                 "`checkpoint` functions to wrap the same part of your model, it would result in the same set of "
+                 "parameters been used by different reentrant backward passes multiple times, and hence marking a "
+                 "variable ready multiple times. DDP does not support such use cases in default. You can try to use "
+                 "_set_static_graph() as a workaround if your module graph does not change over iterations.\n")
+
+
+def test_an_adalora_parameter_marked_ready_twice_is_not_the_reentrant_rule():
+    """peft#663: AdaLoRA names its ParameterDict entries without `.weight`; its orthogonal regularization is a second
+    use that find_unused_parameters=False does not cure. trl#921's LoRA parameter keeps the rule confirmed."""
+    from loraflow.explain import diagnose_log
+
+    adalora = REDUCER_TWICE + (
+        "Parameter at index 82 with name base_model.model.transformer.encoder.layers.27.self_attention.query_key_value."
+        "lora_B.default has been marked as ready\n twice. This means that multiple autograd engine  hooks have fired "
+        "for this particular parameter during this iteration.")  # https://github.com/huggingface/peft/issues/663
+    lora = REDUCER_TWICE + (
+        "Parameter at index 447 with name base_model.model.model.layers.31.mlp.down_proj.lora_B.default.weight has "
+        "been marked as ready twice. This means that multiple autograd engine  hooks have fired for this particular "
+        "parameter during this iteration.")  # https://github.com/huggingface/trl/issues/921
+    assert "ddp-reentrant-unused" not in [c.rule.id for c in diagnose_log(adalora)[1]]
+    _, candidates, _ = diagnose_log(lora)
+    assert (candidates[0].rule.id, candidates[0].confidence) == ("ddp-reentrant-unused", "confirmed")
+
+
+def test_dtensor_activations_in_an_attention_kernel_are_not_an_fsdp2_rule():
+    """NVIDIA-NeMo/RL#1051: tensor parallelism handed flash-attn DTensor activations; an FSDP2 weight left sharded
+    fails in the first op that reads it."""
+    from loraflow.explain import diagnose_log
+
+    nemo = ("flash_attn._flash_attn_varlen_forward.default: got mixed torch.Tensor and DTensor, need to convert all "
+            "torch.Tensor to DTensor before calling distributed operators")
+    assert diagnose_log(nemo)[1] == []
+    weight_op = nemo.replace("flash_attn._flash_attn_varlen_forward.default", "aten.mm.default")
+    assert diagnose_log(weight_op)[1][0].rule.id == "fsdp2-multi-forward-dtensor"
+
+
+def test_zero3_one_dtype_gather_alone_is_only_a_possible_cause():
+    """axolotl#207: QLoRA's packed storage under ZeRO-3 prints the refusal zero3-mixed-dtype-gather claimed as its own;
+    the line alone cannot tell which mix it was."""
+    from loraflow.explain import diagnose_log
+
+    line = ("RuntimeError: expected there to be only one unique element in <generator object "
+            "Init._convert_to_deepspeed_param.<locals>.all_gather_coalesced.<locals>.<genexpr> at 0x7f0f04211eb0>")
+    _, candidates, _ = diagnose_log(line)
+    assert [(c.rule.id, c.confidence) for c in candidates] == [("zero3-mixed-dtype-gather", "possible")]
+
+
+def test_a_framework_s_notice_that_it_prevented_the_ddp_conflict_is_not_the_failure():
+    """LLaMA-Factory prints this on every LoRA DDP launch when it sets find_unused_parameters=False itself
+    (hparams/parser.py, 0.2-0.9.2; LlamaFactory#2681 posted only it); axolotl's Gemma4 notice (axolotl#3584) is its
+    own fix being applied."""
+    from loraflow.explain import diagnose_log
+
+    for notice in ("`ddp_find_unused_parameters` needs to be set as False for LoRA in DDP training.",
+                   "Gemma4 requires use_reentrant=False for gradient checkpointing in distributed training. Setting "
+                   "use_reentrant=False.\nGemma4 requires ddp_find_unused_parameters=True for DDP. Auto-enabling."):
+        assert diagnose_log(notice)[1] == []

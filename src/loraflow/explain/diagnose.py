@@ -7,7 +7,8 @@ Confidence levels:
   before its error line (truncated); a warning that means the run silently learns nothing, with no crash after it.
 - possible: a message that a small known set of failures print, with nothing in the log to tell them apart (a
   famous one-line paste); ranked by how common each cause is, with what to check first.
-A log whose messages no rule knows, or whose facts rule every candidate out, gets no claim.
+A log whose messages no rule knows, or whose facts rule every candidate out, gets no claim; a fact that names another
+mechanism behind a rule's raise site (`Evidence.excludes`) rules it out even on its own message.
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ def _evidence(rule: Rule, facts: Facts, log: LogView) -> tuple[float, float, boo
 
 def score_rule(rule: Rule, log: LogView, facts: Facts) -> Candidate | None:
     if not rule.log.messages and not rule.log.frames:
+        return None
+    # A fact naming another mechanism behind the same raise site rules the rule out, whatever its messages say.
+    if any(ev.excludes and ev.fact in facts for ev in rule.log.evidence):
         return None
     hits = _hits(rule.log.messages, log.lines)
     frames, in_tail = _frame_hits(rule, log)

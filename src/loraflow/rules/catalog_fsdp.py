@@ -20,6 +20,17 @@ from loraflow.rules.signs import (
 MIXED_DTENSOR = Message(r"got mixed torch\.Tensor and DTensor|got mixed distributed and non-distributed tensors",
                         "shared", "torch/distributed/tensor/_dispatch.py: OpDispatcher (`mixed distributed and "
                         "non-distributed tensors` in torch 2.0)")
+# torch's auto-wrap check of each unit it wraps (torch>=2.1), before any flattening: with use_orig_params=False a unit
+# of frozen and trainable weights is refused outright.
+FROZEN_MIXED_UNIT = Message(r"has both parameters with requires_grad=True and False\. FSDP does not support wrapping "
+                            r"such modules", "own",
+                            "torch/distributed/fsdp/_wrap_utils.py: _validate_frozen_params (use_orig_params=False: "
+                            "raise ValueError)", "torch>=2.1")
+# Both FSDP2 rules leave a sharded weight where a plain one was expected: the first op to fail reads a weight. An
+# attention kernel named by the refusal points at DTensor activations instead (tensor parallelism, NeMo-RL#1051).
+DTENSOR_ACTIVATIONS = Evidence("dtensor:attention-op", -6, "the refusing op is an attention kernel, which reads "
+                               "activations only: DTensor activations of a tensor/context-parallel plan, not FSDP2's "
+                               "parameters")
 
 
 register(Rule(
@@ -79,7 +90,8 @@ register(Rule(
                           "torch/distributed/fsdp/flat_param.py: _init_flat_param (torch 1.13-2.0, even with "
                           "use_orig_params=True)", "torch>=1.13,<2.1"),
                   Message(r"expects all parameters to have same requires_grad", "own",
-                          "torch/distributed/fsdp/flatten_params_wrapper.py (an assert)", "torch<1.13")),
+                          "torch/distributed/fsdp/flatten_params_wrapper.py (an assert)", "torch<1.13"),
+                  FROZEN_MIXED_UNIT),
         frames=FLAT_PARAM_FRAMES,
         evidence=(Evidence("peft", 1, "adapters train on a frozen base"),
                   Evidence("fsdp1", 1, "FSDP1 is in use")),
@@ -103,8 +115,21 @@ register(Rule(
         "Linear separately), so gradient buffers hold only trainable parameters.",
     remedy=lambda s: {"fsdp_frozen_units_separate": True},
     elsewhere="wrap so frozen weights form their own units (a lambda policy on the LoRA modules); prefer FSDP2",
-    references=("https://github.com/pytorch/pytorch/issues/91167", "https://github.com/pytorch/pytorch/issues/91165"),
+    references=("https://github.com/pytorch/pytorch/issues/91167", "https://github.com/pytorch/pytorch/issues/91165",
+                "https://github.com/pytorch/pytorch/pull/104427 (_validate_frozen_params)"),
     fixed_in="design (FSDP2 shards per parameter)",
+    log=LogSigns(
+        # torch checks each unit an auto-wrap policy picks: with use_orig_params=True it warns (this rule), with
+        # False it raises (fsdp1-mixed-requires-grad, FROZEN_MIXED_UNIT).
+        messages=(Message(r"has both parameters with requires_grad=True and False\. (We|FSDP) do(es)? not recommend "
+                          r"wrapping such modules", "warning",
+                          "torch/distributed/fsdp/_wrap_utils.py: _validate_frozen_params (use_orig_params=True: "
+                          "warnings.warn; `FSDP does not recommend` in the check's first wording)", "torch>=2.1"),),
+        evidence=(Evidence("peft", 1, "adapters train on a frozen base"),
+                  Evidence("fsdp1", 1, "FSDP1 is in use")),
+        prior=1.0,
+        tells_apart="FSDP1 with use_orig_params=True and an auto-wrap policy that puts LoRA modules in the units of "
+                    "their frozen layers: torch warns per unit, naming the numel it will allocate for gradients"),
 ))
 
 register(Rule(
@@ -132,7 +157,8 @@ register(Rule(
         evidence=(Evidence("fsdp2", 2, "FSDP2 is in use"),
                   Evidence("dtensor", 2, "DTensor parameters are involved"),
                   Evidence("multi_forward", 2, "a preference stage runs several forwards before one backward"),
-                  Evidence("generate_frames", -4, "the error is raised inside generate, which points elsewhere")),
+                  Evidence("generate_frames", -4, "the error is raised inside generate, which points elsewhere"),
+                  DTENSOR_ACTIVATIONS),
         prior=2.0,
         tells_apart="FSDP2 with activation checkpointing and chosen/rejected run as separate forwards (DPO) on "
                     "torch < 2.11; the traceback runs through checkpoint's recompute"),
@@ -240,7 +266,8 @@ register(Rule(
                   Evidence("generation", 1, "the model generates (rollouts)"),
                   Evidence("fsdp2", 3, "FSDP2 is in use"),
                   Evidence("zero3", -3, "ZeRO-3 is in use, which points at its own generation rules"),
-                  Evidence("recompute_frames", -4, "the error is raised during checkpoint recompute instead")),
+                  Evidence("recompute_frames", -4, "the error is raised during checkpoint recompute instead"),
+                  DTENSOR_ACTIVATIONS),
         prior=1.0,
         tells_apart="FSDP2 with GRPO/PPO rollouts from model.generate (not vLLM); the traceback runs through "
                     "generation/utils.py"),

@@ -180,12 +180,16 @@ register(Rule(
     fixed_in="design",
     log=LogSigns(
         messages=(BNB_MOVED,
-                  Message(r"You can't train a model that has been loaded in 8-bit or 4-bit precision on a "
-                          r"different device", "own", "accelerate/accelerator.py: prepare_model")),
+                  Message(r"You can't train a model that has been loaded in 8-bit (or 4-bit )?precision on a "
+                          r"different device", "own", "accelerate/accelerator.py: prepare_model",
+                          "accelerate>=0.17 (`in 8-bit precision` before 1.0)")),
         frames=(Message(r"deepspeed[/\\.]runtime[/\\.]engine\.py:_configure_distributed_model$", "shared"),
                 Message(r"accelerate[/\\.]accelerator\.py:prepare_model$", "generic")),
         evidence=(Evidence("deepspeed", 2, "a DeepSpeed engine moves the model it wraps to its device"),
-                  Evidence("quant4bit", 2, "a quantized model is in use")),
+                  Evidence("quant4bit", 2, "a quantized model is in use"),
+                  Evidence("accelerate:kbit-other-device-raise", 8, "the traceback stops on the raise of "
+                           "accelerate's prepare_model that refuses a quantized model loaded on another device",
+                           decisive=True, alone=True)),
         prior=1.0,
         tells_apart="no merge on the traceback: the model is moved by an engine's or accelerate's preparation"),
 ))

@@ -32,7 +32,11 @@ register(Rule(
                           "reducer.cpp (names the parameter, with TORCH_DISTRIBUTED_DEBUG)")),
         evidence=(Evidence("find_unused", 2, "DDP's unused-parameter search is on"),
                   Evidence("checkpointing", 1, "checkpointing is in use"),
-                  Evidence("reentrant", 1, "reentrant checkpointing is named"))),
+                  Evidence("reentrant", 1, "reentrant checkpointing is named"),
+                  # The reducer's message itself names a second mechanism (a parameter used outside the forward);
+                  # AdaLoRA's regularization is one, and this rule's fix does not cure it (peft#663).
+                  Evidence("adalora", -8, "AdaLoRA's orthogonal regularization uses lora_A/lora_B again after the "
+                           "forward: a second gradient hook whatever find_unused_parameters says", excludes=True))),
 ))
 
 register(Rule(

@@ -7,6 +7,8 @@ same rule answers for loraflow's own plan, for `check --versions`, and for `expl
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from loraflow.rules.rule import Rule, older, register
 from loraflow.rules.signs import (
     BNB_SHAPE,
@@ -20,6 +22,15 @@ from loraflow.rules.signs import (
     Message,
     recompute_rivals,
 )
+
+# ZeRO-3's coalesced all-gather took one dtype for all of a module's partitions before DeepSpeed 0.12.3
+# (get_only_unique_item over p.dtype / p.ds_tensor.dtype). Any mix is refused: float32 adapters beside a half base
+# (zero3-mixed-dtype-gather), or a 4-bit base's packed uint8 storage beside float weights (qlora-storage-dtype,
+# axolotl#207). Which mix it was, the log's other lines say.
+ZERO3_GATHER_DTYPES = Message(r"expected there to be only one unique element in <generator object .{0,80}"
+                              r"all_gather_coalesced", "shared",
+                              "deepspeed/runtime/zero/partition_parameters.py: all_gather_coalesced "
+                              "(get_only_unique_item over the partitions' dtypes)", "deepspeed<0.12.3")
 
 
 register(Rule(
@@ -276,7 +287,8 @@ register(Rule(
     remedy=lambda s: {"quant_storage_matches": True},
     elsewhere="BitsAndBytesConfig(bnb_4bit_quant_storage=torch.bfloat16) (the model's dtype)",
     references=("https://huggingface.co/docs/peft/accelerate/fsdp",
-                "https://github.com/huggingface/transformers/pull/29587"),
+                "https://github.com/huggingface/transformers/pull/29587",
+                "https://github.com/axolotl-ai-cloud/axolotl/issues/207 (ZeRO-3's one-dtype gather, deepspeed<0.12.3)"),
     fixed_in="design",
     log=LogSigns(
         messages=(Message(r"Cannot flatten integer dtype tensors", "own",
@@ -285,7 +297,7 @@ register(Rule(
                           "torch>=1.13,<2.1"),
                   Message(r"non-floating frozen Params4bit", "warning", "accelerate fsdp_utils.py fsdp2_prepare_model "
                           "(excludes them from sharding)", "accelerate>=1.14"),
-                  FLATTEN_DTYPE, BNB_SHAPE),
+                  FLATTEN_DTYPE, BNB_SHAPE, replace(ZERO3_GATHER_DTYPES, kind="generic")),
         frames=FLAT_PARAM_FRAMES,
         evidence=(Evidence("flatten:int", 8, "the flattened tensors include integer (packed 4-bit) storage",
                            decisive=True, alone=True),
@@ -364,20 +376,19 @@ register(Rule(
                 "https://github.com/bigcode-project/starcoder/issues/96"),
     fixed_in="deepspeed 0.12.3 (PR #4647); regressed in 0.19.2, fixed again in 0.19.3 (PR #8073)",
     log=LogSigns(
-        messages=(Message(r"expected there to be only one unique element in <generator object .{0,80}"
-                          r"all_gather_coalesced", "own",
-                          "deepspeed/runtime/zero/partition_parameters.py: all_gather_coalesced (get_only_unique_item)",
-                          "deepspeed<0.12.3"),
+        messages=(ZERO3_GATHER_DTYPES,
                   Message(r"output tensor must have the same type as input tensor", "shared",
                           "torch.distributed all_gather_into_tensor from ZeRO-3's _allgather_params_coalesced")),
         frames=(Message(r"partition_parameters\.py:(all_gather_coalesced|_allgather_params_coalesced)$", "shared"),),
         evidence=(Evidence("zero3_hooks", 3, "ZeRO-3 parameter code is in the traceback"),
                   Evidence("zero3", 2, "ZeRO-3 is in use"),
                   Evidence("peft", 2, "adapters (float32 by default) train on a half-precision base"),
-                  Evidence("half", 1, "half precision is in use")),
+                  Evidence("half", 1, "half precision is in use"),
+                  Evidence("quant4bit", -8, "a 4-bit base: its packed (uint8) storage is the odd dtype in the gather "
+                           "(qlora-storage-dtype)")),
         prior=1.0,
-        tells_apart="ZeRO-3 with LoRA on a bf16/fp16 base; the traceback runs through partition_parameters.py's "
-                    "coalesced all-gather"),
+        tells_apart="ZeRO-3 with LoRA on a bf16/fp16 base and no 4-bit base; the traceback runs through "
+                    "partition_parameters.py's coalesced all-gather"),
 ))
 
 register(Rule(

@@ -42,6 +42,9 @@ class Evidence:
     alone: bool = False
     """This fact names the failure even without its message: a log cut off before its error line still shows it
     (a metadata pair, the dtypes of a flatten error, torch's reentrant warning before a crash)."""
+    excludes: bool = False
+    """This fact shows a mechanism the failure cannot be: with it in the log the rule is not claimed, even on its own
+    message (a raise site that several mechanisms reach, where the log names the one this rule is not)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,13 @@ class LogSigns:
     tells_apart: str = ""
     """What in a log or setup points to this cause rather than the others sharing its message: what to check first."""
 
+
+# The lines of accelerate/accelerator.py where prepare_model raises "You can't train a model that has been loaded in
+# 8-bit [or 4-bit] precision on a different device", in releases 0.17.0-1.14.0, kept only where no release has another
+# raise of prepare_model on the same line (read from each tag's source with ast). A traceback that stops on one of
+# them, at the `raise ValueError(` itself, is that refusal even when the paste ends before the message.
+_ACCELERATE_OTHER_DEVICE_RAISE_LINES = (1151, 1187, 1208, 1254, 1257, 1258, 1281, 1324, 1331, 1353, 1377, 1402, 1418,
+                                        1423, 1425, 1441, 1449, 1491, 1504, 1608, 1629, 1786, 1792, 1816, 1850, 1861)
 
 # Facts read from a log by pattern. Paths match with / or \ and module dots; names in any case, as users paste them.
 _P = r"[/\\.]"
@@ -86,6 +96,13 @@ FACTS: dict[str, tuple[str, str]] = {
     "peft": (rf"\bpeft{_P}|PeftModel|LoraConfig|\blora_[AB]\b|\blora[_-](rank|dim|r|alpha|target)|use_peft|"
              r"\blora\b|finetuning_type\W{1,4}lora|--lora|qlora|\badapter", "an adapter (LoRA/PEFT) is trained"),
     "dora": (rf"\bdora\b|use_dora|DoraLinear|lora{_P}dora", "DoRA is in use"),
+    # AdaLoRA keeps lora_A/lora_B/lora_E in ParameterDicts, so DDP names its parameters `...lora_B.default` where
+    # LoRA's nn.Linear ones end in `.weight` (peft/tuners/adalora/layer.py); its orthogonal regularization reads them
+    # again after the forward (AdaLoraModel.forward), a second gradient hook that find_unused_parameters=False does
+    # not cure.
+    "adalora": (r"\bAdaLora\w*|orth_reg_weight|RankAllocator|\.lora_E\b|"
+                r"with name \S*\.lora_[AB]\.(?!weight\b|bias\b)\w+\s+has been marked",
+                "AdaLoRA is in use (its config, or a parameter named as its ParameterDicts name them)"),
     "quant4bit": (r"bitsandbytes|Params4bit|Linear4bit|load_in_4bit|quantization_bit\W{1,4}4\b|\bnf4\b|\bqlora\b|"
                   r"use_4bit", "a 4-bit quantized base is in use"),
     "bnb:cpu-repack": (r"_convert_weight_packed_for_cpu", "bitsandbytes' in-place CPU repack of a 4-bit weight is "
@@ -135,6 +152,10 @@ FACTS: dict[str, tuple[str, str]] = {
                          r"_get_in_out_features|_setup_prompt_encoder)\b|"
                          rf"peft{_P}tuners{_P}(lora{_P}layer|prompt_tuning{_P}model)\.py\", line \d+, in __init__\b",
                          "the traceback runs through PEFT creating its adapter"),
+    "accelerate:kbit-other-device-raise": (
+        rf'accelerate{_P}accelerator\.py", line (?:{"|".join(map(str, _ACCELERATE_OTHER_DEVICE_RAISE_LINES))}), in '
+        r"prepare_model\s*\n[^\n]{0,60}?raise ValueError\(",
+        "the traceback stops on accelerate prepare_model's refusal of a quantized model loaded on another device"),
     "offload": (r"param_offload|offload_param|offload_policy|cpu_offload|offload_params|CPUOffload|"
                 r"offload_fsdp_model_to_cpu|load_fsdp_model_to_gpu", "weights are offloaded to the CPU"),
     # torch.compile's fake tensors print storage errors of their own (a custom kernel traced into).
@@ -146,7 +167,17 @@ FACTS: dict[str, tuple[str, str]] = {
                   "a module's train/eval mode is involved (an evaluation loop ran)"),
     "shape_zero": (r"torch\.Size\(\[0\]\)|size of tensor [ab] \(0\)|shape \[0\]|\[0\]\)|numel\W{1,4}0\b",
                    "a tensor of size 0 (a released partition)"),
-    "dtensor": (r"\bDTensor\b", "DTensor parameters are involved"),
+    # Not the words of DTensor's own refusal (`got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to
+    # DTensor`): that message is the error, not a sign of what holds DTensors.
+    "dtensor": (r"(?<!torch\.Tensor and )(?<!torch\.Tensor to )\bDTensor\b", "DTensor parameters are involved"),
+    # The op DTensor's dispatcher names in `{op}: got mixed torch.Tensor and DTensor` (torch/distributed/tensor/
+    # _dispatch.py; `{op}: got mixed distributed and non-distributed tensors.` in torch 2.0). An attention kernel
+    # reads activations only: DTensor activations (a tensor- or context-parallel plan) met plain ones. A sharded
+    # parameter left unsharded fails earlier, in the first op that reads a weight (aten.mm, aten.embedding).
+    "dtensor:attention-op": (r"(?:flash_attn\w*\.\w+|aten\.(?:_scaled_dot_product\w+|scaled_dot_product_attention|"
+                             r"_flash_attention\w*|_efficient_attention\w*|_cudnn_attention\w*))(?:\.default)?: got "
+                             r"mixed (?:torch\.Tensor and DTensor|distributed and non-distributed tensors)",
+                             "DTensor's refusal names an attention kernel: activations, not parameters, are DTensors"),
     "checkpoint_wrapper": (r"checkpoint_wrapper|CheckpointWrapper|activation_checkpointing\W{1,4}true",
                            "torch's checkpoint_wrapper (FSDP activation checkpointing) is in use"),
     "multi_forward": (r"\bdpo\b|chosen|rejected|concatenated_forward|\bkto\b|\borpo\b",
