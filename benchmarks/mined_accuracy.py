@@ -60,7 +60,9 @@ def score_explain(records: list[dict], rules: dict[str, str]) -> list[dict]:
 
     rows = []
     for r in records:
-        text = r["log"] or r["error"]
+        # What the thread posted: its excerpt, and its final error line where the excerpt left it out.
+        text = "\n".join(t for t in (r["log"], r["error"]) if t and not (t is r["error"] and r["log"] and
+                                                                           t.strip() in r["log"]))
         if not text:
             continue
         _, candidates, _ = diagnose_log(text)
