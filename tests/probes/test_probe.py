@@ -196,3 +196,22 @@ def test_the_second_round_probes_match_the_registry_and_the_plan_is_safe(capsys)
     assert overflow["naive"]["status"] == "wrong" and overflow["naive"]["values"]["skipped"] == 3
     assert overflow["plan"]["status"] == "refused"
     assert rows["adapter-state-dict-patched"]["naive"]["detail"].startswith("all 28 adapter tensors")
+
+
+def test_a_two_rank_batch_that_stops_early_leaves_the_rest_to_launches_of_their_own(tmp_path, monkeypatch):
+    """The two-rank cases share one torchrun launch; a case that ends the batch (a crash, ranks left apart) must not
+    lose the cases after it: what the batch did not report runs again, one launch per case, as before batching."""
+    from loraflow.probes import Observation, runner
+
+    cases = [all_cases()[r] for r in ("ddp-reentrant-unused", "zero3-lora-merge", "fsdp1-mixed-dtype")]
+    # A stand-in for the launch: it reports the first case, then dies as a batch stopped by a crash does.
+    first = json.dumps({"mode": "naive", "status": "error", "detail": "x"})
+    script = (f"import sys, pathlib; d = pathlib.Path(sys.argv[sys.argv.index('--batch-dir') + 1]); "
+              f"(d / '{cases[0].rule}.jsonl').write_text({first!r} + '\\n'); sys.exit(3)")
+    monkeypatch.setattr(runner, "torchrun_argv", lambda n, tail, python=None: [sys.executable, "-c", script, *tail])
+    rerun = []
+    monkeypatch.setattr(runner, "run_case", lambda case, log_dir: rerun.append(case.rule) or runner.ProbeResult(
+        case.rule, Observation("ok", "rerun"), Observation("ok", "rerun"), None))
+    results = runner._run_two_rank(cases, tmp_path)
+    assert results[cases[0].rule].naive.status == "error" and results[cases[0].rule].safe == "n/a"
+    assert rerun == [c.rule for c in cases[1:]]
