@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loraflow.enginespec import engine_spec
 from loraflow.errors import LoraflowError
+from loraflow.frontends import adapter_dtype
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import resolve_path
 from loraflow.frontends.common import Draft, as_bool, at_least
@@ -283,23 +283,12 @@ def _casts(draft: Draft, script: Script) -> None:
     elif any(m and (not isinstance(m, Unread) or m.text not in ("[]", "None")) for m in saved):
         _half(draft, dtype, f"{where} (modules_to_save copies the {dtype} modules: they train in {dtype})")
     elif not draft.get("quantization") and not any("quantization_config" in c.kwargs for c in facts.loads) and \
-            not at_least(draft, "peft", "0.12.0"):  # a quantized base is k-bit prepared: its adapters are float32
-        _half(draft, dtype, f"{where} (peft < 0.12 creates the adapters in the base's dtype; autocast_adapter_dtype "
-              "keeps them in float32 from 0.12)")
+            adapter_dtype.adapters_follow_base(draft):  # a quantized base is k-bit prepared: its adapters are float32
+        _half(draft, dtype, f"{where} ({adapter_dtype.WHY})")
 
 
 _HALF = {"bfloat16": "bf16", "float16": "fp16"}
-
-
-def _half(draft: Draft, dtype: str, source: str) -> None:
-    if engine_spec(draft.get("engine")).zero:
-        return  # DeepSpeed keeps float32 master weights of whatever it trains
-    if dtype == "bfloat16":
-        draft.set("precision", "bf16", source)
-    elif draft.get("precision") == "fp16-mixed":  # fp16 loss scaling over fp16 weights
-        draft.set("precision", "fp16", source)
-    else:
-        draft.note(f"{source}: trained in float16 without loss scaling (fp16=True is off)")
+_half = adapter_dtype.trained_in_half
 
 
 def _moves(draft: Draft, script: Script) -> None:
