@@ -325,8 +325,9 @@ def _image_text(draft: Draft, get, src, on, opts: dict) -> None:
     vision.data_unknowns(draft, "max_length")
 
 
-# What a flag's spelling says about the release (ms-swift's git history).
-_ERAS = (("sft_type", "<3.0.0"), ("model_id_or_path", "<3.0.0"), ("model_type", "<3.0.0"),
+# What a flag's spelling says about the release (ms-swift's git history). --model_type dates nothing: 2.x named the
+# model by it, and 3.x and 4.x keep it to name the model's group (swift/llm/argument/base_args/model_args.py).
+_ERAS = (("sft_type", "<3.0.0"), ("model_id_or_path", "<3.0.0"),
          ("train_type", ">=3.0.0,<4.1.0"), ("tuner_type", ">=4.0.0"), ("ds3_gather_for_generation", ">=3.1.1"),
          ("vllm_mode", ">=3.5.0"), ("rollout_importance_sampling_mode", ">=3.11.0"))
 DEPENDS = (("ms-swift", "<2.0.0", {"transformers": "<4.41"}), ("ms-swift", ">=2.0.0,<3.0.0", {"transformers": "<4.48"}),
@@ -395,11 +396,12 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
 
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:
-    """A launch script (.sh) with `swift sft|rlhf ...`."""
-    scripts = [p for p in paths if p.endswith(".sh")]
-    if len(scripts) != 1 or len(paths) != 1:
-        raise LoraflowError("--framework ms-swift takes one launch script (.sh); or give the command after `--`.")
-    return from_command(split_command(command_from_script(scripts[0])), versions)
+    """A launch script with `swift sft|rlhf ...`: ms-swift is configured by flags only, so the file is read for its
+    launch line whatever its name (a .sh, a notebook cell saved as text), as DeepSpeed-Chat's scripts are."""
+    if len(paths) != 1:
+        raise LoraflowError("--framework ms-swift takes one launch script (e.g. a .sh holding `swift sft ...`); or "
+                            "give the command after `--`.")
+    return from_command(split_command(command_from_script(paths[0])), versions)
 
 
 def _recognise(view) -> bool:
