@@ -55,3 +55,101 @@ def test_llama_factory_before_0_4_keeps_the_fp16_adapters_peft_0_7_to_0_11_creat
     assert from_command(argv(LF_FP16_LORA), new).setup.precision == "fp16-mixed"
     # Unknown releases: the finding names them (train_bash.py dates the run before v0.7.1).
     assert findings(argv(LF_FP16_LORA), {})["fp16-trainable-unscale"] == "llama-factory<0.4.0 and 0.7.0<=peft<0.12.0"
+
+
+# https://github.com/modelscope/ms-swift/issues/5422 (a Kaggle notebook cell)
+SWIFT_NOTEBOOK_QLORA_ZERO3 = r"""!swift sft \
+    --model Qwen/Qwen3-Embedding-4B \
+    --task_type embedding \
+    --model_type qwen3_emb \
+    --train_type lora \
+    --dataset  /kaggle/working/data.hf/data-00000-of-00001.arrow \
+    --split_dataset_ratio 0.05 \
+    --eval_strategy steps \
+    --output_dir output \
+    --eval_steps 20 \
+    --num_train_epochs 5 \
+    --save_steps 600 \
+    --per_device_train_batch_size 1 \
+    --per_device_eval_batch_size 1 \
+    --gradient_accumulation_steps 8 \
+    --learning_rate 6e-6 \
+    --loss_type cosine_similarity \
+    --label_names labels \
+    --dataloader_drop_last true \
+    --quant_bits 4 \
+    --quant_method bnb \
+    --lora_dtype float16 \
+    --torch_dtype float16 \
+    --target_modules q_proj k_proj v_proj o_proj gate_proj up_proj down_proj \
+    --deepspeed zero3"""
+
+
+def test_a_notebook_cell_launch_is_read_on_the_line_and_from_a_saved_cell(tmp_path):
+    """IPython's `!` runs the rest of the line in a shell; ms-swift is configured by flags only, so a cell saved
+    under any name is read for its launch line. --model_type names a model group in 3.x as in 2.x: no era clash."""
+    result = from_command(argv(SWIFT_NOTEBOOK_QLORA_ZERO3), {})
+    assert (result.framework, result.setup.quantization, result.setup.zero_stage) == ("ms-swift", "4bit", 3)
+    assert findings(argv(SWIFT_NOTEBOOK_QLORA_ZERO3), {})["qlora-storage-dtype"] is None
+    assert result.eras["ms-swift"][0].startswith(">=3.0.0")
+    cell = tmp_path / "cell.txt"
+    cell.write_text(SWIFT_NOTEBOOK_QLORA_ZERO3 + "\n")
+    doc = json.loads(run_check(None, "ms-swift", [str(cell)], {}, as_json=True)[0])
+    assert "qlora-storage-dtype" in {f["rule"] for f in doc["findings"]}
+
+
+# https://github.com/tloen/alpaca-lora/blob/65fb8225c09af81feb5edb1abb12560f02930703/finetune.py (lines 16-23,
+# 112-117, 174-184, 263-273; the function body dedented), the script transformers#24551 and peft#580 ran copies of.
+ALPACA_LORA_EXCERPT = '''from peft import (
+    LoraConfig,
+    get_peft_model,
+    get_peft_model_state_dict,
+    prepare_model_for_int8_training,
+    set_peft_model_state_dict,
+)
+from transformers import LlamaForCausalLM, LlamaTokenizer
+model = LlamaForCausalLM.from_pretrained(
+    base_model,
+    load_in_8bit=True,
+    torch_dtype=torch.float16,
+    device_map=device_map,
+)
+model = prepare_model_for_int8_training(model)
+
+config = LoraConfig(
+    r=lora_r,
+    lora_alpha=lora_alpha,
+    target_modules=lora_target_modules,
+    lora_dropout=lora_dropout,
+    bias="none",
+    task_type="CAUSAL_LM",
+)
+model = get_peft_model(model, config)
+old_state_dict = model.state_dict
+model.state_dict = (
+    lambda self, *_, **__: get_peft_model_state_dict(
+        self, old_state_dict()
+    )
+).__get__(model, type(model))
+
+if torch.__version__ >= "2" and sys.platform != "win32":
+    model = torch.compile(model)
+
+trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+'''
+
+
+def test_the_code_that_replaces_state_dict_with_peft_s_adapter_state_dict_is_read(tmp_path):
+    """alpaca-lora's patch makes PEFT 0.3 - 0.19 filter an already filtered dict: an empty adapter file."""
+    script = tmp_path / "finetune.py"
+    script.write_text(ALPACA_LORA_EXCERPT)
+
+    def rules(text: str, peft: str) -> dict:
+        script.write_text(text)
+        doc = json.loads(run_check(None, "python-script", [str(script)], {"peft": Version(peft)}, as_json=True)[0])
+        return {f["rule"]: f["holds_if"] for f in doc["findings"]}
+
+    assert rules(ALPACA_LORA_EXCERPT, "0.3.0")["adapter-state-dict-patched"] is None
+    assert "adapter-state-dict-patched" not in rules(ALPACA_LORA_EXCERPT, "0.20.0")
+    unpatched = ALPACA_LORA_EXCERPT.split("old_state_dict = ")[0] + "trainer.train()\n"
+    assert "adapter-state-dict-patched" not in rules(unpatched, "0.3.0")

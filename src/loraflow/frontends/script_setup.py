@@ -31,7 +31,9 @@ CODE_FLAGS = {"adapter_loaded_frozen": "PeftModel.from_pretrained(..., is_traina
               "merge_into_quantized": "merge_and_unload() on the quantized model (merge into a base loaded in "
                                       "bf16/fp16)",
               "task_head_saved": "LoraConfig(task_type=\"SEQ_CLS\") or modules_to_save=[\"score\"]",
-              "unsloth": "FastLanguageModel (Unsloth)", "input_grad_hook": "model.enable_input_require_grads()"}
+              "unsloth": "FastLanguageModel (Unsloth)", "input_grad_hook": "model.enable_input_require_grads()",
+              "state_dict_patched": "the `model.state_dict = ... get_peft_model_state_dict(...)` lines (delete them: "
+                                    "model.save_pretrained saves the adapter)"}
 FLAGS = {"checkpointing": "gradient_checkpointing=True (TrainingArguments) or model.gradient_checkpointing_enable()",
          "reentrant": "gradient_checkpointing_kwargs={\"use_reentrant\": ...}",
          "precision": "bf16= / fp16= (TrainingArguments); keep what trains in float32 (no .half() / .to(dtype) after "
@@ -184,6 +186,9 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
         draft.unsure.pop("input_grad_hook", None)
     if facts.unsloth:
         draft.set("unsloth", True, f"{facts.unsloth} (Unsloth loads and patches the model)")
+    if facts.state_dict_patch:
+        draft.set("state_dict_patched", True, f"{facts.state_dict_patch} (the model's state_dict returns PEFT's "
+                  "adapter state dict)")
     _loaded_frozen(draft, script)
     _task_head(draft, script)
     _casts(draft, script)
