@@ -153,3 +153,41 @@ def test_the_code_that_replaces_state_dict_with_peft_s_adapter_state_dict_is_rea
     assert "adapter-state-dict-patched" not in rules(ALPACA_LORA_EXCERPT, "0.20.0")
     unpatched = ALPACA_LORA_EXCERPT.split("old_state_dict = ")[0] + "trainer.train()\n"
     assert "adapter-state-dict-patched" not in rules(unpatched, "0.3.0")
+
+
+# https://github.com/tloen/alpaca-lora/issues/253
+ALPACA_LORA_TORCHRUN = r"""WORLD_SIZE=1 CUDA_VISIBLE_DEVICES=0 torchrun --nproc_per_node=1 --master_port=1234 finetune.py \
+    --base_model='decapoda-research/llama-7b-hf' \
+    --num_epochs=10 \
+    --cutoff_len=512 \
+    --group_by_length \
+    --output_dir='./my-output-dir' \
+    --lora_target_modules='[q_proj,k_proj,v_proj,o_proj]' \
+    --lora_r=16 \
+    --batch_size=128 \
+    --micro_batch_size=8 \
+    --resume_from_checkpoint './lora-alpaca-output-dir/checkpoint-1800'"""
+# https://github.com/huggingface/transformers/issues/24551 (a copy of finetune.py with flags of its own)
+ALPACA_LORA_COPY = ("python ./finetune.py --base_model=MODEL --raw_data_path=TEXTFILE --batch_size=32 "
+                    "--micro_batch_size=1 --num_epochs=2 --lora_r=128 --lora_alpha=256 --cutoff_len=512 "
+                    "--overlap_len=256 --save_steps=1")
+
+
+def test_alpaca_lora_finetune_py_not_here_is_read_with_the_facts_of_its_code():
+    """An 8-bit base prepared by prepare_model_for_int8_training (checkpointing + input hook), LoRA, fp16, and the
+    state_dict patch; a copy with flags of its own leaves the patch to its code."""
+    peft = {"peft": Version("0.3.0")}
+    result = from_command(argv(ALPACA_LORA_TORCHRUN), peft)
+    s = result.setup
+    assert result.framework == "alpaca-lora" and not result.unknown
+    assert (s.adapter, s.quantization, s.checkpointing, s.input_grad_hook, s.precision, s.state_dict_patched) == (
+        "lora", "8bit", "all", True, "fp16-mixed", True)
+    assert findings(argv(ALPACA_LORA_TORCHRUN), peft)["adapter-state-dict-patched"] is None
+    copy = from_command(shlex.split(ALPACA_LORA_COPY), peft)
+    assert copy.framework == "alpaca-lora" and "--overlap_len=256" in copy.unknown
+    assert "state_dict_patched" in copy.unsure
+    assert findings(shlex.split(ALPACA_LORA_COPY), peft)["adapter-state-dict-patched"] == (
+        "the copy keeps alpaca-lora's state_dict patch")
+    # Several processes: the script turns ddp_find_unused_parameters off.
+    two = from_command(argv(ALPACA_LORA_TORCHRUN.replace("WORLD_SIZE=1 ", "").replace("=1 ", "=2 ")), peft).setup
+    assert (two.world_size, two.engine, two.find_unused_parameters) == (2, "ddp", False)
