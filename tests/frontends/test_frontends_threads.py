@@ -191,3 +191,16 @@ def test_alpaca_lora_finetune_py_not_here_is_read_with_the_facts_of_its_code():
     # Several processes: the script turns ddp_find_unused_parameters off.
     two = from_command(argv(ALPACA_LORA_TORCHRUN.replace("WORLD_SIZE=1 ", "").replace("=1 ", "=2 ")), peft).setup
     assert (two.world_size, two.engine, two.find_unused_parameters) == (2, "ddp", False)
+
+
+def test_an_axolotl_merge_command_is_not_read_as_a_training_run():
+    """https://github.com/axolotl-ai-cloud/axolotl/issues/596: merge_lora trains nothing (and, since v0.4.0, loads the
+    base unquantized to merge); it was read as training from its config."""
+    import pytest
+
+    from loraflow.errors import LoraflowError
+
+    merge = ('python3 -m axolotl.cli.merge_lora examples/code-llama/7b/qlora.yml --lora_model_dir="./qlora-out" '
+             '--load_in_8bit=False --load_in_4bit=False')
+    with pytest.raises(LoraflowError, match="reads training runs"):
+        from_command(shlex.split(merge), {})
