@@ -156,7 +156,8 @@ def test_the_code_that_replaces_state_dict_with_peft_s_adapter_state_dict_is_rea
 
 
 # https://github.com/tloen/alpaca-lora/issues/253
-ALPACA_LORA_TORCHRUN = r"""WORLD_SIZE=1 CUDA_VISIBLE_DEVICES=0 torchrun --nproc_per_node=1 --master_port=1234 finetune.py \
+ALPACA_LORA_TORCHRUN = ("WORLD_SIZE=1 CUDA_VISIBLE_DEVICES=0 "
+                        r"""torchrun --nproc_per_node=1 --master_port=1234 finetune.py \
     --base_model='decapoda-research/llama-7b-hf' \
     --num_epochs=10 \
     --cutoff_len=512 \
@@ -166,7 +167,7 @@ ALPACA_LORA_TORCHRUN = r"""WORLD_SIZE=1 CUDA_VISIBLE_DEVICES=0 torchrun --nproc_
     --lora_r=16 \
     --batch_size=128 \
     --micro_batch_size=8 \
-    --resume_from_checkpoint './lora-alpaca-output-dir/checkpoint-1800'"""
+    --resume_from_checkpoint './lora-alpaca-output-dir/checkpoint-1800'""")
 # https://github.com/huggingface/transformers/issues/24551 (a copy of finetune.py with flags of its own)
 ALPACA_LORA_COPY = ("python ./finetune.py --base_model=MODEL --raw_data_path=TEXTFILE --batch_size=32 "
                     "--micro_batch_size=1 --num_epochs=2 --lora_r=128 --lora_alpha=256 --cutoff_len=512 "
@@ -204,3 +205,21 @@ def test_an_axolotl_merge_command_is_not_read_as_a_training_run():
              '--load_in_8bit=False --load_in_4bit=False')
     with pytest.raises(LoraflowError, match="reads training runs"):
         from_command(shlex.split(merge), {})
+
+
+# https://github.com/modelscope/ms-swift/issues/938
+SWIFT_DEEPSEEK_VL_ZERO3 = ("NPROC_PER_NODE=2 CUDA_VISIBLE_DEVICES=1,2 swift sft --model_type deepseek-vl-7b-chat "
+                           "--custom_train_dataset_path data/train.json  --custom_val_dataset_path data/val.json "
+                           "--sft_type full --eval_steps 100 --deepspeed default-zero3")
+
+
+def test_ms_swift_before_2_3_1_runs_deepseek_vl_s_tower_in_the_template_encode():
+    """deepseek-vl's template called model.prepare_inputs_embeds while encoding samples, outside the ZeRO-3 engine's
+    forward, until 2.3.1 moved it into a forward pre-hook (_post_encode)."""
+    old = {"ms-swift": Version("2.0.4")}
+    assert from_command(shlex.split(SWIFT_DEEPSEEK_VL_ZERO3), old).setup.weights_outside_forward
+    assert findings(shlex.split(SWIFT_DEEPSEEK_VL_ZERO3), old)["sharded-weights-outside-forward"] is None
+    new = from_command(shlex.split(SWIFT_DEEPSEEK_VL_ZERO3), {"ms-swift": Version("2.3.1")}).setup
+    assert not new.weights_outside_forward
+    zero2 = SWIFT_DEEPSEEK_VL_ZERO3.replace("default-zero3", "default-zero2")
+    assert "sharded-weights-outside-forward" not in findings(shlex.split(zero2), old)

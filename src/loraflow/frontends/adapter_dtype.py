@@ -13,7 +13,8 @@ from loraflow.frontends.common import Draft, at_least
 # to the device only, so they stayed float32. From 0.12 get_peft_model upcasts half adapters to float32
 # (tuners_utils.py _cast_adapter_dtype, autocast_adapter_dtype=True).
 FOLLOWS_BASE = ("0.7.0", "0.12.0")
-WHY = "peft 0.7 - 0.11 create LoRA weights in the base layer's dtype (0.12 keeps them in float32: autocast_adapter_dtype)"
+WHY = ("peft 0.7 - 0.11 create LoRA weights in the base layer's dtype (0.12 keeps them in float32: "
+       "autocast_adapter_dtype)")
 
 
 def adapters_follow_base(draft: Draft) -> bool:

@@ -9,6 +9,7 @@ DeepSpeed, FSDP) (swift/trainers/mixin.py _fix_gradient_checkpointing). It alway
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +279,20 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     draft.flag(**FLAGS)
 
 
+# Templates that ran the model's own modules while encoding a sample (data preprocessing, outside the engine's
+# forward) until ms-swift 2.3.1 moved that work into _post_encode, called from a forward pre-hook on the model
+# (swift/llm/utils/template.py, PR #1594): deepseek-vl's encode called model.prepare_inputs_embeds (vision tower,
+# aligner, token embeddings), InternLM-XComposer2's model.encode_img / img2emb.
+_ENCODE_RUNS_MODEL = re.compile(r"deepseek[-_]vl(?!2)|internlm[-_]?xcomposer2", re.I)
+
+
+def _encode_runs_model(draft: Draft, model: str, source: str) -> None:
+    if model and _ENCODE_RUNS_MODEL.search(model) and not at_least(draft, "ms-swift", "2.3.1"):
+        draft.set("weights_outside_forward", True, f"{source}: ms-swift < 2.3.1 runs {model}'s vision tower and "
+                  "embeddings in the template's encode of each sample, outside the engine's forward "
+                  "(swift/llm/utils/template.py)")
+
+
 def _image_text(draft: Draft, get, src, on, opts: dict) -> None:
     """The image-text fields: the model's name (or --model_type) or a tower flag; then the towers ms-swift trains.
     From 3.0, --freeze_vit / --freeze_aligner default true and --freeze_llm false (swift/arguments/tuner_args.py),
@@ -287,6 +302,7 @@ def _image_text(draft: Draft, get, src, on, opts: dict) -> None:
     model = str(get(key) or "") if key else ""
     flag = next((src(k) for k in ("freeze_vit", "freeze_aligner") if k in opts), None)
     model_name_facts(draft, model, src(key) if key else "")
+    _encode_runs_model(draft, model, src(key) if key else "")
     if not vision.recognise(draft, model, src(key) if key else "", flag):
         return
     if "freeze_aligner" in opts and ">=3.0.0" not in draft.eras.get("ms-swift", ("",))[0]:
