@@ -223,3 +223,48 @@ def test_ms_swift_before_2_3_1_runs_deepseek_vl_s_tower_in_the_template_encode()
     assert not new.weights_outside_forward
     zero2 = SWIFT_DEEPSEEK_VL_ZERO3.replace("default-zero3", "default-zero2")
     assert "sharded-weights-outside-forward" not in findings(shlex.split(zero2), old)
+
+
+# https://github.com/deepspeedai/DeepSpeed/issues/627 (the DeepSpeed config as the thread's excerpt holds it: cut
+# after zero_optimization)
+DS_CONFIG_CUT = """{
+  "train_micro_batch_size_per_gpu": 1,
+  "gradient_accumulation_steps": 1,
+  "steps_per_print": 1,
+  "optimizer": {
+    "type": "Adam",
+    "params": {
+      "lr": 0.00015,
+      "weight_decay": 1e-2
+    }
+  },
+  "zero_optimization": {
+    "stage": 2,
+    "cpu_offload": true,
+    "contiguous_gradients": true,
+    "overlap_comm": true,
+    "reduce_scatter": true,\x20\x20
+    "reduce_bucket_size": 50000000,
+    "allgather_bucket_size": 500000000
+  },"""
+
+
+def test_a_deepspeed_config_is_read_as_deepspeed_loads_it_and_a_cut_one_is_named(tmp_path):
+    """DeepSpeed reads its config with hjson (PR #2783, 0.8.1): a root without braces, as pasted in
+    https://github.com/axolotl-ai-cloud/axolotl/issues/1381, is a config to it; transformers' json.load is not."""
+    import pytest
+
+    from loraflow.errors import LoraflowError
+    from loraflow.frontends import guess_framework_for_files
+
+    bare = tmp_path / "ds_config.json"
+    bare.write_text('"gradient_clipping": "auto"\n')
+    doc = json.loads(run_check(None, "deepspeed", [str(bare)], {"deepspeed": Version("0.19.8")}, as_json=True)[0])
+    assert "hjson" in " ".join(doc["notes"])
+    with pytest.raises(LoraflowError, match="not valid JSON"):  # DeepSpeed before hjson, and the HF Trainer
+        run_check(None, "deepspeed", [str(bare)], {"deepspeed": Version("0.8.0")}, as_json=True)
+    cut = tmp_path / "ds_cut.json"
+    cut.write_text(DS_CONFIG_CUT)
+    assert guess_framework_for_files([str(cut)]) == "deepspeed"  # not a loraflow config, though it does not parse
+    with pytest.raises(LoraflowError, match="ends before the `{` opened on line 1 is closed"):
+        run_check(None, "deepspeed", [str(cut)], {}, as_json=True)

@@ -135,8 +135,8 @@ def load_mapping(path: str | Path, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
-        raise LoraflowError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}."
-                            ) from None
+        raise LoraflowError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+                            f"{cut_off(text, exc.pos)}.") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -147,6 +147,25 @@ def load_mapping(path: str | Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise LoraflowError(f"{what} {path} must hold a mapping of keys to values at the top level.")
     return data
+
+
+def cut_off(text: str, pos: int) -> str:
+    """Where a JSON parser stopped at the end of the text: which bracket is still open (a paste cut short)."""
+    if text[pos:].strip():
+        return ""
+    opened: list[int] = []
+    quoted = False
+    for i, c in enumerate(text):  # strings skipped, so a bracket inside a value is not counted
+        if c == '"' and (i == 0 or text[i - 1] != "\\"):
+            quoted = not quoted
+        elif not quoted and c in "{[":
+            opened.append(i)
+        elif not quoted and c in "}]" and opened:
+            opened.pop()
+    if not opened:
+        return ""
+    line = text.count("\n", 0, opened[-1]) + 1
+    return f"; the file ends before the `{text[opened[-1]]}` opened on line {line} is closed (cut short?)"
 
 
 def int_value(value: Any, where: str, expected: str = "an integer", choices: tuple[int, ...] = ()) -> int:
