@@ -268,3 +268,60 @@ def test_a_deepspeed_config_is_read_as_deepspeed_loads_it_and_a_cut_one_is_named
     assert guess_framework_for_files([str(cut)]) == "deepspeed"  # not a loraflow config, though it does not parse
     with pytest.raises(LoraflowError, match="ends before the `{` opened on line 1 is closed"):
         run_check(None, "deepspeed", [str(cut)], {}, as_json=True)
+
+
+# https://github.com/OpenRLHF/OpenRLHF/issues/1150
+OPENRLHF_4BIT_GRPO = r"""ray job submit --address="http://127.0.0.1:8265" \
+   --runtime-env-json='{"working_dir": "./"}' \
+   -- python3 -m openrlhf.cli.train_ppo_ray \
+   --ref_num_nodes 1 \
+   --ref_num_gpus_per_node 1 \
+   --critic_num_nodes 1 \
+   --critic_num_gpus_per_node 1 \
+   --actor_num_nodes 1 \
+   --actor_num_gpus_per_node 1 \
+   --vllm_num_engines 1 \
+   --vllm_tensor_parallel_size 1 \
+   --vllm_gpu_memory_utilization 0.4 \
+   --colocate_actor_ref \
+   --colocate_all_models \
+   --pretrain Qwen/Qwen3-0.6B \
+   --remote_rm_url /home/TestOpenRLHF/reward_func.py \
+   --label_key id \
+   --save_path ./checkpoint/qwen3-0.6b-rlhf \
+   --micro_train_batch_size 16 \
+   --train_batch_size 16 \
+   --micro_rollout_batch_size 8 \
+   --rollout_batch_size 8 \
+   --max_samples 1000 \
+   --max_epochs 1 \
+   --prompt_max_len 1024 \
+   --generate_max_len 1024 \
+   --zero_stage 3 \
+   --bf16 \
+   --load_in_4bit \
+   --actor_learning_rate 5e-7 \
+   --critic_learning_rate 9e-6 \
+   --init_kl_coef 1e-5 \
+   --prompt_data /home/TestOpenRLHF/data/stock_analysis_merged.jsonl \
+   --input_key question \
+   --normalize_reward \
+   --packing_samples \
+   --adam_offload \
+   --attn_implementation flash_attention_2 \
+   --gradient_checkpointing \
+"""
+
+
+def test_openrlhf_hands_its_4bit_models_without_an_adapter_to_deepspeed_engines():
+    """The reference model (and here the policy, no --lora_rank) are transformers models in 4 bits that
+    deepspeed.initialize moves to its device: refused before bitsandbytes 0.43.2 (OpenRLHF#403's traceback)."""
+    old = {"bitsandbytes": Version("0.43.1")}
+    s = from_command(argv(OPENRLHF_4BIT_GRPO), old).setup
+    assert (s.quantization, s.quantized_moved) == ("4bit", True)
+    assert "kbit-model-moved" in findings(argv(OPENRLHF_4BIT_GRPO), old)
+    assert not from_command(argv(OPENRLHF_4BIT_GRPO), {"bitsandbytes": Version("0.43.2")}).setup.quantized_moved
+    # QLoRA SFT: the trained model reaches the engine as a PeftModel, and there is no reference model.
+    sft = ("deepspeed --module openrlhf.cli.train_sft --pretrain Qwen/Qwen3-0.6B --load_in_4bit --lora_rank 16 "
+           "--zero_stage 2 --bf16")
+    assert not from_command(shlex.split(sft), old).setup.quantized_moved

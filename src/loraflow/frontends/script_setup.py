@@ -19,6 +19,7 @@ from loraflow.frontends.argv import resolve_path
 from loraflow.frontends.common import Draft, as_bool, at_least
 from loraflow.frontends.hf_options import Opt
 from loraflow.frontends.intent import infer
+from loraflow.frontends.kbit_facts import move_refused
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
 
@@ -304,7 +305,7 @@ def _moves(draft: Draft, script: Script) -> None:
             draft.set("quantized_moved", True, f"{call.at()} (the DeepSpeed engine moves the model to its device)")
     for call in script.facts.moves:
         bits = _bits(draft, script, call.owner)
-        if bits == "8bit" or (bits == "4bit" and not at_least(draft, "bitsandbytes", "0.43.2")):
+        if move_refused(draft, bits):
             draft.set("quantized_moved", True, f"{call.at()} (moves a {bits} model after loading)")
 
 
