@@ -325,3 +325,12 @@ def test_openrlhf_hands_its_4bit_models_without_an_adapter_to_deepspeed_engines(
     sft = ("deepspeed --module openrlhf.cli.train_sft --pretrain Qwen/Qwen3-0.6B --load_in_4bit --lora_rank 16 "
            "--zero_stage 2 --bf16")
     assert not from_command(shlex.split(sft), old).setup.quantized_moved
+
+
+def test_lora_flags_without_use_peft_on_a_script_of_its_own_are_evaluated_both_ways():
+    """--lora_r is TRL's ModelConfig flag (ignored without --use_peft) and many scripts' own: read with --framework hf,
+    transformers#24551's launch is LoRA first, full fine-tuning as TRL would read it second."""
+    result = from_command(shlex.split(ALPACA_LORA_COPY), {}, name="hf")
+    assert result.setup.adapter == "lora" and set(result.unsure["adapter"][0]) == {"lora", "full"}
+    trl = from_command(shlex.split("trl sft --model_name_or_path Qwen/Qwen2.5-0.5B --lora_r 16 --output_dir o"), {})
+    assert trl.setup.adapter == "full" and "adapter" not in trl.unsure  # TRL's own CLI: ModelConfig decides
