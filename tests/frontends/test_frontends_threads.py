@@ -334,3 +334,24 @@ def test_lora_flags_without_use_peft_on_a_script_of_its_own_are_evaluated_both_w
     assert result.setup.adapter == "lora" and set(result.unsure["adapter"][0]) == {"lora", "full"}
     trl = from_command(shlex.split("trl sft --model_name_or_path Qwen/Qwen2.5-0.5B --lora_r 16 --output_dir o"), {})
     assert trl.setup.adapter == "full" and "adapter" not in trl.unsure  # TRL's own CLI: ModelConfig decides
+
+
+# https://github.com/hiyouga/LlamaFactory/issues/9166 (an entry of dataset_info.json, as pasted)
+LF_DATASET_ENTRY = """"foodmonitor":{
+    "file_name": "train_llama_filtered.json",
+    "formatting": "sharegpt",
+    "columns": {
+      "messages": "messages",
+      "videos": "videos"
+    },"""
+
+
+def test_members_lifted_out_of_a_json_file_are_named_as_such(tmp_path):
+    import pytest
+
+    from loraflow.errors import LoraflowError
+
+    pasted = tmp_path / "config.yaml"
+    pasted.write_text(LF_DATASET_ENTRY)
+    with pytest.raises(LoraflowError, match=r"line 1, column 14.*members of a JSON object without the `\{ \}`"):
+        run_check(None, "llama-factory", [str(pasted)], {}, as_json=True)

@@ -17,6 +17,7 @@ from loraflow.families import DEFAULT, EMBEDDING_NAMES, FP16_OVERFLOW, HEAD_NAME
 from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, parse_bool, resolve_path, visible_devices
 from loraflow.frontends.base import FrontendResult
+from loraflow.frontends.config_text import cut_off, json_piece
 from loraflow.rules.combination import Combination
 
 _DEFAULTS = {f.name: f.default for f in fields(Combination) if f.name != "versions"}
@@ -141,31 +142,12 @@ def load_mapping(path: str | Path, what: str) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise LoraflowError(f"{what} {path} is not valid YAML{where}: {problem}.") from None
+        raise LoraflowError(f"{what} {path} is not valid YAML{where}: {problem}{json_piece(text)}.") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise LoraflowError(f"{what} {path} must hold a mapping of keys to values at the top level.")
     return data
-
-
-def cut_off(text: str, pos: int) -> str:
-    """Where a JSON parser stopped at the end of the text: which bracket is still open (a paste cut short)."""
-    if text[pos:].strip():
-        return ""
-    opened: list[int] = []
-    quoted = False
-    for i, c in enumerate(text):  # strings skipped, so a bracket inside a value is not counted
-        if c == '"' and (i == 0 or text[i - 1] != "\\"):
-            quoted = not quoted
-        elif not quoted and c in "{[":
-            opened.append(i)
-        elif not quoted and c in "}]" and opened:
-            opened.pop()
-    if not opened:
-        return ""
-    line = text.count("\n", 0, opened[-1]) + 1
-    return f"; the file ends before the `{text[opened[-1]]}` opened on line {line} is closed (cut short?)"
 
 
 def int_value(value: Any, where: str, expected: str = "an integer", choices: tuple[int, ...] = ()) -> int:
