@@ -355,3 +355,16 @@ def test_members_lifted_out_of_a_json_file_are_named_as_such(tmp_path):
     pasted.write_text(LF_DATASET_ENTRY)
     with pytest.raises(LoraflowError, match=r"line 1, column 14.*members of a JSON object without the `\{ \}`"):
         run_check(None, "llama-factory", [str(pasted)], {}, as_json=True)
+
+
+def test_torchrun_with_one_process_still_wraps_the_trainer_s_model_in_ddp_before_accelerate_1_10():
+    """tloen/alpaca-lora#253: one torchrun process sets LOCAL_RANK, accelerate < 1.10 wraps the PeftModel in DDP,
+    and the Trainer's find_unused_parameters=True meets reentrant recompute."""
+    old = {"accelerate": Version("0.18.0"), "transformers": Version("4.28.0"), "peft": Version("0.3.0")}
+    s = from_command(argv(ALPACA_LORA_TORCHRUN), old).setup
+    assert (s.world_size, s.engine, s.find_unused_parameters, s.reentrant) == (1, "ddp", True, True)
+    assert findings(argv(ALPACA_LORA_TORCHRUN), old)["ddp-reentrant-unused"] is None
+    new = {**old, "accelerate": Version("1.10.0")}
+    assert from_command(argv(ALPACA_LORA_TORCHRUN), new).setup.engine == "single"
+    plain = ALPACA_LORA_TORCHRUN.split("finetune.py", 1)[1]  # `python finetune.py ...`: no LOCAL_RANK
+    assert from_command(argv("python finetune.py" + plain), old).setup.engine == "single"

@@ -23,7 +23,7 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import hf, script_setup
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, split_command
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, finish_world, int_value
+from loraflow.frontends.common import Draft, finish_world, int_value, one_process_ddp
 from loraflow.frontends.hf_options import Opt
 from loraflow.frontends.trl import TRAINERS
 
@@ -87,6 +87,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     else:
         draft.set("state_dict_patched", True, patch)
     draft.note(f"{cmd.program} is not here: read as {CODE} (commit 65fb822), whose model setup is code, not flags")
+    one_process_ddp(draft, cmd)
     finish_world(draft, cmd)
     draft.flags = dict(FLAGS)
     return draft.result()

@@ -435,6 +435,19 @@ def trainer_dtypes(draft: Draft, base_half: bool, dtype_source: str) -> None:
                       "broken (peft < 0.11)")
 
 
+def one_process_ddp(draft: Draft, cmd: Command | None) -> None:
+    """The HF Trainer under torchrun (or the deepspeed launcher) with a single process: LOCAL_RANK is set, so
+    accelerate picks MULTI_GPU (state.py _prepare_backend) and, before 1.10.0, prepare_model wrapped the model in
+    DDP on that type alone; 1.10.0 (PR #3682, multi_device) also asks for more than one process. The Trainer's own
+    wrapping before it used accelerate did the same on local_rank != -1."""
+    if cmd is None or cmd.launcher not in ("torchrun", "deepspeed") or draft.has("engine") or cmd.world_size not in (
+            None, 1):
+        return
+    if not at_least(draft, "accelerate", "1.10.0"):
+        draft.set("engine", "ddp", f"{cmd.launcher} with one process sets LOCAL_RANK, and accelerate < 1.10 wraps the "
+                  "model in DDP whenever it is set (accelerator.py prepare_model)")
+
+
 def finish_world(draft: Draft, cmd: Command | None) -> None:
     if cmd is not None and cmd.world_size:
         draft.set("world_size", cmd.world_size, cmd.world_source or "launcher")

@@ -41,6 +41,7 @@ from loraflow.frontends.common import (
     load_mapping,
     mapping_value,
     model_name_facts,
+    one_process_ddp,
     precision_from,
     trainer_dtypes,
 )
@@ -394,6 +395,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     if trainer is None:
         trainer, source = "sft", f"assumed ({cmd.program} does not name a stage)"
     apply(draft, opts, trl, (trl_rel.TRAINERS[trainer], source), cmd, bases, trainer)
+    one_process_ddp(draft, cmd)
     finish_world(draft, cmd)
     return draft.result()
 
@@ -422,6 +424,7 @@ def apply_script(draft: Draft, script: script_setup.Script, cmd: Command | None,
     stage, trainer = script_setup.stage(script, fallback)
     apply(draft, script_setup.options(draft, script, flags), script.facts.trl or trl, stage, cmd, bases, trainer)
     script_setup.code_only(draft, script, whole=cmd is not None or script.whole)
+    one_process_ddp(draft, cmd)
     finish_world(draft, cmd)
     script_setup.finish(draft, script)
 
@@ -466,6 +469,7 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
         trainer, source = "sft", "assumed (no stage in the file names)"
     stage = (trl_rel.TRAINERS[trainer], source)
     apply(draft, opts, trl, stage, cmd, bases, trainer)
+    one_process_ddp(draft, cmd)
     finish_world(draft, cmd)
     return draft.result()
 
