@@ -23,7 +23,7 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import hf, script_setup
 from loraflow.frontends.argv import Command, command_from_script, parse_flags, split_command
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, finish_world, int_value, one_process_ddp
+from loraflow.frontends.common import Draft, finish_world, one_process_ddp
 from loraflow.frontends.hf_options import Opt
 from loraflow.frontends.trl import TRAINERS
 
@@ -72,8 +72,10 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     given = {a.name: a for a in args}
     extra = [a.raw for a in args if a.name not in PARAMS]
     draft.unknown += extra + [f"{p} (a positional argument; finetune.py takes flags only)" for p in positionals]
-    # torchrun sets WORLD_SIZE to its process count; a plain `python finetune.py` leaves it unset (1).
-    world = cmd.world_size or int_value(cmd.env.get("WORLD_SIZE") or 1, "WORLD_SIZE", "a number of processes")
+    # torchrun sets WORLD_SIZE to its process count; a plain `python finetune.py` leaves it unset (1). A value the
+    # shell would expand (`WORLD_SIZE=$N`) is not visible: read as one process, as the launch line says nothing more.
+    env = str(cmd.env.get("WORLD_SIZE") or "1")
+    world = cmd.world_size or (int(env) if env.isdigit() else 1)
     stage = (TRAINERS["sft"], f"{CODE}: transformers.Trainer on LlamaForCausalLM")
     hf.apply(draft, _code_options(given, world), False, stage, cmd, [], "sft")
     draft.set("input_grad_hook", True, f"{CODE}: prepare_model_for_int8_training calls enable_input_require_grads")
