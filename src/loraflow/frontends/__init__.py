@@ -87,6 +87,8 @@ def guess_framework_for_files(paths) -> str | None:
         try:
             found = {str(k) for k in load_mapping(path, "config file")}
         except (LoraflowError, OSError, TypeError, ValueError):
+            if _mentions(path, '"zero_optimization"'):
+                return "deepspeed"  # a DeepSpeed JSON that does not parse: the error to give is its own
             continue
         if "zero_optimization" in found:
             return "deepspeed"
@@ -100,6 +102,13 @@ def guess_framework_for_files(paths) -> str | None:
         if "output_dir" in found and len(hf) >= 3 and 2 * len(hf) >= len(foreign):
             return "hf"  # TrainingArguments always need output_dir
     return None
+
+
+def _mentions(path, text: str) -> bool:
+    try:
+        return text in open(path, encoding="utf-8", errors="replace").read()
+    except OSError:
+        return False
 
 
 def _detect(cmd) -> str:

@@ -273,6 +273,10 @@ def split_command(argv: list[str], depth: int = 0) -> Command:
                             "`loraflow check -- deepspeed --module openrlhf.cli.train_sft --zero_stage 3 ...`.")
     cmd = Command(argv=list(argv))
     rest = list(argv)
+    if rest[0].startswith("!") and len(rest[0]) > 1:
+        # A notebook cell's `!swift sft ...` (IPython runs the rest of the line in a shell; Colab, Kaggle).
+        rest[0] = rest[0][1:]
+        cmd.notes.append("a notebook shell escape (`!`): the rest of the line is the launch command")
     while rest:
         head = rest[0]
         if head in ("env", "nohup", "time", "exec", "command") or _ENV.match(head):
@@ -447,6 +451,8 @@ def command_from_script(path: str) -> list[str]:
             variables[assign.group(1)] = expand(assign.group(2)[1:-1] if assign.group(2)[:1] in "'\"" and
                                                 assign.group(2) else assign.group(2))
             continue
+        # A notebook cell saved as text: `!swift sft ...` runs the rest of the line in a shell (IPython).
+        stripped = stripped[1:] if stripped.startswith("!") else stripped
         words = stripped.split()
         first = next((w for w in words if not _ENV.match(w)), "")
         if Path(first).name in _STARTS or _PYTHON.match(first):

@@ -325,10 +325,19 @@ def _read(paths: list[str], draft: Draft) -> tuple[dict[str, tuple[Any, str]], l
     return read_keyed_files(paths, "Axolotl config")
 
 
+# Entry points of src/axolotl/cli/ that do not train: a merge, inference, preprocessing, sharding, evaluation.
+_NOT_TRAINING = ("merge_lora", "merge_sharded_fsdp_weights", "inference", "preprocess", "shard", "quantize",
+                 "evaluate", "vllm_serve", "delinearize_llama4")
+
+
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
-    if cmd.program_kind == "cli" and cmd.subcommand != "train":
-        raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads training runs (axolotl train CONFIG).")
+    entry = cmd.program.rsplit(".", 1)[-1] if cmd.program_kind == "module" else None
+    if (cmd.program_kind == "cli" and cmd.subcommand != "train") or entry in _NOT_TRAINING:
+        # `python -m axolotl.cli.merge_lora CONFIG` runs no training; since v0.4.0 it loads the base unquantized
+        # for the merge (load_in_8bit/load_in_4bit forced false, PR #1017).
+        raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads training runs (axolotl train CONFIG, "
+                            "python -m axolotl.cli.train CONFIG).")
     args, positionals, after = parse_flags(cmd.args)
     configs = [p for p in positionals if p.endswith((".yml", ".yaml"))]
     if len(configs) != 1:

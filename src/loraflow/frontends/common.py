@@ -17,6 +17,7 @@ from loraflow.families import DEFAULT, EMBEDDING_NAMES, FP16_OVERFLOW, HEAD_NAME
 from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, parse_bool, resolve_path, visible_devices
 from loraflow.frontends.base import FrontendResult
+from loraflow.frontends.config_text import cut_off, json_piece
 from loraflow.rules.combination import Combination
 
 _DEFAULTS = {f.name: f.default for f in fields(Combination) if f.name != "versions"}
@@ -168,13 +169,13 @@ def load_mapping(path: str | Path, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
-        raise LoraflowError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}."
-                            ) from None
+        raise LoraflowError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+                            f"{cut_off(text, exc.pos)}.") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise LoraflowError(f"{what} {path} is not valid YAML{where}: {problem}.") from None
+        raise LoraflowError(f"{what} {path} is not valid YAML{where}: {problem}{json_piece(text)}.") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -489,6 +490,19 @@ def intersect(spec: str) -> str | None:
            for r in rest if r.startswith("==") and "*" not in r):
         return None
     return ",".join(parts)
+
+
+def one_process_ddp(draft: Draft, cmd: Command | None) -> None:
+    """The HF Trainer under torchrun (or the deepspeed launcher) with a single process: LOCAL_RANK is set, so
+    accelerate picks MULTI_GPU (state.py _prepare_backend) and, before 1.10.0, prepare_model wrapped the model in
+    DDP on that type alone; 1.10.0 (PR #3682, multi_device) also asks for more than one process. The Trainer's own
+    wrapping before it used accelerate did the same on local_rank != -1."""
+    if cmd is None or cmd.launcher not in ("torchrun", "deepspeed") or draft.has("engine") or cmd.world_size not in (
+            None, 1):
+        return
+    if not at_least(draft, "accelerate", "1.10.0"):
+        draft.set("engine", "ddp", f"{cmd.launcher} with one process sets LOCAL_RANK, and accelerate < 1.10 wraps the "
+                  "model in DDP whenever it is set (accelerator.py prepare_model)")
 
 
 def finish_world(draft: Draft, cmd: Command | None) -> None:

@@ -19,6 +19,7 @@ from loraflow.frontends.common import (
     STAGE_IN_NAME,
     Draft,
     as_bool,
+    at_least,
     finish_world,
     int_value,
     load_mapping,
@@ -121,9 +122,49 @@ def infer_from_name(ref: str) -> tuple[dict, tuple[str, ...], str]:
     return config, tuple(unsure), ", ".join(said)
 
 
-def read(ref: str | dict, flag: str, bases: tuple = (), names: dict | None = None) -> DeepSpeedConfig:
+def _load_as_deepspeed(path: Path, what: str, draft: Draft | None) -> dict[str, Any]:
+    """The file as DeepSpeed itself loads it: DeepSpeedConfig (deepspeed/runtime/config.py) reads a path with hjson
+    since PR #2783 (DeepSpeed 0.8.1), which accepts comments, trailing commas and a root without braces, and refuses
+    duplicate keys. Strict JSON first (every framework reads that alike); hjson where DeepSpeed would accept more.
+    Frameworks that hand the path to transformers (the HF Trainer, accelerate, LLaMA-Factory, Axolotl, ms-swift) read
+    it with json.load (transformers integrations/deepspeed.py): they call this with no draft and get the JSON error."""
+    try:
+        return load_mapping(path, what)
+    except LoraflowError as strict:
+        try:
+            import hjson
+        except ImportError:  # DeepSpeed's own dependency: without it, the strict reading's error stands
+            raise strict from None
+        if draft is None or not at_least(draft, "deepspeed", "0.8.1"):
+            raise
+        try:
+            data = hjson.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicates(path))
+        except (hjson.HjsonDecodeError, ValueError):
+            raise strict from None
+        if not isinstance(data, dict):
+            raise strict from None
+        draft.note(f"{path}: not strict JSON, read as DeepSpeed reads it (hjson: comments, trailing commas); "
+                   "transformers' json.load would refuse it under the HF Trainer")
+        return dict(data)
+
+
+def _no_duplicates(path: Path):
+    """deepspeed/runtime/config_utils.py dict_raise_error_on_duplicate_keys."""
+    def pairs(items: list) -> dict:
+        names = [k for k, _ in items]
+        twice = sorted({k for k in names if names.count(k) > 1})
+        if twice:
+            raise LoraflowError(f"{path}: duplicate keys {', '.join(twice)}; DeepSpeed refuses them (\"Duplicate keys "
+                                "in DeepSpeed config\").")
+        return dict(items)
+    return pairs
+
+
+def read(ref: str | dict, flag: str, bases: tuple = (), names: dict | None = None,
+         draft: Draft | None = None) -> DeepSpeedConfig:
     """The DeepSpeed config `ref` names: an inline dict, an existing file (relative to the working directory, then to
-    each of `bases`), a name in `names` (ms-swift), or a well-known shipped file name. Anything else is an error."""
+    each of `bases`), a name in `names` (ms-swift), or a well-known shipped file name. Anything else is an error.
+    `draft`: given where DeepSpeed itself loads the file (a config alone), which reads it as DeepSpeed does."""
     if isinstance(ref, dict):
         return DeepSpeedConfig(ref, f"{flag} (inline)")
     if not isinstance(ref, str):
@@ -134,7 +175,7 @@ def read(ref: str | dict, flag: str, bases: tuple = (), names: dict | None = Non
         return DeepSpeedConfig(config, f"{flag} {ref}", [f"{flag} {ref}: the config {origin} (as shipped)"])
     path = resolve_path(ref, *bases)
     if path is not None:
-        return DeepSpeedConfig(load_mapping(path, f"DeepSpeed config ({flag})"), str(path))
+        return DeepSpeedConfig(_load_as_deepspeed(path, f"DeepSpeed config ({flag})", draft), str(path))
     base = Path(ref).name
     if base in WELL_KNOWN:
         config, origin = WELL_KNOWN[base]
@@ -231,7 +272,7 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
         raise LoraflowError("--framework deepspeed needs the DeepSpeed config JSON: loraflow check --framework "
                             "deepspeed ds_config.json")
     for path in paths:
-        info = apply(draft, read(path, "deepspeed config"))
+        info = apply(draft, read(path, "deepspeed config", draft=draft))
         label = path
         resolve_precision(draft, info, label, None, None, "")
         if "auto" in (info["bf16"], info["fp16"]):

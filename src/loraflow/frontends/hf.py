@@ -41,6 +41,7 @@ from loraflow.frontends.common import (
     load_mapping,
     mapping_value,
     model_name_facts,
+    one_process_ddp,
     precision_from,
     trainer_dtypes,
 )
@@ -130,6 +131,8 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     intent = infer({n: (o.value, o.source) for n, o in opts.items() if n not in known})
     run = Run(opts, trl, trainer, cli, intent, info, zero3)
     _adapter(draft, run)
+    if cmd is not None and not (cmd.program == "trl" or cmd.program.startswith("trl.")):
+        _lora_flags_without_use_peft(draft, run, cmd.program)
     _image_text(draft, opts, intent, cmd)
     _quant_storage(draft, run, bf16, fp16)
     gc, gc_name, kw_name = checkpointing(draft, run)
@@ -209,6 +212,27 @@ def _adapter(draft: Draft, run: Run) -> None:
                   "tower)")
     elif targets is not None and TOWER_MODULE.search(" ".join(map(str, as_list(targets.value)))):
         draft.set("tower_adapters", True, f"{targets.source} (names vision-tower modules)")
+
+
+# TRL ModelConfig's LoRA settings (trl/trainer/model_config.py), which many scripts also have as flags of their own.
+_LORA_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_dora", "use_rslora")
+
+
+def _lora_flags_without_use_peft(draft: Draft, run: Run, program: str) -> None:
+    """LoRA flags without --use_peft on a script that is not TRL's CLI: TRL's ModelConfig ignores them (use_peft false
+    trains every weight), while a script with LoRA flags of its own (alpaca-lora's forks, vendors' finetune.py) uses
+    them. Which one `program` is its code says, not the launch line: both are evaluated, LoRA read first."""
+    given = [run.opts[n].source for n in _LORA_FLAGS if n in run.opts]
+    if not run.trl or "use_peft" in run.opts or not given or run.intent.adapter:
+        return
+    if not draft.sources.get("adapter", "").startswith("default (TRL"):
+        return  # something else decided it (the script's code)
+    kind = "dora" if run.on("use_dora") else "lora"
+    draft.set("adapter", kind, f"{given[0]} (read as the script's own LoRA flag)")
+    draft.maybe("adapter", {kind: f"{Path(program).name} uses {given[0]} itself (its own LoRA flags)",
+                            "full": f"{Path(program).name} is TRL's script: ModelConfig ignores {given[0]} without "
+                                    "--use_peft and trains every weight (trl/trainer/model_config.py)"},
+                f"{given[0]} without --use_peft: TRL's ModelConfig has the flag, and so do scripts of their own")
 
 
 def _quant_storage(draft: Draft, run: Run, bf16: bool, fp16: bool) -> None:
@@ -371,6 +395,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     if trainer is None:
         trainer, source = "sft", f"assumed ({cmd.program} does not name a stage)"
     apply(draft, opts, trl, (trl_rel.TRAINERS[trainer], source), cmd, bases, trainer)
+    one_process_ddp(draft, cmd)
     finish_world(draft, cmd)
     return draft.result()
 
@@ -399,6 +424,7 @@ def apply_script(draft: Draft, script: script_setup.Script, cmd: Command | None,
     stage, trainer = script_setup.stage(script, fallback)
     apply(draft, script_setup.options(draft, script, flags), script.facts.trl or trl, stage, cmd, bases, trainer)
     script_setup.code_only(draft, script, whole=cmd is not None or script.whole)
+    one_process_ddp(draft, cmd)
     finish_world(draft, cmd)
     script_setup.finish(draft, script)
 
@@ -443,6 +469,7 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
         trainer, source = "sft", "assumed (no stage in the file names)"
     stage = (trl_rel.TRAINERS[trainer], source)
     apply(draft, opts, trl, stage, cmd, bases, trainer)
+    one_process_ddp(draft, cmd)
     finish_world(draft, cmd)
     return draft.result()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import deepspeed, keys, vision
+from loraflow.frontends import adapter_dtype, deepspeed, keys, vision
 from loraflow.frontends.argv import (
     Command,
     command_from_script,
@@ -305,11 +305,25 @@ def _save_gather(draft: Draft, stage_raw: str, acc: dict, info: dict) -> None:
         draft.set("adapter_save_gather", gather, f"{key} in the DeepSpeed config ({why})")
 
 
+def _adapter_dtype(draft: Draft, ftype: str) -> None:
+    """Before v0.4.0 LLaMA-Factory loaded the model in the compute dtype (model/loader.py: torch_dtype=compute_dtype,
+    fp16 with --fp16) and added LoRA without casting what trains to float32 (model/adapter.py); the cast came with
+    commit 7a03c8d "use peft 0.7.0, fix #1561 #1764" (first in v0.4.0), when PEFT began creating adapters in the
+    base's dtype."""
+    half = {"fp16-mixed": "float16", "bf16-mixed": "bfloat16"}.get(draft.get("precision"))
+    if ftype != "lora" or half is None or draft.get("quantization"):
+        return  # a k-bit base: PEFT wraps integer weights, so the adapters stay float32
+    if not at_least(draft, "llama-factory", "0.4.0") and adapter_dtype.adapters_follow_base(draft):
+        adapter_dtype.trained_in_half(draft, half, f"LLaMA-Factory < 0.4.0 loads the model in {half} and keeps "
+                                      f"the LoRA weights PEFT makes ({adapter_dtype.WHY}; model/adapter.py)")
+
+
 def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, bases: list) -> None:
     _eras(draft, opts, cmd)
     stage_raw = _stage(draft, opts)
     acc, info = _engine_and_precision(draft, opts, cmd, bases)
     ftype = _adapter(draft, opts)
+    _adapter_dtype(draft, ftype)
     _checkpointing(draft, opts)
     _trainer(draft, opts, stage_raw, ftype)
     _save_gather(draft, stage_raw, acc, info)

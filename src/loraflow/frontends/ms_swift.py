@@ -9,6 +9,7 @@ DeepSpeed, FSDP) (swift/trainers/mixin.py _fix_gradient_checkpointing). It alway
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +279,20 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     draft.flag(**FLAGS)
 
 
+# Templates that ran the model's own modules while encoding a sample (data preprocessing, outside the engine's
+# forward) until ms-swift 2.3.1 moved that work into _post_encode, called from a forward pre-hook on the model
+# (swift/llm/utils/template.py, PR #1594): deepseek-vl's encode called model.prepare_inputs_embeds (vision tower,
+# aligner, token embeddings), InternLM-XComposer2's model.encode_img / img2emb.
+_ENCODE_RUNS_MODEL = re.compile(r"deepseek[-_]vl(?!2)|internlm[-_]?xcomposer2", re.I)
+
+
+def _encode_runs_model(draft: Draft, model: str, source: str) -> None:
+    if model and _ENCODE_RUNS_MODEL.search(model) and not at_least(draft, "ms-swift", "2.3.1"):
+        draft.set("weights_outside_forward", True, f"{source}: ms-swift < 2.3.1 runs {model}'s vision tower and "
+                  "embeddings in the template's encode of each sample, outside the engine's forward "
+                  "(swift/llm/utils/template.py)")
+
+
 def _image_text(draft: Draft, get, src, on, opts: dict) -> None:
     """The image-text fields: the model's name (or --model_type) or a tower flag; then the towers ms-swift trains.
     From 3.0, --freeze_vit / --freeze_aligner default true and --freeze_llm false (swift/arguments/tuner_args.py),
@@ -287,6 +302,7 @@ def _image_text(draft: Draft, get, src, on, opts: dict) -> None:
     model = str(get(key) or "") if key else ""
     flag = next((src(k) for k in ("freeze_vit", "freeze_aligner") if k in opts), None)
     model_name_facts(draft, model, src(key) if key else "")
+    _encode_runs_model(draft, model, src(key) if key else "")
     if not vision.recognise(draft, model, src(key) if key else "", flag):
         return
     if "freeze_aligner" in opts and ">=3.0.0" not in draft.eras.get("ms-swift", ("",))[0]:
@@ -325,8 +341,9 @@ def _image_text(draft: Draft, get, src, on, opts: dict) -> None:
     vision.data_unknowns(draft, "max_length")
 
 
-# What a flag's spelling says about the release (ms-swift's git history).
-_ERAS = (("sft_type", "<3.0.0"), ("model_id_or_path", "<3.0.0"), ("model_type", "<3.0.0"),
+# What a flag's spelling says about the release (ms-swift's git history). --model_type dates nothing: 2.x named the
+# model by it, and 3.x and 4.x keep it to name the model's group (swift/llm/argument/base_args/model_args.py).
+_ERAS = (("sft_type", "<3.0.0"), ("model_id_or_path", "<3.0.0"),
          ("train_type", ">=3.0.0,<4.1.0"), ("tuner_type", ">=4.0.0"), ("ds3_gather_for_generation", ">=3.1.1"),
          ("vllm_mode", ">=3.5.0"), ("rollout_importance_sampling_mode", ">=3.11.0"))
 DEPENDS = (("ms-swift", "<2.0.0", {"transformers": "<4.41"}), ("ms-swift", ">=2.0.0,<3.0.0", {"transformers": "<4.48"}),
@@ -395,11 +412,12 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
 
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:
-    """A launch script (.sh) with `swift sft|rlhf ...`."""
-    scripts = [p for p in paths if p.endswith(".sh")]
-    if len(scripts) != 1 or len(paths) != 1:
-        raise LoraflowError("--framework ms-swift takes one launch script (.sh); or give the command after `--`.")
-    return from_command(split_command(command_from_script(scripts[0])), versions)
+    """A launch script with `swift sft|rlhf ...`: ms-swift is configured by flags only, so the file is read for its
+    launch line whatever its name (a .sh, a notebook cell saved as text), as DeepSpeed-Chat's scripts are."""
+    if len(paths) != 1:
+        raise LoraflowError("--framework ms-swift takes one launch script (e.g. a .sh holding `swift sft ...`); or "
+                            "give the command after `--`.")
+    return from_command(split_command(command_from_script(paths[0])), versions)
 
 
 def _recognise(view) -> bool:

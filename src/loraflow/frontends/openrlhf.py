@@ -18,6 +18,7 @@ from loraflow.frontends.argv import (
 )
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, int_value, model_name_facts
+from loraflow.frontends.kbit_facts import MOVE_4BIT_SINCE, move_refused
 from loraflow.frontends.table import (
     Default,
     Field,
@@ -309,6 +310,29 @@ def _save_and_generation(draft: Draft, cmd: Command, name: str, given: dict) -> 
                             ("" if gpus else f" (default {g}, openrlhf/cli/train_ppo_ray.py)"))
 
 
+def _quantized_engines(draft: Draft, name: str, given: dict) -> None:
+    """--load_in_4bit reaches every model an entry point loads (cli/train_*.py, trainer/ray/launcher.py), and each is
+    handed to deepspeed.initialize, which moves it to its device (utils/deepspeed/deepspeed.py _ds_init_train_model,
+    _ds_init_eval_model). A model with LoRA reaches the engine as a PeftModel, an nn.Module whose .to never meets
+    transformers' check; one without is a transformers model whose PreTrainedModel.to refuses 4 bits before
+    bitsandbytes 0.43.2: the reference model of DPO, KTO and PPO, PPO's reward model (unless remote), and the trained
+    model itself without --lora_rank."""
+    if draft.get("quantization") != "4bit":
+        return
+    bare = []
+    if name in ("train_dpo", "train_kto", "train_ppo", "train_ppo_ray"):
+        bare.append("the reference model")
+    remote = any(n in given for n in ("remote_rm_url", "reward.remote_url"))
+    if name in ("train_ppo", "train_ppo_ray") and not remote:
+        bare.append("the reward model")
+    if draft.get("adapter") == "full":
+        bare.append("the trained model (no --lora_rank)")
+    if bare and move_refused(draft, "4bit"):
+        draft.set("quantized_moved", True, f"--load_in_4bit: OpenRLHF hands {', '.join(bare)}, loaded in 4 bits "
+                  "without an adapter, to deepspeed.initialize, which moves it to its device (transformers refuses "
+                  f"before bitsandbytes {MOVE_4BIT_SINCE}; openrlhf/utils/deepspeed/deepspeed.py)")
+
+
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     name = entry(cmd)
     if name not in STAGES:
@@ -325,6 +349,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     _precision(draft, given, style)
     apply_table(draft, options, _TRAINERS)
     _save_and_generation(draft, cmd, name, given)
+    _quantized_engines(draft, name, given)
     model = given.get("pretrain") or given.get("actor.model_name_or_path")
     if model is not None:
         model_name_facts(draft, model.one() or "", model.raw)

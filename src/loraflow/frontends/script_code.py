@@ -95,6 +95,9 @@ class Code:
     """`owner.attr = value` assignments: (owner as written, attr, value, source), in order."""
     owners: dict[str, Any] = field(default_factory=dict)
     """For each attribute assignment's owner text: the value its root name held then."""
+    replaced: list[tuple[str, str, frozenset[str], str]] = field(default_factory=list)
+    """`owner.method = <a lambda or a call>`: a method replaced on an object (alpaca-lora's `model.state_dict = (lambda
+    ...: get_peft_model_state_dict(...)).__get__(model)`): (owner, attr, the names the new value calls, source)."""
     skipped: list[str] = field(default_factory=list)
     """Lines that did not parse: `train.py:7: skipped (invalid syntax): <text>`."""
     elided: list[int] = field(default_factory=list)
@@ -251,8 +254,12 @@ class _Reader(ast.NodeVisitor):
             while isinstance(root, ast.Attribute):
                 root = root.value
             self.code.owners[owner] = self.env.get(root.id) if isinstance(root, ast.Name) else None
-            self.code.attributes.append((owner, target.attr, value, f"{self.code.file}:{node.lineno}: "
-                                         f"{ast.unparse(target)} = {_short(ast.unparse(node.value))}"))
+            source = f"{self.code.file}:{node.lineno}: {ast.unparse(target)} = {_short(ast.unparse(node.value))}"
+            self.code.attributes.append((owner, target.attr, value, source))
+            new = getattr(node, "value", None)
+            if isinstance(new, (ast.Lambda, ast.Call)):
+                called = frozenset(_callee_name(c) for c in ast.walk(new) if isinstance(c, ast.Call))
+                self.code.replaced.append((owner, target.attr, called, source))
 
     def value(self, node: ast.AST) -> Any:
         if isinstance(node, ast.Constant):
@@ -336,6 +343,12 @@ def _known(items: list[Any], node: ast.AST) -> Any:
 def _nothing(node: ast.AST) -> bool:
     """`*()`: what an elided `...` was read as."""
     return isinstance(node, ast.Starred) and isinstance(node.value, ast.Tuple) and not node.value.elts
+
+
+def _callee_name(node: ast.Call) -> str:
+    """The last part of what a call calls: `get_peft_model_state_dict`, `__get__`."""
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
 def _callee(node: ast.Call) -> str:

@@ -81,6 +81,8 @@ class Facts:
     unknown: list[str] = field(default_factory=list)
     late: dict[str, Opt] = field(default_factory=dict)
     """Attributes set on the training arguments after they are built or parsed: they override flags too."""
+    state_dict_patch: str = ""
+    """Where the code replaces a model's state_dict with PEFT's adapter state dict (alpaca-lora's finetune.py)."""
 
 
 def kind(call: Call, code: Code) -> str:
@@ -440,6 +442,11 @@ def _attributes(facts: Facts, code: Code) -> None:
     for owner, attr, value, source in code.attributes:
         if owner.endswith(".config") and attr == "use_cache" and isinstance(value, bool):
             facts.opts["use_cache"] = Opt(value, source, True)
+    for owner, attr, called, source in code.replaced:
+        # model.state_dict answering with get_peft_model_state_dict(...): PEFT's save_pretrained filters that
+        # already filtered dict again (rule adapter-state-dict-patched).
+        if attr == "state_dict" and "get_peft_model_state_dict" in called:
+            facts.state_dict_patch = facts.state_dict_patch or source
 
 
 def parsed_sets(code: Code, is_args) -> dict[str, Opt]:

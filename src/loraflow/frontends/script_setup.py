@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loraflow.enginespec import engine_spec
 from loraflow.errors import LoraflowError
+from loraflow.frontends import adapter_dtype
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import resolve_path
 from loraflow.frontends.common import Draft, as_bool, at_least
 from loraflow.frontends.hf_options import Opt
 from loraflow.frontends.intent import infer
+from loraflow.frontends.kbit_facts import move_refused
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
 
@@ -31,7 +32,9 @@ CODE_FLAGS = {"adapter_loaded_frozen": "PeftModel.from_pretrained(..., is_traina
               "merge_into_quantized": "merge_and_unload() on the quantized model (merge into a base loaded in "
                                       "bf16/fp16)",
               "task_head_saved": "LoraConfig(task_type=\"SEQ_CLS\") or modules_to_save=[\"score\"]",
-              "unsloth": "FastLanguageModel (Unsloth)", "input_grad_hook": "model.enable_input_require_grads()"}
+              "unsloth": "FastLanguageModel (Unsloth)", "input_grad_hook": "model.enable_input_require_grads()",
+              "state_dict_patched": "the `model.state_dict = ... get_peft_model_state_dict(...)` lines (delete them: "
+                                    "model.save_pretrained saves the adapter)"}
 FLAGS = {"checkpointing": "gradient_checkpointing=True (TrainingArguments) or model.gradient_checkpointing_enable()",
          "reentrant": "gradient_checkpointing_kwargs={\"use_reentrant\": ...}",
          "precision": "bf16= / fp16= (TrainingArguments); keep what trains in float32 (no .half() / .to(dtype) after "
@@ -184,6 +187,9 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
         draft.unsure.pop("input_grad_hook", None)
     if facts.unsloth:
         draft.set("unsloth", True, f"{facts.unsloth} (Unsloth loads and patches the model)")
+    if facts.state_dict_patch:
+        draft.set("state_dict_patched", True, f"{facts.state_dict_patch} (the model's state_dict returns PEFT's "
+                  "adapter state dict)")
     _loaded_frozen(draft, script)
     _task_head(draft, script)
     _casts(draft, script)
@@ -283,23 +289,12 @@ def _casts(draft: Draft, script: Script) -> None:
     elif any(m and (not isinstance(m, Unread) or m.text not in ("[]", "None")) for m in saved):
         _half(draft, dtype, f"{where} (modules_to_save copies the {dtype} modules: they train in {dtype})")
     elif not draft.get("quantization") and not any("quantization_config" in c.kwargs for c in facts.loads) and \
-            not at_least(draft, "peft", "0.12.0"):  # a quantized base is k-bit prepared: its adapters are float32
-        _half(draft, dtype, f"{where} (peft < 0.12 creates the adapters in the base's dtype; autocast_adapter_dtype "
-              "keeps them in float32 from 0.12)")
+            adapter_dtype.adapters_follow_base(draft):  # a quantized base is k-bit prepared: its adapters are float32
+        _half(draft, dtype, f"{where} ({adapter_dtype.WHY})")
 
 
 _HALF = {"bfloat16": "bf16", "float16": "fp16"}
-
-
-def _half(draft: Draft, dtype: str, source: str) -> None:
-    if engine_spec(draft.get("engine")).zero:
-        return  # DeepSpeed keeps float32 master weights of whatever it trains
-    if dtype == "bfloat16":
-        draft.set("precision", "bf16", source)
-    elif draft.get("precision") == "fp16-mixed":  # fp16 loss scaling over fp16 weights
-        draft.set("precision", "fp16", source)
-    else:
-        draft.note(f"{source}: trained in float16 without loss scaling (fp16=True is off)")
+_half = adapter_dtype.trained_in_half
 
 
 def _moves(draft: Draft, script: Script) -> None:
@@ -310,7 +305,7 @@ def _moves(draft: Draft, script: Script) -> None:
             draft.set("quantized_moved", True, f"{call.at()} (the DeepSpeed engine moves the model to its device)")
     for call in script.facts.moves:
         bits = _bits(draft, script, call.owner)
-        if bits == "8bit" or (bits == "4bit" and not at_least(draft, "bitsandbytes", "0.43.2")):
+        if move_refused(draft, bits):
             draft.set("quantized_moved", True, f"{call.at()} (moves a {bits} model after loading)")
 
 

@@ -1,0 +1,16 @@
+"""What transformers allows with a bitsandbytes-quantized model after it is loaded, per release: read by the script
+reader and by the frontends whose framework moves a quantized model itself (a DeepSpeed engine calls
+module.to(device) on the model it wraps: DeepSpeedEngine._configure_distributed_model)."""
+
+from __future__ import annotations
+
+from loraflow.frontends.common import Draft, at_least
+
+# transformers' PreTrainedModel.to refuses an 8-bit model, and a 4-bit one unless bitsandbytes >= 0.43.2, which
+# moves 4-bit weights across devices (modeling_utils.py; older transformers refused every k-bit move).
+MOVE_4BIT_SINCE = "0.43.2"
+
+
+def move_refused(draft: Draft, bits: str | None) -> bool:
+    """Whether transformers refuses `.to(device)` on a model loaded in `bits` (4bit / 8bit) in this evaluation."""
+    return bits == "8bit" or (bits == "4bit" and not at_least(draft, "bitsandbytes", MOVE_4BIT_SINCE))
