@@ -656,7 +656,7 @@ def test_the_path_of_trls_own_script_dates_the_release():
 def test_era_clues_are_intersected_and_contradictions_said():
     """Flag spellings narrow a release range to its shortest form; spellings no single release has (copied from
     two releases' docs) date nothing instead of an empty range."""
-    from loraflow.frontends.common import intersect
+    from loraflow.frontends.scenarios import intersect
 
     assert intersect("<4.1.0,>=3.0.0,>=3.0.0,>=3.1.0") == ">=3.1.0,<4.1.0"
     assert intersect(">=0.5.0,<0.7.2,>=0.8.0") is None and intersect("==0.5.0,>=0.6") is None

@@ -9,7 +9,7 @@ import json
 from loraflow.frontends import parse_versions, run_check
 from loraflow.frontends.argv import command_from_script, split_command
 
-VERSIONS = dict(parse_versions("torch=2.13.0,transformers=5.23.0,peft=0.21.2,trl=1.16.0"))
+VERSIONS = dict(parse_versions("torch=2.13.0,transformers=5.23.0,peft=0.21.2,trl=1.16.0,accelerate=1.15.0"))
 # HF Trainer flags of a LoRA run that crashes under DDP (ddp-reentrant-unused): reentrant checkpointing with
 # find_unused_parameters on.
 FLAGS = ("train.py --use_peft --lora_r 16 --gradient_checkpointing --gradient_checkpointing_kwargs "
@@ -40,7 +40,8 @@ def test_an_unset_launcher_variable_makes_the_process_count_a_question(tmp_path)
     assert code == 1
     assert {f["rule"]: f["holds_if"] for f in doc["findings"]}["ddp-reentrant-unused"] == "several processes"
     assert any("$DISTRIBUTED_ARGS" in q for q in doc["depends_on"])
-    # Without the variable torchrun starts one process (its --nproc_per_node default): nothing to ask.
+    # Without the variable torchrun starts one process (its --nproc_per_node default), which accelerate >= 1.10 does
+    # not wrap in DDP: nothing to ask.
     script.write_text("torchrun " + FLAGS + "\n")
     doc, code = _doc(script)
     assert "ddp-reentrant-unused" not in {f["rule"] for f in doc["findings"]}

@@ -2,8 +2,8 @@
 YAML `accelerate config` writes and `accelerate launch --config_file` reads; keys from accelerate
 src/accelerate/commands/config/config_args.py and utils/dataclasses.py). A DeepSpeed JSON may come beside it.
 
-The file is read by the same code that reads it beside a launch line (common.apply_accelerate: engine, ZeRO stage,
-offload, FSDP options, mixed precision, processes). It says nothing of the training script, so what only the script
+The file is read by the same code that reads it beside a launch line (accelerate_options.apply_accelerate: engine,
+ZeRO stage, offload, FSDP options, mixed precision, processes). It says nothing of the training script, so what only the script
 decides - the stage (read as SFT), whether it trains an adapter, on a 4-bit base or not, whether it checkpoints and
 how - is evaluated both ways: a finding then says under which of these it holds. The engine facts decide the rest.
 """
@@ -17,7 +17,8 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import deepspeed, keys
 from loraflow.frontends.argv import Arg, Command
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, apply_accelerate, finish_world, load_mapping, mapping_value, precision_from
+from loraflow.frontends.accelerate_options import apply_accelerate
+from loraflow.frontends.common import Draft, finish_world, load_mapping, mapping_value, precision_from
 
 NAME = "accelerate"
 # Keys only accelerate's config file has: how `loraflow check FILE` recognises one (base.Framework.file_markers).

@@ -23,11 +23,10 @@ from loraflow.frontends.argv import (
     split_command,
 )
 from loraflow.frontends.base import Framework, FrontendResult
+from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
 from loraflow.frontends.common import (
     Draft,
     accessors,
-    apply_accelerate,
-    apply_fsdp_options,
     as_bool,
     as_list,
     at_least,

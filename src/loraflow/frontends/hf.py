@@ -28,10 +28,9 @@ from loraflow.frontends.argv import (
     split_command,
 )
 from loraflow.frontends.base import Framework, FrontendResult
+from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
 from loraflow.frontends.common import (
     Draft,
-    apply_accelerate,
-    apply_fsdp_options,
     as_bool,
     as_list,
     at_least,

@@ -22,10 +22,10 @@ from loraflow.frontends.argv import (
     split_command,
 )
 from loraflow.frontends.base import Framework, FrontendResult
+from loraflow.frontends.accelerate_options import apply_accelerate
 from loraflow.frontends.common import (
     Draft,
     accessors,
-    apply_accelerate,
     as_bool,
     as_list,
     at_least,

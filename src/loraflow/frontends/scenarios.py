@@ -42,6 +42,30 @@ def spec_points(spec: str) -> set[Version]:
     return points
 
 
+def intersect(spec: str) -> str | None:
+    """A specifier set in its shortest form (`<4.1.0,>=3.0.0,>=3.1.0` -> `>=3.1.0,<4.1.0`), or None when no version
+    satisfies it. Bounds are tightened; other operators (==, !=, ~=) are kept as written."""
+    lows, highs, rest = [], [], []
+    for item in SpecifierSet(spec):
+        v = Version(item.version.replace(".*", "")) if item.operator in ("<", "<=", ">", ">=") else None
+        if item.operator in (">", ">="):
+            lows.append((v, item.operator == ">"))
+        elif item.operator in ("<", "<="):
+            highs.append((v, item.operator == "<"))
+        elif str(item) not in rest:
+            rest.append(str(item))
+    low = max(lows, default=None)  # at one version, `>` (strict) is the tighter bound
+    high = min(highs, key=lambda h: (h[0], not h[1]), default=None)  # and `<` the tighter one
+    if low and high and (low[0] > high[0] or (low[0] == high[0] and (low[1] or high[1]))):
+        return None
+    parts = ([f"{'>' if low[1] else '>='}{low[0]}"] if low else []) + (
+        [f"{'<' if high[1] else '<='}{high[0]}"] if high else []) + rest
+    if any(not SpecifierSet(",".join(parts)).contains(Version(r.lstrip("=")), prereleases=True)
+           for r in rest if r.startswith("==") and "*" not in r):
+        return None
+    return ",".join(parts)
+
+
 @dataclass
 class Variable:
     name: str

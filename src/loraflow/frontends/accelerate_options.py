@@ -1,0 +1,171 @@
+"""What `accelerate launch` brings to a run, read once for every frontend whose launches go through it: its config
+file (given, or a framework's shipped one inferred from its name), its command-line options, and the FSDP options
+both carry (accelerate/commands/config/config_args.py, accelerate/commands/launch.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from loraflow.errors import LoraflowError
+from loraflow.frontends import keys
+from loraflow.frontends.argv import Command, resolve_path
+from loraflow.frontends.common import STAGE_IN_NAME, Draft, as_bool, int_value, load_mapping, mapping_value
+
+# Accelerate configs shipped by the frameworks, inferred when the named file is not on this machine:
+# trl trl/accelerate_configs/*.yaml (also examples/accelerate_configs/), LLaMA-Factory examples/accelerate/*.yaml.
+_ACCELERATE_KNOWN = {
+    "zero1": {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 1}},
+    "zero2": {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2}},
+    "zero3": {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 3, "zero3_save_16bit_model": True}},
+    "fsdp1": {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 1, "fsdp_use_orig_params": True}},
+    "fsdp2": {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2}},
+    "multi_gpu": {"distributed_type": "MULTI_GPU"},
+    "single_gpu": {"distributed_type": "NO"},
+    "fsdp_config": {"distributed_type": "FSDP", "num_processes": 2, "fsdp_config": {"fsdp_use_orig_params": True}},
+    "fsdp2_config": {"distributed_type": "FSDP", "num_processes": 2, "fsdp_config": {"fsdp_version": 2}},
+    "fsdp_config_offload": {"distributed_type": "FSDP", "num_processes": 2,
+                            "fsdp_config": {"fsdp_use_orig_params": True, "fsdp_offload_params": True}},
+}
+for _name in ("zero1", "zero2", "zero3"):
+    _ACCELERATE_KNOWN[f"deepspeed_{_name}"] = _ACCELERATE_KNOWN[_name]
+for _cfg in _ACCELERATE_KNOWN.values():
+    _cfg.setdefault("mixed_precision", "bf16")
+    _cfg.setdefault("num_processes", 8)
+
+
+def read_accelerate_config(name: str, flag: str, bases: tuple = ()) -> tuple[dict[str, Any], str]:
+    path = resolve_path(name, *bases)
+    if path is not None:
+        return load_mapping(path, f"accelerate config ({flag})"), str(path)
+    stem = Path(name).name.removesuffix(".yaml").removesuffix(".yml")
+    if stem in _ACCELERATE_KNOWN:
+        origin = (f"LLaMA-Factory examples/accelerate/{stem}.yaml" if stem.startswith("fsdp_config") or stem ==
+                  "fsdp2_config" else f"trl examples/accelerate_configs/{stem}.yaml" if stem.startswith("deepspeed_")
+                  else f"trl trl/accelerate_configs/{stem}.yaml")
+        return dict(_ACCELERATE_KNOWN[stem]), f"{name} (inferred: {origin} as shipped)"
+    config, said = _accelerate_from_name(stem)
+    if config is None:
+        raise LoraflowError(f"{flag} {name}: no such file (looked in the working directory"
+                            f"{' and ' + ', '.join(map(str, bases)) if bases else ''}), and its name says nothing "
+                            f"about the launch (DeepSpeed, FSDP or DDP). Run from the directory the path is relative "
+                            f"to, or pass the file to `loraflow check --framework NAME FILE...`.")
+    return config, f"{name} (inferred from its name: {said})"
+
+
+def _accelerate_from_name(stem: str) -> tuple[dict[str, Any] | None, str]:
+    """An accelerate config read from a missing file's name (`deepspeed_config_z3_qlora`, `fsdp_config`,
+    `multi_gpu`): the distributed type and what else the name says; nothing else is assumed."""
+    low = stem.lower()
+    config: dict[str, Any] = {}
+    if "deepspeed" in low or re.search(r"(?<![a-z])(ds|zero)", low):
+        config["distributed_type"] = "DEEPSPEED"
+        m = STAGE_IN_NAME.search(low)
+        if m:
+            config["deepspeed_config"] = {"zero_stage": int(next(g for g in m.groups() if g is not None))}
+        if "offload" in low:
+            config.setdefault("deepspeed_config", {})["offload_optimizer_device"] = "cpu"
+    elif "fsdp" in low:
+        config["distributed_type"] = "FSDP"
+        config["fsdp_config"] = {"fsdp_version": 2} if "fsdp2" in low else {}
+    elif re.search(r"multi[_-]?gpu|ddp", low):
+        config["distributed_type"] = "MULTI_GPU"
+    elif re.search(r"single|one[_-]?gpu", low):
+        config["distributed_type"] = "NO"
+    else:
+        return None, ""
+    said = config["distributed_type"].lower()
+    if "deepspeed_config" in config and "zero_stage" in config["deepspeed_config"]:
+        said += f" ZeRO-{config['deepspeed_config']['zero_stage']}"
+    return config, said
+
+
+def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str, Any]:
+    """`accelerate launch` config file and flags -> engine, world size, mixed precision. Returns what the caller
+    still needs: the DeepSpeed JSON named inside (`deepspeed_config_file`) and zero3_save_16bit_model."""
+    out: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    label = ""
+    name = cmd.launcher_value("config_file")
+    if name:
+        config, label = read_accelerate_config(name, "--config_file", bases)
+        for key in config:
+            if key not in keys.ACCELERATE_TOP:
+                draft.unknown.append(f"{label}: {key}")
+    elif cmd.launcher == "accelerate":
+        draft.note("accelerate launch without --config_file uses the machine's default accelerate config "
+                   "(~/.cache/huggingface/accelerate/default_config.yaml), which is not visible here")
+    flag = cmd.launcher_value
+    dtype = str(config.get("distributed_type", "")).upper()
+    if flag("use_deepspeed") or dtype == "DEEPSPEED":
+        ds = mapping_value(config.get("deepspeed_config"), f"{label}: deepspeed_config")
+        for key in ds:
+            if key not in keys.ACCELERATE_DEEPSPEED:
+                draft.unknown.append(f"{label}: deepspeed_config.{key}")
+        src = "--use_deepspeed" if flag("use_deepspeed") else f"{label}: distributed_type"
+        draft.set("engine", "deepspeed", src)
+        stage = flag("zero_stage") or ds.get("zero_stage")
+        if stage is not None:
+            where = f"--zero_stage {stage}" if flag("zero_stage") else f"{label}: deepspeed_config.zero_stage"
+            draft.set("zero_stage", int_value(stage, where, "a ZeRO stage", (0, 1, 2, 3)), where)
+        elif "(inferred" in label and not (flag("deepspeed_config_file") or ds.get("deepspeed_config_file")):
+            draft.maybe("zero_stage", {n: f"the accelerate config sets ZeRO stage {n}" for n in (0, 1, 2, 3)},
+                        f"{label}: the file is not here and its name gives no stage")
+        devices = [flag("offload_optimizer_device") or ds.get("offload_optimizer_device"),
+                   flag("offload_param_device") or ds.get("offload_param_device")]
+        if any(d not in (None, "none") for d in devices):
+            draft.set("offload", True, f"{label or 'accelerate launch'}: offload_*_device")
+        out["deepspeed_config_file"] = flag("deepspeed_config_file") or ds.get("deepspeed_config_file")
+        save16 = flag("zero3_save_16bit_model") or ds.get("zero3_save_16bit_model")
+        out["zero3_save_16bit_model"] = None if save16 is None else as_bool(save16, "zero3_save_16bit_model")
+    elif flag("use_fsdp") or dtype == "FSDP":
+        fsdp = {str(k).removeprefix("fsdp_"): v for k, v in
+                mapping_value(config.get("fsdp_config"), f"{label}: fsdp_config").items()}
+        version = int_value(flag("fsdp_version") or fsdp.get("version") or 1, "--fsdp_version" if flag("fsdp_version")
+                            else f"{label}: fsdp_config.fsdp_version", "an FSDP version", (1, 2))
+        draft.set("engine", "fsdp2" if version == 2 else "fsdp1", f"{label or 'accelerate launch'}: fsdp_version")
+        apply_fsdp_options(draft, fsdp, label or "accelerate launch", flag)
+    elif flag("multi_gpu") or dtype == "MULTI_GPU":
+        draft.set("engine", "ddp", "--multi_gpu" if flag("multi_gpu") else f"{label}: distributed_type")
+    parallel = mapping_value(config.get("parallelism_config"), f"{label}: parallelism_config")
+    cp = parallel.get("parallelism_config_cp_size", parallel.get("cp_size"))
+    if cp is not None and int_value(cp, f"{label}: parallelism_config_cp_size", "a context-parallel size") > 1:
+        draft.set("sequence_parallel", True, f"{label}: parallelism_config_cp_size {cp} (context parallelism)")
+    mp = flag("mixed_precision") or config.get("mixed_precision")
+    if mp not in (None, "no"):
+        out["mixed_precision"] = str(mp)
+    procs = config.get("num_processes")
+    if cmd.world_size is None and procs:
+        machines = int_value(config.get("num_machines") or 1, f"{label}: num_machines", "a number of machines")
+        cmd.world_size = int_value(procs, f"{label}: num_processes", "a number of processes")
+        cmd.world_source = f"{label}: num_processes"
+        if machines > 1:
+            cmd.world_source += f" (over {machines} machines)"
+    return out
+
+
+def apply_fsdp_options(draft: Draft, options: dict[str, Any], label: str, flag=lambda *a: None) -> None:
+    """FSDP options, keys without their `fsdp_` prefix (accelerate and the HF Trainer accept both spellings)."""
+    def opt(key: str):
+        value = flag(f"fsdp_{key}")
+        return value if value is not None else options.get(key)
+
+    if opt("offload_params") is not None and as_bool(opt("offload_params"), f"{label}: offload_params"):
+        draft.set("offload", True, f"{label}: offload_params")
+    if opt("use_orig_params") is not None:
+        draft.set("fsdp_use_orig_params", as_bool(opt("use_orig_params"), "use_orig_params"),
+                  f"{label}: use_orig_params")
+    else:
+        # accelerate launch passes FSDP_USE_ORIG_PARAMS from --fsdp_use_orig_params, default "true" (accelerate
+        # src/accelerate/commands/launch.py); the plugin itself reads it with default "False" (utils/dataclasses.py).
+        draft.default("fsdp_use_orig_params", True, "accelerate launch --fsdp_use_orig_params default true "
+                      "(commands/launch.py)")
+    if opt("activation_checkpointing") is not None and as_bool(opt("activation_checkpointing"), label):
+        # accelerate wraps each layer in torch's checkpoint_wrapper (CheckpointImpl.NO_REENTRANT), before
+        # fully_shard for FSDP2 (accelerate accelerator.py, utils/fsdp_utils.py fsdp2_apply_ac): inside the unit.
+        source = f"{label}: activation_checkpointing"
+        draft.set("checkpointing", "all", source)
+        draft.set("checkpoint_impl", "torch-wrapper", source)
+        draft.set("reentrant", False, source + " (checkpoint_wrapper is non-reentrant)")
+        draft.set("checkpoint_outside_shard", False, source + " (applied before fully_shard)")
