@@ -3,9 +3,10 @@ YAML `accelerate config` writes and `accelerate launch --config_file` reads; key
 src/accelerate/commands/config/config_args.py and utils/dataclasses.py). A DeepSpeed JSON may come beside it.
 
 The file is read by the same code that reads it beside a launch line (accelerate_options.apply_accelerate: engine,
-ZeRO stage, offload, FSDP options, mixed precision, processes). It says nothing of the training script, so what only the script
-decides - the stage (read as SFT), whether it trains an adapter, on a 4-bit base or not, whether it checkpoints and
-how - is evaluated both ways: a finding then says under which of these it holds. The engine facts decide the rest.
+ZeRO stage, offload, FSDP options, mixed precision, processes). It says nothing of the training script, so what only
+the script decides - the stage (read as SFT), whether it trains an adapter, on a 4-bit base or not, whether it
+checkpoints and how - is evaluated both ways: a finding then says under which of these it holds. The engine facts
+decide the rest.
 """
 
 from __future__ import annotations
