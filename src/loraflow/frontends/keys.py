@@ -123,8 +123,26 @@ use_unsloth_gc use_v1_kernels val_size video_fps video_max_pixels video_maxlen v
 vllm_enforce_eager vllm_gpu_util vllm_max_lora_rank vllm_maxlen
 """)
 
-# ms-swift swift/arguments/*.py, swift/trainers/arguments.py, swift/rlhf_trainers/args_mixin.py
+# ms-swift < 3.0 swift/llm/utils/argument.py (SftArguments, RLHFArguments, v2.6.0) that say nothing about the rules:
+# data, logging, evaluation, serving and export options. Those that could (device_map_config, sequence_parallel,
+# additional_trainable_parameters, lora_modules_to_save, init_lora_weights, vit_use_gc, use_liger...) stay unknown.
+MS_SWIFT_V2 = _names("""
+add_output_dir_suffix api_key batch_size bnb_4bit_comp_dtype cache_max_entry_count check_dataset_strategy
+check_model_is_latest ckpt_dir commit_message custom_eval_config custom_val_dataset_path dataset_seed
+dataset_test_ratio deploy_timeout do_sample eval_backend eval_batch_size eval_few_shot eval_human eval_is_chat_model
+eval_nproc eval_output_dir eval_token eval_url eval_use_cache hf_output_dir host lang load_args_from_ckpt_dir
+load_dataset_config log_interval lora_dropout_p lora_lr_ratio loss_name loss_scale_config_path max_logprobs
+max_num_seqs min_lr model_cache_dir name neftune_alpha only_save_model overwrite_generation_config owned_by port
+preprocess_num_proc push_hub_strategy result_dir save_result self_cognition_sample served_model_name server_name
+server_port share show_dataset_sample ssl_certfile ssl_keyfile streaming_buffer_size streaming_val_size
+template_type test_oom_error tools_prompt train_dataset_sample use_flash_attn use_loss_scale val_dataset_sample
+verbose
+""")
+
+# ms-swift swift/arguments/*.py, swift/trainers/arguments.py, swift/rlhf_trainers/args_mixin.py (gc_collect_after_offload:
+# GRPO's memory cleanup, swift/trainers/arguments.py of v3.5)
 MS_SWIFT = _names("""
+gc_collect_after_offload
 acc_strategy adalora_beta1 adalora_beta2 adalora_deltaT adalora_init_r adalora_orth_reg_weight adalora_target_r
 adalora_tfinal adalora_tinit adapter_act adapter_length adapters add_non_thinking_prefix add_version
 advantage_estimator advantage_reweight agent_template aligner_lr async_generate attn_impl beta
