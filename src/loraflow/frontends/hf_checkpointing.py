@@ -46,6 +46,8 @@ def checkpointing(draft: Draft, run: Run) -> tuple[bool, str, str]:
     draft.set("checkpoint_impl", "transformers", f"{run.who} calls model.gradient_checkpointing_enable")
     if draft.get("engine") == "fsdp2":
         draft.set("checkpoint_outside_shard", *checkpoint_outside_shard(draft))
+        draft.set("fsdp2_root_in_policy", True, "accelerate's fsdp2_prepare_model shards the root with the layers' "
+                  "mp_policy (accelerate/utils/fsdp_utils.py)")
     _reentrant(draft, run, kwargs, kw_name)
     _input_grad_hook(draft, run)
     vision.tower_hook(draft)
