@@ -339,15 +339,27 @@ def _image_text(draft: Draft, get, src, on, opts: dict) -> None:
 # Templates whose _post_encode runs the vision tower on a blank 32x32 image (its embedding added times 0) when a
 # training batch holds none, under DeepSpeed: Qwen2-VL, QVQ and Qwen2.5-VL (swift/llm/template/template/qwen.py
 # Qwen2VLTemplate) and InternVL (template/internvl.py InternvlTemplate), from the 3.0 rewrite (commit b40f31d).
+# Qwen2-VL's template ran the tower once for a batch's images and once more for its videos until 3.7 passed both in
+# one call (PR #5018): a rank whose batch mixes them still runs it twice.
 _BLANK_IMAGE = re.compile(r"qwen[-_.]?2(\.5)?[-_.]?vl|qvq|intern[-_.]?vl", re.IGNORECASE)
+_VIDEO_APART = re.compile(r"qwen[-_.]?2(\.5)?[-_.]?vl|qvq", re.IGNORECASE)
 
 
 def _blank_image(draft: Draft, model: str) -> None:
     if draft.has("image_every_rank") or draft.get("engine") != "deepspeed" or not _BLANK_IMAGE.search(model):
         return
-    if at_least(draft, "ms-swift", "3.0.0"):
-        draft.set("image_every_rank", True, "ms-swift >= 3.0 runs the vision tower on a blank image when a batch has "
-                  "none, under DeepSpeed (swift/llm/template/template/qwen.py, internvl.py: _post_encode)")
+    if not at_least(draft, "ms-swift", "3.0.0"):
+        return
+    draft.set("image_every_rank", True, "ms-swift >= 3.0 runs the vision tower on a blank image when a batch has "
+              "none, under DeepSpeed (swift/llm/template/template/qwen.py, internvl.py: _post_encode)")
+    if _VIDEO_APART.search(model) and not at_least(draft, "ms-swift", "3.7.0"):
+        draft.maybe("image_every_rank", {True: "no micro-batch mixes images and videos (a text-only one gets "
+                                               "ms-swift's blank image)",
+                                         False: "images and videos share a micro-batch: that rank runs the vision "
+                                                "tower twice"},
+                    "whether image and video samples are mixed is in the data; ms-swift 3.0 - 3.6 runs Qwen2-VL's "
+                    "tower once for images and once for videos (template qwen.py _post_encode, one call from PR "
+                    "#5018)")
 
 
 # What a flag's spelling says about the release (ms-swift's git history).
