@@ -139,8 +139,8 @@ template_type test_oom_error tools_prompt train_dataset_sample use_flash_attn us
 verbose
 """)
 
-# ms-swift swift/arguments/*.py, swift/trainers/arguments.py, swift/rlhf_trainers/args_mixin.py (gc_collect_after_offload:
-# GRPO's memory cleanup, swift/trainers/arguments.py of v3.5)
+# ms-swift swift/arguments/*.py, swift/trainers/arguments.py, swift/rlhf_trainers/args_mixin.py
+# (gc_collect_after_offload: GRPO's memory cleanup, swift/trainers/arguments.py of v3.5)
 MS_SWIFT = _names("""
 gc_collect_after_offload
 acc_strategy adalora_beta1 adalora_beta2 adalora_deltaT adalora_init_r adalora_orth_reg_weight adalora_target_r
