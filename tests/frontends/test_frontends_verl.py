@@ -77,8 +77,12 @@ def test_async_rollouts_with_lora_sample_a_stale_policy_before_0_6_1():
 def test_fsdp2_engine_hf_rollouts_and_a_full_share_find_their_rules():
     fsdp2 = launch(GRPO_LORA) + ["actor_rollout_ref.actor.strategy=fsdp2"]
     assert from_command(fsdp2, CURRENT).setup.engine == "fsdp2"
-    # transformers < 5.23 checkpoints the layer's __call__ around FSDP2's hooks (hf_checkpointing.py).
-    assert holds(check(fsdp2, versions=OLD_STACK)) == {"fsdp2-recompute-cast": None}
+    # transformers < 5.23 checkpoints the layer's __call__ around FSDP2's hooks (hf_checkpointing.py), but verl's
+    # apply_fsdp2 shards the root under the layers' policy: a text model's layers get bf16 inputs, and the cast the
+    # recompute skips (torch < 2.13) changes nothing. An image-text model's towers still count.
+    assert holds(check(fsdp2, versions=OLD_STACK)) == {}
+    vl_fsdp2 = launch("run_qwen2_5_vl-7b_lora.sh") + ["actor_rollout_ref.actor.strategy=fsdp2"]
+    assert holds(check(vl_fsdp2, versions=OLD_STACK))["fsdp2-recompute-cast"] is None
     assert holds(check(fsdp2)) == {}
     # HFRollout calls generate on the FSDP2 module without gathering (verl/workers/rollout/hf_rollout.py).
     assert holds(check(fsdp2 + ["actor_rollout_ref.rollout.name=hf"])) == {"fsdp2-generate-unsharded": None}

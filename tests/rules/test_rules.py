@@ -370,3 +370,20 @@ def test_sequence_parallel_recompute_spares_fsdp1():
     fsdp1 = FSDP1.replace(sequence_parallel=True, checkpointing="all", reentrant=False)
     assert fsdp1.flat_params and not rule.when(fsdp1)
     assert rule.when(fsdp1.replace(engine="fsdp2"))
+
+
+def test_fsdp2_recompute_cast_needs_an_input_the_policy_casts():
+    """The cast the recompute skipped (torch < 2.13) changes nothing where a text model's root is sharded under the
+    layers' policy (verl's apply_fsdp2, accelerate's fsdp2_prepare_model): its layers get bf16 inputs already."""
+    rule = get_rule("fsdp2-recompute-cast")
+    cast = FSDP2.replace(precision="bf16-mixed", checkpoint_outside_shard=True, versions=OLD_TORCH)
+    assert rule.applies(cast) and not rule.applies(cast.replace(fsdp2_root_in_policy=True))
+    assert rule.applies(cast.replace(fsdp2_root_in_policy=True, image_text=True))
+
+
+def test_tied_embeddings_trained_in_full_stay_tied():
+    """Only an adapter's trained copy (modules_to_save) unties them; full fine-tuning trains the shared matrix."""
+    rule = get_rule("tied-embedding-adapter")
+    assert rule.applies(BASE.replace(tied_embeddings=True, embeddings_trainable=True))
+    assert not rule.applies(BASE.replace(adapter="full", frozen_modules=True, tied_embeddings=True,
+                                         embeddings_trainable=True))

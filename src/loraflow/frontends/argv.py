@@ -362,6 +362,9 @@ _MULTILINE_ASSIGN = re.compile(r'(?m)^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=)
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d|@|\*)")
 _HEREDOC = re.compile(r"^[ \t]*(?:read\s+(?:-\w+\s+(?:''\s+)?)*(?P<var>[A-Za-z_]\w*)|(?P<var2>[A-Za-z_]\w*)=\$\(cat)\s*"
                       r"<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)^[ \t]*(?P=tag)\b[^\n]*\n?", re.M | re.S)
+# `$(expr 16 / $nproc_per_node)` (ms-swift's and others' example scripts): the same integer arithmetic as `$((...))`,
+# read as one word rather than split into `$(expr`, `16`, `/`... positional arguments.
+_EXPR = re.compile(r"\$\(\s*expr\s+([^()]*)\)")
 _STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "tune", "ray",
            "srun", "mpirun", "mpiexec")
 
@@ -442,6 +445,7 @@ def command_from_script(path: str) -> list[str]:
         return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(3), _unset(m)), s)
 
     for line in joined.splitlines():
+        line = _EXPR.sub(lambda m: "$((" + m.group(1).replace("\\*", "*") + "))", line)
         line = _arithmetic(line, variables) if "$((" in line else line
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):

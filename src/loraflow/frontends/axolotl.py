@@ -39,6 +39,7 @@ from loraflow.frontends.common import (
     trainer_dtypes,
 )
 from loraflow.frontends.intent import TOWER_MODULE
+from loraflow.frontends.hf_checkpointing import _TRANSFORMERS_REENTRANT
 from loraflow.frontends.table import (
     Field,
     apply_table,
@@ -161,6 +162,10 @@ def _adapter(draft: Draft, cfg: dict, bf: bool) -> None:
         draft.set("quantization", "8bit", src("load_in_8bit"))
     if get("unfrozen_parameters"):
         draft.set("frozen_modules", True, f"{src('unfrozen_parameters')}: every other weight stays frozen")
+        # Regexes matched against parameter names (src/axolotl/utils/freeze.py freeze_layers_except): one naming the
+        # embeddings (`^model.embed_tokens.weight$`) trains them, so their output requires grad.
+        words = [w for p in as_list(get("unfrozen_parameters")) for w in re.findall(r"[A-Za-z_]\w*", str(p))]
+        embedding_targets(draft, words, src("unfrozen_parameters"), str(get("base_model") or ""))
 
 
 def _checkpointing(draft: Draft, cfg: dict) -> None:
@@ -189,15 +194,29 @@ def _checkpointing(draft: Draft, cfg: dict) -> None:
                   src("gradient_checkpointing_kwargs"))
     elif "gemma4" in model_type.lower() or "gemma-4" in model_type.lower():
         draft.set("reentrant", False, f"Axolotl forces use_reentrant false for Gemma4 ({CFG})")
-    elif (rl and at_least(draft, "axolotl", "0.5.0")) or get("unfrozen_parameters") or \
-            offloading == "hidden_states":
-        draft.set("reentrant", False, "default (Axolotl: use_reentrant false for rl (since v0.5.0) / "
-                  "unfrozen_parameters, src/axolotl/core/builders/base.py)")
+    elif (rl and at_least(draft, "axolotl", "0.5.0")) or offloading == "hidden_states":
+        draft.set("reentrant", False, "default (Axolotl: use_reentrant false for rl (since v0.5.0), "
+                  "src/axolotl/core/builders/base.py)")
+    elif get("unfrozen_parameters"):
+        draft.set("reentrant", *_unfrozen_reentrant(draft))
     else:
         draft.set("reentrant", True, f"default (Axolotl {CFG}: gradient_checkpointing_kwargs "
                   "{use_reentrant: true} when unset; transformers 4.x's reentrant default before v0.4.0)")
     if gc in ("offload", "offload_disk"):
         draft.note(f"gradient_checkpointing: {gc} offloads the checkpointed activations to CPU/disk")
+
+
+def _unfrozen_reentrant(draft: Draft) -> tuple[bool, str]:
+    """unfrozen_parameters leave gradient_checkpointing_kwargs unset (normalize_config fills it only without them).
+    From v0.10.0 the shared builder turns unset into use_reentrant false (core/builders/base.py
+    _configure_gradient_checkpointing); before it only the RL builder did, and the SFT builder
+    (core/trainer_builder.py) passed nothing, so transformers' own default applied."""
+    if at_least(draft, "axolotl", "0.10.0"):
+        return False, ("default (Axolotl >= 0.10 with unfrozen_parameters: gradient_checkpointing_kwargs unset, "
+                       "so src/axolotl/core/builders/base.py passes use_reentrant false)")
+    reentrant, why = _TRANSFORMERS_REENTRANT(draft)
+    return reentrant, (f"Axolotl < 0.10 with unfrozen_parameters passes no gradient_checkpointing_kwargs "
+                       f"(src/axolotl/core/trainer_builder.py); {why}")
 
 
 def _trainer(draft: Draft, cfg: dict) -> None:

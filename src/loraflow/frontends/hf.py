@@ -128,7 +128,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     # reentrancy and frozen towers (frontends/intent.py).
     known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | HANDLED | set(_MODEL_KEYS) | set(_LENGTH_KEYS)
     intent = infer({n: (o.value, o.source) for n, o in opts.items() if n not in known})
-    run = Run(opts, trl, trainer, cli, intent, info, zero3)
+    run = Run(opts, trl, trainer, cli, intent, info, zero3, cmd.program if cmd is not None else "")
     _adapter(draft, run)
     if cmd is not None and not (cmd.program == "trl" or cmd.program.startswith("trl.")):
         _lora_flags_without_use_peft(draft, run, cmd.program)
@@ -362,7 +362,8 @@ def _image_text(draft: Draft, opts: dict[str, Opt], intent, cmd: Command | None)
         # PEFT matches all-linear and a list of short names against every module of the model
         # (peft tuners_utils.py _maybe_include_all_linear_layers, check_target_module_exists).
         vision.targets_enter_tower(draft, targets.source, " (PEFT matches it against the whole model, vision "
-                                   "encoder included)", model)
+                                   "encoder included)", model,
+                                   None if intent.frozen_modules else as_list(targets.value))
     if cmd is not None and ((cmd.program == "trl" and cmd.subcommand == "sft") or cmd.program == "trl.scripts.sft"):
         # trl/scripts/sft.py passed the model id to SFTTrainer, which loads AutoModelForCausalLM, up to 0.15; from
         # 0.16 the script loads image-text configs with AutoModelForImageTextToText (TRL commit e4e5671, PR #3070).

@@ -46,9 +46,12 @@ def checkpointing(draft: Draft, run: Run) -> tuple[bool, str, str]:
     draft.set("checkpoint_impl", "transformers", f"{run.who} calls model.gradient_checkpointing_enable")
     if draft.get("engine") == "fsdp2":
         draft.set("checkpoint_outside_shard", *checkpoint_outside_shard(draft))
+        draft.set("fsdp2_root_in_policy", True, "accelerate's fsdp2_prepare_model shards the root with the layers' "
+                  "mp_policy (accelerate/utils/fsdp_utils.py)")
     _reentrant(draft, run, kwargs, kw_name)
     _input_grad_hook(draft, run)
-    vision.tower_hook(draft)
+    model = run.opts.get("model_name_or_path")
+    vision.tower_hook(draft, str(model.value or "") if model is not None else "")
     return gc, gc_name, kw_name
 
 
@@ -73,6 +76,8 @@ def _reentrant(draft: Draft, run: Run, kwargs: dict[str, Any], kw_name: str) -> 
                   f"(trl/trainer/{trainer}_trainer.py)")
         if kwargs.get("use_reentrant") is False:
             draft.note(f"{opts[kw_name].source}: TRL overrides use_reentrant=false to true under PEFT + ZeRO-3")
+    elif trl and (by_script := trl_rel.script_reentrant(draft, run.program)):
+        draft.set("reentrant", *by_script)
     elif "use_reentrant" in kwargs:
         draft.set("reentrant", as_bool(kwargs["use_reentrant"], kw_name), opts[kw_name].source)
     elif trl and (by_cli := trl_rel.cli_reentrant(draft, run.cli)):

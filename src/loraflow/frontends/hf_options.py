@@ -46,6 +46,8 @@ class Run:
     intent: Intent
     info: dict[str, Any]
     zero3: bool
+    program: str = ""
+    """The launched script's path (TRL's own example scripts set some arguments in their code)."""
 
     @property
     def who(self) -> str:
@@ -119,11 +121,14 @@ def options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[str
             raise LoraflowError(f"--config {config.one()}: no such file; TRL reads its training arguments from it.")
         options_from_file(path, opts, "--config")
         bases.append(path.parent)
+    # HfArgumentParser adds `--no_X` for every boolean field that defaults to true (`--no_remove_unused_columns`).
+    negatable = HANDLED | keys.HF_TRAINER | keys.TRL
     for a in args:
-        name = a.name[3:] if a.name.startswith("no_") and a.name[3:] in HANDLED else a.name
+        name = a.name[3:] if a.name.startswith("no_") and a.name[3:] in negatable else a.name
         value: Any = False if name != a.name else a.value
         opts[name] = Opt(value, a.raw)
-    return opts, cmd.program == "trl" or cmd.program.startswith("trl.") or trl_keys(opts)
+    trl = cmd.program == "trl" or cmd.program.startswith("trl.") or trl_rel.own_script(cmd.program)
+    return opts, trl or trl_keys(opts)
 
 
 def kwargs_of(opt: Opt | None) -> dict[str, Any]:

@@ -123,8 +123,26 @@ use_unsloth_gc use_v1_kernels val_size video_fps video_max_pixels video_maxlen v
 vllm_enforce_eager vllm_gpu_util vllm_max_lora_rank vllm_maxlen
 """)
 
+# ms-swift < 3.0 swift/llm/utils/argument.py (SftArguments, RLHFArguments, v2.6.0) that say nothing about the rules:
+# data, logging, evaluation, serving and export options. Those that could (device_map_config, sequence_parallel,
+# additional_trainable_parameters, lora_modules_to_save, init_lora_weights, vit_use_gc, use_liger...) stay unknown.
+MS_SWIFT_V2 = _names("""
+add_output_dir_suffix api_key batch_size bnb_4bit_comp_dtype cache_max_entry_count check_dataset_strategy
+check_model_is_latest ckpt_dir commit_message custom_eval_config custom_val_dataset_path dataset_seed
+dataset_test_ratio deploy_timeout do_sample eval_backend eval_batch_size eval_few_shot eval_human eval_is_chat_model
+eval_nproc eval_output_dir eval_token eval_url eval_use_cache hf_output_dir host lang load_args_from_ckpt_dir
+load_dataset_config log_interval lora_dropout_p lora_lr_ratio loss_name loss_scale_config_path max_logprobs
+max_num_seqs min_lr model_cache_dir name neftune_alpha only_save_model overwrite_generation_config owned_by port
+preprocess_num_proc push_hub_strategy result_dir save_result self_cognition_sample served_model_name server_name
+server_port share show_dataset_sample ssl_certfile ssl_keyfile streaming_buffer_size streaming_val_size
+template_type test_oom_error tools_prompt train_dataset_sample use_flash_attn use_loss_scale val_dataset_sample
+verbose
+""")
+
 # ms-swift swift/arguments/*.py, swift/trainers/arguments.py, swift/rlhf_trainers/args_mixin.py
+# (gc_collect_after_offload: GRPO's memory cleanup, swift/trainers/arguments.py of v3.5)
 MS_SWIFT = _names("""
+gc_collect_after_offload
 acc_strategy adalora_beta1 adalora_beta2 adalora_deltaT adalora_init_r adalora_orth_reg_weight adalora_target_r
 adalora_tfinal adalora_tinit adapter_act adapter_length adapters add_non_thinking_prefix add_version
 advantage_estimator advantage_reweight agent_template aligner_lr async_generate attn_impl beta
@@ -184,8 +202,18 @@ vllm_speculative_config vllm_tensor_parallel_size vllm_use_async_engine wandb_lo
 zero_hpz_partition_size
 """)
 
-# axolotl src/axolotl/utils/schemas/*.py (AxolotlInputConfig and its mixins)
+# axolotl src/axolotl/utils/schemas/*.py (AxolotlInputConfig and its mixins), then the top-level options of its
+# plugins (src/axolotl/integrations/*/args.py at v0.9.0 and v0.18.0: Liger and Cut Cross-Entropy kernels, Grokfast,
+# distillation, lm-eval, Spectrum, SwanLab), which the configs set beside `plugins:`
 AXOLOTL = _names("""
+cut_cross_entropy grokfast_alpha grokfast_lamb kd_alpha kd_beta kd_ce_alpha kd_normalize_topk kd_online_server
+kd_online_server_base_url kd_online_timeout kd_online_topk kd_temperature kd_temperature_min kd_top_k_before_softmax
+kd_trainer kd_zscore_base_temp liger_cross_entropy liger_fused_linear_cross_entropy liger_glu_activation
+liger_layer_norm liger_rms_norm liger_rms_norm_gated liger_rope liger_swiglu liger_use_token_scaling
+lm_eval_batch_size lm_eval_model lm_eval_post_train lm_eval_tasks spectrum_model_name spectrum_top_fraction
+swanlab_api_host swanlab_api_key swanlab_completion_log_interval swanlab_completion_max_buffer swanlab_description
+swanlab_experiment_name swanlab_lark_secret swanlab_lark_webhook_url swanlab_log_completions swanlab_log_model
+swanlab_mode swanlab_project swanlab_web_host swanlab_workspace use_swanlab
 accelerator_config activation_offloading adam_beta1 adam_beta2 adam_beta3 adam_epsilon adam_epsilon2 adapter
 added_tokens_overrides attn_implementation auto_find_batch_size auto_resume_from_checkpoints axolotl_config_path
 base_model base_model_config batch_flattening batch_size bench_dataset bench_split bf16 bfloat16 bnb_config_kwargs
@@ -253,8 +281,9 @@ wandb_project wandb_run_id wandb_watch warmup_ratio warmup_steps weight_decay wo
 """)
 
 # OpenRLHF openrlhf/cli/train_{sft,rm,dpo,ppo,ppo_ray}.py at v0.5.9, v0.6.4, v0.9.10, v0.10.1 and main (flat and
-# dotted names)
+# dotted names); train_{prm,kto,kd}.py's own options at v0.5.9, v0.8.0 and v0.10.0 (first line)
 OPENRLHF = _names("""
+desirable_loss_weight kd_coef placeholder_token reward_tokens teacher_model teacher_offload
 actor.aux_loss_coef actor.dual_clip actor.entropy_coef actor.eps_clip actor.eps_clip_low_high
 actor.freeze_visual_encoder actor.gradient_checkpointing_enable actor.gradient_checkpointing_reentrant
 actor.model_name_or_path actor.num_gpus_per_node actor.num_nodes actor.policy_loss_type actor_init_on_gpu

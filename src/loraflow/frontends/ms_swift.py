@@ -213,7 +213,15 @@ def _checkpointing(draft: Draft, opts: dict) -> None:
 
 
 def _unused_parameters_default(draft: Draft) -> tuple[bool, str] | None:
-    if draft.get("adapter") != "full" and draft.get("engine") not in ("deepspeed", "fsdp1", "fsdp2"):
+    if draft.get("engine") in ("deepspeed", "fsdp1", "fsdp2"):
+        return None
+    if draft.get("checkpointing") != "off" and at_least(draft, "ms-swift", "1.3.0") and \
+            not at_least(draft, "ms-swift", "3.0.0"):
+        # "Compatible with transformers PR #25903": v1.3 - 2.x set it false under DDP with gradient checkpointing
+        # (swift/llm/sft.py, then swift/llm/utils/argument.py _init_training_args); 3.0 left the Trainer's default.
+        return False, ("default (ms-swift 1.3 - 2.x: ddp_find_unused_parameters false with gradient checkpointing, "
+                       "swift/llm/utils/argument.py _init_training_args)")
+    if draft.get("adapter") != "full":
         return True, ("default (HF Trainer: a PeftModel is not a PreTrainedModel, so find_unused_parameters=True; "
                       "transformers trainer.py)")
     return None
@@ -273,7 +281,8 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     rollouts.apply(draft, *_accessors(opts), {k: (_first(v), where) for k, (v, where) in opts.items()})
     _image_text(draft, *_accessors(opts), opts)
     for name, (value, source) in opts.items():
-        if name not in _HANDLED and name not in keys.MS_SWIFT and name not in keys.HF_TRAINER:
+        if name not in _HANDLED and name not in keys.MS_SWIFT and name not in keys.HF_TRAINER and \
+                name not in keys.MS_SWIFT_V2:
             draft.unknown.append(source)
     trainer_dtypes(draft, draft.get("precision") != "fp32", "ms-swift loads the model in --torch_dtype")
     draft.flag(**FLAGS)
@@ -338,7 +347,34 @@ def _image_text(draft: Draft, get, src, on, opts: dict) -> None:
             vision.targets_enter_tower(draft, tsrc, ": short names are matched by PEFT against the whole model, the "
                                        "ViT included", model)
     vision.tower_hook(draft)
+    _blank_image(draft, model)
     vision.data_unknowns(draft, "max_length")
+
+
+# Templates whose _post_encode runs the vision tower on a blank 32x32 image (its embedding added times 0) when a
+# training batch holds none, under DeepSpeed: Qwen2-VL, QVQ and Qwen2.5-VL (swift/llm/template/template/qwen.py
+# Qwen2VLTemplate) and InternVL (template/internvl.py InternvlTemplate), from the 3.0 rewrite (commit b40f31d).
+# Qwen2-VL's template ran the tower once for a batch's images and once more for its videos until 3.7 passed both in
+# one call (PR #5018): a rank whose batch mixes them still runs it twice.
+_BLANK_IMAGE = re.compile(r"qwen[-_.]?2(\.5)?[-_.]?vl|qvq|intern[-_.]?vl", re.IGNORECASE)
+_VIDEO_APART = re.compile(r"qwen[-_.]?2(\.5)?[-_.]?vl|qvq", re.IGNORECASE)
+
+
+def _blank_image(draft: Draft, model: str) -> None:
+    if draft.has("image_every_rank") or draft.get("engine") != "deepspeed" or not _BLANK_IMAGE.search(model):
+        return
+    if not at_least(draft, "ms-swift", "3.0.0"):
+        return
+    draft.set("image_every_rank", True, "ms-swift >= 3.0 runs the vision tower on a blank image when a batch has "
+              "none, under DeepSpeed (swift/llm/template/template/qwen.py, internvl.py: _post_encode)")
+    if _VIDEO_APART.search(model) and not at_least(draft, "ms-swift", "3.7.0"):
+        draft.maybe("image_every_rank", {True: "no micro-batch mixes images and videos (a text-only one gets "
+                                               "ms-swift's blank image)",
+                                         False: "images and videos share a micro-batch: that rank runs the vision "
+                                                "tower twice"},
+                    "whether image and video samples are mixed is in the data; ms-swift 3.0 - 3.6 runs Qwen2-VL's "
+                    "tower once for images and once for videos (template qwen.py _post_encode, one call from PR "
+                    "#5018)")
 
 
 # What a flag's spelling says about the release (ms-swift's git history). --model_type dates nothing: 2.x named the
@@ -383,11 +419,19 @@ def _reentrant_default(draft: Draft) -> tuple[bool, str]:
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
-    # `swift sft`, `python -m swift.cli.sft`, `swift/cli/sft.py`
-    sub = cmd.subcommand or Path(cmd.program.replace(".", "/").removesuffix("/py")).name
+    # `swift sft`, `python -m swift.cli.sft`, `swift/cli/sft.py`, ms-swift 2.x's examples/pytorch/llm/llm_sft.py
+    sub = (cmd.subcommand or Path(cmd.program.replace(".", "/").removesuffix("/py")).name).removeprefix("llm_")
+    args_in = list(cmd.args)
+    if sub in _V2_RLHF:
+        # ms-swift 2.x routed `swift dpo|orpo|simpo` to its rlhf entry with `--rlhf_type NAME` in front (swift/cli/
+        # main.py cli_main); 3.0 dropped these subcommands.
+        draft.era("ms-swift", "<3.0.0", f"`swift {sub}` exists in ms-swift < 3.0")
+        args_in = ["--rlhf_type", sub, *args_in] if "--rlhf_type" not in args_in else args_in
+        sub = "rlhf"
     if sub not in ("sft", "pt", "rlhf"):
         raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads `swift sft`, `swift pt` and `swift rlhf`.")
-    args, positionals, _ = parse_flags(cmd.args, lists=keys.MS_SWIFT | keys.HF_TRAINER | _HANDLED)
+    args, positionals, _ = parse_flags(args_in, lists=keys.MS_SWIFT | keys.MS_SWIFT_V2 | keys.HF_TRAINER | _HANDLED |
+                                       set(_V2_NAMES))
     for pos in positionals:
         draft.unknown.append(f"{pos} (positional argument)")
     opts: dict[str, tuple[Any, str]] = {}
@@ -399,6 +443,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
             continue
         # Every name is parsed as a list (nargs); a flag with nothing after it is a bare switch: `--use_dora`.
         opts[a.name] = (True if a.value == [] else a.value, a.raw)
+    _v2_spellings(opts)
     # swift runs one process unless NPROC_PER_NODE is set; several visible devices without it means device_map
     # model parallelism in one process (swift/cli/main.py).
     world_from_env(draft, cmd, all_visible=False)
@@ -420,8 +465,37 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
     return from_command(split_command(command_from_script(paths[0])), versions)
 
 
+# ms-swift < 3.0 names for arguments 3.0 renamed (swift/llm/utils/argument.py, v2.6.0): --quantization_bit,
+# --lora_target_modules (ALL: every linear layer), --dtype bf16|fp16|fp32|AUTO (AUTO: the model's own dtype).
+_V2_NAMES = {"quantization_bit": "quant_bits", "lora_target_modules": "target_modules", "dtype": "torch_dtype"}
+_V2_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _v2_spellings(opts: dict[str, tuple[Any, str]]) -> None:
+    for old, new in _V2_NAMES.items():
+        if old not in opts or new in opts:
+            continue
+        value, where = opts.pop(old)
+        if old == "lora_target_modules" and str(_first(value)).upper() == "ALL":
+            value = ["all-linear"]
+        if old == "dtype":
+            if str(_first(value)).upper() == "AUTO":
+                continue  # the model's own dtype, as when --torch_dtype is not given
+            value = [_V2_DTYPES.get(str(_first(value)), str(_first(value)))]
+        opts[new] = (value, where)
+
+
+# The rlhf methods ms-swift 2.x also ran as subcommands of their own (`swift dpo`, examples' llm_dpo.py).
+_V2_RLHF = ("dpo", "orpo", "simpo")
+# ms-swift 2.x's example entry points (examples/pytorch/llm/llm_sft.py: `from swift.llm import sft_main`), told apart
+# from other frameworks' scripts of the same name by a flag only ms-swift 2.x has.
+_V2_SCRIPT = re.compile(r"(^|/)llm_(sft|pt|rlhf|dpo|orpo|simpo)\.py$")
+_V2_FLAGS = {"sft_type", "model_id_or_path", "template_type"}
+
+
 def _recognise(view) -> bool:
-    return view.cli == "swift" or view.runs("swift")
+    return view.cli == "swift" or view.runs("swift") or bool(_V2_SCRIPT.search(view.program) and
+                                                               view.flags & _V2_FLAGS)
 
 
 FRAMEWORK = Framework(name=NAME, title="ms-swift", module="ms_swift", recognise=_recognise, flags=FLAGS,

@@ -82,7 +82,7 @@ _SWITCHES = {"colocate_all_models", "train.colocate_all", "vllm_enable_sleep", "
              "model.gradient_checkpointing_reentrant", "actor.gradient_checkpointing_enable",
              "actor.gradient_checkpointing_reentrant", "ds.adam_offload", "ds.load_in_4bit", "ds.packing_samples"}
 _LISTS = {"target_modules", "ds.lora.target_modules", "adam_betas", "adam.betas", "reward_clip_range",
-          "eps_clip_low_high", "pretrain_data", "prompt_data", "dataset", "eval_dataset"}
+          "eps_clip_low_high", "pretrain_data", "prompt_data", "dataset", "eval_dataset", "reward_tokens"}
 
 
 def entry(cmd: Command) -> str | None:

@@ -185,6 +185,12 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
     if facts.hook:
         draft.set("input_grad_hook", True, facts.hook)
         draft.unsure.pop("input_grad_hook", None)
+    elif facts.trainer is not None and facts.trainer_key and "peft_config" in facts.trainer.kwargs and \
+            not facts.wraps and draft.get("adapter") != "full":
+        # TRL's trainer builds the adapter from peft_config itself and hooks the embedding output with it (as the
+        # flags-only reading of a TRL run says), so the script needs no hook of its own.
+        draft.set("input_grad_hook", *trl_rel.hook(draft, facts.trainer_key))
+        draft.unsure.pop("input_grad_hook", None)
     if facts.unsloth:
         draft.set("unsloth", True, f"{facts.unsloth} (Unsloth loads and patches the model)")
     if facts.state_dict_patch:

@@ -109,7 +109,9 @@ def _config(cmd_config: str | None, recipe: Recipe, bases: tuple, draft: Draft) 
     if not cmd_config:
         raise LoraflowError("tune run needs --config CONFIG (a YAML file or a built-in config name such as "
                             "llama3_1/8B_lora_single_device).")
-    path = resolve_path(cmd_config, *bases)
+    # A built-in name is a file under recipes/configs/ of torchtune's tree (what `tune run` resolves it to,
+    # torchtune/_recipe_registry.py), here when check runs from a torchtune checkout.
+    path = resolve_path(cmd_config, *bases) or resolve_path(f"recipes/configs/{cmd_config.removesuffix('.yaml')}.yaml")
     if path is not None:
         return {k: (v, f"{path.name}: {k}") for k, v in flatten(load_mapping(path, "torchtune config")).items()}
     if cmd_config.endswith((".yaml", ".yml")) and "/" not in cmd_config.removesuffix(".yaml"):

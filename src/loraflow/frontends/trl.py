@@ -53,6 +53,19 @@ _PATH_ERAS = (("examples/scripts/sft_trainer.py", ">=0.5.0,<0.7.2"),
               ("examples/scripts/reward_modeling.py", ">=0.7.2"), ("trl/scripts/sft.py", ">=0.13.0"),
               ("trl/scripts/dpo.py", ">=0.13.0"), ("trl/scripts/kto.py", ">=0.13.0"),
               ("trl/scripts/grpo.py", ">=0.14.0"), ("trl/scripts/reward.py", ">=0.24.0"))
+# TRL's example scripts that set gradient_checkpointing_kwargs={"use_reentrant": False} in their own code, whatever
+# the flags say (`training_args.gradient_checkpointing_kwargs = dict(use_reentrant=False)` after parsing), and the
+# tags whose copy does (git grep on every vX.Y.Z tag of huggingface/trl; 0.27 removed the lines when TRL itself
+# turned non-reentrant by default).
+_SCRIPT_NON_REENTRANT = (("examples/scripts/reward_modeling.py", ">=0.8.0,<0.27.0"),
+                         ("examples/scripts/vsft_llava.py", ">=0.8.2,<0.12.0"),
+                         ("examples/scripts/sft_vlm.py", ">=0.12.0,<0.27.0"),
+                         ("examples/scripts/prm.py", ">=0.13.0,<0.27.0"),
+                         ("examples/scripts/sft_video_llm.py", ">=0.13.0,<0.27.0"),
+                         ("examples/scripts/sft_vlm_smol_vlm.py", ">=0.13.0,<0.22.0"),
+                         ("examples/scripts/sft_gemma3.py", ">=0.16.0,<0.27.0"),
+                         ("examples/scripts/sft_vlm_gemma3.py", ">=0.17.0,<0.27.0"),
+                         ("examples/scripts/rloo.py", ">=0.22.0,<0.27.0"))
 _CLI_ERAS = {"grpo": ">=0.14.0", "rloo": ">=0.22.0", "reward": ">=0.27.0", "sft": ">=0.8.0", "dpo": ">=0.8.0",
              "kto": ">=0.13.0"}
 # TRL before 0.27 does not install with transformers 5 (its releases predate it).
@@ -78,6 +91,35 @@ def eras(draft: Draft, given: set[str], cli: str | None, program: str = "") -> N
             break
     if cli in _CLI_ERAS:
         draft.era("trl", _CLI_ERAS[cli], f"`trl {cli}` exists in TRL {_CLI_ERAS[cli]}")
+
+
+def _script_path(program: str) -> str:
+    path = program.replace("\\", "/")
+    return path.replace(".", "/") + ".py" if path.startswith("trl.scripts.") else path
+
+
+def _tail(path: str, tail: str) -> bool:
+    return path == tail or path.endswith("/" + tail)
+
+
+def own_script(program: str) -> bool:
+    """Whether the program is one of TRL's own scripts (examples/scripts/sft.py, trl/scripts/dpo.py...): it runs
+    TRL's trainers whatever flags it is given."""
+    path = _script_path(program)
+    return any(_tail(path, tail) for tail, _ in _PATH_ERAS + _SCRIPT_NON_REENTRANT)
+
+
+def script_reentrant(draft: Draft, program: str) -> tuple[bool, str] | None:
+    """use_reentrant=False written by TRL's own example script in the releases whose copy writes it."""
+    path = _script_path(program)
+    for tail, spec in _SCRIPT_NON_REENTRANT:
+        if _tail(path, tail):
+            first, last = (part.lstrip("<>=") for part in spec.split(","))
+            if since(draft, first) and not since(draft, last):
+                return False, (f"TRL {spec} {tail} sets gradient_checkpointing_kwargs use_reentrant=False in its "
+                               "code, over any flag")
+            return None
+    return None
 
 
 def since(draft: Draft, version: str) -> bool:

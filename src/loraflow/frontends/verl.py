@@ -356,6 +356,8 @@ def _apply(draft: Draft, entry: Entry, options: dict, cmd: Command | None) -> No
     _precision(draft, entry, options)
     if draft.get("engine") == "fsdp2" and draft.get("checkpointing") != "off":
         draft.set("checkpoint_outside_shard", *checkpoint_outside_shard(draft))
+        draft.set("fsdp2_root_in_policy", True, "verl's apply_fsdp2 shards the root with the layers' mp_policy "
+                  "(verl/utils/fsdp_utils.py)")
     _image_text(draft, entry, options)
     if not entry.stage:
         verl_rollout.apply(draft, options, draft.get("adapter") == "lora", lambda key: default(entry, key))

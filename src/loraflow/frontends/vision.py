@@ -30,13 +30,21 @@ class Family:
     tower_names: frozenset[str]
     """Short module names (suffixes) found in its vision encoder or projector: a target list holding one of them
     also adapts the tower when PEFT matches it against the whole model."""
+    refused: frozenset[str] | None = frozenset()
+    """Short names a tower module PEFT's LoRA refuses shares with a Linear one, so that name-matched targets reach
+    it: Qwen2-VL's Conv3d `patch_embed.proj` beside the blocks' `attn.proj` (PEFT's all-linear collects the base
+    names of Linear modules, peft tuners_utils.py _maybe_include_all_linear_layers, then matches them by suffix;
+    LlamaFactory#6938). None: not known for the family."""
 
 
 # Most specific first: the first family whose pattern matches a model name decides its tower names.
+_PATCH_PROJ = frozenset({"proj"})
 FAMILIES = (
-    Family("qwen2.5-vl", r"qwen[-_.]?2\.5[-_.]?vl", _VIT | {"gate_proj", "up_proj", "down_proj", "mlp.0", "mlp.2"}),
-    Family("qwen3-vl", r"qwen[-_.]?3[-_.]?vl", {"qkv", "proj", "linear_fc1", "linear_fc2"}),
-    Family("qwen-vl", r"qwen[-_.]?2?[-_.]?vl|qvq", _VIT | {"mlp.0", "mlp.2", "c_fc", "c_proj", "attn_pool"}),
+    Family("qwen2.5-vl", r"qwen[-_.]?2\.5[-_.]?vl", _VIT | {"gate_proj", "up_proj", "down_proj", "mlp.0", "mlp.2"},
+           _PATCH_PROJ),
+    Family("qwen3-vl", r"qwen[-_.]?3[-_.]?vl", {"qkv", "proj", "linear_fc1", "linear_fc2"}, _PATCH_PROJ),
+    Family("qwen-vl", r"qwen[-_.]?2?[-_.]?vl|qvq", _VIT | {"mlp.0", "mlp.2", "c_fc", "c_proj", "attn_pool"},
+           _PATCH_PROJ),
     Family("llava", r"llava|vip-llava|bakllava", _CLIP),
     Family("minicpm-v", r"minicpm[-_.]?(llama3[-_.]?)?[vo]", _CLIP | {"kv_proj"}),
     Family("internvl", r"intern[-_.]?vl|internvit|mini[-_.]?internvl", _VIT | {"mlp1.1", "mlp1.3"}),
@@ -51,7 +59,7 @@ FAMILIES = (
                                                                           "down_proj"}),
     Family("other", r"(?<![a-z])(glm[-_.]?4\.?\dv|glm[-_.]?4v|cogvlm|deepseek[-_.]vl|janus|molmo|florence|blip|"
                     r"kimi[-_.]vl|ovis|aria|fuyu|chameleon|emu3|mplug[-_.]owl|cambrian)|"
-                    r"[-_.]vl\d?([-_.]|$)|vlm|[-_.]vision([-_.]|$)", _VIT | _CLIP),
+                    r"[-_.]vl\d?([-_.]|$)|vlm|[-_.]vision([-_.]|$)", _VIT | _CLIP, None),
 )
 _FAMILY_RES = tuple((f, re.compile(f.pattern, re.IGNORECASE)) for f in FAMILIES)
 
@@ -87,9 +95,20 @@ def targets_reach_towers(model: str, targets: list[str]) -> bool:
     return any(t in tower for t in names if not re.search(r"[\\^$*+?()\[\]|{}]", t))
 
 
-def targets_enter_tower(draft: Draft, source: str, why: str, model: str) -> None:
+def targets_enter_tower(draft: Draft, source: str, why: str, model: str, targets: list[str] | None = None) -> None:
     """Record that the launch's adapter targets are matched against every tower, so adapters land in the vision
-    encoder (rule lora-targets-vision-tower, and the tower then trains)."""
+    encoder (rule lora-targets-vision-tower, and the tower then trains). `targets`: given by a framework that keeps
+    no tower frozen (TRL, a Trainer script), where adapters in the tower are what the targets ask for; they are then
+    wrong only where a name also reaches a tower module PEFT refuses (Family.refused)."""
+    fam = family(model)
+    if targets is not None and fam is not None and fam.refused is not None:
+        names = {t.strip() for t in targets}
+        if not (fam.refused and (names & fam.refused or any(t.lower() in ("all-linear", "all") for t in names))):
+            draft.set("targets_all_towers", False, f"{source}: every {fam.name} tower module the names reach is one "
+                      "PEFT wraps, and nothing in this launch keeps the tower frozen")
+            draft.set("tower_adapters", True, f"{source} (matches modules of the vision encoder of {model})")
+            draft.set("towers_trainable", True, f"{source} (adapters in the vision encoder)")
+            return
     draft.set("targets_all_towers", True, f"{source}{why}")
     draft.set("tower_adapters", True, f"{source} (matches modules of the vision encoder of {model})")
     draft.set("towers_trainable", True, f"{source} (adapters in the vision encoder)")
@@ -113,10 +132,20 @@ def data_unknowns(draft: Draft, length_key: str = "") -> None:
                     "how long the image samples are (images x tokens per image) is in the data")
 
 
-def tower_hook(draft: Draft) -> None:
+# Image-text classes whose own enable_input_require_grads hooks the vision embeddings too, before transformers 5 did
+# it for every model (PR #41993 "follows the existing implementations for idefics2-3 and smolvlm"): Idefics,
+# Idefics2, Idefics3, SmolVLM (transformers models/idefics2/modeling_idefics2.py _vision_require_grads_hook).
+_HOOKS_TOWER = re.compile(r"idefics|smolvlm", re.IGNORECASE)
+
+
+def tower_hook(draft: Draft, model: str = "") -> None:
     """Whether the input-grad hook of enable_input_require_grads reaches adapters inside a checkpointed vision tower:
     from transformers 5 it hooks each sub-model's input embeddings (PR #41993: the patch embedding too); before,
     only the language model's token embeddings. Call it once checkpointing and the adapters are known."""
+    if draft.get("tower_adapters") and draft.get("checkpointing") != "off" and not draft.has("tower_input_hook") \
+            and model and _HOOKS_TOWER.search(model):
+        draft.set("tower_input_hook", True, f"{model}: its model class's enable_input_require_grads also hooks the "
+                  "vision embeddings (transformers models/idefics2/modeling_idefics2.py)")
     if draft.get("tower_adapters") and draft.get("checkpointing") != "off" and not draft.has("tower_input_hook"):
         new = at_least(draft, "transformers", "5.0.0")
         draft.set("tower_input_hook", new, f"transformers {'>=' if new else '<'} 5.0: enable_input_require_grads "

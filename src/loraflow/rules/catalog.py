@@ -249,8 +249,10 @@ register(Rule(
     conditions="tie_word_embeddings=True and embed_tokens or lm_head trained (adapted or modules_to_save) without "
                "ensure_weight_tying",
     knobs=('weight_tying_enforced',),
+    # A copy exists only beside an adapter: full fine-tuning (Axolotl's unfrozen_parameters naming embed_tokens)
+    # trains the one shared matrix in place, which stays tied.
     when=lambda s: (s.tied_embeddings and (s.embeddings_trainable or s.lm_head_trainable)
-                    and not s.weight_tying_enforced),
+                    and s.adapter != "full" and not s.weight_tying_enforced),
     cause=("With tie_word_embeddings=True, embed_tokens and lm_head share one matrix. Training a copy of one of "
            "them (modules_to_save) unties them; where a reload or export re-ties them, the trained lm_head is "
            "silently lost. (On peft 0.21.2 + transformers 5.23 `loraflow probe` finds both PEFT reload paths "

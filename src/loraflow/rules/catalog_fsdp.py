@@ -39,10 +39,14 @@ register(Rule(
     verdict="fix",
     impact="crash",
     conditions="FSDP2 with a MixedPrecisionPolicy (bf16/fp16), checkpoint wrapper placed outside the sharded "
-               "unit, torch < 2.13 (LoRA and DoRA alike)",
+               "unit, a unit input the policy casts (the root left in float32, or an image-text model's towers), "
+               "torch < 2.13 (LoRA and DoRA alike)",
     knobs=("checkpoint_outside_shard", "precision"),
     affected={"torch": "<2.13"},
-    when=lambda s: s.dtensor_params and s.checkpointed and s.half_precision and s.checkpoint_outside_shard,
+    # The skipped cast matters only for an input not already in param_dtype (pytorch#150140): a text model whose
+    # root is sharded under the same policy feeds its layers bf16 hidden states, rotary tables and masks.
+    when=lambda s: (s.dtensor_params and s.checkpointed and s.half_precision and s.checkpoint_outside_shard
+                    and not (s.fsdp2_root_in_policy and not s.image_text)),
     cause=("FSDP2 casts a unit's inputs and outputs to the policy's dtype in its forward hooks. When the "
            "checkpoint wraps the sharded unit from outside, the recompute in backward ran without those casts, so "
            "recomputed tensors came back in a different dtype than the forward saved."),
@@ -50,7 +54,8 @@ register(Rule(
         "the parameter dtype.",
     remedy=lambda s: {"checkpoint_outside_shard": False},
     elsewhere="upgrade to torch>=2.13; else apply the checkpoint wrapper before fully_shard",
-    references=("https://github.com/pytorch/pytorch/pull/182580",),
+    references=("https://github.com/pytorch/pytorch/pull/182580", "https://github.com/pytorch/pytorch/issues/159359",
+                "https://github.com/pytorch/pytorch/issues/150140"),
     fixed_in="torch 2.13.0 (PR #182580)",
     log=LogSigns(
         messages=RECOMPUTE_MESSAGES + (Message(r"Expected query, key, and value to have the same dtype", "generic",
