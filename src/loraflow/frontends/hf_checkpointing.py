@@ -46,8 +46,9 @@ def checkpointing(draft: Draft, run: Run) -> tuple[bool, str, str]:
     draft.set("checkpoint_impl", "transformers", f"{run.who} calls model.gradient_checkpointing_enable")
     if draft.get("engine") == "fsdp2":
         draft.set("checkpoint_outside_shard", *checkpoint_outside_shard(draft))
-        draft.set("fsdp2_root_in_policy", True, "accelerate's fsdp2_prepare_model shards the root with the layers' "
-                  "mp_policy (accelerate/utils/fsdp_utils.py)")
+        # accelerate shards the root under the layers' mp_policy too (fsdp2_prepare_model), but with bf16/fp16 it
+        # also wraps forward in autocast (accelerator.py prepare_model, native_amp), which the recompute under
+        # fully_shard loses before torch 2.13 (pytorch#148831): fsdp2_root_in_policy stays False here.
     _reentrant(draft, run, kwargs, kw_name)
     _input_grad_hook(draft, run)
     model = run.opts.get("model_name_or_path")

@@ -72,9 +72,10 @@ class Combination:
     inside it, so recompute runs outside FSDP's mixed-precision casts."""
     fsdp2_root_in_policy: bool = False
     """FSDP2: the root module (embeddings, rotary embedding) is sharded under the layers' MixedPrecisionPolicy
-    (verl's apply_fsdp2, accelerate's fsdp2_prepare_model), so a text decoder layer's floating inputs arrive in the
+    without autocast around it (verl's apply_fsdp2), so a text decoder layer's floating inputs arrive in the
     policy's param_dtype already and the cast at its input changes nothing. False where the root stays in float32
-    (loraflow's own FSDP2 engine) or nobody knows."""
+    (loraflow's own FSDP2 engine), where autocast wraps the forward (accelerate with bf16/fp16: the recompute loses
+    it, pytorch#148831), or nobody knows."""
     forwards_per_step: int = 1
     """Forward passes through the trained model before one backward (DPO without concatenation: 2)."""
     train_mode_at_backward: bool = True
