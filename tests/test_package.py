@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from conftest import ROOT
+
 import loraflow
 from loraflow.enginespec import ENGINE_NAMES, ENGINES, VARIANTS, engine_class
 from loraflow.stagespec import STAGES, stage_module
@@ -258,3 +260,18 @@ def test_no_function_is_over_80_lines():
             for n in ast.walk(ast.parse(path.read_text()))
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 80]
     assert long == []
+
+
+def test_every_data_file_the_code_reads_is_packaged():
+    """A non-editable install (the device check's) carries only what package-data names: a JSON table a frontend
+    reads at import (verl_keys.json) missing from it broke every command there."""
+    import fnmatch
+    import tomllib
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["loraflow"]
+    package = ROOT / "src" / "loraflow"
+    data = [p.relative_to(package).as_posix() for p in package.rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    unpackaged = [f for f in data if not any(fnmatch.fnmatch(f, pat) or f.startswith(pat.split("**")[0]) and
+                                             "**" in pat for pat in patterns)]
+    assert not unpackaged, f"add to [tool.setuptools.package-data] in pyproject.toml: {unpackaged}"
