@@ -7,6 +7,7 @@ Each example is checked from its own directory, with its versions found as `lora
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,23 @@ def _versions(example: dict, root: Path) -> dict:
     return dict(found.values)
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e["id"] for e in EXAMPLES])
-def test_official_example_reads_as_recorded(example, monkeypatch):
+def _materialize(example: dict, tmp_path: Path) -> Path:
+    """The example's folder as it was at its tag: files several examples share (one release's PEFT train.py) are
+    kept once under _shared/ and put in place here."""
     root = OFFICIAL / example["id"]
+    if not example.get("shared"):
+        return root
+    copy = tmp_path / example["id"]
+    shutil.copytree(root, copy)
+    for dest, source in example["shared"].items():
+        (copy / dest).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(OFFICIAL / source, copy / dest)
+    return copy
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e["id"] for e in EXAMPLES])
+def test_official_example_reads_as_recorded(example, monkeypatch, tmp_path):
+    root = _materialize(example, tmp_path)
     monkeypatch.chdir(root / example["cwd"])
     text, code = run_check(list(example["argv"]), None, [], _versions(example, root), True)
     doc = json.loads(text)
@@ -52,6 +67,8 @@ def test_manifest_is_complete_and_every_exit_2_cites_its_issue():
         assert example["source"].startswith("https://github.com/") and "/blob/" in example["source"]
         for name in example["files"]:
             assert (OFFICIAL / example["id"] / name).is_file(), (example["id"], name)
+        for source in example.get("shared", {}).values():
+            assert (OFFICIAL / source).is_file(), (example["id"], source)
         if example["expected_exit"] == 2:
             assert "https://github.com/" in example["reason"] and "/issues/" in example["reason"], example["id"]
         if "before_audit" in example:
