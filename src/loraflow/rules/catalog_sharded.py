@@ -31,6 +31,12 @@ ZERO3_GATHER_DTYPES = Message(r"expected there to be only one unique element in 
                               r"all_gather_coalesced", "shared",
                               "deepspeed/runtime/zero/partition_parameters.py: all_gather_coalesced "
                               "(get_only_unique_item over the partitions' dtypes)", "deepspeed<0.12.3")
+# Its successor (DeepSpeed PR #6993 to #8113, 0.17.2 to 0.19.2): with the config's torch_autocast a gather groups
+# parameters by the dtype they travel in, then asserts each group shares one stored dtype, which a float32 adapter or
+# a packed 4-bit weight beside half ones breaks.
+ZERO3_GATHER_ONE_DTYPE = Message(r"all params must have the same dtype", "shared",
+                                 "deepspeed/runtime/zero/partition_parameters.py: _all_gather_dtype",
+                                 "deepspeed>=0.17.2,<0.19.3")
 
 
 register(Rule(
@@ -297,7 +303,8 @@ register(Rule(
                           "torch>=1.13,<2.1"),
                   Message(r"non-floating frozen Params4bit", "warning", "accelerate fsdp_utils.py fsdp2_prepare_model "
                           "(excludes them from sharding)", "accelerate>=1.14"),
-                  FLATTEN_DTYPE, BNB_SHAPE, replace(ZERO3_GATHER_DTYPES, kind="generic")),
+                  FLATTEN_DTYPE, BNB_SHAPE, replace(ZERO3_GATHER_DTYPES, kind="generic"),
+                  replace(ZERO3_GATHER_ONE_DTYPE, kind="generic")),
         frames=FLAT_PARAM_FRAMES,
         evidence=(Evidence("flatten:int", 8, "the flattened tensors include integer (packed 4-bit) storage",
                            decisive=True, alone=True),
@@ -376,7 +383,7 @@ register(Rule(
                 "https://github.com/bigcode-project/starcoder/issues/96"),
     fixed_in="deepspeed 0.12.3 (PR #4647); regressed in 0.19.2, fixed again in 0.19.3 (PR #8073)",
     log=LogSigns(
-        messages=(ZERO3_GATHER_DTYPES,
+        messages=(ZERO3_GATHER_DTYPES, ZERO3_GATHER_ONE_DTYPE,
                   Message(r"output tensor must have the same type as input tensor", "shared",
                           "torch.distributed all_gather_into_tensor from ZeRO-3's _allgather_params_coalesced")),
         frames=(Message(r"partition_parameters\.py:(all_gather_coalesced|_allgather_params_coalesced)$", "shared"),),
