@@ -17,7 +17,7 @@ from pathlib import Path
 
 from loraflow.errors import LoraflowError
 
-CLI_PROGRAMS = ("trl", "swift", "llamafactory-cli", "lmf", "axolotl", "tune")
+CLI_PROGRAMS = ("trl", "swift", "llamafactory-cli", "lmf", "axolotl", "tune", "litgpt")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
 _PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)*)?$")
@@ -366,7 +366,7 @@ _HEREDOC = re.compile(r"^[ \t]*(?:read\s+(?:-\w+\s+(?:''\s+)?)*(?P<var>[A-Za-z_]
 # read as one word rather than split into `$(expr`, `16`, `/`... positional arguments.
 _EXPR = re.compile(r"\$\(\s*expr\s+([^()]*)\)")
 _STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "tune", "ray",
-           "srun", "mpirun", "mpiexec")
+           "litgpt", "srun", "mpirun", "mpiexec")
 
 
 _CLUSTER_LAUNCHERS = ("srun", "mpirun", "mpiexec")

@@ -261,7 +261,11 @@ def model_name_facts(draft: Draft, model: str, source: str) -> None:
     """What the model's name or path says beyond its towers: a family whose activations overflow float16
     (families.FP16_OVERFLOW; rule fp16-overflow)."""
     kind = fp16_overflow_name(model)
-    if kind is not None:
+    if kind is None and "$" in model:  # `checkpoints/$MODEL`: the family is in a variable the line does not show
+        draft.maybe("fp16_overflows", {True: "a family whose activations overflow float16 (T5, Gemma, ...)",
+                                       False: "a family that stays in float16's range"},
+                    f"{source}: the model is in {model}, not visible here")
+    elif kind is not None:
         draft.set("fp16_overflows", True, f"{source} ({model}: the {kind} family overflows float16, "
                                           f"{FP16_OVERFLOW[kind].source})")
 

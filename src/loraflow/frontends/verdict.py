@@ -114,9 +114,11 @@ def _version_space(first: FrontendResult, queried: dict[str, set[Version]], give
         if rule.id not in relevant:
             continue
         for package, spec in rule.affected.items():
-            queried.setdefault(package, set()).update(spec_points(spec))
+            if package not in first.setup.not_used:  # its releases change nothing for this run
+                queried.setdefault(package, set()).update(spec_points(spec))
         for package, releases in rule.boundaries.items():
-            queried.setdefault(package, set()).update(Version(r) for r in releases)
+            if package not in first.setup.not_used:
+                queried.setdefault(package, set()).update(Version(r) for r in releases)
     eras = {p: SpecifierSet(spec) for p, (spec, _) in first.eras.items()}
     return version_variables(queried, given, eras)
 

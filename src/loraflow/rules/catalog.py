@@ -297,7 +297,7 @@ register(Rule(
     impact="crash",
     conditions="pure fp16 storage of the trainable parameters (adapters or modules_to_save) with fp16 loss scaling",
     knobs=("precision",),
-    when=lambda s: s.precision == "fp16",
+    when=lambda s: s.precision == "fp16" and s.grad_scaler,
     cause=("fp16 mixed precision scales the loss and unscales gradients before the optimizer step; torch's "
            "GradScaler refuses fp16 gradients because unscaling them in fp16 overflows. Trainable weights cast to "
            "fp16 (model.half(), autocast_adapter_dtype=False, fp16 modules_to_save) therefore crash at the first "

@@ -45,6 +45,9 @@ class Combination:
     packing: bool = False
     precision: Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp16"] = "fp32"
     """`*-mixed`: trainable weights fp32 under autocast; `bf16`/`fp16`: everything stored in half precision."""
+    grad_scaler: bool = True
+    """fp16 training scales the loss and unscales gradients with a GradScaler (the HF Trainer, accelerate, DeepSpeed's
+    loss scaler, loraflow); Lightning Fabric's `16-true` precision stores everything in fp16 and scales nothing."""
     quantization: Literal["4bit", "8bit"] | None = None
     quant_storage_matches: bool = True
     """bitsandbytes 4-bit storage dtype equals the dtype the other weights are sharded in."""
@@ -197,6 +200,9 @@ class Combination:
     """The largest adapter rank the rollout engine accepts (vLLM --max-lora-rank, 16 by default); vLLM refuses a
     value outside its own list of ranks at start."""
     versions: dict[str, Version | None] = field(default_factory=dict, hash=False, compare=False)
+    not_used: tuple[str, ...] = ()
+    """Tracked packages the run does not import (LitGPT's own LoRA needs no PEFT): a bug of their releases cannot
+    reach it, whatever version is installed."""
 
     @property
     def frozen_params(self) -> bool:

@@ -104,6 +104,8 @@ class Rule:
         notes: list[str] = []
         for package, spec in self.affected.items():
             installed = setup.version(package)
+            if package in setup.not_used:
+                return False, [f"{package} is not used by this run"]
             if installed is None:
                 notes.append(f"{package} version unknown, assumed affected ({package}{spec}); "
                              f"pass --versions {package}=X.Y.Z")
