@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from conftest import ROOT
 from packaging.version import Version
 
 from loraflow.frontends import from_command, run_check
@@ -194,17 +195,20 @@ def test_alpaca_lora_finetune_py_not_here_is_read_with_the_facts_of_its_code():
     assert (two.world_size, two.engine, two.find_unused_parameters) == (2, "ddp", False)
 
 
-def test_an_axolotl_merge_command_is_not_read_as_a_training_run():
-    """https://github.com/axolotl-ai-cloud/axolotl/issues/596: merge_lora trains nothing (and, since v0.4.0, loads the
-    base unquantized to merge); it was read as training from its config."""
-    import pytest
-
-    from loraflow.errors import LoraflowError
-
-    merge = ('python3 -m axolotl.cli.merge_lora examples/code-llama/7b/qlora.yml --lora_model_dir="./qlora-out" '
-             '--load_in_8bit=False --load_in_4bit=False')
-    with pytest.raises(LoraflowError, match="reads training runs"):
-        from_command(shlex.split(merge), {})
+def test_an_axolotl_merge_command_is_read_as_a_merge_into_the_base_it_loads(monkeypatch):
+    """https://github.com/axolotl-ai-cloud/axolotl/issues/596: merge_lora on a QLoRA config merged into the 4-bit base
+    before v0.4.0 (the thread's workaround: --load_in_4bit=False on the line); since v0.4.0 (PR #1086) the merge
+    loads the base unquantized whatever the config says."""
+    monkeypatch.chdir(ROOT / "tests" / "fixtures" / "frontends" / "axolotl")
+    merge = 'python3 -m axolotl.cli.merge_lora code-llama-7b-qlora.yml --lora_model_dir="./qlora-out"'
+    old, new = {"axolotl": Version("0.3.0")}, {"axolotl": Version("0.4.0")}
+    assert from_command(shlex.split(merge), old).setup.merge_into_quantized
+    assert "kbit-merge" in findings(shlex.split(merge), old)
+    assert "kbit-merge" not in findings(shlex.split(merge), new)
+    unquantized = merge + " --load_in_8bit=False --load_in_4bit=False"
+    assert "kbit-merge" not in findings(shlex.split(unquantized), old)
+    assert "merge_into_quantized" in from_command(shlex.split("axolotl merge-lora code-llama-7b-qlora.yml"),
+                                                  {}).sources
 
 
 # https://github.com/modelscope/ms-swift/issues/938

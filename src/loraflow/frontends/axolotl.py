@@ -18,6 +18,7 @@ from loraflow.frontends.argv import (
     _launcher_options,
     _world_from_launcher,
     command_from_script,
+    parse_bool,
     parse_flags,
     resolve_path,
     split_command,
@@ -348,15 +349,32 @@ _NOT_TRAINING = ("merge_lora", "merge_sharded_fsdp_weights", "inference", "prepr
                  "evaluate", "vllm_serve", "delinearize_llama4")
 
 
+def _merge(draft: Draft, named: str) -> None:
+    """A merge run (`axolotl merge-lora CFG`, `python -m axolotl.cli.merge_lora CFG`, scripts/finetune.py
+    --merge_lora): it loads the base as the config says and merges the adapter into it. Since v0.4.0 the merge forces
+    load_in_8bit/load_in_4bit off (src/axolotl/cli/merge_lora.py, PR #1086); before, a QLoRA config merged into the
+    quantized base."""
+    draft.note(f"{named} merges the trained adapter into the base; the config's training settings are read as well")
+    if draft.get("quantization") is None:
+        return
+    if at_least(draft, "axolotl", "0.4.0"):
+        draft.set("merge_into_quantized", False, f"{named}: axolotl >= 0.4.0 loads the base unquantized to merge "
+                  "(cli/merge_lora.py: load_in_4bit = load_in_8bit = False)")
+    else:
+        draft.set("merge_into_quantized", True, f"{named}: axolotl < 0.4.0 loads the base as the config quantizes "
+                  "it, then merge_and_unload")
+
+
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
     entry = cmd.program.rsplit(".", 1)[-1] if cmd.program_kind == "module" else None
-    if (cmd.program_kind == "cli" and cmd.subcommand != "train") or entry in _NOT_TRAINING:
-        # `python -m axolotl.cli.merge_lora CONFIG` runs no training; since v0.4.0 it loads the base unquantized
-        # for the merge (load_in_8bit/load_in_4bit forced false, PR #1017).
-        raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads training runs (axolotl train CONFIG, "
-                            "python -m axolotl.cli.train CONFIG).")
     args, positionals, after = parse_flags(cmd.args)
+    merge = (entry == "merge_lora" or (cmd.program_kind == "cli" and cmd.subcommand in ("merge-lora", "merge_lora"))
+             or any(a.name == "merge_lora" and parse_bool(a.value, a.raw) for a in args))
+    if not merge and ((cmd.program_kind == "cli" and cmd.subcommand != "train") or entry in _NOT_TRAINING):
+        raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads training and merge runs (axolotl train "
+                            "CONFIG, axolotl merge-lora CONFIG, python -m axolotl.cli.train CONFIG).")
+    args = [a for a in args if a.name != "merge_lora"]
     configs = [p for p in positionals if p.endswith((".yml", ".yaml"))]
     if len(configs) != 1:
         raise LoraflowError(f"`{cmd.describe()}` needs exactly one config YAML, got {len(configs)}.")
@@ -374,6 +392,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         cmd.launcher, cmd.launcher_args = "accelerate", options
         _world_from_launcher(cmd)
     _apply(draft, cfg, cmd, bases)
+    if merge:
+        _merge(draft, cmd.describe())
     finish_world(draft, cmd)
     return draft.result()
 
