@@ -97,6 +97,17 @@ def test_greedy_generation_with_images_equals_peft_token_for_token(vision_run, l
                                              {"type": "text", "text": QUESTION}]
 
 
+def test_adapter_directory_alone_loads_as_an_image_text_model(vision_run, reference, tmp_path):
+    """No run config above it: the base comes from adapter_config.json (an image-text model, which has no causal-LM
+    class) and the processor from the adapter folder."""
+    from loraflow.commands.generate import load
+    from loraflow.commands.vision import image_prompt
+
+    alone = load(str(shutil.copytree(vision_run / "adapter", tmp_path / "adapter")))
+    assert alone.processor is not None
+    assert ours(alone, image_prompt(QUESTION, [str(IMAGES[0])])) == reference(IMAGES[:1])
+
+
 def test_prompts_file_with_image_parts_reads_as_training_data(loaded, reference, tmp_path):
     from loraflow.commands.generate import Sampling, generate, read_prompts
 
