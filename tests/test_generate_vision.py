@@ -113,7 +113,8 @@ def test_prompts_file_with_image_parts_reads_as_training_data(loaded, reference,
 
     (tmp_path / "pictures").mkdir()
     shutil.copy(IMAGES[0], tmp_path / "pictures" / "a.png")
-    user = {"role": "user", "content": [{"type": "image", "path": "pictures/a.png"}, {"type": "text", "text": QUESTION}]}
+    user = {"role": "user",
+            "content": [{"type": "image", "path": "pictures/a.png"}, {"type": "text", "text": QUESTION}]}
     records = [{"messages": [user, {"role": "assistant", "content": [{"type": "text", "text": "blue"}]}]},
                {"messages": [{"role": "user", "content": QUESTION}]}]
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
