@@ -87,6 +87,7 @@ def test_cli_surface_is_stable():
     assert options["check"] >= {"--framework", "--versions", "--json"}
     assert options["explain"] >= {"--json", "--list"}
     assert options["probe"] >= {"--only", "--json", "--list", "--logs"}
+    assert options["generate"] >= {"--prompt", "--image", "--prompts", "--no-chat-template", "--json", "--base"}
     train = sub.choices["train"]
     stage = next(a for a in train._actions if a.dest == "stage")
     assert list(stage.choices) == ["sft", "rm", "dpo", "grpo", "ppo"]

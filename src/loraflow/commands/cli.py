@@ -231,9 +231,17 @@ def _load_for_generation(args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     from loraflow.commands.generate import Prompt, generate, read_prompts
 
+    if args.image and args.prompt is None:
+        raise LoraflowError("--image goes with --prompt TEXT (the question about the image). In a --prompts file, "
+                            "put image parts in each record's messages: {\"type\": \"image\", \"path\": ...}.")
     if (args.prompt is None) == (args.prompts is None):
         raise LoraflowError("generate: give exactly one of --prompt TEXT or --prompts FILE.")
-    prompts = [Prompt(None, args.prompt)] if args.prompt is not None else read_prompts(args.prompts)
+    if args.image:  # opened here: a missing or broken file fails before the model loads
+        from loraflow.commands.vision import image_prompt
+
+        prompts = [image_prompt(args.prompt, args.image)]
+    else:
+        prompts = [Prompt(None, args.prompt)] if args.prompt is not None else read_prompts(args.prompts)
     loaded, sampling = _load_for_generation(args)
     generate(loaded, prompts, sampling, chat_template=not args.no_chat_template, as_json=args.json)
     return 0
@@ -351,17 +359,21 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_merge)
 
     gen = sub.add_parser("generate", help="answer prompts with a trained run, adapter or model",
-                         description="loraflow generate RUN_DIR_OR_ADAPTER (--prompt TEXT | --prompts FILE)")
+                         description="loraflow generate RUN_DIR_OR_ADAPTER (--prompt TEXT [--image PATH ...] | "
+                                     "--prompts FILE)")
     _generation_flags(gen)
     gen.add_argument("--prompt", help="one prompt, sent as the user's turn of the chat template")
+    gen.add_argument("--image", metavar="PATH", action="append", help="an image sent with --prompt, before its text "
+                     "(image-text runs); repeat it for several images")
     gen.add_argument("--prompts", metavar="FILE", help="a .txt file (one prompt per line) or .jsonl file (`prompt` or "
-                                                       "`messages` per line)")
+                                                       "`messages` per line; messages may hold image parts)")
     gen.add_argument("--no-chat-template", action="store_true", help="tokenize prompts as plain text instead of "
                                                                      "wrapping them in the chat template")
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt and line")
     gen.set_defaults(func=cmd_generate)
 
-    ch = sub.add_parser("chat", help="talk to a trained run, adapter or model (reads stdin lines; /reset, /exit)")
+    ch = sub.add_parser("chat", help="talk to a trained run, adapter or model (reads stdin lines; /image PATH, "
+                                     "/reset, /exit)")
     _generation_flags(ch)
     ch.set_defaults(func=cmd_chat)
 

@@ -5,7 +5,7 @@ into it before training (model.merge_adapters: RL demo runs start from an SFT ad
 the trained weights. An adapter directory on its own names its base in adapter_config.json; when it sits inside a
 run (RUN/adapter, RUN/checkpoints/step-N) that run's config is used, so its merged adapters are not forgotten.
 Loading goes through the same functions training uses (setup.model), so the model generated from is the model
-that was trained.
+that was trained. An image-text model is loaded with its processor, and prompts may carry images (commands/vision.py).
 """
 
 from __future__ import annotations
@@ -34,17 +34,30 @@ class Loaded:
     notes: list[str] = field(default_factory=list)
     adapter: Path | None = None
     """The adapter directory, when an adapter was loaded onto a base."""
+    processor: Any = None
+    """An image-text model's processor (its tokenizer is `tokenizer`); None for a text model."""
 
 
 @dataclass
 class Prompt:
-    messages: list[dict[str, str]] | None
+    messages: list[dict[str, Any]] | None
+    """Chat turns as given (content a string or a list of text and image parts): what --json writes back."""
     text: str | None
     reference: str | None = None
     """The record's own answer (a trailing assistant message or a `completion` field), shown beside the output."""
+    origin: str = "--prompt"
+    """Where the prompt came from (`--prompts FILE line N`, `--image`), for errors."""
+    chat: Any = None
+    """data.multimodal.Chat: the messages with their images opened, for prompts given with content parts."""
 
     def shown(self) -> str:
-        return self.text if self.messages is None else self.messages[-1]["content"]
+        if self.messages is None:
+            return self.text
+        content = self.messages[-1]["content"]
+        if isinstance(content, str):
+            return content
+        return " ".join(p["text"] if p.get("type") == "text" else f"[image {p['path']}]" if p.get("path") else "[image]"
+                        for p in content if isinstance(p, dict))
 
 
 def _run_config(directory: Path):
@@ -70,7 +83,7 @@ def _weights_of_run(run: Path) -> Path:
 def load(target: str, base: str | None = None) -> Loaded:
     """The model and tokenizer of a run, adapter or model directory, in eval mode on the GPU when there is one."""
     from peft import PeftConfig, PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from loraflow.locations import location_of
     from loraflow.setup.model import load_model, load_tokenizer, merge_adapters
@@ -109,16 +122,21 @@ def load(target: str, base: str | None = None) -> Loaded:
         if config is not None:
             model = _run_base(config, base_path, device)
         else:
-            model = AutoModelForCausalLM.from_pretrained(base_path, dtype="auto")
+            model = _pretrained(base_path)
         model = merge_adapters(model, list(merged))
         model = PeftModel.from_pretrained(model, str(weights))
         source = f"adapter {weights} on {base_path}" + "".join(f" + merged {m}" for m in merged)
     else:  # a whole model: full fine-tuning's RUN/model, or the output of `loraflow merge`
         if base is not None:
             raise LoraflowError(f"--base applies to adapters, but {weights} holds a whole model; drop --base.")
-        model = AutoModelForCausalLM.from_pretrained(str(weights), dtype="auto")
+        model = _pretrained(str(weights))
         base_path, source = str(weights), f"model {weights}"
-    if (weights / "tokenizer_config.json").is_file():
+    from loraflow.commands.vision import load_processor_for
+
+    processor = load_processor_for(model, weights, config, base_path)
+    if processor is not None:
+        tokenizer = processor.tokenizer  # its pad token set as training sets it (setup.processor)
+    elif (weights / "tokenizer_config.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(str(weights))  # saved with the weights by the run
     elif config is not None:
         tokenizer = load_tokenizer(config, base_path)
@@ -126,7 +144,17 @@ def load(target: str, base: str | None = None) -> Loaded:
         tokenizer = AutoTokenizer.from_pretrained(base_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return Loaded(model.to(device).eval(), tokenizer, device, source, notes, weights if is_adapter else None)
+    return Loaded(model.to(device).eval(), tokenizer, device, source, notes, weights if is_adapter else None,
+                  processor)
+
+
+def _pretrained(path: str):
+    """A saved model with the auto class training would load it with: image-text models have no causal-LM class."""
+    from transformers import AutoConfig
+
+    from loraflow.setup.preflight import model_auto_class
+
+    return model_auto_class(AutoConfig.from_pretrained(path)).from_pretrained(path, dtype="auto")
 
 
 def _run_base(config, base_path: str, device: str):
@@ -148,7 +176,8 @@ def _run_base(config, base_path: str, device: str):
 
 
 def read_prompts(spec: str) -> list[Prompt]:
-    """A .txt file (one prompt per non-empty line) or a .jsonl file (`prompt` or `messages` per line)."""
+    """A .txt file (one prompt per non-empty line) or a .jsonl file (`prompt` or `messages` per line; messages may
+    hold image parts, as image-text training data does)."""
     from loraflow.locations import BUILTIN, location_of
 
     path = Path(location_of(spec, "--prompts") if spec.startswith(BUILTIN) else spec).expanduser()
@@ -166,25 +195,31 @@ def read_prompts(spec: str) -> list[Prompt]:
         lines = [_decode(path, raw, i + 1, starts[i]).strip() for i, raw in enumerate(raw_lines)]
         prompts = [Prompt(None, line) for line in lines if line]
     else:
-        prompts = [_json_prompt(r.data, r.origin) for r in read_records(str(path), "--prompts", "train")]
+        prompts = [_json_prompt(r) for r in read_records(str(path), "--prompts", "train")]
     if not prompts:
         raise LoraflowError(f"--prompts {spec} holds no prompts (every line is empty).")
     return prompts
 
 
-def _json_prompt(record: dict, where: str) -> Prompt:
+def _json_prompt(raw) -> Prompt:
+    record, where = raw.data, raw.origin
     if isinstance(record.get("messages"), list) and record["messages"]:
         messages = record["messages"]
+        if any(isinstance(m, dict) and isinstance(m.get("content"), list) for m in messages):
+            from loraflow.commands.vision import file_prompt
+
+            return file_prompt(messages, raw)  # content parts, images among them: the training data's reader
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                    for m in messages):
-            raise DataError(f"{where}: each message needs string `role` and `content`.")
+            raise DataError(f"{where}: each message needs a string `role`, and `content` a string or a list of "
+                            "parts ({\"type\": \"text\", \"text\": ...} or {\"type\": \"image\", \"path\": ...}).")
         if messages[-1]["role"] == "assistant":  # an eval record: its answer is the reference, not the prompt
             if len(messages) == 1:
                 raise DataError(f"{where}: the only message is the assistant's; there is nothing to answer.")
-            return Prompt(messages[:-1], None, messages[-1]["content"])
-        return Prompt(messages, None)
+            return Prompt(messages[:-1], None, messages[-1]["content"], f"--prompts {where}")
+        return Prompt(messages, None, origin=f"--prompts {where}")
     if isinstance(record.get("prompt"), str):
-        return Prompt(None, record["prompt"], record.get("completion"))
+        return Prompt(None, record["prompt"], record.get("completion"), f"--prompts {where}")
     raise DataError(f"{where}: no `prompt` (a string) or `messages` (a list of turns); found {sorted(record)}.")
 
 
@@ -202,6 +237,31 @@ def prompt_ids(loaded: Loaded, prompt: Prompt, chat_template: bool) -> list[int]
         messages = prompt.messages or [{"role": "user", "content": prompt.text}]
         return _render(tok, messages, True, "prompt")
     return tok(prompt.text, add_special_tokens=True)["input_ids"]
+
+
+def prompt_inputs(loaded: Loaded, prompt: Prompt, chat_template: bool) -> tuple[list[int], dict[str, torch.Tensor]]:
+    """The prompt's ids and, for an image-text model, the processor's other inputs for generate() (pixel values,
+    image sizes, per-token types). An image-text model renders chat with its processor, as training did; plain
+    text without a template, or with --no-chat-template, is tokenized as for a text model."""
+    processor = loaded.processor
+    templated = chat_template and (prompt.messages is not None or bool(getattr(processor, "chat_template", None)))
+    if processor is None or not templated:
+        if prompt.chat is not None and prompt.chat.images and not chat_template:
+            raise LoraflowError(f"--no-chat-template: {prompt.origin} gives images, and only the chat template "
+                                "places them in the prompt; drop --no-chat-template.")
+        return prompt_ids(loaded, prompt, chat_template), {}
+    from loraflow.commands.vision import processor_inputs
+
+    inputs = processor_inputs(loaded, prompt)
+    ids = inputs.pop("input_ids")[0].tolist()
+    inputs.pop("attention_mask", None)  # one prompt, no padding: complete() passes all ones
+    return ids, inputs
+
+
+def positions(model) -> int | None:
+    """The model's positions (an image-text model keeps them in its text config)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(config, "max_position_embeddings", None)
 
 
 @dataclass
@@ -229,12 +289,13 @@ class Completion:
 
 
 @torch.no_grad()
-def complete(loaded: Loaded, ids: list[int], sampling: Sampling) -> Completion:
-    """The completion of one prompt. One prompt at a time: no padding, so greedy output is exactly what
-    model.generate gives for that prompt alone."""
+def complete(loaded: Loaded, ids: list[int], sampling: Sampling,
+             images: dict[str, torch.Tensor] | None = None) -> Completion:
+    """The completion of one prompt (`images`: prompt_inputs' image inputs). One prompt at a time: no padding, so
+    greedy output is exactly what model.generate gives for that prompt alone."""
     from loraflow.rl.rollout import decode, stop_ids
 
-    limit = getattr(loaded.model.config, "max_position_embeddings", None)
+    limit = positions(loaded.model)
     if limit and len(ids) + sampling.max_new_tokens > limit:
         raise LoraflowError(f"the prompt has {len(ids)} tokens; with --max-new-tokens {sampling.max_new_tokens} "
                             f"that exceeds the model's {limit} positions. Shorten the prompt or lower "
@@ -246,7 +307,8 @@ def complete(loaded: Loaded, ids: list[int], sampling: Sampling) -> Completion:
     input_ids = torch.tensor([ids], device=loaded.device)
     out = loaded.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                                 max_new_tokens=sampling.max_new_tokens, eos_token_id=stop,
-                                pad_token_id=tok.pad_token_id, **kwargs)
+                                pad_token_id=tok.pad_token_id, **kwargs,
+                                **{k: v.to(loaded.device) for k, v in (images or {}).items()})
     completion = out[:, len(ids):].cpu()
     stopped = torch.isin(completion[0], torch.tensor(stop)).nonzero()
     end = int(stopped[0]) + 1 if len(stopped) else completion.shape[1]
@@ -255,13 +317,16 @@ def complete(loaded: Loaded, ids: list[int], sampling: Sampling) -> Completion:
 
 def generate(loaded: Loaded, prompts: list[Prompt], sampling: Sampling, chat_template: bool = True,
              as_json: bool = False, out: TextIO | None = None) -> None:
+    from loraflow.commands.vision import refuse_images
+
     out = out or sys.stdout
     sampling.check()
+    refuse_images(loaded, prompts)
     for prompt in prompts:
-        ids = prompt_ids(loaded, prompt, chat_template)
+        ids, images = prompt_inputs(loaded, prompt, chat_template)
         # Seeded per prompt: a prompt's sample does not depend on the prompts before it in the file.
         torch.manual_seed(sampling.seed)
-        answer = complete(loaded, ids, sampling)
+        answer = complete(loaded, ids, sampling, images)
         text = answer.text
         if as_json:
             row: dict[str, Any] = {"messages": prompt.messages} if prompt.messages else {"prompt": prompt.text}
@@ -276,17 +341,20 @@ def generate(loaded: Loaded, prompts: list[Prompt], sampling: Sampling, chat_tem
 
 
 def chat(loaded: Loaded, sampling: Sampling, stdin: TextIO | None = None, out: TextIO | None = None) -> None:
-    """One conversation: each line is a user turn; `/reset` starts over, `/exit` or end of input stops."""
+    """One conversation: each line is a user turn; `/image PATH` attaches an image to the next one (image-text
+    models), `/reset` starts over, `/exit` or end of input stops."""
     stdin, out = stdin or sys.stdin, out or sys.stdout
     sampling.check()
-    if not getattr(loaded.tokenizer, "chat_template", None):
+    if not getattr(loaded.processor or loaded.tokenizer, "chat_template", None):
         raise LoraflowError("chat needs a tokenizer with a chat template, and this model's has none; use "
                             "`loraflow generate --no-chat-template` for plain-text prompts.")
     torch.manual_seed(sampling.seed)  # once: the whole conversation replays with the same seed
     interactive = stdin.isatty()
     if interactive:
-        out.write(f"chatting with {loaded.source}; /reset starts over, /exit quits\n")
-    messages: list[dict[str, str]] = []
+        images = ", /image PATH attaches an image to your next message" if loaded.processor is not None else ""
+        out.write(f"chatting with {loaded.source}; /reset starts over, /exit quits{images}\n")
+    messages: list[dict[str, Any]] = []
+    pending: list[Any] = []  # images attached by /image, waiting for the next user message
     while True:
         if interactive:
             out.write("you> ")
@@ -300,18 +368,49 @@ def chat(loaded: Loaded, sampling: Sampling, stdin: TextIO | None = None, out: T
         if text == "/exit":
             break
         if text == "/reset":
-            messages = []
+            messages, pending = [], []
             out.write("(conversation reset)\n")
             continue
-        messages.append({"role": "user", "content": text})
-        ids = prompt_ids(loaded, Prompt(messages, None), True)
-        limit = getattr(loaded.model.config, "max_position_embeddings", None)
+        if text == "/image" or text.startswith("/image "):
+            _attach(loaded, text[len("/image"):].strip(), pending, interactive, out)
+            continue
+        if pending:
+            from loraflow.commands.vision import user_turn
+
+            messages.append(user_turn(text, pending))
+            pending = []
+        else:
+            messages.append({"role": "user", "content": text})
+        ids, images = prompt_inputs(loaded, Prompt(messages, None, origin="chat"), True)
+        limit = positions(loaded.model)
         # The oldest exchanges go first when the conversation outgrows the model's positions.
         while limit and len(ids) + sampling.max_new_tokens > limit and len(messages) > 2:
             messages = messages[2:]
-            ids = prompt_ids(loaded, Prompt(messages, None), True)
+            ids, images = prompt_inputs(loaded, Prompt(messages, None, origin="chat"), True)
             out.write("(dropped the oldest exchange: the conversation outgrew the model's context)\n")
-        reply = complete(loaded, ids, sampling).text
+        reply = complete(loaded, ids, sampling, images).text
         messages.append({"role": "assistant", "content": reply})
         out.write(f"assistant> {reply}\n")
         out.flush()
+
+
+def _attach(loaded: Loaded, path: str, pending: list[Any], interactive: bool, out: TextIO) -> None:
+    """`/image PATH`: open the image now, so a wrong path is named before the message it was meant for. At a
+    terminal the error is shown and the conversation goes on; piped input stops, since the answers that follow
+    would silently lack the image."""
+    from loraflow.commands.vision import open_flag_image
+
+    try:
+        if loaded.processor is None:
+            raise LoraflowError(f"/image: {loaded.source} is a text-only model and cannot read images; chat with an "
+                                "image-text run to send them.")
+        if not path:
+            raise LoraflowError("/image needs the image file: /image PATH.")
+        pending.append(open_flag_image(path, "/image"))
+    except LoraflowError as exc:
+        if not interactive:
+            raise
+        out.write(f"error: {exc}\n")
+        return
+    out.write(f"(image {path} attached to your next message)\n")
+    out.flush()

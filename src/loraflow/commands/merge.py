@@ -2,7 +2,8 @@
 
 The base is found as `loraflow generate` finds it (generate.load): from the run's config when the adapter belongs
 to a run (so the adapters that run merged into its base, model.merge_adapters, are merged here too), else from
-adapter_config.json, or from --base.
+adapter_config.json, or from --base. An image-text model is written with its processor (tokenizer, image processor,
+chat template), so AutoProcessor loads the merged directory as it loads the run's adapter.
 
 A QLoRA adapter was trained on quantized weights, and merging into 4-bit weights would round its update away. The
 base is dequantized into `dtype` (the weights the adapter saw, as floats) and the adapter merged there. The merged
@@ -69,7 +70,9 @@ def merge(adapter_dir: str, output_dir: str, base: str | None = None, dtype: str
         merged = loaded.model.merge_and_unload().to("cpu")
     out.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out, safe_serialization=True)
-    loaded.tokenizer.save_pretrained(out)
+    # An image-text model is unusable without its processor (image processor, tokenizer, chat template):
+    # AutoProcessor.from_pretrained(out) must load, as it loads the run's adapter folder.
+    (loaded.processor or loaded.tokenizer).save_pretrained(out)
     if report.dequantized_to:
         (out / "merge_report.json").write_text(json.dumps({k: v for k, v in vars(report).items() if k != "output"},
                                                           indent=2) + "\n")

@@ -32,11 +32,16 @@ VIDEO_PART = "video_processor"
 def load_processor(config: Config, model_path: str):
     """The processor from model.tokenizer or the model's directory; its tokenizer gets a pad token as
     load_tokenizer's does."""
-    from transformers import AutoProcessor
-
     spec = config.model.tokenizer
     path = location_of(spec, "model.tokenizer") if spec else model_path
-    trust = config.model.trust_remote_code
+    return processor_at(path, config.model.trust_remote_code)
+
+
+def processor_at(path: str, trust: bool = False):
+    """The image-text processor saved at `path` (a run's adapter directory, a merged model, a base), loaded as
+    training loads it: without its video part where only that part cannot be built here."""
+    from transformers import AutoProcessor
+
     try:
         with quiet():  # image processors without torchvision say they fall back to PIL: expected on a CPU stack
             processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust)
