@@ -270,8 +270,13 @@ def test_a_deepspeed_config_is_read_as_deepspeed_loads_it_and_a_cut_one_is_named
     cut = tmp_path / "ds_cut.json"
     cut.write_text(DS_CONFIG_CUT)
     assert guess_framework_for_files([str(cut)]) == "deepspeed"  # not a loraflow config, though it does not parse
+    # check reads a pasted excerpt up to where it stops, names what it could not see, and never exits 0 on it.
+    doc = json.loads(run_check(None, "deepspeed", [str(cut)], {}, as_json=True)[0])
+    assert any("ends before the `{` opened on line 1 is closed" in u for u in doc["unknown"]) and doc["exit_code"]
+    assert doc["setup"]["zero_stage"] == 2
+    from loraflow.frontends.common import load_mapping
     with pytest.raises(LoraflowError, match="ends before the `{` opened on line 1 is closed"):
-        run_check(None, "deepspeed", [str(cut)], {}, as_json=True)
+        load_mapping(cut, "DeepSpeed config")  # outside check a cut file stays an error
 
 
 # https://github.com/OpenRLHF/OpenRLHF/issues/1150

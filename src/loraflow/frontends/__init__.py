@@ -176,4 +176,18 @@ def run_check(argv: list[str] | None, name: str | None, files: list[str], versio
             data_facts.apply(result, facts)
             result.notes.append(f"--data {facts.describe()}")
             return result
-    return render(check_setup(build, versions), as_json)
+    # Config files cut short (pasted excerpts) are read up to where they stop; what they leave out is named.
+    from loraflow.frontends.config_text import EXCERPTS
+
+    excerpts: list[str] = []
+    token = EXCERPTS.set(excerpts)
+    read = build
+
+    def build(v: dict) -> FrontendResult:
+        result = read(v)
+        result.unknown += [e for e in dict.fromkeys(excerpts) if e not in result.unknown]
+        return result
+    try:
+        return render(check_setup(build, versions), as_json)
+    finally:
+        EXCERPTS.reset(token)

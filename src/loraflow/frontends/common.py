@@ -16,7 +16,7 @@ from loraflow.errors import LoraflowError
 from loraflow.families import DEFAULT, EMBEDDING_NAMES, FP16_OVERFLOW, HEAD_NAMES, fp16_overflow_name
 from loraflow.frontends.argv import Command, parse_bool, visible_devices
 from loraflow.frontends.base import FrontendResult
-from loraflow.frontends.config_text import cut_off, json_piece
+from loraflow.frontends.config_text import EXCERPTS, close_cut, cut_off, json_piece
 from loraflow.frontends.scenarios import intersect
 from loraflow.rules.combination import Combination
 
@@ -169,8 +169,16 @@ def load_mapping(path: str | Path, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
-        raise LoraflowError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
-                            f"{cut_off(text, exc.pos)}.") from None
+        cut = cut_off(text, exc.pos)
+        excerpts = EXCERPTS.get()
+        read = close_cut(text) if cut and excerpts is not None else None
+        if read is None:
+            raise LoraflowError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+                                f"{cut}.") from None
+        # `check` reads a pasted excerpt for what it shows, and names what it could not see (exit code 1).
+        data, kept = read
+        excerpts.append(f"{path} after line {kept}{cut.removesuffix(' (cut short?)')}: read as an excerpt up to "
+                        "there; nothing can load the file as it stands")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
