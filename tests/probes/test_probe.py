@@ -65,12 +65,16 @@ def test_probe_table_on_the_installed_stack(probe_run):
                     for r in data["results"]))
     for rule, row in table.items():
         if row["affected"] in ("n/a", "unavailable"):
-            assert row["naive"]["detail"], rule  # says why
+            assert row["naive"]["detail"] and row["verdict"] == "not-run", rule  # says why, and that nothing is known
             continue
         assert row["safe_under_loraflow"] == "yes", (rule, row["plan"])
         predicted = "yes" if row["registry_predicts_affected"] else "no"
         expected = ("no" if predicted == "yes" else "yes") if rule in KNOWN_DIFFERENCES else predicted
         assert row["affected"] == expected, (rule, row["naive"])
+        # What the row tells the user: a known difference is a release that fixed the failure (the rule's bound is
+        # stale), never a new conflict; everything else is as the registry predicts.
+        assert row["verdict"] == ("fixed-here" if rule in KNOWN_DIFFERENCES else
+                                  "fails-as-predicted" if expected == "yes" else "runs-as-predicted"), (rule, row)
     assert code == 0
     print(f"the probe set took {elapsed:.0f}s (its budget: 5 minutes on 2 cores, alone)")
 
@@ -110,6 +114,7 @@ def test_rollout_probes_without_vllm_are_unavailable_and_say_how_to_build_it(mon
     assert [r["rule"] for r in rows] == list(ROLLOUT_RULES)
     for row in rows:
         assert row["affected"] == row["safe_under_loraflow"] == "unavailable", row
+        assert row["verdict"] == "not-run", row
         assert "scripts/setup_vllm.sh" in row["naive"]["detail"], row
 
 
@@ -126,6 +131,7 @@ def test_probe_only_runs_the_named_rule(capsys):
     assert main(["probe", "--only", "fp16-trainable-unscale", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
     assert [r["rule"] for r in rows] == ["fp16-trainable-unscale"]
+    assert rows[0]["verdict"] == "fails-as-predicted" and "the rule's fix applies" in rows[0]["meaning"]
     assert rows[0]["affected"] == "yes" and rows[0]["safe_under_loraflow"] == "yes"
 
 

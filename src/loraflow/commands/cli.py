@@ -180,7 +180,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_probe(args: argparse.Namespace) -> int:
     from loraflow.environment import detect_environment
     from loraflow.probes import all_cases
-    from loraflow.probes.runner import render_table, run_probes
+    from loraflow.probes.report import render_table
+    from loraflow.probes.runner import run_probes
 
     if args.list:
         for rule_id, case in all_cases().items():

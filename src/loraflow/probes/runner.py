@@ -1,4 +1,4 @@
-"""Run probe cases in subprocesses and print the table: rule, affected with naive settings, safe under loraflow.
+"""Run probe cases in subprocesses; report.py words each outcome for the user's stack and prints the table.
 
 The runner never runs a case itself, so a crash or a hang cannot take it down. One-process cases each run in a
 process of their own with a timeout, forked from `run_probes`, which imports torch, transformers and peft once
@@ -53,8 +53,12 @@ class ProbeResult:
         return None if self.affected not in ("yes", "no") else (self.affected == "yes") == self.predicted
 
     def to_dict(self) -> dict:
+        from loraflow.probes.report import verdict
+
+        meaning = verdict(self)
         return {"rule": self.rule, "affected": self.affected, "safe_under_loraflow": self.safe,
                 "registry_predicts_affected": self.predicted, "matches_registry": self.matches_registry,
+                "verdict": meaning.key, "meaning": meaning.meaning,
                 "naive": vars(self.naive), "plan": vars(self.plan), "seconds": round(self.seconds, 1),
                 "what": self.what}
 
@@ -274,20 +278,3 @@ def _run_two_rank(cases: list[Case], log_dir: Path, progress=None) -> dict[str, 
             out[case.rule] = run_case(case, log_dir)
     return out
 
-
-def render_table(results: list[ProbeResult], versions: str) -> str:
-    header = ("rule", "affected (naive)", "safe under loraflow", "registry", "s")
-    rows = []
-    for r in results:
-        agree = {None: "-", True: "agrees", False: "DIFFERS"}[r.matches_registry]
-        rows.append((r.rule, r.affected, r.safe, agree, f"{r.seconds:.0f}"))
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
-    out = [f"loraflow probe on {versions}", line(header), line(["-" * w for w in widths])]
-    out += [line(row) for row in rows]
-    out.append("")
-    for r in results:
-        out.append(f"{r.rule}: {r.what}")
-        out.append(f"    naive: {r.naive.status}: {r.naive.detail}")
-        out.append(f"    plan:  {r.plan.status}: {r.plan.detail}")
-    return "\n".join(out)
