@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 import torch
 
+from loraflow.commands.prompt import Prompt
 from loraflow.errors import ConfigError, DataError, LoraflowError
 
 WHAT_TO_PASS = ("Pass a run directory (with config.yaml and adapter/ or model/), an adapter directory (with "
@@ -36,28 +37,6 @@ class Loaded:
     """The adapter directory, when an adapter was loaded onto a base."""
     processor: Any = None
     """An image-text model's processor (its tokenizer is `tokenizer`); None for a text model."""
-
-
-@dataclass
-class Prompt:
-    messages: list[dict[str, Any]] | None
-    """Chat turns as given (content a string or a list of text and image parts): what --json writes back."""
-    text: str | None
-    reference: str | None = None
-    """The record's own answer (a trailing assistant message or a `completion` field), shown beside the output."""
-    origin: str = "--prompt"
-    """Where the prompt came from (`--prompts FILE line N`, `--image`), for errors."""
-    chat: Any = None
-    """data.multimodal.Chat: the messages with their images opened, for prompts given with content parts."""
-
-    def shown(self) -> str:
-        if self.messages is None:
-            return self.text
-        content = self.messages[-1]["content"]
-        if isinstance(content, str):
-            return content
-        return " ".join(p["text"] if p.get("type") == "text" else f"[image {p['path']}]" if p.get("path") else "[image]"
-                        for p in content if isinstance(p, dict))
 
 
 def _run_config(directory: Path):

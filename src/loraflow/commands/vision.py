@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from loraflow.commands.prompt import Prompt
 from loraflow.errors import LoraflowError
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
@@ -68,7 +69,6 @@ def user_turn(text: str, images: list[Any]) -> dict[str, Any]:
 
 def image_prompt(text: str, paths: list[str]):
     """`--prompt TEXT --image PATH...`: one user turn; the images are opened here, before the model loads."""
-    from loraflow.commands.generate import Prompt
     from loraflow.data.multimodal import prepare_chat
     from loraflow.data.readers import Record
 
@@ -84,7 +84,6 @@ def file_prompt(messages: list[Any], record):
     """A `--prompts` record whose messages hold content parts: validated and its images opened by the training
     data's reader (data.multimodal.prepare_chat), so a bad part or image is named by file, line and part. A trailing
     assistant message is the reference answer."""
-    from loraflow.commands.generate import Prompt
     from loraflow.data.images import content_parts
     from loraflow.data.multimodal import prepare_chat
     from loraflow.errors import DataError
