@@ -23,7 +23,7 @@ from loraflow.frontends.argv import (
     resolve_path,
     split_command,
 )
-from loraflow.frontends.base import Framework, FrontendResult
+from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
 from loraflow.frontends.common import (
     Draft,
@@ -35,6 +35,7 @@ from loraflow.frontends.common import (
     finish_world,
     int_value,
     mapping_value,
+    mitigated,
     model_name_facts,
     read_keyed_files,
     trainer_dtypes,
@@ -133,7 +134,7 @@ def _adapter(draft: Draft, cfg: dict, bf: bool) -> None:
         draft.set("adapter", "dora" if dora else "lora", f"{src('adapter')}" + (f" + {src('peft_use_dora')}" if dora
                                                                                    else ""))
         # load_adapter hooks the embedding output since v0.3.0 (PR #345); before, only k-bit preparation did.
-        hooked = adapter == "qlora" or on("load_in_8bit") or at_least(draft, "axolotl", "0.3.0")
+        hooked = adapter == "qlora" or on("load_in_8bit") or mitigated(draft, "reentrant-frozen-inputs")
         draft.set("input_grad_hook", hooked, "load_adapter calls enable_input_require_grads() "
                   "(src/axolotl/loaders/adapter.py, since v0.3.0)" if hooked else "Axolotl < 0.3.0 hooks only "
                   "k-bit models (prepare_model_for_kbit_training)")
@@ -357,7 +358,7 @@ def _merge(draft: Draft, named: str) -> None:
     draft.note(f"{named} merges the trained adapter into the base; the config's training settings are read as well")
     if draft.get("quantization") is None:
         return
-    if at_least(draft, "axolotl", "0.4.0"):
+    if mitigated(draft, "kbit-merge"):
         draft.set("merge_into_quantized", False, f"{named}: axolotl >= 0.4.0 loads the base unquantized to merge "
                   "(cli/merge_lora.py: load_in_4bit = load_in_8bit = False)")
     else:
@@ -416,5 +417,11 @@ def _recognise(view) -> bool:
     return view.cli == "axolotl" or view.runs("axolotl") or bool(view.yaml_keys & MARKERS)
 
 
+MITIGATIONS = (
+    Mitigation(("reentrant-frozen-inputs",), "0.3.0", "load_adapter calls enable_input_require_grads() for every "
+               "LoRA model, not only k-bit ones", "src/axolotl/utils/models.py load_adapter (PR #345)"),
+    Mitigation(("kbit-merge",), "0.4.0", "merge-lora loads the base unquantized whatever the config says",
+               "src/axolotl/cli/merge_lora.py do_cli: load_in_4bit = load_in_8bit = False (PR #1086)"))
 FRAMEWORK = Framework(name=NAME, title="Axolotl", module="axolotl", recognise=_recognise, flags=FLAGS,
-                      log_paths=r"axolotl[/\\]", file_markers=MARKERS, depends=DEPENDS, dated=True)
+                      log_paths=r"axolotl[/\\]", file_markers=MARKERS, depends=DEPENDS, dated=True,
+                      mitigations=MITIGATIONS)

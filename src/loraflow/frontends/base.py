@@ -34,6 +34,20 @@ class FrontendResult:
 
 
 @dataclass(frozen=True)
+class Mitigation:
+    """Rules a framework's own code works around from one of its releases on: before `since` they hold for its runs
+    as for any other, from `since` on its code closes them (within what `how` says). Frontends decide with
+    common.mitigated(draft, rule); docs/mitigations.md lists them."""
+    rules: tuple[str, ...]
+    since: str
+    how: str
+    source: str
+    """Where the framework's code does it (file, function, PR)."""
+    package: str = ""
+    """The package whose release counts, when it is not the framework itself (Unsloth, read by the script reader)."""
+
+
+@dataclass(frozen=True)
 class Framework:
     """What a frontend module declares about its framework, once (its module-level FRAMEWORK)."""
     name: str
@@ -54,6 +68,8 @@ class Framework:
     """Other spellings of its name (`swift`, `llama_factory`), accepted wherever the name is."""
     dated: bool = False
     """Its own release changes its defaults: `--versions NAME=X` names it, and `check` evaluates its releases."""
+    mitigations: tuple[Mitigation, ...] = ()
+    """The rules its own code works around, by release."""
 
 
 # The frontends in dispatch order: the first whose `recognise` accepts a command line reads it; the general HF

@@ -135,6 +135,18 @@ class Draft:
                               dict(self.eras), dict(self.unsure))
 
 
+def mitigated(draft: Draft, rule: str) -> bool:
+    """Whether the framework's release in this evaluation works around `rule` (its Framework.mitigations); `check`
+    evaluates the releases on both sides of the one that brought the workaround. A rule the framework declares no
+    mitigation for raises KeyError: the declaration is the one place its release is written."""
+    from loraflow.frontends.base import framework
+
+    found = [m for m in framework(draft.framework).mitigations if rule in m.rules]
+    if not found:
+        raise KeyError(f"{draft.framework} declares no mitigation of {rule}")
+    return at_least(draft, found[0].package or draft.framework, found[0].since)
+
+
 def at_least(draft: Draft, package: str, version: str) -> bool:
     """`package` >= version for this evaluation. An unknown version reads as a current release; the comparison is
     recorded, and `check` evaluates the releases on both sides of it."""

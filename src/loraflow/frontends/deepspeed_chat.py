@@ -21,8 +21,8 @@ from loraflow.frontends.argv import (
     parse_flags,
     split_command,
 )
-from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, at_least, finish_world, int_value, model_name_facts
+from loraflow.frontends.base import Framework, FrontendResult, Mitigation
+from loraflow.frontends.common import Draft, at_least, finish_world, int_value, mitigated, model_name_facts
 from loraflow.frontends.table import (
     Default,
     Field,
@@ -57,7 +57,9 @@ FLAGS = {"zero_stage": "--zero_stage (step 3: --actor_zero_stage)",
          "world_size": "deepspeed --num_gpus", "generation_gather": "--enable_hybrid_engine"}
 
 
-HOOK_SINCE = "2023.8.3"  # PR #658: enable_input_require_grads() for --only_optimize_lora with checkpointing
+HOOK = Mitigation(("reentrant-frozen-inputs",), "2023.8.3", "--only_optimize_lora with checkpointing calls "
+                  "enable_input_require_grads()", "dschat/utils/module/lora.py make_model_gradient_checkpointing_"
+                  "compatible (PR #658)")
 # Flags that date a launch line (commit dates of DeepSpeedExamples applications/DeepSpeed-Chat).
 _ERAS = (("lora_learning_rate", ">=2023.8.14"), ("enable_mixed_precision_lora", ">=2023.8.18"),
          ("dtype", ">=2023.9.22"), ("dropout", ">=2023.10.3"), ("actor_dropout", ">=2023.10.3"),
@@ -161,7 +163,7 @@ def _input_grad_hook(draft: Draft, given: dict, lora_dim: int) -> None:
         return
     new = at_least(draft, "transformers", "5.0.0")
     if lora_dim > 0 and _on(given, "only_optimize_lora"):
-        hooked = at_least(draft, "deepspeed-chat", HOOK_SINCE)
+        hooked = mitigated(draft, "reentrant-frozen-inputs")
         draft.set("input_grad_hook", hooked, "--only_optimize_lora: make_model_gradient_checkpointing_compatible "
                   "calls enable_input_require_grads() (dschat/utils/module/lora.py, since PR #658, 2023-08-03)"
                   if hooked else "DeepSpeed-Chat before PR #658 (2023-08-03) adds no input-grad hook (its main.py "
@@ -240,4 +242,4 @@ def _recognise(view) -> bool:
 
 FRAMEWORK = Framework(name=NAME, title="DeepSpeed-Chat", module="deepspeed_chat", recognise=_recognise, flags=FLAGS,
                       log_paths=r"dschat[/\\]|DeepSpeed-Chat|deepspeed_chat|applications[/\\]DeepSpeed-Chat",
-                      dated=True, aliases=("deepspeed_chat", "dschat"))
+                      dated=True, aliases=("deepspeed_chat", "dschat"), mitigations=(HOOK,))

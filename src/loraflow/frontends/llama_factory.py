@@ -21,7 +21,7 @@ from loraflow.frontends.argv import (
     resolve_path,
     split_command,
 )
-from loraflow.frontends.base import Framework, FrontendResult
+from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate
 from loraflow.frontends.common import (
     Draft,
@@ -32,6 +32,7 @@ from loraflow.frontends.common import (
     embedding_targets,
     finish_world,
     int_value,
+    mitigated,
     model_name_facts,
     precision_from,
     read_keyed_files,
@@ -347,7 +348,9 @@ _VLM_KEYS = ("freeze_vision_tower", "freeze_multi_modal_projector", "train_mm_pr
 # LLaMA-Factory's collator adds a blank 64x64 image to a batch without images, so the vision tower runs on every
 # rank: "avoid process hanging in zero3/fsdp case" (src/llamafactory/data/collator.py, commit 2f09c34, 2024-12-04,
 # first in v0.9.2).
-FAKE_IMAGE_SINCE = "0.9.2"
+FAKE_IMAGE = Mitigation(("zero3-vision-skipped", "ddp-unused-vision-tower"), "0.9.2", "the collator adds a blank "
+                        "64x64 image to a batch without images, so the vision tower runs on every rank",
+                        "src/llamafactory/data/collator.py (commit 2f09c34)")
 
 
 def _image_text(draft: Draft, opts: dict[str, tuple[Any, str]], ftype: str) -> None:
@@ -403,8 +406,8 @@ def _image_text(draft: Draft, opts: dict[str, tuple[Any, str]], ftype: str) -> N
     if draft.get("tower_adapters") and draft.get("checkpointing") != "off":
         draft.set("tower_input_hook", True, "LLaMA-Factory's checkpoint function marks the input of every "
                   "checkpointed trainable layer, vision blocks included (model_utils/checkpointing.py)")
-    if at_least(draft, "llama-factory", FAKE_IMAGE_SINCE):
-        draft.set("image_every_rank", True, "LLaMA-Factory >= 0.9.2 adds a blank image to a batch without images "
+    if mitigated(draft, "zero3-vision-skipped"):
+        draft.set("image_every_rank", True, f"LLaMA-Factory >= {FAKE_IMAGE.since} adds a blank image to a batch without images "
                   "(src/llamafactory/data/collator.py)")
     vision.data_unknowns(draft, "cutoff_len")
 
@@ -454,4 +457,4 @@ def _recognise(view) -> bool:
 FRAMEWORK = Framework(name=NAME, title="LLaMA-Factory", module="llama_factory", recognise=_recognise, flags=FLAGS,
                       log_paths=r"llamafactory[/\\]|llmtuner[/\\]|llamafactory-cli|LLaMA-Factory",
                       file_markers=MARKERS, depends=DEPENDS, dated=True,
-                      aliases=("llamafactory", "llama_factory"))
+                      aliases=("llamafactory", "llama_factory"), mitigations=(FAKE_IMAGE,))

@@ -411,4 +411,5 @@ def _recognise(view) -> bool:
 
 FRAMEWORK = Framework(name=NAME, title="ms-swift", module="ms_swift", recognise=_recognise, flags=FLAGS,
                       log_paths=r"[/\\]swift[/\\](llm|trainers|cli|rlhf_trainers)[/\\]|swift (sft|rlhf)",
-                      depends=DEPENDS, dated=True, aliases=("swift", "ms_swift"))
+                      depends=DEPENDS, dated=True, aliases=("swift", "ms_swift"),
+                      mitigations=(rollouts.SLEEP2_BASE_SYNC,))

@@ -4,7 +4,8 @@ module this would overfill."""
 
 from __future__ import annotations
 
-from loraflow.frontends.common import Draft, at_least, int_value
+from loraflow.frontends.base import Mitigation
+from loraflow.frontends.common import Draft, at_least, int_value, mitigated
 from loraflow.frontends.table import Default, Field, apply_table, fact, fraction, rank
 
 # SWIFT = https://github.com/modelscope/ms-swift/blob/3602360a562313afbf2ef6065fdf61f271a2c5b9 (4.x, 2026-08-22)
@@ -20,7 +21,9 @@ ADAPTER_SYNC_SINCE = "3.10.0"
 # the base was garbage until v3.12 (https://github.com/modelscope/ms-swift/pull/7017). With --offload_model the model
 # leaves the GPU while the engine starts and runs (https://github.com/modelscope/ms-swift/pull/4770), so with a
 # sleeping engine the two take turns.
-SLEEP2_BASE_SYNC_SINCE = "3.12.0"
+SLEEP2_BASE_SYNC = Mitigation(("vllm-stale-policy",), "3.12.0", "with --sleep_level 2 the adapter path re-sends the "
+                              "base weights the engine dropped, not only the adapter",
+                              "swift/rlhf_trainers/rollout_mixin.py (PR #7017)")
 VLLM_FLAGS = {"engine_gpu_memory_utilization": "--vllm_gpu_memory_utilization",
               "rollout_colocated": "--sleep_level 1 with --offload_model true (or --vllm_mode server)",
               "engine_max_lora_rank": "--lora_rank (colocate) / `swift rollout --vllm_max_lora_rank` (server)",
@@ -46,7 +49,7 @@ def _vllm_table(get, on, mode: str) -> tuple[Field, ...]:
                          "_move_full_model_to_vllm)"
 
     def proven(draft: Draft) -> tuple[bool, str]:
-        if sleep == 2 and adapter_sync(draft) and not at_least(draft, "ms-swift", SLEEP2_BASE_SYNC_SINCE):
+        if sleep == 2 and adapter_sync(draft) and not mitigated(draft, "vllm-stale-policy"):
             return False, "ms-swift < 3.12 with --sleep_level 2 re-sends only the adapter after the engine dropped " \
                           "its base weights (PR #7017)"
         return True, "ms-swift syncs the weights before every rollout (rollout_mixin.py _move_model_to_vllm)"

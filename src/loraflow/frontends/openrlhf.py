@@ -16,8 +16,8 @@ from loraflow.frontends.argv import (
     parse_flags,
     split_command,
 )
-from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, int_value, model_name_facts
+from loraflow.frontends.base import Framework, FrontendResult, Mitigation
+from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, int_value, mitigated, model_name_facts
 from loraflow.frontends.kbit_facts import MOVE_4BIT_SINCE, move_refused
 from loraflow.frontends.table import (
     Default,
@@ -109,9 +109,11 @@ _ERAS = (("--gradient_checkpointing_use_reentrant", "gradient_checkpointing_use_
          ("--deepspeed_enable_sleep", "deepspeed_enable_sleep", ">=0.6.0.post1,<0.10.2"),
          ("--enable_vllm_is_correction", "enable_vllm_is_correction", ">=0.8.9,<0.10.2"))
 # Defaults that changed across releases (first tag holding each change).
-HOOK_SINCE = "0.1.5"        # enable_input_require_grads() before get_peft_model (PR #189)
+HOOK = Mitigation(("reentrant-frozen-inputs",), "0.1.5", "LoRA models get enable_input_require_grads() before "
+                  "get_peft_model", "openrlhf/models/actor.py (PR #189)")
 NONREENTRANT_SINCE = "0.1.10"  # {"use_reentrant": args.gradient_checkpointing_use_reentrant}, a store_true (PR #206)
-GATHER_SAVE_SINCE = "0.1.5"   # earlier saves merged LoRA into the partitioned weights before gathering
+GATHER_SAVE = Mitigation(("zero3-lora-merge",), "0.1.5", "save_model gathers the ZeRO-3 partitions instead of "
+                         "merging LoRA into them first", "openrlhf/utils/deepspeed.py save_model")
 # requirements.txt pins DeepSpeed exactly in most releases: a release range fixes the DeepSpeed it ran with.
 DEPENDS = (("openrlhf", "<0.1.0", {"deepspeed": "==0.11.1"}), ("openrlhf", ">=0.1.0,<0.1.7", {"deepspeed": "==0.12.6"}),
            ("openrlhf", ">=0.1.9,<0.2.6", {"deepspeed": ">=0.13.1,<0.13.3"}),
@@ -157,7 +159,7 @@ def _table(spelled: dict[str, str]) -> tuple[Field, ...]:
         # v0.1.5; before, get_peft_model ran before checkpointing was enabled, so PEFT added no hook either.
         Field("input_grad_hook", when=lora, default=Default(
             False, "OpenRLHF < 0.1.5 adds no input-grad hook (get_peft_model ran before checkpointing was enabled)",
-            since=(("openrlhf", HOOK_SINCE, True, "OpenRLHF >= 0.1.5 calls enable_input_require_grads() for LoRA "
+            since=(("openrlhf", HOOK.since, True, "OpenRLHF >= 0.1.5 calls enable_input_require_grads() for LoRA "
                     "(openrlhf/models/actor.py)"),))),
         Field("matched_modules", f["matched_modules"], empty_list, suffix=" (empty list)"),
         Field("checkpointing", f["checkpointing"], all_if_on),
@@ -284,7 +286,7 @@ def _precision(draft: Draft, given: dict, style: int) -> None:
 def _save_and_generation(draft: Draft, cmd: Command, name: str, given: dict) -> None:
     # save_model gathers ZeRO-3 partitions before writing the adapter; before v0.1.5 it merged LoRA into the
     # partitioned weights first.
-    gathered = at_least(draft, "openrlhf", GATHER_SAVE_SINCE)
+    gathered = mitigated(draft, "zero3-lora-merge")
     draft.set("adapter_save_gather", True, "save_model gathers ZeRO-3 weights (openrlhf/utils/deepspeed/deepspeed.py)")
     if draft.get("adapter") == "lora" and not gathered:
         draft.set("merge_in_sharded", True, "OpenRLHF < 0.1.5 saves by merging LoRA into the partitioned weights, "
@@ -385,4 +387,5 @@ def _recognise(view) -> bool:
 
 
 FRAMEWORK = Framework(name=NAME, title="OpenRLHF", module="openrlhf", recognise=_recognise, flags=FLAGS,
-                      log_paths=r"openrlhf[/\\]|openrlhf\.cli", depends=DEPENDS, dated=True)
+                      log_paths=r"openrlhf[/\\]|openrlhf\.cli", depends=DEPENDS, dated=True,
+                      mitigations=(HOOK, GATHER_SAVE))

@@ -21,7 +21,7 @@ from loraflow.frontends.argv import Command
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, load_mapping
 from loraflow.frontends.hf_options import Opt, options_from_file
-from loraflow.frontends.script_setup import FLAGS, NAME, read_script, recognised, script_of
+from loraflow.frontends.script_setup import FLAGS, NAME, UNSLOTH_VISION_DDP, read_script, recognised, script_of
 
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:
@@ -61,4 +61,5 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
 
 
 FRAMEWORK = Framework(name=NAME, title="Python training script", module="python_script", recognise=None,
-                      flags=FLAGS, depends=trl_rel.DEPENDS, aliases=("python", "py"))
+                      flags=FLAGS, depends=trl_rel.DEPENDS, aliases=("python", "py"),
+                      mitigations=(UNSLOTH_VISION_DDP,))

@@ -16,6 +16,7 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends import adapter_dtype
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import resolve_path
+from loraflow.frontends.base import Mitigation
 from loraflow.frontends.common import Draft, as_bool, at_least
 from loraflow.frontends.hf_options import Opt
 from loraflow.frontends.intent import infer
@@ -336,15 +337,18 @@ def _merges(draft: Draft, script: Script) -> None:
 # Unsloth's vision loader (FastModel, FastVisionModel) checkpoints non-reentrantly under DDP since PR #3751 (merged
 # 2025-12-19, first in 2025.12.8; unsloth/models/vision.py `use_reentrant = not is_distributed()`); FastLanguageModel
 # stays reentrant (unsloth/models/llama.py prepare_model_for_kbit_training(use_reentrant=True)).
-UNSLOTH_VISION_DDP_NONREENTRANT = "2025.12.8"
+UNSLOTH_VISION_DDP = Mitigation(("ddp-reentrant-unused",), "2025.12.8", "FastModel / FastVisionModel checkpoint "
+                                "non-reentrantly in a multi-process launch (FastLanguageModel stays reentrant)",
+                                "unsloth/models/vision.py (PR #3751)", package="unsloth")
 
 
 def _unsloth_ddp(draft: Draft, script: Script) -> None:
     if not (script.facts.unsloth_vision and draft.get("world_size") > 1 and draft.get("checkpointing") != "off"
             and "Unsloth's prepare_model_for_training" in draft.sources.get("reentrant", "")):
         return
-    if at_least(draft, "unsloth", UNSLOTH_VISION_DDP_NONREENTRANT):
-        draft.set("reentrant", False, f"Unsloth >= {UNSLOTH_VISION_DDP_NONREENTRANT} checkpoints FastModel / "
+    # The script reader also serves the HF frontend's reading of a script, so the release is read here directly.
+    if at_least(draft, "unsloth", UNSLOTH_VISION_DDP.since):
+        draft.set("reentrant", False, f"Unsloth >= {UNSLOTH_VISION_DDP.since} checkpoints FastModel / "
                   "FastVisionModel models non-reentrantly in a multi-process launch (unsloth/models/vision.py, "
                   "unslothai/unsloth PR #3751)")
 

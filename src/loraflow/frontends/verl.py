@@ -466,4 +466,4 @@ def _recognise(view) -> bool:
 
 FRAMEWORK = Framework(name=NAME, title="verl", module="verl", recognise=_recognise, flags=FLAGS,
                       log_paths=r"verl[/\\](trainer|workers|utils)[/\\]", dated=True,
-                      file_markers=frozenset({"actor_rollout_ref"}))
+                      file_markers=frozenset({"actor_rollout_ref"}), mitigations=(verl_rollout.ASYNC_LORA_SYNC,))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from loraflow.frontends.common import Draft, as_bool, at_least, int_value
+from loraflow.frontends.base import Mitigation
+from loraflow.frontends.common import Draft, as_bool, at_least, int_value, mitigated
 from loraflow.frontends.table import Default, Field, apply_table, fact, fraction, rank
 
 R = "actor_rollout_ref.rollout."
@@ -30,7 +31,8 @@ ROUNDED_RANK_SINCE = "0.6.1"
 ROUNDED_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 # rollout.mode=async (vLLM's AsyncLLM server) loaded no LoRA into the engine in v0.5.0 and only the frozen base in
 # v0.6.0, so rollouts sampled the initial policy (verl PR #3639, v0.6.0; fixed by PR #3821 and #3907, v0.6.1).
-ASYNC_LORA_SYNC_SINCE = "0.6.1"
+ASYNC_LORA_SYNC = Mitigation(("vllm-stale-policy",), "0.6.1", "async rollouts load the trained LoRA into the engine",
+                             "verl/workers/fsdp_workers.py (PR #3821, #3907)")
 # The engine returns log-probs after temperature (vLLM logprobs_mode processed_logprobs) from the first release
 # after v0.7.0 (verl/trainer/config/rollout/rollout.yaml logprobs_mode on main, commit b178a3c).
 PROCESSED_SINCE = "0.7.1"
@@ -63,7 +65,7 @@ def _table(options: dict, lora: bool, default_of: Callable[[str], Default]) -> t
         return wanted, f"{where} (verl < 0.6.1 starts vLLM with max_lora_rank=lora_rank, vllm_rollout_spmd.py)"
 
     def proven(draft: Draft) -> tuple[bool, str]:
-        if lora and mode(draft) == "async" and not at_least(draft, "verl", ASYNC_LORA_SYNC_SINCE):
+        if lora and mode(draft) == "async" and not mitigated(draft, "vllm-stale-policy"):
             return False, "verl < 0.6.1 async rollouts leave the LoRA out of the engine (PR #3821)"
         return True, "verl syncs the actor into the engine before every rollout (fsdp_workers.py)"
 

@@ -39,7 +39,7 @@ def render_markdown() -> str:
            f"{len(rules)} rules. `loraflow check` evaluates them for a loraflow config or another framework's "
            "launch, `loraflow explain` matches their log signatures, and `loraflow probe` reproduces them live.", "",
            "| id | without loraflow | loraflow | affected versions |", "|---|---|---|---|"]
-    out += [f"| [`{r.id}`](#{r.id}-{_anchor(r.title)}) | {IMPACT[r.impact]} | {VERDICT[r.verdict]} | {_versions(r)} |"
+    out += [f"| [`{r.id}`](#{rule_anchor(r)}) | {IMPACT[r.impact]} | {VERDICT[r.verdict]} | {_versions(r)} |"
             for r in rules]
     out.append("")
     for rule in rules:
@@ -51,3 +51,8 @@ def _anchor(title: str) -> str:
     """GitHub's heading anchor for the part after `id: `."""
     keep = "".join(c for c in title.lower() if c.isalnum() or c in " -_")
     return keep.replace(" ", "-")
+
+
+def rule_anchor(rule: Rule) -> str:
+    """The anchor of a rule's section in docs/compatibility.md."""
+    return f"{rule.id}-{_anchor(rule.title)}"

@@ -1,0 +1,43 @@
+"""Frameworks' own workarounds by release (Framework.mitigations): each names rules of the registry and a release,
+frontends decide with them through common.mitigated, and docs/mitigations.md is generated from them."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from conftest import ROOT
+from packaging.version import Version
+
+from loraflow.frontends import run_check
+from loraflow.frontends.base import frameworks
+from loraflow.frontends.common import Draft, mitigated
+from loraflow.frontends.mitigations import render_markdown
+from loraflow.rules import all_rules
+
+
+def test_every_mitigation_names_known_rules_and_a_release_and_the_docs_are_fresh():
+    ids = {r.id for r in all_rules()}
+    declared = [(f, m) for f in frameworks() for m in f.mitigations]
+    assert len(declared) >= 8
+    for f, m in declared:
+        assert set(m.rules) <= ids and Version(m.since) and m.source and m.how, (f.name, m)
+    assert (ROOT / "docs" / "mitigations.md").read_text() == render_markdown(), "run scripts/gen_docs.py"
+
+
+def test_mitigated_reads_the_framework_s_release_and_refuses_an_undeclared_rule():
+    old, new = Draft("axolotl", {"axolotl": Version("0.3.0")}), Draft("axolotl", {"axolotl": Version("0.4.0")})
+    assert not mitigated(old, "kbit-merge") and mitigated(new, "kbit-merge")
+    unknown = Draft("axolotl", {})
+    assert mitigated(unknown, "kbit-merge") and Version("0.4.0") in unknown.queried["axolotl"]  # both sides evaluated
+    with pytest.raises(KeyError, match="declares no mitigation of fp16-overflow"):
+        mitigated(new, "fp16-overflow")
+
+
+def test_a_release_before_the_workaround_gets_the_finding_and_an_unknown_one_names_the_release(monkeypatch):
+    monkeypatch.chdir(ROOT / "tests" / "fixtures" / "frontends" / "axolotl")
+    line = shlex.split("python -m axolotl.cli.merge_lora code-llama-7b-qlora.yml")
+    doc = json.loads(run_check(line, None, [], {}, True)[0])
+    merge = [f for f in doc["findings"] if f["rule"] == "kbit-merge"]
+    assert merge and "axolotl<0.4.0" in merge[0]["holds_if"] and doc["exit_code"] == 1
