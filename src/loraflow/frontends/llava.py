@@ -1,0 +1,125 @@
+"""LLaVA's training script and its lineage: `python|deepspeed llava/train/train.py` (train_mem.py, train_xformers.py)
+with HfArgumentParser flags, in haotian-liu/LLaVA and the forks and VLM repos that keep its train.py (LLaVA-NeXT,
+ShareGPT4V, MoE-LLaVA, ...). When the script is here, the script reader reads its code; when it is not, these facts
+of LLaVA's train.py (commit c121f04, v1.2.2.post1) are applied, with the TrainingArguments going through hf.py.
+
+- `--bits` (default 16) 4 or 8 loads the language model with bitsandbytes and runs prepare_model_for_kbit_training.
+- `--gradient_checkpointing True` adds the input-grad hook (model.enable_input_require_grads()).
+- `--lora_enable True`: LoRA on every Linear of the language model (find_all_linear_names skips mm_projector,
+  vision_tower and vision_resampler), and with bits 16 the whole model is cast to bf16 (`--bf16`) or fp16 (`--fp16`)
+  right before get_peft_model, so the projector that trains (below) is stored in half precision.
+- Images: a sample without one gets a blank image (LazySupervisedDataset), and the features are spliced into the
+  embeddings before the length limit cuts them (llava_arch.py), so no image placeholder can be cut apart.
+- `--vision_tower`: a CLIP tower, frozen (llava/model/multimodal_encoder/clip_encoder.py requires_grad_(False)), and
+  a projector whose parameters initialize_vision_modules sets trainable again after LoRA froze them (llava_arch.py,
+  "In case it is frozen by LoRA"): it trains in full.
+"""
+
+from __future__ import annotations
+
+import re
+
+from loraflow.errors import LoraflowError
+from loraflow.frontends import hf
+from loraflow.frontends.argv import Command, command_from_script, split_command
+from loraflow.frontends.base import Framework, FrontendResult
+from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, one_process_ddp
+from loraflow.frontends.hf_options import Opt, options_from_args
+
+NAME = "llava"
+CODE = "LLaVA llava/train/train.py"
+_PROGRAM = re.compile(r"(?:^|/)llava/train/train(?:_mem|_xformers)?\.py$")
+# Fields of train.py's ModelArguments, DataArguments and TrainingArguments subclass that are LLaVA's own.
+OWN = frozenset("""version freeze_backbone tune_mm_mlp_adapter vision_tower mm_vision_select_layer pretrain_mm_mlp_adapter
+mm_projector_type mm_use_im_start_end mm_use_im_patch_token mm_patch_merge_type mm_vision_select_feature data_path
+lazy_preprocess is_multimodal image_folder image_aspect_ratio freeze_mm_mlp_adapter mpt_attn_impl model_max_length
+double_quant quant_type bits lora_enable lora_r lora_alpha lora_dropout lora_weight_path lora_bias mm_projector_lr
+group_by_modality_length""".split())
+FLAGS = {"adapter": "--lora_enable", "quantization": "--bits", "precision": "--bf16 / --fp16",
+         "checkpointing": "--gradient_checkpointing", "input_grad_hook": "--gradient_checkpointing (train.py hooks)",
+         "towers_trainable": "--freeze_mm_mlp_adapter", "world_size": "deepspeed --num_gpus / torchrun"}
+
+
+def _given(opts: dict[str, Opt], name: str, default: str) -> tuple[str, str]:
+    opt = opts.get(name)
+    return (str(opt.value), opt.source) if opt is not None and opt.value is not None else (default, f"default ({CODE}: "
+                                                                                             f"{name} {default})")
+
+
+def _on(opts: dict[str, Opt], name: str) -> bool:
+    return name in opts and as_bool(opts[name].value if opts[name].value is not None else True, opts[name].source)
+
+
+def from_command(cmd: Command, versions: dict) -> FrontendResult:
+    draft = Draft(NAME, versions)
+    bases: list = []
+    opts, _ = options_from_args(cmd, draft, bases)
+    own = {n: opts.pop(n) for n in list(opts) if n in OWN}
+    bits_text, bits_src = _given(own, "bits", "16")
+    bits = int_value(bits_text, bits_src, "a number of bits", (4, 8, 16))
+    lora = _on(own, "lora_enable")
+    code = {"use_peft": Opt(lora, f"{own['lora_enable'].source} ({CODE}: LoraConfig on find_all_linear_names + "
+                                  "get_peft_model)" if lora else f"{CODE}: no --lora_enable, every weight trains")}
+    if bits in (4, 8):
+        code[f"load_in_{bits}bit"] = Opt(True, f"{bits_src} ({CODE}: BitsAndBytesConfig, prepare_model_for_kbit_"
+                                               "training)")
+    hf.apply(draft, {**opts, **code}, False, ("sft", f"{cmd.program} ({CODE}: LLaVATrainer)"), cmd, bases, "sft")
+    if draft.get("checkpointing") != "off":
+        draft.set("input_grad_hook", True, f"{CODE}: --gradient_checkpointing calls model.enable_input_require_grads()")
+    _towers(draft, own)
+    _half_cast(draft, opts, lora, bits)
+    draft.note(f"{cmd.program} is not here: read as {CODE} (commit c121f04), whose model setup is code, not flags")
+    one_process_ddp(draft, cmd)
+    finish_world(draft, cmd)
+    draft.flag(**FLAGS)
+    return draft.result()
+
+
+def _towers(draft: Draft, own: dict[str, Opt]) -> None:
+    if "vision_tower" not in own:
+        return
+    src = own["vision_tower"].source
+    draft.set("image_text", True, f"{src} (LLaVA's CLIP tower and projector)")
+    draft.set("frozen_modules", True, f"{src}: the vision tower is loaded frozen (clip_encoder.py requires_grad_(False))")
+    draft.set("tower_adapters", False, f"{CODE}: find_all_linear_names skips mm_projector, vision_tower and "
+              "vision_resampler")
+    draft.set("image_every_rank", True, f"{CODE}: a sample without an image gets a blank one (LazySupervisedDataset: "
+              "torch.zeros(3, H, W)), so the tower runs on every rank")
+    draft.set("image_safe_truncation", True, "llava_arch.py prepare_inputs_labels_for_multimodal splices the image "
+              "features in, then cuts the embeddings at tokenizer_model_max_length: no placeholder to mismatch")
+    if _on(own, "freeze_mm_mlp_adapter"):
+        draft.set("towers_trainable", False, f"{own['freeze_mm_mlp_adapter'].source}: the projector stays frozen")
+        return
+    projector = "llava_arch.py initialize_vision_modules sets the projector trainable again after LoRA froze it"
+    draft.set("towers_trainable", True, projector)
+    draft.set("towers_full", True, f"{projector}: it trains in full")
+
+
+def _half_cast(draft: Draft, opts: dict[str, Opt], lora: bool, bits: int) -> None:
+    """With LoRA at 16 bits train.py casts the whole model to the run's half dtype before get_peft_model: the
+    projector that trains is stored in half precision, with no float32 master copy unless DeepSpeed keeps one."""
+    if not lora or bits != 16 or draft.get("engine") == "deepspeed":
+        return
+    for flag, dtype in (("fp16", "float16"), ("bf16", "bfloat16")):
+        if _on(opts, flag):
+            draft.set("precision", flag, f"{opts[flag].source} ({CODE}: model.to(torch.{dtype}) before get_peft_model; "
+                      "the projector trains in that dtype)")
+            return
+
+
+def from_files(paths: list[str], versions: dict) -> FrontendResult:
+    if len(paths) != 1:
+        raise LoraflowError("--framework llava takes one launch script holding `deepspeed llava/train/train_mem.py "
+                            "...`, or give the command after `--`.")
+    return from_command(split_command(command_from_script(paths[0])), versions)
+
+
+def _recognise(view) -> bool:
+    from loraflow.frontends import script_setup
+
+    # The script read as code where it is here (the script reader knows what a copy changed).
+    return bool(_PROGRAM.search(view.program)) and script_setup.script_of(view.program) is None
+
+
+FRAMEWORK = Framework(name=NAME, title="LLaVA train.py", module="llava", recognise=_recognise, flags=FLAGS,
+                      log_paths=r"llava[/\\]train[/\\]|llava[/\\]model[/\\]llava_arch")
