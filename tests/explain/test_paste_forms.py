@@ -38,3 +38,18 @@ def test_deepspeeds_own_assertion_is_not_evidence_of_an_evaluation_before_it():
     _, candidates, _ = diagnose_log("trainer.model.eval()\nAssertionError: backward pass is invalid for module in "
                                     "evaluation mode")
     assert any("eval mode just before" in reason for reason in candidates[0].reasons)
+
+
+def test_a_final_error_line_cut_short_is_read_as_the_start_of_its_message():
+    """PhiCookBook#101 pasted `RuntimeError: Expected to have finished reductio`: the same causes as the whole line;
+    a cut under 20 characters, or text that is not the start of a message, reads as nothing."""
+    from loraflow.explain.diagnose import literal_prefix
+
+    whole = "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one."
+    assert _top("RuntimeError: Expected to have finished reductio") == _top(whole) != None  # noqa: E711
+    assert _top("RuntimeError: Expected to hav") is None  # too short to tell
+    assert _top("RuntimeError: Expected to have finished something else") is None
+    # Mid-log the line is not the paste's end: only the last line can be cut.
+    assert _top("RuntimeError: Expected to have finished reductio\nINFO training resumed") is None
+    assert literal_prefix(r"The size of tensor a \(\d+\) must") == "The size of tensor a ("
+    assert literal_prefix(r"expected scalar type (Half|Float)") == "expected scalar type "

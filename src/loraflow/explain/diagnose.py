@@ -57,7 +57,7 @@ def _hits(messages: tuple[Message, ...], lines: list[str]) -> dict[str, list[tup
         last = next(((i, line) for i, line in zip(range(len(lines), 0, -1), reversed(lines)) if rx.search(line)),
                     None)
         if last is None:
-            last = _wrapped(rx, lines)
+            last = _wrapped(rx, lines) or _cut(m.pattern, lines)
         if last:
             out.setdefault(m.kind, []).append((m, last[0], last[1].strip()[:240]))
     return out
@@ -72,6 +72,46 @@ def _wrapped(rx: re.Pattern, lines: list[str]) -> tuple[int, str] | None:
         if first and second[:1].islower() and not second.startswith(("at ", "in ")) and rx.search(f"{first} {second}"):
             return i, f"{first.strip()} {second}"
     return None
+
+
+_META = set(".^$*+?{}[]|()")
+_CUT_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[\w.]+(?:Error|Exception)|AssertionError):\s*(?P<text>.{20,})$")
+
+
+def literal_prefix(pattern: str) -> str:
+    """The text every match of `pattern` starts with: its characters up to the first regular-expression operator
+    (escaped punctuation counts as itself; a character a quantifier makes optional does not count)."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            if i + 1 >= len(pattern) or pattern[i + 1].isalnum():
+                break  # \d, \s, \b...: a class, not a character
+            c, i = pattern[i + 1], i + 1
+        elif c in _META:
+            if c in "*?{" and out:
+                out.pop()
+            break
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _cut(pattern: str, lines: list[str]) -> tuple[int, str] | None:
+    """A paste that stops inside its final error line (`RuntimeError: Expected to have finished reductio`): the
+    line's text is the start of the message, cut short. Only the last line, and only a cut of 20 characters or
+    more of a message whose fixed start is longer."""
+    numbered = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
+    if not numbered:
+        return None
+    n, line = numbered[-1]
+    found = _CUT_ERROR.match(line.strip())
+    prefix = literal_prefix(pattern).lower()
+    if found is None or len(prefix) < 24:
+        return None
+    text = found.group("text").strip().lower()
+    return (n, line) if len(text) < len(prefix) and prefix.startswith(text) else None
 
 
 def _frame_hits(rule: Rule, log: LogView) -> tuple[list[tuple[Message, int, str]], bool]:
