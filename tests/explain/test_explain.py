@@ -306,3 +306,21 @@ def test_pissa_on_zero_init_placeholders_is_named_from_its_traceback():
            "RuntimeError: linalg.svd: The input tensor A must have at least 2 dimensions.")
     _, candidates, _ = diagnose_log(log)
     assert [(c.rule.id, c.confidence) for c in candidates[:1]] == [("zero3-init-adapter-read", "likely")]
+
+
+def test_the_launch_given_beside_a_log_ranks_a_message_many_failures_print(tmp_path, capsys):
+    """A dtype mismatch alone names no cause; with the run's launch (a 4-bit base, adapters, DeepSpeed bf16) the
+    conflict `check` finds there for old PEFT releases becomes a possible cause, quoting the launch as evidence."""
+    log = tmp_path / "run.log"
+    log.write_text("RuntimeError: expected mat1 and mat2 to have the same dtype, but got: float != c10::Half\n")
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2}, "bf16": {"enabled": true}}')
+    (tmp_path / "run.sh").write_text(f"accelerate launch train.py --model_name_or_path m --load_in_8bit --use_peft "
+                                     f"--deepspeed {tmp_path / 'ds.json'} --bf16 --output_dir o\n")
+    assert main(["explain", str(log)]) == 1
+    capsys.readouterr()
+    assert main(["explain", str(log), "--launch", str(tmp_path / "run.sh"), "--json"]) == 0
+    top = json.loads(capsys.readouterr().out)["candidates"][0]
+    assert top["rule"] == "lora-dtype-mismatch" and top["confidence"] == "possible"
+    assert any("--launch" in reason for reason in top["evidence"])
+    assert main(["explain", str(log), "--launch", str(tmp_path / "missing.sh")]) == 2
+    assert "--launch" in capsys.readouterr().err

@@ -169,12 +169,32 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 0
     if not args.log:
         raise LoraflowError("explain: pass a log file, or `-` to read the log from stdin (or --list).")
-    log, candidates, framework = diagnose_log(read_log(args.log))
+    text = read_log(args.log)
+    launch = _launch(args.launch, args.framework) if args.launch else None
+    log, candidates, framework = diagnose_log(text, launch)
     if args.json:
         print(json.dumps(as_dict(candidates, framework, log.versions, log, args.log), indent=2))
     else:
         print(render(candidates, framework, log.versions, log, args.log))
     return 0 if explained(log, candidates) else 1
+
+
+def _launch(path: str, name: str | None) -> tuple:
+    """`explain --launch FILE`: the run's launch script or config, built as `check` builds it (with the versions the
+    log prints), so the conflicts it sets up rank the log's candidate causes."""
+    from loraflow.frontends import from_command, from_files, guess_framework_for_files
+    from loraflow.frontends.argv import command_from_script
+
+    if not Path(path).is_file():
+        raise LoraflowError(f"--launch {path}: no such file; give the run's launch script (.sh) or its config file.")
+    if name is None and path.endswith((".sh", ".bash")):
+        argv = command_from_script(path)
+        return (lambda v: from_command(list(argv), v)), f"--launch {path}"
+    name = name or guess_framework_for_files([path])
+    if name is None:
+        raise LoraflowError(f"--launch {path}: cannot tell which framework this config belongs to; name it with "
+                            "--framework NAME (see `loraflow check --help`).")
+    return (lambda v: from_files(name, [path], v)), f"--launch {path} ({name})"
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -341,6 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("log", nargs="?", metavar="LOGFILE", help="the log file, or - for stdin")
     e.add_argument("--list", action="store_true", help="list the failure signatures loraflow knows")
     e.add_argument("--json", action="store_true", help="machine-readable output")
+    e.add_argument("--launch", metavar="FILE", help="the run's launch script (.sh) or config: the conflicts it sets "
+                   "up (as `loraflow check` reads it) rank the log's causes")
+    e.add_argument("--framework", metavar="NAME", help="the framework of the --launch config (default: guessed "
+                   "from its keys)")
     e.set_defaults(func=cmd_explain)
 
     pr = sub.add_parser("probe", help="run tiny live reproductions of the rules on the installed stack "

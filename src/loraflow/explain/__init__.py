@@ -27,18 +27,20 @@ def detect_framework(text: str) -> str | None:
     return "loraflow" if is_loraflow_log(text) else framework_of_log(text)
 
 
-def diagnose_log(text: str) -> tuple[LogView, list[Candidate], str | None]:
+def diagnose_log(text: str, launch: tuple | None = None) -> tuple[LogView, list[Candidate], str | None]:
     """The log as read, its ranked candidate causes (best first), and the framework it came from. In a loraflow
     log, the rules' messages are matched with loraflow's own plan and findings blanked (they quote other failures),
-    and the rules loraflow itself named (a plan refusal, a guard) join the candidates."""
+    and the rules loraflow itself named (a plan refusal, a guard) join the candidates. `launch`: (build, label), the
+    run's launch given beside the log (logread.LogView.launch)."""
     log = view(text)
+    log.launch = launch
     framework = detect_framework(log.text)
     if framework != "loraflow":
         return log, diagnose(log), framework
     own = read_own(log.lines)
     masked = view(masked_text(log.lines, own))
     # The versions printed in the plan's header still describe the run.
-    masked.versions, masked.inferred, masked.own = log.versions, log.inferred, own
+    masked.versions, masked.inferred, masked.own, masked.launch = log.versions, log.inferred, own, launch
     return masked, with_own_findings(diagnose(masked), own), framework
 
 

@@ -146,11 +146,11 @@ def _evidence(rule: Rule, facts: Facts, log: LogView) -> tuple[float, float, boo
     # The run's own launch line, when the log echoes it, read as `check` reads it (explain/facts.py).
     for prefix, gain, sure in (("setup:", 4.0, True), ("setup?:", 2.0, False)):
         if prefix + rule.id in facts:
-            n, _ = facts.lines[prefix + rule.id]
+            n, label = facts.lines[prefix + rule.id]
             score += gain
             alone = alone or sure
-            reasons.append(f"+ the launch line in the log (line {n}) sets up this conflict"
-                           + ("" if sure else " for some releases"))
+            where = f"the launch line in the log (line {n})" if n else f"the launch given ({label})"
+            reasons.append(f"+ {where} sets up this conflict" + ("" if sure else " for some releases"))
     facts_only = score
     for package, spec in rule.affected.items():
         seen = log.versions.get(package)
@@ -189,7 +189,9 @@ def score_rule(rule: Rule, log: LogView, facts: Facts) -> Candidate | None:
             level = "confirmed"
         elif weight >= LIKELY_AT:
             level = "likely"
-        elif shared and weight >= 0 and context:
+        elif (shared or f"setup?:{rule.id}" in facts) and weight >= 0 and context:
+            # A message many failures print counts when the run's launch (echoed in the log or given with --launch)
+            # sets this rule up for some releases.
             level = "possible"
         reasons.insert(0, f"a message {'several failures share' if shared else 'many failures print'} is in the log")
     elif in_tail:

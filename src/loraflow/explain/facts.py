@@ -174,6 +174,14 @@ def _launch_lines(log: LogView, facts: Facts) -> None:
     from loraflow.frontends import from_command
     from loraflow.frontends.verdict import check_setup
 
+    if log.launch is not None:  # the launch given beside the log: its findings count as an echoed line's would
+        build, label = log.launch
+        try:
+            verdict = check_setup(build, dict(log.versions))
+        except (LoraflowError, ValueError, KeyError, IndexError, TypeError):
+            verdict = None
+        for f in verdict.findings if verdict is not None else ():
+            facts.add(("setup:" if f.holds_if is None else "setup?:") + f.rule.id, (0, label))
     for i, line in enumerate(log.lines[:400], 1):
         if not _LAUNCH.match(line) or len(line) < 30:
             continue

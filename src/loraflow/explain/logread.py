@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
@@ -58,6 +58,9 @@ class LogView:
     """Packages whose version was read from the traceback's line numbers rather than printed."""
     own: OwnLog | None = None
     """What loraflow itself said, in a log a loraflow run wrote (explain/own.py); None for other logs."""
+    launch: tuple[Any, str] | None = None
+    """(build, label): the run's launch given beside the log (`explain --launch FILE`), built as `check` builds a
+    setup (a function of the versions to a FrontendResult); None when only the log is given."""
 
     @property
     def final_error(self) -> tuple[int, str] | None:
