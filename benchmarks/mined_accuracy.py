@@ -55,7 +55,34 @@ def rule_ids() -> dict[str, str]:
     return ids
 
 
-def score_explain(records: list[dict], rules: dict[str, str]) -> list[dict]:
+def _launch(r: dict, versions: dict):
+    """The thread's posted launch as `explain --launch` takes it: (build, label), or None where it posted none."""
+    import shlex
+
+    from loraflow.frontends import FRAMEWORKS, from_command, from_files, guess_framework_for_files
+    from loraflow.frontends.script_setup import looks_like_script
+
+    text = r["launch"]
+    if not text:
+        return None
+    if _is_command(text):
+        joined = " ".join(line.rstrip("\\").strip() for line in text.splitlines()
+                          if line.strip() and not line.lstrip().startswith("#"))
+        try:
+            argv = shlex.split(joined)
+        except ValueError:
+            return None
+        return (lambda v: from_command(list(argv), v)), "--launch (the thread's)"
+    script = looks_like_script(text)
+    suffix = ".py" if script else ".json" if text.lstrip().startswith("{") else ".yaml"
+    with tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False) as f:
+        f.write(text)
+    name = ("python-script" if script else r["framework"] if r["framework"] in FRAMEWORKS else
+            guess_framework_for_files([f.name]))
+    return ((lambda v: from_files(name, [f.name], v)), "--launch (the thread's)") if name else None
+
+
+def score_explain(records: list[dict], rules: dict[str, str], with_launch: bool = False) -> list[dict]:
     from loraflow.explain import diagnose_log
 
     rows = []
@@ -65,7 +92,7 @@ def score_explain(records: list[dict], rules: dict[str, str]) -> list[dict]:
                                                                            t.strip() in r["log"]))
         if not text:
             continue
-        _, candidates, _ = diagnose_log(text)
+        _, candidates, _ = diagnose_log(text, _launch(r, {}) if with_launch else None)
         top = candidates[0].rule.id if candidates else None
         expected = rules.get(r["family"])
         ok = top == expected if expected else top is None
@@ -184,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="every row, machine-readable")
     p.add_argument("--as-of", action="store_true", help="check with the releases of each thread's day for what the "
                    "thread does not state (`check --as-of`)")
+    p.add_argument("--with-launch", action="store_true", help="explain each log with the launch its thread "
+                   "posted (`explain --launch`)")
     p.add_argument("--show-set-aside-misses", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
@@ -192,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)
     records = load(args.part)
     rules = rule_ids()
-    explain, check = score_explain(records, rules), score_check(records, rules, args.as_of)
+    explain = score_explain(records, rules, args.with_launch)
+    check = score_check(records, rules, args.as_of)
     if args.json:
         print(json.dumps({"part": args.part, "explain": {**summary(explain), "rows": explain},
                           "check": {**summary(check), "rows": check}}, indent=1))
