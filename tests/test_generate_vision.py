@@ -1,13 +1,14 @@
 """Image-text models after training: `loraflow generate --image`, image parts in `--prompts` files and `/image` in
 chat give what transformers and PEFT give for the saved adapter (the processor's own chat template and encoding,
 PeftModel.from_pretrained, model.generate, greedy: token for token), and `loraflow merge` writes the processor beside
-the merged model so AutoProcessor loads it. One 2-step run of the image-text demo (examples/sft-vision.yaml on the
-bundled tiny LLaVA, its vision tower and projector trained in full) is trained once for the module."""
+the merged model so AutoProcessor loads it. The README's image-text demo run (examples/sft-vision.yaml on the bundled
+tiny LLaVA, its vision tower and projector trained in full; the session's `vision_demo`) is the run they query."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -18,7 +19,6 @@ from conftest import ROOT
 from loraflow.commands.cli import main
 from loraflow.errors import LoraflowError
 from loraflow.locations import ASSETS
-from loraflow.run.train import train
 
 QUESTION = "What colour is the shape?"
 IMAGES = [ASSETS / "shapes" / "images" / f"eval-0000{i}.png" for i in (0, 1)]
@@ -26,13 +26,11 @@ NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def vision_run(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("vision") / "run"
-    train("sft", str(ROOT / "examples" / "sft-vision.yaml"),
-          [f"output.dir={run}", "train.max_steps=2", "train.micro_batch_size=2", "train.warmup_steps=0",
-           "train.schedule=constant", "checkpointing.enabled=false", "output.progress_bar=false",
-           "output.tensorboard=false", "eval.generate=false", "eval.max_samples=2"], None)
-    return run
+def vision_run(vision_demo) -> Path:
+    """The README's vision demo run (tests/conftest.py, shared with tests/test_vision_demo.py): examples/sft-vision.yaml
+    trained, its towers in full, rather than a second training of the same example here."""
+    tmp, proc, _ = vision_demo
+    return tmp / re.search(r"^run directory: (\S+)$", proc.stdout, re.M).group(1)
 
 
 @pytest.fixture(scope="module")
