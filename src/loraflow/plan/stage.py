@@ -80,4 +80,20 @@ def _rollout(ctx: Context) -> list[Decision]:
                         "sampling noise is keyed by (seed, step, prompt, completion, position), so the tokens "
                         "do not depend on how prompts are split over processes"
                         + ("" if gather else "; weights gathered at every token"), ctx.rule("generation_gather")))
+    return out + _rewards(r)
+
+
+def _rewards(r) -> list[Decision]:
+    """Where each reward comes from and how it is read; the loaders (rl/rewards.py, rl/reward_model.py) do what the
+    words say, and nothing of the user's is imported or loaded here (`check` runs no user code)."""
+    from loraflow.rl.reward_model import describe_reward_model
+    from loraflow.rl.rewards import FIX_SIGNATURE, describe
+
+    out = []
+    if r.rewards:
+        out.append(Decision("rewards", describe(r.rewards), f"rl.rewards, summed; {FIX_SIGNATURE} (by keyword, "
+                            "the prompt records' fields as lists)"))
+    if r.reward_model:
+        source = describe_reward_model(r.reward_model)
+        out.append(Decision("reward_model", f"{r.reward_model} ({source.kind}: {source.location})", source.score))
     return out
