@@ -1,5 +1,5 @@
-"""The stage area: the loss, the reference policy, the phases of one step and, for RL stages, the rollout, read
-from the stage's declaration (stagespec.py)."""
+"""The stage area: the loss, the reference policy, the phases of one step and, for RL stages, the rollout and the
+rewards (plan/rewards.py), read from the stage's declaration (stagespec.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from loraflow.phases import stage_phases
 from loraflow.plan.context import Context
+from loraflow.plan.rewards import RewardModelPlan, decide_rewards
 from loraflow.plan.rollout import RolloutPlan, decide_rollout
 from loraflow.plan.types import Decision
 from loraflow.stagespec import reference_kind
@@ -25,6 +26,7 @@ class Stage:
     phases: list
     decisions: list[Decision]
     rollout: RolloutPlan | None = None
+    reward_model: RewardModelPlan | None = None
 
 
 def decide_stage(ctx: Context) -> Stage:
@@ -33,7 +35,9 @@ def decide_stage(ctx: Context) -> Stage:
     phases = stage_phases(spec, reference, bool(config.rl.reward_model) and spec.generates,
                           config.rl.updates_per_rollout)
     rollout, rollout_choices = decide_rollout(ctx) if spec.generates else (None, [])
-    return Stage(reference, phases, _decisions(ctx, reference, phases, rollout_choices), rollout)
+    reward_model, reward_choices = decide_rewards(ctx) if spec.generates else (None, [])
+    return Stage(reference, phases, _decisions(ctx, reference, phases, rollout_choices + reward_choices), rollout,
+                 reward_model)
 
 
 def _decisions(ctx: Context, reference: str | None, phases: list, rollout: list[Decision]) -> list[Decision]:
@@ -80,20 +84,4 @@ def _rollout(ctx: Context) -> list[Decision]:
                         "sampling noise is keyed by (seed, step, prompt, completion, position), so the tokens "
                         "do not depend on how prompts are split over processes"
                         + ("" if gather else "; weights gathered at every token"), ctx.rule("generation_gather")))
-    return out + _rewards(r)
-
-
-def _rewards(r) -> list[Decision]:
-    """Where each reward comes from and how it is read; the loaders (rl/rewards.py, rl/reward_model.py) do what the
-    words say, and nothing of the user's is imported or loaded here (`check` runs no user code)."""
-    from loraflow.rl.reward_model import describe_reward_model
-    from loraflow.rl.rewards import FIX_SIGNATURE, describe
-
-    out = []
-    if r.rewards:
-        out.append(Decision("rewards", describe(r.rewards), f"rl.rewards, summed; {FIX_SIGNATURE} (by keyword, "
-                            "the prompt records' fields as lists)"))
-    if r.reward_model:
-        source = describe_reward_model(r.reward_model)
-        out.append(Decision("reward_model", f"{r.reward_model} ({source.kind}: {source.location})", source.score))
     return out

@@ -7,61 +7,28 @@
 
 Either is frozen, kept in eval mode and run without autograd; it is not part of the trained engine (every rank
 holds it whole, which is fine for the reward models this is used with; a sharded reward model is not built).
-`describe_reward_model` words, for the plan, how the score is read; the loaders below do what it says.
+The plan (plan/rewards.py) decides which kind rl.reward_model is and words how its score is read; the loaders
+below do what it says.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from loraflow.errors import ConfigError
-from loraflow.locations import location_of
+from loraflow.locations import REWARD_MODEL_MANIFEST, location_of
 from loraflow.losses.logprobs import model_inputs
 from loraflow.phases import phase
 from loraflow.setup.paths import quiet as _quiet
 from loraflow.setup.precision import autocast
 from loraflow.stagespec import REWARD_SCORING
 
-MANIFEST = "reward_model.json"
+MANIFEST = REWARD_MODEL_MANIFEST
 KEY = "rl.reward_model"
-
-
-@dataclass(frozen=True)
-class RewardModelSource:
-    kind: str
-    """`loraflow` (a `loraflow train rm` output) or `huggingface` (a sequence-classification model)."""
-    location: str
-    """A local directory, or a hub id."""
-    score: str
-    """How the score is read: the plan's reason."""
-
-
-LORAFLOW_SCORE = ("trained by `loraflow train rm` on the policy's tokenizer, it reads the rollout's prompt + "
-                  "completion token ids as they are; the score is its head's output at the last completion token")
-HF_SCORE = ("a Hugging Face sequence-classification model with its own tokenizer: each completion is decoded to text "
-            "by the policy's tokenizer and re-encoded by the reward model's (a chat prompt and the completion as an "
-            "assistant turn through its chat template, special tokens from the template; a plain prompt + the "
-            "completion as text, with its tokenizer's special tokens); rows are right-padded with its pad token (eos "
-            "when it has none, as TRL does) and the score is the logit of its one label (num_labels must be 1) at "
-            "the last non-pad token, where its forward reads it")
-
-
-def describe_reward_model(spec: str) -> RewardModelSource:
-    """Which kind of reward model `spec` is, from the files alone (nothing is loaded)."""
-    location = location_of(spec, KEY)
-    path = Path(location)
-    if (path / MANIFEST).is_file():
-        return RewardModelSource("loraflow", location, LORAFLOW_SCORE)
-    if path.exists() and not (path / "config.json").is_file():
-        raise ConfigError([f"{KEY}={spec}: {path} holds neither {MANIFEST} (the `adapter` or `model` directory of a "
-                           "`loraflow train rm` run) nor config.json (a Hugging Face sequence-classification model). "
-                           "Point rl.reward_model at one of those."])
-    return RewardModelSource("huggingface", location, HF_SCORE)  # a directory, or a hub id (from_pretrained reads it)
 
 
 class RewardModel:
@@ -85,7 +52,7 @@ class TextRewardModel:
         self.chat_template = getattr(tokenizer, "chat_template", None)
 
     def encode(self, prompt: Any, completion_ids: list[int], text: str) -> list[int]:
-        """The reward model's token ids of one prompt + completion (HF_SCORE says how)."""
+        """The reward model's token ids of one prompt + completion (as plan/rewards.py words it)."""
         if isinstance(prompt, list):
             if not self.chat_template:
                 raise ConfigError([f"{KEY}: the prompts are chat messages but the reward model's tokenizer has no "
@@ -112,8 +79,9 @@ class TextRewardModel:
             return self.model(**batch).logits[:, 0].float()
 
 
-def load_reward_model(spec: str, plan, tokenizer) -> RewardModel | TextRewardModel:
-    source = describe_reward_model(spec)
+def load_reward_model(plan, tokenizer) -> RewardModel | TextRewardModel:
+    """The reward model of the plan's rl.reward_model (plan.reward_model: its kind and location)."""
+    spec, source = plan.config.rl.reward_model, plan.reward_model
     if source.kind == "huggingface":
         return _load_huggingface(spec, source.location, plan, tokenizer)
     return _load_loraflow(spec, Path(source.location), plan, tokenizer)
@@ -122,8 +90,13 @@ def load_reward_model(spec: str, plan, tokenizer) -> RewardModel | TextRewardMod
 def _load_huggingface(spec: str, location: str, plan, policy_tokenizer) -> TextRewardModel:
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    with _quiet():
-        config = AutoConfig.from_pretrained(location)
+    try:
+        with _quiet():
+            config = AutoConfig.from_pretrained(location)
+    except OSError as exc:  # a hub id that the hub (or its cache, offline) cannot provide
+        raise ConfigError([f"{KEY}={spec} is not a local directory, and as a hub id it could not be read ({exc}). "
+                           "Give the path of a reward model directory, or a hub id that exists (logged in, for a "
+                           "gated model)."]) from None
     architectures = getattr(config, "architectures", None) or []
     if not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise ConfigError([f"{KEY}={spec} is a {', '.join(architectures) or 'model without a saved architecture'}, "

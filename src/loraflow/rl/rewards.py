@@ -3,8 +3,7 @@
 rl.rewards (and rl.eval_rewards) name each function in one of three forms; their rewards are summed:
   builtin:NAME              a function of this module (the demo's task)
   path/to/file.py:function  a Python file; a relative path is read from the working directory, as every path in the
-                            config is (a resumed run reads its config from the run directory, so a path relative to
-                            the config file would change meaning on resume)
+                            config is (locations.reward_file says why)
   module:function           an importable module; the working directory is put first on sys.path, as `python -m`
                             does, because the `loraflow` console script's sys.path[0] is its bin directory and a
                             myrewards.py beside the user would otherwise not be found
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from loraflow.errors import ConfigError, LoraflowError
+from loraflow.locations import reward_file, reward_function_location
 
 TRL_ARGUMENTS = ("prompts", "completions", "completion_ids")
 """What loraflow passes a TRL-style function besides the prompt records' fields. TRL 1.x also passes trainer_state,
@@ -153,24 +153,9 @@ def load_reward_functions(entries: list[str], key: str = "rl.rewards",
     return out
 
 
-def entry_form(entry: str) -> tuple[str, str, str]:
-    """(form, target, function) of an rl.rewards entry: form is builtin, file or module."""
-    if entry.startswith("builtin:"):
-        return "builtin", "", entry[len("builtin:"):]
-    target, _, attr = entry.rpartition(":")  # the last colon: a Windows path has one of its own
-    is_file = target.endswith(".py") or "/" in target or os.sep in target
-    return ("file" if is_file else "module"), target, attr
-
-
-def file_of(target: str) -> Path:
-    """Where a file entry's path points: relative paths are read from the working directory."""
-    path = Path(os.path.expanduser(target))
-    return path if path.is_absolute() else Path.cwd() / path
-
-
 def resolve_entry(entry: str, key: str) -> tuple[str, Any]:
     """(metrics name, the object the entry names), importing its file or module."""
-    form, target, attr = entry_form(entry)
+    form, target, attr = reward_function_location(entry)
     if form == "builtin":
         if attr not in BUILTIN:
             raise _Refused(f"{key}: {entry} is not a built-in reward; built-ins are "
@@ -189,7 +174,7 @@ def resolve_entry(entry: str, key: str) -> tuple[str, Any]:
 
 
 def _import_file(entry: str, key: str, target: str):
-    path = file_of(target).resolve()
+    path = reward_file(target).resolve()
     if not path.is_file():
         raise _Refused(f"{key}: {entry}: no file {path} (tried relative to the working directory {Path.cwd()}, "
                        "where loraflow reads every relative path of the config). Give the file's path from the "
@@ -281,19 +266,3 @@ def bind(entry: str, key: str, name: str, fn: Any, columns: set[str] | frozenset
                        "by keyword. Give those parameters defaults, or add the fields to every prompt record.")
     accepts = None if takes_all else frozenset(n for n in params if n in given)
     return RewardFunction(name, entry, key, fn, True, accepts)
-
-
-def describe(entries: list[str], key: str = "rl.rewards") -> str:
-    """Where each entry comes from, for the plan (nothing is imported: `check` runs no user code)."""
-    out = []
-    for entry in entries:
-        form, target, _ = entry_form(entry)
-        if form == "file":
-            path = file_of(target)
-            out.append(f"{entry} from the file {path}" + ("" if path.is_file() else " (no such file: the run stops "
-                                                                                       "before step one)"))
-        elif form == "module":
-            out.append(f"{entry} from the module {target} (the working directory first on sys.path)")
-        else:
-            out.append(f"{entry} (loraflow.rl.rewards)")
-    return "; ".join(out)
