@@ -51,15 +51,17 @@ def test_every_wrong_entry_is_named_with_its_fix(tmp_path, monkeypatch):
             return [0.0] * len(completions)
         def fine(completions, **kwargs):
             return [0.0] * len(completions)
+        async def later(completions, **kwargs):
+            return [0.0] * len(completions)
     """)
     write(tmp_path / "broken.py", """\
         import os
         raise RuntimeError("the user's own bug")
     """)
     found = problems(["missing.py:f", "mine.py:nope", "mine.py:VALUE", "broken.py:f", "mine.py:takes_nothing_useful",
-                      "mine.py:needs_solution", "not_a_module_here:f"])
-    assert len(found) == 7
-    missing, nope, value, broken, signature, solution, module = found
+                      "mine.py:needs_solution", "not_a_module_here:f", "mine.py:later"])
+    assert len(found) == 8
+    missing, nope, value, broken, signature, solution, module, later = found
     assert f"no file {tmp_path / 'missing.py'}" in missing and "relative to the working directory" in missing
     assert "mine.py defines no `nope`" in nope and "fine" in nope and "takes_nothing_useful" in nope
     assert "`VALUE` is of type int, not a function" in value
@@ -69,6 +71,7 @@ def test_every_wrong_entry_is_named_with_its_fix(tmp_path, monkeypatch):
     assert "takes neither `completions` nor **kwargs" in signature and "fn(completions, fields)" in signature
     assert "requires solution" in solution and "prompt records' fields (answer)" in solution
     assert "no module not_a_module_here in the working directory" in module
+    assert "`later` is an async function" in later
     assert all(p.startswith("rl.rewards: ") for p in found)
 
 

@@ -238,6 +238,10 @@ def bind(entry: str, key: str, name: str, fn: Any, columns: set[str] | frozenset
     if not callable(fn):
         raise _Refused(f"{key}: {entry}: `{name}` is of type {type(fn).__name__}, not a function. Point the entry at a "
                        "function that returns one float per completion.")
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        raise _Refused(f"{key}: {entry}: `{name}` is an async function; loraflow calls reward functions "
+                       "synchronously (TRL's async rewards are not supported). Make it a plain def, running its "
+                       "coroutine with asyncio.run inside.")
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
