@@ -1,6 +1,6 @@
 """rl.reward_model as a Hugging Face sequence-classification model with a tokenizer of its own (a tiny Llama reward
 model built from its config, with a character tokenizer whose ids and chat template differ from the policy's): the
-scores a GRPO step trains on are the model's own forward on the completions' text, re-encoded by its tokenizer."""
+scores a GRPO or PPO step trains on are the model's own forward on the completions' text, re-encoded by its tokenizer."""
 
 from __future__ import annotations
 
@@ -51,20 +51,22 @@ def reward_model_dir(path: Path) -> Path:
     return path
 
 
-def test_a_hugging_face_reward_model_scores_grpo_rollouts_as_its_own_forward(tmp_path):
+# GRPO keeps the summed rewards in the step's batch, PPO the reward model's scores (before its KL penalty).
+@pytest.mark.parametrize("stage,key", [("grpo", "rewards"), ("ppo", "scores")])
+def test_a_hugging_face_reward_model_scores_rollouts_as_its_own_forward(stage, key, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     rm = reward_model_dir(tmp_path / "rm")
     data = tmp_path / "prompts.jsonl"
     data.write_text(json.dumps({"prompt": CHAT}) + "\n" + json.dumps({"prompt": PLAIN}) + "\n")
-    config = load_config(str(demo_config("grpo")), [
-        "stage=grpo", "rl.rewards=[]", f"rl.reward_model={rm}", f"data.train={data}", "data.eval=",
+    config = load_config(str(demo_config(stage)), [
+        f"stage={stage}", "rl.rewards=[]", "rl.eval_rewards=[]", f"rl.reward_model={rm}", f"data.train={data}", "data.eval=",
         "rl.group_size=2", "rl.max_new_tokens=6", "train.micro_batch_size=2", "output.progress_bar=false",
         "output.tensorboard=false", f"output.dir={tmp_path / 'run'}"])
     run = build_run(config, detect_environment(), tmp_path / "run")
     decision = next(d for d in run.trainer.plan.decisions if d.key == "reward_model")
     assert "huggingface" in decision.value and "re-encoded by the reward model's" in decision.reason
-    for _ in range(2):  # two GRPO steps: the scores of each are the reward model's
+    for _ in range(2):  # two steps: the scores of each are the reward model's
         run.trainer.accumulate()
         run.trainer.apply_update()
         batch = run.trainer.prepared[0][0][0]
@@ -83,7 +85,7 @@ def test_a_hugging_face_reward_model_scores_grpo_rollouts_as_its_own_forward(tmp
             assert rm_ids[0] == own.bos_token_id and rm_ids != policy(own.decode(rm_ids))["input_ids"]
             with torch.no_grad():
                 expected.append(float(model(input_ids=torch.tensor([rm_ids])).logits[0, 0]))
-        assert batch["rewards"].tolist() == pytest.approx(expected, abs=1e-5)
+        assert batch[key].tolist() == pytest.approx(expected, abs=1e-5)
         assert len(set(expected)) > 1  # the rows really differ
 
 
