@@ -65,7 +65,8 @@ def test_a_hugging_face_reward_model_scores_rollouts_as_its_own_forward(stage, k
         "output.tensorboard=false", f"output.dir={tmp_path / 'run'}"])
     run = build_run(config, detect_environment(), tmp_path / "run")
     decision = next(d for d in run.trainer.plan.decisions if d.key == "reward_model")
-    assert "huggingface" in decision.value and "re-encoded by the reward model's" in decision.reason
+    assert "huggingface" in decision.value and "its own tokenizer, with a chat template" in decision.value
+    assert "re-encoded by the reward model's" in decision.reason
     for _ in range(2):  # two steps: the scores of each are the reward model's
         run.trainer.accumulate()
         run.trainer.apply_update()

@@ -7,7 +7,9 @@ keywords, or loraflow's fn(completions, fields)) is read from its signature when
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from loraflow.locations import reward_file, reward_function_location, reward_model_location
 from loraflow.plan.context import Context
@@ -47,8 +49,21 @@ def decide_rewards(ctx: Context) -> tuple[RewardModelPlan | None, list[Decision]
     if not r.reward_model:
         return None, out
     kind, location = reward_model_location(r.reward_model)
-    out.append(Decision("reward_model", f"{r.reward_model} ({kind}: {location})", SCORE_READ[kind]))
+    tokenizer = "" if kind == "loraflow" else f"; {_its_tokenizer(Path(location))}"
+    out.append(Decision("reward_model", f"{r.reward_model} ({kind}: {location}{tokenizer})", SCORE_READ[kind]))
     return RewardModelPlan(kind, location), out
+
+
+def _its_tokenizer(path: Path) -> str:
+    """Whether a Hugging Face reward model's own tokenizer has a chat template, from its files (a hub id's are read
+    when the run loads it)."""
+    if not path.is_dir():
+        return "its own tokenizer, read from the hub at load"
+    config = path / "tokenizer_config.json"
+    saved = json.loads(config.read_text()) if config.is_file() else {}
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file() or "chat_template" in saved:
+        return "its own tokenizer, with a chat template"
+    return "its own tokenizer, no chat template: chat prompts are refused, plain-text prompts are scored"
 
 
 def _where(entry: str) -> str:
