@@ -93,9 +93,9 @@ def test_a_hugging_face_reward_model_scores_rollouts_as_its_own_forward(stage, k
 def test_reward_models_that_cannot_give_one_score_are_refused(tmp_path):
     from transformers import LlamaConfig
 
-    def load(spec: str):
+    def load(spec: str, chat_prompts: bool = False):
         config = load_config(str(demo_config("grpo")), ["stage=grpo", f"rl.reward_model={spec}"])
-        return load_reward_model(resolve(config, detect_environment()), None)
+        return load_reward_model(resolve(config, detect_environment()), None, chat_prompts)
 
     two = tmp_path / "two-labels"
     LlamaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_labels=2,
@@ -104,6 +104,11 @@ def test_reward_models_that_cannot_give_one_score_are_refused(tmp_path):
         load(str(two))
     with pytest.raises(ConfigError, match="is a LlamaForCausalLM, not a sequence-classification model"):
         load(str(ASSETS / "tiny-base"))
+    untemplated = reward_model_dir(tmp_path / "no-template")
+    (untemplated / "chat_template.jinja").unlink()
+    assert load(str(untemplated)).chat_template is None  # plain-text prompts: scored
+    with pytest.raises(ConfigError, match="prompts are chat messages but the reward model's tokenizer has no chat"):
+        load(str(untemplated), chat_prompts=True)
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="neither reward_model.json .* nor config.json"):
         load(str(tmp_path / "empty"))

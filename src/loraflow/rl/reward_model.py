@@ -53,11 +53,7 @@ class TextRewardModel:
 
     def encode(self, prompt: Any, completion_ids: list[int], text: str) -> list[int]:
         """The reward model's token ids of one prompt + completion (as plan/rewards.py words it)."""
-        if isinstance(prompt, list):
-            if not self.chat_template:
-                raise ConfigError([f"{KEY}: the prompts are chat messages but the reward model's tokenizer has no "
-                                   "chat template, so there is no telling how it expects a conversation. Give its "
-                                   "tokenizer a chat template (chat_template.jinja), or use plain-text prompts."])
+        if isinstance(prompt, list):  # a chat prompt: load_reward_model refused a tokenizer without a template
             messages = [*prompt, {"role": "assistant", "content": text}]
             rendered = self.tokenizer.apply_chat_template(messages, tokenize=False)
             return self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
@@ -79,11 +75,17 @@ class TextRewardModel:
             return self.model(**batch).logits[:, 0].float()
 
 
-def load_reward_model(plan, tokenizer) -> RewardModel | TextRewardModel:
-    """The reward model of the plan's rl.reward_model (plan.reward_model: its kind and location)."""
+def load_reward_model(plan, tokenizer, chat_prompts: bool = False) -> RewardModel | TextRewardModel:
+    """The reward model of the plan's rl.reward_model (plan.reward_model: its kind and location). `chat_prompts`:
+    some prompt records are chat messages, which a reward model with its own tokenizer renders with its template."""
     spec, source = plan.config.rl.reward_model, plan.reward_model
     if source.kind == "huggingface":
-        return _load_huggingface(spec, source.location, plan, tokenizer)
+        scorer = _load_huggingface(spec, source.location, plan, tokenizer)
+        if chat_prompts and not scorer.chat_template:
+            raise ConfigError([f"{KEY}={spec}: the prompts are chat messages but the reward model's tokenizer has "
+                               "no chat template, so there is no telling how it expects a conversation. Give its "
+                               "tokenizer one (chat_template.jinja beside it), or use plain-text prompts."])
+        return scorer
     return _load_loraflow(spec, Path(source.location), plan, tokenizer)
 
 

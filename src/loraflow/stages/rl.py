@@ -59,7 +59,7 @@ class RolloutWorker:
         if self.cfg.reward_model:
             from loraflow.rl.reward_model import load_reward_model
 
-            self.reward_model = load_reward_model(plan, tokenizer)
+            self.reward_model = load_reward_model(plan, tokenizer, any(isinstance(row.prompt, list) for row in rows))
         # One left-padded width for every rollout of the run: positions never depend on the process split.
         self.width = max(len(row.prompt_ids) for row in rows)
         self.pad = tokenizer.pad_token_id
