@@ -116,13 +116,17 @@ def test_a_function_that_fails_or_returns_the_wrong_shape_names_its_entry(tmp_pa
             return [float(c.startswith("a")) for c in completions]
         def short(completions, **kwargs):
             return [1.0]
+        def not_a_number(completions, **kwargs):
+            return [1.0, float("nan")]
     """)
-    text_only, short = load_reward_functions(["bad.py:text_only", "bad.py:short"])
+    text_only, short, nan = load_reward_functions(["bad.py:text_only", "bad.py:short", "bad.py:not_a_number"])
     chat = RewardInputs(["a", "b"], [{}, {}], [[{"role": "user", "content": "q"}]] * 2, [[1], [2]])
     with pytest.raises(LoraflowError, match=r"bad.py:text_only raised .*bad.py, line 2: .*read completion\[0\]"):
         text_only(chat)
     with pytest.raises(LoraflowError, match="bad.py:short returned 1 values for 2 completions"):
         short(chat)
+    with pytest.raises(LoraflowError, match="bad.py:not_a_number returned nan for completion 1.*None for no reward"):
+        nan(chat)
 
 
 # A reward in a file of the user's (relative to the working directory, importing a helper beside it) trains a real

@@ -24,6 +24,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import sys
 import traceback
@@ -125,8 +126,10 @@ class RewardFunction:
             try:
                 out.append(float(v))
             except (TypeError, ValueError):
+                out.append(math.nan)
+            if not math.isfinite(out[-1]):  # NaN would reach the loss and stop the run as a divergence, far from here
                 raise LoraflowError(f"{self.key}: {self.entry} returned {v!r} for completion {i}; each reward must "
-                                    "be a number (or None, which counts 0).") from None
+                                    "be a finite number, or None for no reward (it counts 0).")
         return out
 
 
