@@ -122,7 +122,8 @@ def _load_huggingface(spec: str, location: str, plan, policy_tokenizer) -> TextR
                            "Point it at a trained reward model."])
     if tokenizer.pad_token_id is None:  # HF's head reads the last token that is not pad_token_id; TRL does the same
         tokenizer.pad_token = tokenizer.eos_token
-    model.config.pad_token_id = tokenizer.pad_token_id
+    # Where the head reads the pad id: the text config (a multimodal model keeps it there, as TRL sets it).
+    model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
     model.config.use_cache = False
     model.requires_grad_(False)
     return TextRewardModel(model.to(plan.device).eval(), tokenizer, policy_tokenizer, plan)
