@@ -309,9 +309,11 @@ class DPOConfig:
 @dataclass(kw_only=True)
 class RLConfig:
     rewards: list[str] = field(default_factory=list)
-    """Reward functions: `builtin:NAME` (loraflow.rl.rewards) or `package.module:function`, each called as
-    fn(completions: list[str], fields: list[dict]) -> list[float] with the prompt records' other fields. Their
-    rewards are summed. Used by grpo and ppo (with or instead of rl.reward_model)."""
+    """Reward functions, summed: `path/to/file.py:function` (a relative path is read from the working directory),
+    `module:function` (a module in the working directory or installed) or `builtin:NAME`. A function with a
+    `fields` parameter is called as fn(completions, fields); any other as TRL's GRPOTrainer calls it:
+    fn(prompts=, completions=, completion_ids=, **columns). Each returns one float per completion. Used by grpo
+    and ppo (with or instead of rl.reward_model); docs/rl-rewards.md."""
 
     eval_rewards: list[str] = field(default_factory=list)
     """Reward functions (same forms as rl.rewards) reported at evaluation as `gold/NAME` but never optimised. With
@@ -319,8 +321,10 @@ class RLConfig:
     score can rise while the gold reward falls (Gao et al. 2022)."""
 
     reward_model: str | None = None
-    """A reward model trained by `loraflow train rm`: its run directory's `adapter` (or `model`) directory, or
-    `builtin:NAME`. Its score is added to the reward functions' rewards."""
+    """A reward model: the `adapter` (or `model`) directory of a `loraflow train rm` run, `builtin:NAME`, or a
+    Hugging Face sequence-classification model with one label (a directory or a hub id), which scores the
+    completions' text re-encoded by its own tokenizer. Its score is added to the reward functions' rewards;
+    docs/rl-rewards.md."""
 
     group_size: int = 8
     """Completions sampled per prompt in each rollout (GRPO normalises rewards within the group)."""

@@ -42,6 +42,9 @@ class PromptRow:
     prompt_ids: list[int]
     fields: dict[str, Any] = field(default_factory=dict)
     origin: str = ""
+    prompt: Any = None
+    """The prompt as the record holds it (a string or chat messages): TRL-style reward functions receive it, and a
+    reward model with its own tokenizer re-encodes it."""
 
 
 def _prompt(record: Record) -> tuple[str, Any]:
@@ -201,7 +204,7 @@ def tokenize_prompt(record: Record, tokenizer) -> PromptRow:
     else:
         ids = _render(tokenizer, prompt, True, record.origin)
     fields = {k: v for k, v in record.data.items() if k != key}
-    return PromptRow(ids, fields, record.origin)
+    return PromptRow(ids, fields, record.origin, prompt)
 
 
 def load_pairs(records: list[Record], key: str, tokenizer, max_length: int,

@@ -13,6 +13,7 @@ registry apply its fixes and report its errors and warnings, and builds the froz
   quantization.py   bitsandbytes settings and the k-bit preparation
   stage.py          loss, reference, phases, rollout
   rollout.py        an RL stage's rollout engine (hf or vLLM), its policy sync and the log-prob check
+  rewards.py        where an RL stage's reward functions come from, the reward model's kind and how it scores
 
 Nothing downstream re-decides: setup code and the engines read `plan.<choice>` (the engine's settings included)
 and never the raw config for anything the plan covers.
@@ -91,4 +92,4 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
                 offload_activations=ckpt.offload_activations, reference=stage.reference, phases=stage.phases,
                 attn_implementation=attention, deepspeed=deepspeed, logits=logits, quantization=quantization,
                 towers=towers, vision_checkpoint_layers=list(vision_layers), blank_images=blank,
-                saves=saves(config), rollout=stage.rollout)
+                saves=saves(config), rollout=stage.rollout, reward_model=stage.reward_model)

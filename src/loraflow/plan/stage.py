@@ -1,5 +1,5 @@
-"""The stage area: the loss, the reference policy, the phases of one step and, for RL stages, the rollout, read
-from the stage's declaration (stagespec.py)."""
+"""The stage area: the loss, the reference policy, the phases of one step and, for RL stages, the rollout and the
+rewards (plan/rewards.py), read from the stage's declaration (stagespec.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from loraflow.phases import stage_phases
 from loraflow.plan.context import Context
+from loraflow.plan.rewards import RewardModelPlan, decide_rewards
 from loraflow.plan.rollout import RolloutPlan, decide_rollout
 from loraflow.plan.types import Decision
 from loraflow.stagespec import reference_kind
@@ -25,6 +26,7 @@ class Stage:
     phases: list
     decisions: list[Decision]
     rollout: RolloutPlan | None = None
+    reward_model: RewardModelPlan | None = None
 
 
 def decide_stage(ctx: Context) -> Stage:
@@ -33,7 +35,9 @@ def decide_stage(ctx: Context) -> Stage:
     phases = stage_phases(spec, reference, bool(config.rl.reward_model) and spec.generates,
                           config.rl.updates_per_rollout)
     rollout, rollout_choices = decide_rollout(ctx) if spec.generates else (None, [])
-    return Stage(reference, phases, _decisions(ctx, reference, phases, rollout_choices), rollout)
+    reward_model, reward_choices = decide_rewards(ctx) if spec.generates else (None, [])
+    return Stage(reference, phases, _decisions(ctx, reference, phases, rollout_choices + reward_choices), rollout,
+                 reward_model)
 
 
 def _decisions(ctx: Context, reference: str | None, phases: list, rollout: list[Decision]) -> list[Decision]:

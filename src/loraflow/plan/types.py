@@ -79,6 +79,9 @@ class Plan:
     rollout: Any = None
     """An RL stage's rollout engine (plan/rollout.py RolloutPlan: hf or vllm, the sync, the check's bound); None
     for stages that do not sample."""
+    reward_model: Any = None
+    """rl.reward_model's kind and location (plan/rewards.py RewardModelPlan), which rl/reward_model.py loads; None
+    without one."""
     saves: str = "adapter"
     """What checkpoints and the export hold, and the export's directory name: `adapter` (the trainable weights, in
     PEFT's format) or `model` (every weight: full fine-tuning)."""

@@ -107,7 +107,16 @@ def build_rollout(prompts: list[list[int]], completions: torch.Tensor, width: in
     return Rollout(torch.cat([ids, completions], dim=1), mask, positions, labels, completions)
 
 
-def decode(tokenizer, completions: torch.Tensor, stop: list[int]) -> list[str]:
+def completion_ids(completions: torch.Tensor, stop: list[int]) -> list[list[int]]:
+    """Each completion's token ids up to and including its first stop token."""
     done = completion_mask(completions, stop)
-    return [tokenizer.decode([t for t, m in zip(row, keep) if m], skip_special_tokens=True).strip()
-            for row, keep in zip(completions.tolist(), done.tolist())]
+    return [[t for t, m in zip(row, keep) if m] for row, keep in zip(completions.tolist(), done.tolist())]
+
+
+def decode_ids(tokenizer, ids: list[list[int]]) -> list[str]:
+    """Completion texts as reward functions read them: special tokens dropped, surrounding whitespace stripped."""
+    return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in ids]
+
+
+def decode(tokenizer, completions: torch.Tensor, stop: list[int]) -> list[str]:
+    return decode_ids(tokenizer, completion_ids(completions, stop))

@@ -13,7 +13,8 @@ from loraflow.data import DataSplit
 from loraflow.data.formatting import IGNORE
 from loraflow.losses import importance_weights
 from loraflow.phases import phase
-from loraflow.rl.rollout import build_rollout, decode, generate, stop_ids
+from loraflow.rl.rewards import RewardInputs
+from loraflow.rl.rollout import build_rollout, completion_ids, decode_ids, generate, stop_ids
 from loraflow.setup.precision import autocast
 from loraflow.stagespec import EVALUATION, ROLLOUT
 
@@ -26,6 +27,22 @@ class Sampled:
     """input_ids, attention_mask, position_ids, labels of prompt + completion."""
     texts: list[str]
     fields: list[dict[str, Any]]
+    prompts: list[Any]
+    """Each row's prompt as its record holds it (a string or chat messages)."""
+    completion_ids: list[list[int]]
+    """Each row's completion tokens through its stop token."""
+
+    @property
+    def reward_inputs(self) -> RewardInputs:
+        return RewardInputs(self.texts, self.fields, self.prompts, self.completion_ids)
+
+
+def sampled_rows(rollout, rows: list[Any], group: int, tokenizer, stop: list[int], device: str) -> Sampled:
+    """The rollout of `rows` (each prompt `group` times in a row) with what the rewards read."""
+    ids = completion_ids(rollout.completions, stop)
+    repeated = [row for row in rows for _ in range(group)]
+    return Sampled(rollout.as_batch(device), decode_ids(tokenizer, ids), [row.fields for row in repeated],
+                   [row.prompt for row in repeated], ids)
 
 
 class RolloutWorker:
@@ -34,14 +51,15 @@ class RolloutWorker:
 
         self.plan, self.tokenizer, self.train, self.eval_split = plan, tokenizer, train, eval_split
         self.cfg = plan.config.rl
-        self.functions = load_reward_functions(self.cfg.rewards)
-        self.gold = load_reward_functions(self.cfg.eval_rewards)
+        rows = train.rows + (eval_split.rows if eval_split is not None else [])
+        columns = {k for row in rows for k in row.fields}  # what a TRL-style reward function may name
+        self.functions = load_reward_functions(self.cfg.rewards, "rl.rewards", columns)
+        self.gold = load_reward_functions(self.cfg.eval_rewards, "rl.eval_rewards", columns)
         self.reward_model = None
         if self.cfg.reward_model:
             from loraflow.rl.reward_model import load_reward_model
 
-            self.reward_model = load_reward_model(self.cfg.reward_model, plan, tokenizer)
-        rows = train.rows + (eval_split.rows if eval_split is not None else [])
+            self.reward_model = load_reward_model(plan, tokenizer, any(isinstance(row.prompt, list) for row in rows))
         # One left-padded width for every rollout of the run: positions never depend on the process split.
         self.width = max(len(row.prompt_ids) for row in rows)
         self.pad = tokenizer.pad_token_id
@@ -60,8 +78,7 @@ class RolloutWorker:
         completions = generate(model, prompts, self.width, self.cfg.max_new_tokens, stop, self.pad,
                                self.plan.device, keys, self.cfg.temperature, self.synced)
         rollout = build_rollout(prompts, completions, self.width, stop, self.pad)
-        return Sampled(rollout.as_batch(self.plan.device), decode(self.tokenizer, completions, stop),
-                       [row.fields for row in rows for _ in range(group)])
+        return sampled_rows(rollout, rows, group, self.tokenizer, stop, self.plan.device)
 
     def rollouts(self, engine, batches, step: int) -> list[Sampled]:
         """Sample group_size completions for every prompt of the step's micro-batches: on the vLLM engine after
@@ -94,8 +111,7 @@ class RolloutWorker:
                                            stop, self.pad)
             prompts = [row.prompt_ids for row in rows for _ in range(self.cfg.group_size)]
             rollout = build_rollout(prompts, completions, self.width, stop, self.pad)
-            sampled = Sampled(rollout.as_batch(self.plan.device), decode(self.tokenizer, completions, stop),
-                              [row.fields for row in rows for _ in range(self.cfg.group_size)])
+            sampled = sampled_rows(rollout, rows, self.cfg.group_size, self.tokenizer, stop, self.plan.device)
             # [N, T-1] like the trainer's log-probs: position j scores token j + 1 (completion token c sits at
             # position width + c of the sequence).
             aligned = torch.zeros(sampled.batch["labels"][:, 1:].shape, dtype=torch.float32)
@@ -131,14 +147,10 @@ class RolloutWorker:
     def rewards(self, engine, sampled: Sampled) -> torch.Tensor:
         """The sum of the reward functions' rewards and the reward model's score, per completion."""
         total = torch.zeros(len(sampled.texts), dtype=torch.float32)
-        for name, fn in self.functions:
-            values = fn(sampled.texts, sampled.fields)
-            if len(values) != len(sampled.texts):
-                raise ValueError(f"rl.rewards: {name} returned {len(values)} rewards for {len(sampled.texts)} "
-                                 "completions; it must return one float per completion.")
-            total += torch.tensor([float(v) for v in values])
+        for fn in self.functions:  # each checks its own values (one float per completion) and names its entry
+            total += torch.tensor(fn(sampled.reward_inputs))
         if self.reward_model is not None:
-            total += self.reward_model.score(sampled.batch).cpu()
+            total += self.reward_model.score(sampled).cpu()
         return total
 
     def evaluate(self, engine) -> dict[str, Any]:
@@ -154,11 +166,10 @@ class RolloutWorker:
                 samples = [self._sample(model, rows[s:s + size], None, 1, stop) for s in range(0, len(rows), size)]
         for sampled in samples:
             for functions, into in ((self.functions, sums), (self.gold, gold)):
-                for name, fn in functions:
-                    into[name] = into.get(name, 0.0) + sum(float(v) for v in fn(sampled.texts, sampled.fields))
+                for fn in functions:
+                    into[fn.name] = into.get(fn.name, 0.0) + sum(fn(sampled.reward_inputs))
             if self.reward_model is not None:
-                sums["reward_model"] = sums.get("reward_model", 0.0) + float(self.reward_model.score(sampled.batch)
-                                                                           .sum())
+                sums["reward_model"] = sums.get("reward_model", 0.0) + float(self.reward_model.score(sampled).sum())
             for text, fields in zip(sampled.texts, sampled.fields):
                 if "answer" in fields:
                     with_answer += 1
