@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -188,3 +189,16 @@ def test_merge_writes_the_processor_beside_the_merged_model(vision_run, loaded, 
     # And generate reads the merged directory as a model with its processor: the adapter's answer.
     [row] = generate_json(capsys, str(merged), "--prompt", QUESTION, "--image", str(IMAGES[0]))
     assert row["completion"] == text(reference, reference(IMAGES[:1]))
+
+
+def test_the_readme_s_image_query_answers_on_the_vision_demo_run(vision_run, reference, capsys, monkeypatch):
+    """The README's quickstart trains examples/sft-vision.yaml into runs/shapes and asks it about a bundled image:
+    that line, pointed at the same example's run, answers as PEFT does."""
+    line = next(line for line in (ROOT / "README.md").read_text().splitlines()
+                if line.startswith("loraflow generate runs/shapes --image"))
+    argv = shlex.split(line)[2:]
+    assert argv[0] == "runs/shapes"
+    monkeypatch.chdir(ROOT)  # the image path is relative to the repository, as the README runs it
+    [row] = generate_json(capsys, str(vision_run), *argv[1:])
+    image = ROOT / argv[argv.index("--image") + 1]
+    assert row["completion"] == text(reference, reference([image], argv[argv.index("--prompt") + 1]))
