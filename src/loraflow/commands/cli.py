@@ -415,6 +415,9 @@ explain, plot and config read files and version numbers, and stay usable on any 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from loraflow.run.log import hold_other_packages_logs
+
+    hold_other_packages_logs()  # before any other package is imported: their import-time notices stay off the console
     argv = list(sys.argv[1:] if argv is None else argv)
     command_line = None
     if argv[:1] == ["check"] and "--" in argv:
