@@ -33,8 +33,8 @@ def test_changing_the_schedule_on_resume_is_refused_with_the_ways_forward(tiny_m
     (message,) = refused.value.problems
     assert "Resume without changing train.max_steps" in message and "add --extend" in message
     assert "start a new run (another output.dir)" in message
-    with pytest.raises(ConfigError, match="not above the run's 2"):
-        train("sft", None, ["train.max_steps=1"], str(run), extend=True)
+    with pytest.raises(ConfigError, match="not train.max_steps=0"):
+        train("sft", None, ["train.max_steps=0"], str(run), extend=True)
     with pytest.raises(ConfigError, match="add train.max_steps=N"):
         train("sft", None, [], str(run), extend=True)
     with pytest.raises(ConfigError) as refused:  # --extend lengthens; it changes no other part of the schedule

@@ -325,9 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--restart", metavar="RUN_DIR", help="start the run in RUN_DIR again from step 0 with its saved "
                    "config (and any overrides): for a run that stopped before writing a checkpoint; its earlier "
                    "files move to RUN_DIR/earlier-attempts/N")
-    t.add_argument("--extend", action="store_true", help="with --resume and a larger train.max_steps=N: continue "
-                   "to N steps on the learning-rate schedule rebuilt for N, as if N had been asked from the start "
-                   "(without it, changing train.max_steps on resume is refused)")
+    t.add_argument("--extend", action="store_true", help="with --resume and another train.max_steps=N (usually "
+                   "larger): continue to N steps on the learning-rate schedule rebuilt for N, as if N had been asked "
+                   "from the start (without it, changing train.max_steps on resume is refused)")
     t.add_argument("-v", "--verbose", action="store_true", help="also print debug lines (eval examples)")
     t.set_defaults(func=cmd_train)
 

@@ -94,17 +94,16 @@ def _resume_config(stage: str, resume: str, config_path: str | None, overrides: 
 
 def _schedule_problems(resume: str, changed: list[str], old: dict[str, Any], new: dict[str, Any],
                        extend: bool) -> list[str]:
-    """Resuming with another schedule is refused with the ways forward; --extend allows exactly a longer
-    train.max_steps (its schedule: loop/trainer.py, docs/reliability.md)."""
+    """Resuming with another schedule is refused with the ways forward; --extend allows exactly another
+    train.max_steps, usually a longer one (its schedule: Engine.sync_learning_rate, docs/reliability.md). A shorter
+    one gets the same treatment: the schedule rebuilt to end at the new length, as if it had been asked."""
     steps = "train.max_steps"
-    if extend and changed == [steps] and new[steps] > old[steps] > 0:
+    if extend and changed == [steps] and new[steps] > 0:
         return []
     if extend and steps not in changed:
-        return [f"--extend continues {resume} to a longer run: add {steps}=N with N above the run's {old[steps]}."]
+        return [f"--extend continues {resume} to another length: add {steps}=N (the run has {old[steps]})."]
     if extend and changed == [steps]:
-        return [f"--extend makes a run longer, but {steps}={new[steps]} is not above the run's {old[steps]}"
-                + (" (its length came from train.epochs)" if not old[steps] else "") + ": give a larger "
-                f"{steps}, or resume without --extend and without changing {steps}."]
+        return [f"--extend needs the new length in steps, not {steps}=0 (train.epochs): give {steps}=N."]
     out = []
     for key in changed:
         extend_hint = (f"add --extend to continue to {steps}={new[steps]} on the schedule rebuilt for that "
