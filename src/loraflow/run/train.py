@@ -35,14 +35,9 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
         set_aside_attempt(run_dir)  # a restart, or an attempt that failed before it started: keep its log
     wait_for_every_rank()
     setup_logging(run_dir, verbose, main)
-    if extended_from is not None:
-        log.info("--extend: train.max_steps %d -> %d; the learning-rate schedule is rebuilt for %d steps, as if they "
-                 "had been asked from the start: the steps after the checkpoint take that schedule's rates (the "
-                 "steps already taken followed the %d-step schedule)", extended_from, config.train.max_steps,
-                 config.train.max_steps, extended_from)
     with failures_logged(run_dir):
         return _train(stage, config, run_dir, main, config_path is None and not resume and not restart and
-                      starting_config(stage, None, overrides) is not None, resume is not None)
+                      starting_config(stage, None, overrides) is not None, resume is not None, extended_from)
 
 
 def _saved_max_steps(resume: str | None) -> int | None:
@@ -53,11 +48,17 @@ def _saved_max_steps(resume: str | None) -> int | None:
     return load_config(saved).train.max_steps if resume and saved.is_file() else None
 
 
-def _train(stage: str, config: Config, run_dir: Path, main: bool, demo: bool, resume: bool) -> dict[str, Any]:
+def _train(stage: str, config: Config, run_dir: Path, main: bool, demo: bool, resume: bool,
+           extended_from: int | None = None) -> dict[str, Any]:
     from loraflow.environment import detect_environment
     from loraflow.run.pipeline import build_run
 
     log.info("run directory: %s", run_dir)
+    if extended_from is not None:
+        log.info("--extend: train.max_steps %d -> %d; the learning-rate schedule is rebuilt for %d steps, as if they "
+                 "had been asked from the start: the steps after the checkpoint take that schedule's rates (the "
+                 "steps already taken followed the %d-step schedule)", extended_from, config.train.max_steps,
+                 config.train.max_steps, extended_from)
     if demo:
         log.info("no config and no model given: training the built-in demo (%s)", demo_config(stage))
     summary = build_run(config, detect_environment(), run_dir, resume, record=main).fit()
