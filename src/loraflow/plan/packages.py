@@ -31,7 +31,8 @@ def needed_packages(config: Config, engine: str) -> list[tuple[str, str, str]]:
     out += [(p, f"model.quantization.method={q.method}", "set model.quantization.method=none") for p in q.needs]
     ro = config.rl.rollout
     out += [(p, "rl.rollout.engine=vllm with no rl.rollout.urls (a local engine)",
-             "point rl.rollout.urls at running `vllm serve` servers, or set rl.rollout.engine=hf")
+             "on a CPU machine build vLLM's own venv with `bash scripts/setup_vllm.sh` (or set LORAFLOW_VLLM_PYTHON), "
+             "or point rl.rollout.urls at running `vllm serve` servers, or set rl.rollout.engine=hf")
             for p in ro.needs(stage_spec(config.stage).generates)]
     return out
 
