@@ -17,7 +17,7 @@ from loraflow.run.config import load_run_config
 # which were saved with the checkpoint (the optimizer state even restores its own learning rate).
 RESUMABLE = ("eval.", "output.")
 # Keys that shape the learning-rate schedule: the steps before the checkpoint followed it, so a resumed run that
-# changed one would match neither the run it continues nor a run asked that way from the start. Only a longer
+# changed one would match neither the run it continues nor a run asked that way from the start. Only
 # train.max_steps may change, and only with --extend (which says what it does with the schedule).
 SCHEDULE = ("train.max_steps", "train.epochs", "train.learning_rate", "train.warmup_steps", "train.schedule")
 
@@ -67,7 +67,7 @@ def prepare_run(stage: str, config_path: str | None, overrides: list[str], resum
 
 def _resume_config(stage: str, resume: str, config_path: str | None, overrides: list[str],
                    extend: bool = False) -> Config:
-    """The saved config of the run to continue, with the overrides a resumed run may take (RESUMABLE, and a longer
+    """The saved config of the run to continue, with the overrides a resumed run may take (RESUMABLE, and another
     train.max_steps with `extend`). `resume` is --resume's directory, quoted in the errors as the user wrote it."""
     run_dir = Path(resume)
     saved = run_dir / "config.yaml"
