@@ -53,6 +53,9 @@ class EngineSpec:
     """How the model is split into sharded units, for the plan ('' where the engine has none)."""
     mixed_precision: str = ""
     """The engine's own mixed-precision policy under bf16-mixed, for the plan ('' where autocast alone casts)."""
+    needs: tuple[str, ...] = ()
+    """Optional packages the engine imports (a pyproject.toml extra installs each): the plan refuses the engine
+    before any model loads where one is missing (plan/packages.py)."""
 
     @property
     def runs(self) -> bool:
@@ -73,7 +76,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
     EngineSpec("deepspeed", "loraflow.engines.deepspeed:DeepSpeedEngine", "DeepSpeed ZeRO",
                keys=("zero_stage", "deepspeed_config", "offload_optimizer", "offload_params"),
                chosen_by=("zero_stage", "deepspeed_config", "offload_optimizer", "offload_params"),
-               zero=True, shard_stage=3, optimizer_shard_stage=1),
+               zero=True, shard_stage=3, optimizer_shard_stage=1, needs=("deepspeed",)),
     EngineSpec("fsdp2", "loraflow.engines.fsdp2:FSDP2Engine", "FSDP2 fully_shard (every parameter sharded)",
                keys=("fsdp_reshard_after_forward",), shard_stage=0, optimizer_shard_stage=0, dtensor_params=True,
                checkpoint_outside_shard=True, frozen_units_for=("lora",), units="each decoder layer, then the root",
@@ -106,9 +109,15 @@ def auto_engine(parallel, world_size: int) -> str:
     JSON, an offload), else one process or DDP by the number launched. `parallel` is the config's parallel
     section."""
     for spec in ENGINES.values():
-        if spec.runs and any(getattr(parallel, k) not in (None, "", "auto", "false") for k in spec.chosen_by):
+        if spec.runs and choosing_keys(spec, parallel):
             return spec.name
     return AUTO_MANY if world_size > 1 else AUTO_SINGLE
+
+
+def choosing_keys(spec: EngineSpec, parallel) -> list[str]:
+    """The parallel.* keys the config sets (`key=value`) that choose `spec` under parallel.engine=auto."""
+    return [f"parallel.{k}={getattr(parallel, k)}" for k in spec.chosen_by
+            if getattr(parallel, k) not in (None, "", "auto", "false")]
 
 
 def wants_process_group(engine: str, world_size: int) -> bool:

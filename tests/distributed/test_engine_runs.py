@@ -70,7 +70,7 @@ def test_stopped_resumed_engine_run_equals_one_uninterrupted_process(engine, ref
     args = [*COMMON, *ENGINES[engine], f"train.micro_batch_size={GLOBAL_BATCH // 2}", f"output.dir={run}"]
     first = train(tmp_path, 2, *[a for a in args if not a.startswith("train.max_steps")], "train.max_steps=2")
     assert "memory per rank after the first step" in first
-    train(tmp_path, 2, "--resume", str(run), "train.max_steps=4")
+    train(tmp_path, 2, "--resume", str(run), "--extend", "train.max_steps=4")  # warmup 3, then constant: as asked
 
     got, want = losses(run), losses(reference)
     assert len(got) == len(want) == 4
@@ -99,7 +99,7 @@ def test_stopped_resumed_engine_run_equals_one_uninterrupted_process(engine, ref
 
     if engine == "ddp":  # a checkpoint of 2 processes is not resumed by another number of them
         log = tmp_path / "wrong-world.log"
-        code = run_isolated([sys.executable, "-m", "loraflow", "train", "sft", "--resume", str(run),
+        code = run_isolated([sys.executable, "-m", "loraflow", "train", "sft", "--resume", str(run), "--extend",
                              "train.max_steps=6"], log, 300, launch_env(), cwd=str(tmp_path))
         assert code == 2 and "written by 2 processes; resume it with the same number" in log.read_text()
 

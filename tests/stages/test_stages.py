@@ -123,7 +123,7 @@ def test_resume_between_rollouts_gives_the_same_losses(tmp_path):
     stopped = tmp_path / "stopped"
     train("grpo", None, [*small, "train.max_steps=2", f"output.dir={stopped}"], None)
     (stopped / "metrics.jsonl").unlink()  # keep only what the resumed process logs
-    assert train("grpo", None, ["train.max_steps=4"], str(stopped))["steps"] == 4
+    assert train("grpo", None, ["train.max_steps=4"], str(stopped), extend=True)["steps"] == 4
     full = losses_of(tmp_path / "full")
     assert len(full) == 4 and full[3] != full[4]  # the second update on a rollout is a different step
     assert losses_of(stopped) == pytest.approx({3: full[3], 4: full[4]}, rel=1e-6)

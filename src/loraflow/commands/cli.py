@@ -28,7 +28,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.restart:
         raise LoraflowError("--resume continues a run from its checkpoint and --restart starts one again from "
                             "step 0; give one of them.")
-    summary = train(args.stage, config_path, overrides, args.resume, args.verbose, args.restart)
+    if args.extend and not args.resume:
+        raise LoraflowError("--extend lengthens a run being resumed: give --resume RUN_DIR and train.max_steps=N "
+                            "(a new run takes its length from train.max_steps alone).")
+    summary = train(args.stage, config_path, overrides, args.resume, args.verbose, args.restart, args.extend)
     if not summary.get("main", True):
         return 0  # rank 0 prints the summary of a distributed run
     before, after = summary.get("before"), summary.get("after")
@@ -351,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--restart", metavar="RUN_DIR", help="start the run in RUN_DIR again from step 0 with its saved "
                    "config (and any overrides): for a run that stopped before writing a checkpoint; its earlier "
                    "files move to RUN_DIR/earlier-attempts/N")
+    t.add_argument("--extend", action="store_true", help="with --resume and another train.max_steps=N (usually "
+                   "larger): continue to N steps on the learning-rate schedule rebuilt for N, as if N had been asked "
+                   "from the start (without it, changing train.max_steps on resume is refused)")
     t.add_argument("-v", "--verbose", action="store_true", help="also print debug lines (eval examples)")
     t.set_defaults(func=cmd_train)
 
@@ -452,6 +458,9 @@ explain, plot and config read files and version numbers, and stay usable on any 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from loraflow.run.log import hold_other_packages_logs
+
+    hold_other_packages_logs()  # before any other package is imported: their import-time notices stay off the console
     argv = list(sys.argv[1:] if argv is None else argv)
     command_line = None
     if argv[:1] == ["check"] and "--" in argv:

@@ -67,8 +67,10 @@ def plot_runs(run_dirs: list[str], out_dir: str | None = None) -> list[Path]:
     try:
         import matplotlib
     except ImportError:
-        raise LoraflowError("loraflow plot needs matplotlib, which is not installed: "
-                            "pip install 'loraflow[plot]'") from None
+        from loraflow.environment import install_line
+
+        raise LoraflowError(f"loraflow plot needs matplotlib, which is not installed here: "
+                            f"{install_line('matplotlib')}") from None
     matplotlib.use("Agg")  # files only: no display needed (servers, CI)
     import matplotlib.pyplot as plt
 

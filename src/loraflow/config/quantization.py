@@ -33,3 +33,8 @@ class QuantizationConfig:
     @property
     def bits(self) -> int:
         return 8 if self.method == "int8" else 4
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """Optional packages this quantization imports (the plan refuses it without them: plan/packages.py)."""
+        return ("bitsandbytes",) if self.enabled else ()

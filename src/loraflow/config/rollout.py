@@ -47,6 +47,11 @@ class RolloutConfig:
     importance_cap: float = 3.0
     """The largest importance weight kept (C in w = min(pi_trainer / pi_engine, C)); TRL's default."""
 
+    def needs(self, generates: bool) -> tuple[str, ...]:
+        """Optional packages the rollouts of a stage that samples (`generates`) need: a local vLLM engine is started
+        from vllm (here, or its own interpreter: rl/vllm_server.py); remote servers and hf need nothing more."""
+        return ("vllm",) if generates and self.engine == "vllm" and not self.urls else ()
+
     def problems(self) -> list[str]:
         """Settings that cannot work, each naming its key."""
         ro, out = self, []

@@ -127,8 +127,9 @@ class ParallelConfig:
     engine: EngineName = "auto"
     """`single` (one process), `ddp` (replicated weights), `deepspeed` (ZeRO, stage below) or `fsdp2` (PyTorch
     `fully_shard`). `auto` is `deepspeed` when a DeepSpeed key below is set, else `single` in one process and `ddp`
-    under torchrun or the deepspeed launcher. Launch
-    several processes with `torchrun --nproc_per_node N -m loraflow train ...` (docs/distributed.md)."""
+    under torchrun or the deepspeed launcher. `deepspeed` needs `pip install 'loraflow[deepspeed]'` (the plan
+    refuses it otherwise). Several processes: `torchrun --nproc_per_node N -m loraflow train ...`
+    (docs/distributed.md)."""
 
     zero_stage: int | None = None
     """DeepSpeed ZeRO stage (0-3): 1 shards optimizer state, 2 also gradients, 3 also the weights. Empty means
@@ -208,7 +209,8 @@ class TrainConfig:
     4 x 1."""
 
     max_steps: int = 0
-    """Optimizer steps; 0 means derive them from `epochs`."""
+    """Optimizer steps; 0 means derive them from `epochs`. A resumed run changes it only with --extend, which
+    rebuilds the learning-rate schedule for the new length (docs/reliability.md)."""
 
     epochs: float = 1.0
     """Passes over the training data when `max_steps` is 0."""

@@ -117,8 +117,10 @@ def _hub(name: str, split: str, key: str) -> list[Record]:
     try:
         import datasets
     except ImportError:
+        from loraflow.environment import install_line
+
         raise DataError(f"{key}={name} is not a local file, and reading hub datasets needs the `datasets` package "
-                        "(pip install 'loraflow[hub]').") from None
+                        f"({install_line('datasets')}).") from None
     try:
         ds = datasets.load_dataset(name, split=split)
     except Exception as exc:  # network, missing split, unknown dataset

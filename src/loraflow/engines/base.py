@@ -168,6 +168,15 @@ class Engine:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
+    def sync_learning_rate(self) -> None:
+        """After loading a checkpoint: the learning rate of the next step from this run's schedule at the restored
+        step. The optimizer state restored the rate the checkpointed run had set for that step; a run resumed with
+        --extend has a longer schedule, whose rate there differs (identical otherwise)."""
+        s = self.scheduler
+        for group, base, factor in zip(s.optimizer.param_groups, s.base_lrs, s.lr_lambdas):
+            group["lr"] = base * factor(s.last_epoch)
+        s._last_lr = [group["lr"] for group in s.optimizer.param_groups]  # what get_last_lr() reports (torch's own)
+
     def save_engine_files(self, directory) -> None:
         """Engine-specific files inside a checkpoint being written (collective); none by default."""
 

@@ -27,7 +27,14 @@ def import_deepspeed(device: str):
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    import deepspeed
+    try:
+        import deepspeed
+    except ImportError:  # the plan refuses this first (plan/packages.py); a harness with a hand-made environment
+        from loraflow.environment import install_line
+        from loraflow.errors import ConfigError
+
+        raise ConfigError([f"parallel.engine=deepspeed needs deepspeed, which is not installed here: "
+                           f"{install_line('deepspeed')}, or set parallel.engine to ddp or fsdp2."]) from None
     import torch._dynamo  # noqa: F401  zero.Init on torch 2.13 + deepspeed 0.19 fails on dynamo's lazy import
 
     skip_shm_build(deepspeed)

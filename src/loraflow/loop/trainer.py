@@ -141,6 +141,7 @@ class Trainer:
         self.main = self.engine.rank == 0
         if state is not None:
             self.engine.load_optimizer_state(state, self.resumed_from)
+            self.engine.sync_learning_rate()  # --extend: the longer schedule's rate from the first resumed step on
             self.progress = Progress(**state["progress"])
             rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
             restore_rng(rngs[self.engine.rank] if self.engine.rank < len(rngs) else rngs[0])
@@ -301,6 +302,7 @@ class Trainer:
         window, extras, start = [], {}, time.perf_counter()
         tokens_at_start = self.progress.tokens
         while self.progress.step < self.total_steps:
+            lr = self.engine.lr()  # the rate this step applies: the schedule moves on inside the step
             stats = self.optimizer_step(guard)
             guard = None
             window.append(stats["loss"])
@@ -313,7 +315,7 @@ class Trainer:
             bar.update(1)
             step = self.progress.step
             if step % out.log_every_steps == 0 or step == self.total_steps:
-                row = {"loss": sum(window) / len(window), "grad_norm": stats["grad_norm"], "lr": self.engine.lr(),
+                row = {"loss": sum(window) / len(window), "grad_norm": stats["grad_norm"], "lr": lr,
                        "tokens_per_s": tps, "tokens": self.progress.tokens,
                        **{n: sum(v) / len(v) for n, v in extras.items()}}
                 self.metrics.write("train", step, row)

@@ -14,6 +14,7 @@ registry apply its fixes and report its errors and warnings, and builds the froz
   stage.py          loss, reference, phases, rollout
   rollout.py        an RL stage's rollout engine (hf or vLLM), its policy sync and the log-prob check
   rewards.py        where an RL stage's reward functions come from, the reward model's kind and how it scores
+  packages.py       the optional packages the setup needs (DeepSpeed, bitsandbytes, vLLM), checked first
 
 Nothing downstream re-decides: setup code and the engines read `plan.<choice>` (the engine's settings included)
 and never the raw config for anything the plan covers.
@@ -29,6 +30,7 @@ from loraflow.plan.checkpointing import asked_reentrant, checkpoint_block, check
 from loraflow.plan.context import Context
 from loraflow.plan.engine import checkpoint_in_engine, engine_decisions, resolve_engine
 from loraflow.plan.logits import decide_logits
+from loraflow.plan.packages import require_packages
 from loraflow.plan.precision import decide_precision
 from loraflow.plan.quantization import decide_quantization
 from loraflow.plan.rollout import DEFAULT_MAX_LORA_RANK, LOGPROB_BOUNDS  # the probes reproduce against them
@@ -45,6 +47,10 @@ __all__ = ["DEFAULT_MAX_LORA_RANK", "Decision", "LOGPROB_BOUNDS", "Plan", "resol
 def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> Plan:
     """Decide every choice of the run. Raises ConfigError for config problems; rule errors are findings
     (`check` prints them, `train` calls plan.raise_for_errors())."""
+    engine, deepspeed = resolve_engine(config, env)
+    # A missing optional package refuses the setup before the model is even inspected: the same words for `check`
+    # and `train`, instead of an import error inside the engine after the weights loaded.
+    require_packages(config, env, engine)
     if info is None:
         from loraflow.setup.model import inspect_model
 
@@ -57,7 +63,6 @@ def resolve(config: Config, env: Environment, info: ModelInfo | None = None) -> 
     modules_to_save += [r for r in full_tower_roots(towers, info, config.adapter.method) if r not in modules_to_save]
     block = checkpoint_block(config, info)
     vision_layers = next((t.checkpoint_layers for t in towers if t.name == "vision"), [])
-    engine, deepspeed = resolve_engine(config, env)
     asked = asked_setup(config, env, info, modules_to_save, layers, asked_reentrant(config, layers, vision_layers),
                         engine, deepspeed, precision.load, towers)
     # The rules' fixes, then every area's final choice with its reason.

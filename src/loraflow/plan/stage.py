@@ -36,8 +36,20 @@ def decide_stage(ctx: Context) -> Stage:
                           config.rl.updates_per_rollout)
     rollout, rollout_choices = decide_rollout(ctx) if spec.generates else (None, [])
     reward_model, reward_choices = decide_rewards(ctx) if spec.generates else (None, [])
-    return Stage(reference, phases, _decisions(ctx, reference, phases, rollout_choices + reward_choices), rollout,
-                 reward_model)
+    return Stage(reference, phases, [*_decisions(ctx, reference, phases, rollout_choices + reward_choices),
+                                     schedule_decision(config)], rollout, reward_model)
+
+
+def schedule_decision(config) -> Decision:
+    """The learning-rate schedule (engines/base.py lr_lambda), and what resuming does with it (run/directory.py)."""
+    t = config.train
+    end = f"step {t.max_steps} (train.max_steps)" if t.max_steps else f"the last step of train.epochs={t.epochs:g}"
+    shape = "constant" if t.schedule == "constant" else f"{t.schedule} decay to 0 at {end}"
+    warmup = f"linear warmup over {t.warmup_steps} steps, then " if t.warmup_steps else ""
+    return Decision("lr schedule", f"peak {t.learning_rate:g}; {warmup}{shape}",
+                    "train.learning_rate, train.warmup_steps, train.schedule; a resumed run keeps it: changing one "
+                    "is refused, except a longer train.max_steps with --extend, which rebuilds the schedule for the "
+                    "new length as if it had been asked from the start")
 
 
 def _decisions(ctx: Context, reference: str | None, phases: list, rollout: list[Decision]) -> list[Decision]:

@@ -15,13 +15,11 @@ Only the standard library speaks HTTP here: the training environment needs nothi
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -29,9 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraflow.environment import VLLM_PYTHON_ENV
 from loraflow.errors import LoraflowError
 
-VLLM_PYTHON_ENV = "LORAFLOW_VLLM_PYTHON"
 SETUP_HINT = ("on a CPU machine `bash scripts/setup_vllm.sh` builds vLLM's venv (loraflow finds it); on a GPU machine "
               "`pip install 'loraflow[vllm]'`; or set LORAFLOW_VLLM_PYTHON to a Python with vllm, or point "
               "rl.rollout.urls at running `vllm serve --enable-lora` servers, or set rl.rollout.engine=hf")
@@ -42,23 +40,18 @@ class EngineError(LoraflowError):
 
 
 def find_vllm_python() -> str:
-    """The interpreter that runs `vllm serve`: LORAFLOW_VLLM_PYTHON, else this one when it has vllm, else the venv
-    scripts/setup_vllm.sh builds in the cache."""
+    """The interpreter that runs `vllm serve` (environment.vllm_interpreter, which the plan asks too), or the error
+    that says how to get one."""
+    from loraflow.environment import vllm_cache, vllm_interpreter
+
+    found = vllm_interpreter()
+    if found:
+        return found
     named = os.environ.get(VLLM_PYTHON_ENV)
     if named:
-        if not Path(named).exists():
-            raise EngineError(f"{VLLM_PYTHON_ENV}={named} does not exist; {SETUP_HINT}.")
-        return named
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    cache = os.environ.get("LORAFLOW_CACHE", str(Path.home() / ".cache" / "loraflow"))
-    built = sorted(glob.glob(os.path.join(cache, "venv-vllm-*", ".complete")), key=os.path.getmtime)
-    if built:
-        return str(Path(built[-1]).parent / "bin" / "python")
+        raise EngineError(f"{VLLM_PYTHON_ENV}={named} does not exist; {SETUP_HINT}.")
     raise EngineError(f"rl.rollout.engine=vllm: no vLLM found (not importable here, no {VLLM_PYTHON_ENV}, no venv "
-                      f"under {cache}); {SETUP_HINT}.")
+                      f"under {vllm_cache()}); {SETUP_HINT}.")
 
 
 class Client:

@@ -15,7 +15,11 @@ from loraflow.run.config import load_run_config
 
 # Keys a resumed run may change: everything else shapes the adapter, the optimizer state or the data order,
 # which were saved with the checkpoint (the optimizer state even restores its own learning rate).
-RESUMABLE = ("train.max_steps", "eval.", "output.")
+RESUMABLE = ("eval.", "output.")
+# Keys that shape the learning-rate schedule: the steps before the checkpoint followed it, so a resumed run that
+# changed one would match neither the run it continues nor a run asked that way from the start. Only
+# train.max_steps may change, and only with --extend (which says what it does with the schedule).
+SCHEDULE = ("train.max_steps", "train.epochs", "train.learning_rate", "train.warmup_steps", "train.schedule")
 
 # What a run writes into its directory; everything else there is the user's and is never moved or written to.
 RUN_FILES = ("config.yaml", "plan.json", "train.log", "metrics.jsonl", "summary.json", "latest", "tensorboard",
@@ -33,16 +37,17 @@ def _flat(config: Config) -> dict[str, Any]:
 
 
 def prepare_run(stage: str, config_path: str | None, overrides: list[str], resume: str | None,
-                stamp: str | None = None, restart: str | None = None) -> tuple[Config, Path]:
+                stamp: str | None = None, restart: str | None = None, extend: bool = False) -> tuple[Config, Path]:
     """Load the config and settle the run directory. A resumed run reuses the config saved in its directory; only
-    train.max_steps, eval.* and output.* may be overridden. A restarted run (one that never wrote a checkpoint)
-    reuses its saved config with any overrides, and its earlier attempt's files are kept aside. A new run never
+    eval.* and output.* may be overridden, and train.max_steps with `extend` (--extend). A restarted run (one that
+    never wrote a checkpoint) reuses its saved config with any overrides, and its earlier attempt's files are kept
+    aside. A new run never
     reuses a directory that holds one, or that holds anything at all. Nothing is written here (every rank reads the
     directory before any rank changes it: see `train`); config.yaml is saved once the run has really started.
     `stamp` names a new run's default directory; every rank of a run gets rank 0's."""
     if resume:
         run_dir = Path(resume)
-        config = _resume_config(stage, resume, config_path, overrides)
+        config = _resume_config(stage, resume, config_path, overrides, extend)
     elif restart:
         run_dir = Path(restart)
         config = _restart_config(run_dir, config_path, overrides)  # its files are set aside by `train`
@@ -60,9 +65,10 @@ def prepare_run(stage: str, config_path: str | None, overrides: list[str], resum
     return config, run_dir
 
 
-def _resume_config(stage: str, resume: str, config_path: str | None, overrides: list[str]) -> Config:
-    """The saved config of the run to continue, with the overrides a resumed run may take (RESUMABLE). `resume`
-    is --resume's directory, quoted in the errors as the user wrote it."""
+def _resume_config(stage: str, resume: str, config_path: str | None, overrides: list[str],
+                   extend: bool = False) -> Config:
+    """The saved config of the run to continue, with the overrides a resumed run may take (RESUMABLE, and another
+    train.max_steps with `extend`). `resume` is --resume's directory, quoted in the errors as the user wrote it."""
     run_dir = Path(resume)
     saved = run_dir / "config.yaml"
     if not saved.is_file():
@@ -72,17 +78,42 @@ def _resume_config(stage: str, resume: str, config_path: str | None, overrides: 
     before, config = load_config(saved), load_config(saved, overrides)
     old, new = _flat(before), _flat(config)
     changed = [k for k in new if new[k] != old.get(k)]
-    frozen = [k for k in changed if k == "output.dir" or not k.startswith(RESUMABLE)]
-    if frozen:
-        raise ConfigError([f"{k}={new[k]!r} cannot change when resuming (the run used {old.get(k)!r}): the "
-                           "checkpoint's adapter, optimizer state and data order depend on it. Start a new run "
-                           "instead." for k in frozen])
+    problems = _schedule_problems(resume, [k for k in changed if k in SCHEDULE], old, new, extend)
+    problems += [f"{k}={new[k]!r} cannot change when resuming (the run used {old.get(k)!r}): the checkpoint's "
+                 "adapter, optimizer state and data order depend on it. Start a new run instead."
+                 for k in changed if k == "output.dir" or not k.startswith(RESUMABLE + SCHEDULE)]
+    if problems:
+        raise ConfigError(problems)
     if not _has_checkpoint(run_dir):
         raise ConfigError([f"--resume {resume}: the run there stopped before it wrote any checkpoint, so there "
                            f"is nothing to continue. Start it again in place with `loraflow train {stage} "
                            f"--restart {resume}` (its earlier files are kept aside), and set "
                            "output.save_every_steps so a long run leaves checkpoints."])
     return config
+
+
+def _schedule_problems(resume: str, changed: list[str], old: dict[str, Any], new: dict[str, Any],
+                       extend: bool) -> list[str]:
+    """Resuming with another schedule is refused with the ways forward; --extend allows exactly another
+    train.max_steps, usually a longer one (its schedule: Engine.sync_learning_rate, docs/reliability.md). A shorter
+    one gets the same treatment: the schedule rebuilt to end at the new length, as if it had been asked."""
+    steps = "train.max_steps"
+    if extend and changed == [steps] and new[steps] > 0:
+        return []
+    if extend and steps not in changed:
+        return [f"--extend continues {resume} to another length: add {steps}=N (the run has {old[steps]})."]
+    if extend and changed == [steps]:
+        return [f"--extend needs the new length in steps, not {steps}=0 (train.epochs): give {steps}=N."]
+    out = []
+    for key in changed:
+        extend_hint = (f"add --extend to continue to {steps}={new[steps]} on the schedule rebuilt for that "
+                       f"length (as if it had been asked from the start; docs/reliability.md), " if key == steps else
+                       "")
+        out.append(f"{key}={new[key]!r} changes the learning-rate schedule that the steps already taken followed "
+                   f"(the run used {old[key]!r}), so the resumed run would match neither this run nor one asked "
+                   f"that way from the start. Resume without changing {key} (the schedule is kept), "
+                   f"{extend_hint}or start a new run (another output.dir) with the schedule you want.")
+    return out
 
 
 def _has_checkpoint(run_dir: Path) -> bool:

@@ -21,9 +21,10 @@ log = logging.getLogger("loraflow")
 
 
 def train(stage: str, config_path: str | None, overrides: list[str], resume: str | None,
-          verbose: bool = False, restart: str | None = None) -> dict[str, Any]:
+          verbose: bool = False, restart: str | None = None, extend: bool = False) -> dict[str, Any]:
     main, stamp = join_process_group(stage, config_path, overrides, resume or restart)
-    config, run_dir = prepare_run(stage, config_path, overrides, resume, stamp, restart=restart)
+    extended_from = _saved_max_steps(resume) if extend else None
+    config, run_dir = prepare_run(stage, config_path, overrides, resume, stamp, restart=restart, extend=extend)
     wait_for_every_rank()  # every rank has read the directory before any rank writes to it
     from loraflow.checkpoints.storage import check_writable
 
@@ -36,14 +37,28 @@ def train(stage: str, config_path: str | None, overrides: list[str], resume: str
     setup_logging(run_dir, verbose, main)
     with failures_logged(run_dir):
         return _train(stage, config, run_dir, main, config_path is None and not resume and not restart and
-                      starting_config(stage, None, overrides) is not None, resume is not None)
+                      starting_config(stage, None, overrides) is not None, resume is not None, extended_from)
 
 
-def _train(stage: str, config: Config, run_dir: Path, main: bool, demo: bool, resume: bool) -> dict[str, Any]:
+def _saved_max_steps(resume: str | None) -> int | None:
+    """train.max_steps of the run --extend continues (None where there is no saved config: prepare_run says so)."""
+    from loraflow.config import load_config
+
+    saved = Path(resume or "") / "config.yaml"
+    return load_config(saved).train.max_steps if resume and saved.is_file() else None
+
+
+def _train(stage: str, config: Config, run_dir: Path, main: bool, demo: bool, resume: bool,
+           extended_from: int | None = None) -> dict[str, Any]:
     from loraflow.environment import detect_environment
     from loraflow.run.pipeline import build_run
 
     log.info("run directory: %s", run_dir)
+    if extended_from is not None:
+        log.info("--extend: train.max_steps %d -> %d; the learning-rate schedule is rebuilt for %d steps, as if they "
+                 "had been asked from the start: the steps after the checkpoint take that schedule's rates (the "
+                 "steps already taken followed the %d-step schedule)", extended_from, config.train.max_steps,
+                 config.train.max_steps, extended_from)
     if demo:
         log.info("no config and no model given: training the built-in demo (%s)", demo_config(stage))
     summary = build_run(config, detect_environment(), run_dir, resume, record=main).fit()

@@ -22,9 +22,6 @@ BLOCK = 64
 NESTED_BLOCK = 256
 """Scales per second-level fp32 scale under double quantization."""
 
-INSTALL = "pip install 'loraflow[qlora]' (bitsandbytes)"
-
-
 @dataclass(frozen=True)
 class Quantization:
     method: str
@@ -99,11 +96,15 @@ class Quantization:
 
 
 def require_bitsandbytes(method: str) -> None:
+    """The last line of defence for callers that build a quantized model without a plan from detect_environment
+    (the plan refuses first: plan/packages.py), in the plan's words."""
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
-        raise ConfigError([f"model.quantization.method={method} needs bitsandbytes, which is not installed: "
-                           f"{INSTALL}, or set model.quantization.method=none."]) from None
+        from loraflow.environment import install_line
+
+        raise ConfigError([f"model.quantization.method={method} needs bitsandbytes, which is not installed here: "
+                           f"{install_line('bitsandbytes')}, or set model.quantization.method=none."]) from None
 
 
 def is_quantized_linear(module: torch.nn.Module) -> bool:
