@@ -346,3 +346,12 @@ def test_ddp_unused_parameters_are_blamed_on_a_vision_tower_only_when_nothing_na
     moe_vlm = "model: Qwen3-VL-30B-A3B-Instruct, pixel_values shape [1, 3, 448, 448]\n" + error
     top = diagnose_log(moe_vlm)[1][0]
     assert (top.rule.id, top.confidence) == ("ddp-unused-vision-tower", "confirmed")
+
+
+def test_a_meta_tensor_copy_with_a_4bit_base_needs_zero3_too_to_be_blamed_on_zero_init():
+    """`Cannot copy out of meta tensor` follows many loads (a device_map that offloads to meta prints it too): a
+    4-bit base alone does not make it zero.Init's quantized load; with ZeRO-3 configured as well, it is likely."""
+    error = "NotImplementedError: Cannot copy out of meta tensor; no data!"
+    assert diagnose_log(f"model = from_pretrained(m, load_in_4bit=True, device_map='auto')\n{error}")[1] == []
+    top = diagnose_log(f'load_in_4bit=True\n"zero_optimization": {{"stage": 3}}\n{error}')[1][0]
+    assert (top.rule.id, top.confidence) == ("zero3-init-quantized-load", "likely")
