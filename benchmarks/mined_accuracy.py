@@ -55,31 +55,42 @@ def rule_ids() -> dict[str, str]:
     return ids
 
 
-def _launch(r: dict, versions: dict):
-    """The thread's posted launch as `explain --launch` takes it: (build, label), or None where it posted none."""
+def _posted(r: dict) -> tuple[list[str] | None, str | None, str | None]:
+    """The thread's posted launch as check takes it: (argv, None, None) for a command line, else (None, framework,
+    file) with the text written to a file - Python training code (a snippet of the reporter's script) read as `check
+    train.py` reads it, a config read as the framework the thread names (the user knows which one they ran) or, failing
+    that, the one `check FILE` reads it as by its keys. ValueError: a command line whose quotes do not balance."""
     import shlex
 
-    from loraflow.frontends import FRAMEWORKS, from_command, from_files, guess_framework_for_files
+    from loraflow.frontends import FRAMEWORKS, guess_framework_for_files
     from loraflow.frontends.script_setup import looks_like_script
 
     text = r["launch"]
-    if not text:
-        return None
     if _is_command(text):
-        joined = " ".join(line.rstrip("\\").strip() for line in text.splitlines()
-                          if line.strip() and not line.lstrip().startswith("#"))
-        try:
-            argv = shlex.split(joined)
-        except ValueError:
-            return None
-        return (lambda v: from_command(list(argv), v)), "--launch (the thread's)"
+        return shlex.split(" ".join(line.rstrip("\\").strip() for line in text.splitlines()
+                                    if line.strip() and not line.lstrip().startswith("#"))), None, None
     script = looks_like_script(text)
     suffix = ".py" if script else ".json" if text.lstrip().startswith("{") else ".yaml"
     with tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False) as f:
         f.write(text)
     name = ("python-script" if script else r["framework"] if r["framework"] in FRAMEWORKS else
             guess_framework_for_files([f.name]))
-    return ((lambda v: from_files(name, [f.name], v)), "--launch (the thread's)") if name else None
+    return None, name, f.name
+
+
+def _launch(r: dict):
+    """The thread's posted launch as `explain --launch` takes it: (build, label), or None where it posted none."""
+    from loraflow.frontends import from_command, from_files
+
+    if not r["launch"]:
+        return None
+    try:
+        argv, name, path = _posted(r)
+    except ValueError:
+        return None
+    if argv is not None:
+        return (lambda v: from_command(list(argv), v)), "--launch (the thread's)"
+    return ((lambda v: from_files(name, [path], v)), "--launch (the thread's)") if name else None
 
 
 def score_explain(records: list[dict], rules: dict[str, str], with_launch: bool = False) -> list[dict]:
@@ -92,7 +103,7 @@ def score_explain(records: list[dict], rules: dict[str, str], with_launch: bool 
                                                                            t.strip() in r["log"]))
         if not text:
             continue
-        _, candidates, _ = diagnose_log(text, _launch(r, {}) if with_launch else None)
+        _, candidates, _ = diagnose_log(text, _launch(r) if with_launch else None)
         top = candidates[0].rule.id if candidates else None
         expected = rules.get(r["family"])
         ok = top == expected if expected else top is None
@@ -120,13 +131,10 @@ def _as_of(opened: str | None) -> dict:
 def _check(r: dict, as_of: bool) -> dict:
     """`loraflow check --json` on the thread's launch: a command line as argv, anything else as a config file. The
     versions the thread states, and with `as_of` the releases of its day for the rest."""
-    import shlex
-
     from loraflow.environment import TRACKED_PACKAGES
     from loraflow.errors import LoraflowError
-    from loraflow.frontends import FRAMEWORKS, guess_framework_for_files, parse_versions, run_check
+    from loraflow.frontends import parse_versions, run_check
     from loraflow.frontends.base import release_names
-    from loraflow.frontends.script_setup import looks_like_script
 
     # The packages check tracks and the frameworks' own releases (verl 0.5.0, torchtune 0.2.1) a thread states.
     known = set(TRACKED_PACKAGES) | set(release_names())
@@ -134,23 +142,10 @@ def _check(r: dict, as_of: bool) -> dict:
                                        if k in known and (m := re.search(r"\d+(\.\d+)+", str(v)))))
     if as_of:
         versions = {**_as_of(r["opened"]), **versions}
-    text = r["launch"]
     try:
-        if _is_command(text):
-            joined = " ".join(line.rstrip("\\").strip() for line in text.splitlines()
-                              if line.strip() and not line.lstrip().startswith("#"))
-            out, _ = run_check(shlex.split(joined), None, [], dict(versions), True)
-        else:
-            # Python training code (a snippet of the reporter's script) is read as `loraflow check train.py` reads it.
-            script = looks_like_script(text)
-            suffix = ".py" if script else ".json" if text.lstrip().startswith("{") else ".yaml"
-            with tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False) as f:
-                f.write(text)
-            # A config file alone: the framework the thread names (the user knows which one they ran), else the one
-            # `loraflow check FILE` reads it as (by its keys).
-            framework = ("python-script" if script else r["framework"] if r["framework"] in FRAMEWORKS else
-                         guess_framework_for_files([f.name]))
-            out, _ = run_check(None, framework, [f.name], dict(versions), True)
+        argv, framework, path = _posted(r)
+        out, _ = (run_check(argv, None, [], dict(versions), True) if argv is not None else
+                  run_check(None, framework, [path], dict(versions), True))
         return json.loads(out)
     except (LoraflowError, ValueError) as exc:  # ValueError: shlex on an unbalanced quote
         return {"error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__, "findings": []}

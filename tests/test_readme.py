@@ -2,7 +2,8 @@
 the image-text families it names are the ones the composition sweep trains, and its quickstart parses and checks.
 
 The demo itself (`loraflow train sft`, what scripts/demo.sh runs) is trained by tests/test_demo.py, not here; these
-checks read files, parse commands and run two cheap `loraflow` subprocesses (a few seconds in all)."""
+checks read files, parse commands, run two cheap `loraflow` subprocesses and train the quickstart for two steps (a few
+seconds in all)."""
 
 from __future__ import annotations
 
@@ -178,3 +179,30 @@ def test_the_quickstart_config_checks_clean_on_the_bundled_model_and_data(tmp_pa
     out, err = capsys.readouterr()
     assert code in (0, 1), out[-2000:] + err[-2000:]
     assert "loraflow plan" in out
+
+
+def test_the_quickstart_trains_on_data_in_the_readme_s_format_and_generates(tmp_path, monkeypatch, capsys):
+    """A new user's own data: the quickstart's record (the JSON line it shows), its my.yaml and its train and generate
+    lines, run as written but on the bundled model for two steps (no download)."""
+    import json
+
+    from loraflow.commands.cli import main
+
+    quickstart = _section(README.read_text(), "Quickstart")
+    blocks = _fenced(quickstart)
+    record = json.loads(next(body for _, lang, body in blocks if lang == "json"))
+    config = next(body for _, lang, body in blocks if lang == "yaml")
+    commands = [c for _, lang, body in blocks if lang == "bash" for c in _commands(body)]
+    train = next(c for c in commands if c.startswith("loraflow train sft my.yaml"))
+    generate = next(c for c in commands if c.startswith("loraflow generate runs/my-first-run"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.yaml").write_text(config + "\n")
+    for name in ("train.jsonl", "eval.jsonl"):
+        (tmp_path / name).write_text((json.dumps(record) + "\n") * 8)
+    small = ["model.path=builtin:tiny-base", "train.max_steps=2", "train.micro_batch_size=2",
+             "train.gradient_accumulation_steps=1", "output.progress_bar=false", "output.tensorboard=false"]
+    assert main([*shlex.split(train)[1:], *small]) == 0, capsys.readouterr()
+    assert (tmp_path / "runs" / "my-first-run" / "adapter" / "adapter_config.json").is_file()
+    capsys.readouterr()
+    assert main([*shlex.split(generate)[1:], "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out.strip()

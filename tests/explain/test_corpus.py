@@ -64,8 +64,19 @@ def test_explain_accuracy_on_real_logs(explain_score):
 
 
 def test_explain_claims_nothing_on_unrelated_failures(explain_score):
-    claimed = [(m["file"], m["candidates"]) for m in explain_score["misses"] if m["decoy"]]
-    assert explain_score["decoys_clean"] == explain_score["decoys"], claimed
+    """No claim on a decoy, except where its log holds nothing that a labelled failure's log lacks: a bare famous
+    one-liner, the same text as a positive (its manifest names that positive in `indistinguishable_from`). There it
+    may get only the `possible` list the positive gets, never more; the benchmark still counts it as claimed."""
+    twins = {str(e["file"].relative_to(ROOT)): e["indistinguishable_from"] for e in scorer.explain_entries()
+             if e.get("indistinguishable_from")}
+    rows = {r["file"]: r for r in explain_score["rows"]}
+    claimed = [(m["file"], m["candidates"]) for m in explain_score["misses"] if m["decoy"] and m["file"] not in twins]
+    assert not claimed, claimed
+    for decoy, positive in twins.items():
+        got, twin = rows[decoy], rows[positive]
+        assert rows[decoy]["decoy"] and not twin["decoy"] and twin["ok"], (decoy, positive)
+        assert {level for _, level in got["candidates"]} <= {"possible"}, (decoy, got["candidates"])
+        assert [r for r, _ in got["candidates"]] == [r for r, _ in twin["candidates"]], (decoy, positive)
 
 
 def test_explain_claims_on_excerpts_without_evidence_are_right(explain_score):

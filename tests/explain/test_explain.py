@@ -324,3 +324,34 @@ def test_the_launch_given_beside_a_log_ranks_a_message_many_failures_print(tmp_p
     assert any("--launch" in reason for reason in top["evidence"])
     assert main(["explain", str(log), "--launch", str(tmp_path / "missing.sh")]) == 2
     assert "--launch" in capsys.readouterr().err
+
+
+def test_ddp_unused_parameters_are_blamed_on_a_vision_tower_only_when_nothing_names_another_module():
+    """DDP's reducer prints one message for every parameter left without gradient: a vision tower on a text-only
+    batch, but also a head the loss never reads (peft#951) or experts the router skipped (LlamaFactory#3102). A
+    reducer that names only non-vision parameters rules the vision rule out; a mixture-of-experts model keeps the
+    bare message from counting for it, while vision names in the log still confirm it."""
+    error = ("RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. "
+             "This error indicates that your module has parameters that were not used in producing loss.")
+    bare = diagnose_log(error)[1]
+    assert [(c.rule.id, c.confidence) for c in bare] == [("ddp-unused-vision-tower", "possible")]
+    head = ("Parameters which did not receive grad for rank 0: encoder.model.base_model.model.pooler.dense.lora_B."
+            "default.weight, encoder.model.base_model.model.pooler.dense.lora_A.default.weight\n" + error)
+    assert diagnose_log(head)[1] == []
+    tower = ("Parameters which did not receive grad for rank 1: base_model.model.visual.merger.mlp.0.lora_A.default."
+             "weight, base_model.model.model.layers.0.mlp.gate_proj.lora_A.default.weight\n" + error)
+    assert diagnose_log(tower)[1][0].rule.id == "ddp-unused-vision-tower"
+    moe = "--model_name_or_path /models/Qwen1.5-MoE-A2.7B-Chat --template qwen\n" + error
+    assert diagnose_log(moe)[1] == []
+    moe_vlm = "model: Qwen3-VL-30B-A3B-Instruct, pixel_values shape [1, 3, 448, 448]\n" + error
+    top = diagnose_log(moe_vlm)[1][0]
+    assert (top.rule.id, top.confidence) == ("ddp-unused-vision-tower", "confirmed")
+
+
+def test_a_meta_tensor_copy_with_a_4bit_base_needs_zero3_too_to_be_blamed_on_zero_init():
+    """`Cannot copy out of meta tensor` follows many loads (a device_map that offloads to meta prints it too): a
+    4-bit base alone does not make it zero.Init's quantized load; with ZeRO-3 configured as well, it is likely."""
+    error = "NotImplementedError: Cannot copy out of meta tensor; no data!"
+    assert diagnose_log(f"model = from_pretrained(m, load_in_4bit=True, device_map='auto')\n{error}")[1] == []
+    top = diagnose_log(f'load_in_4bit=True\n"zero_optimization": {{"stage": 3}}\n{error}')[1][0]
+    assert (top.rule.id, top.confidence) == ("zero3-init-quantized-load", "likely")

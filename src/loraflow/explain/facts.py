@@ -141,6 +141,26 @@ def _image_tokens(log: LogView, facts: Facts) -> None:
             facts.add("image-tokens:cut" if text < features else "image-tokens:other", (i, line.strip()[:240]))
 
 
+# DDP's reducer, with TORCH_DISTRIBUTED_DEBUG=INFO or DETAIL, names the parameters that got no gradient:
+# `Parameters which did not receive grad for rank 0: a.b.weight, c.d.weight`. A name part of a vision encoder or
+# its projector, as the image-text families name them (LLaVA vision_tower/mm_projector/multi_modal_projector, Qwen-VL
+# visual/merger, InternVL vision_model/mlp1, MiniCPM-V vpm/resampler, Idefics connector/perceiver, BLIP qformer).
+_UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank \d+:\s*(.+)", re.IGNORECASE)
+_VISION_PART = re.compile(r"(?:^|[._])(?:visual|vision\w*|vit|merger|\w*projector|mm_\w+|multi_modal\w*|resampler|vpm|"
+                          r"img\w*|image\w*|patch_embed\w*|siglip\w*|clip\w*|mlp1|connector|perceiver\w*|qformer|"
+                          r"query_tokens|aligner)(?=[._]|$)", re.IGNORECASE)
+
+
+def _unused_parameters(log: LogView, facts: Facts) -> None:
+    for i, line in enumerate(log.lines, 1):
+        found = _UNUSED_NAMES.search(line)
+        if not found:
+            continue
+        names = [n.strip() for n in found.group(1).split(",") if n.strip()]
+        if names and not any(_VISION_PART.search(n) for n in names):
+            facts.add("ddp:unused-not-vision", (i, line.strip()[:240]))
+
+
 def read_facts(log: LogView) -> Facts:
     facts = Facts()
     for name, rx in COMPILED_FACTS.items():
@@ -156,6 +176,7 @@ def read_facts(log: LogView) -> Facts:
                 map(int, sizes.groups())) > 0:
             facts.add("mismatch:doubled", (i, line.strip()[:240]))
     _image_tokens(log, facts)
+    _unused_parameters(log, facts)
     if log.truncated:
         facts.add("truncated")
     _launch_lines(log, facts)

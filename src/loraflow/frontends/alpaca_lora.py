@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loraflow.errors import LoraflowError
 from loraflow.frontends import hf, script_setup
-from loraflow.frontends.argv import Command, command_from_script, parse_flags, split_command
+from loraflow.frontends.argv import Command, parse_flags, script_command
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, finish_world, one_process_ddp
 from loraflow.frontends.hf_options import Opt
@@ -97,10 +96,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:
     """alpaca-lora is configured by flags only: the launch line of a script (`python finetune.py ...`)."""
-    if len(paths) != 1:
-        raise LoraflowError("--framework alpaca-lora takes one launch script holding `python finetune.py ...`, or "
-                            "give the command after `--`.")
-    return from_command(split_command(command_from_script(paths[0])), versions)
+    return from_command(script_command(paths, NAME, "python finetune.py ..."), versions)
 
 
 def _recognise(view) -> bool:

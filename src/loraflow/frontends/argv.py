@@ -421,6 +421,15 @@ def _unset(m: re.Match) -> str:
     return f"${name}"
 
 
+def script_command(paths: list[str], framework: str, example: str) -> Command:
+    """The launch line of the one training script a flags-only framework is given as files (`check --framework NAME
+    run.sh`); `example` shows the line it holds."""
+    if len(paths) != 1:
+        raise LoraflowError(f"--framework {framework} takes one launch script holding `{example}`, or give the "
+                            "command after `--`.")
+    return split_command(command_from_script(paths[0]))
+
+
 def command_from_script(path: str) -> list[str]:
     """The launch line of a shell script: line continuations joined, simple `VAR=value` assignments expanded
     (the last assignment wins, so `if [ -z "$X" ]; then X=3; fi` style defaults come through), redirections dropped.

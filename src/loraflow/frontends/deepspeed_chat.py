@@ -12,15 +12,8 @@ from __future__ import annotations
 
 import re
 
-from loraflow.errors import LoraflowError
 from loraflow.frontends import keys
-from loraflow.frontends.argv import (
-    Command,
-    command_from_script,
-    parse_bool,
-    parse_flags,
-    split_command,
-)
+from loraflow.frontends.argv import Command, parse_bool, parse_flags, script_command
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.common import Draft, at_least, finish_world, int_value, mitigated, model_name_facts
 from loraflow.frontends.table import (
@@ -226,10 +219,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:
     """DeepSpeed-Chat is configured by flags only: read the launch line of a training script."""
-    if len(paths) != 1:
-        raise LoraflowError("--framework deepspeed-chat takes one training script (e.g. training_scripts/llama2/"
-                            "run_llama2_7b_lora.sh), or give the command after `--`.")
-    cmd = split_command(command_from_script(paths[0]))
+    cmd = script_command(paths, NAME, "deepspeed main.py ... (e.g. training_scripts/llama2/run_llama2_7b_lora.sh)")
     if "/" not in cmd.program and any(part in paths[0] for part in _DIRS):
         # Scripts run `deepspeed main.py` from their step directory; keep which step it is.
         cmd.program = next(f"{part}/main.py" for part in _DIRS if part in paths[0])

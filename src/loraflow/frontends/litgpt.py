@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends.argv import Command, command_from_script, parse_flags, resolve_path, split_command
+from loraflow.frontends.argv import Command, parse_flags, resolve_path, script_command
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, finish_world, load_mapping, model_name_facts
 
@@ -174,10 +174,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:
     """A launch script holding the `litgpt finetune_*` or `python finetune/*.py` line."""
-    if len(paths) != 1:
-        raise LoraflowError("--framework litgpt takes one launch script holding `litgpt finetune_lora ...`, or give "
-                            "the command after `--`.")
-    return from_command(split_command(command_from_script(paths[0])), versions)
+    return from_command(script_command(paths, NAME, "litgpt finetune_lora ..."), versions)
 
 
 def _recognise(view) -> bool:

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import re
 
-from loraflow.errors import LoraflowError
 from loraflow.frontends import hf
-from loraflow.frontends.argv import Command, command_from_script, split_command
+from loraflow.frontends.argv import Command, script_command
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, one_process_ddp
 from loraflow.frontends.hf_options import Opt, options_from_args
@@ -108,10 +107,7 @@ def _half_cast(draft: Draft, opts: dict[str, Opt], lora: bool, bits: int) -> Non
 
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:
-    if len(paths) != 1:
-        raise LoraflowError("--framework llava takes one launch script holding `deepspeed llava/train/train_mem.py "
-                            "...`, or give the command after `--`.")
-    return from_command(split_command(command_from_script(paths[0])), versions)
+    return from_command(script_command(paths, NAME, "deepspeed llava/train/train_mem.py ..."), versions)
 
 
 def _recognise(view) -> bool:

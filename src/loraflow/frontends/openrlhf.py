@@ -10,14 +10,9 @@ from __future__ import annotations
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import keys
-from loraflow.frontends.argv import (
-    Command,
-    command_from_script,
-    parse_flags,
-    split_command,
-)
+from loraflow.frontends.argv import Command, parse_flags, script_command
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
-from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, int_value, mitigated, model_name_facts
+from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, mitigated, model_name_facts
 from loraflow.frontends.kbit_facts import MOVE_4BIT_SINCE, move_refused
 from loraflow.frontends.table import (
     Default,
@@ -370,10 +365,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:
     """OpenRLHF has no config file of its own: read the launch line of a training script (.sh)."""
-    if len(paths) != 1:
-        raise LoraflowError("--framework openrlhf takes one training script (.sh) holding the launch command, or "
-                            "give the command itself after `--`.")
-    return from_command(split_command(command_from_script(paths[0])), versions)
+    return from_command(script_command(paths, NAME, "deepspeed --module openrlhf.cli.train_sft ..."), versions)
 
 
 def _recognise(view) -> bool:

@@ -122,7 +122,9 @@ register(Rule(
                           "placeholder while the quantizer loads"),
                   Message(r"Cannot copy out of meta tensor; no data!", "generic",
                           "a quantized sub-model built on meta under zero.Init, then moved")),
-        evidence=(Evidence("quant4bit", 3, "a bitsandbytes-quantized model is loaded", decisive=True),
+        # Neither fact decides alone: a 4-bit model whose device_map offloads weights meets meta tensors too, and
+        # ZeRO-3 leaves [0] placeholders for PEFT to read (zero3-init-adapter-read); both together point here.
+        evidence=(Evidence("quant4bit", 2, "a bitsandbytes-quantized model is loaded"),
                   Evidence("zero3", 2, "ZeRO-3 is configured")),
         prior=1.0,
         tells_apart="a full-size checkpoint weight set into a [0] placeholder while a quantized model loads with "

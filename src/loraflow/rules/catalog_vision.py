@@ -89,7 +89,11 @@ register(Rule(
         evidence=(Evidence("vision", 4, "a vision tower is in the model: its weights miss the loss on text-only "
                            "batches", decisive=True),
                   Evidence("vlm_config", 2, "an image-text model's config is named"),
-                  Evidence("checkpointing", -1, "checkpointing is in use (reentrant recompute is another cause)")),
+                  Evidence("checkpointing", -1, "checkpointing is in use (reentrant recompute is another cause)"),
+                  Evidence("moe", -2, "a mixture-of-experts model: experts the router sends no token to get no "
+                           "gradient under DDP (another cause)"),
+                  Evidence("ddp:unused-not-vision", -8, "the reducer names the parameters without gradient, and none "
+                           "is in a vision encoder or projector", excludes=True)),
         prior=1.0,
         tells_apart="the unused parameters belong to the vision encoder or projector (names with visual, "
                     "vision_tower, merger), in an image-text run with text-only samples"),

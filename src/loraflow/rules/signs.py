@@ -127,6 +127,10 @@ FACTS: dict[str, tuple[str, str]] = {
                r"\bmm_projector\b|\bVL\b|-VL-|llava", "a vision tower is in the model (a vision-language run)"),
     "vlm_config": (r"\w*(VL|Vision\w*|Llava\w*|Idefics\d?|PaliGemma|Mllama|MiniCPMV|InternVL\w*|Gemma3)Config\b",
                    "an image-text model's config class is named"),
+    # A mixture-of-experts model: the router sends a step's tokens to some experts only, so the others (and their
+    # adapters) get no gradient on that step. Names of MoE families and configs, and expert parameter names.
+    "moe": (r"\bMoE\b|Mixtral|\bOLMoE|\bDBRX\b|\d+B-A\d+(\.\d+)?B\b|num_(local_)?experts|\bexperts\.\d+\.|"
+            r"sparse_moe|router_aux_loss|output_router_logits", "a mixture-of-experts model is trained"),
     "causal_lm_load": (r"AutoModelForCausalLM\.from_pretrained", "a model is loaded through AutoModelForCausalLM"),
     "rank_sizes_differ": (r"NumelIn=(\d+)\b[\s\S]{0,600}?NumelIn=(?!\1\b)\d+", "ranks timed out in collectives of "
                           "different sizes (they ran different modules)"),
@@ -224,6 +228,8 @@ STRUCTURED_FACTS: dict[str, str] = {
     "flatten:half-and-float": "FSDP was asked to flatten a half-precision tensor beside a float32 one",
     "flatten:other": "FSDP was asked to flatten tensors of other mixed dtypes",
     "truncated": "the log stops inside a traceback, before the error line",
+    "ddp:unused-not-vision": "DDP's reducer names the parameters that got no gradient, and none of them belongs to a "
+                             "vision encoder or projector",
     "image-tokens:cut": "the text holds fewer image placeholder tokens than the image has features: the sequence was "
                         "cut inside an image's tokens",
     "image-tokens:other": "the text holds more image placeholder tokens than there are image features (a data or "
