@@ -154,8 +154,7 @@ def test_a_file_reward_trains_a_grpo_step(tmp_path, monkeypatch):
 # script, whose sys.path[0] is the venv's bin directory (`python -m` would have put the working directory there).
 def test_a_module_in_the_working_directory_is_found_by_the_console_script(tmp_path):
     script = Path(sys.executable).parent / "loraflow"
-    if not script.is_file():
-        pytest.skip(f"no `loraflow` console script beside {sys.executable}")
+    assert script.is_file(), f"no `loraflow` console script beside {sys.executable}: pip install -e . installs it"
     write(tmp_path / "myrewards.py", """\
         import json
         def letters(completions, **kwargs):  # any score that differs between completions, so GRPO has a gradient

@@ -166,6 +166,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         read_log,
         render,
     )
+    from loraflow.frontends import launch_builder
 
     if args.list:
         print(list_signatures())
@@ -173,31 +174,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if not args.log:
         raise LoraflowError("explain: pass a log file, or `-` to read the log from stdin (or --list).")
     text = read_log(args.log)
-    launch = _launch(args.launch, args.framework) if args.launch else None
+    launch = launch_builder(args.launch, args.framework) if args.launch else None
     log, candidates, framework = diagnose_log(text, launch)
     if args.json:
         print(json.dumps(as_dict(candidates, framework, log.versions, log, args.log), indent=2))
     else:
         print(render(candidates, framework, log.versions, log, args.log))
     return 0 if explained(log, candidates) else 1
-
-
-def _launch(path: str, name: str | None) -> tuple:
-    """`explain --launch FILE`: the run's launch script or config, built as `check` builds it (with the versions the
-    log prints), so the conflicts it sets up rank the log's candidate causes."""
-    from loraflow.frontends import from_command, from_files, guess_framework_for_files
-    from loraflow.frontends.argv import command_from_script
-
-    if not Path(path).is_file():
-        raise LoraflowError(f"--launch {path}: no such file; give the run's launch script (.sh) or its config file.")
-    if name is None and path.endswith((".sh", ".bash")):
-        argv = command_from_script(path)
-        return (lambda v: from_command(list(argv), v)), f"--launch {path}"
-    name = name or guess_framework_for_files([path])
-    if name is None:
-        raise LoraflowError(f"--launch {path}: cannot tell which framework this config belongs to; name it with "
-                            "--framework NAME (see `loraflow check --help`).")
-    return (lambda v: from_files(name, [path], v)), f"--launch {path} ({name})"
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

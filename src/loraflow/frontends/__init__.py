@@ -142,6 +142,26 @@ def from_files(name: str, paths: list[str], versions: dict) -> FrontendResult:
     return module.from_files(list(paths), versions)
 
 
+def launch_builder(path: str, name: str | None) -> tuple:
+    """`explain --launch FILE [--framework NAME]`: the run's launch script or config as `check` builds it - (a
+    function of the versions to its FrontendResult, a label for the evidence it gives)."""
+    from pathlib import Path
+
+    from loraflow.errors import LoraflowError
+    from loraflow.frontends.argv import command_from_script
+
+    if not Path(path).is_file():
+        raise LoraflowError(f"--launch {path}: no such file; give the run's launch script (.sh) or its config file.")
+    if name is None and path.endswith((".sh", ".bash")):
+        argv = command_from_script(path)
+        return (lambda v: from_command(list(argv), v)), f"--launch {path}"
+    name = name or guess_framework_for_files([path])
+    if name is None:
+        raise LoraflowError(f"--launch {path}: cannot tell which framework this config belongs to; name it with "
+                            "--framework NAME (see `loraflow check --help`).")
+    return (lambda v: from_files(name, [path], v)), f"--launch {path} ({name})"
+
+
 def run_check(argv: list[str] | None, name: str | None, files: list[str], versions: dict,
               as_json: bool, data: str | None = None) -> tuple[str, int]:
     """Build the setup from a command line or files, evaluate the rules as they stand (nothing is fixed: loraflow
