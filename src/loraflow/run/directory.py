@@ -41,10 +41,9 @@ def prepare_run(stage: str, config_path: str | None, overrides: list[str], resum
     """Load the config and settle the run directory. A resumed run reuses the config saved in its directory; only
     eval.* and output.* may be overridden, and train.max_steps with `extend` (--extend). A restarted run (one that
     never wrote a checkpoint) reuses its saved config with any overrides, and its earlier attempt's files are kept
-    aside. A new run never
-    reuses a directory that holds one, or that holds anything at all. Nothing is written here (every rank reads the
-    directory before any rank changes it: see `train`); config.yaml is saved once the run has really started.
-    `stamp` names a new run's default directory; every rank of a run gets rank 0's."""
+    aside. A new run never reuses a directory that holds one, or that holds anything at all. Nothing is written
+    here (every rank reads the directory before any rank changes it: see `train`); config.yaml is saved once the
+    run has really started. `stamp` names a new run's default directory; every rank of a run gets rank 0's."""
     if resume:
         run_dir = Path(resume)
         config = _resume_config(stage, resume, config_path, overrides, extend)
