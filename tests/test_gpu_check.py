@@ -101,6 +101,15 @@ def test_without_vllm_the_rollout_step_says_it_could_not_and_fails_nothing(monke
     assert record["status"] == "unavailable" and "not run" in record["headline"]
 
 
+def test_the_headline_judges_the_worst_cell_by_its_own_bound():
+    """A 4-bit base's bf16 cell has a looser bound (0.3) than the others (0.15): the H200 run of 2026-11-27 printed
+    "2.0e-01 (<= 0.15)" for a passing cell, which read as a failure."""
+    rows = [{"cell": "lora/off/bf16-mixed/single", "verdict": "pass", "grad_error": 0.065, "limits": {"grad": 0.15}},
+            {"cell": "lora/off/bf16-mixed/single/nf4", "verdict": "pass", "grad_error": 0.2, "limits": {"grad": 0.3}}]
+    line = device_grads.headline(rows)
+    assert "2/2 cells pass" in line and "2.0e-01 (<= 0.3, lora/off/bf16-mixed/single/nf4)" in line
+
+
 def test_the_oldest_declared_transformers_and_peft_pass_the_rehearsal(floor_stack):
     proc, summary = floor_stack
     env = summary["steps"]["env"]["figures"]["loraflow_version"]
