@@ -74,7 +74,7 @@ def parse_versions(text: str, releases: tuple[str, ...] = (), aliases: dict[str,
         if not sep or name not in known:
             raise LoraflowError(f"--versions: `{item}` is not PACKAGE=VERSION with PACKAGE one of {', '.join(known)} "
                                 f"(e.g. --versions deepspeed=0.15.3,torch=2.5.1,trl=0.12.2).")
-        raw = raw.strip().lstrip("v").split("+")[0]
+        raw = raw.strip().lstrip("=").strip().lstrip("v").split("+")[0]  # `pkg==1.2` as pip writes it reads too
         date = re.fullmatch(r"(\d{4})-(\d{1,2})-(\d{1,2})", raw)
         try:
             out[name] = Version(".".join(str(int(g)) for g in date.groups()) if date else raw)

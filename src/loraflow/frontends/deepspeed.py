@@ -166,7 +166,7 @@ def read(ref: str | dict, flag: str, bases: tuple = (), names: dict | None = Non
     each of `bases`), a name in `names` (ms-swift), or a well-known shipped file name. Anything else is an error.
     `draft`: given where DeepSpeed itself loads the file (a config alone), which reads it as DeepSpeed does."""
     if isinstance(ref, dict):
-        return DeepSpeedConfig(ref, f"{flag} (inline)")
+        return DeepSpeedConfig(ref, flag if ".py:" in flag else f"{flag} (inline)")  # a script's line names itself
     if not isinstance(ref, str):
         raise LoraflowError(f"{flag}: `{ref}` is not a DeepSpeed config; expected the path of its JSON file (or a "
                             f"mapping of its keys).")

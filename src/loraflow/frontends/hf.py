@@ -28,6 +28,8 @@ from loraflow.frontends.argv import (
     split_command,
 )
 from loraflow.frontends.base import Framework, FrontendResult
+from loraflow.frontends import lightning
+from loraflow.frontends.script_facts import is_model
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
 from loraflow.frontends.common import (
     Draft,
@@ -84,7 +86,10 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
             except ValueError as exc:
                 raise LoraflowError(f"{opts['deepspeed'].source if 'deepspeed' in opts else 'deepspeed_config_file'}: "
                                     f"inline DeepSpeed config is not valid JSON ({exc}).") from None
-        ds = deepspeed.read(ds_ref, "--deepspeed" if "deepspeed" in opts else "deepspeed_config_file", tuple(bases))
+        flag = "--deepspeed" if "deepspeed" in opts else "deepspeed_config_file"
+        if isinstance(ds_ref, dict) and "deepspeed" in opts and ".py:" in opts["deepspeed"].source:
+            flag = opts["deepspeed"].source  # a config built in a script's code: name that line
+        ds = deepspeed.read(ds_ref, flag, tuple(bases))
         info["ds"], info["ds_label"] = deepspeed.apply(draft, ds), ds.label
     fsdp = opts.get("fsdp")
     if fsdp is not None and fsdp.value not in (None, "", False, []):
@@ -423,10 +428,18 @@ def apply_script(draft: Draft, script: script_setup.Script, cmd: Command | None,
     what only code shows), with its launch line's flags, if any, over the code."""
     stage, trainer = script_setup.stage(script, fallback)
     apply(draft, script_setup.options(draft, script, flags), script.facts.trl or trl, stage, cmd, bases, trainer)
+    if script.facts.lightning is not None:  # Lightning's loop, not the HF Trainer's, decides these
+        saves = [c for c in script.code.calls if c.name == "save_pretrained" and is_model(c, script.code)]
+        lightning.apply(draft, script.facts, saves)
+        if cmd is not None and cmd.launcher == "python":  # Lightning starts its devices' processes itself
+            cmd.world_size = None
     script_setup.code_only(draft, script, whole=cmd is not None or script.whole)
-    one_process_ddp(draft, cmd)
+    if script.facts.lightning is None:
+        one_process_ddp(draft, cmd)
     finish_world(draft, cmd)
     script_setup.finish(draft, script)
+    if script.facts.lightning is not None:
+        draft.flags.update(lightning.FLAGS)
 
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:

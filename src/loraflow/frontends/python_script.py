@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import hf
+from loraflow.frontends import hf, lightning
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import Command
 from loraflow.frontends.base import Framework, FrontendResult
@@ -47,6 +47,8 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
         draft.note(f"{script.facts.parser}: the script takes its arguments from the command line; check its launch "
                    f"line to read them too (`loraflow check -- python {script.path.name} --flags...`)")
     draft.flags.update(FLAGS)
+    if script.facts.lightning is not None:  # Lightning's Trainer arguments, not TrainingArguments, are the fixes
+        draft.flags.update(lightning.FLAGS)
     return draft.result()
 
 

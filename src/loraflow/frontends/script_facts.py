@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraflow.frontends import lightning
 from loraflow.frontends.hf_options import HANDLED, Opt, trainer_from_name
 from loraflow.frontends.trl import MARKERS
 from loraflow.frontends.script_code import PARSERS, Call, Code, FromFlag, Parsed, Unread
@@ -81,6 +82,8 @@ class Facts:
     unknown: list[str] = field(default_factory=list)
     late: dict[str, Opt] = field(default_factory=dict)
     """Attributes set on the training arguments after they are built or parsed: they override flags too."""
+    lightning: Call | None = None
+    """Lightning's Trainer or Fabric, when it runs the loop (lightning.py reads its arguments)."""
     state_dict_patch: str = ""
     """Where the code replaces a model's state_dict with PEFT's adapter state dict (alpaca-lora's finetune.py)."""
 
@@ -91,6 +94,8 @@ def kind(call: Call, code: Code) -> str:
     if name in TRAINING_ARGS or (name.endswith("Config") and trainer_from_name(snake(name))
                                  and name not in ADAPTER_CONFIGS):
         return "args"
+    if lightning.is_loop(call, code):
+        return "lightning"
     if _trainer_class(name, code):
         return "trainer"
     if name == "from_pretrained":
@@ -123,8 +128,9 @@ def _method_kind(call: Call, code: Code) -> str:
     if name in ("to", *_CASTS, *_MOVES) and is_model(call, code):
         return "place"
     owner = call.owner_name.rsplit(".", 1)[-1].lower()
-    if (name == "train" and ("trainer" in owner or (isinstance(call.owner, Call) and kind(call.owner, code) ==
-                                                    "trainer"))) or (name == "step" and "optim" in owner):
+    loop = isinstance(call.owner, Call) and kind(call.owner, code) in ("trainer", "lightning")
+    if (name == "train" and ("trainer" in owner or loop)) or (name == "step" and "optim" in owner) or \
+            (name == "fit" and ("trainer" in owner or loop)):
         return "trains"
     if name == "train":  # model.train(): the mode switch
         return "harmless"
@@ -234,6 +240,14 @@ def _trainer(facts: Facts, call: Call, code: Code) -> None:
         facts.opts.setdefault("model_name_or_path", Opt(model, call.at("model"), True))
     if key == "reward" and isinstance(model, str):
         facts.seqcls = facts.seqcls or call
+
+
+def _lightning(facts: Facts, call: Call, code: Code) -> None:
+    if facts.lightning is not None:  # a second Trainer (to test or predict) trains nothing new
+        return
+    facts.lightning = call
+    facts.trains = facts.trains or call.at()
+    facts.opts.update(lightning.options(call))
 
 
 def _bnb(facts: Facts, call: Call, code: Code) -> None:
@@ -428,7 +442,7 @@ def _parser(facts: Facts, call: Call, code: Code) -> None:
     facts.parser = facts.parser or call.at()
 
 
-_HANDLERS = {"args": _args, "trainer": _trainer, "bnb": _bnb, "load": _load, "unsloth_load": _unsloth_load,
+_HANDLERS = {"args": _args, "trainer": _trainer, "lightning": _lightning, "bnb": _bnb, "load": _load, "unsloth_load": _unsloth_load,
              "adapter_config": _adapter_config, "wrap": _wrap, "unsloth_wrap": _unsloth_wrap, "kbit_prep": _kbit_prep,
              "gc": _gc, "hook": _hook, "accelerator": _accelerator, "ds_plugin": _ds_plugin, "ds_init": _ds_init,
              "place": _place, "merge": _simple("merges"), "peft_load": _peft_load,

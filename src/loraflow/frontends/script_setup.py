@@ -170,6 +170,9 @@ def stage(script: Script, fallback) -> tuple[tuple[str, str], str]:
                                              "head)"), "reward"
     if facts.trainer is not None:
         return (trl_rel.TRAINERS["sft"], f"{facts.trainer.at()} (transformers' Trainer on a causal LM)"), "sft"
+    if facts.lightning is not None:
+        return (trl_rel.TRAINERS["sft"], f"{facts.lightning.at()} (Lightning runs the LightningModule's "
+                                         "training_step)"), "sft"
     return fallback or ((trl_rel.TRAINERS["sft"], "assumed (the script shows no trainer)"), "sft")
 
 
