@@ -40,6 +40,8 @@ def test_changing_the_schedule_on_resume_is_refused_with_the_ways_forward(tiny_m
     with pytest.raises(ConfigError) as refused:  # --extend lengthens; it changes no other part of the schedule
         train("sft", None, ["train.max_steps=4", "train.warmup_steps=2"], str(run), extend=True)
     assert [p.split("=")[0] for p in refused.value.problems] == ["train.max_steps", "train.warmup_steps"]
+    with pytest.raises(ConfigError, match="already has a checkpoint at step 2, so nothing would be trained"):
+        train("sft", None, ["train.max_steps=1"], str(run), extend=True)  # shorter than the steps already taken
     assert main(["train", "sft", "--extend", "train.max_steps=4"]) == 2  # --extend without --resume
     assert [r["step"] for r in read_metrics(run, "train")] == [1, 2]  # nothing ran
 

@@ -78,6 +78,7 @@ def _resume_config(stage: str, resume: str, config_path: str | None, overrides: 
     old, new = _flat(before), _flat(config)
     changed = [k for k in new if new[k] != old.get(k)]
     problems = _schedule_problems(resume, [k for k in changed if k in SCHEDULE], old, new, extend)
+    problems += _extend_past_checkpoint(run_dir, resume, new, extend)
     problems += [f"{k}={new[k]!r} cannot change when resuming (the run used {old.get(k)!r}): the checkpoint's "
                  "adapter, optimizer state and data order depend on it. Start a new run instead."
                  for k in changed if k == "output.dir" or not k.startswith(RESUMABLE + SCHEDULE)]
@@ -113,6 +114,21 @@ def _schedule_problems(resume: str, changed: list[str], old: dict[str, Any], new
                    f"that way from the start. Resume without changing {key} (the schedule is kept), "
                    f"{extend_hint}or start a new run (another output.dir) with the schedule you want.")
     return out
+
+
+def _extend_past_checkpoint(run_dir: Path, resume: str, new: dict[str, Any], extend: bool) -> list[str]:
+    """--extend to a length the run has already reached would train nothing (or stop at once, past its end): the
+    new train.max_steps must lie beyond the newest checkpoint's step."""
+    from loraflow.checkpoints.store import complete_checkpoints
+
+    steps = new.get("train.max_steps", 0)
+    found = complete_checkpoints(run_dir) if extend and steps > 0 else []
+    taken = int(found[-1].name.removeprefix("step-")) if found else 0
+    if steps > taken:
+        return []
+    return [f"--extend to train.max_steps={steps}: {resume} already has a checkpoint at step {taken}, so nothing "
+            f"would be trained. Give a length beyond it (train.max_steps={taken + 1} or more), or resume without "
+            "--extend."]
 
 
 def _has_checkpoint(run_dir: Path) -> bool:
