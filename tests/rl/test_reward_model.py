@@ -117,3 +117,32 @@ def test_reward_models_that_cannot_give_one_score_are_refused(tmp_path):
     decision = next(d for d in plan.decisions if d.key == "reward_model")
     assert "loraflow" in decision.value and "policy's tokenizer" in decision.reason
     assert plan.reward_model.kind == "loraflow"
+
+
+def test_rows_longer_than_the_reward_model_reads_keep_their_end(tmp_path, caplog):
+    """A reward model with a stated limit (model_max_length 12 here; DeBERTa's 512, GPT-2's 1024 in the wild) is
+    given at most that many tokens: the last ones, which its head scores, with one warning naming the keys."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    rm = reward_model_dir(tmp_path / "rm")
+    own = AutoTokenizer.from_pretrained(rm)
+    own.model_max_length = 12
+    own.save_pretrained(rm)
+    plan = resolve(load_config(str(demo_config("grpo")), ["stage=grpo", f"rl.reward_model={rm}"]),
+                   detect_environment())
+    policy = AutoTokenizer.from_pretrained(ASSETS / "tiny-base")
+    scorer = load_reward_model(plan, policy)
+    assert scorer.limit == 12
+    text = " cba, and that is all."
+    sampled = SimpleNamespace(prompts=[PLAIN, "ab"], completion_ids=[policy(text)["input_ids"], policy("c")[
+        "input_ids"]], texts=[text, "c"])
+    with caplog.at_level("WARNING", logger="loraflow"):
+        batch = scorer.batch(sampled)
+    whole = scorer.encode(PLAIN, sampled.completion_ids[0], text)
+    assert len(whole) > 12 and batch["input_ids"][0].tolist() == whole[-12:]
+    assert batch["attention_mask"][1].sum() == len(scorer.encode("ab", sampled.completion_ids[1], "c"))
+    assert scorer.cut == 1 and "rl.reward_model" in caplog.text
+    assert "data.max_length or rl.max_new_tokens" in caplog.text
+    assert torch.isfinite(scorer.score(sampled)).all()

@@ -14,6 +14,7 @@ below do what it says.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from loraflow.stagespec import REWARD_SCORING
 
 MANIFEST = REWARD_MODEL_MANIFEST
 KEY = "rl.reward_model"
+log = logging.getLogger("loraflow")
 
 
 class RewardModel:
@@ -50,6 +52,9 @@ class TextRewardModel:
     def __init__(self, model: torch.nn.Module, tokenizer, policy_tokenizer, plan):
         self.model, self.tokenizer, self.policy_tokenizer, self.plan = model, tokenizer, policy_tokenizer, plan
         self.chat_template = getattr(tokenizer, "chat_template", None)
+        self.limit = max_length(model, tokenizer)
+        self.cut = 0
+        """Rows cut to `limit` so far (said once in the log, then counted)."""
 
     def encode(self, prompt: Any, completion_ids: list[int], text: str) -> list[int]:
         """The reward model's token ids of one prompt + completion (as plan/rewards.py words it)."""
@@ -63,16 +68,44 @@ class TextRewardModel:
 
     def batch(self, sampled) -> dict[str, torch.Tensor]:
         ids = [self.encode(p, c, t) for p, c, t in zip(sampled.prompts, sampled.completion_ids, sampled.texts)]
+        ids = [self.fit(row) for row in ids]
         width = max(len(row) for row in ids)
         pad = self.tokenizer.pad_token_id
         input_ids = torch.tensor([row + [pad] * (width - len(row)) for row in ids])
         mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids])
         return {"input_ids": input_ids.to(self.plan.device), "attention_mask": mask.to(self.plan.device)}
 
+    def fit(self, row: list[int]) -> list[int]:
+        """A row longer than the reward model reads (a model with learned positions fails on it with an index
+        error deep in its embeddings) keeps its last `limit` tokens: the head scores the last token, so the
+        completion is kept whole and the prompt's start goes."""
+        if self.limit is None or len(row) <= self.limit:
+            return row
+        if not self.cut:
+            log.warning("%s: a prompt + completion of %d tokens is longer than the %d the reward model reads; such "
+                        "rows keep their last %d tokens (the prompt's start is cut). Shorten data.max_length or "
+                        "rl.max_new_tokens to score whole texts.", KEY, len(row), self.limit, self.limit)
+        self.cut += 1
+        return row[-self.limit:]
+
     def score(self, sampled) -> torch.Tensor:
         batch = self.batch(sampled)
         with phase(REWARD_SCORING, self.model), autocast(self.plan.device, self.plan.autocast_dtype):
             return self.model(**batch).logits[:, 0].float()
+
+
+def max_length(model: torch.nn.Module, tokenizer) -> int | None:
+    """The longest input the reward model reads: its tokenizer's model_max_length where the checkpoint sets one
+    (transformers leaves a huge placeholder otherwise), else the learned position table's size (GPT-2's n_positions,
+    BERT-style max_position_embeddings with absolute positions); None for rotary models without a stated limit."""
+    stated = getattr(tokenizer, "model_max_length", None)
+    if isinstance(stated, int) and 0 < stated < 1_000_000:
+        return stated
+    config = model.config.get_text_config()
+    learned = getattr(config, "n_positions", None)
+    if learned is None and getattr(config, "position_embedding_type", None) == "absolute":
+        learned = getattr(config, "max_position_embeddings", None)
+    return learned if isinstance(learned, int) and learned > 0 else None
 
 
 def load_reward_model(plan, tokenizer, chat_prompts: bool = False) -> RewardModel | TextRewardModel:
