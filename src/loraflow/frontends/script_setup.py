@@ -118,7 +118,7 @@ def live(draft: Draft, script: Script, flags: dict[str, Opt]) -> Script:
             if isinstance(value, bool) or (isinstance(value, str) and opt is not None):
                 try:
                     if as_bool(value, where) != wanted:
-                        off.setdefault(name, where)
+                        off.setdefault(name, f"it needs {name} {'on' if wanted else 'off'}; {where}")
                         return False
                 except LoraflowError:
                     continue
