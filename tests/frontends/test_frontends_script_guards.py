@@ -37,6 +37,10 @@ SCRIPT = textwrap.dedent('''
             model = get_peft_model(model, config)
             if training_args.gradient_checkpointing:
                 model.enable_input_require_grads()
+                if training_args.vision_lora:
+                    training_args.gradient_checkpointing_kwargs = {"use_reentrant": False}
+                else:
+                    training_args.gradient_checkpointing_kwargs = {"use_reentrant": True}
         trainer = transformers.Trainer(model=model, args=training_args)
         trainer.train()
 
@@ -61,7 +65,11 @@ def test_a_flag_left_at_its_default_turns_off_what_its_if_guards(tmp_path, monke
     assert any("use_lora" in n and "defaults to False" in n for n in full.notes)
     lora = from_command(shlex.split("torchrun --nproc_per_node 2 finetune.py --output_dir o --bf16 True --use_lora "
                                     "--gradient_checkpointing True"), VERSIONS)
-    assert (lora.setup.adapter, lora.setup.input_grad_hook) == ("lora", True)
+    assert (lora.setup.adapter, lora.setup.input_grad_hook, lora.setup.reentrant) == ("lora", True, True)
+    # An attribute set under an `if` follows its flag too (Qwen2-VL-Finetune's train_sft.py after 6695161).
+    vision = from_command(shlex.split("torchrun --nproc_per_node 2 finetune.py --output_dir o --use_lora "
+                                      "--gradient_checkpointing True --vision_lora True"), VERSIONS)
+    assert vision.setup.reentrant is False
 
 
 def test_a_name_both_branches_assign_differently_is_not_the_later_one():

@@ -108,6 +108,8 @@ class Code:
     called: set[str] = field(default_factory=set)
     """Names of the functions and methods the script calls (the last part of each callee)."""
     refused: dict[str, str] = field(default_factory=dict)
+    attribute_guards: dict[str, tuple[tuple[str, bool], ...]] = field(default_factory=dict)
+    """An attribute assignment's source -> the flags its enclosing `if`s test (as Call.guard)."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """Literal defaults of the argument dataclasses' fields (`use_lora: bool = False`, `field(default=True)`): what
     a flag the launch line leaves out is."""
@@ -296,6 +298,8 @@ class _Reader(ast.NodeVisitor):
             self.code.owners[owner] = self.env.get(root.id) if isinstance(root, ast.Name) else None
             source = f"{self.code.file}:{node.lineno}: {ast.unparse(target)} = {_short(ast.unparse(node.value))}"
             self.code.attributes.append((owner, target.attr, value, source))
+            if self.guards:
+                self.code.attribute_guards[source] = tuple(self.guards)
             new = getattr(node, "value", None)
             if isinstance(new, (ast.Lambda, ast.Call)):
                 called = frozenset(_callee_name(c) for c in ast.walk(new) if isinstance(c, ast.Call))

@@ -110,8 +110,8 @@ def live(draft: Draft, script: Script, flags: dict[str, Opt]) -> Script:
     its LoraConfig under `if training_args.use_lora:`, which finetune_ds.sh leaves at False)."""
     off: dict[str, str] = {}
 
-    def runs(call: Call) -> bool:
-        for name, wanted in call.guard:
+    def runs(guard: tuple[tuple[str, bool], ...]) -> bool:
+        for name, wanted in guard:
             opt = flags.get(name)
             value, where = (opt.value if opt.value is not None else True, opt.source) if opt is not None else (
                 script.code.defaults.get(name), f"{script.code.file}: {name} defaults to {script.code.defaults.get(name)}")
@@ -123,12 +123,13 @@ def live(draft: Draft, script: Script, flags: dict[str, Opt]) -> Script:
                 except LoraflowError:
                     continue
         return True
-    calls = [c for c in script.code.calls if runs(c)]
-    if len(calls) == len(script.code.calls):
+    calls = [c for c in script.code.calls if runs(c.guard)]
+    attributes = [a for a in script.code.attributes if runs(script.code.attribute_guards.get(a[3], ()))]
+    if len(calls) == len(script.code.calls) and len(attributes) == len(script.code.attributes):
         return script
     for name, where in off.items():
         draft.note(f"{script.code.file}: the code under an `if` on {name} does not run here ({where})")
-    code = replace(script.code, calls=calls)
+    code = replace(script.code, calls=calls, attributes=attributes)
     return Script(script.path, code, gather(code))
 
 
