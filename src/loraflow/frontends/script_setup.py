@@ -113,8 +113,9 @@ def live(draft: Draft, script: Script, flags: dict[str, Opt]) -> Script:
     def runs(guard: tuple[tuple[str, bool], ...]) -> bool:
         for name, wanted in guard:
             opt = flags.get(name)
+            default = script.code.defaults.get(name)
             value, where = (opt.value if opt.value is not None else True, opt.source) if opt is not None else (
-                script.code.defaults.get(name), f"{script.code.file}: {name} defaults to {script.code.defaults.get(name)}")
+                default, f"{script.code.file}: {name} defaults to {default}")
             if isinstance(value, bool) or (isinstance(value, str) and opt is not None):
                 try:
                     if as_bool(value, where) != wanted:
