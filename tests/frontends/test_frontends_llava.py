@@ -54,3 +54,20 @@ def test_lora_at_16_bits_casts_the_trained_projector_to_the_half_dtype_outside_d
 def test_bits_4_quantizes_the_language_model_and_keeps_mixed_precision():
     s = from_command(shlex.split(ISSUE_363.replace("--fp16 True", "--bf16 True --bits 4")), PINNED).setup
     assert (s.quantization, s.precision) == ("4bit", "bf16-mixed")
+
+
+def test_a_llava_model_name_does_not_reopen_what_train_py_settles():
+    """LLaVA-1.5's finetune_task_lora.sh starts from liuhaotian/llava-v1.5-13b: the name alone makes the blank image
+    and the truncation questions of a generic vision model, which train.py's own code answers."""
+    argv = shlex.split(ISSUE_363.replace("weights/vicuna-7b-v1.3", "liuhaotian/llava-v1.5-13b"))
+    result = from_command(argv, PINNED)
+    assert result.setup.image_every_rank and result.setup.image_safe_truncation
+    assert not {"image_every_rank", "image_safe_truncation"} & set(result.unsure)
+
+
+def test_deepspeed_without_a_gpu_count_runs_one_process_per_gpu_of_the_machine():
+    """`deepspeed llava/train/train_mem.py ...` (every LLaVA script) starts a process per visible GPU: the count is a
+    question, not 1."""
+    argv = ["deepspeed"] + shlex.split(ISSUE_363)[1:]
+    assert "world_size" in from_command(argv, PINNED).unsure
+    assert "world_size" not in from_command(["deepspeed", "--num_gpus", "2"] + argv[1:], PINNED).unsure

@@ -55,3 +55,16 @@ def test_a_hash_inside_quotes_or_a_word_is_no_comment(tmp_path):
     tokens = command_from_script(str(script))
     assert tokens[tokens.index("--system") + 1] == "Solve it. Give the answer after ####."
     assert "AI-MO/NuminaMath-TIR#5000" in tokens and "--deepspeed" not in tokens
+
+
+def test_a_case_arm_s_assignment_does_not_run_without_arguments(tmp_path):
+    """Qwen's finetune/finetune_lora_ds.sh parses `-m MODEL` in a `while ... case $1 in` loop: run without arguments,
+    the arms never run, so MODEL keeps its default; a count the script computes leaves the world size open."""
+    script = tmp_path / "finetune_lora_ds.sh"
+    script.write_text('GPUS_PER_NODE=$(python -c "import torch; print(torch.cuda.device_count())")\n'
+                      'MODEL="Qwen/Qwen-7B"\nwhile [[ "$1" != "" ]]; do\n    case $1 in\n        -m | --model )\n'
+                      '            shift\n            MODEL=$1\n            ;;\n    esac\n    shift\ndone\n'
+                      'torchrun --nproc_per_node $GPUS_PER_NODE finetune.py --model_name_or_path $MODEL --use_lora\n')
+    argv = command_from_script(str(script))
+    assert argv[argv.index("--model_name_or_path") + 1] == "Qwen/Qwen-7B"
+    assert split_command(argv).hidden_launcher_options == ["--nproc_per_node $GPUS_PER_NODE"]

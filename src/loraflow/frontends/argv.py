@@ -158,6 +158,12 @@ def _int(text: str | None) -> int | None:
 
 def _world_from_launcher(cmd: Command) -> None:
     value = cmd.launcher_value
+    for name in ("num_gpus", "num_accelerators", "nproc_per_node", "num_processes"):
+        count = value(name)
+        if count is not None and _UNEXPANDED.match(count) and f"--{name} {count}" not in cmd.hidden_launcher_options:
+            # `--nproc_per_node $GPUS_PER_NODE` where the script computes it (`$(python -c '...device_count()')`):
+            # the count is not visible, so both are evaluated, as for a launcher option left in a variable.
+            cmd.hidden_launcher_options.append(f"--{name} {count}")
     if cmd.launcher == "deepspeed":
         gpus, nodes = _int(value("num_gpus", "num_accelerators")), _int(value("num_nodes")) or 1
         include = value("include", "i")
@@ -364,6 +370,7 @@ _HEREDOC = re.compile(r"^[ \t]*(?:read\s+(?:-\w+\s+(?:''\s+)?)*(?P<var>[A-Za-z_]
                       r"<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)^[ \t]*(?P=tag)\b[^\n]*\n?", re.M | re.S)
 # `$(expr 16 / $nproc_per_node)` (ms-swift's and others' example scripts): the same integer arithmetic as `$((...))`,
 # read as one word rather than split into `$(expr`, `16`, `/`... positional arguments.
+_CASE = re.compile(r"^case\s.+\sin\b")
 _EXPR = re.compile(r"\$\(\s*expr\s+([^()]*)\)")
 _STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "tune", "ray",
            "litgpt", "srun", "mpirun", "mpiexec")
@@ -453,13 +460,17 @@ def command_from_script(path: str) -> list[str]:
     def expand(s: str) -> str:
         return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(3), _unset(m)), s)
 
+    cases = 0  # inside `case ... esac`: arms that run only for a matching argument (none, run without arguments)
     for line in joined.splitlines():
         line = _EXPR.sub(lambda m: "$((" + m.group(1).replace("\\*", "*") + "))", line)
         line = _arithmetic(line, variables) if "$((" in line else line
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
+        cases += bool(_CASE.match(stripped)) - bool(re.match(r"esac\b", stripped))
         assign = _ASSIGN.match(line)
+        if assign and cases > 0:
+            continue  # `-m | --model ) shift; MODEL=$1 ;;` (Qwen's finetune scripts) does not run without arguments
         if assign:
             variables[assign.group(1)] = expand(assign.group(2)[1:-1] if assign.group(2)[:1] in "'\"" and
                                                 assign.group(2) else assign.group(2))

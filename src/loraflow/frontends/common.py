@@ -52,6 +52,12 @@ class Draft:
         self.values[name] = value
         self.sources[name] = source
 
+    def settle(self, name: str, value: Any, source: str) -> None:
+        """A fact of the framework's own code: set, and no longer the question an earlier reader (the model's name)
+        asked. `set` keeps such a question, since some frontends set a baseline and still evaluate the others."""
+        self.set(name, value, source)
+        self.unsure.pop(name, None)
+
     def default(self, name: str, value: Any, source: str) -> None:
         if name not in self.values:
             self.set(name, value, f"default ({source})")
@@ -355,6 +361,11 @@ def finish_world(draft: Draft, cmd: Command | None) -> None:
         # in step with it).
         draft.maybe("world_size", {1: "one process", 2: "several processes"},
                     f"the launcher's options in {' '.join(cmd.hidden_launcher_options)} are not in the command")
+    elif not draft.has("world_size") and cmd is not None and cmd.launcher == "deepspeed":
+        # `deepspeed train.py` without --num_gpus / --include starts one process per GPU of the machine
+        # (deepspeed/launcher/runner.py takes every local device), which the command does not show.
+        draft.maybe("world_size", {1: "the machine has one GPU", 2: "the machine has several GPUs"},
+                    "deepspeed without --num_gpus / --include starts one process per visible GPU")
     elif not draft.has("world_size"):
         draft.note("number of processes not visible in the command: assumed 1 (pass the launcher's "
                    "--num_gpus / --nproc_per_node / --num_processes to check multi-process setups)")

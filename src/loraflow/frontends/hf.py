@@ -426,6 +426,7 @@ def apply_script(draft: Draft, script: script_setup.Script, cmd: Command | None,
                  trl: bool, fallback, bases: list) -> None:
     """A training script's code read as this frontend reads options (script_setup.py says what the code gives and
     what only code shows), with its launch line's flags, if any, over the code."""
+    script = script_setup.live(draft, script, flags)
     stage, trainer = script_setup.stage(script, fallback)
     apply(draft, script_setup.options(draft, script, flags), script.facts.trl or trl, stage, cmd, bases, trainer)
     if script.facts.lightning is not None:  # Lightning's loop, not the HF Trainer's, decides these

@@ -82,10 +82,11 @@ def _towers(draft: Draft, own: dict[str, Opt]) -> None:
     draft.set("frozen_modules", True, f"{src}: the vision tower is loaded frozen (clip_encoder.py requires_grad_(False))")
     draft.set("tower_adapters", False, f"{CODE}: find_all_linear_names skips mm_projector, vision_tower and "
               "vision_resampler")
-    draft.set("image_every_rank", True, f"{CODE}: a sample without an image gets a blank one (LazySupervisedDataset: "
-              "torch.zeros(3, H, W)), so the tower runs on every rank")
-    draft.set("image_safe_truncation", True, "llava_arch.py prepare_inputs_labels_for_multimodal splices the image "
-              "features in, then cuts the embeddings at tokenizer_model_max_length: no placeholder to mismatch")
+    draft.settle("image_every_rank", True, f"{CODE}: a sample without an image gets a blank one "
+                 "(LazySupervisedDataset: torch.zeros(3, H, W)), so the tower runs on every rank")
+    draft.settle("image_safe_truncation", True, "llava_arch.py prepare_inputs_labels_for_multimodal splices the "
+                 "image features in, then cuts the embeddings at tokenizer_model_max_length: no placeholder to "
+                 "mismatch")
     if _on(own, "freeze_mm_mlp_adapter"):
         draft.set("towers_trainable", False, f"{own['freeze_mm_mlp_adapter'].source}: the projector stays frozen")
         return

@@ -62,6 +62,9 @@ class Call:
     """The name this call's result is assigned to (`model = ...`)."""
     scope: str = ""
     """The function the call is written in ("" at module level)."""
+    guard: tuple[tuple[str, bool], ...] = ()
+    """The parsed flags the enclosing `if`s test, each with the value the call needs (`if training_args.use_lora:`
+    -> ("use_lora", True)): script_setup.live drops the call when the launch line or the field's default says no."""
 
     @property
     def name(self) -> str:
@@ -105,6 +108,11 @@ class Code:
     called: set[str] = field(default_factory=set)
     """Names of the functions and methods the script calls (the last part of each callee)."""
     refused: dict[str, str] = field(default_factory=dict)
+    attribute_guards: dict[str, tuple[tuple[str, bool], ...]] = field(default_factory=dict)
+    """An attribute assignment's source -> the flags its enclosing `if`s test (as Call.guard)."""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """Literal defaults of the argument dataclasses' fields (`use_lora: bool = False`, `field(default=True)`): what
+    a flag the launch line leaves out is."""
     """Parsed flags the script stops on (`if training_args.gradient_checkpointing: raise ...`) -> the source: a run
     that trains has them off."""
 
@@ -190,6 +198,7 @@ class _Reader(ast.NodeVisitor):
         self.env: dict[str, Any] = {}
         self.seen: dict[int, Call] = {}
         self.scopes: list[str] = []
+        self.guards: list[tuple[str, bool]] = []
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         self.scopes.append(node.name)
@@ -210,14 +219,47 @@ class _Reader(ast.NodeVisitor):
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         if node.bases:
             self.code.bases[node.name] = ast.unparse(node.bases[0]).rsplit(".", 1)[-1]
+        for item in node.body:  # a dataclass field's literal default: the flag's value when the line omits it
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None:
+                default = _field_default(item.value)
+                if default is not None:
+                    self.code.defaults.setdefault(item.target.id, default)
         self.generic_visit(node)
 
     def visit_If(self, node: ast.If) -> None:
         test = self.value(node.test)
         if isinstance(test, FromFlag) and len(node.body) == 1 and isinstance(node.body[0], ast.Raise):
             self.code.refused[test.name] = f"{self.code.file}:{node.lineno}: if {ast.unparse(node.test)}: raise"
-        for child in (*node.body, *node.orelse):
-            self.visit(child)
+        body, orelse = self.flag_tests(node.test)
+        before = dict(self.env)
+        bound: list[dict[str, Any]] = []
+        for children, guard in ((node.body, body), (node.orelse, orelse)):
+            self.env = dict(before)
+            self.guards.extend(guard)
+            for child in children:
+                self.visit(child)
+            del self.guards[len(self.guards) - len(guard):]
+            bound.append(self.env)
+        self.env = dict(before)
+        for name in set(bound[0]) | set(bound[1]):
+            changed = [b[name] for b in bound if name in b and (name not in before or b[name] is not before[name])]
+            self.env[name] = changed[-1] if changed else before[name]
+            if len(changed) == 2 and not any(isinstance(v, Call) for v in changed) and changed[0] != changed[1]:
+                # Both branches assign it, differently (Qwen-VL's `modules_to_save = None` for a chat model, else
+                # ["wte", "lm_head"]): which one holds is the test's, not the later line's.
+                self.env[name] = Unread(f"{name} (either branch of the `if` at line {node.lineno})")
+
+    def flag_tests(self, node: ast.AST) -> tuple[list[tuple[str, bool]], list[tuple[str, bool]]]:
+        """What an `if` over parsed flags needs in its body and in its else: `if a.x:` ([(x, True)], [(x, False)]),
+        `if not a.x:` the reverse, `if a.x and a.y:` both on in the body (its else needs only one off: nothing)."""
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            body, orelse = self.flag_tests(node.operand)
+            return orelse, body
+        if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+            tests = [self.flag_tests(v)[0] for v in node.values]
+            return [t for test in tests if len(test) == 1 for t in test], []
+        flag = self.value(node) if isinstance(node, ast.Attribute) else None
+        return ([(flag.name, True)], [(flag.name, False)]) if isinstance(flag, FromFlag) else ([], [])
 
     def visit_Assign(self, node: ast.Assign) -> None:
         value = self.value(node.value)
@@ -256,6 +298,8 @@ class _Reader(ast.NodeVisitor):
             self.code.owners[owner] = self.env.get(root.id) if isinstance(root, ast.Name) else None
             source = f"{self.code.file}:{node.lineno}: {ast.unparse(target)} = {_short(ast.unparse(node.value))}"
             self.code.attributes.append((owner, target.attr, value, source))
+            if self.guards:
+                self.code.attribute_guards[source] = tuple(self.guards)
             new = getattr(node, "value", None)
             if isinstance(new, (ast.Lambda, ast.Call)):
                 called = frozenset(_callee_name(c) for c in ast.walk(new) if isinstance(c, ast.Call))
@@ -312,7 +356,8 @@ class _Reader(ast.NodeVisitor):
         if name.rsplit(".", 1)[-1] in ("parse_args_into_dataclasses", "parse_args", "parse_args_and_config",
                                        "parse_yaml_file", "parse_json_file", "parse_dict"):
             return Parsed(f"{self.code.file}:{node.lineno}: {name}()")
-        call = Call(name, node.lineno, self.code.file, owner=owner, scope=self.scopes[-1] if self.scopes else "")
+        call = Call(name, node.lineno, self.code.file, owner=owner, scope=self.scopes[-1] if self.scopes else "",
+                    guard=tuple(self.guards))
         self.seen[id(node)] = call
         self.code.called.add(name.rsplit(".", 1)[-1])
         for arg in node.args:
@@ -332,6 +377,15 @@ class _Reader(ast.NodeVisitor):
         if name == "dict" and not call.args and not call.splat:
             return dict(call.kwargs)  # dict(use_reentrant=False) is the literal {"use_reentrant": False}
         return call
+
+
+def _field_default(node: ast.AST) -> Any:
+    """`False` or `field(default=False)`: the literal (bool, int, str) a dataclass field defaults to, else None."""
+    if isinstance(node, ast.Call) and _callee_name(node) == "field":
+        node = next((kw.value for kw in node.keywords if kw.arg == "default"), None)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (bool, int, str)):
+        return node.value
+    return None
 
 
 def _known(items: list[Any], node: ast.AST) -> Any:

@@ -8,7 +8,7 @@ the input-grad hook, Unsloth). hf.py's apply_script puts them together; python_s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,36 @@ def script_of(program: str) -> Script | None:
         return None
     script = read_script(path)
     return script if recognised(script.code) else None
+
+
+def live(draft: Draft, script: Script, flags: dict[str, Opt]) -> Script:
+    """The script as this launch runs it: calls under an `if` over a parsed flag that the launch line, or else the
+    field's default in the script's own argument dataclass, turns off are dropped (MiniCPM-V's finetune.py builds
+    its LoraConfig under `if training_args.use_lora:`, which finetune_ds.sh leaves at False)."""
+    off: dict[str, str] = {}
+
+    def runs(guard: tuple[tuple[str, bool], ...]) -> bool:
+        for name, wanted in guard:
+            opt = flags.get(name)
+            default = script.code.defaults.get(name)
+            value, where = (opt.value if opt.value is not None else True, opt.source) if opt is not None else (
+                default, f"{script.code.file}: {name} defaults to {default}")
+            if isinstance(value, bool) or (isinstance(value, str) and opt is not None):
+                try:
+                    if as_bool(value, where) != wanted:
+                        off.setdefault(name, f"it needs {name} {'on' if wanted else 'off'}; {where}")
+                        return False
+                except LoraflowError:
+                    continue
+        return True
+    calls = [c for c in script.code.calls if runs(c.guard)]
+    attributes = [a for a in script.code.attributes if runs(script.code.attribute_guards.get(a[3], ()))]
+    if len(calls) == len(script.code.calls) and len(attributes) == len(script.code.attributes):
+        return script
+    for name, where in off.items():
+        draft.note(f"{script.code.file}: the code under an `if` on {name} does not run here ({where})")
+    code = replace(script.code, calls=calls, attributes=attributes)
+    return Script(script.path, code, gather(code))
 
 
 def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Opt]:
