@@ -21,6 +21,10 @@ _DTYPE = re.compile(r"'dtype':\s*torch\.(\w+)")
 _HALF = {"bfloat16", "float16", "half", "bf16", "fp16"}
 _FLOAT = {"float32", "float"}
 _INTS = {"uint8", "int8", "int16", "int32", "int64", "bool"}
+# bitsandbytes packs 4-bit weights two to a byte in torch.uint8 (Params4bit's default quant_storage). Signed integers
+# are codes of another scheme: LLM.int8 (Int8Params, torch.int8), int8 post-training quantization (compressed-tensors
+# w8a8) or GPTQ/AWQ's packed int32 qweight. FSDP names the dtype only in its uniform-dtype refusal.
+_PACKED_4BIT = {"uint8"}
 
 
 @dataclass
@@ -121,8 +125,8 @@ def _flatten(log: LogView, facts: Facts) -> None:
         elif re.search(r"(flatten|FlatParameter).{0,60}uniform\W{0,2}dtype|uniform original parameter dtype", line,
                        re.IGNORECASE):
             dtypes = set(re.findall(r"torch\.(\w+)", line))
-            name = ("flatten:int" if dtypes & _INTS else "flatten:half-and-float" if dtypes & _HALF and
-                    dtypes & _FLOAT else "flatten:other")
+            name = ("flatten:int" if dtypes & _PACKED_4BIT else "flatten:int-codes" if dtypes & _INTS else
+                    "flatten:half-and-float" if dtypes & _HALF and dtypes & _FLOAT else "flatten:other")
             facts.add(name, (i, line.strip()[:240]))
 
 

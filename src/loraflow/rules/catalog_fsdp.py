@@ -197,6 +197,7 @@ register(Rule(
         evidence=(Evidence("flatten:half-and-float", 8, "a half-precision tensor beside a float32 one in one unit",
                            decisive=True, alone=True),
                   Evidence("flatten:int", -8, "integer storage points at 4-bit quantization instead"),
+                  Evidence("flatten:int-codes", -8, "integer weights point at a quantized base instead"),
                   Evidence("peft", 2, "adapters train on a frozen base"),
                   Evidence("half", 1, "half precision is in use"),
                   Evidence("fsdp1", 1, "FSDP1 is in use"),

@@ -36,7 +36,12 @@ register(Rule(
     fixed_in=UNSLOTH_DDP_SINCE,
     log=LogSigns(
         messages=(Message(r"Unsloth currently does not support multi GPU setups", "own",
-                          "unsloth/models/_utils.py, llama.py: the trainer patch's GPU check"),),
+                          "unsloth/models/_utils.py, llama.py: the trainer patch's GPU check"),
+                  # The 2024 releases' wording, raised where the patched training loop is missing or finds several
+                  # GPUs (llama.py get_peft_model / patch_peft_model, and the exec'd _fast_inner_training_loop).
+                  Message(r"Unsloth currently does not work on multi GPU setups", "own",
+                          "unsloth/models/llama.py: FastLlamaModel.get_peft_model and the patched train loop",
+                          "unsloth 2024.x")),
         prior=1.0,
         tells_apart="Unsloth's own refusal of a multi-GPU launch"),
 ))

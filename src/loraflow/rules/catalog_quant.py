@@ -179,7 +179,7 @@ register(Rule(
                 "https://github.com/huggingface/accelerate/blob/main/src/accelerate/accelerator.py (prepare_model)"),
     fixed_in="design",
     log=LogSigns(
-        messages=(BNB_MOVED,
+        messages=(BNB_MOVED, BNB_CAST,
                   Message(r"You can't train a model that has been loaded in 8-bit (or 4-bit )?precision on a "
                           r"different device", "own", "accelerate/accelerator.py: prepare_model",
                           "accelerate>=0.17 (`in 8-bit precision` before 1.0)")),

@@ -308,6 +308,9 @@ register(Rule(
         frames=FLAT_PARAM_FRAMES,
         evidence=(Evidence("flatten:int", 8, "the flattened tensors include integer (packed 4-bit) storage",
                            decisive=True, alone=True),
+                  # 8-bit codes or int8/int32 post-training quantization: not the 4-bit storage this rule sets.
+                  Evidence("flatten:int-codes", -8, "signed integer weights (8-bit codes or post-training "
+                           "quantization), not bitsandbytes' packed 4-bit (uint8) storage", excludes=True),
                   Evidence("flatten:other", 4, "two half-precision types: 4-bit storage in a dtype unlike the "
                            "model's"),
                   Evidence("flatten:half-and-float", -6, "a half tensor beside a float32 one: mixed parameter "

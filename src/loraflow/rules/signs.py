@@ -224,7 +224,10 @@ STRUCTURED_FACTS: dict[str, str] = {
     "meta:unexplained": "the metadata pairs differ in a way none of the known causes produces",
     "recompute:count": "the recompute saved a different number of tensors than the forward",
     "mismatch:doubled": "an elementwise op met one length twice the other (a sequence written twice)",
-    "flatten:int": "FSDP was asked to flatten integer (packed 4-bit) storage",
+    "flatten:int": "FSDP was asked to flatten integer storage: uint8 (bitsandbytes' packed 4-bit default) or an "
+                   "integer dtype the message does not name",
+    "flatten:int-codes": "FSDP was asked to flatten signed integer weights (torch.int8/int32: LLM.int8 codes or "
+                         "post-training quantization), not bitsandbytes' packed 4-bit storage (uint8)",
     "flatten:half-and-float": "FSDP was asked to flatten a half-precision tensor beside a float32 one",
     "flatten:other": "FSDP was asked to flatten tensors of other mixed dtypes",
     "truncated": "the log stops inside a traceback, before the error line",
@@ -246,9 +249,13 @@ NO_GRAD_FN = r"element 0 of tensors does not require grad and does not have a gr
 BNB_SHAPE = Message(r"shape '\[\d+, \d+\]' is invalid for input of size \d+", "shared",
                     "bitsandbytes dequantizing a 4-bit weight whose packed bytes are not what its quantization state "
                     "describes (repacked in place, or cast to another dtype)", "bitsandbytes 0.50.2 (seen)")
-BNB_MOVED = Message(r"`?\.to`? is not supported for `?4-bit`? or `?8-bit`? bitsandbytes models", "shared",
+# transformers' refusals to move or cast a quantized model. Releases with the `is_quantized` check (4-bit support,
+# 4.30 to the quantizer refactor) said `4-bit` or `8-bit` models, without `bitsandbytes`; those before 4-bit support
+# said `8-bit` models only; `.half()` and `.float()` had their own wording before `You cannot cast ...`.
+BNB_MOVED = Message(r"`?\.to`? is not supported for (`?4-bit`? or )?`?8-bit`? (bitsandbytes )?models", "shared",
                     "transformers/modeling_utils.py: PreTrainedModel.to (a quantized model moved after loading)")
-BNB_CAST = Message(r"You cannot cast a bitsandbytes model in a new `?dtype`?", "shared",
+BNB_CAST = Message(r"You cannot cast a bitsandbytes model in a new `?dtype`?|"
+                   r"`?\.(half|float)\(\)`? is not supported for `?4-bit`? or `?8-bit`? models", "shared",
                    "transformers/modeling_utils.py: PreTrainedModel.to / half / float (a quantized model cast)")
 ZERO_TRAINABLE = Message(r"trainable params: 0\b", "shared", "peft PeftModel.print_trainable_parameters")
 REENTRANT_WARNING = r"None of the inputs have requires_grad=True"
