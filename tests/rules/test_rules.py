@@ -152,6 +152,10 @@ CASES = {
     "kbit-int8-zero3": (
         ZERO3.replace(quantization="8bit"),
         ZERO3.replace(quantization="8bit", zero_stage=2)),
+    # A GPTQ checkpoint sharded by ZeRO-3 or FSDP2; the same checkpoint under ZeRO-2 keeps its weights whole.
+    "ptq-model-under-sharding": (
+        ZERO3.replace(ptq_checkpoint="gptq"),
+        ZERO3.replace(ptq_checkpoint="gptq", zero_stage=2)),
     # Image-text models (catalog_vision.py).
     "zero3-vision-skipped": (
         ZERO3.replace(image_text=True),

@@ -128,6 +128,8 @@ def _flatten(log: LogView, facts: Facts) -> None:
             name = ("flatten:int" if dtypes & _PACKED_4BIT else "flatten:int-codes" if dtypes & _INTS else
                     "flatten:half-and-float" if dtypes & _HALF and dtypes & _FLOAT else "flatten:other")
             facts.add(name, (i, line.strip()[:240]))
+            if "int32" in dtypes:  # GPTQ / AWQ pack eight 4-bit codes per int32: no bitsandbytes layer does
+                facts.add("flatten:int32", (i, line.strip()[:240]))
 
 
 # An image-text model's count of image placeholders in the text against the image features: transformers 4.4x-5

@@ -283,9 +283,32 @@ def embedding_targets(draft: Draft, names: list[str], source: str, model: str = 
                     f"whether {model or 'the model'} ties its word embeddings is in its config.json, not visible here")
 
 
+# Checkpoints published already quantized after training, by the names their uploaders give them: `-GPTQ`, `-AWQ`,
+# `-AQLM`, Qwen's `-Int4` / `-Int8` (GPTQ), Neural Magic / Red Hat's compressed-tensors `w8a8`, `w4a16`, `w8a16`.
+# bitsandbytes uploads (`-bnb-4bit`) load as bitsandbytes quantization (script_facts.prequantized) and fp8 / mxfp4
+# ones are dequantized by the frameworks that train them, so neither is read here.
+_PTQ_NAMES = ((re.compile(r"(?:^|[-_./])(gptq|awq|aqlm)(?:$|[-_./])", re.I), None),
+              (re.compile(r"[-_.]int[48](?:$|[-_./])", re.I), "gptq"),
+              (re.compile(r"(?:^|[-_./])w(?:4|8)a(?:8|16)(?:$|[-_./])", re.I), "compressed-tensors"))
+
+
+def ptq_method(model: str) -> str | None:
+    """The post-training quantization a checkpoint's name says it was saved with, or None."""
+    for pattern, method in _PTQ_NAMES:
+        found = pattern.search(model)
+        if found:
+            return method or found.group(1).lower()
+    return None
+
+
 def model_name_facts(draft: Draft, model: str, source: str) -> None:
     """What the model's name or path says beyond its towers: a family whose activations overflow float16
-    (families.FP16_OVERFLOW; rule fp16-overflow)."""
+    (families.FP16_OVERFLOW; rule fp16-overflow), a checkpoint saved quantized after training (ptq_method)."""
+    method = ptq_method(model)
+    if method is not None:
+        draft.set("ptq_checkpoint", method, f"{source} ({model}: a checkpoint saved {method}-quantized, by its name)")
+        where = source.split(" (")[0].split(": ", 1)[-1] or "the model path"
+        draft.flags.setdefault("ptq_checkpoint", f"{where} (the unquantized checkpoint)")
     kind = fp16_overflow_name(model)
     if kind is None and "$" in model:  # `checkpoints/$MODEL`: the family is in a variable the line does not show
         draft.maybe("fp16_overflows", {True: "a family whose activations overflow float16 (T5, Gemma, ...)",

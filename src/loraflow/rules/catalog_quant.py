@@ -4,7 +4,7 @@ of sharded 4-bit weights is with the other sharding rules (catalog_sharded.py: q
 from __future__ import annotations
 
 from loraflow.rules.rule import Rule, register
-from loraflow.rules.signs import BNB_CAST, BNB_MOVED, BNB_SHAPE, Evidence, LogSigns, Message
+from loraflow.rules.signs import BNB_CAST, BNB_MOVED, BNB_SHAPE, FLATTEN_DTYPE, Evidence, LogSigns, Message
 
 register(Rule(
     id="kbit-cpu-repack",
@@ -192,4 +192,48 @@ register(Rule(
                            decisive=True, alone=True)),
         prior=1.0,
         tells_apart="no merge on the traceback: the model is moved by an engine's or accelerate's preparation"),
+))
+
+register(Rule(
+    id="ptq-model-under-sharding",
+    title="A post-training-quantized checkpoint sharded by ZeRO-3 or FSDP",
+    verdict="error",
+    impact="crash",
+    conditions="a checkpoint saved quantized by GPTQ, AWQ, AQLM or compressed-tensors (integer weights loaded as they "
+               "are) trained with adapters under DeepSpeed ZeRO-3 or FSDP",
+    knobs=("ptq_checkpoint", "engine", "zero_stage"),
+    when=lambda s: s.ptq_checkpoint is not None and s.sharded_params,
+    cause=("A GPTQ or AWQ checkpoint keeps its linear weights as int32 words of packed 4-bit codes with float scales "
+           "beside them, compressed-tensors w8a8 as int8: integer tensors that are not parameters an optimizer or a "
+           "gradient reduction can handle. ZeRO-3 partitions every parameter and gathers them in one dtype, FSDP1 "
+           "flattens each unit into one float tensor (`Must flatten tensors with uniform dtype but got "
+           "torch.bfloat16 and torch.int8`), FSDP2 shards them as float DTensors; and the quantized kernels read "
+           "their packed buffers whole. LLaMA-Factory refuses the setup before loading (`DeepSpeed ZeRO-3 or FSDP is "
+           "incompatible with PTQ-quantized models`)."),
+    fix="loraflow trains float bases and bitsandbytes quantization, and refuses a post-training-quantized checkpoint "
+        "before it loads (plan/quantization.py): point model.path at the unquantized model and set "
+        "model.quantization.method=nf4, which shards under ZeRO-3 and FSDP.",
+    elsewhere="train the quantized checkpoint without sharding its weights (DDP or ZeRO-2: each GPU holds the whole "
+              "model), or load the unquantized model in 4 bits with bitsandbytes (QLoRA) for ZeRO-3 / FSDP",
+    references=("https://github.com/hiyouga/LlamaFactory/blob/main/src/llamafactory/model/model_utils/quantization.py "
+                "(configure_quantization: PTQ-quantized models refused under ZeRO-3 or FSDP)",
+                "https://github.com/hiyouga/LlamaFactory/issues/2974",
+                "https://github.com/deepspeedai/DeepSpeed/issues/7096",
+                "https://github.com/meta-llama/llama-cookbook/issues/945"),
+    fixed_in="design",
+    log=LogSigns(
+        messages=(Message(r"ZeRO-3 or FSDP is incompatible with PTQ-quantized models", "own",
+                          "LLaMA-Factory model_utils/quantization.py configure_quantization", ">=0.8"),
+                  FLATTEN_DTYPE),
+        evidence=(Evidence("flatten:int32", 8, "FSDP flattens int32 weights: GPTQ / AWQ packed 4-bit codes",
+                           decisive=True),
+                  Evidence("flatten:int-codes", 3, "FSDP flattens signed integer weights (int8: a w8a8 checkpoint, "
+                           "or bitsandbytes' LLM.int8 codes)"),
+                  Evidence("ptq", 3, "a post-training-quantized checkpoint is named in the log"),
+                  Evidence("flatten:int", -8, "uint8 storage: bitsandbytes' packed 4-bit, not a PTQ checkpoint",
+                           excludes=True),
+                  Evidence("flatten:half-and-float", -6, "only float dtypes differ: no quantized weights")),
+        prior=0.5,
+        tells_apart="the checkpoint was quantized after training (GPTQ, AWQ, compressed-tensors names; int32 or "
+                    "int8 in FSDP's dtype refusal) and ZeRO-3 or FSDP shards it"),
 ))

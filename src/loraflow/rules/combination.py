@@ -147,6 +147,10 @@ class Combination:
     unsloth: bool = False
     """The model is loaded and patched by Unsloth (FastLanguageModel / FastVisionModel; LLaMA-Factory use_unsloth,
     ms-swift --tuner_backend unsloth)."""
+    ptq_checkpoint: str | None = None
+    """The base checkpoint was saved quantized by a post-training method (gptq, awq, aqlm, compressed-tensors), whose
+    integer weights load as they are (bitsandbytes quantization is `quantization`; fp8 and mxfp4 checkpoints that
+    frameworks dequantize on load are neither)."""
     fp16_overflows: bool = False
     """The model's activations or gradients exceed float16's range (65504) in training: a family known to overflow
     in float16 (families.FP16_OVERFLOW: T5, Gemma 3/3n/4, gpt-oss, Qwen3.5, Qwen3-MoE, GLM-4 MoE)."""

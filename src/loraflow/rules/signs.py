@@ -105,6 +105,11 @@ FACTS: dict[str, tuple[str, str]] = {
                 "AdaLoRA is in use (its config, or a parameter named as its ParameterDicts name them)"),
     "quant4bit": (r"bitsandbytes|Params4bit|Linear4bit|load_in_4bit|quantization_bit\W{1,4}4\b|\bnf4\b|\bqlora\b|"
                   r"use_4bit", "a 4-bit quantized base is in use"),
+    # A checkpoint quantized after training: its method named (config.json quant_method, a loader's log line, a
+    # kernel class: auto-gptq/gptqmodel QuantLinear, AutoAWQ WQLinear) or its name (Qwen's -Int4/-Int8 are GPTQ).
+    "ptq": (r"\bgptq\w*|\bawq\b|\baqlm\b|compressed[-_]tensors|\bw(4|8)a(8|16)\b|QuantLinear|WQLinear|"
+            r"-Int[48]\b|PTQ-quantized", "a checkpoint quantized after training (GPTQ, AWQ, AQLM, compressed-tensors) "
+            "is in use"),
     "bnb:cpu-repack": (r"_convert_weight_packed_for_cpu", "bitsandbytes' in-place CPU repack of a 4-bit weight is "
                        "in the traceback"),
     "int_requires_grad": (r"only Tensors of floating point dtype can require gradients",
@@ -228,6 +233,7 @@ STRUCTURED_FACTS: dict[str, str] = {
                    "integer dtype the message does not name",
     "flatten:int-codes": "FSDP was asked to flatten signed integer weights (torch.int8/int32: LLM.int8 codes or "
                          "post-training quantization), not bitsandbytes' packed 4-bit storage (uint8)",
+    "flatten:int32": "FSDP was asked to flatten int32 weights: the packed 4-bit codes of GPTQ and AWQ checkpoints",
     "flatten:half-and-float": "FSDP was asked to flatten a half-precision tensor beside a float32 one",
     "flatten:other": "FSDP was asked to flatten tensors of other mixed dtypes",
     "truncated": "the log stops inside a traceback, before the error line",
