@@ -216,3 +216,15 @@ def test_text_only_models_get_no_image_text_unknowns():
     assert not r.setup.image_text and "image_every_rank" not in r.unsure
     doc = json.loads(run_check(shlex.split(line), None, [], {}, as_json=True)[0])
     assert not {u["name"] for u in doc["unknowns"]} & {"image_every_rank", "image_safe_truncation"}
+
+
+def test_ms_swift_text_model_type_on_an_image_text_checkpoint_loads_a_causal_lm():
+    """ms-swift issue 3001 forced Qwen2.5-VL to the text type `qwen2_5` (`swift infer` there; `swift sft` loads the
+    same way): AutoModelForCausalLM cannot build a Qwen2_5_VLConfig."""
+    line = "swift sft --model Qwen/Qwen2.5-VL-7B-Instruct --model_type {} --train_type lora --dataset d.jsonl"
+    forced = cmd(line.format("'qwen2_5'")).setup
+    assert forced.image_text and forced.causal_lm_class
+    assert findings(shlex.split(line.format("qwen2_5")), CURRENT)["vlm-wrong-auto-class"] is None
+    assert not cmd(line.format("qwen2_5_vl")).setup.causal_lm_class  # the model's own type
+    assert not cmd(line.replace("Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct").format("qwen2_5")
+                   ).setup.causal_lm_class  # a text checkpoint of a text type

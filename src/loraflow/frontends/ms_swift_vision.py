@@ -22,6 +22,22 @@ def _encode_runs_model(draft: Draft, model: str, source: str) -> None:
                   "(swift/llm/utils/template.py)")
 
 
+# ms-swift model types of text-only families (swift/llm/model/model/*.py): their loader builds the model through
+# AutoModelForCausalLM (get_model_tokenizer_with_flash_attn's default automodel_class), so an image-text checkpoint
+# forced to one (`--model Qwen/Qwen2.5-VL-7B-Instruct --model_type qwen2_5`) fails with transformers' "Unrecognized
+# configuration class <...Qwen2_5_VLConfig> for this kind of AutoModel: AutoModelForCausalLM".
+_TEXT_MODEL_TYPE = re.compile(r"^(qwen\d?(_\d)?(_moe)?|llama\d?(_\d)?|internlm\d?(_\d)?|glm\d?|chatglm\d?|mistral|"
+                              r"mixtral|gemma\d?(_text)?|phi\d?(_\d)?|minicpm\d?|yi|deepseek(_v\d)?|baichuan\d?)$", re.I)
+
+
+def _text_model_type(draft: Draft, model_type: str, source: str, key: str | None) -> None:
+    """--model_type naming a text-only family beside an image-text --model: the text loader is used."""
+    if key == "model_type" or not model_type or not _TEXT_MODEL_TYPE.match(model_type.strip("'\"")):
+        return
+    draft.set("causal_lm_class", True, f"{source} (a text model type for an image-text checkpoint: ms-swift loads "
+              "it through AutoModelForCausalLM, swift/llm/model/register.py)")
+
+
 def image_text(draft: Draft, get, src, on, opts: dict) -> None:
     """The image-text fields: the model's name (or --model_type) or a tower flag; then the towers ms-swift trains.
     From 3.0, --freeze_vit / --freeze_aligner default true and --freeze_llm false (swift/arguments/tuner_args.py),
@@ -34,6 +50,8 @@ def image_text(draft: Draft, get, src, on, opts: dict) -> None:
     _encode_runs_model(draft, model, src(key) if key else "")
     if not vision.recognise(draft, model, src(key) if key else "", flag):
         return
+    if "model_type" in opts:
+        _text_model_type(draft, str(get("model_type") or ""), src("model_type"), key)
     if "freeze_aligner" in opts and ">=3.0.0" not in draft.eras.get("ms-swift", ("",))[0]:
         draft.era("ms-swift", ">=3.0.0", "--freeze_aligner exists from ms-swift 3.0")
     new = at_least(draft, "ms-swift", "3.0.0")
