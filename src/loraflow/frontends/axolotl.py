@@ -25,6 +25,7 @@ from loraflow.frontends.argv import (
 )
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
+from loraflow.frontends.targets import check_targets
 from loraflow.frontends.common import (
     Draft,
     accessors,
@@ -141,6 +142,8 @@ def _adapter(draft: Draft, cfg: dict, bf: bool) -> None:
         targets = as_list(get("lora_target_modules"))
         if "lora_target_modules" in cfg and not targets and not on("lora_target_linear"):
             draft.set("matched_modules", 0, f"{src('lora_target_modules')} (empty, lora_target_linear off)")
+        elif targets and not on("lora_target_linear"):
+            check_targets(draft, str(get("base_model") or ""), targets, src("lora_target_modules"))
         if "lora_modules_to_save" in cfg:
             embedding_targets(draft, as_list(get("lora_modules_to_save")), src("lora_modules_to_save"),
                               str(get("base_model") or ""))

@@ -30,6 +30,7 @@ from loraflow.frontends.argv import (
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends import lightning
 from loraflow.frontends.script_facts import is_model
+from loraflow.frontends.targets import check_targets
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
 from loraflow.frontends.common import (
     Draft,
@@ -200,6 +201,9 @@ def _adapter(draft: Draft, run: Run) -> None:
             draft.set("adapter_reads_base", kind, opts["lora_target_parameters"].source)
     if "lora_target_modules" in opts and opts["lora_target_modules"].value == []:
         draft.set("matched_modules", 0, opts["lora_target_modules"].source + " (empty list)")
+    elif "lora_target_modules" in opts and draft.get("adapter") != "full":
+        check_targets(draft, str((opts.get("model_name_or_path") or Opt("", "")).value),
+                      as_list(opts["lora_target_modules"].value), opts["lora_target_modules"].source)
     if "lora_modules_to_save" in opts:
         embedding_targets(draft, as_list(opts["lora_modules_to_save"].value), opts["lora_modules_to_save"].source,
                           str((opts.get("model_name_or_path") or Opt("", "")).value))

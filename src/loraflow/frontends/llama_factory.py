@@ -23,6 +23,7 @@ from loraflow.frontends.argv import (
 )
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate
+from loraflow.frontends.targets import check_targets
 from loraflow.frontends.common import (
     Draft,
     accessors,
@@ -224,6 +225,8 @@ def _adapter(draft: Draft, opts: dict) -> str:
         embedding_targets(draft, as_list(get("additional_target")), src("additional_target"),
                           str(get("model_name_or_path") or ""))
     apply_table(draft, opts, (Field("matched_modules", ("lora_target",), empty_targets, suffix=" (empty)"),))
+    if ftype == "lora" and "lora_target" in opts:
+        check_targets(draft, str(get("model_name_or_path") or ""), as_list(get("lora_target")), src("lora_target"))
     bits = get("quantization_bit")
     if bits not in (None, "null", "None") and str(get("quantization_method", "bnb")) == "bnb":
         bits = int_value(bits, src("quantization_bit"), "a number of bits")
