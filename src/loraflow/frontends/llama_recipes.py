@@ -158,6 +158,9 @@ def _quantization(draft: Draft, opts: Options, fsdp: bool) -> str | None:
                   f"{SRC}/finetuning.py)")
         if value != True:  # noqa: E712 - fire's True, as opposed to a word it read
             draft.note(f"{raw}: before {QLORA} --quantization is a bool, so any value loads the model in 8-bit")
+        if fsdp:  # nothing refuses it before 0.0.3; FSDP1 meets the int8 weights when it flattens the first unit
+            draft.note(f"{raw} with --enable_fsdp: llama-recipes < {QLORA} wraps the 8-bit model in FSDP, which "
+                       "cannot flatten its int8 weights (`ValueError: Cannot flatten integer dtype tensors`)")
         return "8bit"
     if value is True:
         draft.note(f"{raw}: a bare --quantization is read as 8bit with a FutureWarning (llama-recipes >= {QLORA}); "
@@ -348,6 +351,9 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft.set("not_used", NOT_USED, f"{SRC}/finetuning.py: its own loop (train_utils.py train), FSDP from torch")
     if model:
         model_name_facts(draft, Path(model.rstrip("/")).name, opts.src("train_config", "model_name"))
+        if "vision" in model.lower():  # MllamaForConditionalGeneration from 0.0.4; its towers are not modelled here
+            draft.note(f"{opts.src('train_config', 'model_name')}: a Llama 3.2 Vision model is read as its language "
+                       "model; what its vision tower and cross-attention layers add is not checked")
     bits = _quantization(draft, opts, fsdp)
     _adapter(draft, opts, fsdp, model)
     if fsdp:

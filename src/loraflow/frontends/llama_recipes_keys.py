@@ -44,7 +44,7 @@ OWN_FLAGS = frozenset(("enable_fsdp", "use_peft", "peft_method", "batch_size_tra
 # Where finetuning.py was in the repository, and the releases that shipped it there (git history of
 # meta-llama/llama-recipes; a clone's script imports the package of the same tree).
 SCRIPTS = (
-    (r"(?:^|/)llama_finetuning\.py$", "<0.0.2", "llama_finetuning.py is the 2023-07 layout, before the package's 0.0.2"),
+    (r"(?:^|/)llama_finetuning\.py$", "<0.0.2", "llama_finetuning.py is the 2023-07 layout, before 0.0.2"),
     (r"(?:^|/)examples/finetuning\.py$", "<0.0.2", "examples/finetuning.py is the layout of 2023-09 to 2024-03 "
      "(llama-recipes 0.0.1)"),
     (r"(?:^|/)recipes/finetuning/finetuning\.py$", ">=0.0.2,<0.0.3", "recipes/finetuning/finetuning.py is the layout "
