@@ -94,7 +94,8 @@ def _options(cmd: Command, draft: Draft) -> Options:
     if positionals:
         draft.unknown.append(f"{' '.join(positionals)} (fire passes positionals to main(**kwargs), which takes none)")
     opts = Options()
-    dotted_ok = at_least(draft, PKG, DOTTED)
+    # Asked only where a dotted flag is given, so that lines without one do not split on this release.
+    dotted_ok = any("." in a.name for a in args) and at_least(draft, PKG, DOTTED)
     for a in args:
         value = _fire_value(a.one())
         if isinstance(value, str) and value.lower() in _FALSE_WORDS:
