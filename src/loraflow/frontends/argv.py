@@ -283,6 +283,11 @@ def split_command(argv: list[str], depth: int = 0) -> Command:
         # A notebook cell's `!swift sft ...` (IPython runs the rest of the line in a shell; Colab, Kaggle).
         rest[0] = rest[0][1:]
         cmd.notes.append("a notebook shell escape (`!`): the rest of the line is the launch command")
+    if "&&" in rest:  # `CUDA_VISIBLE_DEVICES=0,1 && torchrun ...`: assignments chained before the command
+        cut = len(rest) - rest[::-1].index("&&")
+        if all(_ENV.match(t) for t in rest[:cut - 1] if t != "&&"):
+            rest = [t for t in rest[:cut - 1] if t != "&&"] + rest[cut:]
+            cmd.notes.append("assignments chained with `&&` before the command: read as its environment")
     while rest:
         head = rest[0]
         if head in ("env", "nohup", "time", "exec", "command") or _ENV.match(head):
