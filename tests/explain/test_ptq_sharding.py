@@ -25,13 +25,17 @@ def test_llama_factorys_refusal_is_the_rules_own_message():
 
 
 def test_fsdps_refusal_names_the_codes():
-    """int32 is only GPTQ / AWQ packing: confirmed; int8 is a w8a8 checkpoint or LLM.int8 codes: likely, and a w8a8
-    name in the log raises it (llama-cookbook issue 945 printed the model's name before the refusal)."""
+    """int32 is only GPTQ / AWQ packing: confirmed; int8 is LLM.int8 codes or a w8a8 checkpoint: both likely, and
+    the log's own words tell them apart (llama-cookbook issue 945 printed the w8a8 model's name before the refusal;
+    an 8-bit run shows load_in_8bit or bitsandbytes' int8 classes)."""
     flat = "ValueError: Must flatten tensors with uniform dtype but got torch.bfloat16 and torch.{}"
     assert top(flat.format("int32"))[:1] == [("ptq-model-under-sharding", "confirmed")]
-    assert top(flat.format("int8"))[:1] == [("ptq-model-under-sharding", "likely")]
+    assert {r for r, level in top(flat.format("int8"))[:2] if level == "likely"} == {
+        "ptq-model-under-sharding", "kbit-int8-fsdp1"}
     named = "--> Model RedHatAI/Llama-3.3-70B-Instruct-quantized.w8a8\n" + flat.format("int8")
     assert top(named)[0][0] == "ptq-model-under-sharding"
+    eight = "  quantization_config: {'load_in_8bit': True}\n" + flat.format("int8")
+    assert top(eight)[0][0] == "kbit-int8-fsdp1"
     # uint8 storage is bitsandbytes' 4-bit, and two float dtypes are mixed parameters: not this rule.
     assert "ptq-model-under-sharding" not in dict(top(flat.format("uint8")))
     assert "ptq-model-under-sharding" not in dict(top(flat.format("float32")))
@@ -61,3 +65,9 @@ def test_check_finds_a_gptq_checkpoint_under_zero3_and_not_under_zero2(tmp_path)
     sharded, code = findings(3)
     assert "ptq-model-under-sharding" in sharded and sharded["ptq-model-under-sharding"] is None and code == 2
     assert "ptq-model-under-sharding" not in findings(2)[0]
+
+
+def test_llama_recipes_refusal_of_8bit_under_fsdp():
+    # llama-recipes >= 0.0.3 finetuning.py, before it loads the model.
+    text = "ValueError: 8bit quantization is not supported with FSDP, please use 4bit quantization"
+    assert top(text)[:1] == [("kbit-int8-fsdp1", "confirmed")]

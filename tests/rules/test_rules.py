@@ -152,6 +152,10 @@ CASES = {
     "kbit-int8-zero3": (
         ZERO3.replace(quantization="8bit"),
         ZERO3.replace(quantization="8bit", zero_stage=2)),
+    # 8-bit codes in an FSDP1 unit; the same base under FSDP2 is its own rule (kbit-int8-fsdp2).
+    "kbit-int8-fsdp1": (
+        BASE.replace(quantization="8bit", engine="fsdp1", world_size=2),
+        BASE.replace(quantization="8bit", engine="ddp", world_size=2)),
     # A GPTQ checkpoint sharded by ZeRO-3 or FSDP2; the same checkpoint under ZeRO-2 keeps its weights whole.
     "ptq-model-under-sharding": (
         ZERO3.replace(ptq_checkpoint="gptq"),

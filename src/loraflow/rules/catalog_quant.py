@@ -92,6 +92,47 @@ register(Rule(
 ))
 
 register(Rule(
+    id="kbit-int8-fsdp1",
+    title="8-bit (LLM.int8) weights cannot be flattened by FSDP1",
+    verdict="error",
+    impact="crash",
+    conditions="a bitsandbytes 8-bit base wrapped by FSDP1 (FullyShardedDataParallel)",
+    knobs=("quantization", "engine"),
+    when=lambda s: s.quantization == "8bit" and s.flat_params,
+    cause=("bitsandbytes keeps an 8-bit layer's weight as int8 codes (Int8Params). FSDP1 flattens each unit's "
+           "parameters into one tensor of one dtype and refuses the mix: `Must flatten tensors with uniform dtype "
+           "but got torch.float32 and torch.int8` (`Cannot flatten integer dtype tensors` when the int8 weight comes "
+           "first), with use_orig_params on or off (seen with torch 2.13, bitsandbytes 0.50.2 on the CPU). Unlike "
+           "4-bit weights, whose packed storage can take the model's dtype (bnb_4bit_quant_storage), 8-bit codes "
+           "have no such setting. llama-recipes refuses the setup from 0.0.3 (`8bit quantization is not supported "
+           "with FSDP, please use 4bit quantization`)."),
+    fix="loraflow has no FSDP1 engine, and refuses an 8-bit base under FSDP2 too (kbit-int8-fsdp2): use "
+        "model.quantization.method=nf4 with FSDP2, or parallel.engine=ddp or DeepSpeed for an 8-bit base.",
+    elsewhere="load the base in 4 bits with bnb_4bit_quant_storage set to the model's dtype for FSDP, or train the "
+              "8-bit base with DDP",
+    references=("https://github.com/pytorch/pytorch/blob/main/torch/distributed/fsdp/_flat_param.py "
+                "(_validate_tensors_to_flatten)",
+                "https://github.com/meta-llama/llama-recipes/issues/556",
+                "https://github.com/meta-llama/llama-cookbook/blob/main/src/llama_cookbook/finetuning.py "
+                "(8bit quantization refused with FSDP)"),
+    fixed_in="design",
+    log=LogSigns(
+        messages=(Message(r"8bit quantization is not supported with FSDP", "own",
+                          "llama-recipes finetuning.py main", ">=0.0.3"),
+                  FLATTEN_DTYPE,
+                  Message(r"Cannot flatten integer dtype tensors", "shared",
+                          "torch/distributed/fsdp/_flat_param.py: _validate_tensors_to_flatten", "torch>=2.1")),
+        evidence=(Evidence("quant8bit", 4, "an 8-bit (LLM.int8) base is in use"),
+                  Evidence("flatten:int-codes", 3, "FSDP flattens int8 weights beside float ones"),
+                  Evidence("fsdp", 1, "FSDP is in use"),
+                  Evidence("ptq", -6, "a post-training-quantized checkpoint is named instead"),
+                  Evidence("flatten:int32", -8, "int32 words: GPTQ / AWQ packing, not LLM.int8", excludes=True),
+                  Evidence("flatten:half-and-float", -6, "only float dtypes differ: no quantized weights")),
+        prior=1.0,
+        tells_apart="an 8-bit (load_in_8bit) base under FSDP1; torch.int8 in FSDP's dtype refusal"),
+))
+
+register(Rule(
     id="kbit-int8-zero3",
     title="ZeRO-3 saves no memory on 8-bit weights",
     verdict="warning",
@@ -230,6 +271,8 @@ register(Rule(
                   Evidence("flatten:int-codes", 3, "FSDP flattens signed integer weights (int8: a w8a8 checkpoint, "
                            "or bitsandbytes' LLM.int8 codes)"),
                   Evidence("ptq", 3, "a post-training-quantized checkpoint is named in the log"),
+                  Evidence("quant8bit", -4, "an 8-bit bitsandbytes base is in use: its int8 codes, not a PTQ "
+                           "checkpoint's"),
                   Evidence("flatten:int", -8, "uint8 storage: bitsandbytes' packed 4-bit, not a PTQ checkpoint",
                            excludes=True),
                   Evidence("flatten:half-and-float", -6, "only float dtypes differ: no quantized weights")),

@@ -110,6 +110,10 @@ FACTS: dict[str, tuple[str, str]] = {
     "ptq": (r"\bgptq\w*|\bawq\b|\baqlm\b|compressed[-_]tensors|\bw(4|8)a(8|16)\b|QuantLinear|WQLinear|"
             r"-Int[48]\b|PTQ-quantized", "a checkpoint quantized after training (GPTQ, AWQ, AQLM, compressed-tensors) "
             "is in use"),
+    # bitsandbytes' LLM.int8 in use: its layer and parameter classes, or a setting that turns it on (a config dump
+    # printing load_in_8bit false must not count).
+    "quant8bit": (r"Linear8bitLt|Int8Params|load_in_8bit\W{1,4}true\b|quantization_bit\W{1,4}8\b|"
+                  r"--quantization\W{1,4}8bit|\bllm\.int8\b", "an 8-bit (LLM.int8) base is in use"),
     "bnb:cpu-repack": (r"_convert_weight_packed_for_cpu", "bitsandbytes' in-place CPU repack of a 4-bit weight is "
                        "in the traceback"),
     "int_requires_grad": (r"only Tensors of floating point dtype can require gradients",
