@@ -34,8 +34,8 @@ CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft"
            "deepspeed": Version("0.19.8")}
 
 MERGE_SH = "swift export \\\n    --adapters output/vx-xxx/checkpoint-xxx \\\n    --merge_lora true\n"
-AWQ_MERGE_SH = ("swift export \\\n    --model Qwen/Qwen2.5-7B-Instruct \\\n    --adapters output/vx-xxx/checkpoint-xxx \\\n"
-                "    --merge_lora true\n")
+AWQ_MERGE_SH = ("swift export \\\n    --model Qwen/Qwen2.5-7B-Instruct \\\n"
+                "    --adapters output/vx-xxx/checkpoint-xxx \\\n    --merge_lora true\n")
 QUICK_START_INFER = ("CUDA_VISIBLE_DEVICES=0 \\\nswift infer \\\n    --adapters output/vx-xxx/checkpoint-xxx \\\n"
                      "    --stream true \\\n    --merge_lora true \\\n    --infer_backend vllm \\\n"
                      "    --max_model_len 8192\n")

@@ -76,7 +76,8 @@ def read(draft: Draft, opts: dict[str, tuple[Any, str]], run: str, complete: boo
                 f"LLaMA-Factory cannot merge {src('adapter_name_or_path')} into it ('Cannot merge adapters to a "
                 f"quantized model.', {TUNER}). Set model_name_or_path to the unquantized checkpoint it was made from.")
         if draft.get("quantization"):
-            draft.set("merge_into_quantized", True, f"{src('quantization_bit')} with {src('adapter_name_or_path')}: " + (
+            both = f"{src('quantization_bit')} with {src('adapter_name_or_path')}: "
+            draft.set("merge_into_quantized", True, both + (
                 f"LLaMA-Factory >= 0.4.0 leaves the adapter unmerged on a quantized base and refuses the export "
                 f"('Cannot merge adapters to a quantized model.', {TUNER})" if at_least(draft, "llama-factory", "0.4.0")
                 else "LLaMA-Factory < 0.4.0 merges the adapter into the quantized base (src/llmtuner/model/"

@@ -8,8 +8,9 @@ training fields keep their defaults: its reader sets only the fields below (what
 never reads a training flag, even one the framework accepts on the line or copies from the checkpoint's saved
 arguments. `finish` enforces that (a field outside LOAD_FIELDS is a reader's bug), so the rules that can hold on a
 load run are exactly those whose knobs are load fields (kbit-merge,
-vlm-wrong-auto-class). A field on the Combination saying "this run does not train" would let rules opt out by name, but every
-training rule would have to read it; keeping the training fields at their neutral defaults needs no rule to change.
+vlm-wrong-auto-class). A field on the Combination saying "this run does not train" would let rules opt out by name,
+but every training rule would have to read it; keeping the training fields at their neutral defaults needs no rule
+to change.
 """
 
 from __future__ import annotations
@@ -35,4 +36,5 @@ def finish(draft: Draft, run: str) -> None:
         del draft.unsure[name]
     stray = sorted(set(draft.values) - LOAD_FIELDS)
     if stray:  # pragma: no cover - a reader that set a training field on a load run
-        raise RuntimeError(f"a load run set training fields {', '.join(stray)}; a load reader sets {sorted(LOAD_FIELDS)}")
+        raise RuntimeError(f"a load run set training fields {', '.join(stray)}; a load reader sets only "
+                           f"{', '.join(sorted(LOAD_FIELDS))}")

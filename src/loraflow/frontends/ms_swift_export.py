@@ -94,8 +94,8 @@ def _merge(draft: Draft, run: str, known: bool) -> None:
     """Where the merge puts the adapter's delta, per release (module docstring)."""
     if mitigated(draft, "kbit-merge"):
         if draft.get("quantization"):
-            why = f"{run}: ms-swift >= 3.7 loads the base unquantized to merge ({MERGE_SRC}: args.quant_method = None, " \
-                  "PR #5190)"
+            why = (f"{run}: ms-swift >= 3.7 loads the base unquantized to merge ({MERGE_SRC}: "
+                   "args.quant_method = None, PR #5190)")
             draft.set("quantization", None, f"{why}, whatever {draft.sources['quantization']} says")
             draft.set("merge_into_quantized", False, why)
         return
