@@ -14,6 +14,7 @@ from typing import Any
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import adapter_dtype, deepspeed, keys, vision
+from loraflow.frontends import llama_factory_export as exports
 from loraflow.frontends.argv import (
     Command,
     command_from_script,
@@ -66,6 +67,7 @@ FLAGS = {"checkpointing": "disable_gradient_checkpointing", "reentrant": "use_re
          "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the deepspeed JSON",
          "targets_all_towers": "lora_target / freeze_vision_tower", "image_safe_truncation": "cutoff_len / "
          "image_max_pixels", "towers_trainable": "freeze_vision_tower / freeze_multi_modal_projector",
+         "merge_into_quantized": exports.FLAGS["merge_into_quantized"],
          "unsloth": "use_unsloth", "adapter_reads_base": "pissa_init"}
 _HANDLED = {"stage", "finetuning_type", "use_dora", "lora_target", "additional_target", "quantization_bit",
             "quantization_method", "disable_gradient_checkpointing", "use_reentrant_gc", "use_unsloth_gc", "deepspeed",
@@ -342,7 +344,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
 
 # Chat templates whose mm_plugin takes images (src/llamafactory/data/template.py); gemma3, llama4 and mistral_small
 # also serve text-only checkpoints, so they say nothing alone.
-_VLM_TEMPLATE = re.compile(r"^(qwen2_vl|qwen2_5_vl|qwen3_vl\w*|qwen2_omni\w*|qwen3_omni\w*|llava\w*|video_llava|"
+VLM_TEMPLATE = re.compile(r"^(qwen2_vl|qwen2_5_vl|qwen3_vl\w*|qwen2_omni\w*|qwen3_omni\w*|llava\w*|video_llava|"
                            r"paligemma\w*|mllama|minicpm_[vo]|intern_?vl|idefics\w*|glm4v|glm4_1v|glm4_5v|kimi_vl|"
                            r"pixtral|cogvlm\w*|yi_vl|gemma3n|phi4_mm)$")
 # Keys only image-text runs set (the vision tower, the projector, image resolution).
@@ -361,7 +363,7 @@ def _image_text(draft: Draft, opts: dict[str, tuple[Any, str]], ftype: str) -> N
     get, src, on = accessors(opts)
     model = str(get("model_name_or_path") or "")
     evidence = next((src(k) for k in _VLM_KEYS if k in opts), None)
-    if evidence is None and _VLM_TEMPLATE.match(str(get("template") or "")):
+    if evidence is None and VLM_TEMPLATE.match(str(get("template") or "")):
         evidence = src("template")
     model_name_facts(draft, model, src("model_name_or_path") if model else "")
     if not vision.recognise(draft, model, src("model_name_or_path") if model else "", evidence):
@@ -417,9 +419,19 @@ def _image_text(draft: Draft, opts: dict[str, tuple[Any, str]], ftype: str) -> N
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
-    if cmd.program_kind == "cli" and cmd.subcommand != "train":
-        raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads training runs (llamafactory-cli train ...).")
+    if cmd.program_kind == "cli" and cmd.subcommand not in ("train", "export"):
+        raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads training runs (llamafactory-cli train ...) "
+                            "and merges (llamafactory-cli export ...).")
     opts, bases = _read(cmd, [], draft)
+    if cmd.program_kind == "cli" and cmd.subcommand == "export":  # a load and merge of the adapter, not training
+        # A config that is not here says nothing by its name about an export: its keys are unknown, not inferred.
+        named = {k: v for k, v in opts.items() if v[1].endswith("(inferred from its name)")}
+        missing = [p for p in cmd.args if p.endswith((".yaml", ".yml", ".json")) and resolve_path(p) is None]
+        draft.notes = [n for n in draft.notes if not any(n.startswith(f"{p}: no such file here") for p in missing)]
+        draft.unknown += [f"{p} (not on this machine: the export's keys in it are not read)" for p in missing]
+        _eras(draft, opts, cmd)
+        exports.read(draft, {k: v for k, v in opts.items() if k not in named}, cmd.describe(), complete=not missing)
+        return draft.result()
     # llamafactory-cli runs torchrun itself: NPROC_PER_NODE x NNODES, or one process per visible device
     # (src/llamafactory/launcher.py).
     world_from_env(draft, cmd, all_visible=cmd.launcher is None)
@@ -437,6 +449,9 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
         return from_command(cmd, versions)
     draft = Draft(NAME, versions)
     opts, bases = _read(None, paths, draft)
+    if "export_dir" in opts:  # an export config (examples/merge_lora/*.yaml): `llamafactory-cli export` reads it
+        exports.read(draft, opts, f"llamafactory-cli export {' '.join(paths)}")
+        return draft.result()
     _apply(draft, opts, None, bases)
     finish_world(draft, None)
     return draft.result()

@@ -15,6 +15,7 @@ from typing import Any
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import deepspeed, keys
+from loraflow.frontends import ms_swift_export as exports
 from loraflow.frontends import ms_swift_vllm as rollouts
 from loraflow.frontends.ms_swift_vision import image_text
 from loraflow.frontends.argv import (
@@ -23,7 +24,7 @@ from loraflow.frontends.argv import (
     parse_flags,
     split_command,
 )
-from loraflow.frontends.base import Framework, FrontendResult
+from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_fsdp_options
 from loraflow.frontends.common import (
     Draft,
@@ -57,7 +58,7 @@ ARGS = "swift/trainers/arguments.py"
 # --rlhf_type -> loraflow stage (kto, orpo, simpo, cpo, gkd through table.STAGE_ALIASES).
 RLHF = stages("dpo", "grpo", "ppo", "rm", "kto", "orpo", "simpo", "cpo", "gkd")
 # Combination field -> the ms-swift flag that changes it (also read by `loraflow explain` through flags_for).
-FLAGS = {"checkpointing": "--gradient_checkpointing",
+FLAGS = {**exports.FLAGS, "checkpointing": "--gradient_checkpointing",
          "reentrant": "--gradient_checkpointing_kwargs '{\"use_reentrant\": ...}'",
          "zero_stage": "--deepspeed (zero2, zero3, zero3_offload, ...)",
          "offload": "--deepspeed zero2_offload / zero3_offload", "engine": "--deepspeed / --fsdp",
@@ -339,8 +340,13 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         draft.era("ms-swift", "<3.0.0", f"`swift {sub}` exists in ms-swift < 3.0")
         args_in = ["--rlhf_type", sub, *args_in] if "--rlhf_type" not in args_in else args_in
         sub = "rlhf"
+    if sub in exports.SUBCOMMANDS:  # a load of the trained adapter (and a merge), not a training run
+        exports.read(cmd, draft, sub, args_in)
+        return draft.result()
     if sub not in ("sft", "pt", "rlhf"):
-        raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads `swift sft`, `swift pt` and `swift rlhf`.")
+        raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads `swift sft`, `swift pt` and `swift rlhf`, and "
+                            "the runs that load or merge their adapters: `swift export`, `swift merge-lora`, "
+                            "`swift infer`, `swift deploy`.")
     args, positionals, _ = parse_flags(args_in, lists=keys.MS_SWIFT | keys.MS_SWIFT_V2 | keys.HF_TRAINER | _HANDLED |
                                        set(_V2_NAMES))
     for pos in positionals:
@@ -409,7 +415,11 @@ def _recognise(view) -> bool:
                                                                view.flags & _V2_FLAGS)
 
 
+# `swift export --merge_lora true` (and merge-lora, infer --merge_lora) of a QLoRA adapter (ms_swift_export.py).
+QLORA_MERGE = Mitigation(("kbit-merge",), "3.7.0", "the merge loads the base unquantized whatever the line or the "
+                         "checkpoint's args.json quantizes it with", "swift/llm/export/merge_lora.py merge_lora: "
+                         "args.quant_method = None (PR #5190)")
 FRAMEWORK = Framework(name=NAME, title="ms-swift", module="ms_swift", recognise=_recognise, flags=FLAGS,
                       log_paths=r"[/\\]swift[/\\](llm|trainers|cli|rlhf_trainers)[/\\]|swift (sft|rlhf)",
                       depends=DEPENDS, dated=True, aliases=("swift", "ms_swift"),
-                      mitigations=(rollouts.SLEEP2_BASE_SYNC,))
+                      mitigations=(rollouts.SLEEP2_BASE_SYNC, QLORA_MERGE))

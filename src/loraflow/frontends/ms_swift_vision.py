@@ -30,7 +30,7 @@ _TEXT_MODEL_TYPE = re.compile(r"^(qwen\d?(_\d)?(_moe)?|llama\d?(_\d)?|internlm\d
                               r"mixtral|gemma\d?(_text)?|phi\d?(_\d)?|minicpm\d?|yi|deepseek(_v\d)?|baichuan\d?)$", re.I)
 
 
-def _text_model_type(draft: Draft, model_type: str, source: str, key: str | None) -> None:
+def text_model_type(draft: Draft, model_type: str, source: str, key: str | None) -> None:
     """--model_type naming a text-only family beside an image-text --model: the text loader is used."""
     if key == "model_type" or not model_type or not _TEXT_MODEL_TYPE.match(model_type.strip("'\"")):
         return
@@ -51,7 +51,7 @@ def image_text(draft: Draft, get, src, on, opts: dict) -> None:
     if not vision.recognise(draft, model, src(key) if key else "", flag):
         return
     if "model_type" in opts:
-        _text_model_type(draft, str(get("model_type") or ""), src("model_type"), key)
+        text_model_type(draft, str(get("model_type") or ""), src("model_type"), key)
     if "freeze_aligner" in opts and ">=3.0.0" not in draft.eras.get("ms-swift", ("",))[0]:
         draft.era("ms-swift", ">=3.0.0", "--freeze_aligner exists from ms-swift 3.0")
     new = at_least(draft, "ms-swift", "3.0.0")
