@@ -21,8 +21,8 @@ CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft"
 # The launch of issue 1051 with its variables filled in (the line `loraflow check` is asked about in the report).
 FILLED = ("uv run ./examples/run_grpo_math.py --config=examples/configs/grpo_math_8B.yaml "
           "policy.model_name=Qwen/Qwen3-32B policy.generation.vllm_cfg.tensor_parallel_size=4 "
-          "policy.max_total_sequence_length=16384 cluster.num_nodes=2 cluster.gpus_per_node=8 policy.dtensor_cfg.enabled=True "
-          "policy.dtensor_cfg.tensor_parallel_size=2 policy.dtensor_cfg.sequence_parallel=True")
+          "policy.max_total_sequence_length=16384 cluster.num_nodes=2 cluster.gpus_per_node=8 "
+          "policy.dtensor_cfg.enabled=True policy.dtensor_cfg.tensor_parallel_size=2 policy.dtensor_cfg.sequence_parallel=True")
 
 
 def check(line: str, versions: dict = CURRENT) -> tuple[dict, int]:
@@ -79,6 +79,12 @@ def test_pr_352_line_without_config_reads_grpo_math_1b_and_its_added_key():
     r = from_command(shlex.split(LAUNCH["nemo-rl-352"]), CURRENT)
     assert r.setup.world_size == 8 and r.unknown == []
     assert r.sources["precision"].startswith("default (nemo-rl 0.1.0 examples/configs/grpo_math_1B.yaml")
+
+
+def test_pr_1026_reward_model_environment_config_dates_the_launch():
+    r = from_command(shlex.split(LAUNCH["nemo-rl-1026"]), CURRENT)
+    assert (r.setup.stage, r.setup.world_size) == ("grpo", 2)
+    assert r.eras["nemo-rl"][0] == ">=0.4.0" and "grpo_rm_1B.yaml first appears" in r.eras["nemo-rl"][1]
 
 
 def test_fsdp1_worker_dates_the_launch_before_0_3_0():
