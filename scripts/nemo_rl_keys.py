@@ -27,7 +27,8 @@ TAGS = {"v0.1.0": "0.1.0", "v0.1.1": "0.1.1", "v0.2.0": "0.2.0", "v0.2.1": "0.2.
         "v0.3.1": "0.3.1", "v0.4.0": "0.4.0", "v0.5.0": "0.5.0", "v0.6.0": "0.6.0", "v0.7.0": "0.7.0"}
 ENTRIES = {"grpo": "grpo_math_1B.yaml", "sft": "sft.yaml", "dpo": "dpo.yaml"}
 # The settings the frontend reads (frontends/nemo_rl.py): the only keys kept for the example files.
-READ = ("policy.model_name", "policy.precision", "policy.fsdp_offload_enabled", "policy.activation_checkpointing_enabled",
+READ = ("policy.model_name", "policy.precision", "policy.fsdp_offload_enabled",
+        "policy.activation_checkpointing_enabled",
         "policy.dtensor_cfg.enabled", "policy.dtensor_cfg._v2", "policy.dtensor_cfg.cpu_offload",
         "policy.dtensor_cfg.sequence_parallel", "policy.dtensor_cfg.activation_checkpointing",
         "policy.dtensor_cfg.tensor_parallel_size", "policy.dtensor_cfg.context_parallel_size",

@@ -22,7 +22,8 @@ CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft"
 FILLED = ("uv run ./examples/run_grpo_math.py --config=examples/configs/grpo_math_8B.yaml "
           "policy.model_name=Qwen/Qwen3-32B policy.generation.vllm_cfg.tensor_parallel_size=4 "
           "policy.max_total_sequence_length=16384 cluster.num_nodes=2 cluster.gpus_per_node=8 "
-          "policy.dtensor_cfg.enabled=True policy.dtensor_cfg.tensor_parallel_size=2 policy.dtensor_cfg.sequence_parallel=True")
+          "policy.dtensor_cfg.enabled=True policy.dtensor_cfg.tensor_parallel_size=2 "
+          "policy.dtensor_cfg.sequence_parallel=True")
 
 
 def check(line: str, versions: dict = CURRENT) -> tuple[dict, int]:
