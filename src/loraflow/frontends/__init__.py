@@ -79,10 +79,11 @@ def guess_framework_for_files(paths) -> str | None:
     from loraflow.frontends.common import load_mapping
 
     own = {f.name for f in fields(Config)}
+    from loraflow.frontends.nemo_rl import SECTIONS as NEMO_RL
     from loraflow.frontends.verl import TOP_KEYS as VERL
 
     known = {"llama-factory": keys.LLAMA_FACTORY | keys.HF_TRAINER, "axolotl": keys.AXOLOTL,
-             "accelerate": keys.ACCELERATE_TOP, "verl": VERL, "torchtune": keys.TORCHTUNE}
+             "accelerate": keys.ACCELERATE_TOP, "verl": VERL, "torchtune": keys.TORCHTUNE, "nemo-rl": NEMO_RL}
     for path in paths:
         try:
             found = {str(k) for k in load_mapping(path, "config file")}

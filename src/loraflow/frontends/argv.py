@@ -272,6 +272,18 @@ def _cluster_launcher(cmd: Command, rest: list[str], argv: list[str]) -> list[st
     return rest[start:]
 
 
+# `uv run [OPTIONS] COMMAND...` (NeMo-RL's launches): the options that take a value; the others are switches.
+_UV_VALUED = {"--extra", "--with", "--with-editable", "--with-requirements", "--group", "--only-group", "--package",
+              "--python", "-p", "--directory", "--project", "--env-file", "--index", "--index-url", "--no-extra"}
+
+
+def _uv_run(tokens: list[str]) -> list[str]:
+    i = 0
+    while i < len(tokens) and tokens[i].startswith("-"):
+        i += 1 if "=" in tokens[i] or tokens[i] not in _UV_VALUED else 2
+    return tokens[i:]
+
+
 def split_command(argv: list[str], depth: int = 0) -> Command:
     """Peel env assignments and launchers off `argv` (already split by the shell)."""
     if not argv:
@@ -299,6 +311,8 @@ def split_command(argv: list[str], depth: int = 0) -> Command:
             return inner
         elif head in _CLUSTER_LAUNCHERS:
             rest = _cluster_launcher(cmd, rest, argv)
+        elif head == "uv" and rest[1:2] == ["run"]:
+            rest = _uv_run(rest[2:])
         elif head == "ray":
             if "--" not in rest:
                 raise LoraflowError("`ray job submit` without `--`: cannot find the training command after it.")

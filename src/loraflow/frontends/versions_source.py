@@ -24,7 +24,7 @@ RELEASES = Path(__file__).with_name("release_dates.json")
 PYPI_NAMES = {"torch": "torch", "transformers": "transformers", "peft": "peft", "deepspeed": "deepspeed",
               "bitsandbytes": "bitsandbytes", "accelerate": "accelerate", "trl": "trl", "unsloth": "unsloth",
               "llama-factory": "llamafactory", "ms-swift": "ms-swift", "openrlhf": "openrlhf", "axolotl": "axolotl",
-              "verl": "verl", "torchtune": "torchtune",
+              "verl": "verl", "torchtune": "torchtune", "nemo-rl": "nemo-rl",
               "llama-recipes": "llama-recipes"}
 """loraflow's name of a package or framework -> its name on the package index."""
 _SPELLINGS = {"pytorch": "torch", "llamafactory": "llama-factory", "llama_factory": "llama-factory",
