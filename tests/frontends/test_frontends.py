@@ -26,7 +26,8 @@ from loraflow.frontends import (
     guess_framework_for_files,
     run_check,
 )
-from loraflow.frontends.argv import command_from_script, parse_flags, split_command
+from loraflow.frontends.argv import parse_flags, split_command
+from loraflow.frontends.shell import command_from_script
 from loraflow.rules import evaluate
 from loraflow.rules.combination import COMBINATION_FIELDS
 

@@ -12,7 +12,7 @@ from conftest import ROOT
 from packaging.version import Version
 
 from loraflow.frontends import detect, from_command, run_check
-from loraflow.frontends.argv import command_from_script
+from loraflow.frontends.shell import command_from_script
 
 RECIPE = ROOT / "tests" / "fixtures" / "corpus" / "check" / "scripts" / "011-llava15-lora-zero3.sh"
 PINNED = {"torch": Version("2.1.2"), "transformers": Version("4.37.2"), "deepspeed": Version("0.12.6"),

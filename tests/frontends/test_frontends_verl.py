@@ -14,7 +14,7 @@ from packaging.version import Version
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import detect, from_command, from_files, guess_framework_for_files, run_check
-from loraflow.frontends.argv import command_from_script
+from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.dotlist import split_overrides
 
 FIX = ROOT / "tests" / "fixtures" / "frontends" / "verl"

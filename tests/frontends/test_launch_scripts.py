@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from loraflow.frontends import parse_versions, run_check
-from loraflow.frontends.argv import command_from_script, split_command
+from loraflow.frontends.argv import split_command
+from loraflow.frontends.shell import command_from_script
 
 VERSIONS = dict(parse_versions("torch=2.13.0,transformers=5.23.0,peft=0.21.2,trl=1.16.0,accelerate=1.15.0"))
 # HF Trainer flags of a LoRA run that crashes under DDP (ddp-reentrant-unused): reentrant checkpointing with

@@ -149,7 +149,7 @@ def launch_builder(path: str, name: str | None) -> tuple:
     from pathlib import Path
 
     from loraflow.errors import LoraflowError
-    from loraflow.frontends.argv import command_from_script
+    from loraflow.frontends.shell import command_from_script
 
     if not Path(path).is_file():
         raise LoraflowError(f"--launch {path}: no such file; give the run's launch script (.sh) or its config file.")

@@ -3,8 +3,8 @@
 `split_command` peels `CUDA_VISIBLE_DEVICES=0,1`, `deepspeed --num_gpus 2`, `torchrun --nproc_per_node 8`,
 `accelerate launch --num_processes 2 --config_file x.yaml`, `python -m`, `ray job submit ... --` and `bash run.sh`
 off the front and keeps what each launcher says about the number of processes. `parse_flags` reads the rest
-(`--flag value`, `--flag=value`, bare switches, several values after one flag). `command_from_script` finds the
-launch line in a training script such as DeepSpeed-Chat's `training_scripts/*.sh`.
+(`--flag value`, `--flag=value`, bare switches, several values after one flag). shell.py's `command_from_script`
+finds the launch line in a training script such as DeepSpeed-Chat's `training_scripts/*.sh`.
 """
 
 from __future__ import annotations
@@ -284,6 +284,16 @@ def _uv_run(tokens: list[str]) -> list[str]:
     return tokens[i:]
 
 
+def _script_line(cmd: Command, path: str, depth: int) -> Command:
+    """`bash run.sh`: the launch line inside the script, with the outer line's environment."""
+    from loraflow.frontends.shell import command_from_script  # shell.py imports this module
+
+    inner = split_command(command_from_script(path), depth + 1)
+    inner.env = {**cmd.env, **inner.env}
+    inner.notes.insert(0, f"launch line read from {path}")
+    return inner
+
+
 def split_command(argv: list[str], depth: int = 0) -> Command:
     """Peel env assignments and launchers off `argv` (already split by the shell)."""
     if not argv:
@@ -305,10 +315,7 @@ def split_command(argv: list[str], depth: int = 0) -> Command:
         if head in ("env", "nohup", "time", "exec", "command") or _ENV.match(head):
             rest = _env_word(cmd, rest)
         elif head in ("bash", "sh") and len(rest) > 1 and Path(rest[1]).is_file() and depth < 3:
-            inner = split_command(command_from_script(rest[1]), depth + 1)
-            inner.env = {**cmd.env, **inner.env}
-            inner.notes.insert(0, f"launch line read from {rest[1]}")
-            return inner
+            return _script_line(cmd, rest[1], depth)
         elif head in _CLUSTER_LAUNCHERS:
             rest = _cluster_launcher(cmd, rest, argv)
         elif head == "uv" and rest[1:2] == ["run"]:
@@ -382,15 +389,6 @@ def parse_bool(value: str | list[str] | None, where: str) -> bool:
     raise LoraflowError(f"{where}: `{value}` is not a boolean; write true or false.")
 
 
-_ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|'[^']*'|[^\s"'#]*)\s*(?:#.*)?$""")
-_MULTILINE_ASSIGN = re.compile(r'(?m)^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=)"([^"]*\n[^"]*)"')
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d|@|\*)")
-_HEREDOC = re.compile(r"^[ \t]*(?:read\s+(?:-\w+\s+(?:''\s+)?)*(?P<var>[A-Za-z_]\w*)|(?P<var2>[A-Za-z_]\w*)=\$\(cat)\s*"
-                      r"<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)^[ \t]*(?P=tag)\b[^\n]*\n?", re.M | re.S)
-# `$(expr 16 / $nproc_per_node)` (ms-swift's and others' example scripts): the same integer arithmetic as `$((...))`,
-# read as one word rather than split into `$(expr`, `16`, `/`... positional arguments.
-_CASE = re.compile(r"^case\s.+\sin\b")
-_EXPR = re.compile(r"\$\(\s*expr\s+([^()]*)\)")
 _STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "tune", "ray",
            "litgpt", "srun", "mpirun", "mpiexec")
 
@@ -401,110 +399,6 @@ _CLUSTER_LAUNCHERS = ("srun", "mpirun", "mpiexec")
 def _starts_program(token: str) -> bool:
     return (token in _STARTS[:-3] or token in CLI_PROGRAMS or bool(_PYTHON.match(token)) or token.endswith(".py")
             or token in ("bash", "sh"))
-
-
-def _arithmetic(line: str, variables: dict[str, str]) -> str:
-    """`$((A / (B * C)))` replaced by its value where every name in it has a numeric value (bash integer
-    arithmetic), else by `0`: one word either way, so it cannot split into stray positional arguments."""
-    out, i = [], 0
-    while (start := line.find("$((", i)) >= 0:
-        depth, j = 2, start + 3
-        while j < len(line) and depth:
-            depth += {"(": 1, ")": -1}.get(line[j], 0)
-            j += 1
-        expr = re.sub(r"\$?\{?([A-Za-z_]\w*)\}?", lambda m: variables.get(m.group(1), "x"), line[start + 3:j - 2])
-        value = "0"
-        if re.fullmatch(r"[\d\s+\-*/%()]+", expr):
-            try:  # digits and operators only (checked above); bash's `/` is integer division
-                value = str(int(eval(expr.replace("/", "//"), {"__builtins__": {}})))  # noqa: S307
-            except (ArithmeticError, SyntaxError):
-                pass
-        out.append(line[i:start] + value)
-        i = j
-    return "".join(out) + line[i:]
-
-
-def _strip_comment(line: str) -> str:
-    """The line up to a shell comment: a `#` that starts a word outside quotes (bash's rule; `a#b`, `"#### 42"` and
-    `--dataset name#5000` keep theirs, which shlex's own comment handling would cut)."""
-    quote = ""
-    for i, ch in enumerate(line):
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i]
-    return line
-
-
-def _unset(m: re.Match) -> str:
-    """An unset variable: its `${X:-default}`, else nothing for positional parameters ($1, $@: the script run
-    without arguments), else the name itself, so that a launcher's `$DISTRIBUTED_ARGS` stays visible as unknown."""
-    name = m.group(1) or m.group(3)
-    if m.group(2) is not None or name.isdigit() or name in ("@", "*"):
-        return m.group(2) or ""
-    return f"${name}"
-
-
-def script_command(paths: list[str], framework: str, example: str) -> Command:
-    """The launch line of the one training script a flags-only framework is given as files (`check --framework NAME
-    run.sh`); `example` shows the line it holds."""
-    if len(paths) != 1:
-        raise LoraflowError(f"--framework {framework} takes one launch script holding `{example}`, or give the "
-                            "command after `--`.")
-    return split_command(command_from_script(paths[0]))
-
-
-def command_from_script(path: str) -> list[str]:
-    """The launch line of a shell script: line continuations joined, simple `VAR=value` assignments expanded
-    (the last assignment wins, so `if [ -z "$X" ]; then X=3; fi` style defaults come through), redirections dropped.
-    Positional parameters ($1, $2, $@, ${1:-default}) expand to nothing or their default, as when the script runs
-    without arguments."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise LoraflowError(f"cannot read the launch script {path}: {exc.strerror}.") from None
-    variables: dict[str, str] = {}
-    # `read -r -d '' VAR <<EOF ... EOF` (OpenRLHF's example scripts) and `VAR=$(cat <<EOF ... EOF)` hold the
-    # training flags in a here-document: its body becomes the variable's value.
-    for m in _HEREDOC.finditer(text):
-        variables[m.group("var") or m.group("var2")] = " ".join(re.sub(r"\\\s*$", "", line).strip()
-                                             for line in m.group("body").splitlines())
-    text = _HEREDOC.sub("", text)
-    joined = re.sub(r"\\\s*\n", " ", text)
-    # A quoted value over several lines (`DISTRIBUTED_ARGS="` newline `--nproc_per_node 8` newline `"`) is one value.
-    joined = _MULTILINE_ASSIGN.sub(lambda m: f'{m.group(1)}"{" ".join(m.group(2).split())}"', joined)
-
-    def expand(s: str) -> str:
-        return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(3), _unset(m)), s)
-
-    cases = 0  # inside `case ... esac`: arms that run only for a matching argument (none, run without arguments)
-    for line in joined.splitlines():
-        line = _EXPR.sub(lambda m: "$((" + m.group(1).replace("\\*", "*") + "))", line)
-        line = _arithmetic(line, variables) if "$((" in line else line
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        cases += bool(_CASE.match(stripped)) - bool(re.match(r"esac\b", stripped))
-        assign = _ASSIGN.match(line)
-        if assign and cases > 0:
-            continue  # `-m | --model ) shift; MODEL=$1 ;;` (Qwen's finetune scripts) does not run without arguments
-        if assign:
-            variables[assign.group(1)] = expand(assign.group(2)[1:-1] if assign.group(2)[:1] in "'\"" and
-                                                assign.group(2) else assign.group(2))
-            continue
-        # A notebook cell saved as text: `!swift sft ...` runs the rest of the line in a shell (IPython).
-        stripped = stripped[1:] if stripped.startswith("!") else stripped
-        words = stripped.split()
-        first = next((w for w in words if not _ENV.match(w)), "")
-        if Path(first).name in _STARTS or _PYTHON.match(first):
-            body = re.split(r"\s(?:&>|2>&1|>>|>|\||&&|;|&)(?:\s|$)", " " + expand(stripped) + " ")[0]
-            tokens = shlex.split(_strip_comment(body))
-            if tokens:
-                return tokens
-    raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
-                        "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
 
 
 def resolve_path(name: str, *bases: str | os.PathLike | None) -> Path | None:

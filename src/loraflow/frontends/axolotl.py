@@ -17,12 +17,12 @@ from loraflow.frontends.argv import (
     Command,
     _launcher_options,
     _world_from_launcher,
-    command_from_script,
     parse_bool,
     parse_flags,
     resolve_path,
     split_command,
 )
+from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
 from loraflow.frontends.targets import check_targets

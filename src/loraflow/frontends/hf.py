@@ -22,11 +22,11 @@ from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import (
     Arg,
     Command,
-    command_from_script,
     pull_accelerate_options,
     resolve_path,
     split_command,
 )
+from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends import lightning
 from loraflow.frontends.script_facts import is_model

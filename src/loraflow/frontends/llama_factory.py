@@ -17,11 +17,11 @@ from loraflow.frontends import adapter_dtype, deepspeed, keys, vision
 from loraflow.frontends import llama_factory_export as exports
 from loraflow.frontends.argv import (
     Command,
-    command_from_script,
     parse_flags,
     resolve_path,
     split_command,
 )
+from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate
 from loraflow.frontends.targets import check_targets

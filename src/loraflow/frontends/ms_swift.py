@@ -20,10 +20,10 @@ from loraflow.frontends import ms_swift_vllm as rollouts
 from loraflow.frontends.ms_swift_vision import image_text
 from loraflow.frontends.argv import (
     Command,
-    command_from_script,
     parse_flags,
     split_command,
 )
+from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_fsdp_options
 from loraflow.frontends.common import (

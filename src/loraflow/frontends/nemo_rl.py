@@ -20,7 +20,8 @@ from typing import Any
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import nemo_rl_rollout
-from loraflow.frontends.argv import Command, command_from_script, parse_flags, split_command
+from loraflow.frontends.argv import Command, parse_flags, split_command
+from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, as_bool, as_list, at_least, int_value, load_mapping, model_name_facts
 from loraflow.frontends.dotlist import Override, flatten, split_overrides

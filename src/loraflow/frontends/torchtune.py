@@ -22,10 +22,10 @@ from loraflow.frontends.argv import (
     Command,
     _launcher_options,
     _world_from_launcher,
-    command_from_script,
     resolve_path,
     split_command,
 )
+from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, load_mapping, model_name_facts
 from loraflow.frontends.dotlist import flatten, split_overrides

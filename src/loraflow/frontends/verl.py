@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import verl_rollout, vision
-from loraflow.frontends.argv import Command, command_from_script, split_command
+from loraflow.frontends.argv import Command, split_command
+from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import (
     Draft,
