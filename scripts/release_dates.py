@@ -17,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
-from loraflow.frontends.versions_source import PYPI_NAMES, RELEASES  # noqa: E402
+from loraflow.frontends.versions_source import NOT_DATED_BY_INDEX, PYPI_NAMES, RELEASES  # noqa: E402
 
 INDEX = "https://pypi.org/pypi/{}/json"
 
@@ -40,6 +40,8 @@ def upload_dates(pypi_name: str) -> dict[str, str]:
 def main() -> int:
     table = {}
     for name, pypi in PYPI_NAMES.items():
+        if name in NOT_DATED_BY_INDEX:
+            continue
         table[name] = upload_dates(pypi)
         print(f"{name}: {len(table[name])} releases, {min(table[name].values())} to {max(table[name].values())}")
     RELEASES.write_text(json.dumps({"generated": date.today().isoformat(), "source": INDEX.format("NAME"),

@@ -27,6 +27,9 @@ PYPI_NAMES = {"torch": "torch", "transformers": "transformers", "peft": "peft", 
               "verl": "verl", "torchtune": "torchtune", "nemo-rl": "nemo-rl",
               "llama-recipes": "llama-recipes"}
 """loraflow's name of a package or framework -> its name on the package index."""
+NOT_DATED_BY_INDEX = ("nemo-rl",)
+"""Names whose index entry does not date their releases (NeMo-RL publishes a 0.0.0 placeholder; its releases are
+GitHub tags): read from a pip freeze, but left out of the release-date table."""
 _SPELLINGS = {"pytorch": "torch", "llamafactory": "llama-factory", "llama_factory": "llama-factory",
               "ms_swift": "ms-swift", "swift": "ms-swift", "deepspeed-chat": "deepspeed-chat",
               "llama-cookbook": "llama-recipes", "llama_recipes": "llama-recipes", "llama_cookbook": "llama-recipes"}
