@@ -22,9 +22,10 @@ QLORA = Combination(adapter="lora", matched_modules=14, quantization="4bit", cpu
 
 
 def quantized_tiny(ctx: Context, storage: torch.dtype = torch.uint8, dtype: torch.dtype = torch.float32,
-                   cpu_repack: bool = False, intermediate: int = 128):
-    """The probes' tiny Llama loaded in NF4 (double quantization, compute in `dtype`). `intermediate` not a multiple
-    of 64 gives down_proj an input width bitsandbytes' CPU repack cannot convert."""
+                   cpu_repack: bool = False, intermediate: int = 128, method: str = "nf4"):
+    """The probes' tiny Llama loaded in NF4 (double quantization, compute in `dtype`), or in 8 bits with
+    `method="int8"`. `intermediate` not a multiple of 64 gives down_proj an input width bitsandbytes' CPU repack
+    cannot convert."""
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -42,7 +43,7 @@ def quantized_tiny(ctx: Context, storage: torch.dtype = torch.uint8, dtype: torc
         model.save_pretrained(path)
     if dist.is_initialized():
         dist.barrier()  # load once rank 0 has written it
-    q = Quantization("nf4", True, dtype, storage, ("lm_head",), cpu_repack=cpu_repack)
+    q = Quantization(method, method != "int8", dtype, storage, ("lm_head",), cpu_repack=cpu_repack)
     with quiet():
         model = AutoModelForCausalLM.from_pretrained(path, quantization_config=q.hf_config(), device_map={"": "cpu"},
                                                      dtype=dtype)
@@ -103,3 +104,32 @@ def fsdp2_storage_step(setup: Combination, ctx: Context) -> Observation:
     if missing:
         return Observation("wrong", f"no error raised, but {len(missing)} adapter tensors got no finite gradient")
     return Observation("ok", f"{len(grads)} adapter tensors with finite gradients, packed weights in {storage}")
+
+
+@case("kbit-int8-fsdp1", QLORA.replace(quantization="8bit", engine="fsdp1", world_size=2, cpu=False), ranks=2,
+      requires=BNB)
+def fsdp1_int8_step(setup: Combination, ctx: Context) -> Observation:
+    """LoRA on an 8-bit (LLM.int8) tiny Llama wrapped by FSDP1 on the CPU (one unit per decoder layer), one forward
+    and backward"""
+    import functools
+
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    model = with_adapters(quantized_tiny(ctx, method="int8"), setup)
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
+    model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu"))
+    model(**token_batch(), use_cache=False).loss.backward()
+    return Observation("ok", "the 8-bit layers were flattened into FSDP units and one step ran")
+
+
+@case("kbit-int8-fsdp2", QLORA.replace(quantization="8bit", engine="fsdp2", world_size=2, cpu=False), ranks=2,
+      requires=BNB)
+def fsdp2_int8_step(setup: Combination, ctx: Context) -> Observation:
+    """LoRA on an 8-bit (LLM.int8) tiny Llama sharded by FSDP2 on the CPU, one forward and backward"""
+    from loraflow.probes.distributed_engines import fsdp2_shard
+
+    model = fsdp2_shard(with_adapters(quantized_tiny(ctx, method="int8"), setup), setup)
+    model(**token_batch(), use_cache=False).loss.backward()
+    return Observation("ok", "the sharded 8-bit layers ran one step")
