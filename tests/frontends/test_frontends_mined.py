@@ -99,3 +99,17 @@ def test_a_4bit_lora_of_a_peft_release_without_4bit_layers_is_a_dtype_mismatch()
               "--finetuning_type lora --quantization_bit 4 --output_dir bloomz_lora --fp16")
     assert "lora-dtype-mismatch" in findings(shlex.split(launch), {**CURRENT, "peft": Version("0.3.0")})
     assert "lora-dtype-mismatch" not in findings(shlex.split(launch), {**CURRENT, "peft": Version("0.4.0")})
+
+
+def test_a_scripts_own_use_fsdp_with_lora_is_fsdp1_whose_wrapping_its_code_decides():
+    # flan-alpaca#10: `python training.py --use_fsdp --use_lora` failed with "FlatParameter requires uniform
+    # requires_grad". The script wraps FSDP itself: torch's FullyShardedDataParallel defaults use_orig_params=False
+    # (torch/distributed/fsdp/fully_sharded_data_parallel.py), so the mixed unit is a condition, not a certainty.
+    argv = ["python", "training.py", "--use_fsdp", "--use_lora", "--model_name_or_path", "google/flan-t5-xl"]
+    assert from_command(argv, CURRENT).setup.engine == "fsdp1"
+    assert findings(argv)["fsdp1-mixed-requires-grad"]  # holds if the script keeps torch's default
+    plain = [a for a in argv if a != "--use_fsdp"]
+    assert from_command(plain, CURRENT).setup.engine != "fsdp1"
+    assert "fsdp1-mixed-requires-grad" not in findings(plain)
+    off = argv[:2] + ["--use_fsdp", "false"] + argv[3:]
+    assert from_command(off, CURRENT).setup.engine != "fsdp1"

@@ -57,7 +57,7 @@ from loraflow.frontends.hf_options import (
     trainer_from_name,
     trl_keys,
 )
-from loraflow.frontends.intent import TOWER_MODULE, infer
+from loraflow.frontends.intent import TOWER_MODULE, apply_fsdp, infer
 from loraflow.frontends.table import Field, apply_table, fact, parameter_targets, switch
 
 NAME = "hf"
@@ -134,6 +134,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     # reentrancy and frozen towers (frontends/intent.py).
     known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | HANDLED | set(_MODEL_KEYS) | set(_LENGTH_KEYS)
     intent = infer({n: (o.value, o.source) for n, o in opts.items() if n not in known})
+    apply_fsdp(draft, intent)
     run = Run(opts, trl, trainer, cli, intent, info, zero3, cmd.program if cmd is not None else "")
     _adapter(draft, run)
     if cmd is not None and not (cmd.program == "trl" or cmd.program.startswith("trl.")):

@@ -27,6 +27,9 @@ _QUANT_BITS = re.compile(r"^(bits|quantization_bit|quant_bits|load_bits)$")
 _STORAGE = re.compile(r"^bnb_4bit_quant_storage(_dtype)?$")
 _REENTRANT = re.compile(r"^(use_reentrant|gradient_checkpointing_use_reentrant|use_reentrant_gc|reentrant)$")
 _DORA = re.compile(r"^use_dora$")
+# Sharding switches of scripts' own (`--use_fsdp`, `--enable_fsdp`): the script wraps the model in FSDP itself, so
+# which FSDP and its use_orig_params are the script's code, not a flag of the HF Trainer.
+_FSDP = re.compile(r"^(use_fsdp|enable_fsdp)$")
 # Towers a vision-language script trains or freezes: `--tune_vision true`, `--tune_llm false`, `--fix_vit True`,
 # `--freeze_vision_tower`, `--freeze_llm`, `--freeze_backbone`, `--tune_mm_mlp_adapter` (only the projector trains).
 _TUNE = re.compile(r"^(tune|train)_(vision|vit|llm|language_model|backbone|visual|mm_mlp_adapter|merger|"
@@ -79,6 +82,8 @@ class Intent:
     projector_mlp_trains: bool = False
     """`--freeze_mlp false`: InternVL's projector trains, if the model is an image-text model."""
     checkpointing: bool | None = None
+    fsdp: bool = False
+    """The script shards the model with FSDP itself (`--use_fsdp`)."""
     full_paths: bool = False
     """Adapter targets are full module paths (`--lora_namespan_exclude`)."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -146,6 +151,10 @@ def infer(options: dict[str, tuple[Any, str]]) -> Intent:
             if on is not None:
                 out.reentrant, out.sources["reentrant"] = on, raw
                 out.used.add(name)
+        elif _FSDP.match(name) and _truthy(value, raw) is not None:
+            out.fsdp = bool(_truthy(value, raw))
+            out.sources["fsdp"] = raw
+            out.used.add(name)
         elif _DORA.match(name) and _truthy(value, raw):
             out.adapter, out.sources["adapter"] = "dora", raw
             out.used.add(name)
@@ -198,3 +207,22 @@ def _towers(out: Intent, name: str, value: Any, raw: str) -> None:
         out.towers_trainable, out.sources["towers_trainable"] = True, raw
     elif name == "freeze_mlp" and on is False:
         out.projector_mlp_trains, out.sources["projector_mlp_trains"] = True, raw
+
+
+def apply_fsdp(draft: Any, intent: Intent) -> None:
+    """`--use_fsdp` on a script of its own, where no launcher or Trainer flag chose the engine: the script wraps the
+    model in FSDP (FSDP1: `FullyShardedDataParallel`, the wrapper such scripts predate FSDP2 with). Whether it passes
+    use_orig_params=True is its code; torch's own default is False (`use_orig_params: bool = False`,
+    torch/distributed/fsdp/fully_sharded_data_parallel.py), so both are evaluated."""
+    if not intent.fsdp or draft.get("engine") not in ("single", "ddp"):
+        return
+    where = intent.sources["fsdp"]
+    draft.set("engine", "fsdp1", f"{where} (inferred: the script wraps the model in FSDP itself)")
+    draft.maybe("fsdp_use_orig_params", {False: "the script builds FSDP with torch's default use_orig_params=False",
+                                         True: "the script passes use_orig_params=True"},
+                f"{where}: the script's own FSDP wrapping decides use_orig_params")
+    # Its own wrap policy, not the HF Trainer's (which wraps PEFT's adapters as units of their own): a decoder layer
+    # is one unit holding its frozen weights beside its adapters unless the script wraps the adapters apart.
+    draft.maybe("fsdp_frozen_units_separate", {False: "the script wraps each layer as one FSDP unit",
+                                               True: "the script wraps the adapters as units of their own"},
+                f"{where}: the script's own FSDP wrap policy decides what each unit holds")
