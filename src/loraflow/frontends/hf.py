@@ -52,6 +52,7 @@ from loraflow.frontends.hf_options import (
     HANDLED,
     Opt,
     Run,
+    fix_flags,
     options_from_args,
     options_from_file,
     trainer_from_name,
@@ -152,7 +153,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     half_init = zero3 and draft.get("precision") in ("bf16-mixed", "fp16-mixed")
     trainer_dtypes(draft, dtype in ("bfloat16", "float16", "bf16", "fp16") or half_init,
                    "--dtype / --torch_dtype" if not half_init else "ZeRO-3 zero.Init in the DeepSpeed dtype")
-    _flags(draft, run, cmd is not None, gc_name, kw_name)
+    fix_flags(draft, run, cmd is not None, gc_name, kw_name)
     for name, opt in opts.items():
         if name not in known and name not in intent.used:
             draft.unknown.append(opt.source)
@@ -322,25 +323,6 @@ def _save_gather(draft: Draft, run: Run) -> None:
                   or bool(info["acc"].get("zero3_save_16bit_model")))
         draft.set("adapter_save_gather", gather, f"{info.get('ds_label', 'accelerate config')}: "
                   "stage3_gather_16bit_weights_on_model_save (transformers < 5 saves through it)")
-
-
-def _flags(draft: Draft, run: Run, cli: bool, gc_name: str, kw_name: str) -> None:
-    """The flags that change each field, spelled as this run spells them (a file's keys carry no dashes)."""
-    ds = "ds" in run.info
-    kw = f"--{kw_name} '{{\"use_reentrant\": ...}}'" if cli else f"{kw_name}: {{use_reentrant: ...}}"
-    draft.flag(checkpointing=f"--{gc_name}" if cli else gc_name, reentrant=kw, precision="--bf16 / --fp16" if cli else
-               "bf16 / fp16", engine="--deepspeed / --fsdp", find_unused_parameters="--ddp_find_unused_parameters",
-               ddp_static_graph="--ddp_static_graph", use_cache="--use_cache" if not run.trl else "",
-               adapter="--use_peft / --use_dora", quantization="--load_in_4bit",
-               matched_modules="--lora_target_modules",
-               quant_storage_matches="--bnb_4bit_quant_storage", packing="--packing",
-               generation_gather="--ds3_gather_for_generation", world_size="the launcher's process count",
-               targets_all_towers="--lora_target_modules", **trl_rel.VLLM_FLAGS,
-               zero_stage="zero_optimization.stage in the --deepspeed JSON" if ds else
-               "--zero_stage / zero_stage in the accelerate config",
-               adapter_save_gather="stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON" if ds
-               else "zero3_save_16bit_model in the accelerate config")
-    draft.flags = {k: v if cli else re.sub(r"(^|\s)--", r"\1", v) for k, v in draft.flags.items() if v}
 
 
 # Where scripts name the model: TrainingArguments-style scripts and TRL (--model_name_or_path), Qwen2-VL-Finetune

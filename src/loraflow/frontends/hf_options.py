@@ -149,3 +149,23 @@ def kwargs_of(opt: Opt | None) -> dict[str, Any]:
 def trl_keys(opts: dict[str, Opt]) -> bool:
     """Whether the options include keys only TRL has (not counting those translated from a vendor's section)."""
     return bool({k for k, o in opts.items() if not o.derived} & trl_rel.MARKERS)
+
+
+def fix_flags(draft: Draft, run: Run, cli: bool, gc_name: str, kw_name: str) -> None:
+    """The flags that change each field, spelled as this run spells them (a file's keys carry no dashes)."""
+    ds = "ds" in run.info
+    kw = f"--{kw_name} '{{\"use_reentrant\": ...}}'" if cli else f"{kw_name}: {{use_reentrant: ...}}"
+    draft.flag(checkpointing=f"--{gc_name}" if cli else gc_name, reentrant=kw, precision="--bf16 / --fp16" if cli else
+               "bf16 / fp16", engine=draft.flags.get("engine", "--deepspeed / --fsdp"),
+               find_unused_parameters="--ddp_find_unused_parameters",
+               ddp_static_graph="--ddp_static_graph", use_cache="--use_cache" if not run.trl else "",
+               adapter="--use_peft / --use_dora", quantization="--load_in_4bit",
+               matched_modules="--lora_target_modules",
+               quant_storage_matches="--bnb_4bit_quant_storage", packing="--packing",
+               generation_gather="--ds3_gather_for_generation", world_size="the launcher's process count",
+               targets_all_towers="--lora_target_modules", **trl_rel.VLLM_FLAGS,
+               zero_stage="zero_optimization.stage in the --deepspeed JSON" if ds else
+               "--zero_stage / zero_stage in the accelerate config",
+               adapter_save_gather="stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON" if ds
+               else "zero3_save_16bit_model in the accelerate config")
+    draft.flags = {k: v if cli else re.sub(r"(^|\s)--", r"\1", v) for k, v in draft.flags.items() if v}

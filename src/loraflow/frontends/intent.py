@@ -218,6 +218,8 @@ def apply_fsdp(draft: Any, intent: Intent) -> None:
         return
     where = intent.sources["fsdp"]
     draft.set("engine", "fsdp1", f"{where} (inferred: the script wraps the model in FSDP itself)")
+    # The fix names the script's own switch, not the HF Trainer's --fsdp.
+    draft.flag(engine=f"{where.split(' ')[0]} (the script's own FSDP switch)")
     draft.maybe("fsdp_use_orig_params", {False: "the script builds FSDP with torch's default use_orig_params=False",
                                          True: "the script passes use_orig_params=True"},
                 f"{where}: the script's own FSDP wrapping decides use_orig_params")
