@@ -12,7 +12,6 @@ changed across releases; without `--versions trl=X`, the TRL that goes with the 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
