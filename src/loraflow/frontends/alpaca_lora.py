@@ -20,8 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loraflow.frontends import hf, script_setup
-from loraflow.frontends.argv import Command, parse_flags
-from loraflow.frontends.shell import script_command
+from loraflow.frontends.argv import Command, parse_flags, script_command
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, finish_world, one_process_ddp
 from loraflow.frontends.hf_options import Opt

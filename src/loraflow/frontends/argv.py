@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraflow.errors import LoraflowError
+from loraflow.frontends.shell import _ENV, _PYTHON, _STARTS, command_from_script
 
 CLI_PROGRAMS = ("trl", "swift", "llamafactory-cli", "lmf", "axolotl", "tune", "litgpt")
-_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
-_PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)*)?$")
 
 # Launcher options that take no value; every other option takes one (argparse in deepspeed/launcher/runner.py,
 # torch/distributed/run.py, accelerate/commands/launch.py).
@@ -286,8 +285,6 @@ def _uv_run(tokens: list[str]) -> list[str]:
 
 def _script_line(cmd: Command, path: str, depth: int) -> Command:
     """`bash run.sh`: the launch line inside the script, with the outer line's environment."""
-    from loraflow.frontends.shell import command_from_script  # shell.py imports this module
-
     inner = split_command(command_from_script(path), depth + 1)
     inner.env = {**cmd.env, **inner.env}
     inner.notes.insert(0, f"launch line read from {path}")
@@ -389,8 +386,6 @@ def parse_bool(value: str | list[str] | None, where: str) -> bool:
     raise LoraflowError(f"{where}: `{value}` is not a boolean; write true or false.")
 
 
-_STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "tune", "ray",
-           "litgpt", "srun", "mpirun", "mpiexec")
 
 
 _CLUSTER_LAUNCHERS = ("srun", "mpirun", "mpiexec")
@@ -399,6 +394,15 @@ _CLUSTER_LAUNCHERS = ("srun", "mpirun", "mpiexec")
 def _starts_program(token: str) -> bool:
     return (token in _STARTS[:-3] or token in CLI_PROGRAMS or bool(_PYTHON.match(token)) or token.endswith(".py")
             or token in ("bash", "sh"))
+
+
+def script_command(paths: list[str], framework: str, example: str) -> Command:
+    """The launch line of the one training script a flags-only framework is given as files (`check --framework NAME
+    run.sh`); `example` shows the line it holds."""
+    if len(paths) != 1:
+        raise LoraflowError(f"--framework {framework} takes one launch script holding `{example}`, or give the "
+                            "command after `--`.")
+    return split_command(command_from_script(paths[0]))
 
 
 def resolve_path(name: str, *bases: str | os.PathLike | None) -> Path | None:

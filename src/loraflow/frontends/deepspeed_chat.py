@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 
 from loraflow.frontends import keys
-from loraflow.frontends.argv import Command, parse_bool, parse_flags
-from loraflow.frontends.shell import script_command
+from loraflow.frontends.argv import Command, parse_bool, parse_flags, script_command
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.common import Draft, at_least, finish_world, int_value, mitigated, model_name_facts
 from loraflow.frontends.table import (

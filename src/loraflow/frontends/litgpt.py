@@ -22,8 +22,7 @@ import re
 from pathlib import Path
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends.argv import Command, parse_flags, resolve_path
-from loraflow.frontends.shell import script_command
+from loraflow.frontends.argv import Command, parse_flags, resolve_path, script_command
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, finish_world, load_mapping, model_name_facts
 

@@ -430,7 +430,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         draft.notes = [n for n in draft.notes if not any(n.startswith(f"{p}: no such file here") for p in missing)]
         draft.unknown += [f"{p} (not on this machine: the export's keys in it are not read)" for p in missing]
         _eras(draft, opts, cmd)
-        exports.read(draft, {k: v for k, v in opts.items() if k not in named}, cmd.describe(), complete=not missing)
+        exports.read(draft, {k: v for k, v in opts.items() if k not in named}, cmd.describe(), VLM_TEMPLATE,
+                     complete=not missing)
         return draft.result()
     # llamafactory-cli runs torchrun itself: NPROC_PER_NODE x NNODES, or one process per visible device
     # (src/llamafactory/launcher.py).
@@ -450,7 +451,7 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
     opts, bases = _read(None, paths, draft)
     if "export_dir" in opts:  # an export config (examples/merge_lora/*.yaml): `llamafactory-cli export` reads it
-        exports.read(draft, opts, f"llamafactory-cli export {' '.join(paths)}")
+        exports.read(draft, opts, f"llamafactory-cli export {' '.join(paths)}", VLM_TEMPLATE)
         return draft.result()
     _apply(draft, opts, None, bases)
     finish_world(draft, None)

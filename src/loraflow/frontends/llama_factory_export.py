@@ -49,8 +49,9 @@ def _refusals(opts: dict[str, tuple[Any, str]], get, src, complete: bool) -> Non
                             "src/llamafactory/hparams/parser.py _verify_model_args). Set finetuning_type: lora.")
 
 
-def read(draft: Draft, opts: dict[str, tuple[Any, str]], run: str, complete: bool = True) -> None:
-    """Fill `draft` from an export's options (the YAML's keys and the line's overrides)."""
+def read(draft: Draft, opts: dict[str, tuple[Any, str]], run: str, vlm_template, complete: bool = True) -> None:
+    """Fill `draft` from an export's options (the YAML's keys and the line's overrides); `vlm_template`: the
+    pattern of LLaMA-Factory's image-text template names (llama_factory.VLM_TEMPLATE, the one list)."""
     get, src, on = accessors(opts)
     _refusals(opts, get, src, complete)
     if not complete:
@@ -59,8 +60,7 @@ def read(draft: Draft, opts: dict[str, tuple[Any, str]], run: str, complete: boo
     model_src = src("model_name_or_path") if model else ""
     model_name_facts(draft, model, model_src)
     template = str(get("template") or "")
-    from loraflow.frontends.llama_factory import VLM_TEMPLATE  # the one list of image-text templates
-    vision.recognise(draft, model, model_src, src("template") if VLM_TEMPLATE.match(template) else None)
+    vision.recognise(draft, model, model_src, src("template") if vlm_template.match(template) else None)
     merge = get("adapter_name_or_path") is not None
     bits = get("quantization_bit")
     if bits not in (None, "null", "None") and str(get("quantization_method", "bnb")) == "bnb":

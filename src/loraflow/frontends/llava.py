@@ -20,8 +20,7 @@ from __future__ import annotations
 import re
 
 from loraflow.frontends import hf
-from loraflow.frontends.argv import Command
-from loraflow.frontends.shell import script_command
+from loraflow.frontends.argv import Command, script_command
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, one_process_ddp
 from loraflow.frontends.hf_options import Opt, options_from_args

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import keys
-from loraflow.frontends.argv import Command, parse_flags
-from loraflow.frontends.shell import script_command
+from loraflow.frontends.argv import Command, parse_flags, script_command
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, mitigated, model_name_facts
 from loraflow.frontends.kbit_facts import MOVE_4BIT_SINCE, move_refused

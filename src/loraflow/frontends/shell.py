@@ -1,6 +1,6 @@
 """Launch scripts read for their launch line: variables assigned and expanded as bash would (defaults,
 `${VAR:-x}`, `$(expr ...)`, `$((...))`, heredocs), comments and `case` arms left out, lines joined at `\\`; the
-first line that starts a launcher or a training program is the command (argv.split_command reads it).
+first line that starts a launcher or a training program is the command (argv.split_command then reads it).
 Split from argv.py, which parses the command itself."""
 
 from __future__ import annotations
@@ -10,8 +10,12 @@ import shlex
 from pathlib import Path
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends.argv import _ENV, _PYTHON, _STARTS, Command, split_command
 
+# Shared with argv.py, which imports them from here (this module imports nothing of argv's).
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)*)?$")
+_STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "tune", "ray",
+           "litgpt", "srun", "mpirun", "mpiexec")
 _ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|'[^']*'|[^\s"'#]*)\s*(?:#.*)?$""")
 _MULTILINE_ASSIGN = re.compile(r'(?m)^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=)"([^"]*\n[^"]*)"')
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d|@|\*)")
@@ -64,15 +68,6 @@ def _unset(m: re.Match) -> str:
     if m.group(2) is not None or name.isdigit() or name in ("@", "*"):
         return m.group(2) or ""
     return f"${name}"
-
-
-def script_command(paths: list[str], framework: str, example: str) -> Command:
-    """The launch line of the one training script a flags-only framework is given as files (`check --framework NAME
-    run.sh`); `example` shows the line it holds."""
-    if len(paths) != 1:
-        raise LoraflowError(f"--framework {framework} takes one launch script holding `{example}`, or give the "
-                            "command after `--`.")
-    return split_command(command_from_script(paths[0]))
 
 
 def command_from_script(path: str) -> list[str]:
