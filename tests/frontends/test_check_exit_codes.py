@@ -57,7 +57,7 @@ def test_a_version_outside_the_range_is_clean_exit_0():
 
 def test_an_unread_flag_alone_is_exit_1():
     _, text, code = _check(DOTTED + " --a_flag_no_release_has 3", "deepspeed=0.19.8")
-    assert code == 1 and "--a_flag_no_release_has" in text and "flags it could not read" in text
+    assert code == 1 and "--a_flag_no_release_has" in text and "what it could not read" in text
 
 
 def test_a_slow_only_finding_is_advice_and_exit_0():
@@ -70,3 +70,47 @@ def test_a_slow_only_finding_is_advice_and_exit_0():
     assert _exit_code(result, [slow, Checked(rules["zero3-frozen-recompute"], None)]) == 2
     result.unknown.append("--made_up_flag")
     assert _exit_code(result, [slow]) == 1
+
+
+# A launch pasted from another machine names config files that are not here. It is still checked from its flags; what
+# the missing file decides is the open question (exit 1), never a refusal that exit 2 would read as "fails".
+LF_OLD = ("accelerate launch --config_file config.yaml src/train_bash.py --stage sft --do_train --model_name_or_path "
+          "Yi-34B-Chat --finetuning_type lora --lora_target q_proj,v_proj")
+
+
+def test_a_missing_accelerate_config_makes_the_engine_the_question(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    doc, text, code = _check(LF_OLD, "deepspeed=0.15.3,transformers=4.40.0,peft=0.10.0,accelerate=0.30.0")
+    assert code == 1, text
+    assert any("config.yaml selects DeepSpeed" in q for q in doc["depends_on"]), doc["depends_on"]
+    # A ZeRO-3 finding holds only where the file selects DeepSpeed at stage 3: conditional, under the question.
+    save = next(f for f in doc["findings"] if f["rule"] == "zero3-empty-adapter-save")
+    assert "config.yaml selects DeepSpeed" in save["holds_if"] and "stage 3" in save["holds_if"]
+    assert "engine is now" not in text and "(engine is not visible here)" in text
+
+
+def test_the_missing_file_s_process_count_is_evaluated_both_ways(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, text, _ = _check(LF_OLD)
+    assert "world size not visible (the launcher's options in --config_file config.yaml" in text
+
+
+def test_a_missing_axolotl_config_is_read_from_its_name_and_listed_unread(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    doc, text, code = _check("accelerate launch -m axolotl.cli.train examples/llama-3/qlora-fsdp-70b.yaml")
+    assert code == 1, text
+    assert doc["setup"]["adapter"] == "lora" and doc["setup"]["quantization"] == "4bit"
+    assert doc["setup"]["engine"] == "fsdp1"
+    assert any("qlora-fsdp-70b.yaml: not here" in u for u in doc["unknown"])
+    # The 4-bit storage dtype follows bf16, which only the file says: a question, not a crash.
+    storage = next(f for f in doc["findings"] if f["rule"] == "qlora-storage-dtype")
+    assert "does not train in bf16" in storage["holds_if"]
+
+
+def test_a_missing_trl_recipe_leaves_the_flags_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    doc, text, code = _check("accelerate launch --config_file examples/accelerate_configs/deepspeed_zero3.yaml "
+                             "trl/scripts/sft.py --config recipe.yaml --use_peft --lora_r 16")
+    assert code in (1, 2), text
+    assert doc["setup"]["adapter"] == "lora" and doc["setup"]["zero_stage"] == 3
+    assert any(u.startswith("--config recipe.yaml: not here") for u in doc["unknown"])

@@ -35,6 +35,12 @@ for _cfg in _ACCELERATE_KNOWN.values():
     _cfg.setdefault("num_processes", 8)
 
 
+UNSEEN = "UNSEEN"
+"""loraflow's distributed_type for a config file that is not here and whose name says nothing of the engine."""
+ENGINE_CHOICES = {"ddp": "selects DDP (MULTI_GPU)", "deepspeed": "selects DeepSpeed",
+                  "fsdp1": "selects FSDP (fsdp_version 1)", "fsdp2": "selects FSDP2 (fsdp_version 2)"}
+
+
 def read_accelerate_config(name: str, flag: str, bases: tuple = ()) -> tuple[dict[str, Any], str]:
     path = resolve_path(name, *bases)
     if path is not None:
@@ -47,10 +53,8 @@ def read_accelerate_config(name: str, flag: str, bases: tuple = ()) -> tuple[dic
         return dict(_ACCELERATE_KNOWN[stem]), f"{name} (inferred: {origin} as shipped)"
     config, said = _accelerate_from_name(stem)
     if config is None:
-        raise LoraflowError(f"{flag} {name}: no such file (looked in the working directory"
-                            f"{' and ' + ', '.join(map(str, bases)) if bases else ''}), and its name says nothing "
-                            f"about the launch (DeepSpeed, FSDP or DDP). Run from the directory the path is relative "
-                            f"to, or pass the file to `loraflow check --framework NAME FILE...`.")
+        # The launch is still checked: the engine the file selects becomes the open question (apply_accelerate).
+        return {"distributed_type": UNSEEN}, f"{name} (not here; its name does not say the engine)"
     return config, f"{name} (inferred from its name: {said})"
 
 
@@ -128,6 +132,14 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         apply_fsdp_options(draft, fsdp, label or "accelerate launch", flag)
     elif flag("multi_gpu") or dtype == "MULTI_GPU":
         draft.set("engine", "ddp", "--multi_gpu" if flag("multi_gpu") else f"{label}: distributed_type")
+    elif dtype == UNSEEN:
+        why = f"--config_file {name}: the file is not here, and its name does not say which engine it selects"
+        draft.maybe("engine", {e: f"{name} {said}" for e, said in ENGINE_CHOICES.items()}, why)
+        draft.maybe("zero_stage", {n: f"{name} sets ZeRO stage {n} (under DeepSpeed)" for n in (2, 3)}, why)
+        draft.note(f"{why}: every engine is evaluated. Run from the directory the path is relative to, or give the "
+                   f"file, to check the engine it selects")
+        if cmd.world_size is None and not flag("num_processes"):  # its num_processes is unseen too (finish_world)
+            cmd.hidden_launcher_options.append(f"--config_file {name}")
     parallel = mapping_value(config.get("parallelism_config"), f"{label}: parallelism_config")
     cp = parallel.get("parallelism_config_cp_size", parallel.get("cp_size"))
     if cp is not None and int_value(cp, f"{label}: parallelism_config_cp_size", "a context-parallel size") > 1:

@@ -9,6 +9,7 @@ unfrozen_parameters (src/axolotl/utils/config/__init__.py normalize_config), `{u
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
@@ -27,6 +28,7 @@ from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
 from loraflow.frontends.targets import check_targets
 from loraflow.frontends.common import (
+    STAGE_IN_NAME,
     Draft,
     accessors,
     as_bool,
@@ -344,6 +346,37 @@ def _eras(draft: Draft, cfg: dict, cmd: Command | None) -> None:
             draft.era("axolotl", "<0.7.0", "scripts/finetune.py was removed in v0.7.0")
 
 
+def _from_name(name: str, draft: Draft) -> dict[str, tuple[Any, str]]:
+    """A config that is not on this machine (a launch pasted from elsewhere, `examples/llama-3/qlora.yml` of the
+    repository): what its name says (the examples are named lora / qlora / fft / fsdp / zero3), the rest unseen,
+    which the report lists as not understood (exit 1), instead of refusing the whole launch."""
+    stem = Path(name).name.lower()
+    said = f"{name} (not here; read from its name)"
+    cfg: dict[str, tuple[Any, str]] = {}
+    if "qlora" in stem:
+        cfg.update(adapter=("qlora", said), load_in_4bit=(True, said))
+        # The storage dtype follows bf16 (_adapter), which only the file says.
+        draft.maybe("quant_storage_matches", {True: f"{name} trains in bf16 (4-bit weights stored as bfloat16)",
+                                              False: f"{name} does not train in bf16"}, f"{name} is not here")
+    elif "lora" in stem or "dora" in stem:
+        cfg["adapter"] = ("lora", said)
+        if "dora" in stem:
+            cfg["peft_use_dora"] = (True, said)
+    elif not re.search(r"fft|full", stem):
+        draft.maybe("adapter", {"lora": f"{name} sets adapter: lora", "full": f"{name} sets no adapter"},
+                    f"{name} is not here and its name does not say the adapter")
+    if "fsdp" in stem:
+        cfg["fsdp"] = (["full_shard", "auto_wrap"], said)
+        if "fsdp2" in stem:
+            cfg["fsdp_config"] = ({"fsdp_version": 2}, said)
+    m = STAGE_IN_NAME.search(stem)
+    if m and re.search(r"zero|ds", stem):
+        cfg["deepspeed"] = (f"zero{next(g for g in m.groups() if g is not None)}.json", said)
+    draft.unknown.append(f"{name}: not here, so only its name and the command's flags were read (run from the "
+                         "directory the path is relative to)")
+    return cfg
+
+
 def _read(paths: list[str], draft: Draft) -> tuple[dict[str, tuple[Any, str]], list]:
     return read_keyed_files(paths, "Axolotl config")
 
@@ -383,9 +416,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     if len(configs) != 1:
         raise LoraflowError(f"`{cmd.describe()}` needs exactly one config YAML, got {len(configs)}.")
     path = resolve_path(configs[0])
-    if path is None:
-        raise LoraflowError(f"{configs[0]}: Axolotl config not found (relative to the working directory).")
-    cfg, bases = _read([str(path)], draft)
+    cfg, bases = _read([str(path)], draft) if path is not None else (_from_name(configs[0], draft), [])
     for extra in positionals:
         if extra != configs[0]:
             draft.unknown.append(f"{extra} (positional argument)")

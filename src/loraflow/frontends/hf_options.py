@@ -112,15 +112,20 @@ def options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[str
         if pos.endswith((".yaml", ".yml", ".json")) and path is not None:
             options_from_file(path, opts, "training config")
             bases.append(path.parent)
+        elif pos.endswith((".yaml", ".yml", ".json")):
+            draft.unknown.append(f"{pos}: not here (HfArgumentParser reads a lone config file as the training "
+                                 "arguments), so only the command's flags were read")
         else:
             draft.unknown.append(f"{pos} (positional argument)")
     config = next((a for a in args if a.name == "config"), None)
     if config is not None:  # TRL's --config recipe.yaml; command-line flags override it (trl/scripts/utils.py)
         path = resolve_path(config.one() or "", *bases)
-        if path is None:
-            raise LoraflowError(f"--config {config.one()}: no such file; TRL reads its training arguments from it.")
-        options_from_file(path, opts, "--config")
-        bases.append(path.parent)
+        if path is None:  # a launch pasted from elsewhere: its flags are still read, the file's keys are unseen
+            draft.unknown.append(f"--config {config.one()}: not here (TRL reads its training arguments from it), so "
+                                 "only the command's flags were read")
+        else:
+            options_from_file(path, opts, "--config")
+            bases.append(path.parent)
     # HfArgumentParser adds `--no_X` for every boolean field that defaults to true (`--no_remove_unused_columns`).
     negatable = HANDLED | keys.HF_TRAINER | keys.TRL
     for a in args:

@@ -35,7 +35,9 @@ def fix_here(result: FrontendResult, rule) -> list[str]:
     out = []
     for knob in (k for k in rule.knobs if _could_help(rule, result.setup, k)):
         flag = result.flags.get(knob)
-        if flag:
+        if flag and knob in result.unsure:  # the value is the open question, not a setting to quote
+            out.append(f"set it in {flag} ({knob} is not visible here)")
+        elif flag:
             out.append(f"change {flag} ({knob} is now {_value(getattr(result.setup, knob))})")
     return out
 
@@ -125,7 +127,7 @@ def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code:
         lines += _depends_on(open_, unknowns, title)
     meaning = {2: "this launch fails or trains wrongly as given",
                1: "it depends on what check could not see (" + ("the question above" if open_ else
-                                                                  "the flags it could not read") + ")",
+                                                                  "what it could not read, listed above") + ")",
                0: "nothing found that fails or trains wrongly" + (" (advice only above)" if decided else "")}[code]
     lines.append(f"exit code {code}: {meaning}")
     return "\n".join(lines).rstrip() + "\n"

@@ -183,7 +183,8 @@ def check_setup(build: Build, given: dict[str, Version | None]) -> Verdict:
         key = tuple(sorted((k, str(v)) for k, v in versions.items() if k in queried))
         result = rebuilt.get(key) or build(versions)
         overrides = {k: v for k, v in scenario.items() if k in result.unsure}
-        if "world_size" in overrides and result.setup.engine in ("single", "ddp"):
+        engine = overrides.get("engine", result.setup.engine)
+        if "world_size" in overrides and engine in ("single", "ddp"):
             # Without a sharding engine, the process count decides between one process and DDP.
             overrides["engine"] = "ddp" if overrides["world_size"] > 1 else "single"
         setup = result.setup.replace(versions=versions, **overrides)
