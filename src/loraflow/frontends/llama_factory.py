@@ -25,6 +25,7 @@ from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate
 from loraflow.frontends.targets import check_targets
+from loraflow.frontends.kbit_facts import storage_honoured
 from loraflow.frontends.common import (
     Draft,
     accessors,
@@ -233,9 +234,15 @@ def _adapter(draft: Draft, opts: dict) -> str:
     if bits not in (None, "null", "None") and str(get("quantization_method", "bnb")) == "bnb":
         bits = int_value(bits, src("quantization_bit"), "a number of bits")
         draft.set("quantization", "4bit" if bits == 4 else "8bit", src("quantization_bit"))
-        # bnb_4bit_quant_storage = compute dtype under ZeRO-3/FSDP (src/llamafactory/model/model_utils/quantization.py)
-        draft.set("quant_storage_matches", True, "LLaMA-Factory sets bnb_4bit_quant_storage to the compute dtype "
-                  "(model_utils/quantization.py)")
+        if not mitigated(draft, "qlora-storage-dtype"):
+            draft.set("quant_storage_matches", False, "LLaMA-Factory < 0.6.0 passes no bnb_4bit_quant_storage "
+                      "(src/llmtuner/model/patcher.py _configure_quantization)")
+        elif storage_honoured(draft):
+            draft.set("quant_storage_matches", True, "LLaMA-Factory sets bnb_4bit_quant_storage to the compute dtype "
+                      "(model_utils/quantization.py)")
+        else:
+            draft.set("quant_storage_matches", False, "LLaMA-Factory passes bnb_4bit_quant_storage, which transformers "
+                      "< 4.39 / bitsandbytes < 0.43 leave unused (weights stay uint8)")
     return ftype
 
 
@@ -353,6 +360,11 @@ _VLM_KEYS = ("freeze_vision_tower", "freeze_multi_modal_projector", "train_mm_pr
 # LLaMA-Factory's collator adds a blank 64x64 image to a batch without images, so the vision tower runs on every
 # rank: "avoid process hanging in zero3/fsdp case" (src/llamafactory/data/collator.py, commit 2f09c34, 2024-12-04,
 # first in v0.9.2).
+# bnb_4bit_quant_storage = the compute dtype ("crucial for fsdp+qlora"), added with the FSDP+QLoRA example
+# (examples/extras/fsdp_qlora, README news 2024-03-20) in the v0.6.0 line; the v0.5 patcher.py passes none.
+QUANT_STORAGE = Mitigation(("qlora-storage-dtype",), "0.6.0", "4-bit weights are stored in the compute dtype, "
+                           "which FSDP and ZeRO-3 shard as floats", "src/llmtuner/model/patcher.py "
+                           "_configure_quantization (later model/model_utils/quantization.py)")
 FAKE_IMAGE = Mitigation(("zero3-vision-skipped", "ddp-unused-vision-tower"), "0.9.2", "the collator adds a blank "
                         "64x64 image to a batch without images, so the vision tower runs on every rank",
                         "src/llamafactory/data/collator.py (commit 2f09c34)")
@@ -476,4 +488,4 @@ def _recognise(view) -> bool:
 FRAMEWORK = Framework(name=NAME, title="LLaMA-Factory", module="llama_factory", recognise=_recognise, flags=FLAGS,
                       log_paths=r"llamafactory[/\\]|llmtuner[/\\]|llamafactory-cli|LLaMA-Factory",
                       file_markers=MARKERS, depends=DEPENDS, dated=True,
-                      aliases=("llamafactory", "llama_factory"), mitigations=(FAKE_IMAGE,))
+                      aliases=("llamafactory", "llama_factory"), mitigations=(FAKE_IMAGE, QUANT_STORAGE))
