@@ -82,11 +82,24 @@ def test_a_missing_accelerate_config_makes_the_engine_the_question(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     doc, text, code = _check(LF_OLD, "deepspeed=0.15.3,transformers=4.40.0,peft=0.10.0,accelerate=0.30.0")
     assert code == 1, text
-    assert any("config.yaml selects DeepSpeed" in q for q in doc["depends_on"]), doc["depends_on"]
+    assert any("config.yaml selects DeepSpeed ZeRO-3" in q for q in doc["depends_on"]), doc["depends_on"]
     # A ZeRO-3 finding holds only where the file selects DeepSpeed at stage 3: conditional, under the question.
     save = next(f for f in doc["findings"] if f["rule"] == "zero3-empty-adapter-save")
-    assert "config.yaml selects DeepSpeed" in save["holds_if"] and "stage 3" in save["holds_if"]
+    assert save["holds_if"] == "config.yaml selects DeepSpeed ZeRO-3"
     assert "engine is now" not in text and "(engine is not visible here)" in text
+    assert "  engine                  ?             --config_file config.yaml: the file is not here" in text
+
+
+def test_each_engine_an_unseen_config_may_select_is_read_as_the_framework_reads_it(tmp_path, monkeypatch):
+    """The engine is a fork, not an override: what the framework derives from it is read per engine. LLaMA-Factory
+    before 0.6.0 passes no 4-bit storage dtype, which only the sharding engines refuse (LlamaFactory#3470)."""
+    monkeypatch.chdir(tmp_path)
+    doc, text, code = _check(LF_OLD + " --quantization_bit 4 --fp16",
+                             "transformers=4.40.0,bitsandbytes=0.43.1,llama-factory=0.5.3")
+    storage = next(f for f in doc["findings"] if f["rule"] == "qlora-storage-dtype")
+    assert storage["holds_if"] == ("config.yaml selects DeepSpeed ZeRO-3 or config.yaml selects FSDP (fsdp_version 1) "
+                                   "or config.yaml selects FSDP2 (fsdp_version 2)"), storage["holds_if"]
+    assert code == 1
 
 
 def test_the_missing_file_s_process_count_is_evaluated_both_ways(tmp_path, monkeypatch):

@@ -37,8 +37,14 @@ for _cfg in _ACCELERATE_KNOWN.values():
 
 UNSEEN = "UNSEEN"
 """loraflow's distributed_type for a config file that is not here and whose name says nothing of the engine."""
-ENGINE_CHOICES = {"ddp": "selects DDP (MULTI_GPU)", "deepspeed": "selects DeepSpeed",
-                  "fsdp1": "selects FSDP (fsdp_version 1)", "fsdp2": "selects FSDP2 (fsdp_version 2)"}
+# What such a file may select, each read as the named file would be (check builds the setup once per entry).
+ENGINE_CHOICES = {
+    "ddp": ({"distributed_type": "MULTI_GPU"}, "selects DDP (MULTI_GPU)"),
+    "zero2": ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2}}, "selects DeepSpeed ZeRO-2"),
+    "zero3": ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 3}}, "selects DeepSpeed ZeRO-3"),
+    "fsdp1": ({"distributed_type": "FSDP", "fsdp_config": {}}, "selects FSDP (fsdp_version 1)"),
+    "fsdp2": ({"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2}}, "selects FSDP2 (fsdp_version 2)"),
+}
 
 
 def read_accelerate_config(name: str, flag: str, bases: tuple = ()) -> tuple[dict[str, Any], str]:
@@ -101,6 +107,14 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         draft.note("accelerate launch without --config_file uses the machine's default accelerate config "
                    "(~/.cache/huggingface/accelerate/default_config.yaml), which is not visible here")
     flag = cmd.launcher_value
+    if config.get("distributed_type") == UNSEEN:
+        why = f"--config_file {name}: the file is not here, and its name does not say which engine it selects"
+        chosen = draft.fork("accelerate_config", {e: f"{name} {said}" for e, (_, said) in ENGINE_CHOICES.items()}, why)
+        config = {k: (dict(v) if isinstance(v, dict) else v) for k, v in ENGINE_CHOICES[chosen][0].items()}
+        draft.note(f"{why}: each engine is evaluated. Run from the directory the path is relative to, or give the "
+                   f"file, to check the engine it selects")
+        if cmd.world_size is None and not flag("num_processes"):  # its num_processes is unseen too (finish_world)
+            cmd.hidden_launcher_options.append(f"--config_file {name}")
     dtype = str(config.get("distributed_type", "")).upper()
     if flag("use_deepspeed") or dtype == "DEEPSPEED":
         ds = mapping_value(config.get("deepspeed_config"), f"{label}: deepspeed_config")
@@ -132,14 +146,6 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         apply_fsdp_options(draft, fsdp, label or "accelerate launch", flag)
     elif flag("multi_gpu") or dtype == "MULTI_GPU":
         draft.set("engine", "ddp", "--multi_gpu" if flag("multi_gpu") else f"{label}: distributed_type")
-    elif dtype == UNSEEN:
-        why = f"--config_file {name}: the file is not here, and its name does not say which engine it selects"
-        draft.maybe("engine", {e: f"{name} {said}" for e, said in ENGINE_CHOICES.items()}, why)
-        draft.maybe("zero_stage", {n: f"{name} sets ZeRO stage {n} (under DeepSpeed)" for n in (2, 3)}, why)
-        draft.note(f"{why}: every engine is evaluated. Run from the directory the path is relative to, or give the "
-                   f"file, to check the engine it selects")
-        if cmd.world_size is None and not flag("num_processes"):  # its num_processes is unseen too (finish_world)
-            cmd.hidden_launcher_options.append(f"--config_file {name}")
     parallel = mapping_value(config.get("parallelism_config"), f"{label}: parallelism_config")
     cp = parallel.get("parallelism_config_cp_size", parallel.get("cp_size"))
     if cp is not None and int_value(cp, f"{label}: parallelism_config_cp_size", "a context-parallel size") > 1:

@@ -31,6 +31,9 @@ class FrontendResult:
     """Package -> (specifier, reason): the release range the command itself reveals."""
     unsure: dict = field(default_factory=dict)
     """Combination field -> ({value: meaning}, why): choices made in the user's code, where no flag shows them."""
+    forks: dict = field(default_factory=dict)
+    """Name -> ({value: meaning}, why): what a file that is not here decides and the rest is read from (the engine
+    an unseen accelerate config selects); `check` builds the setup once per value (Draft.fork)."""
 
 
 @dataclass(frozen=True)

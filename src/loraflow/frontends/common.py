@@ -21,6 +21,8 @@ from loraflow.frontends.scenarios import intersect
 from loraflow.rules.combination import Combination
 
 _DEFAULTS = {f.name: f.default for f in fields(Combination) if f.name != "versions"}
+FORK = "fork:"
+"""Prefix of the keys that carry a fork's value into a build, beside the versions (Draft.fork)."""
 
 
 class Draft:
@@ -33,7 +35,9 @@ class Draft:
 
     def __init__(self, framework: str, versions: dict[str, Version | None]):
         self.framework = framework
-        self.versions = {k: v for k, v in versions.items() if v is not None}
+        self.versions = {k: v for k, v in versions.items() if v is not None and not k.startswith(FORK)}
+        self.forks: dict[str, tuple[dict[Any, str], str]] = {}
+        self._forked = {k.removeprefix(FORK): v for k, v in versions.items() if k.startswith(FORK)}
         self.values: dict[str, Any] = {}
         self.sources: dict[str, str] = {}
         self.flags: dict[str, str] = {}
@@ -134,11 +138,19 @@ class Draft:
             raise KeyError(f"{name} is not a Combination field")
         self.unsure[name] = (labels, why)
 
+    def fork(self, name: str, labels: dict[Any, str], why: str) -> Any:
+        """A choice that a file which is not here makes, and that the rest of the setup is read from (the engine an
+        unseen accelerate config selects): `check` builds the setup once per value, so what follows from each is
+        read as the framework reads it (unlike `maybe`, which only overrides one field). Returns this build's
+        value: the one `check` asks for, else the first."""
+        self.forks[name] = (dict(labels), why)
+        return self._forked.get(name, next(iter(labels)))
+
     def result(self) -> FrontendResult:
         setup = Combination(**self.values, versions=dict(self.versions))
         return FrontendResult(self.framework, setup, dict(self.sources), list(dict.fromkeys(self.unknown)),
                               list(self.notes), dict(self.flags), {k: set(v) for k, v in self.queried.items()},
-                              dict(self.eras), dict(self.unsure))
+                              dict(self.eras), dict(self.unsure), dict(self.forks))
 
 
 def mitigated(draft: Draft, rule: str) -> bool:

@@ -216,11 +216,12 @@ def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
         if key not in keys.DEEPSPEED_ZERO:
             draft.unknown.append(f"{label}: zero_optimization.{key}")
     draft.set("engine", "deepspeed", label)
-    if "stage" in ds.unsure:
-        draft.maybe("zero_stage", {n: f"the DeepSpeed config sets ZeRO stage {n}" for n in (0, 1, 2, 3)},
-                    f"{label}: the file is not here and its name gives no stage")
     stage = zero.get("stage", 0)  # DeepSpeedZeroConfig.stage defaults to 0 (deepspeed/runtime/zero/config.py)
     where = f"{label}: zero_optimization.stage"
+    if "stage" in ds.unsure:  # a fork: what the frameworks derive from the stage (zero.Init, gathers) is read per stage
+        stage = draft.fork("deepspeed_stage", {n: f"the DeepSpeed config sets ZeRO stage {n}" for n in (0, 1, 2, 3)},
+                           f"{label}: the file is not here and its name gives no stage")
+        zero = {**zero, "stage": stage}
     draft.set("zero_stage", int_value(stage, where, "a ZeRO stage", (0, 1, 2, 3)), where if "stage" in zero else
               f"default (DeepSpeed deepspeed/runtime/zero/config.py): {label} has no zero_optimization.stage")
     devices = [mapping_value(zero.get(k), f"{label}: zero_optimization.{k}").get("device")

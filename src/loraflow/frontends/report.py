@@ -29,13 +29,13 @@ def _could_help(rule, setup, knob: str) -> bool:
     return not rule.when(setup.replace(**{knob: not value}))
 
 
-def fix_here(result: FrontendResult, rule) -> list[str]:
+def fix_here(result: FrontendResult, rule, forked: set[str] = frozenset()) -> list[str]:
     """The rule's knobs in this framework's flags: `change --zero_stage (zero_stage is now 3)`. Knobs the framework
     has no flag for are not fixes here (see unflagged)."""
     out = []
     for knob in (k for k in rule.knobs if _could_help(rule, result.setup, k)):
         flag = result.flags.get(knob)
-        if flag and knob in result.unsure:  # the value is the open question, not a setting to quote
+        if flag and (knob in result.unsure or knob in forked):  # the value is the open question: nothing to quote
             out.append(f"set it in {flag} ({knob} is not visible here)")
         elif flag:
             out.append(f"change {flag} ({knob} is now {_value(getattr(result.setup, knob))})")
@@ -75,7 +75,7 @@ def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
     items = [{"rule": f.rule.id, "title": f.rule.title, "impact": f.rule.impact, "verdict": f.rule.verdict,
               "holds_if": f.holds_if, "decided_by": list(f.decided_by), "affected": dict(f.rule.affected),
               "fixed_in": f.rule.fixed_in,
-              "cause": f.rule.cause, "fix_here": fix_here(result, f.rule) + (
+              "cause": f.rule.cause, "fix_here": fix_here(result, f.rule, verdict.forked) + (
                   [f"in general: {f.rule.elsewhere}"] if f.rule.elsewhere else []),
               "no_flag_for": unflagged(result, f.rule),
               "fix_loraflow": f.rule.fix, "notes": _condition_note(f, verdict) + f.notes,
@@ -91,10 +91,11 @@ def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
                "unknowns": unknowns, "scenarios": verdict.scenarios, "findings": items, "exit_code": code,
                "depends_on": _questions([i for i in items if i["holds_if"] is not None], unknowns)}
         return json.dumps(doc, indent=2), code
-    return _text(result, items, unknowns, code), code
+    return _text(result, items, unknowns, code, verdict.forked), code
 
 
-def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code: int) -> str:
+def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code: int,
+          forked: set[str] = frozenset()) -> str:
     s = result.setup
     world = result.sources.get("world_size", "not visible, assumed")
     title = {f.name: f.title for f in frameworks()}.get(result.framework, result.framework)
@@ -108,7 +109,10 @@ def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code:
     lines.append("setup (value, where it came from):")
     for name in shown:
         source = result.sources.get(name, "not set by this framework: loraflow's neutral default")
-        lines.append(f"  {name:<{width}}  {str(_value(getattr(s, name))):<{vwidth}}  {source}")
+        value = str(_value(getattr(s, name)))
+        if name in forked:  # decided by a file that is not here: every value it may take is evaluated
+            value, source = "?", next(why for _, why in result.forks.values()) + ": each value evaluated"
+        lines.append(f"  {name:<{width}}  {value:<{vwidth}}  {source}")
     if result.unknown:
         lines += ["", f"not understood, so not checked ({len(result.unknown)}):"]
         lines += [f"  {u}" for u in result.unknown]

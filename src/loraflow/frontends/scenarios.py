@@ -176,6 +176,16 @@ def _words(subset: tuple[str, ...], keys: list[tuple], by_name: dict[str, Variab
     """The holding combinations in words, adjacent release ranges of one variable merged: of all ways to merge,
     the one with the fewest alternatives."""
     variables = [by_name[n] for n in subset]
+    sets = [sorted({k[i] for k in keys}, key=lambda x, v=var: v.domain().index(x) if v.kind == "version" else
+                   list(v.values).index(x)) for i, var in enumerate(variables)]
+    if len(subset) > 1 and len(set(keys)) == len(list(itertools.product(*sets))):
+        # Every combination of the values that hold: one conjunction, each variable's values said once.
+        parts = []
+        for var, values in zip(variables, sets):
+            said = ([var.interval(run) for run in _runs(values, var.domain())] if var.kind == "version"
+                    else [var.describe(x) for x in values])
+            parts.append(said[0] if len(said) == 1 else "(" + " or ".join(said) + ")")
+        return " and ".join(parts)
     best: list[str] | None = None
     for i, var in enumerate(variables):
         groups: dict[tuple, list[Any]] = {}

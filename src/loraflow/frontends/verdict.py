@@ -25,6 +25,7 @@ from loraflow.frontends.scenarios import (
     version_variables,
 )
 from loraflow.rules import Rule, all_rules, evaluate
+from loraflow.rules.combination import COMBINATION_FIELDS
 
 Build = Callable[[dict[str, Version]], FrontendResult]
 MAX_ROUNDS = 3
@@ -49,6 +50,8 @@ class Verdict:
     variables: list[Variable]
     """The unknowns that decide some finding."""
     scenarios: int
+    forked: set[str] = field(default_factory=set)
+    """Combination fields whose value depends on a fork (Draft.fork): the report quotes no value for them."""
 
 
 def _consistent(result: FrontendResult, variables: list[Variable], given: dict[str, Version]
@@ -142,46 +145,72 @@ def _in_rule_terms(found: Checked, holds: list[bool], scenarios: list[dict], var
     return Checked(found.rule, " or ".join(f"{package}{part}" for part in spec.split("||")), found.decided_by)
 
 
+class _Builds:
+    """The frontend's builds, one per combination of unknown versions and forks (Draft.fork: what a file that is not
+    here decides, from which the rest is read), each made once."""
+
+    def __init__(self, build: Build, given: dict[str, Version]):
+        from loraflow.frontends.common import FORK
+
+        self.build, self.given, self.fork_key = build, given, FORK
+        self.first = build(dict(given))
+        self.fork_vars = [Variable(n, "choice", values=list(labels), labels=labels, why=why)
+                          for n, (labels, why) in self.first.forks.items()]
+        self.combos = enumerate_scenarios(self.fork_vars) if self.fork_vars else [{}]
+        self.made: dict[tuple, FrontendResult] = {}
+
+    def get(self, versions: dict[str, Version], combo: dict[str, Any], packages: set[str]) -> FrontendResult:
+        key = (tuple(sorted((k, str(v)) for k, v in versions.items() if k in packages)),
+               tuple(sorted((k, str(v)) for k, v in combo.items())))
+        if key not in self.made:
+            self.made[key] = self.build({**versions, **{self.fork_key + n: v for n, v in combo.items()}})
+        return self.made[key]
+
+    def all(self) -> list[FrontendResult]:
+        return [self.first, *self.made.values()]
+
+
 def check_setup(build: Build, given: dict[str, Version | None]) -> Verdict:
     from loraflow.frontends.base import framework
 
     given = {k: v for k, v in given.items() if v is not None}
-    first = build(dict(given))
-    queried: dict[str, set[Version]] = {p: set(v) for p, v in first.queried.items()}
-    rebuilt: dict[tuple, FrontendResult] = {}
-    relevant = _relevant([first])
+    builds = _Builds(build, given)
+    first = builds.first
+    for combo in builds.combos:
+        builds.get(given, combo, set())
+    queried: dict[str, set[Version]] = {}
+    for result in builds.all():
+        for package, points in result.queried.items():
+            queried.setdefault(package, set()).update(points)
+    relevant = _relevant(builds.all())
     for _ in range(MAX_ROUNDS):
         variables = _version_space(first, {p: set(v) for p, v in queried.items()}, given, relevant)
         scenarios = enumerate_scenarios(variables, _consistent(first, variables, given))
         frontend_packages = set(queried)
         grew = False
         for scenario in scenarios:
-            versions = {**given, **scenario}
-            key = tuple(sorted((k, str(v)) for k, v in versions.items() if k in frontend_packages))
-            if key not in rebuilt:
-                rebuilt[key] = build(versions)
-                for package, points in rebuilt[key].queried.items():
+            for combo in builds.combos:
+                for package, points in builds.get({**given, **scenario}, combo, frontend_packages).queried.items():
                     if not points <= queried.setdefault(package, set()):
                         queried[package] |= points
                         grew = True
-        now = _relevant([first, *rebuilt.values()])
+        now = _relevant(builds.all())
         grew, relevant = grew or not now <= relevant, relevant | now
         if not grew:
             break
     # Choices a run's own code makes, from every build; each applies where its build declared it.
     choices: dict[str, tuple[dict, str]] = {}
-    for result in [first, *rebuilt.values()]:
+    for result in builds.all():
         for name, (labels, why) in result.unsure.items():
             choices.setdefault(name, (dict(labels), why))[0].update(labels)
     choice_vars = [Variable(n, "choice", values=list(labels), labels=labels, why=why)
                    for n, (labels, why) in choices.items()]
-    full = [dict(s, **c) for s in scenarios for c in enumerate_scenarios(choice_vars)]
-    all_vars = variables + choice_vars
+    full = [dict(s, **f, **c) for s in scenarios for f in builds.combos for c in enumerate_scenarios(choice_vars)]
+    all_vars = variables + builds.fork_vars + choice_vars
     holds: dict[str, list[bool]] = {}
     for i, scenario in enumerate(full):
         versions = {**given, **{k: v for k, v in scenario.items() if isinstance(v, Version)}}
-        key = tuple(sorted((k, str(v)) for k, v in versions.items() if k in queried))
-        result = rebuilt.get(key) or build(versions)
+        result = builds.get(versions, {v.name: scenario[v.name] for v in builds.fork_vars}, set(queried))
         overrides = {k: v for k, v in scenario.items() if k in result.unsure}
         engine = overrides.get("engine", result.setup.engine)
         if "world_size" in overrides and engine in ("single", "ddp"):
@@ -201,4 +230,6 @@ def check_setup(build: Build, given: dict[str, Version | None]) -> Verdict:
                 f.notes.append(f"{package} not given: every release this command can be pins {package} where this "
                                f"holds ({package}{spec}); pass --versions {package}=X.Y.Z if yours differs")
     deciding = {name for f in findings for name in f.decided_by}
-    return Verdict(first, findings, [v for v in all_vars if v.name in deciding], len(full))
+    setups = [builds.get(given, combo, set()).setup for combo in builds.combos]
+    forked = {n for n in COMBINATION_FIELDS if len({repr(getattr(s, n)) for s in setups}) > 1}
+    return Verdict(first, findings, [v for v in all_vars if v.name in deciding], len(full), forked)
