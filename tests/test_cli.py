@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from packaging.version import Version
 
 from conftest import write_jsonl
 from loraflow.commands.cli import build_parser, main
@@ -111,6 +112,16 @@ def test_check_with_nothing_after_the_separator_is_an_error(capsys):
 def test_check_versions_must_be_package_equals_version(capsys):
     assert main(["check", "--versions", "deepspeed"]) == 2
     assert "--versions" in capsys.readouterr().err
+
+
+def test_check_versions_accept_a_package_no_rule_reads_and_name_the_one_a_typo_meant():
+    from loraflow.environment import parse_versions
+    from loraflow.errors import LoraflowError
+
+    assert parse_versions("vllm=0.8.5,flash-attn=2.7.4.post1") == {"vllm": Version("0.8.5"),
+                                                                    "flash-attn": Version("2.7.4.post1")}
+    with pytest.raises(LoraflowError, match="did you mean transformers"):
+        parse_versions("transfomers=4.40.0")
 
 
 def test_check_on_another_frameworks_config_reads_it_with_that_frontend(capsys):

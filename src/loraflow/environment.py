@@ -53,6 +53,12 @@ def detect_environment() -> Environment:
 
 
 _ALIASES = {"pytorch": "torch"}
+UNREAD_PACKAGES = ("vllm", "sglang", "flash-attn", "flash_attn", "xformers", "triton", "torchao", "liger-kernel",
+                   "liger_kernel", "datasets", "tokenizers", "safetensors", "huggingface-hub", "huggingface_hub",
+                   "optimum", "auto-gptq", "auto_gptq", "autoawq", "gptqmodel", "megatron-core", "apex", "ray",
+                   "lightning", "pytorch-lightning", "torchvision", "numpy", "modelscope", "cuda", "python", "nccl")
+"""Packages a thread or an env dump often states that no rule or framework default reads: `--versions vllm=0.8.5`
+is accepted, not refused as a typo; a near miss of a read one (`transfomers`) is refused with the name it meant."""
 
 
 def parse_versions(text: str, releases: tuple[str, ...] = (), aliases: dict[str, str] | None = None
@@ -71,9 +77,13 @@ def parse_versions(text: str, releases: tuple[str, ...] = (), aliases: dict[str,
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, raw = item.partition("=")
         name = spellings.get(name.strip().lower(), name.strip().lower())
-        if not sep or name not in known:
+        if not sep or name not in known + UNREAD_PACKAGES:
+            import difflib
+
+            near = difflib.get_close_matches(name, known, n=1, cutoff=0.75) if sep else []
+            hint = f"; did you mean {near[0]}?" if near else ""
             raise LoraflowError(f"--versions: `{item}` is not PACKAGE=VERSION with PACKAGE one of {', '.join(known)} "
-                                f"(e.g. --versions deepspeed=0.15.3,torch=2.5.1,trl=0.12.2).")
+                                f"(e.g. --versions deepspeed=0.15.3,torch=2.5.1,trl=0.12.2){hint}")
         raw = raw.strip().lstrip("=").strip().lstrip("v").split("+")[0]  # `pkg==1.2` as pip writes it reads too
         date = re.fullmatch(r"(\d{4})-(\d{1,2})-(\d{1,2})", raw)
         try:
