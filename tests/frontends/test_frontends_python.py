@@ -262,3 +262,18 @@ def test_pasted_code_is_told_from_configs_and_commands():
 def _write(folder, text: str, name: str) -> str:
     (folder / name).write_text(text)
     return str(folder / name)
+
+
+def test_a_snippet_that_leaves_code_out_is_read_as_an_excerpt(tmp_path):
+    """`trainer = ...` and a `...` line stand for code the poster left out (trl#1379 posted its reward script so):
+    that no adapter shows is then a question, not full fine-tuning in bf16 as a finding that holds whatever."""
+    text = ("model = AutoModelForSequenceClassification.from_pretrained(\n"
+            "    script_args.model_name, num_labels=1, torch_dtype=torch.bfloat16)\n"
+            "...\ntrainer = ...\ntrainer.train()\n")
+    (tmp_path / "rm.py").write_text(text)
+    report = doc(files=[str(tmp_path / "rm.py")])
+    assert found(report) == {"bf16-lost-updates": False}, report["findings"]
+    assert report["exit_code"] == 1
+    # The whole script, with nothing left out, trains every weight in bfloat16: the finding holds.
+    (tmp_path / "rm.py").write_text(text.replace("...\ntrainer = ...\n", "trainer = Trainer(model=model)\n"))
+    assert found(doc(files=[str(tmp_path / "rm.py")])).get("bf16-lost-updates") is True

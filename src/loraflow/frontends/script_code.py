@@ -105,6 +105,9 @@ class Code:
     """Lines that did not parse: `train.py:7: skipped (invalid syntax): <text>`."""
     elided: list[int] = field(default_factory=list)
     """Lines where `...` stands for arguments the poster left out."""
+    elided_code: list[int] = field(default_factory=list)
+    """Lines where `...` stands for code the poster left out (`trainer = ...`, `...` on a line of its own): the
+    script is an excerpt, so what it does not show is open."""
     called: set[str] = field(default_factory=set)
     """Names of the functions and methods the script calls (the last part of each callee)."""
     refused: dict[str, str] = field(default_factory=dict)
@@ -137,6 +140,10 @@ def read_code(text: str, file: str) -> Code:
 _ELLIPSIS = re.compile(r"(?<=[(\[,])(\s*)\.\.\.(?=\s*[,)\]])")
 
 
+# `...` standing for statements: alone on its line (`# setup the trainer` / `...`) or as a value (`trainer = ...`).
+_ELIDED_CODE = re.compile(r"(?:[\w.\[\]\s]+=\s*)?\.\.\.(?:\s*#.*)?$")
+
+
 def _parse(text: str, code: Code) -> ast.Module:
     lines = textwrap.dedent(text.replace("\t", "    ")).splitlines()
     depth = 0
@@ -152,6 +159,8 @@ def _parse(text: str, code: Code) -> ast.Module:
         elif "..." in line and _ELLIPSIS.search(line):
             lines[i] = _ELLIPSIS.sub(r"\1*()", line)
             code.elided.append(i + 1)
+        elif depth == 0 and _ELIDED_CODE.match(stripped):
+            code.elided_code.append(i + 1)
         # Open brackets so far (strings and comments are not told apart: a guess is enough here).
         code_part = line.split("#", 1)[0]
         depth = max(0, depth + sum(code_part.count(c) for c in "([{") - sum(code_part.count(c) for c in ")]}"))

@@ -60,8 +60,9 @@ class Script:
 
     @property
     def whole(self) -> bool:
-        """The code shows how it trains (a trainer or a training step): not a fragment, nor an inference script."""
-        return bool(self.facts.trainer or self.facts.trains)
+        """The code shows how it trains (a trainer or a training step), and leaves no code out (`trainer = ...`):
+        not a fragment, nor an inference script."""
+        return bool(self.facts.trainer or self.facts.trains) and not self.code.elided_code
 
 
 _CACHE: dict[tuple[str, int, int], Script] = {}
