@@ -58,7 +58,9 @@ register(Rule(
                           "transformers Trainer: validate_quantization_for_training"),
                   Message(r"only Tensors of floating point dtype can require gradients", "shared",
                           "torch: requires_grad_ on a packed (uint8) 4-bit weight")),
-        evidence=(Evidence("quant4bit", 4, "a 4-bit base is in use: its packed weights are integers"),),
+        evidence=(Evidence("quant4bit", 4, "a 4-bit base is in use: its packed weights are integers"),
+                  Evidence("input_grad_hook", -8, "an input-requires-grad hook asked an integer activation (token "
+                           "ids) to require grad, not a quantized weight", excludes=True)),
         prior=1.0,
         tells_apart="transformers' Trainer refuses a quantized model without trainable adapters"),
 ))

@@ -304,7 +304,11 @@ register(Rule(
                   Message(r"non-floating frozen Params4bit", "warning", "accelerate fsdp_utils.py fsdp2_prepare_model "
                           "(excludes them from sharding)", "accelerate>=1.14"),
                   FLATTEN_DTYPE, BNB_SHAPE, replace(ZERO3_GATHER_DTYPES, kind="generic"),
-                  replace(ZERO3_GATHER_ONE_DTYPE, kind="generic")),
+                  replace(ZERO3_GATHER_ONE_DTYPE, kind="generic"),
+                  # FSDP2 makes each local shard a new nn.Parameter (requires_grad=True by default) before it
+                  # restores the original flag: uint8 storage cannot (accelerate issue 3983).
+                  Message(r"only Tensors of floating point dtype can require gradients", "generic",
+                          "torch/distributed/fsdp/_fully_shard/_fsdp_param.py: FSDPParam._init_sharded_param")),
         frames=FLAT_PARAM_FRAMES,
         evidence=(Evidence("flatten:int", 8, "the flattened tensors include integer (packed 4-bit) storage",
                            decisive=True, alone=True),
@@ -317,6 +321,10 @@ register(Rule(
                            "dtypes, not 4-bit storage"),
                   Evidence("quant4bit", 3, "a 4-bit base is in use"),
                   Evidence("fsdp", 2, "FSDP is in use: its bf16 policy casts float-stored 4-bit weights"),
+                  Evidence("fsdp2", 2, "FSDP2 (fully_shard) re-creates each weight as a parameter that requires "
+                           "grad, which packed uint8 storage cannot"),
+                  Evidence("input_grad_hook", -8, "an input-requires-grad hook asked an integer activation to "
+                           "require grad, not a sharded weight", excludes=True),
                   Evidence("bnb:cpu-repack", -8, "bitsandbytes' CPU repack prints the same shape error")),
         prior=1.5,
         tells_apart="a 4-bit (bitsandbytes) base under FSDP without bnb_4bit_quant_storage set to the model dtype; "

@@ -118,6 +118,13 @@ FACTS: dict[str, tuple[str, str]] = {
                        "in the traceback"),
     "int_requires_grad": (r"only Tensors of floating point dtype can require gradients",
                           "an integer tensor was asked to require grad"),
+    # A forward hook that makes a module's input or output require grad (for checkpointing a frozen base):
+    # transformers' enable_input_require_grads (make_inputs_require_grads), unsloth_zoo's peft_utils.py
+    # requires_grad_pre_hook/_post_hook. Placed on a module that takes token ids, it asks an integer activation,
+    # not a weight, to require grad.
+    "input_grad_hook": (r"\brequires_grad_(?:pre|post)_hook\b|\bmake_inputs_require_grads?\b|"
+                        r"\b(?:input|output)s?\[0\]\.requires_grad_\(",
+                        "a hook that makes a module's inputs require grad is on the raise path"),
     "half": (r"bfloat16|float16|\bbf16\b|\bfp16\b|\bhalf\b", "half precision is in use"),
     "kv_cache": (r"past_key_values?|\buse_cache\b|DynamicCache|\bkv[_ ]cache|cache_position|layer_past",
                  "the KV cache is involved"),
