@@ -154,7 +154,7 @@ def test_unread_overrides_are_listed():
 
 
 @pytest.mark.parametrize("override, key", [
-    ("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.strategy"),
+    ("actor_rollout_ref.actor.strategy=deepspeed", "actor_rollout_ref.actor.strategy"),
     ("actor_rollout_ref.model.lora_rank=sixteen", "actor_rollout_ref.model.lora_rank"),
     ("algorithm.adv_estimator=ppo_plus", "algorithm.adv_estimator"),
     ("actor_rollout_ref.rollout.gpu_memory_utilization=1.5", "actor_rollout_ref.rollout.gpu_memory_utilization"),
@@ -162,6 +162,30 @@ def test_unread_overrides_are_listed():
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(LoraflowError, match=key.replace(".", r"\.")):
         from_command(launch(GRPO_LORA) + [override], CURRENT)
+
+
+MEGATRON_LORA = ("python3 -m verl.trainer.main_ppo --config-path=config --config-name='ppo_megatron_trainer.yaml' "
+                 "algorithm.adv_estimator=grpo actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct "
+                 "actor_rollout_ref.model.lora.rank=16 actor_rollout_ref.model.lora.alpha=32 "
+                 "actor_rollout_ref.actor.megatron.use_mbridge=True "
+                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 trainer.n_gpus_per_node=8")
+
+
+def test_megatron_trainer_config_is_read_as_the_megatron_workers_not_fsdp(tmp_path, monkeypatch):
+    # verl's examples/grpo_trainer/*_megatron*.sh name ppo_megatron_trainer.yaml (actor.strategy: megatron): before,
+    # check read them with the FSDP config's defaults (engine fsdp1, no adapter) and listed the Megatron keys unread.
+    monkeypatch.chdir(tmp_path)
+    r = from_command(shlex.split(MEGATRON_LORA), CURRENT)
+    assert (r.setup.stage, r.setup.adapter, r.setup.world_size) == ("grpo", "lora", 8)
+    assert r.setup.engine != "fsdp1" and "peft" in r.setup.not_used and r.unknown == []
+    assert any("Megatron workers" in n for n in r.notes)
+    full = from_command(shlex.split(MEGATRON_LORA.replace("lora.rank=16", "lora.rank=0")), CURRENT)
+    assert full.setup.adapter == "full"
+    # strategy=megatron over the FSDP config reads the same way; a Megatron key without it is still unread.
+    fsdp = shlex.split(MEGATRON_LORA.replace("--config-path=config --config-name='ppo_megatron_trainer.yaml' ", ""))
+    assert from_command(fsdp + ["actor_rollout_ref.actor.strategy=megatron"], CURRENT).unknown == []
+    assert "actor_rollout_ref.actor.megatron.use_mbridge=True" in from_command(fsdp, CURRENT).unknown
+    assert run_check(shlex.split(MEGATRON_LORA), None, [], dict(CURRENT), True)[1] == 0
 
 
 def test_not_a_training_entry_point():

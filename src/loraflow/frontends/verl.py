@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import verl_rollout, vision
+from loraflow.frontends import verl_megatron, verl_rollout, vision
 from loraflow.frontends.argv import Command, split_command
 from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
@@ -338,13 +338,17 @@ def _world(draft: Draft, entry: Entry, options: dict, cmd: Command | None) -> No
     finish_world(draft, None)
 
 
-def _read_options(entry: Entry, overrides: list[Override], draft: Draft) -> dict[str, tuple[Any, str]]:
+def _read_options(entry: Entry, overrides: list[Override], draft: Draft,
+                  base: dict[str, tuple[Any, str]] | None = None) -> dict[str, tuple[Any, str]]:
+    """The overrides as options; under the Megatron workers (a base config or an override choosing them) their own
+    settings are read by verl_megatron, not listed as unread."""
+    megatron = verl_megatron.chosen({**(base or {}), **{o.key: (o.value, o.raw) for o in overrides}})
     options: dict[str, tuple[Any, str]] = {}
     for o in overrides:
         if o.mode == "~":
             draft.note(f"{o.raw}: deletes a key of verl's config; read as that key's default")
             continue
-        if not _known(entry, o.key):
+        if not _known(entry, o.key) and not (megatron and verl_megatron.worker_key(o.key)):
             draft.unknown.append(o.raw)
         options[o.key] = (o.value, o.raw)
     return options
@@ -352,6 +356,13 @@ def _read_options(entry: Entry, overrides: list[Override], draft: Draft) -> dict
 
 def _apply(draft: Draft, entry: Entry, options: dict, cmd: Command | None) -> None:
     _stage(draft, entry, options)
+    if verl_megatron.chosen(options):
+        verl_megatron.apply(draft, options)
+        model_name_facts(draft, str(options.get(entry.key("path"), ("", ""))[0] or ""),
+                         options.get(entry.key("path"), ("", ""))[1])
+        _world(draft, entry, options, cmd)
+        draft.flag(**flags(entry))
+        return
     apply_table(draft, options, _model_table(entry) + _engine_table(entry))
     _offload(draft, entry, options)
     _precision(draft, entry, options)
@@ -401,7 +412,7 @@ def _config_file(others: list[str], draft: Draft) -> tuple[dict, list[str]]:
     path = Path(given.get("config-path", ".")) / name
     if not path.is_file():
         draft.note(f"--config-name {given['config-name']}: {path} is not here; its keys are read as verl's defaults")
-        return {}, rest
+        return verl_megatron.config_defaults(given["config-name"]), rest
     return {k: (v, f"{path.name}: {k}") for k, v in flatten(load_mapping(path, "verl config")).items()
             if k not in ("defaults", "hydra")}, rest
 
@@ -416,7 +427,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     for token in others:
         draft.unknown.append(f"{token} (not a Hydra override key=value)")
     _eras(draft, entry, overrides)
-    _apply(draft, entry, {**base, **_read_options(entry, overrides, draft)}, cmd)
+    _apply(draft, entry, {**base, **_read_options(entry, overrides, draft, base)}, cmd)
     return draft.result()
 
 
