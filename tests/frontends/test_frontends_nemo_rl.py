@@ -129,6 +129,19 @@ def test_sft_and_dpo_entry_points():
     assert (dpo.setup.stage, dpo.setup.checkpointing, dpo.setup.forwards_per_step) == ("dpo", "all", 1)
 
 
+@pytest.mark.parametrize("keys", [
+    "policy.dtensor_cfg.lora_cfg.match_all_linear=false policy.dtensor_cfg.lora_cfg.exclude_modules=['*out_proj*']",
+    "policy.dtensor_cfg.lora_cfg.match_all_linear=false policy.dtensor_cfg.lora_cfg.target_modules=[]",
+])
+def test_lora_without_match_all_linear_still_adapts(keys):
+    # NeMo-Automodel's ModuleMatcher adapts every Linear outside exclude_modules (or `*_proj` when both lists are
+    # empty): NeMo-RL's own sft-nanov3-30BA3B-2n8g-fsdp2-lora.yaml (v0.7.0) sets match_all_linear false with only
+    # exclude_modules, and check called it an adapter that matches nothing (no-adapter-matched, exit 2).
+    doc, code = check("uv run examples/run_sft.py policy.dtensor_cfg.lora_cfg.enabled=true " + keys,
+                      {**CURRENT, "nemo-rl": Version("0.7.0")})
+    assert doc["setup"]["adapter"] == "lora" and "no-adapter-matched" not in holds(doc) and code == 0
+
+
 def test_a_config_file_alone():
     r = from_files("nemo-rl", [str(FIX / "examples" / "configs" / "grpo_math_8B.yaml")], CURRENT)
     s = r.setup

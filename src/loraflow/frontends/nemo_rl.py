@@ -23,7 +23,7 @@ from loraflow.frontends import nemo_rl_rollout
 from loraflow.frontends.argv import Command, parse_flags, split_command
 from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, as_bool, as_list, at_least, int_value, load_mapping, model_name_facts
+from loraflow.frontends.common import Draft, as_bool, at_least, int_value, load_mapping, model_name_facts
 from loraflow.frontends.dotlist import Override, flatten, split_overrides
 
 NAME = "nemo-rl"
@@ -217,11 +217,10 @@ def _adapter(draft: Draft, s: Settings, engine: str) -> None:
     rank = s.get(draft, section + "dim")
     if rank is not None and shown(rank[0]):
         draft.set("adapter_rank", int_value(rank[0], rank[1], "a LoRA rank"), rank[1])
-    if engine != "megatron":
-        targets, match_all = s.get(draft, section + "target_modules"), s.get(draft, section + "match_all_linear")
-        if (targets is not None and not as_list(targets[0]) and match_all is not None and shown(match_all[0])
-                and not as_bool(*match_all)):
-            draft.set("matched_modules", 0, f"{targets[1]} with {match_all[1]} (nothing to adapt)")
+    # An empty target_modules with match_all_linear false still adapts: NeMo-Automodel's ModuleMatcher (which
+    # PeftConfig.from_dict(lora_cfg) builds, nemo_rl/models/automodel/setup.py) then matches every Linear outside
+    # exclude_modules, or `*_proj` when exclude_modules is empty too (nemo_automodel/components/_peft/
+    # module_matcher.py match() and __post_init__), so no empty-match claim is made from these keys.
 
 
 def _world(draft: Draft, s: Settings) -> None:
