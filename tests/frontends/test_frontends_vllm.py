@@ -172,3 +172,19 @@ def test_swift_server_adapter_sync_depends_on_how_the_server_was_started():
     text = SWIFT_GRPO.replace("colocate", "server") + " --vllm_enable_lora true --lora_rank 64"
     holds = findings(text)["vllm-max-lora-rank"]
     assert holds is not None and "--vllm_enable_lora" in holds
+
+
+def test_swift_before_3_5_puts_the_engine_on_vllm_device():
+    # ms-swift 3.3's examples/train/grpo/lora_vllm.sh: CUDA_VISIBLE_DEVICES=0,1, one trainer process, --vllm_device
+    # auto (the last visible GPU). check read it as colocated (the --vllm_mode default of 3.5 on) with
+    # --vllm_device unread (exit 1).
+    text = ("CUDA_VISIBLE_DEVICES=0,1 swift rlhf --rlhf_type grpo --model Qwen/Qwen2.5-7B --train_type lora "
+            "--use_vllm true --vllm_device auto --vllm_gpu_memory_utilization 0.5 --torch_dtype bfloat16")
+    old = {**CURRENT, "ms-swift": Version("3.3.0")}
+    s = from_command(shlex.split(text), old)
+    assert s.unknown == [] and s.setup.rollout_colocated is False
+    # One visible GPU: the trainer's own GPU is shared.
+    one = from_command(shlex.split(text.replace("=0,1", "=0")), old)
+    assert one.setup.rollout_colocated is True
+    # From 3.5 the same line reads --vllm_mode's default (colocate).
+    assert from_command(shlex.split(text), {**CURRENT, "ms-swift": Version("3.5.0")}).setup.rollout_colocated is True

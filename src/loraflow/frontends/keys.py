@@ -140,9 +140,10 @@ verbose
 """)
 
 # ms-swift swift/arguments/*.py, swift/trainers/arguments.py, swift/rlhf_trainers/args_mixin.py
-# (gc_collect_after_offload: GRPO's memory cleanup, swift/trainers/arguments.py of v3.5)
+# (gc_collect_after_offload: GRPO's memory cleanup, swift/trainers/arguments.py of v3.5; vllm_device and
+# num_infer_workers: GRPO's engine placement before --vllm_mode, swift/llm/argument/rlhf_args.py of v3.3)
 MS_SWIFT = _names("""
-gc_collect_after_offload
+gc_collect_after_offload vllm_device num_infer_workers
 acc_strategy adalora_beta1 adalora_beta2 adalora_deltaT adalora_init_r adalora_orth_reg_weight adalora_target_r
 adalora_tfinal adalora_tinit adapter_act adapter_length adapters add_non_thinking_prefix add_version
 advantage_estimator advantage_reweight agent_template aligner_lr async_generate attn_impl beta

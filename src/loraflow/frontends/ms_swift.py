@@ -22,6 +22,7 @@ from loraflow.frontends.argv import (
     Command,
     parse_flags,
     split_command,
+    visible_devices,
 )
 from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
@@ -279,7 +280,8 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     _checkpointing(draft, opts)
     apply_table(draft, {k: (_first(v), where) for k, (v, where) in opts.items()}, _TRAINER)
     _train_mode_and_save(draft, opts, info)
-    rollouts.apply(draft, *_accessors(opts), {k: (_first(v), where) for k, (v, where) in opts.items()})
+    rollouts.apply(draft, *_accessors(opts), {k: (_first(v), where) for k, (v, where) in opts.items()},
+                   visible_devices(cmd) if cmd is not None else (None, None))
     image_text(draft, *_accessors(opts), opts)
     for name, (value, source) in opts.items():
         if name not in _HANDLED and name not in keys.MS_SWIFT and name not in keys.HF_TRAINER and \

@@ -62,8 +62,9 @@ def _vllm_table(get, on, mode: str) -> tuple[Field, ...]:
         Field("engine_max_lora_rank", ("lora_rank",), rank, Default(8, "default (ms-swift lora_rank 8)"),
               when=lambda d: adapter_sync(d) and mode == "colocate", suffix=" (the engine's max_lora_rank too, "
               "rollout_mixin.py _prepare_vllm)"),
-        fact("rollout_colocated", mode == "colocate" and not time_shared, f"--vllm_mode {mode}" + (
-            " with --sleep_level and --offload_model (time-shared)" if mode == "colocate" and time_shared else "")),
+        fact("rollout_colocated", mode == "colocate" and not time_shared, (PLACED if mode == "device" else
+             f"--vllm_mode {mode}") + (" with --sleep_level and --offload_model (time-shared)"
+                                       if mode == "colocate" and time_shared else "")),
         Field("engine_gpu_memory_utilization", ("vllm_gpu_memory_utilization",), fraction,
               Default(0.9, "default (ms-swift swift/rlhf_trainers/args_mixin.py: vllm_gpu_memory_utilization 0.9)"),
               when=lambda d: mode == "colocate"),
@@ -77,13 +78,37 @@ def _vllm_table(get, on, mode: str) -> tuple[Field, ...]:
     )
 
 
-def apply(draft: Draft, get, src, on, options: dict) -> None:
+# Before --vllm_mode (v3.5.0) the engine sat on --vllm_device, default ['auto']: the last num_infer_workers of the
+# visible GPUs, the trainer's own GPU only when a single one is visible (swift/trainers/rlhf_trainer/grpo_trainer.py
+# __init__ and swift/llm/argument/rlhf_args.py of v3.3.0); ms-swift's error for a clash asks for fewer processes.
+PLACED = "ms-swift < 3.5 puts vLLM on --vllm_device (auto: the last visible GPU, apart from the trainer's; " \
+         "grpo_trainer.py)"
+
+
+def _device_mode(draft: Draft, get, visible: tuple[int | None, str | None]) -> str:
+    """colocate or device (its own GPU) for ms-swift < 3.5, from --vllm_device and the visible GPU count."""
+    device = get("vllm_device", "auto")
+    if str(device) != "auto":
+        draft.note(f"--vllm_device {device}: vLLM on the device named (ms-swift < 3.5), read as apart from the "
+                   "trainer's")
+        return "device"
+    count, _ = visible
+    if count is None:
+        draft.note("--vllm_device auto (ms-swift < 3.5): vLLM takes the last visible GPU, shared with the trainer "
+                   "only when one GPU is visible; the visible devices are not in the command, read as several")
+        return "device"
+    return "colocate" if count == 1 else "device"
+
+
+def apply(draft: Draft, get, src, on, options: dict, visible: tuple[int | None, str | None] = (None, None)) -> None:
     """The vLLM rollout fields of `swift rlhf --rlhf_type grpo --use_vllm true` (get/src/on: ms_swift's accessors
-    over its options; options: name -> (value, source), each value unwrapped)."""
+    over its options; options: name -> (value, source), each value unwrapped; visible: the visible GPU count and
+    the variable that set it)."""
     if draft.get("stage") != "grpo" or not on("use_vllm"):
         return
-    mode = str(get("vllm_mode", "colocate"))
-    if get("vllm_mode") is None:
+    modern = at_least(draft, "ms-swift", "3.5.0")
+    mode = str(get("vllm_mode", "colocate")) if modern else _device_mode(draft, get, visible)
+    if get("vllm_mode") is None and modern:
         draft.note("--vllm_mode not given: read as colocate, ms-swift 3.5 - 3.x's default (swift/trainers/"
                    "arguments.py); ms-swift 4 asks for it")
     if mode == "server" and draft.get("adapter") != "full" and on("vllm_enable_lora"):
