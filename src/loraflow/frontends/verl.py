@@ -411,8 +411,10 @@ def _config_file(others: list[str], draft: Draft) -> tuple[dict, list[str]]:
     name = given["config-name"] if given["config-name"].endswith(".yaml") else given["config-name"] + ".yaml"
     path = Path(given.get("config-path", ".")) / name
     if not path.is_file():
-        draft.note(f"--config-name {given['config-name']}: {path} is not here; its keys are read as verl's defaults")
-        return verl_megatron.config_defaults(given["config-name"]), rest
+        megatron = verl_megatron.config_defaults(given["config-name"])
+        draft.note(f"--config-name {given['config-name']}: {path} is not here; " + (
+            "read as verl's own Megatron trainer config" if megatron else "its keys are read as verl's defaults"))
+        return megatron, rest
     return {k: (v, f"{path.name}: {k}") for k, v in flatten(load_mapping(path, "verl config")).items()
             if k not in ("defaults", "hydra")}, rest
 
