@@ -53,3 +53,22 @@ def test_a_final_error_line_cut_short_is_read_as_the_start_of_its_message():
     assert _top("RuntimeError: Expected to have finished reductio\nINFO training resumed") is None
     assert literal_prefix(r"The size of tensor a \(\d+\) must") == "The size of tensor a ("
     assert literal_prefix(r"expected scalar type (Half|Float)") == "expected scalar type "
+
+
+# tests/fixtures/corpus/explain/requires-grad/021: DeepSpeed-Chat step 3 with LoRA and checkpointing, whose log opens
+# with its launch line; the traceback stops before the error line, so only that launch names the failure.
+DSCHAT = "tests/fixtures/corpus/explain/requires-grad/021-alpaca-rlhf-dschat-step3-gc-only-lora.log"
+
+
+def test_an_echoed_launch_line_is_read_behind_a_rank_prefix_a_quote_or_a_shell_prompt():
+    from conftest import ROOT
+
+    text = (ROOT / DSCHAT).read_text()
+    first, rest = text.split("\n", 1)
+    expected = _top(text)
+    assert expected is not None
+    for pasted in (f"[rank0]: {first}", f"> {first}", f"(venv) user@host:~/alpaca-rlhf$ {first}",
+                   f"root@a1b2:/workspace# {first}"):
+        assert _top(f"{pasted}\n{rest}") == expected, pasted
+    # A commented-out launch is not the run's own.
+    assert _top(f"# {first}\n{rest}") != expected

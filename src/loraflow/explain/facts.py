@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from loraflow.explain.logread import LogView
+from loraflow.explain.prefix import strip_prefix
 from loraflow.rules.signs import COMPILED_FACTS
 
 # torch prints `'shape': torch.Size([1024])`; a hand-shortened paste `'shape': [1024]`.
@@ -193,6 +194,9 @@ _LAUNCH = re.compile(r"^\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(deepspeed|torchrun|accel
                      r"axolotl|trl|python3?\s+-m\s+(?:openrlhf|torch\.distributed)|python3?\s+\S+\.py)\s")
 
 
+_PROMPT = re.compile(r"^\s*(?:>\s?)*(?:\([\w.-]+\)\s*)?(?:[\w.@:~/-]*\$\s+|[\w.@:~/-]+#\s+)?")
+
+
 def _launch_lines(log: LogView, facts: Facts) -> None:
     """A log that echoes its own launch command (many start with it) says what the run set up: read it as `check`
     would, and let each conflict it sets up count for its rule (`setup:ID` holds whatever the versions, `setup?:ID`
@@ -209,7 +213,9 @@ def _launch_lines(log: LogView, facts: Facts) -> None:
             verdict = None
         for f in verdict.findings if verdict is not None else ():
             facts.add(("setup:" if f.holds_if is None else "setup?:") + f.rule.id, (0, label))
-    for i, line in enumerate(log.lines[:400], 1):
+    for i, raw in enumerate(log.lines[:400], 1):
+        # As pasted: after a launcher's or logger's prefix, a markdown quote, or a shell prompt (`(env) user@host:~$ `).
+        line = _PROMPT.sub("", strip_prefix(raw))
         if not _LAUNCH.match(line) or len(line) < 30:
             continue
         try:

@@ -1,0 +1,87 @@
+"""Whether `loraflow explain` reads a log the way people paste it: each failure log of the real-world corpus
+(benchmarks/diagnosis_accuracy.py's, the ones explain names right as stored) is pasted again with what launchers,
+loggers, terminals and issue trackers put around lines, and must keep its rule first; each decoy that gets no claim
+as stored must still get none.
+
+    python benchmarks/paste_robustness.py          # one line per paste form: failures kept, decoys newly claimed
+    python benchmarks/paste_robustness.py --json
+
+The forms are ones seen in public threads: torchrun's `[rankN]:` prefix, ANSI colours, a logger's timestamp, Windows
+line ends, a progress bar redrawn with carriage returns, an indented or markdown-quoted paste, a shell prompt before
+the echoed launch line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _lines(text: str, each: Callable[[int, str], str]) -> str:
+    return "\n".join(each(i, line) for i, line in enumerate(text.splitlines()))
+
+
+FORMS: dict[str, Callable[[str], str]] = {
+    "rank prefix": lambda t: _lines(t, lambda i, line: f"[rank{i % 2}]: {line}"),
+    "ansi colour": lambda t: _lines(t, lambda i, line: f"\x1b[31m{line}\x1b[0m" if "Error" in line else line),
+    "timestamp": lambda t: _lines(t, lambda i, line: f"2024-05-01 12:00:{i % 60:02d},123 - {line}"),
+    "crlf": lambda t: t.replace("\n", "\r\n"),
+    "progress bar": lambda t: ("  3%|▎         | 10/300 [00:10<04:50,  1.00s/it]\r  4%|▍         | 12/300 "
+                               "[00:12<04:48,  1.00s/it]\n" + t),
+    "indented": lambda t: _lines(t, lambda i, line: f"    {line}"),
+    "quoted": lambda t: _lines(t, lambda i, line: f"> {line}"),
+    "shell prompt": lambda t: _lines(t, lambda i, line: f"(venv) user@host:~/run$ {line}" if i == 0 else line),
+}
+
+
+def measure(forms: tuple[str, ...] = tuple(FORMS)) -> dict:
+    from diagnosis_accuracy import explain_entries
+
+    from loraflow.explain import diagnose_log
+
+    def top(text: str) -> str | None:
+        _, candidates, _ = diagnose_log(text)
+        return candidates[0].rule.id if candidates else None
+
+    failures, decoys = [], []
+    for e in explain_entries():
+        text = e["file"].read_text(encoding="utf-8", errors="replace")
+        if e.get("decoy") or e.get("expected") is None:
+            if top(text) is None:
+                decoys.append((e["file"].name, text))
+        elif e.get("evidence_in_log") is not False and top(text) == e["expected"]:
+            failures.append((e["file"].name, text, e["expected"]))
+    out = {}
+    for name in forms:
+        form = FORMS[name]
+        lost = [(f, top(form(t))) for f, t, want in failures if top(form(t)) != want]
+        claimed = [(f, got) for f, t in decoys if (got := top(form(t))) is not None]
+        out[name] = {"kept": len(failures) - len(lost), "of": len(failures), "lost": lost,
+                     "decoys_claimed": claimed, "decoys": len(decoys)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    out = measure()
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    for name, r in out.items():
+        print(f"{name:<13} failures kept {r['kept']}/{r['of']}   decoys newly claimed {len(r['decoys_claimed'])}/"
+              f"{r['decoys']}" + (f"   lost: {r['lost'][:3]}" if r["lost"] else "")
+              + (f"   claimed: {r['decoys_claimed'][:3]}" if r["decoys_claimed"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
