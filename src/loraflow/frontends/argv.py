@@ -291,6 +291,10 @@ def _script_line(cmd: Command, path: str, depth: int) -> Command:
     return inner
 
 
+_PROMPT_WORD = re.compile(r"\$|>|\([\w.-]+\)|[\w.@:~/-]*\$|[\w.-]+@[\w.-]+:\S*#")
+"""A shell prompt's words before a pasted command: `$`, `(venv)`, `user@host:~/x$`, `root@a1b2:/w#`."""
+
+
 def split_command(argv: list[str], depth: int = 0) -> Command:
     """Peel env assignments and launchers off `argv` (already split by the shell)."""
     if not argv:
@@ -298,6 +302,8 @@ def split_command(argv: list[str], depth: int = 0) -> Command:
                             "`loraflow check -- deepspeed --module openrlhf.cli.train_sft --zero_stage 3 ...`.")
     cmd = Command(argv=list(argv))
     rest = list(argv)
+    while len(rest) > 1 and _PROMPT_WORD.fullmatch(rest[0]):  # `$ torchrun ...` copied with its shell prompt
+        rest = rest[1:]
     if rest[0].startswith("!") and len(rest[0]) > 1:
         # A notebook cell's `!swift sft ...` (IPython runs the rest of the line in a shell; Colab, Kaggle).
         rest[0] = rest[0][1:]

@@ -70,6 +70,17 @@ def _unset(m: re.Match) -> str:
     return f"${name}"
 
 
+# A launch pasted from an issue or a terminal: markdown fences, Windows line ends, a shell prompt before the command
+# (`$ torchrun ...`, `(venv) user@host:~/x$ torchrun ...`, `root@a1b2:/w# deepspeed ...`).
+_FENCE = re.compile(r"(?m)^\s*```.*$")
+PROMPT = re.compile(r"^\s*(?:\([\w.-]+\)\s*)?(?:[\w.@:~/-]*\$|[\w.-]+@[\w.-]+:[^\s#]*#)\s+(?=\S)")
+
+
+def _as_pasted(text: str) -> str:
+    text = _FENCE.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    return "\n".join(PROMPT.sub("", line, count=1) for line in text.split("\n"))
+
+
 def command_from_script(path: str) -> list[str]:
     """The launch line of a shell script: line continuations joined, simple `VAR=value` assignments expanded
     (the last assignment wins, so `if [ -z "$X" ]; then X=3; fi` style defaults come through), redirections dropped.
@@ -79,6 +90,7 @@ def command_from_script(path: str) -> list[str]:
         text = Path(path).read_text()
     except OSError as exc:
         raise LoraflowError(f"cannot read the launch script {path}: {exc.strerror}.") from None
+    text = _as_pasted(text)
     variables: dict[str, str] = {}
     # `read -r -d '' VAR <<EOF ... EOF` (OpenRLHF's example scripts) and `VAR=$(cat <<EOF ... EOF)` hold the
     # training flags in a here-document: its body becomes the variable's value.
@@ -110,7 +122,7 @@ def command_from_script(path: str) -> list[str]:
             continue
         # A notebook cell saved as text: `!swift sft ...` runs the rest of the line in a shell (IPython).
         stripped = stripped[1:] if stripped.startswith("!") else stripped
-        words = stripped.split()
+        words = expand(stripped).split()  # `$LAUNCHER train.py` with LAUNCHER=torchrun set above
         first = next((w for w in words if not _ENV.match(w)), "")
         if Path(first).name in _STARTS or _PYTHON.match(first):
             body = re.split(r"\s(?:&>|2>&1|>>|>|\||&&|;|&)(?:\s|$)", " " + expand(stripped) + " ")[0]

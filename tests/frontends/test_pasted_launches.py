@@ -1,0 +1,53 @@
+"""A launch as people paste it into an issue or copy it from a terminal: in a markdown fence, with Windows line ends,
+behind a shell prompt. check reads the command inside, as it would read the script itself."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from loraflow.frontends import parse_versions, run_check
+
+VERSIONS = dict(parse_versions("torch=2.13.0,transformers=5.23.0,peft=0.21.2,trl=1.16.0,accelerate=1.15.0,"
+                               "bitsandbytes=0.50.2,deepspeed=0.19.8"))
+LAUNCH = ("CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc_per_node 2 train.py \\\n"
+          "   --model_name_or_path meta-llama/Llama-2-7b-hf --use_peft --load_in_4bit \\\n"
+          "   --deepspeed ds_z3.json --gradient_checkpointing --bf16\n")
+
+
+def _setup(doc: dict) -> tuple:
+    s = doc["setup"]
+    return s["adapter"], s["quantization"], s["engine"], s["zero_stage"], s["world_size"], doc["exit_code"]
+
+
+def _script(tmp_path, text: str) -> dict:
+    path = tmp_path / "run.sh"
+    path.write_bytes(text.encode())
+    return json.loads(run_check(["bash", str(path)], None, [], dict(VERSIONS), True)[0])
+
+
+@pytest.mark.parametrize("pasted", [
+    "```bash\n" + LAUNCH + "```\n",
+    LAUNCH.replace("\n", "\r\n"),
+    "$ " + LAUNCH,
+    "(venv) user@host:~/finetune$ " + LAUNCH,
+    "root@a1b2c3:/workspace# " + LAUNCH,
+])
+def test_a_pasted_launch_script_reads_as_the_script_itself(tmp_path, pasted):
+    assert _setup(_script(tmp_path, pasted)) == _setup(_script(tmp_path, LAUNCH))
+
+
+def test_a_prompt_before_the_command_line_is_not_the_program(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plain = " ".join(LAUNCH.replace("\\\n", " ").split())
+    want = json.loads(run_check(shlex.split(plain), None, [], dict(VERSIONS), True)[0])
+    for prompt in ("$", "(venv) user@host:~/x$", "root@a1b2:/w#"):
+        got = json.loads(run_check(shlex.split(f"{prompt} {plain}"), None, [], dict(VERSIONS), True)[0])
+        assert _setup(got) == _setup(want), prompt
+
+
+def test_a_variable_at_the_start_of_a_line_is_not_a_prompt(tmp_path):
+    doc = _script(tmp_path, "LAUNCHER=torchrun\n$LAUNCHER --nproc_per_node 2 train.py --use_peft\n")
+    assert doc["setup"]["world_size"] == 2
