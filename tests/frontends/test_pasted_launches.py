@@ -51,3 +51,13 @@ def test_a_prompt_before_the_command_line_is_not_the_program(tmp_path, monkeypat
 def test_a_variable_at_the_start_of_a_line_is_not_a_prompt(tmp_path):
     doc = _script(tmp_path, "LAUNCHER=torchrun\n$LAUNCHER --nproc_per_node 2 train.py --use_peft\n")
     assert doc["setup"]["world_size"] == 2
+
+
+def test_a_config_pasted_in_a_markdown_fence_with_windows_line_ends_is_read(tmp_path):
+    body = ("base_model: meta-llama/Llama-2-7b-hf\nadapter: qlora\nload_in_4bit: true\nfsdp:\n  - full_shard\n"
+            "bf16: true\n")
+    plain, fenced = tmp_path / "plain.yml", tmp_path / "fenced.yml"
+    plain.write_text(body)
+    fenced.write_bytes(("```yaml\n" + body + "```\n").replace("\n", "\r\n").encode())
+    read = [json.loads(run_check(None, "axolotl", [str(p)], dict(VERSIONS), True)[0]) for p in (plain, fenced)]
+    assert read[0]["setup"] == read[1]["setup"] and read[1]["setup"]["quantization"] == "4bit"

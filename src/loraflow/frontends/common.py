@@ -196,6 +196,8 @@ def load_mapping(path: str | Path, what: str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise LoraflowError(f"{what} {path} is not a text file (byte {exc.start} is not UTF-8); expected {kind}."
                             ) from None
+    # Pasted from an issue: markdown fences and Windows line ends (the fence lines are blanked, so line numbers hold).
+    text = re.sub(r"(?m)^[ \t]*```.*$", "", text.replace("\r\n", "\n"))
     try:
         data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
