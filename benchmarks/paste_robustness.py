@@ -7,8 +7,8 @@ as stored must still get none.
     python benchmarks/paste_robustness.py --json
 
 The forms are ones seen in public threads: torchrun's `[rankN]:` prefix, ANSI colours, a logger's timestamp, Windows
-line ends, a progress bar redrawn with carriage returns, an indented or markdown-quoted paste, a shell prompt before
-the echoed launch line.
+line ends, a progress bar redrawn with carriage returns, an indented, markdown-quoted or fenced paste, a shell prompt before
+the echoed launch line, HTML entities where a page was copied as source.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ FORMS: dict[str, Callable[[str], str]] = {
     "indented": lambda t: _lines(t, lambda i, line: f"    {line}"),
     "quoted": lambda t: _lines(t, lambda i, line: f"> {line}"),
     "shell prompt": lambda t: _lines(t, lambda i, line: f"(venv) user@host:~/run$ {line}" if i == 0 else line),
+    "fenced": lambda t: f"```python\n{t}\n```",
+    "html escaped": lambda t: t.replace("'", "&#39;").replace('"', "&quot;").replace(">", "&gt;").replace("<", "&lt;"),
 }
 
 

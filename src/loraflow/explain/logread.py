@@ -4,6 +4,7 @@ a warning, only a metadata dump, a one-line paste)."""
 
 from __future__ import annotations
 
+import html
 import re
 import sys
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ MAX_LINES, MAX_LINE_CHARS = 20_000, 2_000
 # and others install rich tracebacks) and as pytest prints it (`x.py:9: in f`).
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in ([\w<>.]+)|([\w./\\~:-]+\.py):(\d+):? in ([\w<>.]+)')
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_ENTITY = re.compile(r"&(?:#39|#x27|quot|gt|lt|amp);")
 # rich wraps a long frame: `│ /x/utils.py:825 in            │` then `│ get_only_unique_item  │` on the next line.
 _RICH_WRAPPED = re.compile(r"([\w./\\~:-]+\.py):(\d+) in\W*$")
 # An exception line: `RuntimeError: ...`, `torch.utils.checkpoint.CheckpointError: ...`, a bare `AssertionError`,
@@ -139,6 +141,8 @@ def view(text: str) -> LogView:
     """The last MAX_LINES lines of the log, each cut to MAX_LINE_CHARS: failures end a log, and the cap keeps a 100 MB
     training log or a megabyte-long line from making the regular expressions crawl."""
     lines = [_ANSI.sub("", line)[:MAX_LINE_CHARS] for line in text.splitlines()[-MAX_LINES:]]
+    if _ENTITY.search(text):  # copied from a page's source: `&#39;` and `&gt;` stand for the characters printed
+        lines = [html.unescape(line) for line in lines]
     log = LogView(lines=lines, text="\n".join(lines))
     for i, line in enumerate(lines, 1):
         wrapped = _RICH_WRAPPED.search(line)
