@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -39,6 +40,9 @@ FORMS: dict[str, Callable[[str], str]] = {
     "quoted": lambda t: _lines(t, lambda i, line: f"> {line}"),
     "shell prompt": lambda t: _lines(t, lambda i, line: f"(venv) user@host:~/run$ {line}" if i == 0 else line),
     "fenced": lambda t: f"```python\n{t}\n```",
+    "windows paths": lambda t: re.sub(r'File "(/[^"]+)"', lambda m: 'File "C:\\Users\\me\\miniconda3' +
+                                      m.group(1).replace("/", "\\") + '"', t),
+    "literal \\n": lambda t: t.replace("\n", "\\n"),
     "html escaped": lambda t: t.replace("'", "&#39;").replace('"', "&quot;").replace(">", "&gt;").replace("<", "&lt;"),
 }
 

@@ -140,6 +140,8 @@ _CHECKPOINT_LINES = {1075: "2.1.0", 1116: "2.2.0", 1126: "2.3.0", 1120: "2.4.0",
 def view(text: str) -> LogView:
     """The last MAX_LINES lines of the log, each cut to MAX_LINE_CHARS: failures end a log, and the cap keeps a 100 MB
     training log or a megabyte-long line from making the regular expressions crawl."""
+    if text.count("\n") < 3 and text.count("\\n") >= 3:  # a log kept in a JSON string: its newlines are `\n`
+        text = text.replace("\\r\\n", "\n").replace("\\n", "\n").replace("\\t", "    ").replace('\\"', '"')
     lines = [_ANSI.sub("", line)[:MAX_LINE_CHARS] for line in text.splitlines()[-MAX_LINES:]]
     if _ENTITY.search(text):  # copied from a page's source: `&#39;` and `&gt;` stand for the characters printed
         lines = [html.unescape(line) for line in lines]
