@@ -1,7 +1,8 @@
 """Whether `loraflow explain` reads a log the way people paste it: each failure log of the real-world corpus
 (benchmarks/diagnosis_accuracy.py's, the ones explain names right as stored) is pasted again with what launchers,
 loggers, terminals and issue trackers put around lines, and must keep its rule first; each decoy that gets no claim
-as stored must still get none.
+as stored must still get none. `loraflow check` gets the same treatment: each corpus launch, read as a script, is
+pasted in a markdown fence, with Windows line ends and behind a shell prompt, and must give the same findings.
 
     python benchmarks/paste_robustness.py          # one line per paste form: failures kept, decoys newly claimed
     python benchmarks/paste_robustness.py --json
@@ -74,14 +75,60 @@ def measure(forms: tuple[str, ...] = tuple(FORMS)) -> dict:
     return out
 
 
+LAUNCH_FORMS: dict[str, Callable[[str], str]] = {
+    "fenced": lambda t: f"```bash\n{t.rstrip()}\n```\n",
+    "crlf": lambda t: t.replace("\n", "\r\n"),
+    "shell prompt": lambda t: _lines(t, lambda i, line: f"(venv) user@host:~/run$ {line}" if i == 0 else line),
+}
+
+
+def measure_check(forms: tuple[str, ...] = tuple(LAUNCH_FORMS)) -> dict:
+    """check on each corpus launch (a command line or a launch script) read as a script, then re-pasted: the same
+    findings must come back."""
+    import shutil
+    import tempfile
+
+    from diagnosis_accuracy import _run_check, check_entries
+
+    def findings(e: dict, text: str) -> tuple:
+        folder = Path(tempfile.mkdtemp(prefix="paste-"))
+        try:
+            for f in e["files"] + list((e.get("paths") or {}).values()):
+                (folder / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(e["dir"] / f, folder / f)
+            (folder / e["files"][0]).write_bytes(text.encode())
+            doc = _run_check({**e, "dir": folder, "invocation": "script"})
+            return tuple(sorted((f["rule"], f.get("holds_if") or "") for f in doc.get("findings", []))), doc.get("error")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    launches = [e for e in check_entries() if e.get("invocation", "command") in ("command", "script")
+                and not e.get("expected_error")]
+    base = {}
+    for e in launches:
+        text = (e["dir"] / e["files"][0]).read_text()
+        got = findings(e, text)
+        if got[1] is None:
+            base[e["key"]] = (e, text, got)
+    out = {}
+    for name in forms:
+        changed = [(key, got[0], findings(e, LAUNCH_FORMS[name](text))[0]) for key, (e, text, got) in base.items()
+                   if findings(e, LAUNCH_FORMS[name](text)) != got]
+        out[name] = {"same": len(base) - len(changed), "of": len(base), "changed": changed}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    out = measure()
+    out, launches = measure(), measure_check()
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps({"explain": out, "check": launches}, indent=2))
         return 0
+    for name, r in launches.items():
+        print(f"check, {name:<13} same findings {r['same']}/{r['of']}" + (f"   changed: {r['changed'][:2]}"
+                                                                           if r["changed"] else ""))
     for name, r in out.items():
         print(f"{name:<13} failures kept {r['kept']}/{r['of']}   decoys newly claimed {len(r['decoys_claimed'])}/"
               f"{r['decoys']}" + (f"   lost: {r['lost'][:3]}" if r["lost"] else "")
