@@ -30,6 +30,50 @@ def _lines(text: str, each: Callable[[int, str], str]) -> str:
     return "\n".join(each(i, line) for i, line in enumerate(text.splitlines()))
 
 
+# What torchrun prints after a rank fails (torch/distributed/elastic/multiprocessing/errors/__init__.py): the
+# launcher's own traceback and its summary table, below the rank's real error.
+TORCHRUN_TAIL = """[2024-05-01 12:00:01,000] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: 1) \
+local_rank: 0 (pid: 4242) of binary: /usr/bin/python
+Traceback (most recent call last):
+  File "/usr/local/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+  File "/usr/local/lib/python3.10/dist-packages/torch/distributed/run.py", line 812, in main
+    run(args)
+  File "/usr/local/lib/python3.10/dist-packages/torch/distributed/launcher/api.py", line 263, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2024-05-01_12:00:01
+  host      : node-1
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4242)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================"""
+
+# accelerate launch's own traceback when its child exits non-zero (accelerate/commands/launch.py simple_launcher).
+ACCELERATE_TAIL = """Traceback (most recent call last):
+  File "/opt/conda/bin/accelerate", line 8, in <module>
+    sys.exit(main())
+  File "/opt/conda/lib/python3.10/site-packages/accelerate/commands/accelerate_cli.py", line 48, in main
+    args.func(args)
+  File "/opt/conda/lib/python3.10/site-packages/accelerate/commands/launch.py", line 1097, in launch_command
+    simple_launcher(args)
+  File "/opt/conda/lib/python3.10/site-packages/accelerate/commands/launch.py", line 703, in simple_launcher
+    raise subprocess.CalledProcessError(returncode=process.returncode, cmd=cmd)
+subprocess.CalledProcessError: Command '['/opt/conda/bin/python', 'train.py']' returned non-zero exit status 1."""
+# The deepspeed runner's lines when a rank exits non-zero (deepspeed/launcher/launch.py sigkill_handler).
+DEEPSPEED_TAIL = """[2024-05-01 12:00:02,000] [INFO] [launch.py:319:sigkill_handler] Killing subprocess 4242
+[2024-05-01 12:00:02,000] [ERROR] [launch.py:325:sigkill_handler] ['/usr/bin/python', '-u', 'train.py', \
+'--local_rank=0'] exits with return code = 1"""
+
 FORMS: dict[str, Callable[[str], str]] = {
     "rank prefix": lambda t: _lines(t, lambda i, line: f"[rank{i % 2}]: {line}"),
     "ansi colour": lambda t: _lines(t, lambda i, line: f"\x1b[31m{line}\x1b[0m" if "Error" in line else line),
@@ -44,6 +88,9 @@ FORMS: dict[str, Callable[[str], str]] = {
     "windows paths": lambda t: re.sub(r'File "(/[^"]+)"', lambda m: 'File "C:\\Users\\me\\miniconda3' +
                                       m.group(1).replace("/", "\\") + '"', t),
     "literal \\n": lambda t: t.replace("\n", "\\n"),
+    "torchrun tail": lambda t: t + "\n" + TORCHRUN_TAIL,
+    "accelerate tail": lambda t: t + "\n" + ACCELERATE_TAIL,
+    "deepspeed tail": lambda t: t + "\n" + DEEPSPEED_TAIL,
     "html escaped": lambda t: t.replace("'", "&#39;").replace('"', "&quot;").replace(">", "&gt;").replace("<", "&lt;"),
 }
 
@@ -127,10 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"explain": out, "check": launches}, indent=2))
         return 0
     for name, r in launches.items():
-        print(f"check, {name:<13} same findings {r['same']}/{r['of']}" + (f"   changed: {r['changed'][:2]}"
+        print(f"check, {name:<15} same findings {r['same']}/{r['of']}" + (f"   changed: {r['changed'][:2]}"
                                                                            if r["changed"] else ""))
     for name, r in out.items():
-        print(f"{name:<13} failures kept {r['kept']}/{r['of']}   decoys newly claimed {len(r['decoys_claimed'])}/"
+        print(f"{name:<15} failures kept {r['kept']}/{r['of']}   decoys newly claimed {len(r['decoys_claimed'])}/"
               f"{r['decoys']}" + (f"   lost: {r['lost'][:3]}" if r["lost"] else "")
               + (f"   claimed: {r['decoys_claimed'][:3]}" if r["decoys_claimed"] else ""))
     return 0

@@ -31,6 +31,15 @@ _RICH_WRAPPED = re.compile(r"([\w./\\~:-]+\.py):(\d+) in\W*$")
 # after any `[rank0]:` style prefix. Warnings (`UserWarning: ...`) are not errors.
 _ERROR = re.compile(r"^\W*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]*(?:Error|Exception|Interrupt)|AssertionError|"
                     r"KeyboardInterrupt|SystemExit)(?::\s?(.*))?$")
+# What a launcher prints once a worker has failed, below the worker's own error: its own traceback (torchrun's
+# elastic agent, accelerate launch, the deepspeed runner, a CLI that runs torchrun in a subprocess) and its summary
+# error. It says that a process failed, never why: left out of the frames and errors explain reads.
+_LAUNCHER_FRAME = re.compile(r"torch[/\\]distributed[/\\](?:run\.py|launch\.py|launcher[/\\]|elastic[/\\])|"
+                             r"accelerate[/\\]commands[/\\]|deepspeed[/\\]launcher[/\\]|[/\\]subprocess\.py$|"
+                             r"(?:^|[/\\])bin[/\\](?:torchrun|accelerate|deepspeed|llamafactory-cli|swift)$|"
+                             r"swift[/\\]cli[/\\](?:main|_?base)\.py|llamafactory[/\\]cli\.py")
+_LAUNCHER_ERROR = re.compile(r"(?:^|\.)ChildFailedError\b|\bCalledProcessError: Command .* returned non-zero exit "
+                             r"status|^SystemExit\b")
 _WARNING = re.compile(r"\b\w*Warning\b:|\[W(?:\s|\d)|\bWARNING\b|\bwarn(?:ing)?s?\.warn", re.IGNORECASE)
 _PACKAGES = {"torch": r"torch|pytorch", "deepspeed": r"deepspeed", "transformers": r"transformers",
              "peft": r"peft", "bitsandbytes": r"bitsandbytes", "accelerate": r"accelerate", "trl": r"trl"}
@@ -156,10 +165,11 @@ def view(text: str) -> LogView:
         m = _FRAME.search(line)
         if m:
             path, function = (m.group(1), m.group(3)) if m.group(1) else (m.group(4), m.group(6))
-            log.frames.append(Frame(i, path, function))
+            if not _LAUNCHER_FRAME.search(path):
+                log.frames.append(Frame(i, path, function))
             continue
         bare = strip_prefix(line).strip()
-        if _ERROR.match(bare):
+        if _ERROR.match(bare) and not _LAUNCHER_ERROR.search(bare):
             log.errors.append((i, bare[:400]))
     log.versions = log_versions(log.text)
     if "torch" not in log.versions:
