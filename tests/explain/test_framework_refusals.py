@@ -97,6 +97,11 @@ def test_llamafactory_refusal_of_an_8bit_base_when_sharded(context, rule):
         assert top(context + new)[0][0] == rule
 
 
+def test_unsloth_mid_2024_refusal_of_several_gpus():
+    line = "RuntimeError: Error: More than 1 GPUs have a lot of VRAM usage. Please obtain a commercial license."
+    assert top(line)[:1] == [("unsloth-multi-gpu", "confirmed")]
+
+
 def test_llamafactory_refusal_of_unsloth_under_zero3():
     assert top("ValueError: Unsloth is incompatible with DeepSpeed ZeRO-3.")[:1] == [("unsloth-multi-gpu", "possible")]
 

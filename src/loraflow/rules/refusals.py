@@ -89,6 +89,10 @@ ZERO3_MULTI_ADAPTER = Message(r"Cannot use multiple adapters in DeepSpeed ZeRO-3
 # --- unsloth-multi-gpu: Unsloth in a multi-process launch ------------------------------------------------------------
 # A ZeRO-3 launch is a multi-process one; the refusal also guards Unsloth's kernels from partitioned weights, which
 # newer Unsloth (with data-parallel support) still cannot read: shared.
+# Unsloth 2024.6's check of the GPUs holding memory (nvidia-smi from its patched training loop), raised on a
+# multi-GPU launch before its data-parallel support (unsloth issue 660; LLaMA-Factory issue 4288 with use_unsloth).
+UNSLOTH_VRAM = Message(r"More than 1 GPUs have a lot of VRAM usage\. Please obtain a commercial license", "own",
+                       "unsloth/models/llama.py: the patched training loop's GPU check", "unsloth 2024.6 (seen)")
 UNSLOTH_ZERO3 = Message(r"Unsloth is incompatible with DeepSpeed ZeRO-3", "shared",
                         "LLaMA-Factory hparams/parser.py: get_train_args (use_unsloth under ZeRO-3)")
 
