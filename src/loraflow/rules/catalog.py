@@ -8,6 +8,7 @@ and one that keeps it silent (tests/rules/test_rules.py), and, where it can be r
 from __future__ import annotations
 
 from loraflow.rules.combination import Combination
+from loraflow.rules.refusals import REENTRANT_PARTLY_FROZEN, TIED_OUTPUT_LORA
 from loraflow.rules.rule import Rule, register
 from loraflow.rules.signs import NO_GRAD_FN as _NO_GRAD_FN
 from loraflow.rules.signs import (
@@ -53,7 +54,8 @@ register(Rule(
     # The error also follows a backward under no_grad or a model with nothing trainable: shared, and told apart
     # by torch's reentrant-checkpoint warning and checkpointing in the same log.
     log=LogSigns(
-        messages=(Message(_NO_GRAD_FN, "shared", "torch autograd: run_backward (torch/csrc/autograd/engine.cpp)"),),
+        messages=(Message(_NO_GRAD_FN, "shared", "torch autograd: run_backward (torch/csrc/autograd/engine.cpp)"),
+                  REENTRANT_PARTLY_FROZEN),  # Axolotl's refusal (refusals.py)
         evidence=(Evidence("reentrant_warning", 6, "torch's reentrant-checkpoint warning: a checkpointed segment got "
                            "no input that requires grad", decisive=True, alone=True),
                   Evidence("checkpointing", 3, "activation checkpointing is in use"),
@@ -105,7 +107,8 @@ register(Rule(
     log=LogSigns(
         messages=(Message(_REENTRANT_WARNING, "warning", "torch/utils/checkpoint.py: CheckpointFunction.forward "
                           "(check_backward_validity)"),
-                  Message(r"trainable parameters got no gradient", "own", "loraflow guards.check_first_gradients")),
+                  Message(r"trainable parameters got no gradient", "own", "loraflow guards.check_first_gradients"),
+                  REENTRANT_PARTLY_FROZEN),  # Axolotl's refusal, shared with reentrant-frozen-inputs (refusals.py)
         evidence=(Evidence("checkpointing", 1, "activation checkpointing is in use"),
                   Evidence("peft", 1, "adapters train on a frozen base"),
                   Evidence("vision", 2, "a vision tower is in the run: before transformers 5 the input-grad hook "
@@ -264,7 +267,8 @@ register(Rule(
     fixed_in="peft 0.18.0 (modules_to_save), 0.19.0 (target_modules), opt-in",
     log=LogSigns(
         messages=(Message(r"Model with `?tie_word_embeddings=True`? and the tied_target_modules", "warning",
-                          "peft tuners_utils.py: merge_and_unload warns that tied embeddings are part of the adapter"),),
+                          "peft tuners_utils.py: merge_and_unload warns that tied embeddings are part of the adapter"),
+                  TIED_OUTPUT_LORA),  # torchtune's refusal of LoRA on a tied output (refusals.py)
         tells_apart="embed_tokens or lm_head trained (modules_to_save or targets) on a model whose config ties them"),
 ))
 

@@ -3,6 +3,7 @@ kernels (Unsloth) and so change what the rest of the stack may assume."""
 
 from __future__ import annotations
 
+from loraflow.rules.refusals import UNSLOTH_VRAM, UNSLOTH_ZERO3
 from loraflow.rules.rule import Rule, register
 from loraflow.rules.signs import LogSigns, Message
 
@@ -41,7 +42,9 @@ register(Rule(
                   # GPUs (llama.py get_peft_model / patch_peft_model, and the exec'd _fast_inner_training_loop).
                   Message(r"Unsloth currently does not work on multi GPU setups", "own",
                           "unsloth/models/llama.py: FastLlamaModel.get_peft_model and the patched train loop",
-                          "unsloth 2024.x")),
+                          "unsloth 2024.x"),
+                  UNSLOTH_VRAM,  # Unsloth 2024.6's wording (refusals.py)
+                  UNSLOTH_ZERO3),  # LLaMA-Factory's refusal of use_unsloth under ZeRO-3 (refusals.py)
         prior=1.0,
         tells_apart="Unsloth's own refusal of a multi-GPU launch"),
 ))

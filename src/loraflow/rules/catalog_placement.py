@@ -6,6 +6,7 @@ quantization at load, a submodule called directly) sees shape [0], a freed stora
 from __future__ import annotations
 
 from loraflow.rules.combination import Combination
+from loraflow.rules.refusals import PISSA_ZERO3, ZERO3_QUANTIZED_LOAD
 from loraflow.rules.rule import Rule, older, register
 from loraflow.rules.signs import Evidence, LogSigns, Message
 
@@ -60,6 +61,7 @@ register(Rule(
                           "peft ParamWrapper reading param.shape[1] of a partitioned parameter"),
                   Message(r"'weight' must be 2-D", "generic",
                           "F.embedding on a [0] word embedding: prompt tuning's initial words"),
+                  PISSA_ZERO3,  # LLaMA-Factory's refusal of PiSSA initialized under ZeRO-3 (refusals.py)
                   Message(r"maximum recursion depth exceeded", "generic",
                           "PEFT's wrapper created inside zero.Init (peft < 0.12)")),
         frames=(Message(r"peft[/\\.]tuners[/\\.](lora[/\\.]layer\.py:(__init__|update_layer|_get_in_out_features|"
@@ -121,7 +123,8 @@ register(Rule(
                           "accelerate set_module_tensor_to_device: a checkpoint weight written into a zero.Init "
                           "placeholder while the quantizer loads"),
                   Message(r"Cannot copy out of meta tensor; no data!", "generic",
-                          "a quantized sub-model built on meta under zero.Init, then moved")),
+                          "a quantized sub-model built on meta under zero.Init, then moved"),
+                  ZERO3_QUANTIZED_LOAD),  # LLaMA-Factory's refusal before transformers 4.39 (refusals.py)
         # Neither fact decides alone: a 4-bit model whose device_map offloads weights meets meta tensors too, and
         # ZeRO-3 leaves [0] placeholders for PEFT to read (zero3-init-adapter-read); both together point here.
         evidence=(Evidence("quant4bit", 2, "a bitsandbytes-quantized model is loaded"),

@@ -3,6 +3,7 @@ of sharded 4-bit weights is with the other sharding rules (catalog_sharded.py: q
 
 from __future__ import annotations
 
+from loraflow.rules.refusals import BNB_CALLED, INT8_SHARDED, KBIT_FULL_FINETUNE, KBIT_MERGE, PTQ_ZERO3
 from loraflow.rules.rule import Rule, register
 from loraflow.rules.signs import BNB_CAST, BNB_MOVED, BNB_SHAPE, FLATTEN_DTYPE, Evidence, LogSigns, Message
 
@@ -57,7 +58,8 @@ register(Rule(
         messages=(Message(r"cannot perform fine-tuning on purely quantized models", "own",
                           "transformers Trainer: validate_quantization_for_training"),
                   Message(r"only Tensors of floating point dtype can require gradients", "shared",
-                          "torch: requires_grad_ on a packed (uint8) 4-bit weight")),
+                          "torch: requires_grad_ on a packed (uint8) 4-bit weight"),
+                  *KBIT_FULL_FINETUNE),  # frameworks' refusals (refusals.py)
         evidence=(Evidence("quant4bit", 4, "a 4-bit base is in use: its packed weights are integers"),
                   Evidence("input_grad_hook", -8, "an input-requires-grad hook asked an integer activation (token "
                            "ids) to require grad, not a quantized weight", excludes=True)),
@@ -86,8 +88,10 @@ register(Rule(
     fixed_in=None,
     log=LogSigns(
         messages=(Message(r"'Parameter' object has no attribute '(CB|SCB)'", "own",
-                          "bitsandbytes Linear8bitLt.forward", "bitsandbytes 0.50.2 (seen)"),),
-        evidence=(Evidence("fsdp", 2, "FSDP is in use"),),
+                          "bitsandbytes Linear8bitLt.forward", "bitsandbytes 0.50.2 (seen)"),
+                  INT8_SHARDED),  # LLaMA-Factory's refusal of an 8-bit base under ZeRO-3 or FSDP (refusals.py)
+        evidence=(Evidence("fsdp", 2, "FSDP is in use"), Evidence("fsdp2", 2, "FSDP2 is in use"),
+                  Evidence("zero3", -3, "ZeRO-3 shards the 8-bit base instead")),
         prior=1.0,
         tells_apart="an 8-bit (load_in_8bit) base under FSDP: the weight lost the int8 state bitsandbytes keeps "
                     "on it"),
@@ -123,8 +127,11 @@ register(Rule(
                           "llama-recipes finetuning.py main", ">=0.0.3"),
                   FLATTEN_DTYPE,
                   Message(r"Cannot flatten integer dtype tensors", "shared",
-                          "torch/distributed/fsdp/_flat_param.py: _validate_tensors_to_flatten", "torch>=2.1")),
+                          "torch/distributed/fsdp/_flat_param.py: _validate_tensors_to_flatten", "torch>=2.1"),
+                  INT8_SHARDED),  # LLaMA-Factory's refusal of an 8-bit base under ZeRO-3 or FSDP (refusals.py)
         evidence=(Evidence("quant8bit", 4, "an 8-bit (LLM.int8) base is in use"),
+                  Evidence("zero3", -3, "ZeRO-3 shards the 8-bit base instead"),
+                  Evidence("fsdp2", -3, "FSDP2 shards the 8-bit base instead"),
                   Evidence("flatten:int-codes", 3, "FSDP flattens int8 weights beside float ones"),
                   Evidence("fsdp", 1, "FSDP is in use"),
                   Evidence("ptq", -6, "a post-training-quantized checkpoint is named instead"),
@@ -152,6 +159,14 @@ register(Rule(
     references=("https://github.com/bitsandbytes-foundation/bitsandbytes/blob/main/bitsandbytes/nn/modules.py "
                 "(Linear8bitLt.init_8bit_state)",),
     fixed_in=None,
+    # LLaMA-Factory refuses an 8-bit base under ZeRO-3 (and FSDP): shared with the FSDP rules, told apart by the engine.
+    log=LogSigns(messages=(INT8_SHARDED,),
+                 evidence=(Evidence("zero3", 3, "DeepSpeed ZeRO-3 shards the 8-bit base"),
+                           # fsdp1/fsdp2, not `fsdp`: the refusal's own words name fsdp.
+                           Evidence("fsdp1", -3, "FSDP shards the 8-bit base instead"),
+                           Evidence("fsdp2", -3, "FSDP2 shards the 8-bit base instead")),
+                 prior=1.5,
+                 tells_apart="an 8-bit base (quantization_bit 8) under ZeRO-3; under FSDP see kbit-int8-fsdp1/2"),
 ))
 
 register(Rule(
@@ -187,8 +202,13 @@ register(Rule(
                           r"errors", "warning", "peft/tuners/lora/bnb.py: Linear4bit.merge / Linear8bitLt.merge"),
                   Message(r"Unmerge lora module to (4|8)-bit linear may get different generations due to rounding "
                           r"errors", "warning", "peft/tuners/lora/bnb.py: unmerge"),
-                  BNB_CAST, BNB_MOVED),
-        evidence=(Evidence("merge", 4, "the adapter is merged (merge_and_unload, merge_adapter)", decisive=True),
+                  BNB_CAST, BNB_MOVED,
+                  *KBIT_MERGE),  # frameworks' refusals to merge into quantized weights (refusals.py)
+        # LLaMA-Factory's export refuses a GPTQ/AWQ checkpoint with the same sentence as a bitsandbytes one: no
+        # rounding of bitsandbytes' codes is at stake there.
+        evidence=(Evidence("ptq", -6, "a post-training-quantized checkpoint (GPTQ, AWQ), not a bitsandbytes base, "
+                           "is named", excludes=True),
+                  Evidence("merge", 4, "the adapter is merged (merge_and_unload, merge_adapter)", decisive=True),
                   Evidence("merge_frames", 3, "the traceback runs through a LoRA merge"),
                   Evidence("quant4bit", 4, "a quantized base is in use: the merge goes into its 4-bit codes")),
         prior=0.5,
@@ -222,7 +242,7 @@ register(Rule(
                 "https://github.com/huggingface/accelerate/blob/main/src/accelerate/accelerator.py (prepare_model)"),
     fixed_in="design",
     log=LogSigns(
-        messages=(BNB_MOVED, BNB_CAST,
+        messages=(BNB_MOVED, BNB_CAST, BNB_CALLED,
                   Message(r"You can't train a model that has been loaded in 8-bit (or 4-bit )?precision on a "
                           r"different device", "own", "accelerate/accelerator.py: prepare_model",
                           "accelerate>=0.17 (`in 8-bit precision` before 1.0)")),
@@ -267,7 +287,7 @@ register(Rule(
     log=LogSigns(
         messages=(Message(r"ZeRO-3 or FSDP is incompatible with PTQ-quantized models", "own",
                           "LLaMA-Factory model_utils/quantization.py configure_quantization", ">=0.8"),
-                  FLATTEN_DTYPE),
+                  PTQ_ZERO3, FLATTEN_DTYPE),
         evidence=(Evidence("flatten:int32", 8, "FSDP flattens int32 weights: GPTQ / AWQ packed 4-bit codes",
                            decisive=True),
                   Evidence("flatten:int-codes", 3, "FSDP flattens signed integer weights (int8: a w8a8 checkpoint, "

@@ -3,6 +3,7 @@ gradient arrives in a step and refuse a second arrival that reentrant checkpoint
 
 from __future__ import annotations
 
+from loraflow.rules.refusals import REENTRANT_DISTRIBUTED_RL
 from loraflow.rules.rule import Rule, register
 from loraflow.rules.signs import Evidence, LogSigns, Message
 
@@ -28,6 +29,7 @@ register(Rule(
     log=LogSigns(
         messages=(Message(r"Expected to mark a variable ready only once", "own",
                           "torch/csrc/distributed/c10d/reducer.cpp: mark_variable_ready"),
+                  REENTRANT_DISTRIBUTED_RL,  # Axolotl's refusal (refusals.py)
                   Message(r"has been marked as ready twice|marked as ready twice", "own",
                           "reducer.cpp (names the parameter, with TORCH_DISTRIBUTED_DEBUG)")),
         evidence=(Evidence("find_unused", 2, "DDP's unused-parameter search is on"),
@@ -72,9 +74,11 @@ register(Rule(
         messages=(Message(r"has already been reduced\. +Gradient computed twice for this partition", "own",
                           "deepspeed/runtime/zero/stage_1_and_2.py: reduce_independent_p_g_buckets_and_remove_grads"),
                   Message(r"Multiple gradient reduction is currently not supported", "own",
-                          "deepspeed/runtime/zero/stage_1_and_2.py")),
+                          "deepspeed/runtime/zero/stage_1_and_2.py"),
+                  REENTRANT_DISTRIBUTED_RL),  # Axolotl's refusal, shared with ddp-reentrant-unused (refusals.py)
         evidence=(Evidence("checkpointing", 1, "checkpointing is in use"),
-                  Evidence("reentrant", 1, "reentrant checkpointing is named")),
+                  Evidence("reentrant", 1, "reentrant checkpointing is named"),
+                  Evidence("deepspeed", 2, "DeepSpeed reduces the gradients, not DDP")),
         prior=1.0,
         tells_apart="DeepSpeed's own assertion that a partition's gradient was reduced twice"),
 ))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from loraflow.rules.refusals import ZERO3_MULTI_ADAPTER
 from loraflow.rules.rule import Rule, older, register
 from loraflow.rules.signs import (
     BNB_SHAPE,
@@ -358,7 +359,8 @@ register(Rule(
         messages=(Message(r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)", "generic",
                           "peft LoraLayer.merge / merge_and_unload, DeepSpeed hybrid engine _fuse_lora"),
                   Message(r"mat1 and mat2 shapes cannot be multiplied", "generic", "get_delta_weight"),
-                  SIZE_ZERO_OPERAND),
+                  SIZE_ZERO_OPERAND,
+                  ZERO3_MULTI_ADAPTER),  # LLaMA-Factory's refusal to merge adapters under ZeRO-3 (refusals.py)
         frames=(Message(r":(merge_and_unload|_unload_and_optionally_merge|merge_adapter|_fuse_lora|fuse_lora_weight|"
                         r"fuse_lora|merge_lora)$", "own"),
                 Message(r"lora(/layer)?\.py:(merge|get_delta_weight)$", "own")),
