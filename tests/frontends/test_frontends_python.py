@@ -16,6 +16,7 @@ from conftest import ROOT
 from loraflow.commands.cli import main
 from loraflow.errors import LoraflowError
 from loraflow.frontends import detect, from_files, parse_versions, run_check
+from loraflow.frontends.script_code import read_code
 from loraflow.frontends.script_setup import looks_like_script
 
 FIX = ROOT / "tests" / "fixtures" / "frontends" / "python"
@@ -140,7 +141,8 @@ def test_a_broken_snippet_reads_what_parses_and_names_the_skipped_lines(tmp_path
     assert "broken.py:1: skipped (a notebook command): !pip install -U trl peft" in report["notes"]
     assert any(n.startswith("broken.py:6: skipped (") and n.endswith("then I train it with:")
                for n in report["notes"])
-    assert any(n.startswith(f"broken.py:{len(broken)}: skipped (") for n in report["notes"])
+    # The paste cut inside `trainer.train(` is closed and read as that call, not skipped.
+    assert not any(n.startswith(f"broken.py:{len(broken)}: skipped (") for n in report["notes"])
 
 
 def test_unread_calls_and_values_are_listed(tmp_path):
@@ -277,3 +279,30 @@ def test_a_snippet_that_leaves_code_out_is_read_as_an_excerpt(tmp_path):
     # The whole script, with nothing left out, trains every weight in bfloat16: the finding holds.
     (tmp_path / "rm.py").write_text(text.replace("...\ntrainer = ...\n", "trainer = Trainer(model=model)\n"))
     assert found(doc(files=[str(tmp_path / "rm.py")])).get("bf16-lost-updates") is True
+
+
+def test_a_snippet_cut_inside_a_call_still_reads_that_call(tmp_path):
+    """A paste that stops inside `get_peft_model(` (unsloth#2467 posted its script so) still attaches adapters: the
+    open bracket is closed after the last line instead of the call being dropped, so the 4-bit model is not read
+    as trained without adapters."""
+    text = ("from unsloth import FastLanguageModel\n"
+            "model, tokenizer = FastLanguageModel.from_pretrained(model_name='m', load_in_4bit=True)\n"
+            "model = FastLanguageModel.get_peft_model(\n    model,\n    r=16,\n"
+            "    lora_dropout=0,  # Supports any, but = 0 is optimized\n")
+    code = read_code(text, "cut.py")
+    peft = [c for c in code.calls if c.func.endswith("get_peft_model")]
+    assert peft and peft[0].kwargs.get("r") == 16 and not code.skipped
+    assert "kbit-full-finetune" not in found(doc(files=[_write(tmp_path, text, "cut.py")]))
+
+
+def test_a_comma_left_out_between_two_arguments_is_put_back(tmp_path):
+    """`gradient_accumulation_steps=1` / `num_generations=8` without the comma (trl#3089's GRPOConfig): the call is
+    read with the comma added and a note, not dropped line by line until nothing of the script is left."""
+    text = ("from trl import GRPOConfig\n"
+            "training_args = GRPOConfig(\n    gradient_accumulation_steps=1\n    num_generations=8,\n"
+            "    gradient_checkpointing=True,\n)\n")
+    code = read_code(text, "grpo.py")
+    config = next(c for c in code.calls if c.func == "GRPOConfig")
+    assert config.kwargs == {"gradient_accumulation_steps": 1, "num_generations": 8, "gradient_checkpointing": True}
+    assert code.skipped == ["grpo.py:3: read with a comma added (invalid syntax. Perhaps you forgot a comma?)"]
+    assert looks_like_script(text)

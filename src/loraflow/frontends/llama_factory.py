@@ -21,7 +21,7 @@ from loraflow.frontends.argv import (
     resolve_path,
     split_command,
 )
-from loraflow.frontends.shell import command_from_script
+from loraflow.frontends.shell import command_from_script, is_launch_script
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate
 from loraflow.frontends.targets import check_targets
@@ -455,10 +455,10 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:
     """A LLaMA-Factory YAML (and optionally the DeepSpeed JSON it names), or a launch script (.sh)."""
-    scripts = [p for p in paths if p.endswith(".sh")]
+    scripts = [p for p in paths if p.endswith(".sh") or is_launch_script(p)]
     if scripts:
         cmd = split_command(command_from_script(scripts[0]))
-        cmd.args += [a for a in paths if not a.endswith(".sh")]
+        cmd.args += [a for a in paths if a not in scripts]
         return from_command(cmd, versions)
     draft = Draft(NAME, versions)
     opts, bases = _read(None, paths, draft)

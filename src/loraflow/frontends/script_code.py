@@ -182,6 +182,8 @@ def _repair(lines: list[str], exc: SyntaxError, code: Code) -> bool:
         return False
     line = lines[row]
     indent = line[:len(line) - len(line.lstrip())]
+    if _close_or_separate(lines, exc, code):
+        return True
     if exc.msg.startswith("unexpected indent"):
         # A pasted block whose first lines were left out: pull it back to the previous line's indentation.
         prev = next((x for x in reversed(lines[:row]) if x.strip()), "")
@@ -197,6 +199,32 @@ def _repair(lines: list[str], exc: SyntaxError, code: Code) -> bool:
     opens = line.rstrip().endswith(":") and len(after) - len(after.lstrip()) > len(indent)
     lines[row] = indent + ("if True:" if opens else "pass")
     return True
+
+
+_UNCLOSED = re.compile(r"'([(\[{])' was never closed")
+_CLOSER = {"(": ")", "[": "]", "{": "}"}
+
+
+def _close_or_separate(lines: list[str], exc: SyntaxError, code: Code) -> bool:
+    """Two slips of a pasted excerpt that keep the call they sit in: the paste stops inside a call (`'(' was never
+    closed`: the bracket is closed on a line added after the last one, so `get_peft_model(model, r=16,` cut there
+    still reads as that call), and a comma left out between two arguments on consecutive lines (`x=1` / `y=2` inside
+    a call: Python's 'Perhaps you forgot a comma?'), put back at the end of the first line."""
+    unclosed = _UNCLOSED.match(exc.msg)
+    if unclosed:
+        lines.append(_CLOSER[unclosed.group(1)])
+        code.elided.append(len(lines))
+        return True
+    row, end = (exc.lineno or 0) - 1, (exc.end_lineno or 0) - 1
+    if "forgot a comma" in exc.msg and 0 <= row < end < len(lines):
+        line = lines[row]
+        # A `#` in a line with quotes may sit in a string: only a line without quotes has its comment told apart.
+        body, hash_, comment = line.partition("#") if not any(q in line for q in "'\"") else (line, "", "")
+        if body.strip() and not body.rstrip().endswith(",") and (hash_ or "#" not in line):
+            lines[row] = body.rstrip() + "," + (" " + hash_ + comment if hash_ else "")
+            code.skipped.append(f"{code.file}:{row + 1}: read with a comma added ({exc.msg})")
+            return True
+    return False
 
 
 class _Reader(ast.NodeVisitor):

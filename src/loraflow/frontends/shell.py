@@ -131,3 +131,26 @@ def command_from_script(path: str) -> list[str]:
                 return tokens
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
                         "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
+
+
+def is_launch_script(path: str) -> bool:
+    """A launch script under a config's name (a `.yaml` or `.txt` holding `#!/bin/bash` and `accelerate launch
+    src/train_bash.py ...`, as issues paste them): its first line is a shebang, or it is no YAML/JSON mapping and has
+    a launch line. A config that does not parse and has no launch line keeps its own error (which names the line)."""
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if not first.startswith("#!"):
+        try:
+            if isinstance(yaml.safe_load(text), dict):  # JSON is YAML too
+                return False
+        except yaml.YAMLError:
+            pass
+    try:
+        return bool(command_from_script(path))
+    except LoraflowError:
+        return False
