@@ -113,8 +113,12 @@ def score_explain(records: list[dict], rules: dict[str, str], with_launch: bool 
 
 
 def _is_command(text: str) -> bool:
-    first = text.lstrip().split(None, 1)[0] if text.strip() else ""
-    return first.split("=")[0] in COMMANDS or first.startswith(("./", "/")) or first.endswith(".sh")
+    """A command line (as a user passes it after `check --`): its first word after any `NAME=value` assignments
+    names a launcher, an interpreter or a script."""
+    words = text.split()
+    first = next((w for w in words if not re.match(r"[A-Za-z_]\w*=", w)), words[0] if words else "")
+    return first in COMMANDS or first.startswith(("./", "/")) or first.endswith(".sh") or bool(
+        words and words[0].split("=")[0] in COMMANDS)
 
 
 def _as_of(opened: str | None) -> dict:
