@@ -86,7 +86,7 @@ def test_a_missing_accelerate_config_makes_the_engine_the_question(tmp_path, mon
     # A ZeRO-3 finding holds only where the file selects DeepSpeed at stage 3: conditional, under the question.
     save = next(f for f in doc["findings"] if f["rule"] == "zero3-empty-adapter-save")
     assert save["holds_if"] == "config.yaml selects DeepSpeed ZeRO-3"
-    assert "engine is now" not in text and "(engine is not visible here)" in text
+    assert "engine is now" not in text and "(engine: depends on what is not visible here)" in text
     assert "  engine                  ?             --config_file config.yaml: the file is not here" in text
 
 
@@ -127,3 +127,20 @@ def test_a_missing_trl_recipe_leaves_the_flags_read(tmp_path, monkeypatch):
     assert code in (1, 2), text
     assert doc["setup"]["adapter"] == "lora" and doc["setup"]["zero_stage"] == 3
     assert any(u.startswith("--config recipe.yaml: not here") for u in doc["unknown"])
+
+
+def test_accelerate_without_a_config_file_reads_the_machine_s_default_config_as_unseen(tmp_path, monkeypatch):
+    """`accelerate launch train.py` takes its engine from the default config `accelerate config` wrote (or, with
+    none, DDP over the GPUs): each engine is evaluated (LLaMA-Factory#274 ran ZeRO-3 from it). A launcher flag that
+    chooses the engine itself leaves nothing open."""
+    monkeypatch.chdir(tmp_path)
+    plain = LF_OLD.replace("--config_file config.yaml ", "")
+    doc, text, code = _check(plain + " --quantization_bit 4", "transformers=4.40.0,bitsandbytes=0.43.1,"
+                             "llama-factory=0.5.3")
+    assert any(q.startswith("which holds: the machine's default accelerate config selects DDP (MULTI_GPU) (or there "
+                            "is none)") for q in doc["depends_on"]), doc["depends_on"]
+    assert "Pass it as --config_file (`accelerate env` shows where it is)" in text
+    chosen = plain.replace("accelerate launch", "accelerate launch --use_deepspeed --zero_stage 2 --num_processes 2")
+    doc, text, code = _check(chosen, "transformers=4.40.0,llama-factory=0.6.3")
+    assert doc["setup"]["engine"] == "deepspeed" and doc["setup"]["zero_stage"] == 2
+    assert not any("default accelerate config" in q for q in doc["depends_on"])

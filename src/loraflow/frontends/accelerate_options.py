@@ -47,6 +47,11 @@ ENGINE_CHOICES = {
 }
 
 
+DEFAULT_CONFIG = "the machine's default accelerate config"
+_ENGINE_FLAGS = ("use_deepspeed", "use_fsdp", "multi_gpu", "cpu", "use_megatron_lm", "use_xpu")
+"""`accelerate launch` flags that choose the engine themselves, whatever a config file says."""
+
+
 def read_accelerate_config(name: str, flag: str, bases: tuple = ()) -> tuple[dict[str, Any], str]:
     path = resolve_path(name, *bases)
     if path is not None:
@@ -103,18 +108,25 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         for key in config:
             if key not in keys.ACCELERATE_TOP:
                 draft.unknown.append(f"{label}: {key}")
-    elif cmd.launcher == "accelerate":
-        draft.note("accelerate launch without --config_file uses the machine's default accelerate config "
-                   "(~/.cache/huggingface/accelerate/default_config.yaml), which is not visible here")
+    elif cmd.launcher == "accelerate" and not any(cmd.launcher_value(f) for f in _ENGINE_FLAGS):
+        # Without --config_file, accelerate reads the machine's default config (`accelerate config` writes it), or,
+        # with none, runs one process per GPU under DDP (commands/launch.py _validate_launch_command).
+        config, name = {"distributed_type": UNSEEN}, DEFAULT_CONFIG
     flag = cmd.launcher_value
     if config.get("distributed_type") == UNSEEN:
-        why = f"--config_file {name}: the file is not here, and its name does not say which engine it selects"
-        chosen = draft.fork("accelerate_config", {e: f"{name} {said}" for e, (_, said) in ENGINE_CHOICES.items()}, why)
+        why = (f"--config_file {name}: the file is not here, and its name does not say which engine it selects"
+               if name != DEFAULT_CONFIG else f"accelerate launch without --config_file reads {name}, which is not "
+               "visible here")
+        labels = {e: f"{name} {said}" + (" (or there is none)" if e == "ddp" and name == DEFAULT_CONFIG else "")
+                  for e, (_, said) in ENGINE_CHOICES.items()}
+        chosen = draft.fork("accelerate_config", labels, why)
         config = {k: (dict(v) if isinstance(v, dict) else v) for k, v in ENGINE_CHOICES[chosen][0].items()}
-        draft.note(f"{why}: each engine is evaluated. Run from the directory the path is relative to, or give the "
-                   f"file, to check the engine it selects")
+        draft.note(f"{why}: each engine is evaluated. " + (
+            "Run from the directory the path is relative to, or give the file, to check the engine it selects"
+            if name != DEFAULT_CONFIG else "Pass it as --config_file (`accelerate env` shows where it is) to check "
+            "the engine it selects"))
         if cmd.world_size is None and not flag("num_processes"):  # its num_processes is unseen too (finish_world)
-            cmd.hidden_launcher_options.append(f"--config_file {name}")
+            cmd.hidden_launcher_options.append(name if name == DEFAULT_CONFIG else f"--config_file {name}")
     dtype = str(config.get("distributed_type", "")).upper()
     if flag("use_deepspeed") or dtype == "DEEPSPEED":
         ds = mapping_value(config.get("deepspeed_config"), f"{label}: deepspeed_config")

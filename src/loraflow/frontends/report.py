@@ -36,7 +36,7 @@ def fix_here(result: FrontendResult, rule, forked: set[str] = frozenset()) -> li
     for knob in (k for k in rule.knobs if _could_help(rule, result.setup, k)):
         flag = result.flags.get(knob)
         if flag and (knob in result.unsure or knob in forked):  # the value is the open question: nothing to quote
-            out.append(f"set it in {flag} ({knob} is not visible here)")
+            out.append(f"change {flag} ({knob}: depends on what is not visible here)")
         elif flag:
             out.append(f"change {flag} ({knob} is now {_value(getattr(result.setup, knob))})")
     return out
