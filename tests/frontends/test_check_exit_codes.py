@@ -144,3 +144,17 @@ def test_accelerate_without_a_config_file_reads_the_machine_s_default_config_as_
     doc, text, code = _check(chosen, "transformers=4.40.0,llama-factory=0.6.3")
     assert doc["setup"]["engine"] == "deepspeed" and doc["setup"]["zero_stage"] == 2
     assert not any("default accelerate config" in q for q in doc["depends_on"])
+
+
+def test_a_script_that_is_not_here_is_read_as_trl_s_only_on_flags_only_trl_has(tmp_path, monkeypatch):
+    """`--lora_r` is TRL's flag and FastChat's, alpaca-lora's and many scripts' own: alone it leaves open which
+    trainer the script builds (TRL turns checkpointing on by default since 0.22, transformers' Trainer does not).
+    `--use_peft` is TRL's ModelConfig."""
+    monkeypatch.chdir(tmp_path)
+    versions = "trl=0.24.0,transformers=4.57.0,peft=0.17.0,accelerate=1.10.0,torch=2.8.0"
+    doc, text, _ = _check("torchrun --nproc_per_node 2 train.py --model_name_or_path m --lora_r 8", versions)
+    assert any("train.py trains with TRL's trainer" in q for q in doc["depends_on"]), doc["depends_on"]
+    assert "  checkpointing           ?" in text
+    doc, text, _ = _check("torchrun --nproc_per_node 2 train.py --model_name_or_path m --use_peft --lora_r 8",
+                          versions)
+    assert not any("TRL's trainer" in q for q in doc["depends_on"]) and doc["setup"]["checkpointing"] == "all"

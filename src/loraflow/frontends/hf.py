@@ -56,6 +56,7 @@ from loraflow.frontends.hf_options import (
     options_from_file,
     trainer_from_name,
     trl_keys,
+    trl_or_not,
 )
 from loraflow.frontends.intent import TOWER_MODULE, apply_fsdp, infer
 from loraflow.frontends.table import Field, apply_table, fact, parameter_targets, switch
@@ -374,6 +375,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     if cmd.program == "trl":
         pull_accelerate_options(cmd)
     opts, trl = options_from_args(cmd, draft, bases)
+    if trl and cmd.program != "trl" and not cmd.program.startswith("trl.") and not trl_rel.own_script(cmd.program):
+        trl = trl_or_not(draft, cmd, opts)
     if cmd.program == "trl":
         if cmd.subcommand not in trl_rel.TRL_COMMANDS:
             raise LoraflowError(f"`trl {cmd.subcommand}` is not a training command loraflow reads; expected one of "

@@ -156,6 +156,20 @@ def trl_keys(opts: dict[str, Opt]) -> bool:
     return bool({k for k, o in opts.items() if not o.derived} & trl_rel.MARKERS)
 
 
+def trl_or_not(draft: Draft, cmd: Command, opts: dict[str, Opt]) -> bool:
+    """A script that is not here, read as TRL's only by LoRA flag names that many scripts spell the same way
+    (`--lora_r`, `--lora_target_modules`: FastChat's, alpaca-lora's): whether it builds TRL's trainer, whose defaults
+    differ from transformers' Trainer (checkpointing and bf16 on, its reentrancy for PEFT), is evaluated both ways."""
+    if set(k for k, o in opts.items() if not o.derived) & (trl_rel.MARKERS - trl_rel.COMMON_LORA_FLAGS):
+        return True
+    common = sorted(k for k in opts if k in trl_rel.COMMON_LORA_FLAGS)
+    return draft.fork("trainer_library", {
+        True: f"{cmd.program} trains with TRL's trainer (its LoRA flags are TRL's)",
+        False: f"{cmd.program} trains with transformers' Trainer and LoRA flags of its own"},
+        f"{cmd.program} is not here, and its flags ({', '.join('--' + k for k in common)}) are spelled so in TRL's "
+        "scripts and in many others")
+
+
 def fix_flags(draft: Draft, run: Run, cli: bool, gc_name: str, kw_name: str) -> None:
     """The flags that change each field, spelled as this run spells them (a file's keys carry no dashes)."""
     ds = "ds" in run.info

@@ -19,6 +19,9 @@ MARKERS = {"use_peft", "lora_r", "lora_target_modules", "lora_modules_to_save", 
            "dataset_text_field", "completion_only_loss", "assistant_only_loss", "num_generations",
            "max_completion_length", "use_vllm", "vllm_mode", "ds3_gather_for_generation", "reward_funcs",
            "use_transformers_paged"}
+COMMON_LORA_FLAGS = frozenset({"lora_r", "lora_target_modules", "lora_modules_to_save", "use_dora", "use_rslora"})
+"""TRL's LoRA flag names that other training scripts spell the same way (FastChat, alpaca-lora and many own scripts):
+alone they do not show that a script is TRL's."""
 # TRL trainer (CLI subcommand or script name) -> loraflow stage.
 TRAINERS = stages("grpo", "rloo", "online_dpo", "kto", "orpo", "simpo", "cpo", "dpo", "ppo", "reward", "sft")
 # TRL forces use_reentrant=True for PEFT + ZeRO-3 + checkpointing: SFTTrainer since 0.28.0 (PR #4951), DPO, GRPO,
