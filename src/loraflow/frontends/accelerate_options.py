@@ -11,7 +11,15 @@ from typing import Any
 from loraflow.errors import LoraflowError
 from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, resolve_path
-from loraflow.frontends.common import STAGE_IN_NAME, Draft, as_bool, int_value, load_mapping, mapping_value
+from loraflow.frontends.common import (
+    OFFLOAD_IN_NAME,
+    STAGE_IN_NAME,
+    Draft,
+    as_bool,
+    int_value,
+    load_mapping,
+    mapping_value,
+)
 
 # Accelerate configs shipped by the frameworks, inferred when the named file is not on this machine:
 # trl trl/accelerate_configs/*.yaml (also examples/accelerate_configs/), LLaMA-Factory examples/accelerate/*.yaml.
@@ -79,7 +87,7 @@ def _accelerate_from_name(stem: str) -> tuple[dict[str, Any] | None, str]:
         m = STAGE_IN_NAME.search(low)
         if m:
             config["deepspeed_config"] = {"zero_stage": int(next(g for g in m.groups() if g is not None))}
-        if "offload" in low:
+        if OFFLOAD_IN_NAME.search(low):
             config.setdefault("deepspeed_config", {})["offload_optimizer_device"] = "cpu"
     elif "fsdp" in low:
         config["distributed_type"] = "FSDP"

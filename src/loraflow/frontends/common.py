@@ -336,6 +336,8 @@ def model_name_facts(draft: Draft, model: str, source: str) -> None:
 # What a config's file name says about it: `ds_config_zero3.json`, `zero_stage3_config.json`, `ds_z2_offload.json`,
 # `deepspeed_config_s2.json`, ms-swift's `default-zero3`. Read for DeepSpeed configs (deepspeed.infer_from_name) and
 # accelerate configs (accelerate_options._accelerate_from_name) alike, so it lives here, below both.
+OFFLOAD_IN_NAME = re.compile(r"(?<!no)(?<!no_)(?<!no-)(?<!without_)(?<!wo_)(?<!non_)offload")
+"""`ds_z3_offload.json` offloads; `ds_zero2_no_offload.json` (DeepSpeed-Chat's and many repos' name) does not."""
 STAGE_IN_NAME = re.compile(r"(?:zero|stage|ds_?z|z)[_-]?(?:stage)?[_-]?([0-3])(?![0-9])|(?<![a-z])s([0-3])(?![0-9])")
 
 def world_from_env(draft: Draft, cmd: Command, all_visible: bool) -> None:

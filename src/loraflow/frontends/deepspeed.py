@@ -16,6 +16,7 @@ from loraflow.frontends import keys
 from loraflow.frontends.argv import resolve_path
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import (
+    OFFLOAD_IN_NAME,
     STAGE_IN_NAME,
     Draft,
     as_bool,
@@ -100,7 +101,7 @@ def infer_from_name(ref: str) -> tuple[dict, tuple[str, ...], str]:
     name = Path(ref).name.lower()
     m = STAGE_IN_NAME.search(name)
     stage = int(next(g for g in m.groups() if g is not None)) if m else None
-    offload = "offload" in name
+    offload = bool(OFFLOAD_IN_NAME.search(name))
     zero: dict[str, Any] = {}
     unsure = ["gather"]
     if stage is not None:

@@ -227,7 +227,11 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
 
 
 def _recognise(view) -> bool:
-    return "DeepSpeed-Chat" in view.program or "_finetuning/" in view.program or bool(view.flags & DISTINCT)
+    # `--lora_dim` alone is also the flag of many scripts derived from DeepSpeed-Chat's (a `train.py` with LoRA of
+    # its own): it names DeepSpeed-Chat only beside its `main.py` or another flag of its own.
+    own = view.flags & DISTINCT
+    return ("DeepSpeed-Chat" in view.program or "_finetuning/" in view.program or bool(own - {"lora_dim"}) or
+            (bool(own) and view.program.replace("\\", "/").rsplit("/", 1)[-1] == "main.py"))
 
 
 FRAMEWORK = Framework(name=NAME, title="DeepSpeed-Chat", module="deepspeed_chat", recognise=_recognise, flags=FLAGS,

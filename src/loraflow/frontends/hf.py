@@ -58,7 +58,7 @@ from loraflow.frontends.hf_options import (
     trl_keys,
     trl_or_not,
 )
-from loraflow.frontends.intent import TOWER_MODULE, apply_fsdp, infer
+from loraflow.frontends.intent import OWN_DS_CONFIG, TOWER_MODULE, apply_fsdp, infer
 from loraflow.frontends.table import Field, apply_table, fact, parameter_targets, switch
 
 NAME = "hf"
@@ -81,6 +81,10 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
     acc = apply_accelerate(draft, cmd, tuple(bases)) if cmd is not None and cmd.launcher == "accelerate" else {}
     ds_ref = opts["deepspeed"].value if "deepspeed" in opts else acc.get("deepspeed_config_file")
     info: dict[str, Any] = {"acc": acc}
+    own = next((o for n, o in opts.items() if OWN_DS_CONFIG.match(n) and str(o.value).endswith(".json")), None)
+    if not ds_ref and own is not None:  # a script's own `--ds_file x.json`: it hands that config to DeepSpeed itself
+        ds_ref, info["own_ds"] = own.value, own
+        draft.note(f"{own.source}: read as the DeepSpeed config the script itself hands to DeepSpeed")
     if ds_ref:
         if isinstance(ds_ref, str) and ds_ref.lstrip().startswith("{"):
             try:
@@ -88,7 +92,8 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
             except ValueError as exc:
                 raise LoraflowError(f"{opts['deepspeed'].source if 'deepspeed' in opts else 'deepspeed_config_file'}: "
                                     f"inline DeepSpeed config is not valid JSON ({exc}).") from None
-        flag = "--deepspeed" if "deepspeed" in opts else "deepspeed_config_file"
+        flag = "--deepspeed" if "deepspeed" in opts else info["own_ds"].source.split()[0] if "own_ds" in info else \
+            "deepspeed_config_file"
         if isinstance(ds_ref, dict) and "deepspeed" in opts and ".py:" in opts["deepspeed"].source:
             flag = opts["deepspeed"].source  # a config built in a script's code: name that line
         ds = deepspeed.read(ds_ref, flag, tuple(bases))
@@ -155,7 +160,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                    "--dtype / --torch_dtype" if not half_init else "ZeRO-3 zero.Init in the DeepSpeed dtype")
     fix_flags(draft, run, cmd is not None, gc_name, kw_name)
     for name, opt in opts.items():
-        if name not in known and name not in intent.used:
+        if name not in known and name not in intent.used and opt is not info.get("own_ds"):
             draft.unknown.append(opt.source)
 
 

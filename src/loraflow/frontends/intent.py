@@ -29,6 +29,8 @@ _REENTRANT = re.compile(r"^(use_reentrant|gradient_checkpointing_use_reentrant|u
 _DORA = re.compile(r"^use_dora$")
 # Sharding switches of scripts' own (`--use_fsdp`, `--enable_fsdp`): the script wraps the model in FSDP itself, so
 # which FSDP and its use_orig_params are the script's code, not a flag of the HF Trainer.
+OWN_DS_CONFIG = re.compile(r"^(ds_file|ds_config(_file|_path)?|deepspeed_(config|file)(_file|_path)?|zero_config)$")
+"""A script's own flag naming the DeepSpeed JSON it hands to deepspeed.initialize (`--ds_file ds_zero2.json`)."""
 _FSDP = re.compile(r"^(use_fsdp|enable_fsdp)$")
 # Towers a vision-language script trains or freezes: `--tune_vision true`, `--tune_llm false`, `--fix_vit True`,
 # `--freeze_vision_tower`, `--freeze_llm`, `--freeze_backbone`, `--tune_mm_mlp_adapter` (only the projector trains).
