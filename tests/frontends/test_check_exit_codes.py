@@ -152,8 +152,11 @@ def test_a_script_that_is_not_here_is_read_as_trl_s_only_on_flags_only_trl_has(t
     `--use_peft` is TRL's ModelConfig."""
     monkeypatch.chdir(tmp_path)
     versions = "trl=0.24.0,transformers=4.57.0,peft=0.17.0,accelerate=1.10.0,torch=2.8.0"
-    doc, text, _ = _check("torchrun --nproc_per_node 2 train.py --model_name_or_path m --lora_r 8", versions)
-    assert any("train.py trains with TRL's trainer" in q for q in doc["depends_on"]), doc["depends_on"]
+    doc, text, _ = _check("torchrun --nproc_per_node 2 train.py --model_name_or_path m --lora_r 8 "
+                          "--load_in_4bit", versions)
+    # Read as TRL's, --lora_r without --use_peft is ignored: a 4-bit base trained in full; as the script's own: LoRA.
+    full = next(f for f in doc["findings"] if f["rule"] == "kbit-full-finetune")
+    assert full["holds_if"] == "train.py trains with TRL's trainer (its LoRA flags are TRL's)"
     assert "  checkpointing           ?" in text
     doc, text, _ = _check("torchrun --nproc_per_node 2 train.py --model_name_or_path m --use_peft --lora_r 8",
                           versions)

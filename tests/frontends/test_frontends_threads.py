@@ -340,7 +340,9 @@ def test_lora_flags_without_use_peft_on_a_script_of_its_own_are_evaluated_both_w
     """--lora_r is TRL's ModelConfig flag (ignored without --use_peft) and many scripts' own: read with --framework hf,
     transformers#24551's launch is LoRA first, full fine-tuning as TRL would read it second."""
     result = from_command(shlex.split(ALPACA_LORA_COPY), {}, name="hf")
-    assert result.setup.adapter == "lora" and set(result.unsure["adapter"][0]) == {"lora", "full"}
+    assert result.setup.adapter == "lora" and set(result.forks["trainer_library"][0]) == {False, True}
+    as_trl = from_command(shlex.split(ALPACA_LORA_COPY), {"fork:trainer_library": True}, name="hf")
+    assert as_trl.setup.adapter == "full"
     trl = from_command(shlex.split("trl sft --model_name_or_path Qwen/Qwen2.5-0.5B --lora_r 16 --output_dir o"), {})
     assert trl.setup.adapter == "full" and "adapter" not in trl.unsure  # TRL's own CLI: ModelConfig decides
 

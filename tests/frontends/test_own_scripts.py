@@ -37,3 +37,12 @@ def test_a_name_that_says_no_offload_does_not_offload(tmp_path, monkeypatch):
     assert (doc["setup"]["zero_stage"], doc["setup"]["offload"]) == (3, False)
     doc = _doc("deepspeed train.py --deepspeed ds_config_zero3_offload.json --lora_r 8", tmp_path, monkeypatch)
     assert doc["setup"]["offload"] is True
+
+
+def test_a_script_s_own_target_and_bits_flags_are_read(tmp_path, monkeypatch):
+    doc = _doc("deepspeed finetune-lora.py --model_name_or_path meta-llama/Llama-2-7b-hf --load_in_bits 8 "
+               "--lora_r 8 --target_modules query_key_value --deepspeed ds_config_zero2.json", tmp_path, monkeypatch)
+    assert doc["setup"]["quantization"] == "8bit"
+    assert not any(u.startswith(("--load_in_bits", "--target_modules")) for u in doc["unknown"])
+    # query_key_value is Falcon's / BLOOM's attention, not a Llama layer: nothing would be adapted.
+    assert any(f["rule"] == "no-adapter-matched" for f in doc["findings"])

@@ -52,6 +52,7 @@ from loraflow.frontends.hf_options import (
     Opt,
     Run,
     fix_flags,
+    lora_flags_without_use_peft,
     options_from_args,
     options_from_file,
     trainer_from_name,
@@ -144,7 +145,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     run = Run(opts, trl, trainer, cli, intent, info, zero3, cmd.program if cmd is not None else "")
     _adapter(draft, run)
     if cmd is not None and not (cmd.program == "trl" or cmd.program.startswith("trl.")):
-        _lora_flags_without_use_peft(draft, run, cmd.program)
+        lora_flags_without_use_peft(draft, run, cmd.program)
     _image_text(draft, opts, intent, cmd)
     _quant_storage(draft, run, bf16, fp16)
     gc, gc_name, kw_name = checkpointing(draft, run)
@@ -211,6 +212,9 @@ def _adapter(draft: Draft, run: Run) -> None:
     elif "lora_target_modules" in opts and draft.get("adapter") != "full":
         check_targets(draft, str((opts.get("model_name_or_path") or Opt("", "")).value),
                       as_list(opts["lora_target_modules"].value), opts["lora_target_modules"].source)
+    elif intent.targets and draft.get("adapter") != "full":  # the script's own `--target_modules q_proj,v_proj`
+        check_targets(draft, str((opts.get("model_name_or_path") or Opt("", "")).value), intent.targets,
+                      intent.sources["targets"])
     if "lora_modules_to_save" in opts:
         embedding_targets(draft, as_list(opts["lora_modules_to_save"].value), opts["lora_modules_to_save"].source,
                           str((opts.get("model_name_or_path") or Opt("", "")).value))
@@ -230,26 +234,6 @@ def _adapter(draft: Draft, run: Run) -> None:
 
 
 # TRL ModelConfig's LoRA settings (trl/trainer/model_config.py), which many scripts also have as flags of their own.
-_LORA_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_dora", "use_rslora")
-
-
-def _lora_flags_without_use_peft(draft: Draft, run: Run, program: str) -> None:
-    """LoRA flags without --use_peft on a script that is not TRL's CLI: TRL's ModelConfig ignores them (use_peft false
-    trains every weight), while a script with LoRA flags of its own (alpaca-lora's forks, vendors' finetune.py) uses
-    them. Which one `program` is its code says, not the launch line: both are evaluated, LoRA read first."""
-    given = [run.opts[n].source for n in _LORA_FLAGS if n in run.opts]
-    if not run.trl or "use_peft" in run.opts or not given or run.intent.adapter:
-        return
-    if not draft.sources.get("adapter", "").startswith("default (TRL"):
-        return  # something else decided it (the script's code)
-    kind = "dora" if run.on("use_dora") else "lora"
-    draft.set("adapter", kind, f"{given[0]} (read as the script's own LoRA flag)")
-    draft.maybe("adapter", {kind: f"{Path(program).name} uses {given[0]} itself (its own LoRA flags)",
-                            "full": f"{Path(program).name} is TRL's script: ModelConfig ignores {given[0]} without "
-                                    "--use_peft and trains every weight (trl/trainer/model_config.py)"},
-                f"{given[0]} without --use_peft: TRL's ModelConfig has the flag, and so do scripts of their own")
-
-
 def _quant_storage(draft: Draft, run: Run, bf16: bool, fp16: bool) -> None:
     if draft.get("quantization") != "4bit":
         return

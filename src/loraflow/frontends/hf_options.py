@@ -14,6 +14,7 @@ from loraflow.frontends import keys
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import Command, parse_flags, resolve_path
 from loraflow.frontends.common import Draft, as_bool, load_mapping
+from loraflow.frontends.targets import check_targets
 from loraflow.frontends.intent import Intent
 
 # Flags that take several values; and the flags hf.py gives a meaning (`--no_X` negates them).
@@ -163,11 +164,40 @@ def trl_or_not(draft: Draft, cmd: Command, opts: dict[str, Opt]) -> bool:
     if set(k for k, o in opts.items() if not o.derived) & (trl_rel.MARKERS - trl_rel.COMMON_LORA_FLAGS):
         return True
     common = sorted(k for k in opts if k in trl_rel.COMMON_LORA_FLAGS)
-    return draft.fork("trainer_library", {
-        True: f"{cmd.program} trains with TRL's trainer (its LoRA flags are TRL's)",
-        False: f"{cmd.program} trains with transformers' Trainer and LoRA flags of its own"},
+    return draft.fork("trainer_library", {  # the script's own reading first, as the report shows it
+        False: f"{cmd.program} trains with transformers' Trainer and LoRA flags of its own",
+        True: f"{cmd.program} trains with TRL's trainer (its LoRA flags are TRL's)"},
         f"{cmd.program} is not here, and its flags ({', '.join('--' + k for k in common)}) are spelled so in TRL's "
         "scripts and in many others")
+
+
+_LORA_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_dora", "use_rslora")
+
+
+def lora_flags_without_use_peft(draft: Draft, run: Run, program: str) -> None:
+    """LoRA flags without --use_peft on a script that is not TRL's CLI: TRL's ModelConfig ignores them (use_peft false
+    trains every weight), while a script with LoRA flags of its own (alpaca-lora's forks, vendors' finetune.py) uses
+    them. Which one `program` is its code says, not the launch line: both are evaluated, LoRA read first."""
+    given = [run.opts[n].source for n in _LORA_FLAGS if n in run.opts]
+    if "use_peft" in run.opts or not given or run.intent.adapter:
+        return
+    kind = "dora" if run.on("use_dora") else "lora"
+    if "trainer_library" in draft.forks:  # whose flags these are is this build's fork (hf_options.trl_or_not)
+        draft.set("adapter", *(("full", f"{given[0]} without --use_peft: TRL's ModelConfig ignores it and trains "
+                                "every weight (trl/trainer/model_config.py)") if run.trl else
+                               (kind, f"{given[0]} (read as the script's own LoRA flag)")))
+        if not run.trl and run.intent.targets:  # its own `--target_modules`, now that it adapts
+            model = run.opts.get("model_name_or_path")
+            check_targets(draft, str(model.value if model is not None else ""), run.intent.targets,
+                          run.intent.sources["targets"])
+        return
+    if not run.trl or not draft.sources.get("adapter", "").startswith("default (TRL"):
+        return  # something else decided it (the script's code)
+    draft.set("adapter", kind, f"{given[0]} (read as the script's own LoRA flag)")
+    draft.maybe("adapter", {kind: f"{Path(program).name} uses {given[0]} itself (its own LoRA flags)",
+                            "full": f"{Path(program).name} is TRL's script: ModelConfig ignores {given[0]} without "
+                                    "--use_peft and trains every weight (trl/trainer/model_config.py)"},
+                f"{given[0]} without --use_peft: TRL's ModelConfig has the flag, and so do scripts of their own")
 
 
 def fix_flags(draft: Draft, run: Run, cli: bool, gc_name: str, kw_name: str) -> None:

@@ -23,7 +23,7 @@ _ADAPTER_RANK = re.compile(r"^(lora_(r|rank|dim)|(llm|vision|actor)_lora_(r|rank
 _ADAPTER_TYPE = re.compile(r"^(finetun(e|ing)_type|train_type|tuner_type|sft_type|peft_type|adapter)$")
 _QUANT4 = re.compile(r"^(use_4bit(_quantization)?|load_in_4bit|q_?lora|use_q_?lora|4bit)$")
 _QUANT8 = re.compile(r"^(use_8bit(_quantization)?|load_in_8bit|8bit)$")
-_QUANT_BITS = re.compile(r"^(bits|quantization_bit|quant_bits|load_bits)$")
+_QUANT_BITS = re.compile(r"^(bits|quantization_bit|quant_bits|load_bits|load_in_bits)$")
 _STORAGE = re.compile(r"^bnb_4bit_quant_storage(_dtype)?$")
 _REENTRANT = re.compile(r"^(use_reentrant|gradient_checkpointing_use_reentrant|use_reentrant_gc|reentrant)$")
 _DORA = re.compile(r"^use_dora$")
@@ -86,6 +86,8 @@ class Intent:
     checkpointing: bool | None = None
     fsdp: bool = False
     """The script shards the model with FSDP itself (`--use_fsdp`)."""
+    targets: list[str] = field(default_factory=list)
+    """The adapter's target modules as the script's own flag names them (`--target_modules q_proj,v_proj`)."""
     full_paths: bool = False
     """Adapter targets are full module paths (`--lora_namespan_exclude`)."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -123,6 +125,12 @@ def infer(options: dict[str, tuple[Any, str]]) -> Intent:
                     out.adapter, out.sources["adapter"] = "lora", raw
             if _TOWER_LORA.match(name):
                 out.image_text, out.sources["image_text"] = True, raw
+            out.used.add(name)
+            continue
+        if _TARGETS.match(name) and isinstance(value, (str, list)) and value:
+            out.targets = [t.strip(" '\"[]") for t in (value if isinstance(value, list) else re.split(r"[,\s]+",
+                                                                                                     value)) if t]
+            out.sources["targets"] = raw
             out.used.add(name)
             continue
         if _ADAPTER_SWITCH.match(name) or _ADAPTER_RANK.match(name):
