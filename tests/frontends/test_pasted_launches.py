@@ -61,3 +61,20 @@ def test_a_config_pasted_in_a_markdown_fence_with_windows_line_ends_is_read(tmp_
     fenced.write_bytes(("```yaml\n" + body + "```\n").replace("\n", "\r\n").encode())
     read = [json.loads(run_check(None, "axolotl", [str(p)], dict(VERSIONS), True)[0]) for p in (plain, fenced)]
     assert read[0]["setup"] == read[1]["setup"] and read[1]["setup"]["quantization"] == "4bit"
+
+
+def test_a_script_s_config_is_found_from_the_folder_it_is_run_from(tmp_path, monkeypatch):
+    """`repo/scripts/run.sh` names `configs/ds.json` as seen from `repo/`, where it runs; check run elsewhere looks
+    beside the script and up its folders after the working directory."""
+    (tmp_path / "repo" / "scripts").mkdir(parents=True)
+    (tmp_path / "repo" / "configs").mkdir()
+    (tmp_path / "repo" / "configs" / "myds.json").write_text('{"zero_optimization": {"stage": 3}}')
+    (tmp_path / "repo" / "scripts" / "run.sh").write_text(
+        "torchrun --nproc_per_node 2 train.py --model_name_or_path m --use_peft --deepspeed configs/myds.json\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    doc = json.loads(run_check(["bash", str(tmp_path / "repo" / "scripts" / "run.sh")], None, [], dict(VERSIONS),
+                               True)[0])
+    assert doc["setup"]["zero_stage"] == 3 and doc["sources"]["zero_stage"].endswith("myds.json: "
+                                                                                      "zero_optimization.stage")

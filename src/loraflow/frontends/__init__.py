@@ -199,9 +199,10 @@ def run_check(argv: list[str] | None, name: str | None, files: list[str], versio
             return result
     # Config files cut short (pasted excerpts) are read up to where they stop; what they leave out is named.
     from loraflow.frontends.config_text import EXCERPTS
+    from loraflow.frontends.shell import SCRIPT_DIRS
 
     excerpts: list[str] = []
-    token = EXCERPTS.set(excerpts)
+    token, dirs = EXCERPTS.set(excerpts), SCRIPT_DIRS.set(())
     read = build
 
     def build(v: dict) -> FrontendResult:
@@ -212,3 +213,4 @@ def run_check(argv: list[str] | None, name: str | None, files: list[str], versio
         return render(check_setup(build, versions), as_json)
     finally:
         EXCERPTS.reset(token)
+        SCRIPT_DIRS.reset(dirs)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends.shell import _ENV, _PYTHON, _STARTS, command_from_script
+from loraflow.frontends.shell import _ENV, _PYTHON, _STARTS, SCRIPT_DIRS, command_from_script
 
 CLI_PROGRAMS = ("trl", "swift", "llamafactory-cli", "lmf", "axolotl", "tune", "litgpt")
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
@@ -419,7 +419,7 @@ def resolve_path(name: str, *bases: str | os.PathLike | None) -> Path | None:
         candidate = Path(name)
     if candidate.is_file():
         return candidate
-    for base in bases:
+    for base in (*bases, *SCRIPT_DIRS.get()):
         if base is not None and (Path(base) / name).is_file():
             return Path(base) / name
     return None

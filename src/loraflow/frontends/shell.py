@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import re
 import shlex
+from contextvars import ContextVar
 from pathlib import Path
 
 from loraflow.errors import LoraflowError
+
+SCRIPT_DIRS: ContextVar[tuple[Path, ...]] = ContextVar("script_dirs", default=())
+"""The folders of the launch scripts read in this check, nearest first with up to three of their parents: a script in
+`repo/scripts/` names `configs/ds.json` as seen from `repo/`, where it is run from (argv.resolve_path looks there
+after the working directory)."""
 
 # Shared with argv.py, which imports them from here (this module imports nothing of argv's).
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -91,6 +97,8 @@ def command_from_script(path: str) -> list[str]:
     except OSError as exc:
         raise LoraflowError(f"cannot read the launch script {path}: {exc.strerror}.") from None
     text = _as_pasted(text)
+    here = Path(path).resolve().parent
+    SCRIPT_DIRS.set(tuple(dict.fromkeys((*SCRIPT_DIRS.get(), here, *list(here.parents)[:3]))))
     variables: dict[str, str] = {}
     # `read -r -d '' VAR <<EOF ... EOF` (OpenRLHF's example scripts) and `VAR=$(cat <<EOF ... EOF)` hold the
     # training flags in a here-document: its body becomes the variable's value.
