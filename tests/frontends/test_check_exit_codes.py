@@ -161,3 +161,14 @@ def test_a_script_that_is_not_here_is_read_as_trl_s_only_on_flags_only_trl_has(t
     doc, text, _ = _check("torchrun --nproc_per_node 2 train.py --model_name_or_path m --use_peft --lora_r 8",
                           versions)
     assert not any("TRL's trainer" in q for q in doc["depends_on"]) and doc["setup"]["checkpointing"] == "all"
+
+
+def test_a_fork_that_changes_nothing_is_not_evaluated(tmp_path, monkeypatch):
+    """`accelerate launch` without a config, but the script's own --deepspeed chooses the engine: the default
+    config's five engines would read alike, so they are not multiplied into the scenarios or asked about."""
+    monkeypatch.chdir(tmp_path)
+    line = ("accelerate launch src/train_bash.py --stage sft --do_train --model_name_or_path m --finetuning_type lora "
+            "--deepspeed ds_z3_config.json")
+    doc, text, _ = _check(line, "transformers=4.40.0,peft=0.10.0,deepspeed=0.14.0,llama-factory=0.6.3")
+    assert not any("default accelerate config" in q for q in doc["depends_on"])
+    assert doc["setup"]["engine"] == "deepspeed" and "  engine                  ?" not in text

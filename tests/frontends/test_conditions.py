@@ -38,3 +38,24 @@ def test_one_choice_alone_lists_its_values():
     scenarios = [{"engine": e} for e in engine.values]
     said, _ = describe([e != "ddp" for e in engine.values], scenarios, [engine])
     assert said == "it selects ZeRO-3 or it selects FSDP"
+
+
+def test_alternatives_over_several_releases_are_covered_and_what_they_share_said_once():
+    transformers = Variable("transformers", "version", points=[Version("4.39.0"), Version("4.47.0")])
+    bnb = Variable("bitsandbytes", "version", points=[Version("0.43.0")])
+    stage = Variable("stage", "choice", values=[2, 3], labels={2: "ZeRO-2", 3: "ZeRO-3"})
+    scenarios = [{"transformers": t, "bitsandbytes": b, "stage": s}
+                 for t in transformers.domain() for b in bnb.domain() for s in stage.values]
+    holds = [s["stage"] == 3 and (s["transformers"] == FLOOR or s["bitsandbytes"] == FLOOR) for s in scenarios]
+    said, by = describe(holds, scenarios, [transformers, bnb, stage])
+    # One alternative per deciding release range (not one per interval of the others), the shared stage said once.
+    assert said == "ZeRO-3 and (bitsandbytes<0.43.0 or transformers<4.39.0)", said
+    assert set(by) == {"transformers", "bitsandbytes", "stage"}
+
+
+def test_the_unknown_that_decides_is_found_among_many():
+    variables = [Variable(f"pkg{i}", "version", points=[Version("1.0"), Version("2.0")]) for i in range(9)]
+    scenarios = [dict(zip((v.name for v in variables), values))
+                 for values in __import__("itertools").product(*(v.domain() for v in variables))]
+    holds = [s["pkg8"] == FLOOR for s in scenarios]  # 3^9 = 19683 scenarios, decided by the last unknown alone
+    assert describe(holds, scenarios, variables) == ("pkg8<1.0", ("pkg8",))

@@ -161,48 +161,84 @@ def describe(holds: list[bool], scenarios: list[dict[str, Any]], variables: list
         return None, ()
     by_name = {v.name: v for v in variables}
     names = [v.name for v in variables]
-    for size in range(1, len(names) + 1):
-        for subset in itertools.combinations(names, size):
-            table: dict[tuple, set[bool]] = {}
-            for s, h in zip(scenarios, holds):
-                table.setdefault(tuple(s[n] for n in subset), set()).add(h)
-            if all(len(v) == 1 for v in table.values()):
-                true_keys = [k for k, v in table.items() if True in v]
-                return _words(subset, true_keys, by_name), subset
+    rows = list(dict.fromkeys((tuple(s[n] for n in names), h) for s, h in zip(scenarios, holds)))
+
+    def decides(subset: tuple[str, ...]) -> dict[tuple, set[bool]] | None:
+        at = [names.index(n) for n in subset]
+        table: dict[tuple, set[bool]] = {}
+        for values, h in rows:
+            seen = table.setdefault(tuple(values[i] for i in at), set())
+            seen.add(h)
+            if len(seen) > 1:
+                return None
+        return table
+
+    # The unknowns that matter: drop each one the finding does not depend on, given the rest (a pass over the
+    # scenarios per unknown); the fewest that decide it are then looked for among those left, not among every subset
+    # of every unknown, which grows as 2^n over tens of thousands of scenarios.
+    kept = list(names)
+    for name in reversed(names):  # the later unknowns go first: of two that decide alike, the earlier is said
+        if len(kept) > 1 and decides(tuple(n for n in kept if n != name)) is not None:
+            kept.remove(name)
+    for size in range(1, len(kept) + 1):
+        for subset in itertools.combinations(kept, size):
+            table = decides(subset)
+            if table is not None:
+                return _words(subset, table, by_name), subset
     return "in some of the combinations of unknown versions and choices", tuple(names)
 
 
-def _words(subset: tuple[str, ...], keys: list[tuple], by_name: dict[str, Variable]) -> str:
-    """The holding combinations in words, adjacent release ranges of one variable merged: of all ways to merge,
-    the one with the fewest alternatives."""
+def _words(subset: tuple[str, ...], table: dict[tuple, set[bool]], by_name: dict[str, Variable]) -> str:
+    """The holding combinations in words, as few alternatives as a greedy cover finds: each alternative is a product
+    of value sets (a release range, several choices), grown from a holding combination while every combination
+    inside it that was evaluated holds; a variable whose whole evaluated range is in an alternative is left out of
+    it, and adjacent release ranges are merged (`transformers<4.39.0 or bitsandbytes<0.43.0`, not one alternative
+    per interval)."""
     variables = [by_name[n] for n in subset]
-    sets = [sorted({k[i] for k in keys}, key=lambda x, v=var: v.domain().index(x) if v.kind == "version" else
-                   list(v.values).index(x)) for i, var in enumerate(variables)]
-    if len(subset) > 1 and len(set(keys)) == len(list(itertools.product(*sets))):
-        # Every combination of the values that hold: one conjunction, each variable's values said once.
+
+    def order(i: int, x: Any) -> int:
+        var = variables[i]
+        return var.domain().index(x) if var.kind == "version" else list(var.values).index(x)
+
+    present = [sorted({k[i] for k in table}, key=lambda x, i=i: order(i, x)) for i in range(len(variables))]
+    true = {k for k, v in table.items() if True in v}
+
+    def holds_all(cube: list[list[Any]]) -> bool:
+        return all(combo in true for combo in itertools.product(*cube) if combo in table)
+
+    cubes: list[list[list[Any]]] = []
+    for key in sorted(true, key=lambda k: [order(i, x) for i, x in enumerate(k)]):
+        if any(all(x in c for x, c in zip(key, cube)) for cube in cubes):
+            continue
+        cube = [[x] for x in key]
+        for i in range(len(variables)):
+            for value in present[i]:
+                if value not in cube[i]:
+                    trial = [*cube[:i], sorted([*cube[i], value], key=lambda x, i=i: order(i, x)), *cube[i + 1:]]
+                    if holds_all(trial):
+                        cube = trial
+        cubes.append(cube)
+    alternatives = []
+    for cube in cubes:
         parts = []
-        for var, values in zip(variables, sets):
+        for i, (var, values) in enumerate(zip(variables, cube)):
+            if len(values) == len(present[i]) and len(variables) > 1:
+                continue  # every evaluated value: this alternative does not depend on it
             said = ([var.interval(run) for run in _runs(values, var.domain())] if var.kind == "version"
                     else [var.describe(x) for x in values])
             parts.append(said[0] if len(said) == 1 else "(" + " or ".join(said) + ")")
-        return " and ".join(parts)
-    best: list[str] | None = None
-    for i, var in enumerate(variables):
-        groups: dict[tuple, list[Any]] = {}
-        for key in keys:
-            groups.setdefault(key[:i] + key[i + 1:], []).append(key[i])
-        terms = []
-        for rest, values in groups.items():
-            others = [v.describe(x) for v, x in zip(variables[:i] + variables[i + 1:], rest)]
-            if var.kind == "version":
-                runs = [var.interval(run) for run in _runs(values, var.domain())]
-            else:
-                runs = [var.describe(x) for x in values]
-            terms += [" and ".join([run, *others]) for run in runs]
-        if best is None or len(terms) < len(best):
-            best = terms
-    assert best is not None
-    return " or ".join(f"({t})" if len(best) > 1 and " and " in t else t for t in best)
+        alternatives.append(parts)
+    # What every alternative says is said once: `ZeRO-3 and (transformers<4.39.0 or bitsandbytes<0.43.0)`.
+    common = [p for p in alternatives[0] if all(p in a for a in alternatives[1:])] if len(alternatives) > 1 else []
+    rest = [" and ".join(p for p in a if p not in common) for a in alternatives]
+    if common and all(rest):
+        inner = " or ".join(f"({t})" if " and " in t else t for t in rest)
+        return " and ".join([*common, f"({inner})"])
+    terms = [" and ".join(a) or "always" for a in alternatives]
+    if len(terms) == 1:
+        return terms[0][1:-1] if terms[0].startswith("(") and terms[0].endswith(")") and " and " not in terms[0] \
+            else terms[0]
+    return " or ".join(f"({t})" if " and " in t else t for t in terms)
 
 
 def _runs(values: list[Any], domain: list[Any]) -> list[list[Any]]:

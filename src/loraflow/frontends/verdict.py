@@ -169,6 +169,27 @@ class _Builds:
     def all(self) -> list[FrontendResult]:
         return [self.first, *self.made.values()]
 
+    def prune(self) -> None:
+        """Forks that change nothing here are read at their first value: each of their values gives the same setup,
+        the same version queries and the same open choices (a launcher flag or a script's --deepspeed chose the
+        engine an unseen accelerate config would have), so they would only multiply the scenarios."""
+        def reading(result: FrontendResult) -> tuple:
+            return (repr(result.setup.replace(versions={})), sorted((p, sorted(map(str, v)))
+                                                                    for p, v in result.queried.items()),
+                    sorted(result.unsure))
+
+        for var in list(self.fork_vars):
+            groups: dict[tuple, set] = {}
+            for combo in self.combos:
+                rest = tuple(sorted((k, str(v)) for k, v in combo.items() if k != var.name))
+                groups.setdefault(rest, set()).add(repr(reading(self.get(self.given, combo, set()))))
+            if all(len(readings) == 1 for readings in groups.values()):
+                self.fork_vars.remove(var)
+                first = var.values[0]
+                self.combos = [c for c in self.combos if c[var.name] == first]
+                for c in self.combos:
+                    del c[var.name]
+
 
 def check_setup(build: Build, given: dict[str, Version | None]) -> Verdict:
     from loraflow.frontends.base import framework
@@ -178,6 +199,7 @@ def check_setup(build: Build, given: dict[str, Version | None]) -> Verdict:
     first = builds.first
     for combo in builds.combos:
         builds.get(given, combo, set())
+    builds.prune()
     queried: dict[str, set[Version]] = {}
     for result in builds.all():
         for package, points in result.queried.items():
