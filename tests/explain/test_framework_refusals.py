@@ -103,7 +103,22 @@ def test_unsloth_mid_2024_refusal_of_several_gpus():
 
 
 def test_llamafactory_refusal_of_unsloth_under_zero3():
-    assert top("ValueError: Unsloth is incompatible with DeepSpeed ZeRO-3.")[:1] == [("unsloth-multi-gpu", "possible")]
+    # The refusal names Unsloth itself: the fact that it loads the model makes the cause likely.
+    assert top("ValueError: Unsloth is incompatible with DeepSpeed ZeRO-3.")[:1] == [("unsloth-multi-gpu", "likely")]
+
+
+ZERO3_DEVICE_MAP = ("ValueError: DeepSpeed Zero-3 is not compatible with `low_cpu_mem_usage=True` or with passing a "
+                    "`device_map`.")
+
+
+def test_transformers_refusal_of_a_device_map_under_zero3_names_the_loader_the_log_shows():
+    """transformers refuses any device_map under ZeRO-3: a bitsandbytes load passes one (peft#306), Unsloth's loader
+    too (LlamaFactory#3949); the line alone names neither, so no claim."""
+    assert top(ZERO3_DEVICE_MAP) == []
+    assert top('model = AutoModelForCausalLM.from_pretrained(m, load_in_8bit=True, device_map={"": 0})\n' +
+               ZERO3_DEVICE_MAP)[:1] == [("zero3-init-quantized-load", "likely")]
+    assert top("  --use_unsloth true \\\n  --deepspeed ds_z3_offload_config.json\n" + ZERO3_DEVICE_MAP)[:1] == \
+        [("unsloth-multi-gpu", "likely")]
 
 
 def test_axolotl_refusal_of_reentrant_checkpointing_on_a_partly_frozen_model():

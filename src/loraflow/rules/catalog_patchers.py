@@ -3,9 +3,9 @@ kernels (Unsloth) and so change what the rest of the stack may assume."""
 
 from __future__ import annotations
 
-from loraflow.rules.refusals import UNSLOTH_VRAM, UNSLOTH_ZERO3
+from loraflow.rules.refusals import UNSLOTH_VRAM, UNSLOTH_ZERO3, ZERO3_DEVICE_MAP
 from loraflow.rules.rule import Rule, register
-from loraflow.rules.signs import LogSigns, Message
+from loraflow.rules.signs import Evidence, LogSigns, Message
 
 UNSLOTH_DDP_SINCE = "2026.6.2"
 """Unsloth's open-source releases refused more than one process until data-parallel support landed (PR #3917):
@@ -44,7 +44,9 @@ register(Rule(
                           "unsloth/models/llama.py: FastLlamaModel.get_peft_model and the patched train loop",
                           "unsloth 2024.x"),
                   UNSLOTH_VRAM,  # Unsloth 2024.6's wording (refusals.py)
-                  UNSLOTH_ZERO3),  # LLaMA-Factory's refusal of use_unsloth under ZeRO-3 (refusals.py)
+                  UNSLOTH_ZERO3,  # LLaMA-Factory's refusal of use_unsloth under ZeRO-3 (refusals.py)
+                  ZERO3_DEVICE_MAP),  # transformers' refusal of Unsloth's device_map under ZeRO-3 (refusals.py)
+        evidence=(Evidence("unsloth", 3, "Unsloth loads the model (with a device_map of its own)"),),
         prior=1.0,
         tells_apart="Unsloth's own refusal of a multi-GPU launch"),
 ))

@@ -6,7 +6,7 @@ quantization at load, a submodule called directly) sees shape [0], a freed stora
 from __future__ import annotations
 
 from loraflow.rules.combination import Combination
-from loraflow.rules.refusals import PISSA_ZERO3, ZERO3_QUANTIZED_LOAD
+from loraflow.rules.refusals import PISSA_ZERO3, ZERO3_DEVICE_MAP, ZERO3_QUANTIZED_LOAD
 from loraflow.rules.rule import Rule, older, register
 from loraflow.rules.signs import Evidence, LogSigns, Message
 
@@ -124,11 +124,14 @@ register(Rule(
                           "placeholder while the quantizer loads"),
                   Message(r"Cannot copy out of meta tensor; no data!", "generic",
                           "a quantized sub-model built on meta under zero.Init, then moved"),
-                  ZERO3_QUANTIZED_LOAD),  # LLaMA-Factory's refusal before transformers 4.39 (refusals.py)
+                  ZERO3_QUANTIZED_LOAD,  # LLaMA-Factory's refusal before transformers 4.39 (refusals.py)
+                  ZERO3_DEVICE_MAP),  # transformers' refusal of the quantized load's device_map (refusals.py)
         # Neither fact decides alone: a 4-bit model whose device_map offloads weights meets meta tensors too, and
         # ZeRO-3 leaves [0] placeholders for PEFT to read (zero3-init-adapter-read); both together point here.
         evidence=(Evidence("quant4bit", 2, "a bitsandbytes-quantized model is loaded"),
-                  Evidence("zero3", 2, "ZeRO-3 is configured")),
+                  Evidence("quant8bit", 2, "an 8-bit (LLM.int8) model is loaded"),
+                  Evidence("zero3", 2, "ZeRO-3 is configured"),
+                  Evidence("unsloth", -3, "Unsloth loads the model (rule unsloth-multi-gpu)")),
         prior=1.0,
         tells_apart="a full-size checkpoint weight set into a [0] placeholder while a quantized model loads with "
                     "ZeRO-3 configured"),

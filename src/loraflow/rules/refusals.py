@@ -93,6 +93,13 @@ ZERO3_MULTI_ADAPTER = Message(r"Cannot use multiple adapters in DeepSpeed ZeRO-3
 # multi-GPU launch before its data-parallel support (unsloth issue 660; LLaMA-Factory issue 4288 with use_unsloth).
 UNSLOTH_VRAM = Message(r"More than 1 GPUs have a lot of VRAM usage\. Please obtain a commercial license", "own",
                        "unsloth/models/llama.py: the patched training loop's GPU check", "unsloth 2024.6 (seen)")
+# transformers modeling_utils.py from_pretrained: a device_map or low_cpu_mem_usage under ZeRO-3 (every release
+# that has zero.Init loading). A bitsandbytes load passes a device_map (a quantized model built under zero.Init),
+# and so does Unsloth's loader; many other loads do too: generic, the log's facts must say which.
+ZERO3_DEVICE_MAP = Message(r"DeepSpeed Zero-3 is not compatible with `?low_cpu_mem_usage=True`? or with passing a "
+                           r"`?device_map`?", "generic",
+                           "transformers modeling_utils.py: from_pretrained (device_map / low_cpu_mem_usage under "
+                           "ZeRO-3)")
 UNSLOTH_ZERO3 = Message(r"Unsloth is incompatible with DeepSpeed ZeRO-3", "shared",
                         "LLaMA-Factory hparams/parser.py: get_train_args (use_unsloth under ZeRO-3)")
 

@@ -103,6 +103,7 @@ FACTS: dict[str, tuple[str, str]] = {
     "adalora": (r"\bAdaLora\w*|orth_reg_weight|RankAllocator|\.lora_E\b|"
                 r"with name \S*\.lora_[AB]\.(?!weight\b|bias\b)\w+\s+has been marked",
                 "AdaLoRA is in use (its config, or a parameter named as its ParameterDicts name them)"),
+    "unsloth": (r"\bunsloth\b|use_unsloth", "Unsloth loads and patches the model"),
     "quant4bit": (r"bitsandbytes|Params4bit|Linear4bit|load_in_4bit|quantization_bit\W{1,4}4\b|\bnf4\b|\bqlora\b|"
                   r"use_4bit", "a 4-bit quantized base is in use"),
     # A checkpoint quantized after training: its method named (config.json quant_method, a loader's log line, a
