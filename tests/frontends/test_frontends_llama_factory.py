@@ -36,3 +36,20 @@ def test_a_yaml_config_is_not_taken_for_a_launch_script(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("stage: sft\n  finetuning_type: lora\n")  # bad YAML, and no launch line: keeps its own error
     assert not is_launch_script(str(broken))
+
+
+def test_use_ray_runs_ray_num_workers_processes_and_its_ray_keys_are_read(tmp_path, monkeypatch):
+    """examples/train_lora/llama3_lora_sft_ray.yaml (USE_RAY=1): llamafactory-cli starts no torchrun under Ray, whose
+    TorchTrainer runs ray_num_workers processes; its RayArguments keys (ray_run_name, placement_strategy, ...) were
+    listed as not understood and the world size was taken as one process."""
+    (tmp_path / "ray.yaml").write_text("stage: sft\nfinetuning_type: lora\nlora_target: all\noutput_dir: out\n"
+                                       "ray_run_name: r\nray_storage_path: ./saves\nray_num_workers: 4\n"
+                                       "placement_strategy: PACK\nresources_per_worker:\n  GPU: 1\n")
+    monkeypatch.chdir(tmp_path)
+    line = ["env", "USE_RAY=1", "llamafactory-cli", "train", "ray.yaml"]
+    doc = json.loads(run_check(line, None, [], dict(VERSIONS), True)[0])
+    assert doc["setup"]["world_size"] == 4 and not doc["unknown"], doc["unknown"]
+    # FORCE_TORCHRUN wins over Ray (cli.py), and without USE_RAY the Ray keys start nothing.
+    for env in (["env", "USE_RAY=1", "FORCE_TORCHRUN=1", "NPROC_PER_NODE=2"], ["env", "NPROC_PER_NODE=2"]):
+        doc = json.loads(run_check(env + line[2:], None, [], dict(VERSIONS), True)[0])
+        assert doc["setup"]["world_size"] == 2

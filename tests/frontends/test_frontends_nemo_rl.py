@@ -166,3 +166,22 @@ def test_unread_entry_points_and_other_frameworks_lines():
     assert detect(shlex.split("python run_sft.py --model_name_or_path gpt2 --output_dir out")) != "nemo-rl"
     r = from_command(shlex.split(LAUNCH["nemo-rl-352"] + " policy.not_a_key=1 --lr 3"), CURRENT)
     assert "policy.not_a_key=1" in r.unknown and any(u.startswith("--lr") for u in r.unknown)
+
+
+def test_a_recipe_whose_parent_is_not_here_reads_the_parent_as_released(tmp_path, monkeypatch):
+    # NeMo-RL's recipes (examples/configs/recipes/llm/*.yaml) start `defaults: ../../sft.yaml`; copied alone, the
+    # parent was refused. It is one of NeMo-RL's example configs, so it is read as each release ships it, under the
+    # recipe's own keys (nemo_rl/utils/config.py load_config_with_inheritance merges the child over the parent).
+    recipes = tmp_path / "examples" / "configs" / "recipes" / "llm"
+    recipes.mkdir(parents=True)
+    (recipes / "sft-lora.yaml").write_text("defaults: ../../sft.yaml\npolicy:\n  dtensor_cfg:\n    lora_cfg:\n"
+                                           "      enabled: true\ncluster:\n  gpus_per_node: 8\n")
+    (recipes / "own.yaml").write_text("defaults: ../../mine.yaml\npolicy:\n  precision: bfloat16\n")
+    monkeypatch.chdir(tmp_path)
+    r = from_command(shlex.split("uv run examples/run_sft.py --config examples/configs/recipes/llm/sft-lora.yaml"),
+                     {**CURRENT, "nemo-rl": Version("0.6.0")})
+    assert (r.setup.adapter, r.setup.engine, r.setup.world_size) == ("lora", "fsdp2", 8)
+    assert "examples/configs/sft.yaml" in r.sources["engine"]
+    assert any("defaults examples/configs/sft.yaml is not here" in n for n in r.notes)
+    with pytest.raises(LoraflowError, match="mine.yaml"):
+        from_command(shlex.split("uv run examples/run_sft.py --config examples/configs/recipes/llm/own.yaml"), CURRENT)

@@ -62,7 +62,7 @@ def test_official_example_reads_as_recorded(example, monkeypatch, tmp_path):
 
 def test_manifest_is_complete_and_every_exit_2_cites_its_issue():
     frameworks = {e["release"].split()[0] for e in EXAMPLES}
-    assert len(EXAMPLES) >= 40 and len(frameworks) == 14
+    assert len(EXAMPLES) >= 40 and len(frameworks) == 16
     for example in EXAMPLES:
         assert example["source"].startswith("https://github.com/") and "/blob/" in example["source"]
         for name in example["files"]:

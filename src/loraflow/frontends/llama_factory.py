@@ -424,8 +424,8 @@ def _image_text(draft: Draft, opts: dict[str, tuple[Any, str]], ftype: str) -> N
         draft.set("tower_input_hook", True, "LLaMA-Factory's checkpoint function marks the input of every "
                   "checkpointed trainable layer, vision blocks included (model_utils/checkpointing.py)")
     if mitigated(draft, "zero3-vision-skipped"):
-        draft.set("image_every_rank", True, f"LLaMA-Factory >= {FAKE_IMAGE.since} adds a blank image to a batch without images "
-                  "(src/llamafactory/data/collator.py)")
+        draft.set("image_every_rank", True, f"LLaMA-Factory >= {FAKE_IMAGE.since} adds a blank image to a batch "
+                  "without images (src/llamafactory/data/collator.py)")
     vision.data_unknowns(draft, "cutoff_len")
 
 
@@ -446,7 +446,13 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
                      complete=not missing)
         return draft.result()
     # llamafactory-cli runs torchrun itself: NPROC_PER_NODE x NNODES, or one process per visible device
-    # (src/llamafactory/launcher.py).
+    # (src/llamafactory/launcher.py); under USE_RAY=1 it starts no torchrun (cli.py main: torchrun only when
+    # FORCE_TORCHRUN or `not use_ray()`) and Ray's TorchTrainer runs ScalingConfig(num_workers=ray_num_workers)
+    # processes (train/trainer_utils.py get_ray_trainer; RayArguments in hparams/training_args.py: 1 by default).
+    on = [str(cmd.env.get(k, "")).lower() in ("true", "y", "1") for k in ("USE_RAY", "FORCE_TORCHRUN")]
+    if on == [True, False] and cmd.world_size is None:
+        workers, where = opts.get("ray_num_workers", (1, "ray_num_workers default 1"))
+        cmd.world_size, cmd.world_source = int_value(workers, where, "a number of Ray workers"), f"USE_RAY=1, {where}"
     world_from_env(draft, cmd, all_visible=cmd.launcher is None)
     _apply(draft, opts, cmd, bases)
     finish_world(draft, cmd)

@@ -298,19 +298,29 @@ def _eras(draft: Draft, s: Settings, overrides: list[Override]) -> None:
     draft.era(NAME, spec.lstrip(","), "; ".join(why) + " (NeMo-RL's example configs)")
 
 
-def compose(path: Path, depth: int = 0) -> dict:
+def compose(path: Path, depth: int = 0, released: list | None = None) -> dict:
     """A NeMo-RL YAML with its `defaults:` (a path or list of paths, relative to the file) merged under it, as
-    nemo_rl/utils/config.py load_config_with_inheritance does."""
+    nemo_rl/utils/config.py load_config_with_inheritance does. With `released`, a parent that is not here but is one
+    of NeMo-RL's example configs (a recipe's `defaults: ../../sft.yaml` copied without its base) is left out of the
+    merge and its name appended there, to be read as each release ships it."""
     data = load_mapping(path, "NeMo-RL config")
     parents = data.pop("defaults", None)
     out: dict = {}
     for parent in [parents] if isinstance(parents, str) else parents or []:
         base = (path.parent / str(parent)).resolve()
+        if depth <= 5 and not base.is_file() and released is not None and _shipped(str(base)) in _TABLE["examples"]:
+            released.append(_shipped(str(base)))
+            continue
         if depth > 5 or not base.is_file():
             raise LoraflowError(f"{path}: defaults `{parent}` is not here ({base}); put the parent config beside it "
                                 "or give the launch's `--config` a file whose defaults resolve.")
-        _merge(out, compose(base, depth + 1))
+        _merge(out, compose(base, depth + 1, released))
     return _merge(out, data)
+
+
+def _shipped(name: str) -> str:
+    """A config's name as NeMo-RL's repository has it (examples/configs/X.yaml), however the path leading to it runs."""
+    return "examples/configs/" + name.replace("\\", "/").split("examples/configs/", 1)[-1].lstrip("./")
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -326,9 +336,14 @@ def _config(draft: Draft, s: Settings, name: str) -> None:
     """`--config PATH`: read when it is here; else an example config of NeMo-RL's, read as each release ships it."""
     path = Path(name)
     if path.is_file():
-        s.given.update({k: (v, f"{path.name}: {k}") for k, v in flatten(compose(path)).items()})
+        released: list[str] = []
+        s.given.update({k: (v, f"{path.name}: {k}") for k, v in flatten(compose(path, released=released)).items()})
+        if released:  # the file's own keys win over its parent's, as they would merged (Settings.get's order)
+            s.example = released[0]
+            draft.note(f"--config {name}: its defaults {released[0]} is not here; read as NeMo-RL ships it at each "
+                       "release")
         return
-    normal = "examples/configs/" + name.replace("\\", "/").split("examples/configs/", 1)[-1].lstrip("./")
+    normal = _shipped(name)
     if normal in _TABLE["examples"]:
         s.example = normal
         draft.note(f"--config {name}: not here; read as NeMo-RL ships {normal} at each release")
