@@ -22,6 +22,10 @@ _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)*)?$")
 _STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "tune", "ray",
            "litgpt", "srun", "mpirun", "mpiexec")
+# Commands that run the rest of their line (`nohup torchrun ...`, `apptainer exec --nv img.sif accelerate launch ...`,
+# `conda run -n env python ...`): their own options and operands come before the launcher, which is read from there.
+_WRAPPERS = ("nohup", "time", "exec", "env", "nice", "ionice", "stdbuf", "taskset", "numactl", "unbuffer", "apptainer",
+             "singularity", "conda", "mamba", "micromamba", "uv", "poetry", "pipenv")
 _ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|'[^']*'|[^\s"'#]*)\s*(?:#.*)?$""")
 _MULTILINE_ASSIGN = re.compile(r'(?m)^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=)"([^"]*\n[^"]*)"')
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d|@|\*)")
@@ -51,6 +55,20 @@ def _arithmetic(line: str, variables: dict[str, str]) -> str:
         out.append(line[i:start] + value)
         i = j
     return "".join(out) + line[i:]
+
+
+def _launcher_at(words: list[str]) -> int | None:
+    """Where the launcher starts in a line's words: after `VAR=value` prefixes, and past a wrapper command with its
+    options and operands (an image, an environment's name); None when the line runs something else."""
+    wrapped = False
+    for i, word in enumerate(words):
+        if Path(word).name in _STARTS or _PYTHON.match(word):
+            return i
+        if Path(word).name in _WRAPPERS:
+            wrapped = True
+        elif not wrapped and not _ENV.match(word):
+            return None
+    return None
 
 
 def _strip_comment(line: str) -> str:
@@ -131,12 +149,13 @@ def command_from_script(path: str) -> list[str]:
         # A notebook cell saved as text: `!swift sft ...` runs the rest of the line in a shell (IPython).
         stripped = stripped[1:] if stripped.startswith("!") else stripped
         words = expand(stripped).split()  # `$LAUNCHER train.py` with LAUNCHER=torchrun set above
-        first = next((w for w in words if not _ENV.match(w)), "")
-        if Path(first).name in _STARTS or _PYTHON.match(first):
+        if _launcher_at(words) is not None:
             body = re.split(r"\s(?:&>|2>&1|>>|>|\||&&|;|&)(?:\s|$)", " " + expand(stripped) + " ")[0]
             tokens = shlex.split(_strip_comment(body))
-            if tokens:
-                return tokens
+            at = _launcher_at(tokens)
+            if at is not None:  # the `VAR=value` words before a wrapper still reach the launcher
+                wrapper = next((i for i, t in enumerate(tokens[:at]) if Path(t).name in _WRAPPERS), at)
+                return tokens[:wrapper] + tokens[at:]
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
                         "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
 
