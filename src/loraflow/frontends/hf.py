@@ -12,6 +12,7 @@ changed across releases; without `--versions trl=X`, the TRL that goes with the 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,10 @@ from loraflow.frontends.hf_options import (
     options_from_file,
     trainer_from_name,
     trl_keys,
+    own_adapter,
     trl_or_not,
 )
-from loraflow.frontends.intent import OWN_DS_CONFIG, TOWER_MODULE, apply_fsdp, infer
+from loraflow.frontends.intent import OWN_DS_CONFIG, TOWER_MODULE, apply_fsdp, infer, names_training_flag
 from loraflow.frontends.table import Field, apply_table, fact, parameter_targets, switch
 
 NAME = "hf"
@@ -198,7 +200,7 @@ def _adapter(draft: Draft, run: Run) -> None:
         draft.set("adapter", ("dora" if run.on("use_dora") else "lora") if peft else "full",
                   opts["use_peft"].source if "use_peft" in opts else
                   "default (TRL trl/trainer/model_config.py: use_peft false, full fine-tuning)")
-    else:
+    elif not own_adapter(draft, run):
         draft.set("adapter", "full", "assumed: no PEFT flag, so full fine-tuning")
         draft.note("no PEFT flag in the command: read as full fine-tuning. If the script wraps the model in a PEFT "
                    "adapter itself, tell check so by passing the PEFT flags (e.g. --use_peft --lora_r 16, TRL's "
@@ -316,7 +318,8 @@ def _save_gather(draft: Draft, run: Run) -> None:
 
 # Where scripts name the model: TrainingArguments-style scripts and TRL (--model_name_or_path), Qwen2-VL-Finetune
 # (--model_id), others (--model, --model_path, --base_model).
-_MODEL_KEYS = ("model_name_or_path", "model_id", "model", "model_path", "base_model", "pretrained_model_name_or_path")
+_MODEL_KEYS = ("model_name_or_path", "model_id", "model", "model_path", "base_model", "pretrained_model_name_or_path",
+               "model_name", "model_id_or_path")
 _LENGTH_KEYS = ("model_max_length", "max_seq_length", "max_length", "max_seq_len", "cutoff_len")
 
 
@@ -469,12 +472,15 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
 def _recognise(view) -> bool:
     if view.cli == "trl" or view.runs("trl"):
         return True
-    if not view.program.endswith(".py"):
+    # `accelerate launch -m src.train_sft`, `python -m pkg.train`: a module of the user's own.
+    module = view.cli is None and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", view.program) is not None
+    if not view.program.endswith(".py") and not (module and view.launcher == "accelerate"):
         return False
-    # HF TrainingArguments flags, or a script launched by accelerate (the HF launcher) with none of another
-    # framework's markers.
+    # HF TrainingArguments flags, a script launched by accelerate (the HF launcher) with none of another framework's
+    # markers, or a script's own adapter / quantization switches (`python main.py --enable_lora`).
     return (bool((view.flags | view.yaml_keys) & (keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES))
-            or view.launcher == "accelerate" or script_setup.script_of(view.program) is not None)
+            or view.launcher == "accelerate" or script_setup.script_of(view.program) is not None
+            or names_training_flag(view.flags))
 
 
 FRAMEWORK = Framework(name=NAME, title="HF Trainer / TRL", module="hf", recognise=_recognise, flags=FLAGS,

@@ -28,6 +28,10 @@ HANDLED = {"gradient_checkpointing", "activation_checkpointing", "gradient_check
            "torch_dtype"}
 
 
+_OVERRIDE = re.compile(r"^\+{0,2}((?:[A-Za-z_]\w*\.)*)([A-Za-z_]\w*)=(.*)$")
+"""`section.key=value` after the script (Hydra's and OmegaConf's command-line overrides): read by the last key."""
+
+
 @dataclass
 class Opt:
     value: Any
@@ -106,9 +110,13 @@ def options_from_file(path: Path, into: dict[str, Opt], what: str) -> None:
 
 
 def options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[str, Opt], bool]:
-    args, positionals, _ = parse_flags(cmd.args, lists=LISTS)
+    args, positionals, rest = parse_flags(cmd.args, lists=LISTS)
     opts: dict[str, Opt] = {}
-    for pos in positionals:  # HfArgumentParser reads a lone .yaml/.json positional as the whole config
+    for pos in [p for p in positionals + rest if p]:  # HfArgumentParser reads a lone .yaml/.json positional as config
+        override = _OVERRIDE.match(pos)
+        if override:  # a Hydra / OmegaConf override of the script's own config: `model.lora=true`, `sft.bf16=true`
+            opts.setdefault(override.group(2), Opt(override.group(3), pos))
+            continue
         path = resolve_path(pos, *bases)
         if pos.endswith((".yaml", ".yml", ".json")) and path is not None:
             options_from_file(path, opts, "training config")
@@ -164,11 +172,32 @@ def trl_or_not(draft: Draft, cmd: Command, opts: dict[str, Opt]) -> bool:
     if set(k for k, o in opts.items() if not o.derived) & (trl_rel.MARKERS - trl_rel.COMMON_LORA_FLAGS):
         return True
     common = sorted(k for k in opts if k in trl_rel.COMMON_LORA_FLAGS)
+    foreign = _foreign(opts)
+    if foreign:  # TrlParser -> HfArgumentParser.parse_args_into_dataclasses raises on a flag no dataclass has
+        draft.note(f"{cmd.program} takes {', '.join(foreign[:3])}, which TRL's argument parser would reject "
+                   "(transformers hf_argparser.py: 'Some specified arguments are not used'): read as a script with "
+                   f"LoRA flags of its own ({', '.join('--' + k for k in common)}), not TRL's")
+        return False
     return draft.fork("trainer_library", {  # the script's own reading first, as the report shows it
         False: f"{cmd.program} trains with transformers' Trainer and LoRA flags of its own",
         True: f"{cmd.program} trains with TRL's trainer (its LoRA flags are TRL's)"},
         f"{cmd.program} is not here, and its flags ({', '.join('--' + k for k in common)}) are spelled so in TRL's "
         "scripts and in many others")
+
+
+_ACCEPTED = HANDLED | keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | {"model_name_or_path", "model_revision"}
+
+
+def _foreign(opts: dict[str, Opt]) -> list[str]:
+    """Flags of the command that neither TrainingArguments nor TRL's dataclasses have, as written. argparse takes a
+    unique prefix of a flag (`--model_name` for --model_name_or_path, allow_abbrev), so such a prefix is not one."""
+    out = []
+    for name, opt in opts.items():
+        if opt.derived or name in _ACCEPTED or _OVERRIDE.match(opt.source):
+            continue
+        if len([k for k in _ACCEPTED if k.startswith(name)]) != 1:
+            out.append(opt.source)
+    return out
 
 
 _LORA_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_dora", "use_rslora")
@@ -198,6 +227,34 @@ def lora_flags_without_use_peft(draft: Draft, run: Run, program: str) -> None:
                             "full": f"{Path(program).name} is TRL's script: ModelConfig ignores {given[0]} without "
                                     "--use_peft and trains every weight (trl/trainer/model_config.py)"},
                 f"{given[0]} without --use_peft: TRL's ModelConfig has the flag, and so do scripts of their own")
+
+
+_NAMED_ADAPTER = re.compile(r"(?<![a-z])(q?lora|dora|peft)(?![a-z])")
+
+
+def own_adapter(draft: Draft, run: Run) -> bool:
+    """No PEFT flag of the HF Trainer's or TRL's, on a script that is not TRL's: what its own LoRA flags (`--lora_r 8`
+    once its other flags show it is not TRL's), its own k-bit load (`--quantization_bit 4`, `--bits 4`: a quantized
+    base has no float weights to train, so a script that loads one trains adapters on it) or its name
+    (`train_lora.py`, `qlora.py`, `finetune_peft.py`) say. False when none says anything."""
+    if run.trl:
+        return False
+    given = [run.opts[n].source for n in _LORA_FLAGS if n in run.opts]
+    kind = "dora" if run.on("use_dora") else "lora"
+    named = _NAMED_ADAPTER.search(Path(run.program).stem.lower()) if run.program else None
+    if given:
+        draft.set("adapter", kind, f"{given[0]} (read as the script's own LoRA flag)")
+    elif run.intent.quantization:
+        draft.set("adapter", kind, f"{run.intent.sources['quantization']}: the script loads its base quantized, "
+                  "which trains only through adapters (read as LoRA)")
+    elif named:
+        draft.set("adapter", "dora" if named.group(1) == "dora" else "lora",
+                  f"script name {run.program} (read as the script's own {named.group(1)} training)")
+    else:
+        return False
+    draft.note(f"adapter read as {draft.get('adapter')} from {draft.sources['adapter']}: {Path(run.program).name} "
+               "is not here; pass --use_peft false (or the script itself) if it trains every weight")
+    return True
 
 
 def fix_flags(draft: Draft, run: Run, cli: bool, gc_name: str, kw_name: str) -> None:

@@ -1,0 +1,93 @@
+"""Launches as users write them in their own repositories (not the frameworks' examples): the spellings a sweep of
+public launch scripts found misread. Each input is a short synthetic line of the same shape; the comment names the
+public repository that showed the class."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from loraflow.errors import LoraflowError
+from loraflow.frontends import from_command
+from loraflow.frontends.shell import command_from_script
+
+
+def _hf(line: str, versions: dict | None = None):
+    return from_command(shlex.split(line), versions or {})
+
+
+# taishan1994/Llama3.1-Finetuning script/fintune_lora_qwen2.5.sh (`VAR=1 \` lines, then `nohup torchrun ... &`);
+# a SLURM job's `apptainer exec --nv img.sif accelerate launch ...`; `conda run -n env python ...`.
+def test_a_wrapper_command_before_the_launcher_is_read_past(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --gpus 4\nNCCL_P2P_DISABLE=1 \\\nNCCL_IB_DISABLE=1 \\\nnohup torchrun \\\n"
+                      "--nproc_per_node 8 train.py --use_lora --bf16 True --output_dir o &\n")
+    assert command_from_script(str(script)) == ["NCCL_P2P_DISABLE=1", "NCCL_IB_DISABLE=1", "torchrun",
+                                                "--nproc_per_node", "8", "train.py", "--use_lora", "--bf16", "True",
+                                                "--output_dir", "o"]
+    script.write_text("apptainer exec --nv -B /data:/data img.sif accelerate launch --num_processes 2 t.py --x 1\n")
+    assert command_from_script(str(script))[:3] == ["accelerate", "launch", "--num_processes"]
+    script.write_text("CUDA_VISIBLE_DEVICES=0 conda run -n lf python train.py --lora_r 8\n")
+    assert command_from_script(str(script)) == ["CUDA_VISIBLE_DEVICES=0", "python", "train.py", "--lora_r", "8"]
+    script.write_text("time bash other.sh\n")  # a wrapper around no launcher is no launch line
+    with pytest.raises(LoraflowError, match="found no launch line"):
+        command_from_script(str(script))
+
+
+# A SLURM script's `python main.py --enable_lora`: nothing of the HF Trainer's, but the script's own adapter switch.
+def test_a_script_with_only_its_own_adapter_switch_is_read_not_refused():
+    result = _hf("python main.py --enable_lora")
+    assert result.framework == "hf" and result.setup.adapter == "lora"
+
+
+# A SLURM job launching `accelerate launch --module src.train_sft -- model.lora=true sft.packing=false` (Hydra).
+def test_hydra_overrides_after_a_module_are_read_by_their_last_key():
+    result = _hf("accelerate launch --num_processes 2 --module src.train_sft -- model=qwen model.lora=true "
+                 "sft.per_device_train_batch_size=1")
+    assert result.framework == "hf" and result.setup.adapter == "lora"
+    assert not any("per_device_train_batch_size" in u for u in result.unknown)
+
+
+# 01xianyi/Qwen2.5-3B-ChID- (`--quantization_bit 8 --lora_r 8`), artidoro/qlora-style `--bits 4 --double_quant`,
+# bupticybee/FastLoRAChat (`--base_model --lora_target_modules`): flags TRL's parser would reject make the launch a
+# script of its own, so its LoRA flags are its own (no TRL fork that trains every weight).
+def test_flags_trl_would_reject_leave_only_the_scripts_own_reading():
+    result = _hf("deepspeed --num_gpus 4 danka.py --model_name_or_path Qwen/Qwen2.5-3B --quantization_bit 8 "
+                 "--lora_r 8 --output_dir o --fp16")
+    assert result.setup.adapter == "lora" and result.setup.quantization == "8bit"
+    assert "trainer_library" not in result.forks
+    qlora = _hf("python qlora.py --model_name_or_path M --bits 4 --lora_r 64 --lora_modules all --double_quant "
+                "--quant_type nf4 --output_dir o")
+    assert qlora.setup.adapter == "lora" and qlora.setup.quantization == "4bit"
+    assert not any(u.startswith(("--lora_modules", "--double_quant", "--quant_type")) for u in qlora.unknown)
+    # Only flags TRL's dataclasses have (argparse takes --model_name for --model_name_or_path): both readings stay.
+    both = _hf("python my_sft.py --model_name M --lora_r 8 --output_dir o")
+    assert set(both.forks["trainer_library"][0]) == {False, True}
+
+
+# A torchrun `sft_qwen_quantization.py --quantization_bit=4` with no adapter flag: a script that loads its base in
+# k bits trains adapters on it, not every weight (no kbit-full-finetune crash claimed).
+def test_a_scripts_own_kbit_load_without_an_adapter_flag_reads_as_lora():
+    result = _hf("torchrun --nproc_per_node=2 sft_q.py --pretrained_model_name_or_path M --output_dir o "
+                 "--quantization_bit=4")
+    assert result.setup.adapter == "lora" and result.setup.quantization == "4bit"
+
+
+# `torchrun finetune_qwen25_ner_lora.py --deepspeed ds.json`, FastChat's `train_lora.py --q_lora False`.
+def test_the_script_name_and_q_lora_false_say_lora():
+    named = _hf("torchrun --nproc_per_node=4 finetune_ner_lora.py --model_id M --bf16 --output_dir o")
+    assert named.setup.adapter == "lora"
+    assert _hf("python train.py --output_dir o --bf16").setup.adapter == "full"
+    fastchat = _hf("deepspeed --num_gpus 4 fastchat/train/train_lora.py --model_name_or_path M --lora_r 8 "
+                   "--data_path d --q_lora False --output_dir o")
+    assert fastchat.setup.adapter == "lora" and fastchat.setup.quantization in (None, "none")
+
+
+# `--train_mode lora` (a VLM trainer's vlm_train.py), `--finetune lora` (kenziyuliu/lora-fairness main.py),
+# `--adapter_name lora` (LLM-Adapters-derived lora_finetune.py): the script's own choice of method.
+def test_a_scripts_own_spelling_of_the_method_choice():
+    for flag in ("--train_mode lora", "--finetune lora", "--adapter_name lora", "--peft_method lora"):
+        result = _hf(f"deepspeed --num_gpus 2 train.py --model_name_or_path M --output_dir o {flag}")
+        assert result.setup.adapter == "lora", flag
+    assert _hf("deepspeed --num_gpus 2 train.py --output_dir o --train_mode full").setup.adapter == "full"
