@@ -91,3 +91,52 @@ def test_a_scripts_own_spelling_of_the_method_choice():
         result = _hf(f"deepspeed --num_gpus 2 train.py --model_name_or_path M --output_dir o {flag}")
         assert result.setup.adapter == "lora", flag
     assert _hf("deepspeed --num_gpus 2 train.py --output_dir o --train_mode full").setup.adapter == "full"
+
+
+# MobileVLM's `deepspeed mobilevlm/train/train_mem.py --vision_tower ... --mm_projector_type ldpnetv2`, a user's
+# `llava/train/train_mem_hf.py`: LLaVA's train.py flags under another path are its lineage.
+def test_llava_derived_scripts_under_other_paths_are_read_as_llava():
+    result = _hf("deepspeed --num_gpus 2 mobilevlm/train/train_mem.py --lora_enable True --lora_r 8 "
+                 "--model_name_or_path M --vision_tower openai/clip-vit-large-patch14-336 "
+                 "--mm_projector_type ldpnetv2 --bf16 True --output_dir o")
+    assert result.framework == "llava" and result.setup.adapter == "lora" and result.setup.frozen_modules
+    assert not any(u.startswith(("--vision_tower", "--mm_projector_type")) for u in result.unknown)
+    plain = _hf("deepspeed --num_gpus 2 vlm/train.py --vision_tower v --output_dir o --bf16 True")
+    assert plain.framework == "hf"  # --vision_tower alone is not LLaVA's mark
+
+
+# nuclear-turning/LLaVA-zh scripts/train.sh: `--freeze_backbone True --tune_mm_mlp_adapter True` trains no LLM weight.
+def test_llava_freeze_backbone_is_a_frozen_language_model():
+    result = _hf("torchrun --nproc_per_node 1 llava/train/train_mem.py --model_name_or_path M --freeze_backbone True "
+                 "--output_dir o")
+    assert result.setup.adapter == "full" and result.setup.frozen_modules
+    assert "freezes the language model" in result.sources["adapter"]
+
+
+# A DeepSpeed-Chat main.py copy launched with `--use_lora --lora_r 64` (upstream spells it --lora_dim and its argparse
+# refuses --use_lora): the copy's own LoRA, not full fine-tuning with three flags not understood.
+def test_a_deepspeed_chat_copy_with_its_own_lora_switch():
+    result = _hf("deepspeed main.py --data_split 2,4,4 --model_name_or_path facebook/opt-1.3b --zero_stage 3 "
+                 "--lora_r 64 --use_lora --lora_alpha 128")
+    assert result.framework == "deepspeed-chat" and result.setup.adapter == "lora"
+    assert not any(u.startswith(("--use_lora", "--lora_r", "--lora_alpha")) for u in result.unknown)
+    upstream = _hf("deepspeed main.py --data_split 2,4,4 --model_name_or_path m --zero_stage 3 --lora_dim 128")
+    assert upstream.setup.adapter == "full"
+
+
+# flashlin/Samples torch-qa/LLaMA-Factory/f2.sh: `#--lora_target q_proj,v_proj \` right above the launch line.
+def test_a_comment_lines_trailing_backslash_does_not_swallow_the_launch(tmp_path):
+    script = tmp_path / "f2.sh"
+    script.write_text("# an older run\n#--lora_target q_proj,v_proj \\\nCUDA_VISIBLE_DEVICES=0 python train.py \\\n"
+                      "--lora_r 8 \\\n    # --bf16 true \\\n    # --fp16 false\n")
+    assert command_from_script(str(script)) == ["CUDA_VISIBLE_DEVICES=0", "python", "train.py", "--lora_r", "8"]
+
+
+# A Qwen2.5-VL QLoRA launch of a script of its own (`src/train/train.py --lora_enable true --bits 4` under ZeRO-3):
+# the storage dtype is its own BitsAndBytesConfig's, so both values are evaluated, not TRL's default asserted.
+def test_a_scripts_own_4bit_load_leaves_the_storage_dtype_to_its_code():
+    result = _hf("torchrun --nproc_per_node 2 src/train/train.py --deepspeed zero3.json --model_id M "
+                 "--lora_enable true --bits 4 --output_dir o --bf16 True")
+    assert result.setup.quantization == "4bit" and "quant_storage_matches" in result.unsure
+    trl = _hf("python sft.py --model_name_or_path M --use_peft --load_in_4bit --output_dir o --dataset_name d")
+    assert "quant_storage_matches" not in trl.unsure

@@ -246,7 +246,15 @@ def _quant_storage(draft: Draft, run: Run, bf16: bool, fp16: bool) -> None:
     same = storage is not None and storage in (dtype, "bfloat16" if bf16 else "float16" if fp16 else "float32")
     draft.set("quant_storage_matches", same, (opts["bnb_4bit_quant_storage"].source if "bnb_4bit_quant_storage"
                                               in opts else f"{storage} (the script's storage flag)") if storage else
-              "default (bnb_4bit_quant_storage unset: packed uint8, trl/trainer/utils.py)")
+              "default (bnb_4bit_quant_storage unset: packed uint8, trl/trainer/utils.py)" if run.trl else
+              "default (BitsAndBytesConfig bnb_4bit_quant_storage unset: packed uint8)")
+    if storage is None and "load_in_4bit" not in opts and run.intent.quantization:
+        # The 4-bit load is the script's own (`--bits 4`): its BitsAndBytesConfig, not TRL's, decides the storage;
+        # transformers' default is uint8 (BitsAndBytesConfig bnb_4bit_quant_storage=None, quantization_config.py).
+        draft.maybe("quant_storage_matches", {False: "the script's BitsAndBytesConfig leaves bnb_4bit_quant_storage "
+                                                     "unset (packed uint8)",
+                                              True: "the script sets bnb_4bit_quant_storage to the model's dtype"},
+                    f"{run.intent.sources['quantization']}: the script builds its own BitsAndBytesConfig")
 
 
 def _cache_and_ddp(run: Run, gc: bool) -> tuple[Field, ...]:

@@ -124,6 +124,9 @@ def command_from_script(path: str) -> list[str]:
         variables[m.group("var") or m.group("var2")] = " ".join(re.sub(r"\\\s*$", "", line).strip()
                                              for line in m.group("body").splitlines())
     text = _HEREDOC.sub("", text)
+    # A comment line's trailing `\\` is part of the comment (bash ends a comment at the newline): `#--x \\` above the
+    # launch line does not swallow it.
+    text = re.sub(r"(?m)^(\s*#.*?)\\\s*$", r"\1", text)
     joined = re.sub(r"\\\s*\n", " ", text)
     # A quoted value over several lines (`DISTRIBUTED_ARGS="` newline `--nproc_per_node 8` newline `"`) is one value.
     joined = _MULTILINE_ASSIGN.sub(lambda m: f'{m.group(1)}"{" ".join(m.group(2).split())}"', joined)
