@@ -140,3 +140,10 @@ def test_a_scripts_own_4bit_load_leaves_the_storage_dtype_to_its_code():
     assert result.setup.quantization == "4bit" and "quant_storage_matches" in result.unsure
     trl = _hf("python sft.py --model_name_or_path M --use_peft --load_in_4bit --output_dir o --dataset_name d")
     assert "quant_storage_matches" not in trl.unsure
+
+
+# A MiniCPM-V finetune_lora.sh copy launching `/home/u/anaconda3/envs/MiniCPMV/bin/torchrun $DISTRIBUTED_ARGS ...`.
+def test_a_launcher_named_by_its_path_in_an_environment():
+    result = _hf("/home/u/anaconda3/envs/x/bin/torchrun --nproc_per_node 2 finetune.py --use_lora true "
+                 "--output_dir o --bf16 true")
+    assert result.framework == "hf" and result.setup.world_size == 2 and result.setup.adapter == "lora"
