@@ -147,3 +147,19 @@ def test_a_launcher_named_by_its_path_in_an_environment():
     result = _hf("/home/u/anaconda3/envs/x/bin/torchrun --nproc_per_node 2 finetune.py --use_lora true "
                  "--output_dir o --bf16 true")
     assert result.framework == "hf" and result.setup.world_size == 2 and result.setup.adapter == "lora"
+
+
+# A research repo's `header="torchrun --nproc_per_node=1 -m src.train.sft --lora True ..."; $header`.
+def test_a_module_of_the_users_own_under_torchrun():
+    result = _hf("torchrun --nproc_per_node 2 -m src.train.sft --model_name_or_path M --lora True --lora_r 128 "
+                 "--output_dir o --bf16 True")
+    assert result.framework == "hf" and result.setup.adapter == "lora" and result.setup.world_size == 2
+
+
+# daje0601/AllinOne_LLM chapter3 (`torchrun --nproc_per_node=4 ./train.py --config config.yaml`, the config not in
+# the repo's launch): no PEFT flag in the command says nothing when the config that would hold it is not here.
+def test_no_peft_flag_with_an_unseen_training_config_leaves_the_adapter_open():
+    result = _hf("torchrun --nproc_per_node=4 ./train.py --config config.yaml")
+    assert set(result.unsure["adapter"][0]) == {"full", "lora"}
+    seen = _hf("torchrun --nproc_per_node=4 ./train.py --output_dir o --bf16 True")
+    assert seen.setup.adapter == "full" and "adapter" not in seen.unsure

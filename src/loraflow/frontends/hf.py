@@ -58,6 +58,7 @@ from loraflow.frontends.hf_options import (
     options_from_file,
     trainer_from_name,
     trl_keys,
+    no_peft_flag,
     own_adapter,
     trl_or_not,
 )
@@ -201,10 +202,7 @@ def _adapter(draft: Draft, run: Run) -> None:
                   opts["use_peft"].source if "use_peft" in opts else
                   "default (TRL trl/trainer/model_config.py: use_peft false, full fine-tuning)")
     elif not own_adapter(draft, run):
-        draft.set("adapter", "full", "assumed: no PEFT flag, so full fine-tuning")
-        draft.note("no PEFT flag in the command: read as full fine-tuning. If the script wraps the model in a PEFT "
-                   "adapter itself, tell check so by passing the PEFT flags (e.g. --use_peft --lora_r 16, TRL's "
-                   "ModelConfig flags, which read the script as TRL)")
+        no_peft_flag(draft)
     if "lora_target_parameters" in opts and draft.get("adapter") != "full":
         kind = parameter_targets(opts["lora_target_parameters"].value, opts["lora_target_parameters"].source)
         if kind:  # TRL ModelConfig.lora_target_parameters -> LoraConfig(target_parameters=...)
@@ -482,7 +480,7 @@ def _recognise(view) -> bool:
         return True
     # `accelerate launch -m src.train_sft`, `python -m pkg.train`: a module of the user's own.
     module = view.cli is None and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", view.program) is not None
-    if not view.program.endswith(".py") and not (module and view.launcher == "accelerate"):
+    if not view.program.endswith(".py") and not module:
         return False
     # HF TrainingArguments flags, a script launched by accelerate (the HF launcher) with none of another framework's
     # markers, or a script's own adapter / quantization switches (`python main.py --enable_lora`).

@@ -229,6 +229,22 @@ def lora_flags_without_use_peft(draft: Draft, run: Run, program: str) -> None:
                 f"{given[0]} without --use_peft: TRL's ModelConfig has the flag, and so do scripts of their own")
 
 
+def no_peft_flag(draft: Draft) -> None:
+    """No PEFT flag anywhere the command shows: full fine-tuning, unless the training config it names is not here
+    (`--config recipe.yaml`, a lone `lora_sft.yaml` HfArgumentParser reads), which may hold the adapter."""
+    unseen = next((u.split(":")[0] for u in draft.unknown if ": not here (" in u), "")
+    if unseen:
+        draft.set("adapter", "full", "assumed: no PEFT flag in the command")
+        draft.maybe("adapter", {"full": "the unseen config trains every weight",
+                                "lora": "the unseen config (or the script's code) adds a LoRA adapter"},
+                    f"{unseen}: no PEFT flag in the command, and the training config that could hold one is not here")
+        return
+    draft.set("adapter", "full", "assumed: no PEFT flag, so full fine-tuning")
+    draft.note("no PEFT flag in the command: read as full fine-tuning. If the script wraps the model in a PEFT "
+               "adapter itself, tell check so by passing the PEFT flags (e.g. --use_peft --lora_r 16, TRL's "
+               "ModelConfig flags, which read the script as TRL)")
+
+
 _NAMED_ADAPTER = re.compile(r"(?<![a-z])(q?lora|dora|peft)(?![a-z])")
 
 
