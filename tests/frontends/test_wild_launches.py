@@ -163,3 +163,15 @@ def test_no_peft_flag_with_an_unseen_training_config_leaves_the_adapter_open():
     assert set(result.unsure["adapter"][0]) == {"full", "lora"}
     seen = _hf("torchrun --nproc_per_node=4 ./train.py --output_dir o --bf16 True")
     assert seen.setup.adapter == "full" and "adapter" not in seen.unsure
+
+
+# yafo-ai/y-trainer scripts/sft_ds.sh: `deepspeed --module start_training --use_deepspeed 'true' --use_lora 'true'`:
+# a module without dots, and a DeepSpeed switch of the script's own (it calls deepspeed.initialize itself).
+def test_a_scripts_own_deepspeed_switch_and_a_plain_module_name():
+    result = _hf("deepspeed --include localhost:0,1 --module start_training --use_deepspeed true --use_lora true "
+                 "--output_dir o")
+    assert result.framework == "hf" and result.setup.engine == "deepspeed" and result.setup.adapter == "lora"
+    assert "deepspeed_stage" in result.forks  # no stage given: every stage evaluated
+    staged = _hf("deepspeed --num_gpus 2 train.py --use_deepspeed --zero_stage 3 --lora_rank 8 --output_dir o")
+    assert staged.setup.zero_stage == 3 and not any(u.startswith(("--use_deepspeed", "--zero_stage"))
+                                                    for u in staged.unknown)

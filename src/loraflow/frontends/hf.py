@@ -60,6 +60,7 @@ from loraflow.frontends.hf_options import (
     trl_keys,
     no_peft_flag,
     own_adapter,
+    own_deepspeed,
     trl_or_not,
 )
 from loraflow.frontends.intent import OWN_DS_CONFIG, TOWER_MODULE, apply_fsdp, infer, names_training_flag
@@ -89,6 +90,9 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
     if not ds_ref and own is not None:  # a script's own `--ds_file x.json`: it hands that config to DeepSpeed itself
         ds_ref, info["own_ds"] = own.value, own
         draft.note(f"{own.source}: read as the DeepSpeed config the script itself hands to DeepSpeed")
+    switch = own_deepspeed(opts) if not ds_ref else None  # `--use_deepspeed true`: the script's own DeepSpeed
+    if switch is not None:
+        info["ds"], info["ds_label"], info["own_flags"] = deepspeed.apply(draft, switch[0]), switch[0].label, switch[1]
     if ds_ref:
         if isinstance(ds_ref, str) and ds_ref.lstrip().startswith("{"):
             try:
@@ -164,7 +168,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                    "--dtype / --torch_dtype" if not half_init else "ZeRO-3 zero.Init in the DeepSpeed dtype")
     fix_flags(draft, run, cmd is not None, gc_name, kw_name)
     for name, opt in opts.items():
-        if name not in known and name not in intent.used and opt is not info.get("own_ds"):
+        if name not in known | intent.used | info.get("own_flags", set()) and opt is not info.get("own_ds"):
             draft.unknown.append(opt.source)
 
 
@@ -479,7 +483,7 @@ def _recognise(view) -> bool:
     if view.cli == "trl" or view.runs("trl"):
         return True
     # `accelerate launch -m src.train_sft`, `python -m pkg.train`: a module of the user's own.
-    module = view.cli is None and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", view.program) is not None
+    module = view.cli is None and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", view.program) is not None
     if not view.program.endswith(".py") and not module:
         return False
     # HF TrainingArguments flags, a script launched by accelerate (the HF launcher) with none of another framework's

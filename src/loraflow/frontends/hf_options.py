@@ -14,6 +14,7 @@ from loraflow.frontends import keys
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import Command, parse_flags, resolve_path
 from loraflow.frontends.common import Draft, as_bool, load_mapping
+from loraflow.frontends.deepspeed import DeepSpeedConfig
 from loraflow.frontends.targets import check_targets
 from loraflow.frontends.intent import Intent
 
@@ -227,6 +228,27 @@ def lora_flags_without_use_peft(draft: Draft, run: Run, program: str) -> None:
                             "full": f"{Path(program).name} is TRL's script: ModelConfig ignores {given[0]} without "
                                     "--use_peft and trains every weight (trl/trainer/model_config.py)"},
                 f"{given[0]} without --use_peft: TRL's ModelConfig has the flag, and so do scripts of their own")
+
+
+_OWN_DS_SWITCH = re.compile(r"^((use|enable)_deepspeed|deepspeed_enable)$")
+_OWN_ZERO = re.compile(r"^(zero_stage|ds_stage|deepspeed_stage|zero)$")
+
+
+def own_deepspeed(opts: dict[str, Opt]) -> tuple[DeepSpeedConfig, set[str]] | None:
+    """A script's own DeepSpeed switch (`--use_deepspeed true`, y-trainer's start_training): it calls
+    deepspeed.initialize itself, with the ZeRO stage of its own `--zero_stage N` flag, else an unknown stage. Returns
+    the config and the flags read."""
+    switch = next((o for n, o in opts.items() if _OWN_DS_SWITCH.match(n)), None)
+    if switch is None or not as_bool(switch.value if switch.value is not None else True, switch.source):
+        return None
+    stage = next((o for n, o in opts.items() if _OWN_ZERO.match(n) and str(o.value).strip() in "0123"), None)
+    if stage is not None:
+        return (DeepSpeedConfig({"zero_optimization": {"stage": int(str(stage.value).strip())}},
+                                f"{switch.source} {stage.source} (the script's own DeepSpeed)"),
+                {n for n, o in opts.items() if o is switch or o is stage})
+    return (DeepSpeedConfig({}, f"{switch.source} (the script's own DeepSpeed)", [f"{switch.source}: the script runs "
+                            "DeepSpeed itself with a config the command does not show"], ("stage",)),
+            {n for n, o in opts.items() if o is switch})
 
 
 def no_peft_flag(draft: Draft) -> None:
