@@ -175,3 +175,15 @@ def test_a_scripts_own_deepspeed_switch_and_a_plain_module_name():
     staged = _hf("deepspeed --num_gpus 2 train.py --use_deepspeed --zero_stage 3 --lora_rank 8 --output_dir o")
     assert staged.setup.zero_stage == 3 and not any(u.startswith(("--use_deepspeed", "--zero_stage"))
                                                     for u in staged.unknown)
+
+
+# `cd LLaVA && deepspeed ...` and `source activate env; python ...` on one line (users' run scripts), `X=0,1 && ...`.
+def test_the_launch_among_commands_chained_on_one_line(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("cd /work/x && CUDA_VISIBLE_DEVICES=0 torchrun --nproc_per_node 2 train.py --lora_r 8\n")
+    assert command_from_script(str(script)) == ["CUDA_VISIBLE_DEVICES=0", "torchrun", "--nproc_per_node", "2",
+                                                "train.py", "--lora_r", "8"]
+    script.write_text("source activate lf; python train.py --use_lora > log.txt 2>&1\n")
+    assert command_from_script(str(script)) == ["python", "train.py", "--use_lora"]
+    script.write_text('CUDA_VISIBLE_DEVICES=0,1 && torchrun t.py --x "a && b" # c && d\n')
+    assert command_from_script(str(script)) == ["CUDA_VISIBLE_DEVICES=0,1", "torchrun", "t.py", "--x", "a && b"]

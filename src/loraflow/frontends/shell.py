@@ -71,6 +71,46 @@ def _launcher_at(words: list[str]) -> int | None:
     return None
 
 
+def _launch_in(line: str) -> list[str]:
+    """The launch command on one expanded line, if any: the line split into the commands it chains (`cd repo &&
+    torchrun ...`, `source activate env; python ...`), assignments alone before `&&` carried to the next command,
+    redirections and a trailing `&` dropped."""
+    env: list[str] = []
+    for segment in _chained(_strip_comment(line)):
+        body = re.split(r"\s(?:&>|2>&1|>>|>|\||&)(?:\s|$)", " " + segment + " ")[0]
+        words = body.split()
+        if words and all(_ENV.match(w) for w in words):
+            env += words
+            continue
+        if _launcher_at(words) is None:
+            env = []
+            continue
+        tokens = shlex.split(body)
+        at = _launcher_at(tokens)
+        if at is not None:  # the `VAR=value` words before a wrapper still reach the launcher
+            wrapper = next((i for i, t in enumerate(tokens[:at]) if Path(t).name in _WRAPPERS), at)
+            return env + tokens[:wrapper] + tokens[at:]
+    return []
+
+
+def _chained(line: str) -> list[str]:
+    """The commands a line chains with `&&`, `||` or `;`, split outside quotes."""
+    parts, quote, start, i = [], "", 0, 0
+    while i < len(line):
+        ch = line[i]
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif line.startswith(("&&", "||"), i) or ch == ";":
+            parts.append(line[start:i])
+            i += 1 if ch == ";" else 2
+            start = i
+            continue
+        i += 1
+    return parts + [line[start:]]
+
+
 def _strip_comment(line: str) -> str:
     """The line up to a shell comment: a `#` that starts a word outside quotes (bash's rule; `a#b`, `"#### 42"` and
     `--dataset name#5000` keep theirs, which shlex's own comment handling would cut)."""
@@ -151,14 +191,9 @@ def command_from_script(path: str) -> list[str]:
             continue
         # A notebook cell saved as text: `!swift sft ...` runs the rest of the line in a shell (IPython).
         stripped = stripped[1:] if stripped.startswith("!") else stripped
-        words = expand(stripped).split()  # `$LAUNCHER train.py` with LAUNCHER=torchrun set above
-        if _launcher_at(words) is not None:
-            body = re.split(r"\s(?:&>|2>&1|>>|>|\||&&|;|&)(?:\s|$)", " " + expand(stripped) + " ")[0]
-            tokens = shlex.split(_strip_comment(body))
-            at = _launcher_at(tokens)
-            if at is not None:  # the `VAR=value` words before a wrapper still reach the launcher
-                wrapper = next((i for i, t in enumerate(tokens[:at]) if Path(t).name in _WRAPPERS), at)
-                return tokens[:wrapper] + tokens[at:]
+        tokens = _launch_in(expand(stripped))  # `$LAUNCHER train.py` with LAUNCHER=torchrun set above
+        if tokens:
+            return tokens
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
                         "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
 
