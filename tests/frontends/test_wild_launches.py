@@ -187,3 +187,19 @@ def test_the_launch_among_commands_chained_on_one_line(tmp_path):
     assert command_from_script(str(script)) == ["python", "train.py", "--use_lora"]
     script.write_text('CUDA_VISIBLE_DEVICES=0,1 && torchrun t.py --x "a && b" # c && d\n')
     assert command_from_script(str(script)) == ["CUDA_VISIBLE_DEVICES=0,1", "torchrun", "t.py", "--x", "a && b"]
+
+
+# sotopia-lab/sotopia-rl scripts/train_sft.py: `from sotopia_rl import SotopiaSFTTrainer` is that package's trainer;
+# its name holds "SFTTrainer", but TRL's defaults (checkpointing and bf16 on) are not its own.
+def test_a_packages_own_trainer_named_like_trls_is_not_read_as_trl(tmp_path):
+    script = tmp_path / "train_sft.py"
+    script.write_text("import argparse\nfrom sotopia_rl import SotopiaSFTTrainer\n\n"
+                      "parser = argparse.ArgumentParser()\nparser.add_argument('--use_lora', action='store_true')\n"
+                      "args = parser.parse_args()\nSotopiaSFTTrainer(args).train()\n")
+    result = _hf(f"python {script} --use_lora")
+    assert result.setup.checkpointing == "off" and result.setup.precision == "fp32"
+    assert any("from sotopia_rl" in u for u in result.unknown)
+    trl = tmp_path / "t.py"
+    trl.write_text("from trl import SFTTrainer, SFTConfig\n"
+                   "SFTTrainer(model='m', args=SFTConfig(output_dir='o')).train()\n")
+    assert _hf(f"python {trl}").setup.checkpointing == "all"  # TRL's own: gradient_checkpointing on by default
