@@ -186,7 +186,12 @@ def trl_or_not(draft: Draft, cmd: Command, opts: dict[str, Opt]) -> bool:
         "scripts and in many others")
 
 
-_ACCEPTED = HANDLED | keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | {"model_name_or_path", "model_revision"}
+# TRL's configs' fields beyond those keys.TRL lists for other uses (DPOConfig.max_prompt_length, PPOConfig's model
+# paths, ModelConfig's older use_flash_attention_2): a flag among them does not make a launch foreign to TRL.
+_ACCEPTED = HANDLED | keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | {
+    "model_name_or_path", "model_revision", "max_prompt_length", "max_completion_length", "max_target_length",
+    "reward_model_path", "sft_model_path", "tokenizer_name_or_path", "use_flash_attention_2", "num_ppo_epochs",
+    "kl_coef", "missing_eos_penalty", "generation_batch_size", "temperature", "loss_type", "ref_model_name_or_path"}
 
 
 def _foreign(opts: dict[str, Opt]) -> list[str]:
