@@ -339,10 +339,14 @@ def test_openrlhf_hands_its_4bit_models_without_an_adapter_to_deepspeed_engines(
 def test_lora_flags_without_use_peft_on_a_script_of_its_own_are_evaluated_both_ways():
     """--lora_r is TRL's ModelConfig flag (ignored without --use_peft) and many scripts' own: read with --framework hf,
     transformers#24551's launch is LoRA first, full fine-tuning as TRL would read it second."""
-    result = from_command(shlex.split(ALPACA_LORA_COPY), {}, name="hf")
+    own = "python my_sft.py --model_name_or_path M --dataset_name d --lora_r=128 --output_dir o"
+    result = from_command(shlex.split(own), {}, name="hf")
     assert result.setup.adapter == "lora" and set(result.forks["trainer_library"][0]) == {False, True}
-    as_trl = from_command(shlex.split(ALPACA_LORA_COPY), {"fork:trainer_library": True}, name="hf")
+    as_trl = from_command(shlex.split(own), {"fork:trainer_library": True}, name="hf")
     assert as_trl.setup.adapter == "full"
+    # Flags TRL's parser would reject (--base_model, --num_epochs): only the script's own reading is left.
+    copy = from_command(shlex.split(ALPACA_LORA_COPY), {}, name="hf")
+    assert copy.setup.adapter == "lora" and "trainer_library" not in copy.forks
     trl = from_command(shlex.split("trl sft --model_name_or_path Qwen/Qwen2.5-0.5B --lora_r 16 --output_dir o"), {})
     assert trl.setup.adapter == "full" and "adapter" not in trl.unsure  # TRL's own CLI: ModelConfig decides
 

@@ -314,7 +314,7 @@ def split_command(argv: list[str], depth: int = 0) -> Command:
             rest = [t for t in rest[:cut - 1] if t != "&&"] + rest[cut:]
             cmd.notes.append("assignments chained with `&&` before the command: read as its environment")
     while rest:
-        head = rest[0]
+        head = rest[0] = Path(rest[0]).name if Path(rest[0]).name in _STARTS else rest[0]  # `/env/x/bin/torchrun`
         if head in ("env", "nohup", "time", "exec", "command") or _ENV.match(head):
             rest = _env_word(cmd, rest)
         elif head in ("bash", "sh") and len(rest) > 1 and Path(rest[1]).is_file() and depth < 3:

@@ -16,6 +16,7 @@ from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, parse_bool, parse_flags, script_command
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.common import Draft, at_least, finish_world, int_value, mitigated, model_name_facts
+from loraflow.frontends.intent import infer
 from loraflow.frontends.table import (
     Default,
     Field,
@@ -151,6 +152,19 @@ def _adapter(draft: Draft, given: dict, p: str, main: str, step3: bool) -> int:
     return lora_dim
 
 
+def _copy_adapter(draft: Draft, extra: list, dim_given: bool) -> set[str]:
+    """A modified main.py with an adapter switch of its own (`--use_lora --lora_r 64`, which DeepSpeed-Chat's
+    argparse would refuse): its LoRA, read from that switch when --lora_dim does not say. Returns the flags read."""
+    intent = infer({a.name: (a.value, a.raw) for a in extra})
+    if dim_given or intent.adapter not in ("lora", "dora"):
+        return set()
+    draft.set("adapter", intent.adapter, f"{intent.sources['adapter']} (a flag DeepSpeed-Chat's main.py does not "
+              "take: a modified copy's own adapter switch)")
+    draft.note(f"{intent.sources['adapter']}: main.py is a modified DeepSpeed-Chat copy with LoRA of its own; read as "
+               "LoRA on a frozen base, which its code decides")
+    return intent.used | {a.name for a in extra if a.name in ("lora_r", "lora_alpha", "lora_dropout")}
+
+
 def _input_grad_hook(draft: Draft, given: dict, lora_dim: int) -> None:
     if not checkpointing_on(draft):
         return
@@ -205,8 +219,10 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     apply_table(draft, options, _FACTS)
     if step3:
         _step3(draft, given, lora_dim)
+    used = _copy_adapter(draft, [a for a in args if a.name not in keys.DEEPSPEED_CHAT and a.name not in
+                                 _DEEPSPEED_ARGS], f"{p}lora_dim" in given)
     for a in args:
-        if a.name not in keys.DEEPSPEED_CHAT and a.name not in _DEEPSPEED_ARGS:
+        if a.name not in keys.DEEPSPEED_CHAT and a.name not in _DEEPSPEED_ARGS and a.name not in used:
             draft.unknown.append(a.raw)
     draft.flag(zero_stage=f"--{p}zero_stage", checkpointing=f"--{p}gradient_checkpointing",
                adapter=f"--{p}lora_dim / --only_optimize_lora",

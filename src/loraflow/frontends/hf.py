@@ -12,6 +12,7 @@ changed across releases; without `--versions trl=X`, the TRL that goes with the 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,12 @@ from loraflow.frontends.hf_options import (
     options_from_file,
     trainer_from_name,
     trl_keys,
+    no_peft_flag,
+    own_adapter,
+    own_deepspeed,
     trl_or_not,
 )
-from loraflow.frontends.intent import OWN_DS_CONFIG, TOWER_MODULE, apply_fsdp, infer
+from loraflow.frontends.intent import OWN_DS_CONFIG, TOWER_MODULE, apply_fsdp, infer, names_training_flag
 from loraflow.frontends.table import Field, apply_table, fact, parameter_targets, switch
 
 NAME = "hf"
@@ -86,6 +90,9 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
     if not ds_ref and own is not None:  # a script's own `--ds_file x.json`: it hands that config to DeepSpeed itself
         ds_ref, info["own_ds"] = own.value, own
         draft.note(f"{own.source}: read as the DeepSpeed config the script itself hands to DeepSpeed")
+    switch = own_deepspeed(opts) if not ds_ref else None  # `--use_deepspeed true`: the script's own DeepSpeed
+    if switch is not None:
+        info["ds"], info["ds_label"], info["own_flags"] = deepspeed.apply(draft, switch[0]), switch[0].label, switch[1]
     if ds_ref:
         if isinstance(ds_ref, str) and ds_ref.lstrip().startswith("{"):
             try:
@@ -161,7 +168,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                    "--dtype / --torch_dtype" if not half_init else "ZeRO-3 zero.Init in the DeepSpeed dtype")
     fix_flags(draft, run, cmd is not None, gc_name, kw_name)
     for name, opt in opts.items():
-        if name not in known and name not in intent.used and opt is not info.get("own_ds"):
+        if name not in known | intent.used | info.get("own_flags", set()) and opt is not info.get("own_ds"):
             draft.unknown.append(opt.source)
 
 
@@ -198,11 +205,8 @@ def _adapter(draft: Draft, run: Run) -> None:
         draft.set("adapter", ("dora" if run.on("use_dora") else "lora") if peft else "full",
                   opts["use_peft"].source if "use_peft" in opts else
                   "default (TRL trl/trainer/model_config.py: use_peft false, full fine-tuning)")
-    else:
-        draft.set("adapter", "full", "assumed: no PEFT flag, so full fine-tuning")
-        draft.note("no PEFT flag in the command: read as full fine-tuning. If the script wraps the model in a PEFT "
-                   "adapter itself, tell check so by passing the PEFT flags (e.g. --use_peft --lora_r 16, TRL's "
-                   "ModelConfig flags, which read the script as TRL)")
+    elif not own_adapter(draft, run):
+        no_peft_flag(draft)
     if "lora_target_parameters" in opts and draft.get("adapter") != "full":
         kind = parameter_targets(opts["lora_target_parameters"].value, opts["lora_target_parameters"].source)
         if kind:  # TRL ModelConfig.lora_target_parameters -> LoraConfig(target_parameters=...)
@@ -244,7 +248,15 @@ def _quant_storage(draft: Draft, run: Run, bf16: bool, fp16: bool) -> None:
     same = storage is not None and storage in (dtype, "bfloat16" if bf16 else "float16" if fp16 else "float32")
     draft.set("quant_storage_matches", same, (opts["bnb_4bit_quant_storage"].source if "bnb_4bit_quant_storage"
                                               in opts else f"{storage} (the script's storage flag)") if storage else
-              "default (bnb_4bit_quant_storage unset: packed uint8, trl/trainer/utils.py)")
+              "default (bnb_4bit_quant_storage unset: packed uint8, trl/trainer/utils.py)" if run.trl else
+              "default (BitsAndBytesConfig bnb_4bit_quant_storage unset: packed uint8)")
+    if storage is None and "load_in_4bit" not in opts and run.intent.quantization:
+        # The 4-bit load is the script's own (`--bits 4`): its BitsAndBytesConfig, not TRL's, decides the storage;
+        # transformers' default is uint8 (BitsAndBytesConfig bnb_4bit_quant_storage=None, quantization_config.py).
+        draft.maybe("quant_storage_matches", {False: "the script's BitsAndBytesConfig leaves bnb_4bit_quant_storage "
+                                                     "unset (packed uint8)",
+                                              True: "the script sets bnb_4bit_quant_storage to the model's dtype"},
+                    f"{run.intent.sources['quantization']}: the script builds its own BitsAndBytesConfig")
 
 
 def _cache_and_ddp(run: Run, gc: bool) -> tuple[Field, ...]:
@@ -316,7 +328,8 @@ def _save_gather(draft: Draft, run: Run) -> None:
 
 # Where scripts name the model: TrainingArguments-style scripts and TRL (--model_name_or_path), Qwen2-VL-Finetune
 # (--model_id), others (--model, --model_path, --base_model).
-_MODEL_KEYS = ("model_name_or_path", "model_id", "model", "model_path", "base_model", "pretrained_model_name_or_path")
+_MODEL_KEYS = ("model_name_or_path", "model_id", "model", "model_path", "base_model", "pretrained_model_name_or_path",
+               "model_name", "model_id_or_path")
 _LENGTH_KEYS = ("model_max_length", "max_seq_length", "max_length", "max_seq_len", "cutoff_len")
 
 
@@ -469,12 +482,15 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
 def _recognise(view) -> bool:
     if view.cli == "trl" or view.runs("trl"):
         return True
-    if not view.program.endswith(".py"):
+    # `accelerate launch -m src.train_sft`, `python -m pkg.train`: a module of the user's own.
+    module = view.cli is None and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", view.program) is not None
+    if not view.program.endswith(".py") and not module:
         return False
-    # HF TrainingArguments flags, or a script launched by accelerate (the HF launcher) with none of another
-    # framework's markers.
+    # HF TrainingArguments flags, a script launched by accelerate (the HF launcher) with none of another framework's
+    # markers, or a script's own adapter / quantization switches (`python main.py --enable_lora`).
     return (bool((view.flags | view.yaml_keys) & (keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES))
-            or view.launcher == "accelerate" or script_setup.script_of(view.program) is not None)
+            or view.launcher == "accelerate" or script_setup.script_of(view.program) is not None
+            or names_training_flag(view.flags))
 
 
 FRAMEWORK = Framework(name=NAME, title="HF Trainer / TRL", module="hf", recognise=_recognise, flags=FLAGS,

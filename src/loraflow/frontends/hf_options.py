@@ -14,6 +14,7 @@ from loraflow.frontends import keys
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import Command, parse_flags, resolve_path
 from loraflow.frontends.common import Draft, as_bool, load_mapping
+from loraflow.frontends.deepspeed import DeepSpeedConfig
 from loraflow.frontends.targets import check_targets
 from loraflow.frontends.intent import Intent
 
@@ -26,6 +27,10 @@ HANDLED = {"gradient_checkpointing", "activation_checkpointing", "gradient_check
            "lora_target_modules", "lora_modules_to_save", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_storage",
            "packing", "padding_free", "use_vllm", "ds3_gather_for_generation", "config", "accelerate_config", "dtype",
            "torch_dtype"}
+
+
+_OVERRIDE = re.compile(r"^\+{0,2}((?:[A-Za-z_]\w*\.)*)([A-Za-z_]\w*)=(.*)$")
+"""`section.key=value` after the script (Hydra's and OmegaConf's command-line overrides): read by the last key."""
 
 
 @dataclass
@@ -106,9 +111,13 @@ def options_from_file(path: Path, into: dict[str, Opt], what: str) -> None:
 
 
 def options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[str, Opt], bool]:
-    args, positionals, _ = parse_flags(cmd.args, lists=LISTS)
+    args, positionals, rest = parse_flags(cmd.args, lists=LISTS)
     opts: dict[str, Opt] = {}
-    for pos in positionals:  # HfArgumentParser reads a lone .yaml/.json positional as the whole config
+    for pos in [p for p in positionals + rest if p]:  # HfArgumentParser reads a lone .yaml/.json positional as config
+        override = _OVERRIDE.match(pos)
+        if override:  # a Hydra / OmegaConf override of the script's own config: `model.lora=true`, `sft.bf16=true`
+            opts.setdefault(override.group(2), Opt(override.group(3), pos))
+            continue
         path = resolve_path(pos, *bases)
         if pos.endswith((".yaml", ".yml", ".json")) and path is not None:
             options_from_file(path, opts, "training config")
@@ -164,11 +173,37 @@ def trl_or_not(draft: Draft, cmd: Command, opts: dict[str, Opt]) -> bool:
     if set(k for k, o in opts.items() if not o.derived) & (trl_rel.MARKERS - trl_rel.COMMON_LORA_FLAGS):
         return True
     common = sorted(k for k in opts if k in trl_rel.COMMON_LORA_FLAGS)
+    foreign = _foreign(opts)
+    if foreign:  # TrlParser -> HfArgumentParser.parse_args_into_dataclasses raises on a flag no dataclass has
+        draft.note(f"{cmd.program} takes {', '.join(foreign[:3])}, which TRL's argument parser would reject "
+                   "(transformers hf_argparser.py: 'Some specified arguments are not used'): read as a script with "
+                   f"LoRA flags of its own ({', '.join('--' + k for k in common)}), not TRL's")
+        return False
     return draft.fork("trainer_library", {  # the script's own reading first, as the report shows it
         False: f"{cmd.program} trains with transformers' Trainer and LoRA flags of its own",
         True: f"{cmd.program} trains with TRL's trainer (its LoRA flags are TRL's)"},
         f"{cmd.program} is not here, and its flags ({', '.join('--' + k for k in common)}) are spelled so in TRL's "
         "scripts and in many others")
+
+
+# TRL's configs' fields beyond those keys.TRL lists for other uses (DPOConfig.max_prompt_length, PPOConfig's model
+# paths, ModelConfig's older use_flash_attention_2): a flag among them does not make a launch foreign to TRL.
+_ACCEPTED = HANDLED | keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | {
+    "model_name_or_path", "model_revision", "max_prompt_length", "max_completion_length", "max_target_length",
+    "reward_model_path", "sft_model_path", "tokenizer_name_or_path", "use_flash_attention_2", "num_ppo_epochs",
+    "kl_coef", "missing_eos_penalty", "generation_batch_size", "temperature", "loss_type", "ref_model_name_or_path"}
+
+
+def _foreign(opts: dict[str, Opt]) -> list[str]:
+    """Flags of the command that neither TrainingArguments nor TRL's dataclasses have, as written. argparse takes a
+    unique prefix of a flag (`--model_name` for --model_name_or_path, allow_abbrev), so such a prefix is not one."""
+    out = []
+    for name, opt in opts.items():
+        if opt.derived or name in _ACCEPTED or _OVERRIDE.match(opt.source):
+            continue
+        if len([k for k in _ACCEPTED if k.startswith(name)]) != 1:
+            out.append(opt.source)
+    return out
 
 
 _LORA_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_dora", "use_rslora")
@@ -198,6 +233,71 @@ def lora_flags_without_use_peft(draft: Draft, run: Run, program: str) -> None:
                             "full": f"{Path(program).name} is TRL's script: ModelConfig ignores {given[0]} without "
                                     "--use_peft and trains every weight (trl/trainer/model_config.py)"},
                 f"{given[0]} without --use_peft: TRL's ModelConfig has the flag, and so do scripts of their own")
+
+
+_OWN_DS_SWITCH = re.compile(r"^((use|enable)_deepspeed|deepspeed_enable)$")
+_OWN_ZERO = re.compile(r"^(zero_stage|ds_stage|deepspeed_stage|zero)$")
+
+
+def own_deepspeed(opts: dict[str, Opt]) -> tuple[DeepSpeedConfig, set[str]] | None:
+    """A script's own DeepSpeed switch (`--use_deepspeed true`, y-trainer's start_training): it calls
+    deepspeed.initialize itself, with the ZeRO stage of its own `--zero_stage N` flag, else an unknown stage. Returns
+    the config and the flags read."""
+    switch = next((o for n, o in opts.items() if _OWN_DS_SWITCH.match(n)), None)
+    if switch is None or not as_bool(switch.value if switch.value is not None else True, switch.source):
+        return None
+    stage = next((o for n, o in opts.items() if _OWN_ZERO.match(n) and str(o.value).strip() in "0123"), None)
+    if stage is not None:
+        return (DeepSpeedConfig({"zero_optimization": {"stage": int(str(stage.value).strip())}},
+                                f"{switch.source} {stage.source} (the script's own DeepSpeed)"),
+                {n for n, o in opts.items() if o is switch or o is stage})
+    return (DeepSpeedConfig({}, f"{switch.source} (the script's own DeepSpeed)", [f"{switch.source}: the script runs "
+                            "DeepSpeed itself with a config the command does not show"], ("stage",)),
+            {n for n, o in opts.items() if o is switch})
+
+
+def no_peft_flag(draft: Draft) -> None:
+    """No PEFT flag anywhere the command shows: full fine-tuning, unless the training config it names is not here
+    (`--config recipe.yaml`, a lone `lora_sft.yaml` HfArgumentParser reads), which may hold the adapter."""
+    unseen = next((u.split(":")[0] for u in draft.unknown if ": not here (" in u), "")
+    if unseen:
+        draft.set("adapter", "full", "assumed: no PEFT flag in the command")
+        draft.maybe("adapter", {"full": "the unseen config trains every weight",
+                                "lora": "the unseen config (or the script's code) adds a LoRA adapter"},
+                    f"{unseen}: no PEFT flag in the command, and the training config that could hold one is not here")
+        return
+    draft.set("adapter", "full", "assumed: no PEFT flag, so full fine-tuning")
+    draft.note("no PEFT flag in the command: read as full fine-tuning. If the script wraps the model in a PEFT "
+               "adapter itself, tell check so by passing the PEFT flags (e.g. --use_peft --lora_r 16, TRL's "
+               "ModelConfig flags, which read the script as TRL)")
+
+
+_NAMED_ADAPTER = re.compile(r"(?<![a-z])(q?lora|dora|peft)(?![a-z])")
+
+
+def own_adapter(draft: Draft, run: Run) -> bool:
+    """No PEFT flag of the HF Trainer's or TRL's, on a script that is not TRL's: what its own LoRA flags (`--lora_r 8`
+    once its other flags show it is not TRL's), its own k-bit load (`--quantization_bit 4`, `--bits 4`: a quantized
+    base has no float weights to train, so a script that loads one trains adapters on it) or its name
+    (`train_lora.py`, `qlora.py`, `finetune_peft.py`) say. False when none says anything."""
+    if run.trl:
+        return False
+    given = [run.opts[n].source for n in _LORA_FLAGS if n in run.opts]
+    kind = "dora" if run.on("use_dora") else "lora"
+    named = _NAMED_ADAPTER.search(Path(run.program).stem.lower()) if run.program else None
+    if given:
+        draft.set("adapter", kind, f"{given[0]} (read as the script's own LoRA flag)")
+    elif run.intent.quantization:
+        draft.set("adapter", kind, f"{run.intent.sources['quantization']}: the script loads its base quantized, "
+                  "which trains only through adapters (read as LoRA)")
+    elif named:
+        draft.set("adapter", "dora" if named.group(1) == "dora" else "lora",
+                  f"script name {run.program} (read as the script's own {named.group(1)} training)")
+    else:
+        return False
+    draft.note(f"adapter read as {draft.get('adapter')} from {draft.sources['adapter']}: {Path(run.program).name} "
+               "is not here; pass --use_peft false (or the script itself) if it trains every weight")
+    return True
 
 
 def fix_flags(draft: Draft, run: Run, cli: bool, gc_name: str, kw_name: str) -> None:

@@ -20,10 +20,16 @@ _TRUE_INT = re.compile(r"^\d+$")
 _ADAPTER_SWITCH = re.compile(r"^(use_(peft_)?lora|lora_enable|enable_lora|use_(llm_|vision_)?lora|vision_lora|"
                              r"llm_lora|use_peft|peft|q_?lora|use_q_?lora|lora)$")
 _ADAPTER_RANK = re.compile(r"^(lora_(r|rank|dim)|(llm|vision|actor)_lora_(r|rank|dim)|use_(llm|vision)_lora)$")
-_ADAPTER_TYPE = re.compile(r"^(finetun(e|ing)_type|train_type|tuner_type|sft_type|peft_type|adapter)$")
+# `--finetuning_type lora`, and the same choice as scripts of their own spell it: `--train_mode lora`,
+# `--finetune lora`, `--adapter_name lora` (LLM-Adapters' finetune.py), `--peft_method lora`, `--method qlora`.
+_ADAPTER_TYPE = re.compile(r"^(finetun(e|ing)(_(type|method|mode|strategy))?|(train(ing)?|tun(er|ing)|sft|peft|ft)_"
+                           r"(type|mode|method|strategy)|adapter(_(name|type|method))?|method)$")
 _QUANT4 = re.compile(r"^(use_4bit(_quantization)?|load_in_4bit|q_?lora|use_q_?lora|4bit)$")
 _QUANT8 = re.compile(r"^(use_8bit(_quantization)?|load_in_8bit|8bit)$")
 _QUANT_BITS = re.compile(r"^(bits|quantization_bit|quant_bits|load_bits|load_in_bits)$")
+# How the script's own 4-bit load is set up (qlora.py's `--double_quant --quant_type nf4`, PEFT's examples'
+# `--use_nested_quant`): details of a k-bit load no rule reads, so read rather than listed as not understood.
+_QUANT_DETAIL = re.compile(r"^((use_)?(double|nested)_quant|(bnb_4bit_)?(quant_type|use_double_quant))$")
 _STORAGE = re.compile(r"^bnb_4bit_quant_storage(_dtype)?$")
 _REENTRANT = re.compile(r"^(use_reentrant|gradient_checkpointing_use_reentrant|use_reentrant_gc|reentrant)$")
 _DORA = re.compile(r"^use_dora$")
@@ -46,7 +52,7 @@ _TOWER_LORA = re.compile(rf"^(use_)?({'|'.join(_VISION_WORDS)}|backbone)_lora(_(
 # words, its encoder's own name (SigLIP, CLIP's vision model) or Qwen2-VL's patch embedding.
 _TOWER_TARGETS = dict.fromkeys((*VISION_NAMES, *_VISION_WORDS, "siglip", "clip_vision", "patch_embed"))
 TOWER_MODULE = re.compile(rf"(?<![a-z])({'|'.join(map(re.escape, _TOWER_TARGETS))})(?![a-z])", re.I)
-_TARGETS = re.compile(r"^(lora_)?target(_modules)?$|^lora_target_modules$")
+_TARGETS = re.compile(r"^(lora_)?target(_modules?)?$|^lora_target_modules$|^lora_modules$")
 _FREEZE = re.compile(r"^(freeze|fix)_(vision(_tower)?|vit|llm|language_model|backbone|visual|mlp|merger|vision_model|"
                      r"aligner|projector|mm_projector|multi_modal_projector)$")
 # The vision side of an image-text model (encoder, projector/merger/aligner): a flag that names one exists only in
@@ -63,6 +69,13 @@ _EXCLUDE = re.compile(r"^lora_namespan_exclude$")
 # InternVL's --force_image_size / --max_dynamic_patch, MiniCPM-V's --max_slice_nums.
 _IMAGE_INPUT = re.compile(r"^(image_(min|max)_pixels|(min|max)_pixels|image_folder|image_dir|force_image_size|"
                           r"max_dynamic_patch|dynamic_image_size|use_thumbnail|max_slice_nums)$")
+
+
+def names_training_flag(names: set[str]) -> bool:
+    """Whether flag names alone show a fine-tuning script's own switches (`--enable_lora`, `--lora_rank`,
+    `--quantization_bit`, `--ds_config`): a script check has never seen, launched with nothing of the HF Trainer's."""
+    patterns = (_ADAPTER_SWITCH, _ADAPTER_RANK, _ADAPTER_TYPE, _QUANT4, _QUANT8, _QUANT_BITS, OWN_DS_CONFIG)
+    return any(p.match(n) for n in names for p in patterns)
 
 
 @dataclass
@@ -139,7 +152,8 @@ def infer(options: dict[str, tuple[Any, str]]) -> Intent:
                 out.used.add(name)
                 if on and out.adapter in (None, "full"):
                     out.adapter, out.sources["adapter"] = "lora", raw
-                elif on is False and out.adapter is None and _ADAPTER_SWITCH.match(name):
+                # `--q_lora False` (FastChat's, Qwen's finetune.py) turns the 4-bit load off, not the adapter.
+                elif on is False and out.adapter is None and _ADAPTER_SWITCH.match(name) and not _QUANT4.match(name):
                     out.adapter, out.sources["adapter"] = "full", raw
             if _QUANT4.match(name) and on:
                 out.quantization, out.sources["quantization"] = "4bit", raw
@@ -152,6 +166,8 @@ def infer(options: dict[str, tuple[Any, str]]) -> Intent:
                 out.sources["quantization"] = raw
         elif _QUANT_BITS.match(name) and str(value).strip() in ("4", "8"):
             out.quantization, out.sources["quantization"] = f"{str(value).strip()}bit", raw
+            out.used.add(name)
+        elif _QUANT_DETAIL.match(name):
             out.used.add(name)
         elif _STORAGE.match(name):
             out.storage = str(value[0] if isinstance(value, list) and value else value)

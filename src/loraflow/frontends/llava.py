@@ -28,6 +28,11 @@ from loraflow.frontends.hf_options import Opt, options_from_args
 NAME = "llava"
 CODE = "LLaVA llava/train/train.py"
 _PROGRAM = re.compile(r"(?:^|/)llava/train/train(?:_mem|_xformers)?\.py$")
+# Flags only LLaVA's train.py and the scripts derived from it take (MobileVLM's mobilevlm/train/train_mem.py, a
+# user's llava/train/train_mem_hf.py, Vision-Zephyr's): with --vision_tower they mark its lineage under any path.
+_LINEAGE = frozenset({"mm_projector_type", "mm_vision_select_layer", "mm_use_im_start_end", "mm_use_im_patch_token",
+                      "pretrain_mm_mlp_adapter", "tune_mm_mlp_adapter", "freeze_mm_mlp_adapter", "mm_patch_merge_type",
+                      "mm_vision_select_feature"})
 # Fields of train.py's ModelArguments, DataArguments and TrainingArguments subclass that are LLaVA's own.
 OWN = frozenset("""version freeze_backbone tune_mm_mlp_adapter vision_tower mm_vision_select_layer pretrain_mm_mlp_adapter
 mm_projector_type mm_use_im_start_end mm_use_im_patch_token mm_patch_merge_type mm_vision_select_feature data_path
@@ -57,8 +62,13 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     bits_text, bits_src = _given(own, "bits", "16")
     bits = int_value(bits_text, bits_src, "a number of bits", (4, 8, 16))
     lora = _on(own, "lora_enable")
+    # train.py: `if model_args.freeze_backbone: model.model.requires_grad_(False)`; `if tune_mm_mlp_adapter:
+    # model.requires_grad_(False)` and only the projector trains again.
+    frozen = [own[n].source for n in ("freeze_backbone", "tune_mm_mlp_adapter") if _on(own, n)]
     code = {"use_peft": Opt(lora, f"{own['lora_enable'].source} ({CODE}: LoraConfig on find_all_linear_names + "
-                                  "get_peft_model)" if lora else f"{CODE}: no --lora_enable, every weight trains")}
+                                  "get_peft_model)" if lora else f"{CODE}: no --lora_enable, every weight trains" if
+                            not frozen else f"{CODE}: no --lora_enable; {frozen[0]} freezes the language model, "
+                                            "the rest trains in full")}
     if bits in (4, 8):
         code[f"load_in_{bits}bit"] = Opt(True, f"{bits_src} ({CODE}: BitsAndBytesConfig, prepare_model_for_kbit_"
                                                "training)")
@@ -66,8 +76,13 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     if draft.get("checkpointing") != "off":
         draft.set("input_grad_hook", True, f"{CODE}: --gradient_checkpointing calls model.enable_input_require_grads()")
     _towers(draft, own)
+    if frozen:
+        draft.set("frozen_modules", True, f"{frozen[0]} ({CODE}: the language model's weights stay frozen)")
     _half_cast(draft, opts, lora, bits)
     draft.note(f"{cmd.program} is not here: read as {CODE} (commit c121f04), whose model setup is code, not flags")
+    if not _PROGRAM.search(cmd.program):
+        draft.note(f"{cmd.program} takes LLaVA's train.py flags (--vision_tower, --mm_*): read as a script derived "
+                   "from it, with its facts; what the copy changed is not seen")
     one_process_ddp(draft, cmd)
     finish_world(draft, cmd)
     draft.flag(**FLAGS)
@@ -115,7 +130,9 @@ def _recognise(view) -> bool:
     from loraflow.frontends import script_setup
 
     # The script read as code where it is here (the script reader knows what a copy changed).
-    return bool(_PROGRAM.search(view.program)) and script_setup.script_of(view.program) is None
+    ours = bool(_PROGRAM.search(view.program)) or (view.program.endswith(".py") and "vision_tower" in view.flags
+                                                     and bool(view.flags & _LINEAGE))
+    return ours and script_setup.script_of(view.program) is None
 
 
 FRAMEWORK = Framework(name=NAME, title="LLaVA train.py", module="llava", recognise=_recognise, flags=FLAGS,

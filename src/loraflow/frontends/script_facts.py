@@ -227,6 +227,11 @@ def _args(facts: Facts, call: Call, code: Code) -> None:
 def _trainer(facts: Facts, call: Call, code: Code) -> None:
     base = _trainer_class(call.name, code) or call.name
     key = trainer_from_name(snake(base)) if base not in PLAIN_TRAINERS else None
+    if key and code.imports.get(base, "trl") not in ("trl", "transformers"):
+        # `from sotopia_rl import SotopiaSFTTrainer`: a package's own trainer, named like TRL's but not TRL's
+        facts.unknown.append(f"{call.file}:{call.line}: {call.name}(...) from {code.imports[base]} (its own trainer, "
+                             "not TRL's: TRL's defaults not assumed)")
+        key = None
     facts.trainer, facts.trainer_key = call, key
     if key or facts.named_by is None:
         facts.named_by = call

@@ -22,6 +22,10 @@ _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)*)?$")
 _STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "tune", "ray",
            "litgpt", "srun", "mpirun", "mpiexec")
+# Commands that run the rest of their line (`nohup torchrun ...`, `apptainer exec --nv img.sif accelerate launch ...`,
+# `conda run -n env python ...`): their own options and operands come before the launcher, which is read from there.
+_WRAPPERS = ("nohup", "time", "exec", "env", "nice", "ionice", "stdbuf", "taskset", "numactl", "unbuffer", "apptainer",
+             "singularity", "conda", "mamba", "micromamba", "uv", "poetry", "pipenv")
 _ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|'[^']*'|[^\s"'#]*)\s*(?:#.*)?$""")
 _MULTILINE_ASSIGN = re.compile(r'(?m)^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=)"([^"]*\n[^"]*)"')
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d|@|\*)")
@@ -51,6 +55,60 @@ def _arithmetic(line: str, variables: dict[str, str]) -> str:
         out.append(line[i:start] + value)
         i = j
     return "".join(out) + line[i:]
+
+
+def _launcher_at(words: list[str]) -> int | None:
+    """Where the launcher starts in a line's words: after `VAR=value` prefixes, and past a wrapper command with its
+    options and operands (an image, an environment's name); None when the line runs something else."""
+    wrapped = False
+    for i, word in enumerate(words):
+        if Path(word).name in _STARTS or _PYTHON.match(word):
+            return i
+        if Path(word).name in _WRAPPERS:
+            wrapped = True
+        elif not wrapped and not _ENV.match(word):
+            return None
+    return None
+
+
+def _launch_in(line: str) -> list[str]:
+    """The launch command on one expanded line, if any: the line split into the commands it chains (`cd repo &&
+    torchrun ...`, `source activate env; python ...`), assignments alone before `&&` carried to the next command,
+    redirections and a trailing `&` dropped."""
+    env: list[str] = []
+    for segment in _chained(_strip_comment(line)):
+        body = re.split(r"\s(?:&>|2>&1|>>|>|\||&)(?:\s|$)", " " + segment + " ")[0]
+        words = body.split()
+        if words and all(_ENV.match(w) for w in words):
+            env += words
+            continue
+        if _launcher_at(words) is None:
+            env = []
+            continue
+        tokens = shlex.split(body)
+        at = _launcher_at(tokens)
+        if at is not None:  # the `VAR=value` words before a wrapper still reach the launcher
+            wrapper = next((i for i, t in enumerate(tokens[:at]) if Path(t).name in _WRAPPERS), at)
+            return env + tokens[:wrapper] + tokens[at:]
+    return []
+
+
+def _chained(line: str) -> list[str]:
+    """The commands a line chains with `&&`, `||` or `;`, split outside quotes."""
+    parts, quote, start, i = [], "", 0, 0
+    while i < len(line):
+        ch = line[i]
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif line.startswith(("&&", "||"), i) or ch == ";":
+            parts.append(line[start:i])
+            i += 1 if ch == ";" else 2
+            start = i
+            continue
+        i += 1
+    return parts + [line[start:]]
 
 
 def _strip_comment(line: str) -> str:
@@ -106,6 +164,9 @@ def command_from_script(path: str) -> list[str]:
         variables[m.group("var") or m.group("var2")] = " ".join(re.sub(r"\\\s*$", "", line).strip()
                                              for line in m.group("body").splitlines())
     text = _HEREDOC.sub("", text)
+    # A comment line's trailing `\\` is part of the comment (bash ends a comment at the newline): `#--x \\` above the
+    # launch line does not swallow it.
+    text = re.sub(r"(?m)^(\s*#.*?)\\\s*$", r"\1", text)
     joined = re.sub(r"\\\s*\n", " ", text)
     # A quoted value over several lines (`DISTRIBUTED_ARGS="` newline `--nproc_per_node 8` newline `"`) is one value.
     joined = _MULTILINE_ASSIGN.sub(lambda m: f'{m.group(1)}"{" ".join(m.group(2).split())}"', joined)
@@ -130,13 +191,9 @@ def command_from_script(path: str) -> list[str]:
             continue
         # A notebook cell saved as text: `!swift sft ...` runs the rest of the line in a shell (IPython).
         stripped = stripped[1:] if stripped.startswith("!") else stripped
-        words = expand(stripped).split()  # `$LAUNCHER train.py` with LAUNCHER=torchrun set above
-        first = next((w for w in words if not _ENV.match(w)), "")
-        if Path(first).name in _STARTS or _PYTHON.match(first):
-            body = re.split(r"\s(?:&>|2>&1|>>|>|\||&&|;|&)(?:\s|$)", " " + expand(stripped) + " ")[0]
-            tokens = shlex.split(_strip_comment(body))
-            if tokens:
-                return tokens
+        tokens = _launch_in(expand(stripped))  # `$LAUNCHER train.py` with LAUNCHER=torchrun set above
+        if tokens:
+            return tokens
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
                         "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
 
