@@ -46,3 +46,10 @@ def test_a_script_s_own_target_and_bits_flags_are_read(tmp_path, monkeypatch):
     assert not any(u.startswith(("--load_in_bits", "--target_modules")) for u in doc["unknown"])
     # query_key_value is Falcon's / BLOOM's attention, not a Llama layer: nothing would be adapted.
     assert any(f["rule"] == "no-adapter-matched" for f in doc["findings"])
+
+
+def test_a_llama_factory_config_that_is_not_here_leaves_the_verdict_open(tmp_path, monkeypatch):
+    """Read from its name (`llama3_lora_sft_ds3.yaml`: LoRA, ZeRO-3), its other keys unseen: at most exit 1."""
+    doc = _doc("llamafactory-cli train examples/train_lora/llama3_lora_sft_ds3.yaml", tmp_path, monkeypatch)
+    assert doc["setup"]["adapter"] == "lora" and doc["exit_code"] >= 1
+    assert any(u.startswith("examples/train_lora/llama3_lora_sft_ds3.yaml: not here") for u in doc["unknown"])

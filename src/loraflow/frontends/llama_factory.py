@@ -130,6 +130,7 @@ def _from_name(name: str, draft: Draft) -> dict[str, tuple[Any, str]]:
         opts["deepspeed"] = (f"ds_z{m.group(1)}_config.json" if m.group(1) else "ds_config.json", said)
     read = ", ".join(f"{k}: {v[0]}" for k, v in opts.items()) or "nothing"
     draft.note(f"{name}: no such file here, so read from its name ({read}); LLaMA-Factory's defaults for the rest")
+    draft.unknown.append(f"{name}: not here, so only its name and the command's flags were read")  # exit >= 1
     return opts
 
 
@@ -440,6 +441,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         named = {k: v for k, v in opts.items() if v[1].endswith("(inferred from its name)")}
         missing = [p for p in cmd.args if p.endswith((".yaml", ".yml", ".json")) and resolve_path(p) is None]
         draft.notes = [n for n in draft.notes if not any(n.startswith(f"{p}: no such file here") for p in missing)]
+        draft.unknown = [u for u in draft.unknown if not any(u.startswith(f"{p}: not here") for p in missing)]
         draft.unknown += [f"{p} (not on this machine: the export's keys in it are not read)" for p in missing]
         _eras(draft, opts, cmd)
         exports.read(draft, {k: v for k, v in opts.items() if k not in named}, cmd.describe(), VLM_TEMPLATE,
