@@ -15,6 +15,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from loraflow.frontends.base import FrontendResult
+from loraflow.frontends.common import FORK
 from loraflow.frontends.scenarios import (
     FLOOR,
     Variable,
@@ -150,8 +151,6 @@ class _Builds:
     here decides, from which the rest is read), each made once."""
 
     def __init__(self, build: Build, given: dict[str, Version]):
-        from loraflow.frontends.common import FORK
-
         self.build, self.given, self.fork_key = build, given, FORK
         self.first = build(dict(given))
         self.fork_vars = [Variable(n, "choice", values=list(labels), labels=labels, why=why)
