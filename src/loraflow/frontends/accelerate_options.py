@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from loraflow.errors import LoraflowError
 from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, resolve_path
 from loraflow.frontends.common import (
