@@ -88,6 +88,7 @@ def test_a_missing_accelerate_config_makes_the_engine_the_question(tmp_path, mon
     assert save["holds_if"] == "config.yaml selects DeepSpeed ZeRO-3"
     assert "engine is now" not in text and "(engine: depends on what is not visible here)" in text
     assert "  engine                  ?             --config_file config.yaml: the file is not here" in text
+    assert "engine" in doc["setup_depends_on_unseen"]
 
 
 def test_each_engine_an_unseen_config_may_select_is_read_as_the_framework_reads_it(tmp_path, monkeypatch):

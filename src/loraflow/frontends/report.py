@@ -89,6 +89,8 @@ def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
                "sources": result.sources, "flags": result.flags, "unknown": result.unknown, "notes": result.notes,
                "inferred_eras": {k: {"range": spec, "why": why} for k, (spec, why) in result.eras.items()},
                "unknowns": unknowns, "scenarios": verdict.scenarios, "findings": items, "exit_code": code,
+               # Fields a file that is not here decides (Draft.fork): `setup` shows the first value evaluated.
+               "setup_depends_on_unseen": sorted(verdict.forked),
                "depends_on": _questions([i for i in items if i["holds_if"] is not None], unknowns)}
         return json.dumps(doc, indent=2), code
     return _text(result, items, unknowns, code, verdict.forked), code
