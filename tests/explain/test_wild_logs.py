@@ -30,3 +30,14 @@ def test_a_quantized_model_refused_a_move_while_loading_is_neither_a_merge_nor_a
     assert _ids(text) == []
     # The bare refusal, with nothing to say where it was raised, keeps its known causes.
     assert set(_ids(text.splitlines()[-1])) >= {"kbit-merge", "kbit-model-moved"}
+
+
+def test_ranks_records_pasted_without_their_line_breaks_are_read_one_a_line():
+    from loraflow.explain.logread import view
+
+    # StableAvatar: ZeRO-3 LoRA, rank 1's whole traceback on one line after rank 0's cut metadata record.
+    log = view((WILD / "26-stableavatar36-zero3-ranks-glued-one-line-zh.log").read_text())
+    assert len(log.frames) == 7 and log.shape == "truncated"
+    assert any(line.startswith("[rank0]: saved met") for line in log.lines)
+    # One rank prefix on a line, or a `[rank` inside a message, is left as it is.
+    assert len(view("[rank0]: RuntimeError: bad [rank] index").lines) == 1
