@@ -41,3 +41,16 @@ def test_ranks_records_pasted_without_their_line_breaks_are_read_one_a_line():
     assert any(line.startswith("[rank0]: saved met") for line in log.lines)
     # One rank prefix on a line, or a `[rank` inside a message, is left as it is.
     assert len(view("[rank0]: RuntimeError: bad [rank] index").lines) == 1
+
+
+def test_a_size_zero_operand_in_a_backward_pass_is_not_a_merge():
+    # Lightning deepspeed_stage_3_offload (pytorch-lightning#17605): raised under the autograd engine, so no merge.
+    text = ("Variable._execution_engine.run_backward(tensors, grad_tensors_, retain_graph, create_graph, inputs, "
+            "allow_unreachable=True, accumulate_grad=True)\n\nRuntimeError: The size of tensor a (0) must match the "
+            "size of tensor b (320) at\nnon-singleton dimension 1")
+    assert not {"zero3-lora-merge", "dora-sharded-weight"} & set(_ids(text))
+    # The same message with a merge on the traceback is still the merge.
+    merged = ('  File "peft/tuners/lora/model.py", line 440, in _unload_and_optionally_merge\n'
+              '    target.merge(safe_merge=safe_merge)\nRuntimeError: The size of tensor a (0) must match the size of '
+              'tensor b (4096) at non-singleton dimension 1')
+    assert _ids(merged)[:1] == ["zero3-lora-merge"]

@@ -219,6 +219,9 @@ FACTS: dict[str, tuple[str, str]] = {
     "generate_frames": (r"generation[/\\]utils\.py\", line \d+, in (generate|_sample|_greedy_search|sample)\b|"
                         r"in (generate|_generate|generate_completions|_generate_and_score_completions)\b",
                         "the traceback runs through generate()"),
+    # torch's autograd engine on the traceback (its C++ entry from Python): the error was raised in a backward pass.
+    "autograd_backward": (r"_execution_engine\.run_backward|in _engine_run_backward\b",
+                          "the error is raised in the autograd backward pass"),
     "recompute_frames": (r"in (recompute_fn|unpack_hook|_checkpoint_hook)\b|CheckpointFunction\.backward",
                          "the traceback runs through checkpoint's recompute"),
     "allgather_timeout": (r"_ALLGATHER|all_gather", "an all-gather is involved"),
