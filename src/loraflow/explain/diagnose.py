@@ -127,7 +127,10 @@ def _frame_hits(rule: Rule, log: LogView) -> tuple[list[tuple[Message, int, str]
         if found:
             f = found[-1]
             hits.append((m, f.line_no, f"in {f.function} ({f.path})"))
-            tail = tail or (log.truncated and f.line_no > last_error)
+            # A frame that raises the failure itself is where a log cut at that raise ends; one followed by deeper
+            # calls was passed on the way to another raise.
+            passed = m.stops and f is not log.frames[-1]
+            tail = tail or (log.truncated and f.line_no > last_error and not passed)
     return hits, tail
 
 

@@ -146,12 +146,29 @@ _CHECKPOINT_LINES = {1075: "2.1.0", 1116: "2.2.0", 1126: "2.3.0", 1120: "2.4.0",
                      1150: "2.8.0", 1158: "2.9.0", 1171: "2.12.0", 1187: "2.13.0", 1373: "2.14.0"}
 
 
+# A rank's record prefix (`[rank1]: `) inside a line: several ranks' records written or pasted without their line
+# breaks (`[rank0]: saved met[rank1]: Traceback ...[rank1]:   File ...`).
+_GLUED_RANK = re.compile(r"(?<=\S)(?=\[rank\d+\]:)")
+
+
+def _unglue(lines: list[str]) -> list[str]:
+    """Lines holding several ranks' records split back into one record a line, so that every frame on them is read
+    (a line yields one frame). Only lines with two or more rank prefixes, the first at the line's start."""
+    out: list[str] = []
+    for line in lines:
+        if line.lstrip().startswith("[rank") and len(_GLUED_RANK.findall(line)) >= 1 and line.count("[rank") >= 2:
+            out.extend(_GLUED_RANK.split(line))
+        else:
+            out.append(line)
+    return out
+
+
 def view(text: str) -> LogView:
     """The last MAX_LINES lines of the log, each cut to MAX_LINE_CHARS: failures end a log, and the cap keeps a 100 MB
     training log or a megabyte-long line from making the regular expressions crawl."""
     if text.count("\n") < 3 and text.count("\\n") >= 3:  # a log kept in a JSON string: its newlines are `\n`
         text = text.replace("\\r\\n", "\n").replace("\\n", "\n").replace("\\t", "    ").replace('\\"', '"')
-    lines = [_ANSI.sub("", line)[:MAX_LINE_CHARS] for line in text.splitlines()[-MAX_LINES:]]
+    lines = [_ANSI.sub("", line)[:MAX_LINE_CHARS] for line in _unglue(text.splitlines())[-MAX_LINES:]]
     if _ENTITY.search(text):  # copied from a page's source: `&#39;` and `&gt;` stand for the characters printed
         lines = [html.unescape(line) for line in lines]
     log = LogView(lines=lines, text="\n".join(lines))

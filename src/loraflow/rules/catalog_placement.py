@@ -170,7 +170,11 @@ register(Rule(
                   Message(r"Expects tensor to be on the compute device", "own",
                           "torch/distributed/fsdp/_flat_param.py: FlatParamHandle._check_on_compute_device"),
                   Message(r"Expected all tensors to be on the same device, but found at least two devices, "
-                          r"(cuda:\d+ and cpu|cpu and cuda:\d+)", "generic", "any op given CPU and GPU tensors")),
+                          r"(cuda:\d+ and cpu|cpu and cuda:\d+)", "generic", "any op given CPU and GPU tensors"),
+                  Message(r"Expected all tensors to be on the same device, but got \w+ is on (cpu, different from "
+                          r"other tensors on cuda:\d+|cuda:\d+, different from other tensors on cpu)", "generic",
+                          "any op given CPU and GPU tensors (the wording that names the argument)",
+                          "torch>=2.6 (seen in 2.7 and 2.9 tracebacks)")),
         evidence=(Evidence("fsdp", 3, "FSDP frees a unit's unsharded storage after its forward", decisive=True),
                   Evidence("offload", 2, "weights are offloaded to the CPU"),
                   Evidence("zero3", 1, "ZeRO-3 is in use"),

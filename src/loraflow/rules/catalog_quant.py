@@ -208,6 +208,8 @@ register(Rule(
         # rounding of bitsandbytes' codes is at stake there.
         evidence=(Evidence("ptq", -6, "a post-training-quantized checkpoint (GPTQ, AWQ), not a bitsandbytes base, "
                            "is named", excludes=True),
+                  Evidence("load_dispatch", -6, "the refusal is raised while the model loads (accelerate's "
+                           "dispatch_model in from_pretrained), before any adapter exists", excludes=True),
                   Evidence("merge", 4, "the adapter is merged (merge_and_unload, merge_adapter)", decisive=True),
                   Evidence("merge_frames", 3, "the traceback runs through a LoRA merge"),
                   Evidence("quant4bit", 4, "a quantized base is in use: the merge goes into its 4-bit codes")),
@@ -248,7 +250,9 @@ register(Rule(
                           "accelerate>=0.17 (`in 8-bit precision` before 1.0)")),
         frames=(Message(r"deepspeed[/\\.]runtime[/\\.]engine\.py:_configure_distributed_model$", "shared"),
                 Message(r"accelerate[/\\.]accelerator\.py:prepare_model$", "generic")),
-        evidence=(Evidence("deepspeed", 2, "a DeepSpeed engine moves the model it wraps to its device"),
+        evidence=(Evidence("load_dispatch", -6, "the refusal is raised while the model loads (accelerate's "
+                           "dispatch_model in from_pretrained), not by a move after it", excludes=True),
+                  Evidence("deepspeed", 2, "a DeepSpeed engine moves the model it wraps to its device"),
                   Evidence("quant4bit", 2, "a quantized model is in use"),
                   Evidence("accelerate:kbit-other-device-raise", 8, "the traceback stops on the raise of "
                            "accelerate's prepare_model that refuses a quantized model loaded on another device",

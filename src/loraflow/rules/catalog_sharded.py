@@ -273,6 +273,8 @@ register(Rule(
         frames=(Message(r"lora[/\\]dora\.py:|:get_weight_norm|:_get_weight_norm|DoraLinearLayer", "own"),),
         evidence=(Evidence("dora_code", 5, "DoRA's code is in the traceback", decisive=True),
                   Evidence("dora", 2, "DoRA is in use"),
+                  Evidence("autograd_backward", -2, "the error is raised in a backward pass (DoRA reads its base "
+                           "weight's norm in the forward, or its recompute)"),
                   Evidence("fsdp", 1, "FSDP is in use"),
                   Evidence("zero3", 1, "ZeRO-3 is in use"))),
 ))
@@ -364,7 +366,9 @@ register(Rule(
         frames=(Message(r":(merge_and_unload|_unload_and_optionally_merge|merge_adapter|_fuse_lora|fuse_lora_weight|"
                         r"fuse_lora|merge_lora)$", "own"),
                 Message(r"lora(/layer)?\.py:(merge|get_delta_weight)$", "own")),
-        evidence=(Evidence("merge_frames", 5, "the traceback runs through a LoRA merge", decisive=True),
+        evidence=(Evidence("autograd_backward", -6, "the error is raised in a backward pass, where no merge runs",
+                           excludes=True),
+                  Evidence("merge_frames", 5, "the traceback runs through a LoRA merge", decisive=True),
                   Evidence("merge", 2, "adapter weights are merged"),
                   Evidence("shape_zero", 2, "a tensor of size 0 (a ZeRO-3 placeholder)"),
                   Evidence("zero3", 2, "ZeRO-3 is in use"),

@@ -158,7 +158,7 @@ register(Rule(
         messages=(Message(r"Unrecognized configuration class .{0,300}for this kind of AutoModel: AutoModelForCausalLM",
                           "shared", "transformers models/auto/auto_factory.py: _BaseAutoModelClass.from_pretrained"),),
         # A log cut at the raise in from_pretrained, under a causal-LM load.
-        frames=(Message(r"auto_factory\.py:from_pretrained$", "shared"),),
+        frames=(Message(r"auto_factory\.py:from_pretrained$", "shared", stops=True),),
         evidence=(Evidence("vlm_config", 8, "the config class is an image-text model's", decisive=True),
                   Evidence("vision", 2, "a vision tower is in the model"),
                   Evidence("causal_lm_load", 1, "the model is loaded through AutoModelForCausalLM")),

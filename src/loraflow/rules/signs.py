@@ -29,6 +29,10 @@ class Message:
     """The raise site: `torch/utils/checkpoint.py: check_recomputed_tensors_match`."""
     releases: str = ""
     """The releases that print this wording (`torch<2.1`); empty: every release known to raise it."""
+    stops: bool = False
+    """(A frame) the failure is raised in this function itself, so a log cut at its raise ends on this frame: a
+    traceback that goes on into further calls passed it (`auto_factory.py:from_pretrained` that calls on into the
+    model class's own from_pretrained found the class; its refusal is not what stopped the log)."""
 
 
 @dataclass(frozen=True)
@@ -207,9 +211,17 @@ FACTS: dict[str, tuple[str, str]] = {
     "merge_frames": (r"in (merge_and_unload|_unload_and_optionally_merge|merge_adapter|_fuse_lora|fuse_lora_weight|"
                      r"fuse_lora|merge_lora|get_delta_weight)\b|lora(/layer)?\.py\", line \d+, in merge\b",
                      "the traceback runs through a LoRA merge"),
+    # accelerate's dispatch_model, called by from_pretrained itself to place a model loaded with a device_map: a
+    # refusal to move a quantized model raised there comes from loading (a transformers/accelerate release pair that
+    # do not agree on quantized models), not from a move or a merge after it.
+    "load_dispatch": (r"big_modeling\.py\"?, line \d+, in dispatch_model\b|big_modeling\.py:\d+ in dispatch_model\b",
+                      "the traceback runs through accelerate's dispatch_model while the model loads"),
     "generate_frames": (r"generation[/\\]utils\.py\", line \d+, in (generate|_sample|_greedy_search|sample)\b|"
                         r"in (generate|_generate|generate_completions|_generate_and_score_completions)\b",
                         "the traceback runs through generate()"),
+    # torch's autograd engine on the traceback (its C++ entry from Python): the error was raised in a backward pass.
+    "autograd_backward": (r"_execution_engine\.run_backward|in _engine_run_backward\b",
+                          "the error is raised in the autograd backward pass"),
     "recompute_frames": (r"in (recompute_fn|unpack_hook|_checkpoint_hook)\b|CheckpointFunction\.backward",
                          "the traceback runs through checkpoint's recompute"),
     "allgather_timeout": (r"_ALLGATHER|all_gather", "an all-gather is involved"),
