@@ -413,6 +413,9 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
                             "CONFIG, axolotl merge-lora CONFIG, python -m axolotl.cli.train CONFIG).")
     args = [a for a in args if a.name != "merge_lora"]
     configs = [p for p in positionals if p.endswith((".yml", ".yaml"))]
+    if not configs and len(positionals) == 1 and "$" in positionals[0]:
+        # `-m axolotl.cli.train $1` (a wrapper script's argument): the config is not visible, read as one not here
+        configs = positionals
     if len(configs) != 1:
         raise LoraflowError(f"`{cmd.describe()}` needs exactly one config YAML, got {len(configs)}.")
     path = resolve_path(configs[0])

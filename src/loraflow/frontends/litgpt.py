@@ -82,7 +82,8 @@ def _options(cmd: Command, draft: Draft) -> tuple[dict[str, tuple[str, str]], li
         if a.name == "config" and a.one():
             path = resolve_path(a.one() or "")
             if path is None:
-                draft.note(f"{a.raw}: the file is not here; only the flags on the line are read")
+                # Its keys are unseen (a user's `--config $CFG`): listed as not read, so never clean (exit 1).
+                draft.unknown.append(f"{a.raw}: the file is not here; only the flags on the line are read")
                 continue
             for key, value in load_mapping(path, "LitGPT config").items():
                 if not isinstance(value, dict):

@@ -21,6 +21,7 @@ from loraflow.frontends.ms_swift_vision import image_text
 from loraflow.frontends.argv import (
     Command,
     parse_flags,
+    resolve_path,
     split_command,
     visible_devices,
 )
@@ -356,7 +357,11 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     opts: dict[str, tuple[Any, str]] = {}
     for a in args:
         if a.name == "config":  # --config file.yaml holds the same keys
-            for key, value in load_mapping(str(_first(a.value)), "--config").items():
+            found = resolve_path(str(_first(a.value)))
+            if found is None:  # a file elsewhere or `$1`: its keys are unseen (exit 1), not a refusal
+                draft.unknown.append(f"--config {_first(a.value)}: not here, so only the command's flags were read")
+                continue
+            for key, value in load_mapping(str(found), "--config").items():
                 if value is not None:
                     opts.setdefault(key, (value, f"{_first(a.value)}: {key}"))
             continue
