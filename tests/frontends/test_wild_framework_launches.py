@@ -53,3 +53,27 @@ def test_verl_own_config_name_not_here_is_unseen_but_verls_own_is_not():
     assert any("--config-name mycfg" in u for u in own.unknown)
     shipped = _check("python3 -m verl.trainer.main_ppo --config-path=config --config-name=ppo_megatron_trainer")
     assert not any("--config-name" in u for u in shipped.unknown)
+
+
+# Class: keys the framework has at the launch's release listed as not understood.
+
+# flashlin/Samples torch-qa/LLaMA-Factory: `python src/train_bash.py ... --resume_lora_training True`, a key of the
+# llmtuner era (src/llmtuner/hparams/finetuning_args.py), which also dates the launch before v0.8.0.
+def test_llama_factory_llmtuner_era_keys_are_understood_and_date_the_release():
+    result = _check("python src/train_bash.py --stage sft --do_train --model_name_or_path m --dataset d "
+                    "--finetuning_type lora --lora_target q_proj,v_proj --resume_lora_training True "
+                    "--num_layer_trainable 2 --dpo_beta 0.1 --output_dir o")
+    assert result.framework == "llama-factory" and not result.unknown
+    assert any("resume_lora_training exists in LLaMA-Factory <0.8.0" in n for n in result.notes)
+    # checkpoint_dir loads adapters: it stays unread
+    kept = _check("python src/train_bash.py --stage sft --model_name_or_path m --finetuning_type lora "
+                  "--checkpoint_dir ckpt --output_dir o")
+    assert any("checkpoint_dir" in u for u in kept.unknown)
+
+
+# A DPO launch copied from ms-swift 2.x's examples/pytorch/llm/scripts/dpo: `swift dpo ... --max_prompt_length 512`
+# (RLHFArguments in swift/llm/utils/argument.py of 2.x).
+def test_ms_swift_2x_rlhf_arguments_are_understood():
+    result = _check("swift dpo --model_type yi-6b-chat --ref_model_type yi-6b-chat --sft_type lora "
+                    "--max_prompt_length 512 --sft_beta 0.1 --dataset d")
+    assert result.setup.stage == "dpo" and not result.unknown

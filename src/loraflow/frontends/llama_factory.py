@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import adapter_dtype, deepspeed, keys, vision
+from loraflow.frontends import adapter_dtype, deepspeed, keys, llama_factory_keys, vision
 from loraflow.frontends import llama_factory_export as exports
 from loraflow.frontends.argv import (
     Command,
@@ -146,7 +146,7 @@ DEPENDS = (("llama-factory", ">=0.7.1,<0.8.3", {"deepspeed": "<=0.14.0"}),
 
 
 def _eras(draft: Draft, opts: dict, cmd: Command | None) -> None:
-    draft.eras_from("llama-factory", "LLaMA-Factory", _ERAS, opts)
+    draft.eras_from("llama-factory", "LLaMA-Factory", _ERAS + llama_factory_keys.ERAS, opts)
     if str(opts.get("stage", ("",))[0]) == "kto":
         draft.era("llama-factory", ">=0.8.0", "stage kto exists from LLaMA-Factory 0.8.0")
     if cmd is not None:
@@ -345,7 +345,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
     trainer_dtypes(draft, draft.get("precision") != "fp32", "LLaMA-Factory loads the model in the compute dtype")
     cli = cmd is not None and any(a.startswith("--") for a in cmd.args)
     for name, (value, source) in opts.items():
-        if name not in _HANDLED and name not in keys.LLAMA_FACTORY and name not in keys.HF_TRAINER:
+        if name not in _HANDLED | keys.LLAMA_FACTORY | keys.HF_TRAINER | llama_factory_keys.OLD:
             draft.unknown.append(source)
     draft.flag(**{k: ("--" + v if cli and "/" not in v and " " not in v else v) for k, v in FLAGS.items()})
 

@@ -285,8 +285,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
                    visible_devices(cmd) if cmd is not None else (None, None))
     image_text(draft, *_accessors(opts), opts)
     for name, (value, source) in opts.items():
-        if name not in _HANDLED and name not in keys.MS_SWIFT and name not in keys.HF_TRAINER and \
-                name not in keys.MS_SWIFT_V2:
+        if name not in _HANDLED | keys.MS_SWIFT | keys.HF_TRAINER | keys.MS_SWIFT_V2 | _V2_RLHF_KEYS:
             draft.unknown.append(source)
     trainer_dtypes(draft, draft.get("precision") != "fp32", "ms-swift loads the model in --torch_dtype")
     draft.flag(**FLAGS)
@@ -393,6 +392,10 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
 # --lora_target_modules (ALL: every linear layer), --dtype bf16|fp16|fp32|AUTO (AUTO: the model's own dtype).
 _V2_NAMES = {"quantization_bit": "quant_bits", "lora_target_modules": "target_modules", "dtype": "torch_dtype"}
 _V2_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# `swift dpo` / `swift rlhf` < 3.0: RLHFArguments' own fields that say nothing about the rules (the prompt's length
+# cap, the reference model's id, the SFT loss weight; swift/llm/utils/argument.py of 2.x). Seen in users' DPO launches
+# (`swift dpo --max_prompt_length 512`, copied from ms-swift's 2.x examples/pytorch/llm/scripts/dpo).
+_V2_RLHF_KEYS = frozenset({"max_prompt_length", "ref_model_id_or_path", "ref_model_free", "sft_beta"})
 
 
 def _v2_spellings(opts: dict[str, tuple[Any, str]]) -> None:

@@ -1,0 +1,19 @@
+"""LLaMA-Factory keys of its `llmtuner` era (src/llmtuner/hparams/, before the package was renamed `llamafactory` in
+v0.8.0) that later releases renamed or dropped, and that say nothing about the rules: freeze tuning's module names,
+the DPO/PPO options before their `pref_*` names, data options. Users' `src/train_bash.py` launches still set them
+(flashlin/Samples torch-qa/LLaMA-Factory: `--resume_lora_training True`). Keys that do matter stay unread:
+`checkpoint_dir` (loads adapters) and `sft_packing` (packing).
+
+Read from hiyouga/LLaMA-Factory at llmtuner-era commits: src/llmtuner/hparams/finetuning_args.py (031f4795:
+FreezeArguments name_module_trainable / num_layer_trainable, RLHFArguments dpo_beta / dpo_loss / dpo_ftx /
+ppo_logger; earlier versions LoraArguments resume_lora_training, default True: resume the loaded adapter as
+trainable) and src/llmtuner/hparams/data_args.py (01d478be: split, train_last_turn_only, reserved_label_len,
+cache_path)."""
+
+from __future__ import annotations
+
+OLD = frozenset({"name_module_trainable", "num_layer_trainable", "dpo_beta", "dpo_loss", "dpo_ftx", "ppo_logger",
+                 "resume_lora_training", "split", "train_last_turn_only", "reserved_label_len", "cache_path"})
+
+# Each dates the launch: the key exists only in the llmtuner era (src/llmtuner/ was renamed in v0.8.0).
+ERAS = tuple((key, "<0.8.0") for key in sorted(OLD))
