@@ -77,3 +77,23 @@ def test_ms_swift_2x_rlhf_arguments_are_understood():
     result = _check("swift dpo --model_type yi-6b-chat --ref_model_type yi-6b-chat --sft_type lora "
                     "--max_prompt_length 512 --sft_beta 0.1 --dataset d")
     assert result.setup.stage == "dpo" and not result.unknown
+
+
+# Class: a user's copy of a framework's training script under another name is read as another framework or refused.
+
+# UNITES-Lab/MoE-RBench: `torchrun --nproc_per_node 2 finetuning_llama.py --enable_fsdp --batch_size_training 64
+# --dist_checkpoint_root_folder ... --pure_bf16`: llama-recipes' finetuning.py under another name, read as an own
+# HF script with eight unknown flags before.
+def test_a_renamed_llama_recipes_finetuning_copy_is_read_as_llama_recipes():
+    result = _check("torchrun --nnodes 1 --nproc_per_node 2 finetuning_llama.py --batch_size_training 64 "
+                    "--enable_fsdp --dist_checkpoint_root_folder d --dist_checkpoint_folder f --model_name m "
+                    "--use_peft --peft_method lora --pure_bf16")
+    assert result.framework == "llama-recipes" and result.setup.engine == "fsdp1"
+    assert any("finetuning_llama.py" in u for u in result.unknown)
+
+
+def test_a_renamed_litgpt_script_copy_is_read_as_litgpt():
+    result = _check("python finetune/lora_13b.py --data_dir d --checkpoint_dir c --precision bf16-true "
+                    "--quantize bnb.nf4-dq")
+    assert result.framework == "litgpt" and result.setup.adapter == "lora" and result.setup.quantization == "4bit"
+    assert any("lora_13b.py" in u for u in result.unknown)
