@@ -69,6 +69,10 @@ def test_llama_factory_llmtuner_era_keys_are_understood_and_date_the_release():
     kept = _check("python src/train_bash.py --stage sft --model_name_or_path m --finetuning_type lora "
                   "--checkpoint_dir ckpt --output_dir o")
     assert any("checkpoint_dir" in u for u in kept.unknown)
+    # sft_packing: the llmtuner-era name of packing (src/llmtuner/hparams/data_args.py)
+    packed = _check("python src/train_bash.py --stage sft --model_name_or_path m --finetuning_type lora "
+                    "--sft_packing True --output_dir o")
+    assert packed.setup.packing is True and not packed.unknown
 
 
 # A DPO launch copied from ms-swift 2.x's examples/pytorch/llm/scripts/dpo: `swift dpo ... --max_prompt_length 512`

@@ -146,7 +146,7 @@ DEPENDS = (("llama-factory", ">=0.7.1,<0.8.3", {"deepspeed": "<=0.14.0"}),
 
 
 def _eras(draft: Draft, opts: dict, cmd: Command | None) -> None:
-    draft.eras_from("llama-factory", "LLaMA-Factory", _ERAS + llama_factory_keys.ERAS, opts)
+    llama_factory_keys.old_spellings(draft, opts, _ERAS)
     if str(opts.get("stage", ("",))[0]) == "kto":
         draft.era("llama-factory", ">=0.8.0", "stage kto exists from LLaMA-Factory 0.8.0")
     if cmd is not None:
