@@ -101,3 +101,15 @@ def test_a_renamed_litgpt_script_copy_is_read_as_litgpt():
                     "--quantize bnb.nf4-dq")
     assert result.framework == "litgpt" and result.setup.adapter == "lora" and result.setup.quantization == "4bit"
     assert any("lora_13b.py" in u for u in result.unknown)
+
+
+# Class: world size read as 1 where the launch plainly starts one process per GPU of the machine.
+
+# okeeper/LLaMA-Factory qwen/train.sh: `llamafactory-cli train --stage sft ...` with no CUDA_VISIBLE_DEVICES, which
+# runs torchrun over every GPU of the machine (src/llamafactory/cli.py: get_device_count() > 1).
+def test_llamafactory_cli_without_visible_devices_evaluates_one_and_several_processes():
+    line = "llamafactory-cli train --stage sft --model_name_or_path m --finetuning_type lora --output_dir o"
+    result = _check(line)
+    assert "world_size" in result.unsure
+    pinned = _check("env CUDA_VISIBLE_DEVICES=0,1 " + line)
+    assert pinned.setup.world_size == 2 and "world_size" not in pinned.unsure
