@@ -64,7 +64,7 @@ def test_llama_factory_llmtuner_era_keys_are_understood_and_date_the_release():
                     "--finetuning_type lora --lora_target q_proj,v_proj --resume_lora_training True "
                     "--num_layer_trainable 2 --dpo_beta 0.1 --output_dir o")
     assert result.framework == "llama-factory" and not result.unknown
-    assert any("resume_lora_training exists in LLaMA-Factory <0.8.0" in n for n in result.notes)
+    assert any("resume_lora_training exists in LLaMA-Factory <0.7.1" in n for n in result.notes)
     # checkpoint_dir loads adapters: it stays unread
     kept = _check("python src/train_bash.py --stage sft --model_name_or_path m --finetuning_type lora "
                   "--checkpoint_dir ckpt --output_dir o")

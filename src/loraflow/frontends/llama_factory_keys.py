@@ -20,8 +20,10 @@ OLD = frozenset({"name_module_trainable", "num_layer_trainable", "dpo_beta", "dp
 # which later releases call `packing`.
 RENAMED = {"sft_packing": "packing"}
 
-# Each dates the launch: the key exists only in the llmtuner era (src/llmtuner/ was renamed in v0.8.0).
-ERAS = tuple((key, "<0.8.0") for key in sorted(OLD | set(RENAMED)))
+# Each dates the launch: the key exists only in the llmtuner era (src/llmtuner/ was renamed in v0.8.0);
+# resume_lora_training is already gone at 031f4795 (GaLore, v0.6 of March 2024: create_new_adapter instead), so
+# before the first PyPI release 0.7.1 that the release table starts at.
+ERAS = tuple((key, "<0.7.1" if key == "resume_lora_training" else "<0.8.0") for key in sorted(OLD | set(RENAMED)))
 
 
 def old_spellings(draft, opts: dict, eras: tuple) -> None:
