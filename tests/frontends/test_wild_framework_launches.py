@@ -113,3 +113,15 @@ def test_llamafactory_cli_without_visible_devices_evaluates_one_and_several_proc
     assert "world_size" in result.unsure
     pinned = _check("env CUDA_VISIBLE_DEVICES=0,1 " + line)
     assert pinned.setup.world_size == 2 and "world_size" not in pinned.unsure
+
+
+# YerongLi/ChatGLM-Efficient-Tuning train.sh: `python src/train_sft.py --finetuning_type lora --quantization_bit 4`,
+# LLaMA-Efficient-Tuning's per-stage script before train_bash.py, read as an own HF script (checkpointing off) before.
+def test_llama_efficient_tuning_per_stage_script_is_read_as_llama_factory():
+    result = _check("python src/train_sft.py --do_train --dataset d --finetuning_type lora --output_dir o --fp16 "
+                    "--quantization_bit 4")
+    assert result.framework == "llama-factory" and result.setup.stage == "sft"
+    assert result.setup.checkpointing == "all" and result.setup.quantization == "4bit"
+    # the common name alone, without LLaMA-Factory's flags, is someone's own script
+    assert _check("python src/train_sft.py --model_name_or_path m --lora_r 8 --output_dir o").framework != \
+        "llama-factory"

@@ -146,7 +146,7 @@ DEPENDS = (("llama-factory", ">=0.7.1,<0.8.3", {"deepspeed": "<=0.14.0"}),
 
 
 def _eras(draft: Draft, opts: dict, cmd: Command | None) -> None:
-    llama_factory_keys.old_spellings(draft, opts, _ERAS)
+    llama_factory_keys.old_spellings(draft, opts, _ERAS, cmd.program if cmd is not None else "")
     if str(opts.get("stage", ("",))[0]) == "kto":
         draft.era("llama-factory", ">=0.8.0", "stage kto exists from LLaMA-Factory 0.8.0")
     if cmd is not None:
@@ -490,7 +490,8 @@ def _recognise(view) -> bool:
     in_src = len(script) >= 2 and script[-2] == "src" and script[-1] in ("train.py", "train_bash.py")
     # src/train.py CONFIG.yaml (the file may not be here to peek into), or the flags of src/train_bash.py.
     return in_src and (any(p.endswith((".yaml", ".yml")) for p in view.positionals) or
-                       len(view.flags & MARKERS) >= 2) or script[-1] == "train_bash.py"
+                       len(view.flags & MARKERS) >= 2) or script[-1] == "train_bash.py" or \
+        bool(llama_factory_keys.stage_script(view.program)) and "finetuning_type" in view.flags
 
 
 FRAMEWORK = Framework(name=NAME, title="LLaMA-Factory", module="llama_factory", recognise=_recognise, flags=FLAGS,

@@ -12,6 +12,8 @@ cache_path)."""
 
 from __future__ import annotations
 
+import re
+
 OLD = frozenset({"name_module_trainable", "num_layer_trainable", "dpo_beta", "dpo_loss", "dpo_ftx", "ppo_logger",
                  "resume_lora_training", "split", "train_last_turn_only", "reserved_label_len", "cache_path"})
 
@@ -26,9 +28,27 @@ RENAMED = {"sft_packing": "packing"}
 ERAS = tuple((key, "<0.7.1" if key == "resume_lora_training" else "<0.8.0") for key in sorted(OLD | set(RENAMED)))
 
 
-def old_spellings(draft, opts: dict, eras: tuple) -> None:
-    """Dates the release from the keys present (the frontend's era table and the llmtuner-era keys above), then reads
-    a renamed key under its later name."""
+# Before src/train_bash.py --stage (v0.1, July 2023), LLaMA-Efficient-Tuning ran one script per stage:
+# src/train_sft.py, train_pt.py, train_rm.py, train_ppo.py (hiyouga/LLaMA-Factory 17024ebc src/train_sft.py:
+# prepare_args(stage="sft"), load_pretrained(...)); ChatGLM-Efficient-Tuning, its sibling, kept the layout
+# (YerongLi/ChatGLM-Efficient-Tuning train.sh: `python src/train_sft.py --finetuning_type lora --quantization_bit 4`).
+# `src/train_sft.py` is a common name: only with LLaMA-Factory's own flags (see _recognise).
+_STAGE_SCRIPT = re.compile(r"(?:^|/)src/train_(sft|pt|rm|ppo|dpo)\.py$")
+
+
+def stage_script(program: str) -> str | None:
+    """The stage a per-stage script of LLaMA-Efficient-Tuning runs, or None."""
+    found = _STAGE_SCRIPT.search(program.replace("\\", "/"))
+    return found.group(1) if found else None
+
+
+def old_spellings(draft, opts: dict, eras: tuple, program: str = "") -> None:
+    """Dates the release from the keys present (the frontend's era table and the llmtuner-era keys above), reads a
+    renamed key under its later name, and a per-stage script's stage."""
+    stage = stage_script(program)
+    if stage:
+        opts.setdefault("stage", (stage, f"{program} (LLaMA-Efficient-Tuning's {stage} script)"))
+        draft.era("llama-factory", "<0.7.1", f"{program} is LLaMA-Efficient-Tuning's layout, before train_bash.py")
     draft.eras_from("llama-factory", "LLaMA-Factory", eras + ERAS, opts)
     for old, new in RENAMED.items():
         if old in opts and new not in opts:
