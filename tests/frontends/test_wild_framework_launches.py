@@ -22,6 +22,9 @@ def test_axolotl_config_from_a_shell_argument_is_unseen_not_refused():
     result = _check("accelerate launch --num_processes 16 --num_machines 2 -m axolotl.cli.train $1")
     assert result.framework == "axolotl"
     assert any(u.startswith("$1") for u in result.unknown)
+    # a uv wrapper's `accelerate launch -m axolotl.cli.train "$CONFIG_FILE" "$@"`
+    wrapped = _check('accelerate launch -m axolotl.cli.train "$CONFIG_FILE" "$@"')
+    assert any(u.startswith("$CONFIG_FILE") for u in wrapped.unknown)
 
 
 # wu-ming233/FIRST-impl: `tune run --nproc_per_node 4 first_lora_finetune_distributed.py --config
