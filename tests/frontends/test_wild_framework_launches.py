@@ -128,3 +128,14 @@ def test_llama_efficient_tuning_per_stage_script_is_read_as_llama_factory():
     # the common name alone, without LLaMA-Factory's flags, is someone's own script
     assert _check("python src/train_sft.py --model_name_or_path m --lora_r 8 --output_dir o").framework != \
         "llama-factory"
+
+
+# Class: precision read as mixed where the launch plainly trains the weights in half precision.
+
+# puzhiyuan/AiO train/ms-swift/sft/full/train_ddp.sh: `NPROC_PER_NODE=8 swift sft --train_type full --torch_dtype
+# bfloat16` without --deepspeed: ms-swift's prepare_model keeps a full run's weights in the loaded dtype.
+def test_ms_swift_full_bf16_without_deepspeed_trains_pure_bf16_weights():
+    line = "env NPROC_PER_NODE=8 swift sft --model m --train_type full --torch_dtype bfloat16 --dataset d"
+    assert _check(line).setup.precision == "bf16"
+    assert _check(line + " --deepspeed zero2").setup.precision == "bf16-mixed"  # DeepSpeed's fp32 master weights
+    assert _check(line.replace("full", "lora")).setup.precision == "bf16-mixed"

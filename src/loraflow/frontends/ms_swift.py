@@ -160,6 +160,21 @@ def _precision(draft: Draft, opts: dict, info: dict) -> str | None:
     return dtype
 
 
+def _full_in_half(draft: Draft, opts: dict, dtype: str | None) -> None:
+    """Full fine-tuning trains the weights in the dtype --torch_dtype loads them in: prepare_model
+    (swift/llm/train/tuner.py in 3.x, swift/llm/sft.py in 2.x) only calls model.requires_grad_(True) for full, and
+    casts trainable fp16 parameters to fp32 for adapters alone. Under DDP or one process the HF Trainer's autocast
+    keeps no fp32 copy, so bfloat16 trains pure bf16 weights (float16 is not: 2.x's _init_mixed_precision loads a
+    full run in fp32 instead, "Fine-tuning with full parameters does not support fp16"). DeepSpeed keeps fp32 master
+    weights and FSDP is read by its own options (puzhiyuan/AiO train_ddp.sh: `--train_type full --torch_dtype
+    bfloat16` on 8 processes without --deepspeed)."""
+    if draft.get("adapter") != "full" or draft.has("engine") or (dtype, draft.get("precision")) != \
+            ("bfloat16", "bf16-mixed"):
+        return
+    draft.set("precision", "bf16", f"{_accessors(opts)[1]('torch_dtype')} with --train_type full and no --deepspeed: "
+              "the weights train in bfloat16 without an fp32 copy (swift/llm/train/tuner.py prepare_model)")
+
+
 def _adapter(draft: Draft, opts: dict, dtype: str | None) -> None:
     get, src, on = _accessors(opts)
     ttype_name = next((n for n in ("tuner_type", "train_type", "sft_type") if n in opts), None)
@@ -278,6 +293,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     info = _engine(draft, opts)
     dtype = _precision(draft, opts, info)
     _adapter(draft, opts, dtype)
+    _full_in_half(draft, opts, dtype)
     _checkpointing(draft, opts)
     apply_table(draft, {k: (_first(v), where) for k, (v, where) in opts.items()}, _TRAINER)
     _train_mode_and_save(draft, opts, info)
