@@ -22,6 +22,9 @@ def test_axolotl_config_from_a_shell_argument_is_unseen_not_refused():
     result = _check("accelerate launch --num_processes 16 --num_machines 2 -m axolotl.cli.train $1")
     assert result.framework == "axolotl"
     assert any(u.startswith("$1") for u in result.unknown)
+    # in the script itself `$1` expands to nothing (the script run without arguments): still not refused
+    empty = _check("accelerate launch --num_processes 16 --num_machines 2 -m axolotl.cli.train")
+    assert empty.framework == "axolotl" and any("wrapper's argument" in u for u in empty.unknown)
     # a uv wrapper's `accelerate launch -m axolotl.cli.train "$CONFIG_FILE" "$@"`
     wrapped = _check('accelerate launch -m axolotl.cli.train "$CONFIG_FILE" "$@"')
     assert any(u.startswith("$CONFIG_FILE") for u in wrapped.unknown)

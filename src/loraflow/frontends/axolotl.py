@@ -417,6 +417,9 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         # `-m axolotl.cli.train $1` or `"$CONFIG_FILE" "$@"` (a wrapper script's arguments): the config is not
         # visible, read as one not here; what follows it is listed as unread
         configs = positionals[:1]
+    elif not configs and not positionals and cmd.program_kind == "module":
+        # a wrapper script's `-m axolotl.cli.train $1`: its argument expands to nothing here
+        configs = ["(the config: the wrapper's argument)"]
     if len(configs) != 1:
         raise LoraflowError(f"`{cmd.describe()}` needs exactly one config YAML, got {len(configs)}.")
     path = resolve_path(configs[0])
