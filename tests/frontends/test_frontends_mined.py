@@ -41,7 +41,10 @@ def test_unsloth_on_two_processes_is_refused_by_releases_before_its_multi_gpu_su
     assert findings(two)["unsloth-multi-gpu"] == "unsloth<2026.6.2"
     assert "unsloth-multi-gpu" in findings(two, {**CURRENT, "unsloth": Version("2025.4.1")})
     assert "unsloth-multi-gpu" not in findings(two, {**CURRENT, "unsloth": Version("2026.7.1")})
-    assert "unsloth-multi-gpu" not in findings(["llamafactory-cli", "train", str(config)])
+    assert "unsloth-multi-gpu" not in findings(["env", "CUDA_VISIBLE_DEVICES=0", "llamafactory-cli", "train",
+                                                 str(config)])
+    # without CUDA_VISIBLE_DEVICES llamafactory-cli starts one process per GPU of the machine (cli.py): it depends
+    assert "several GPUs" in findings(["llamafactory-cli", "train", str(config)])["unsloth-multi-gpu"]
     assert findings(shlex.split(SWIFT_UNSLOTH))["unsloth-multi-gpu"] == "unsloth<2026.6.2"
     assert "unsloth-multi-gpu" not in findings(shlex.split(SWIFT_UNSLOTH.replace("unsloth", "peft")))
 

@@ -413,12 +413,19 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
                             "CONFIG, axolotl merge-lora CONFIG, python -m axolotl.cli.train CONFIG).")
     args = [a for a in args if a.name != "merge_lora"]
     configs = [p for p in positionals if p.endswith((".yml", ".yaml"))]
+    if not configs and positionals and "$" in positionals[0]:
+        # `-m axolotl.cli.train $1` or `"$CONFIG_FILE" "$@"` (a wrapper script's arguments): the config is not
+        # visible, read as one not here; what follows it is listed as unread
+        configs = positionals[:1]
+    elif not configs and not positionals and cmd.program_kind == "module":
+        # a wrapper script's `-m axolotl.cli.train $1`: its argument expands to nothing here
+        configs = ["(the config: the wrapper's argument)"]
     if len(configs) != 1:
         raise LoraflowError(f"`{cmd.describe()}` needs exactly one config YAML, got {len(configs)}.")
     path = resolve_path(configs[0])
     cfg, bases = _read([str(path)], draft) if path is not None else (_from_name(configs[0], draft), [])
     for extra in positionals:
-        if extra != configs[0]:
+        if extra != configs[0] and extra.strip():
             draft.unknown.append(f"{extra} (positional argument)")
     for a in args:  # CLI flags override config keys (axolotl's --key value overrides)
         cfg[a.name] = (a.value if a.value is not None else True, a.raw)

@@ -353,6 +353,13 @@ def world_from_env(draft: Draft, cmd: Command, all_visible: bool) -> None:
     count, source = visible_devices(cmd)
     if all_visible and count:
         cmd.world_size, cmd.world_source = count, source
+    elif all_visible and not cmd.hidden_launcher_options:
+        # No CUDA_VISIBLE_DEVICES: as many processes as the machine has GPUs (LLaMA-Factory's cli.py runs torchrun
+        # when get_device_count() > 1), which the command does not show: both are evaluated. Users' launches
+        # (okeeper/LLaMA-Factory qwen/train.sh) run `llamafactory-cli train` so on multi-GPU machines.
+        draft.maybe("world_size", {1: "the machine has one GPU", 2: "the machine has several GPUs"},
+                    "llamafactory-cli train starts one process per visible GPU (cli.py: torchrun when "
+                    "get_device_count() > 1)")
 
 
 def trainer_dtypes(draft: Draft, base_half: bool, dtype_source: str) -> None:
@@ -405,7 +412,7 @@ def finish_world(draft: Draft, cmd: Command | None) -> None:
         # (deepspeed/launcher/runner.py takes every local device), which the command does not show.
         draft.maybe("world_size", {1: "the machine has one GPU", 2: "the machine has several GPUs"},
                     "deepspeed without --num_gpus / --include starts one process per visible GPU")
-    elif not draft.has("world_size"):
+    elif not draft.has("world_size") and "world_size" not in draft.unsure:
         draft.note("number of processes not visible in the command: assumed 1 (pass the launcher's "
                    "--num_gpus / --nproc_per_node / --num_processes to check multi-process setups)")
     if not draft.has("engine"):

@@ -43,10 +43,13 @@ FLAGS = {"precision": "--precision (bf16-true, bf16-mixed, 16-true, 16-mixed, 32
          "checkpointing": "FSDPStrategy(activation_checkpointing_policy={Block}) in the finetuning script",
          "reentrant": "the finetuning script's FSDPStrategy (torch's checkpoint_wrapper)"}
 _SCRIPT = re.compile(r"(?:^|/)(?:litgpt/)?finetune/(" + "|".join(METHODS) + r")\.py$")
+# A copy of a finetuning script under a longer name (a public lit-gpt launch: `python finetune/lora_13b.py
+# --checkpoint_dir ... --quantize bnb.nf4-dq`), recognised with LitGPT's flags.
+_COPY = re.compile(r"(?:^|/)finetune/(lora|full|adapter_v2|adapter)_\w+\.py$")
 _OWN_FLAGS = frozenset({"checkpoint_dir", "precision", "quantize", "devices", "out_dir", "data_dir", "lora_r"})
 
 
-def _method(cmd: Command) -> tuple[str, str]:
+def _method(cmd: Command, draft: Draft) -> tuple[str, str]:
     """(method, how the line names it): the subcommand of `litgpt`, the script's name, or the module's."""
     if cmd.program_kind == "cli":
         sub = cmd.subcommand or ""
@@ -68,6 +71,11 @@ def _method(cmd: Command) -> tuple[str, str]:
         return method, f"litgpt {sub}"
     path = cmd.program.replace("\\", "/")
     found = _SCRIPT.search(path) or re.search(r"litgpt\.finetune\.(\w+)$", path)
+    copy = None if found else _COPY.search(path)
+    if copy is not None:  # `finetune/lora_13b.py`: the user's copy of finetune/lora.py; its code is unseen (exit 1)
+        draft.unknown.append(f"{path}: the user's copy of LitGPT's finetune/{copy.group(1)}.py, read as that "
+                             "script; its code is not read")
+        return copy.group(1), path
     if found is None or found.group(1) not in METHODS:
         raise LoraflowError(f"`{cmd.program}`: loraflow check reads LitGPT's finetuning scripts (finetune/lora.py, "
                             "full.py, adapter.py, adapter_v2.py) and `litgpt finetune_*` lines.")
@@ -82,7 +90,8 @@ def _options(cmd: Command, draft: Draft) -> tuple[dict[str, tuple[str, str]], li
         if a.name == "config" and a.one():
             path = resolve_path(a.one() or "")
             if path is None:
-                draft.note(f"{a.raw}: the file is not here; only the flags on the line are read")
+                # Its keys are unseen (a user's `--config $CFG`): listed as not read, so never clean (exit 1).
+                draft.unknown.append(f"{a.raw}: the file is not here; only the flags on the line are read")
                 continue
             for key, value in load_mapping(path, "LitGPT config").items():
                 if not isinstance(value, dict):
@@ -142,7 +151,7 @@ def _engine(draft: Draft, options: dict, cmd: Command, quantized: bool) -> None:
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
-    method, named = _method(cmd)
+    method, named = _method(cmd, draft)
     options, positionals = _options(cmd, draft)
     source = SOURCE.format(method=method)
     adapter = METHODS[method]
@@ -182,8 +191,9 @@ def _recognise(view) -> bool:
         return True
     if view.dotted.startswith("litgpt.") or "/litgpt/" in f"/{view.program}":
         return True
-    return bool(_SCRIPT.search(view.program) or re.search(r"(?:^|/)generate/(lora|adapter|adapter_v2|base)\.py$",
-                                                          view.program)) and bool(view.flags & _OWN_FLAGS)
+    return bool(_SCRIPT.search(view.program) or _COPY.search(view.program) or
+                re.search(r"(?:^|/)generate/(lora|adapter|adapter_v2|base)\.py$", view.program)) and \
+        bool(view.flags & _OWN_FLAGS)
 
 
 FRAMEWORK = Framework(name=NAME, title="LitGPT", module="litgpt", recognise=_recognise, flags=FLAGS,

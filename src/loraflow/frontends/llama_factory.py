@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import adapter_dtype, deepspeed, keys, vision
+from loraflow.frontends import adapter_dtype, deepspeed, keys, llama_factory_keys, vision
 from loraflow.frontends import llama_factory_export as exports
 from loraflow.frontends.argv import (
     Command,
@@ -146,7 +146,7 @@ DEPENDS = (("llama-factory", ">=0.7.1,<0.8.3", {"deepspeed": "<=0.14.0"}),
 
 
 def _eras(draft: Draft, opts: dict, cmd: Command | None) -> None:
-    draft.eras_from("llama-factory", "LLaMA-Factory", _ERAS, opts)
+    llama_factory_keys.old_spellings(draft, opts, _ERAS, cmd.program if cmd is not None else "")
     if str(opts.get("stage", ("",))[0]) == "kto":
         draft.era("llama-factory", ">=0.8.0", "stage kto exists from LLaMA-Factory 0.8.0")
     if cmd is not None:
@@ -345,7 +345,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
     trainer_dtypes(draft, draft.get("precision") != "fp32", "LLaMA-Factory loads the model in the compute dtype")
     cli = cmd is not None and any(a.startswith("--") for a in cmd.args)
     for name, (value, source) in opts.items():
-        if name not in _HANDLED and name not in keys.LLAMA_FACTORY and name not in keys.HF_TRAINER:
+        if name not in _HANDLED | keys.LLAMA_FACTORY | keys.HF_TRAINER | llama_factory_keys.OLD:
             draft.unknown.append(source)
     draft.flag(**{k: ("--" + v if cli and "/" not in v and " " not in v else v) for k, v in FLAGS.items()})
 
@@ -490,7 +490,8 @@ def _recognise(view) -> bool:
     in_src = len(script) >= 2 and script[-2] == "src" and script[-1] in ("train.py", "train_bash.py")
     # src/train.py CONFIG.yaml (the file may not be here to peek into), or the flags of src/train_bash.py.
     return in_src and (any(p.endswith((".yaml", ".yml")) for p in view.positionals) or
-                       len(view.flags & MARKERS) >= 2) or script[-1] == "train_bash.py"
+                       len(view.flags & MARKERS) >= 2) or script[-1] == "train_bash.py" or \
+        bool(llama_factory_keys.stage_script(view.program)) and "finetuning_type" in view.flags
 
 
 FRAMEWORK = Framework(name=NAME, title="LLaMA-Factory", module="llama_factory", recognise=_recognise, flags=FLAGS,

@@ -139,9 +139,19 @@ def _program(cmd: Command, draft: Draft) -> str:
                 draft.era(PKG, spec, why)
             return path
     if not path.endswith("finetuning.py"):
+        if _copy(path):  # a user's copy under another name: read as finetuning.py, its own code unseen (exit 1)
+            draft.unknown.append(f"{path}: the user's copy of llama-recipes' finetuning.py (its flags are "
+                                 "finetuning.py's), read as finetuning.py; its code is not read")
+            return path
         raise LoraflowError(f"`{cmd.program}`: loraflow check reads llama-recipes' finetuning.py (or `python -m "
                             "llama_recipes.finetuning`), not its other scripts.")
     return path
+
+
+def _copy(path: str) -> bool:
+    """A script named for fine-tuning that is not one of llama-recipes' places (UNITES-Lab/MoE-RBench's
+    `finetuning_llama.py --enable_fsdp --batch_size_training 64 --dist_checkpoint_root_folder ...`)."""
+    return path.endswith(".py") and "finetun" in Path(path).name.lower()
 
 
 def _quantization(draft: Draft, opts: Options, fsdp: bool) -> str | None:
@@ -384,7 +394,10 @@ def _recognise(view) -> bool:
     own = {f for f in view.flags if f in OWN_FLAGS or f.startswith("fsdp_config.")}
     if any(re.search(pattern, view.program) for pattern, _, _ in SCRIPTS):
         return bool(own)
-    return view.program.endswith("finetuning.py") and len(own) >= 2
+    if view.program.endswith("finetuning.py"):
+        return len(own) >= 2
+    # a renamed copy: three flags that only llama-recipes' finetuning.py takes
+    return _copy(view.program.replace("\\", "/")) and len(own - {"use_peft", "peft_method"}) >= 3
 
 
 FRAMEWORK = Framework(name=NAME, title="llama-recipes (llama-cookbook)", module="llama_recipes",

@@ -21,6 +21,7 @@ from loraflow.frontends.ms_swift_vision import image_text
 from loraflow.frontends.argv import (
     Command,
     parse_flags,
+    resolve_path,
     split_command,
     visible_devices,
 )
@@ -159,6 +160,21 @@ def _precision(draft: Draft, opts: dict, info: dict) -> str | None:
     return dtype
 
 
+def _full_in_half(draft: Draft, opts: dict, dtype: str | None) -> None:
+    """Full fine-tuning trains the weights in the dtype --torch_dtype loads them in: prepare_model
+    (swift/llm/train/tuner.py in 3.x, swift/llm/sft.py in 2.x) only calls model.requires_grad_(True) for full, and
+    casts trainable fp16 parameters to fp32 for adapters alone. Under DDP or one process the HF Trainer's autocast
+    keeps no fp32 copy, so bfloat16 trains pure bf16 weights (float16 is not: 2.x's _init_mixed_precision loads a
+    full run in fp32 instead, "Fine-tuning with full parameters does not support fp16"). DeepSpeed keeps fp32 master
+    weights and FSDP is read by its own options (puzhiyuan/AiO train_ddp.sh: `--train_type full --torch_dtype
+    bfloat16` on 8 processes without --deepspeed)."""
+    if draft.get("adapter") != "full" or draft.has("engine") or (dtype, draft.get("precision")) != \
+            ("bfloat16", "bf16-mixed"):
+        return
+    draft.set("precision", "bf16", f"{_accessors(opts)[1]('torch_dtype')} with --train_type full and no --deepspeed: "
+              "the weights train in bfloat16 without an fp32 copy (swift/llm/train/tuner.py prepare_model)")
+
+
 def _adapter(draft: Draft, opts: dict, dtype: str | None) -> None:
     get, src, on = _accessors(opts)
     ttype_name = next((n for n in ("tuner_type", "train_type", "sft_type") if n in opts), None)
@@ -277,6 +293,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     info = _engine(draft, opts)
     dtype = _precision(draft, opts, info)
     _adapter(draft, opts, dtype)
+    _full_in_half(draft, opts, dtype)
     _checkpointing(draft, opts)
     apply_table(draft, {k: (_first(v), where) for k, (v, where) in opts.items()}, _TRAINER)
     _train_mode_and_save(draft, opts, info)
@@ -284,8 +301,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
                    visible_devices(cmd) if cmd is not None else (None, None))
     image_text(draft, *_accessors(opts), opts)
     for name, (value, source) in opts.items():
-        if name not in _HANDLED and name not in keys.MS_SWIFT and name not in keys.HF_TRAINER and \
-                name not in keys.MS_SWIFT_V2:
+        if name not in _HANDLED | keys.MS_SWIFT | keys.HF_TRAINER | keys.MS_SWIFT_V2 | _V2_RLHF_KEYS:
             draft.unknown.append(source)
     trainer_dtypes(draft, draft.get("precision") != "fp32", "ms-swift loads the model in --torch_dtype")
     draft.flag(**FLAGS)
@@ -356,7 +372,11 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     opts: dict[str, tuple[Any, str]] = {}
     for a in args:
         if a.name == "config":  # --config file.yaml holds the same keys
-            for key, value in load_mapping(str(_first(a.value)), "--config").items():
+            found = resolve_path(str(_first(a.value)))
+            if found is None:  # a file elsewhere or `$1`: its keys are unseen (exit 1), not a refusal
+                draft.unknown.append(f"--config {_first(a.value)}: not here, so only the command's flags were read")
+                continue
+            for key, value in load_mapping(str(found), "--config").items():
                 if value is not None:
                     opts.setdefault(key, (value, f"{_first(a.value)}: {key}"))
             continue
@@ -388,6 +408,10 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
 # --lora_target_modules (ALL: every linear layer), --dtype bf16|fp16|fp32|AUTO (AUTO: the model's own dtype).
 _V2_NAMES = {"quantization_bit": "quant_bits", "lora_target_modules": "target_modules", "dtype": "torch_dtype"}
 _V2_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# `swift dpo` / `swift rlhf` < 3.0: RLHFArguments' own fields that say nothing about the rules (the prompt's length
+# cap, the reference model's id, the SFT loss weight; swift/llm/utils/argument.py of 2.x). Seen in users' DPO launches
+# (`swift dpo --max_prompt_length 512`, copied from ms-swift's 2.x examples/pytorch/llm/scripts/dpo).
+_V2_RLHF_KEYS = frozenset({"max_prompt_length", "ref_model_id_or_path", "ref_model_free", "sft_beta"})
 
 
 def _v2_spellings(opts: dict[str, tuple[Any, str]]) -> None:

@@ -348,8 +348,9 @@ def _config(draft: Draft, s: Settings, name: str) -> None:
         s.example = normal
         draft.note(f"--config {name}: not here; read as NeMo-RL ships {normal} at each release")
         return
-    draft.note(f"--config {name}: not here and not one of NeMo-RL's example configs; its keys are read as the "
-               f"defaults of {s.base_file()}")
+    # The user's own file: its keys are unseen, so listed as not read (exit 1), never clean.
+    draft.unknown.append(f"--config {name}: not here and not one of NeMo-RL's example configs; its keys are read as "
+                         f"the defaults of {s.base_file()}")
 
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:

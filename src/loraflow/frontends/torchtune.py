@@ -74,7 +74,7 @@ FLAGS = {"adapter": "model._component_ (lora_* / qlora_* builders) and the recip
          "offload": "fsdp_cpu_offload", "packing": "dataset.packed", "world_size": "tune run --nproc_per_node"}
 
 
-def _recipe(name: str) -> tuple[str, Recipe]:
+def _recipe(name: str, draft: Draft | None = None) -> tuple[str, Recipe]:
     """A recipe by its registry name or its file (`recipes/lora_finetune_distributed.py`, a copy of one)."""
     key = name.replace("\\", "/").removesuffix(".py")
     key = key.split("recipes/", 1)[-1] if "recipes/" in key else key
@@ -86,6 +86,13 @@ def _recipe(name: str) -> tuple[str, Recipe]:
     stem = Path(key).name
     if stem in RECIPES:
         return stem, RECIPES[stem]
+    # A user's modified copy named after the recipe it copies (`first_lora_finetune_distributed.py`,
+    # wu-ming233/FIRST-impl): read as that recipe, longest name first, and listed as unseen code (exit 1).
+    copied = sorted((r for r in RECIPES if Path(r).name in stem), key=len, reverse=True)
+    if copied and name.endswith(".py") and draft is not None:
+        draft.unknown.append(f"{name}: the user's own recipe, read as torchtune's {copied[0]} that its name copies; "
+                             "its code is not read")
+        return copied[0], RECIPES[copied[0]]
     raise LoraflowError(f"`{name}` is not a torchtune training recipe loraflow reads; expected one of "
                         f"{', '.join(RECIPES)} (or a copy of one under the same file name).")
 
@@ -114,8 +121,12 @@ def _config(cmd_config: str | None, recipe: Recipe, bases: tuple, draft: Draft) 
     path = resolve_path(cmd_config, *bases) or resolve_path(f"recipes/configs/{cmd_config.removesuffix('.yaml')}.yaml")
     if path is not None:
         return {k: (v, f"{path.name}: {k}") for k, v in flatten(load_mapping(path, "torchtune config")).items()}
-    if cmd_config.endswith((".yaml", ".yml")) and "/" not in cmd_config.removesuffix(".yaml"):
-        draft.note(f"--config {cmd_config}: no such file here; read from its name")
+    if cmd_config.endswith((".yaml", ".yml")) or "$" in cmd_config:
+        # torchtune's registry names carry no .yaml (torchtune/_recipe_registry.py): a .yaml, or a shell variable,
+        # is the user's own file, whose keys are unseen here (seen in users' launches, e.g. wu-ming233/FIRST-impl's
+        # `--config ./configs/8B_lora.yaml`).
+        draft.unknown.append(f"--config {cmd_config}: not here, so only its name and the command's overrides were "
+                             "read (run from the directory the path is relative to)")
     options = _builtin(cmd_config.removesuffix(".yaml"), recipe)
     draft.maybe("checkpointing", {"all": "the config sets enable_activation_checkpointing: True",
                                   "off": "the config leaves activation checkpointing off"},
@@ -239,7 +250,7 @@ def _apply(draft: Draft, name: str, recipe: Recipe, options: dict, cmd: Command 
     finish_world(draft, cmd)
 
 
-def _run_line(cmd: Command) -> tuple[str, Recipe, str | None, list, list[str]]:
+def _run_line(cmd: Command, draft: Draft) -> tuple[str, Recipe, str | None, list, list[str]]:
     """`tune run [torchrun options] RECIPE --config CONFIG [key=value ...]`: the recipe, the config, the overrides
     and any other token; the torchrun options become the launcher's (world size)."""
     if cmd.subcommand != "run":
@@ -249,7 +260,7 @@ def _run_line(cmd: Command) -> tuple[str, Recipe, str | None, list, list[str]]:
     launch, index = _launcher_options(cmd.args, _TORCHRUN_SWITCHES)
     if index >= len(cmd.args):
         raise LoraflowError("tune run: no recipe given; expected `tune run RECIPE --config CONFIG`.")
-    name, recipe = _recipe(cmd.args[index])
+    name, recipe = _recipe(cmd.args[index], draft)
     cmd.launcher, cmd.launcher_args = "torchrun", launch
     _world_from_launcher(cmd)
     overrides, others = split_overrides(cmd.args[index + 1:])
@@ -267,7 +278,7 @@ def _run_line(cmd: Command) -> tuple[str, Recipe, str | None, list, list[str]]:
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
-    name, recipe, config, overrides, rest = _run_line(cmd)
+    name, recipe, config, overrides, rest = _run_line(cmd, draft)
     options = _config(config, recipe, (), draft)
     for o in overrides:
         if o.mode == "~":
@@ -304,7 +315,7 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
     cmd: Command | None = None
     if launch:
         cmd = split_command(launch.group(1).split())
-        name, recipe = _run_line(cmd)[:2]
+        name, recipe = _run_line(cmd, draft)[:2]
         draft.note(f"{path.name}: recipe read from its header comment `{launch.group(1)}`")
     else:
         builder = str(options["model._component_"][0]).rsplit(".", 1)[-1]

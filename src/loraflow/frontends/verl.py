@@ -37,6 +37,10 @@ from loraflow.frontends.table import Default, Field, apply_table, fact, stage_of
 NAME = "verl"
 _TABLE = json.loads(Path(__file__).with_name("verl_keys.json").read_text())
 RELEASES = tuple(_TABLE["releases"])
+# verl's own configs under verl/trainer/config/ (the files verl_keys.json was read from, and the Megatron one),
+# which `--config-name` names without a file of the user's.
+_OWN_CONFIGS = frozenset(Path(f).stem.removeprefix("_generated_") for entry in _TABLE["entries"].values()
+                         for f in entry["files"].values()) | {verl_megatron.CONFIG}
 TOP_KEYS = frozenset(k.split(".")[0] for entry in _TABLE["entries"].values() for k in entry["keys"])
 """The top-level sections of verl's configs (to recognise a verl YAML given to `loraflow check FILE`)."""
 WORKERS = "verl/workers/fsdp_workers.py"
@@ -412,6 +416,10 @@ def _config_file(others: list[str], draft: Draft) -> tuple[dict, list[str]]:
     path = Path(given.get("config-path", ".")) / name
     if not path.is_file():
         megatron = verl_megatron.config_defaults(given["config-name"])
+        if Path(name).stem not in _OWN_CONFIGS:  # the user's own config: its keys are unseen (exit 1)
+            draft.unknown.append(f"--config-name {given['config-name']}: {path} is not here, so read as verl's "
+                                 "defaults and the overrides")
+            return megatron, rest
         draft.note(f"--config-name {given['config-name']}: {path} is not here; " + (
             "read as verl's own Megatron trainer config" if megatron else "its keys are read as verl's defaults"))
         return megatron, rest
