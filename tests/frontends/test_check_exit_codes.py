@@ -106,7 +106,7 @@ def test_each_engine_an_unseen_config_may_select_is_read_as_the_framework_reads_
 def test_the_missing_file_s_process_count_is_evaluated_both_ways(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _, text, _ = _check(LF_OLD)
-    assert "world size not visible (the launcher's options in --config_file config.yaml" in text
+    assert "world size not visible (the process count is not in the command: --config_file config.yaml" in text
 
 
 def test_a_missing_axolotl_config_is_read_from_its_name_and_listed_unread(tmp_path, monkeypatch):
@@ -130,21 +130,25 @@ def test_a_missing_trl_recipe_leaves_the_flags_read(tmp_path, monkeypatch):
     assert any(u.startswith("--config recipe.yaml: not here") for u in doc["unknown"])
 
 
-def test_accelerate_without_a_config_file_reads_the_machine_s_default_config_as_unseen(tmp_path, monkeypatch):
-    """`accelerate launch train.py` takes its engine from the default config `accelerate config` wrote (or, with
-    none, DDP over the GPUs): each engine is evaluated (LLaMA-Factory#274 ran ZeRO-3 from it). A launcher flag that
-    chooses the engine itself leaves nothing open."""
+def test_accelerate_without_a_config_file_reads_this_machine_s_default_config(tmp_path, monkeypatch):
+    """`accelerate launch train.py` takes its engine from the default config `accelerate config` wrote, read here as
+    check reads the installed packages (LLaMA-Factory#274 ran ZeRO-3 from it); with none, accelerate runs one process
+    per GPU under DDP, and how many GPUs is the question. A launcher flag that chooses the engine decides alone."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     plain = LF_OLD.replace("--config_file config.yaml ", "")
-    doc, text, code = _check(plain + " --quantization_bit 4", "transformers=4.40.0,bitsandbytes=0.43.1,"
-                             "llama-factory=0.5.3")
-    assert any(q.startswith("which holds: the machine's default accelerate config selects DDP (MULTI_GPU) (or there "
-                            "is none)") for q in doc["depends_on"]), doc["depends_on"]
-    assert "Pass it as --config_file (`accelerate env` shows where it is)" in text
+    doc, text, code = _check(plain, "transformers=4.40.0,llama-factory=0.6.3")
+    assert doc["setup"]["engine"] == "single" and "one process and several evaluated" in text
+    assert "no default config on this machine" in text and doc["setup_depends_on_unseen"] == []
+    (tmp_path / "hf" / "accelerate").mkdir(parents=True)
+    (tmp_path / "hf" / "accelerate" / "default_config.yaml").write_text(
+        "distributed_type: DEEPSPEED\nnum_processes: 4\ndeepspeed_config:\n  zero_stage: 3\n")
+    doc, text, code = _check(plain, "transformers=4.40.0,llama-factory=0.6.3")
+    assert (doc["setup"]["engine"], doc["setup"]["zero_stage"], doc["setup"]["world_size"]) == ("deepspeed", 3, 4)
+    assert "this machine's default config: read here" in text
     chosen = plain.replace("accelerate launch", "accelerate launch --use_deepspeed --zero_stage 2 --num_processes 2")
     doc, text, code = _check(chosen, "transformers=4.40.0,llama-factory=0.6.3")
     assert doc["setup"]["engine"] == "deepspeed" and doc["setup"]["zero_stage"] == 2
-    assert not any("default accelerate config" in q for q in doc["depends_on"])
 
 
 def test_a_script_that_is_not_here_is_read_as_trl_s_only_on_flags_only_trl_has(tmp_path, monkeypatch):
@@ -173,3 +177,24 @@ def test_a_fork_that_changes_nothing_is_not_evaluated(tmp_path, monkeypatch):
     doc, text, _ = _check(line, "transformers=4.40.0,peft=0.10.0,deepspeed=0.14.0,llama-factory=0.6.3")
     assert not any("default accelerate config" in q for q in doc["depends_on"])
     assert doc["setup"]["engine"] == "deepspeed" and "  engine                  ?" not in text
+
+
+def test_axolotl_train_runs_under_accelerate_launch_and_its_default_config(tmp_path, monkeypatch):
+    """`axolotl train cfg.yml` runs `accelerate launch -m axolotl.cli.train` (cli/main.py, --accelerate default True
+    from 0.6.0; --launcher accelerate from 0.12.0): with no default accelerate config, one process per GPU; with one,
+    its engine where the YAML leaves it open; `--launcher python` runs one process in place."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    (tmp_path / "lora.yml").write_text("base_model: meta-llama/Llama-3.1-8B\nadapter: lora\nlora_target_linear: true\n"
+                                       "gradient_checkpointing: true\nbf16: auto\n")
+    _, text, _ = _check("axolotl train lora.yml")
+    assert "one process and several evaluated" in text
+    doc, text, _ = _check("axolotl train lora.yml --launcher python")
+    assert doc["setup"]["world_size"] == 1 and "several evaluated" not in text
+    doc, _, _ = _check("axolotl train lora.yml -- --num_processes 4 --use_deepspeed --zero_stage 2")
+    assert (doc["setup"]["engine"], doc["setup"]["world_size"]) == ("deepspeed", 4)
+    (tmp_path / "hf" / "accelerate").mkdir(parents=True)
+    (tmp_path / "hf" / "accelerate" / "default_config.yaml").write_text("distributed_type: FSDP\nnum_processes: 2\n"
+                                                                         "fsdp_config:\n  fsdp_version: 2\n")
+    doc, _, _ = _check("axolotl train lora.yml")
+    assert (doc["setup"]["engine"], doc["setup"]["world_size"]) == ("fsdp2", 2)

@@ -47,6 +47,7 @@ def _materialize(example: dict, tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e["id"] for e in EXAMPLES])
 def test_official_example_reads_as_recorded(example, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no default accelerate config: as on a fresh machine
     root = _materialize(example, tmp_path)
     monkeypatch.chdir(root / example["cwd"])
     text, code = run_check(list(example["argv"]), None, [], _versions(example, root), True)

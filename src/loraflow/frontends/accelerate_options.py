@@ -4,6 +4,7 @@ both carry (accelerate/commands/config/config_args.py, accelerate/commands/launc
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -54,9 +55,32 @@ ENGINE_CHOICES = {
 }
 
 
-DEFAULT_CONFIG = "the machine's default accelerate config"
 _ENGINE_FLAGS = ("use_deepspeed", "use_fsdp", "multi_gpu", "cpu", "use_megatron_lm", "use_xpu")
 """`accelerate launch` flags that choose the engine themselves, whatever a config file says."""
+
+
+def default_config_path() -> Path:
+    """Where `accelerate config` writes the machine's default config and `accelerate launch` reads it without
+    --config_file (accelerate/commands/config/config_args.py: $HF_HOME, else $XDG_CACHE_HOME/huggingface, else
+    ~/.cache/huggingface; then accelerate/default_config.yaml)."""
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "accelerate" / "default_config.yaml"
+
+
+def _default_config(draft: Draft, cmd: Command) -> tuple[dict[str, Any], str]:
+    """`accelerate launch` without --config_file or an engine flag: the machine's default config, read here when this
+    machine has one (check runs where the run does, as it reads the installed packages); with none, accelerate runs
+    one process per GPU under DDP (commands/launch.py _validate_launch_command), and how many GPUs is the question."""
+    path = default_config_path()
+    if path.is_file():
+        draft.note(f"accelerate launch without --config_file reads {path}, this machine's default config: read here "
+                   "(pass --config_file to check another)")
+        return load_mapping(path, "accelerate default config"), f"{path} (this machine's default accelerate config)"
+    draft.note(f"accelerate launch without --config_file and no default config on this machine ({path}): "
+               "accelerate runs one process per GPU, under DDP when there are several")
+    if cmd.world_size is None and not cmd.launcher_value("num_processes"):
+        cmd.hidden_launcher_options.append("accelerate's --num_processes, one per GPU of the machine")
+    return {}, ""
 
 
 def read_accelerate_config(name: str, flag: str, bases: tuple = ()) -> tuple[dict[str, Any], str]:
@@ -116,24 +140,17 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
             if key not in keys.ACCELERATE_TOP:
                 draft.unknown.append(f"{label}: {key}")
     elif cmd.launcher == "accelerate" and not any(cmd.launcher_value(f) for f in _ENGINE_FLAGS):
-        # Without --config_file, accelerate reads the machine's default config (`accelerate config` writes it), or,
-        # with none, runs one process per GPU under DDP (commands/launch.py _validate_launch_command).
-        config, name = {"distributed_type": UNSEEN}, DEFAULT_CONFIG
+        config, label = _default_config(draft, cmd)
     flag = cmd.launcher_value
     if config.get("distributed_type") == UNSEEN:
-        why = (f"--config_file {name}: the file is not here, and its name does not say which engine it selects"
-               if name != DEFAULT_CONFIG else f"accelerate launch without --config_file reads {name}, which is not "
-               "visible here")
-        labels = {e: f"{name} {said}" + (" (or there is none)" if e == "ddp" and name == DEFAULT_CONFIG else "")
-                  for e, (_, said) in ENGINE_CHOICES.items()}
-        chosen = draft.fork("accelerate_config", labels, why)
+        why = f"--config_file {name}: the file is not here, and its name does not say which engine it selects"
+        chosen = draft.fork("accelerate_config", {e: f"{name} {said}" for e, (_, said) in ENGINE_CHOICES.items()},
+                            why)
         config = {k: (dict(v) if isinstance(v, dict) else v) for k, v in ENGINE_CHOICES[chosen][0].items()}
-        draft.note(f"{why}: each engine is evaluated. " + (
-            "Run from the directory the path is relative to, or give the file, to check the engine it selects"
-            if name != DEFAULT_CONFIG else "Pass it as --config_file (`accelerate env` shows where it is) to check "
-            "the engine it selects"))
+        draft.note(f"{why}: each engine is evaluated. Run from the directory the path is relative to, or give the "
+                   "file, to check the engine it selects")
         if cmd.world_size is None and not flag("num_processes"):  # its num_processes is unseen too (finish_world)
-            cmd.hidden_launcher_options.append(name if name == DEFAULT_CONFIG else f"--config_file {name}")
+            cmd.hidden_launcher_options.append(f"--config_file {name}")
     dtype = str(config.get("distributed_type", "")).upper()
     if flag("use_deepspeed") or dtype == "DEEPSPEED":
         ds = mapping_value(config.get("deepspeed_config"), f"{label}: deepspeed_config")

@@ -72,7 +72,7 @@ FLAGS = {"checkpointing": "gradient_checkpointing", "reentrant": "gradient_check
          "adapter_save_gather": "gather_16bit_weights_on_model_save in the DeepSpeed JSON",
          "targets_all_towers": "lora_target_linear / lora_target_modules", "image_safe_truncation": "sequence_len",
          "adapter_reads_base": "peft_init_lora_weights / lora_target_parameters"}
-_CLI = {"launcher", "cloud", "use_exec", "no_use_exec", "accelerate", "debug", "shard", "sweep"}
+_CLI = {"launcher", "cloud", "use_exec", "no_use_exec", "accelerate", "no_accelerate", "debug", "shard", "sweep"}
 
 
 def _stage(draft: Draft, cfg: dict) -> None:
@@ -402,6 +402,19 @@ def _merge(draft: Draft, named: str) -> None:
                   "it, then merge_and_unload")
 
 
+def _cli_launcher(cmd: Command, cfg: dict[str, tuple[Any, str]], after: list[str]) -> None:
+    """`axolotl train cfg.yml` runs `accelerate launch -m axolotl.cli.train` (src/axolotl/cli/main.py: --accelerate
+    default True from 0.6.0, `--launcher accelerate|torchrun|python` default accelerate from 0.12.0), so the machine's
+    default accelerate config decides the engine the YAML leaves open; what follows `--` goes to the launcher."""
+    launcher = str(cfg.get("launcher", ("accelerate",))[0])
+    if "no_accelerate" in cfg or str(cfg.get("accelerate", (True,))[0]).lower() in ("false", "0"):
+        launcher = "python"
+    if launcher in ("accelerate", "torchrun"):
+        options, _ = _launcher_options(after, set()) if after else ([], 0)
+        cmd.launcher, cmd.launcher_args = launcher, options
+        _world_from_launcher(cmd)
+
+
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
     entry = cmd.program.rsplit(".", 1)[-1] if cmd.program_kind == "module" else None
@@ -429,10 +442,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
             draft.unknown.append(f"{extra} (positional argument)")
     for a in args:  # CLI flags override config keys (axolotl's --key value overrides)
         cfg[a.name] = (a.value if a.value is not None else True, a.raw)
-    if after and cmd.program_kind == "cli":  # `axolotl train cfg.yml -- --num_processes 4` goes to accelerate
-        options, _ = _launcher_options(after, set())
-        cmd.launcher, cmd.launcher_args = "accelerate", options
-        _world_from_launcher(cmd)
+    if cmd.program_kind == "cli" and not merge and cmd.launcher is None:
+        _cli_launcher(cmd, cfg, after)
     _apply(draft, cfg, cmd, bases)
     if merge:
         _merge(draft, cmd.describe())

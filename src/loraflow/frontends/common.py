@@ -406,7 +406,7 @@ def finish_world(draft: Draft, cmd: Command | None) -> None:
         # The process count may sit in the unset variable: both are evaluated (verdict.py keeps engine single/ddp
         # in step with it).
         draft.maybe("world_size", {1: "one process", 2: "several processes"},
-                    f"the launcher's options in {' '.join(cmd.hidden_launcher_options)} are not in the command")
+                    f"the process count is not in the command: {', '.join(cmd.hidden_launcher_options)}")
     elif not draft.has("world_size") and cmd is not None and cmd.launcher == "deepspeed":
         # `deepspeed train.py` without --num_gpus / --include starts one process per GPU of the machine
         # (deepspeed/launcher/runner.py takes every local device), which the command does not show.
