@@ -61,9 +61,10 @@ from loraflow.frontends.hf_options import (
     no_peft_flag,
     own_adapter,
     own_deepspeed,
+    own_deepspeed_file,
     trl_or_not,
 )
-from loraflow.frontends.intent import OWN_DS_CONFIG, TOWER_MODULE, apply_fsdp, infer, names_training_flag
+from loraflow.frontends.intent import TOWER_MODULE, apply_fsdp, infer, names_training_flag
 from loraflow.frontends.table import Field, apply_table, fact, parameter_targets, switch
 
 NAME = "hf"
@@ -86,10 +87,10 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
     acc = apply_accelerate(draft, cmd, tuple(bases)) if cmd is not None and cmd.launcher == "accelerate" else {}
     ds_ref = opts["deepspeed"].value if "deepspeed" in opts else acc.get("deepspeed_config_file")
     info: dict[str, Any] = {"acc": acc}
-    own = next((o for n, o in opts.items() if OWN_DS_CONFIG.match(n) and str(o.value).endswith(".json")), None)
-    if not ds_ref and own is not None:  # a script's own `--ds_file x.json`: it hands that config to DeepSpeed itself
-        ds_ref, info["own_ds"] = own.value, own
-        draft.note(f"{own.source}: read as the DeepSpeed config the script itself hands to DeepSpeed")
+    own = own_deepspeed_file(opts) if not ds_ref else None  # the script's own `--ds_file x.json`
+    if own is not None:
+        ds_ref, info["own_ds"], info["own_flags"] = own[1].value, own[1], {own[0]}
+        draft.note(f"{own[1].source}: read as the DeepSpeed config the script itself hands to DeepSpeed")
     switch = own_deepspeed(opts) if not ds_ref else None  # `--use_deepspeed true`: the script's own DeepSpeed
     if switch is not None:
         info["ds"], info["ds_label"], info["own_flags"] = deepspeed.apply(draft, switch[0]), switch[0].label, switch[1]
@@ -168,7 +169,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
                    "--dtype / --torch_dtype" if not half_init else "ZeRO-3 zero.Init in the DeepSpeed dtype")
     fix_flags(draft, run, cmd is not None, gc_name, kw_name)
     for name, opt in opts.items():
-        if name not in known | intent.used | info.get("own_flags", set()) and opt is not info.get("own_ds"):
+        if name not in known | intent.used | info.get("own_flags", set()):
             draft.unknown.append(opt.source)
 
 

@@ -16,7 +16,7 @@ from loraflow.frontends.argv import Command, parse_flags, resolve_path
 from loraflow.frontends.common import Draft, as_bool, load_mapping
 from loraflow.frontends.deepspeed import DeepSpeedConfig
 from loraflow.frontends.targets import check_targets
-from loraflow.frontends.intent import Intent
+from loraflow.frontends.intent import OWN_DS_CONFIG, Intent
 
 # Flags that take several values; and the flags hf.py gives a meaning (`--no_X` negates them).
 LISTS = {"lora_target_modules", "lora_modules_to_save", "report_to", "reward_funcs", "reward_weights", "label_names",
@@ -237,6 +237,12 @@ def lora_flags_without_use_peft(draft: Draft, run: Run, program: str) -> None:
 
 _OWN_DS_SWITCH = re.compile(r"^((use|enable)_deepspeed|deepspeed_enable)$")
 _OWN_ZERO = re.compile(r"^(zero_stage|ds_stage|deepspeed_stage|zero)$")
+
+
+def own_deepspeed_file(opts: dict[str, Opt]) -> tuple[str, Opt] | None:
+    """A script's own flag naming the DeepSpeed JSON it hands to deepspeed.initialize (`--ds_file ds_zero2.json`):
+    (its name, the option), or None."""
+    return next(((n, o) for n, o in opts.items() if OWN_DS_CONFIG.match(n) and str(o.value).endswith(".json")), None)
 
 
 def own_deepspeed(opts: dict[str, Opt]) -> tuple[DeepSpeedConfig, set[str]] | None:
