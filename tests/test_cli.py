@@ -105,12 +105,12 @@ def test_check_reads_another_frameworks_command_line(capsys):
 
 
 def test_check_with_nothing_after_the_separator_is_an_error(capsys):
-    assert main(["check", "--"]) == 2
+    assert main(["check", "--"]) == 3  # check could not read its input: no verdict on a launch
     assert "nothing after `--`" in capsys.readouterr().err
 
 
 def test_check_versions_must_be_package_equals_version(capsys):
-    assert main(["check", "--versions", "deepspeed"]) == 2
+    assert main(["check", "--versions", "deepspeed"]) == 3
     assert "--versions" in capsys.readouterr().err
 
 

@@ -92,4 +92,4 @@ def test_cli_takes_data_and_refuses_it_for_a_loraflow_config(tmp_path):
     assert "[crash] zero3-vision-skipped" in proc.stdout and "2 samples, 1 with an image" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "loraflow", "check", "--data", data], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 2 and "--data is for another framework's run" in proc.stderr
+    assert proc.returncode == 3 and "--data is for another framework's run" in proc.stderr

@@ -198,3 +198,19 @@ def test_axolotl_train_runs_under_accelerate_launch_and_its_default_config(tmp_p
                                                                          "fsdp_config:\n  fsdp_version: 2\n")
     doc, _, _ = _check("axolotl train lora.yml")
     assert (doc["setup"]["engine"], doc["setup"]["world_size"]) == ("fsdp2", 2)
+
+
+def test_input_check_cannot_read_is_exit_3_not_the_launch_fails_code(tmp_path, capsys):
+    from loraflow.commands.cli import main
+
+    missing = tmp_path / "run.sh"
+    assert main(["check", "--", "bash", str(missing)]) == 3
+    assert f"cannot read the launch script {missing}" in capsys.readouterr().err
+    assert main(["check", "--framework", "verl", str(tmp_path / "config.yaml")]) == 3
+    assert "config.yaml" in capsys.readouterr().err
+    assert main(["check", "--no-such-flag-of-check"]) == 3
+    assert main(["check", "--"]) == 3
+    script = tmp_path / "notes.sh"
+    script.write_text("echo nothing to launch here\n")
+    assert main(["check", str(script)]) == 3
+    assert "found no launch line" in capsys.readouterr().err

@@ -89,6 +89,6 @@ def test_the_report_says_which_versions_it_used_and_they_decide(capsys, tmp_path
 def test_a_listing_without_versions_is_refused_by_name(capsys, tmp_path):
     empty = tmp_path / "notes.txt"
     empty.write_text("we used the latest of everything\n")
-    assert main(["check", "--versions-from", str(empty), "--", "llamafactory-cli", "train", "x.yaml"]) == 2
+    assert main(["check", "--versions-from", str(empty), "--", "llamafactory-cli", "train", "x.yaml"]) == 3
     err = capsys.readouterr().err
     assert err.startswith("error: --versions-from: ") and "notes.txt names none of torch" in err

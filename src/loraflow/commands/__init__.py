@@ -1,2 +1,3 @@
 """The `loraflow` command (cli.py) and the commands that are not training: generate/chat, merge, plot.
-(check, explain and probe live in frontends/, explain/ and probes/, which the CLI calls.)"""
+check.py holds `loraflow check`'s flags and exit codes; what it checks lives in frontends/ and plan/, as explain's and
+probe's work lives in explain/ and probes/."""

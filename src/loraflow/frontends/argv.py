@@ -317,7 +317,7 @@ def split_command(argv: list[str], depth: int = 0) -> Command:
         head = rest[0] = Path(rest[0]).name if Path(rest[0]).name in _STARTS else rest[0]  # `/env/x/bin/torchrun`
         if head in ("env", "nohup", "time", "exec", "command") or _ENV.match(head):
             rest = _env_word(cmd, rest)
-        elif head in ("bash", "sh") and len(rest) > 1 and Path(rest[1]).is_file() and depth < 3:
+        elif head in ("bash", "sh") and len(rest) > 1 and not rest[1].startswith("-") and depth < 3:
             return _script_line(cmd, rest[1], depth)
         elif head in _CLUSTER_LAUNCHERS:
             rest = _cluster_launcher(cmd, rest, argv)

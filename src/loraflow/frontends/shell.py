@@ -153,7 +153,8 @@ def command_from_script(path: str) -> list[str]:
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise LoraflowError(f"cannot read the launch script {path}: {exc.strerror}.") from None
+        raise LoraflowError(f"cannot read the launch script {path} (from {Path.cwd()}): {exc.strerror}. check reads "
+                            "its launch line: run check where the script is, or paste that line after `--`.") from None
     text = _as_pasted(text)
     here = Path(path).resolve().parent
     SCRIPT_DIRS.set(tuple(dict.fromkeys((*SCRIPT_DIRS.get(), here, *list(here.parents)[:3]))))
