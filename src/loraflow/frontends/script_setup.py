@@ -23,6 +23,7 @@ from loraflow.frontends.intent import infer
 from loraflow.frontends.kbit_facts import move_refused
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
+from loraflow.frontends.script_wild import engine_moves_peft, kbit_prep_after_wrap, plain_args_defaults
 
 NAME = "python-script"
 # Combination field -> what to change in the script's code (words every fix; the launch-line path keeps hf's flags
@@ -138,7 +139,7 @@ def live(draft: Draft, script: Script, flags: dict[str, Opt]) -> Script:
 def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Opt]:
     """The options hf.py reads: the code's, the launch line's flags over them, then what the code sets on the parsed
     arguments afterwards (`training_args.gradient_checkpointing = True`)."""
-    opts = {**script.facts.opts, **flags}
+    opts = {**plain_args_defaults(script.code, script.facts), **script.facts.opts, **flags}
     for name, where in script.code.refused.items():
         if name not in opts:  # the script stops when it is on, so a run that trains has it off
             opts[name] = Opt(False, f"{where} (the script stops if it is on)")
@@ -232,6 +233,9 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
         draft.set("state_dict_patched", True, f"{facts.state_dict_patch} (the model's state_dict returns PEFT's "
                   "adapter state dict)")
     _loaded_frozen(draft, script)
+    frozen = kbit_prep_after_wrap(script.code, facts, lineage)
+    if frozen:  # the same outcome as an adapter loaded for inference: no parameter requires grad
+        draft.set("adapter_loaded_frozen", True, frozen)
     _task_head(draft, script)
     _casts(draft, script)
     _moves(draft, script)
@@ -342,7 +346,9 @@ def _moves(draft: Draft, script: Script) -> None:
     """A k-bit model moved after loading: transformers refuses 8-bit moves, and 4-bit ones before bitsandbytes
     0.43.2 (modeling_utils.py PreTrainedModel.to); a DeepSpeed engine moves the module it wraps."""
     for call in script.facts.engine_moves:
-        if _bits(draft, script, call.kwargs.get("model")):
+        model = call.kwargs.get("model")
+        bits = _bits(draft, script, model)
+        if bits and (bits == "?" or not engine_moves_peft(model, script.code, lineage) and move_refused(draft, bits)):
             draft.set("quantized_moved", True, f"{call.at()} (the DeepSpeed engine moves the model to its device)")
     for call in script.facts.moves:
         bits = _bits(draft, script, call.owner)

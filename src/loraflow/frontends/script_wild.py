@@ -1,0 +1,67 @@
+"""Readings of users' own scripts that script_setup.py's table of calls does not give by itself: how TRL's trainer
+treats a plain transformers TrainingArguments, a k-bit preparation that comes after the adapters are added, and
+a DeepSpeed engine wrapped around a PeftModel (each class was seen in public training scripts; see
+tests/frontends/test_wild_scripts3.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from loraflow.frontends.hf_options import Opt
+from loraflow.frontends.script_code import Call, Code
+from loraflow.frontends.script_facts import TRAINING_ARGS, Facts, kind
+
+# TRL's trainers take a transformers TrainingArguments too, and copy it into their own config:
+# `elif isinstance(args, TrainingArguments) and not isinstance(args, SFTConfig): dict_args = args.to_dict(); ...
+# args = SFTConfig(**dict_args)` (trl/trainer/sft_trainer.py, likewise the DPO / GRPO / reward trainers). to_dict
+# carries TrainingArguments' own defaults, so TRL's config defaults (gradient_checkpointing=True since TRL 0.22,
+# bf16 unless fp16 since TRL 0.19, trl/trainer/base_config.py) never apply to such a run.
+_PLAIN_DEFAULTS = ("gradient_checkpointing", "bf16")
+
+
+def plain_args_defaults(code: Code, facts: Facts) -> dict[str, Opt]:
+    """The TrainingArguments defaults a TRL trainer keeps when the script builds a plain TrainingArguments (and no
+    TRL config) for it: the options hf.py would otherwise fill with TRL's config defaults."""
+    if not facts.trainer_key:
+        return {}
+    built = [c for c in code.calls if kind(c, code) == "args"]
+    plain = [c for c in built if c.name in TRAINING_ARGS]
+    if not plain or len(plain) != len(built) or plain[0].splat:
+        return {}
+    call = plain[0]
+    keys = [k for k in _PLAIN_DEFAULTS if k not in call.kwargs]
+    if facts.unsloth:
+        # Unsloth's patched trainers pick fp16 or bf16 from the model's dtype when neither is set (unsloth
+        # models/rl.py, UNSLOTH_MIXED_PRECISION), so only the checkpointing default is TrainingArguments'.
+        keys = [k for k in keys if k != "bf16"]
+    return {k: Opt(False, f"{call.at()} (transformers' TrainingArguments: {k} defaults to False, and TRL's trainer "
+                          "copies it into its own config with to_dict, trl/trainer/sft_trainer.py)") for k in keys}
+
+
+def kbit_prep_after_wrap(code: Code, facts: Facts, lineage: Callable[[Any, Code], list[Call]]) -> str:
+    """peft's prepare_model_for_kbit_training starts with `for name, param in model.named_parameters():
+    param.requires_grad = False` (peft utils/other.py): called on a model that already has its adapters, it
+    freezes them too, and nothing trains (`trainable params: 0`). The source of the first such call, or ""."""
+    if not facts.trains:
+        return ""
+    adapters = ("wrap", "unsloth_wrap", "peft_load")
+    for call in code.calls:
+        if kind(call, code) != "kbit_prep" or not code.always_runs(call):
+            continue
+        # lineage() walks the model argument back to its load: an adapter call on the way means the
+        # preparation sees the PeftModel, not the bare base.
+        wrapped = next((c for c in lineage(call.arg(0, "model"), code) if kind(c, code) in adapters), None)
+        if wrapped is not None and wrapped.line < call.line:
+            return (f"{call.at()} after {wrapped.at()} (prepare_model_for_kbit_training sets requires_grad=False on "
+                    "every parameter, the adapter's too: nothing is left to train, peft utils/other.py)")
+    return ""
+
+
+def engine_moves_peft(value: Any, code: Code, lineage: Callable[[Any, Code], list[Call]]) -> bool:
+    """Whether the model a DeepSpeed engine wraps is a PeftModel. The engine calls `self.module.to(device)`
+    (deepspeed runtime/engine.py _configure_distributed_model); on a PeftModel that is torch's Module.to, which
+    walks the children with _apply and lets bitsandbytes' Params4bit / Int8Params move themselves, so transformers'
+    refusal (PreTrainedModel.to: 8-bit always, 4-bit before bitsandbytes 0.43.2) is only met by a bare quantized
+    model (transformers#29303, OpenRLHF#403: the engine's module is the PreTrainedModel)."""
+    return any(kind(c, code) in ("wrap", "unsloth_wrap", "peft_load") for c in lineage(value, code))
