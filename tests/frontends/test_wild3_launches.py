@@ -1,0 +1,87 @@
+"""A third sweep of users' own launches (research repos, SLURM jobs, VLM fine-tuning forks): the spellings it found
+misread. Each input is a short synthetic script or line of the same shape; the comment names the public repository
+that showed the class."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from loraflow.frontends import from_command
+from loraflow.frontends.shell import command_from_script
+
+
+def _check(line: str, versions: dict | None = None):
+    return from_command(shlex.split(line), versions or {})
+
+
+def _script(tmp_path, text: str, versions: dict | None = None):
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    return from_command(["bash", str(script)], versions or {})
+
+
+# shiyawei666/disc-law-sft_qwen_lora train_qlora.sh: `export OUTPUT_DIR="./out_$(date +%Y%m%d_%H%M%S)"`, then
+# `--output_dir $OUTPUT_DIR`: bash runs the date when it assigns, one word; the space inside must not split it.
+def test_a_command_substitution_in_a_quoted_assignment_stays_one_word(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text('OUT="./runs/x_$(date +%Y%m%d_%H%M%S)"\nGPUS=$(nvidia-smi -L | wc -l)\n'
+                      "torchrun --nproc_per_node $GPUS train.py --output_dir $OUT --lora_r 8\n")
+    argv = command_from_script(str(script))
+    assert argv[argv.index("--output_dir") + 2] == "--lora_r"  # no stray `+%Y...)` word after the path
+    assert "$GPUS" in argv  # a count computed by a command stays an unknown variable
+
+
+# Wyyyb/leakage_influence llama_factory/experiments/1_sft_0628.sh: `export CUDA_VISIBLE_DEVICES=1` on a line of its
+# own, then `llamafactory-cli train x.yaml`: the exported variable is the launch's environment (world size 1).
+def test_an_exported_variable_reaches_the_launch_environment(tmp_path):
+    result = _script(tmp_path, "export CUDA_VISIBLE_DEVICES=0,1\nexport HF_HOME=/tmp/hf\ncd ..\n"
+                               "llamafactory-cli train x.yaml stage=sft finetuning_type=lora\n")
+    assert result.setup.world_size == 2
+    plain = _script(tmp_path, "CUDA_VISIBLE_DEVICES=0,1\nllamafactory-cli train x.yaml stage=sft finetuning_type=lora\n")
+    assert "world_size" in plain.unsure  # not exported: the command never sees it
+    later = _script(tmp_path, "NPROC_PER_NODE=2\nexport NPROC_PER_NODE\n"
+                              "swift sft --model Qwen/Qwen2.5-7B-Instruct --train_type lora --dataset d\n")
+    assert later.setup.world_size == 2
+
+
+# VikramRangarajan/cypher-finetune run_sft.sh: `uv run sft.py --lora_rank=null &` (uv runs a .py file with the
+# project's python, no `python` word on the line).
+def test_uv_run_of_a_python_file_is_a_launch(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("module purge\nuv run --extra gpu sft.py --lora_r 8 &\nwait $!\n")
+    assert command_from_script(str(script)) == ["python", "sft.py", "--lora_r", "8"]
+
+
+# JerMa88/faster-sft run_sft.sh: `${PYTHON} scripts/prepare_data.py ...` and a profiling step before
+# `${PYTHON} scripts/train_sft.py ... --lora_rank 16`: the data step is not the launch.
+def test_a_data_step_before_the_training_line_gives_way(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("PY=/env/bin/python\n$PY scripts/prepare_data.py --n 10\n$PY scripts/profile_layers.py --k 2\n"
+                      "$PY scripts/train_sft.py --lora_rank 16\n$PY scripts/eval_lora.py --ckpt o\n")
+    assert command_from_script(str(script))[1:] == ["scripts/train_sft.py", "--lora_rank", "16"]
+    script.write_text("python main.py --lora_r 8\npython merge_lora.py --ckpt o\n")  # no later training line
+    assert command_from_script(str(script))[1] == "main.py"
+
+
+# Vitasii/NLP_Hw_2 part2/2.1.b.sh: `llamafactory-cli train examples/train_full/llama3_full_sft.yaml ...
+# deepspeed=null`: OmegaConf reads `null` as None, which removes the YAML's deepspeed key (no DeepSpeed).
+def test_a_null_override_removes_the_llama_factory_key(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "full_sft.yaml").write_text("stage: sft\nfinetuning_type: full\ndeepspeed: ds_z3_config.json\n"
+                                            "bf16: true\noutput_dir: o\n")
+    result = _check("llamafactory-cli train full_sft.yaml deepspeed=null bf16=true")
+    assert result.setup.engine == "single" and result.setup.zero_stage == 0
+    assert _check("llamafactory-cli train full_sft.yaml bf16=true").setup.zero_stage == 3
+
+
+# kev1n-zhao/Firefly train_qlora.sh: `deepspeed --num_gpus=1 train_qlora.py --train_args_file args/x.json`: the
+# script hands the JSON to HfArgumentParser.parse_json_file, so its keys are the run's TrainingArguments.
+def test_a_training_arguments_file_named_by_the_script_s_own_flag_is_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "args.json").write_text(json.dumps({"output_dir": "o", "lora_rank": 64, "gradient_checkpointing": True,
+                                                    "fp16": True, "optim": "paged_adamw_32bit"}))
+    result = _check("deepspeed --num_gpus=1 train_qlora.py --train_args_file args.json")
+    assert result.framework == "hf" and result.setup.adapter == "lora"
+    assert result.setup.checkpointing == "all" and result.setup.precision == "fp16-mixed"
+    assert not any("--train_args_file" in u for u in result.unknown)
