@@ -85,3 +85,24 @@ def test_a_training_arguments_file_named_by_the_script_s_own_flag_is_read(tmp_pa
     assert result.framework == "hf" and result.setup.adapter == "lora"
     assert result.setup.checkpointing == "all" and result.setup.precision == "fp16-mixed"
     assert not any("--train_args_file" in u for u in result.unknown)
+
+
+# A SLURM length probe (found by text search; the index did not name its repository): `timeout --signal=TERM
+# --kill-after=60 2400 apptainer exec --nv ... img.sif /opt/venv/bin/torchrun ... /opt/venv/bin/swift sft ...`.
+def test_timeout_is_a_wrapper_before_the_launcher(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("timeout --signal=TERM 2400 apptainer exec --nv --env A=1 img.sif /venv/bin/torchrun "
+                      "--nproc_per_node=4 /venv/bin/swift sft --model Qwen/Qwen2.5-7B-Instruct --train_type lora\n")
+    argv = command_from_script(str(script))
+    assert argv[0] == "/venv/bin/torchrun"
+    assert from_command(argv, {}).framework == "ms-swift"
+
+
+# The same probe's `--model .../Qwen3.5-9B --model_type qwen3_5 --freeze_vit true`: ms-swift registers qwen3_5 as an
+# image-text type (MLLMModelType in swift/llm/model/constant.py), so it is no text loader forced on a VLM.
+def test_qwen3_5_is_an_image_text_model_type_in_ms_swift():
+    result = _check("swift sft --model Qwen/Qwen3.5-9B --model_type qwen3_5 --freeze_vit true --tuner_type lora "
+                    "--torch_dtype bfloat16")
+    assert not result.setup.causal_lm_class
+    forced = _check("swift sft --model Qwen/Qwen2.5-VL-7B-Instruct --model_type qwen2_5 --train_type lora")
+    assert forced.setup.causal_lm_class
