@@ -106,3 +106,22 @@ def test_qwen3_5_is_an_image_text_model_type_in_ms_swift():
     assert not result.setup.causal_lm_class
     forced = _check("swift sft --model Qwen/Qwen2.5-VL-7B-Instruct --model_type qwen2_5 --train_type lora")
     assert forced.setup.causal_lm_class
+
+
+# KLi447/CS-598-FAL-Project run_profile.sh: `nsys profile --trace=cuda,nvtx --force-overwrite true \` then
+# `python train.py ...` on the next line: the profiler runs the launch.
+def test_nsys_profile_wraps_the_launch(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("nsys profile --trace=cuda,nvtx --output=prof --force-overwrite true \\\n"
+                      "python train.py --lora_r 8 --output_dir o\n")
+    assert command_from_script(str(script)) == ["python", "train.py", "--lora_r", "8", "--output_dir", "o"]
+
+
+# A user's `litgpt finetune --config configs/tiny-llama-lora.yaml --quantize bnb.nf4` (found by text search; the
+# index did not name its repository): the config is not here and may set precision, so the launch is not told that
+# its default precision fails beside --quantize.
+def test_litgpt_quantize_without_precision_is_not_called_failing_when_the_config_is_unseen():
+    unseen = _check("litgpt finetune --config configs/absent-lora.yaml --quantize bnb.nf4")
+    assert not any("Quantization and mixed precision" in n for n in unseen.notes)
+    seen = _check("litgpt finetune_lora checkpoints/x --quantize bnb.nf4")
+    assert any("Quantization and mixed precision" in n for n in seen.notes)

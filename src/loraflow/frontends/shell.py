@@ -24,8 +24,9 @@ _STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "sw
            "litgpt", "srun", "mpirun", "mpiexec")
 # Commands that run the rest of their line (`nohup torchrun ...`, `apptainer exec --nv img.sif accelerate launch ...`,
 # `conda run -n env python ...`): their own options and operands come before the launcher, which is read from there.
-_WRAPPERS = ("nohup", "time", "timeout", "exec", "env", "nice", "ionice", "stdbuf", "taskset", "numactl", "unbuffer", "apptainer",
-             "singularity", "conda", "mamba", "micromamba", "uv", "poetry", "pipenv")
+# `timeout 2400 ...` and `nsys profile --trace=cuda ... python ...` (SLURM jobs, profiling runs) wrap it the same way.
+_WRAPPERS = ("nohup", "time", "timeout", "nsys", "exec", "env", "nice", "ionice", "stdbuf", "taskset", "numactl",
+             "unbuffer", "apptainer", "singularity", "conda", "mamba", "micromamba", "uv", "poetry", "pipenv")
 _ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|'[^']*'|[^\s"'#]*)\s*(?:#.*)?$""")
 _MULTILINE_ASSIGN = re.compile(r'(?m)^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=)"([^"]*\n[^"]*)"')
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d|@|\*)")
