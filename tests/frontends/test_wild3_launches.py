@@ -125,3 +125,24 @@ def test_litgpt_quantize_without_precision_is_not_called_failing_when_the_config
     assert not any("Quantization and mixed precision" in n for n in unseen.notes)
     seen = _check("litgpt finetune_lora checkpoints/x --quantize bnb.nf4")
     assert any("Quantization and mixed precision" in n for n in seen.notes)
+
+
+# A DeepSpeed-Chat run starting from step 1's output (found by text search; the index did not name its repository):
+# `--model_name_or_path .../step1_supervised_finetuning/output --lora_module_name decoder.layers.`: a local path that
+# names no family may well be OPT (step 1's default), so its layer names stay a question, not a certain crash.
+def test_a_deepspeed_chat_model_path_naming_no_family_leaves_the_lora_scope_open():
+    line = ("deepspeed --num_gpus 1 main.py --model_name_or_path /w/step1_supervised_finetuning/output "
+            "--lora_dim 128 --lora_module_name decoder.layers. --only_optimize_lora --zero_stage 0 --output_dir o")
+    result = _check(line)
+    assert result.framework == "deepspeed-chat" and "matched_modules" in result.unsure
+    llama = _check(line.replace("/w/step1_supervised_finetuning/output", "meta-llama/Llama-2-7b-hf"))
+    assert llama.setup.matched_modules == 0
+
+
+# An alignment-handbook style recipe (found by text search; the index did not name its repository): `accelerate
+# launch --config_file .../deepspeed_zero3.yaml scripts/run_dpo.py --config dpo_lora.yaml`: NeMo-RL's scripts share
+# the name, but NeMo-RL starts its own Ray workers and never runs under accelerate, deepspeed or torchrun.
+def test_run_dpo_py_under_accelerate_is_no_nemo_rl_launch():
+    line = "accelerate launch --num_processes 2 scripts/run_dpo.py --config dpo_lora.yaml"
+    assert _check(line).framework == "hf"
+    assert _check("uv run python examples/run_dpo.py --config examples/configs/dpo.yaml").framework == "nemo-rl"
