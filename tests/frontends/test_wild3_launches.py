@@ -38,7 +38,8 @@ def test_an_exported_variable_reaches_the_launch_environment(tmp_path):
     result = _script(tmp_path, "export CUDA_VISIBLE_DEVICES=0,1\nexport HF_HOME=/tmp/hf\ncd ..\n"
                                "llamafactory-cli train x.yaml stage=sft finetuning_type=lora\n")
     assert result.setup.world_size == 2
-    plain = _script(tmp_path, "CUDA_VISIBLE_DEVICES=0,1\nllamafactory-cli train x.yaml stage=sft finetuning_type=lora\n")
+    plain = _script(tmp_path, "CUDA_VISIBLE_DEVICES=0,1\n"
+                              "llamafactory-cli train x.yaml stage=sft finetuning_type=lora\n")
     assert "world_size" in plain.unsure  # not exported: the command never sees it
     later = _script(tmp_path, "NPROC_PER_NODE=2\nexport NPROC_PER_NODE\n"
                               "swift sft --model Qwen/Qwen2.5-7B-Instruct --train_type lora --dataset d\n")

@@ -90,14 +90,10 @@ def _read(cmd: Command | None, paths: list[str], draft: Draft) -> tuple[dict[str
     if cmd is None:
         return opts, bases
     args, positionals, _ = parse_flags(cmd.args)
-    cleared = []
     for pos in positionals:
         if "=" in pos:
             key, _, value = pos.partition("=")
             opts[key] = (value, pos)
-            # `deepspeed=null` (OmegaConf.from_cli: YAML null) removes the config file's key, so LLaMA-Factory's
-            # default holds (src/llamafactory/hparams/parser.py merges the overrides over the YAML).
-            cleared += [key] if value.strip() in ("null", "~", "") else []
         elif pos.endswith((".yaml", ".yml", ".json")):
             path = resolve_path(pos)
             if path is None:
@@ -111,9 +107,7 @@ def _read(cmd: Command | None, paths: list[str], draft: Draft) -> tuple[dict[str
             draft.unknown.append(f"{pos} (positional argument)")
     for a in args:
         opts[a.name] = (a.value if a.value is not None else True, a.raw)  # a bare `--switch` is on
-    for key in cleared:
-        opts.pop(key, None)
-    return opts, bases
+    return {k: v for k, v in opts.items() if v[1] != f"{k}=null"}, bases  # OmegaConf null drops the YAML's key
 
 
 def _from_name(name: str, draft: Draft) -> dict[str, tuple[Any, str]]:

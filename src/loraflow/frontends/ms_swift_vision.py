@@ -30,7 +30,8 @@ def _encode_runs_model(draft: Draft, model: str, source: str) -> None:
 # and gemma4 under MLLMModelType (swift/llm/model/constant.py; swift/model/constant.py from 4.0).
 _TEXT_MODEL_TYPE = re.compile(r"^(?!qwen3_5(_moe)?$|llama4$|gemma4$)"
                               r"(qwen\d?(_\d)?(_moe)?|llama\d?(_\d)?|internlm\d?(_\d)?|glm\d?|chatglm\d?|mistral|"
-                              r"mixtral|gemma\d?(_text)?|phi\d?(_\d)?|minicpm\d?|yi|deepseek(_v\d)?|baichuan\d?)$", re.I)
+                              r"mixtral|gemma\d?(_text)?|phi\d?(_\d)?|minicpm\d?|yi|deepseek(_v\d)?|"
+                              r"baichuan\d?)$", re.I)
 
 
 def text_model_type(draft: Draft, model_type: str, source: str, key: str | None) -> None:
