@@ -46,10 +46,14 @@ def _view(cmd) -> CommandView:
     from loraflow.frontends.argv import parse_flags, resolve_path
     from loraflow.frontends.common import load_mapping
 
+    from loraflow.frontends.hf_options import ARGS_FILE_FLAG
+
     program = cmd.program.replace("\\", "/")
     args, positionals, _ = parse_flags(cmd.args)
     keys_found: set[str] = set()
-    for pos in positionals:
+    # `train.py --train_args_file args.json`: the file's keys say whose arguments they are, as a lone config does.
+    named = [str(a.one() or "") for a in args if ARGS_FILE_FLAG.match(a.name) and a.name != "config"]
+    for pos in positionals + named:
         path = resolve_path(pos)
         if pos.endswith((".yaml", ".yml", ".json")) and path is not None:
             data = load_mapping(path, "config file")

@@ -61,12 +61,16 @@ _ERAS = (("lora_learning_rate", ">=2023.8.14"), ("enable_mixed_precision_lora", 
          ("compute_fp32_loss", ">=2023.10.4"), ("add_eot_token", ">=2023.10.17"), ("eot_token", ">=2024.10.30"))
 # Model families whose layers live under `decoder.layers.` (OPT's naming), the default --lora_module_name scope.
 _OPT_STYLE = re.compile(r"(^|[/_-])opt([-_]|$)|galactica", re.I)
+# A name that says which other family it is; a local path that says none (`.../step1_supervised_finetuning/output`,
+# the step-1 model a step-2 or step-3 launch starts from) may be OPT as well, so its layers stay open.
+_OTHER_FAMILY = re.compile(r"llama|vicuna|alpaca|mistral|mixtral|qwen|gemma|bloom|gpt|falcon|pythia|baichuan|glm|"
+                           r"internlm|phi[-_]?\d|(^|[/_-])yi[-_]|deepseek|stablelm|mpt[-_]|codegen|t5", re.I)
 
 
 def _lora_scope(draft: Draft, model: str, flag: str, given: bool) -> None:
     """The default scope `decoder.layers.` matches OPT's layers only: decide, or leave to the unseen model."""
     shown = f"--{flag} {'decoder.layers.' if given else '(default decoder.layers.)'}"
-    if model and "$" not in model and not _OPT_STYLE.search(model):
+    if model and "$" not in model and not _OPT_STYLE.search(model) and _OTHER_FAMILY.search(model):
         draft.set("matched_modules", 0, f"{shown} (OPT's naming) with {model}")
         draft.note(f"{model} does not name its decoder layers `decoder.layers.N` (OPT's naming), so the scope "
                    f"`decoder.layers.` converts no linear layer to LoRA; DeepSpeed-Chat's Llama-2 scripts pass "

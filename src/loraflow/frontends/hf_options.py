@@ -30,6 +30,10 @@ HANDLED = {"gradient_checkpointing", "activation_checkpointing", "gradient_check
 
 
 _OVERRIDE = re.compile(r"^\+{0,2}((?:[A-Za-z_]\w*\.)*)([A-Za-z_]\w*)=(.*)$")
+# A flag of the script's own that names its TrainingArguments file: TRL's `--config recipe.yaml`, and the
+# `--train_args_file args.json` (Firefly's train.py: HfArgumentParser.parse_json_file), `--config_file`,
+# `--args_file`... of users' scripts built the same way.
+ARGS_FILE_FLAG = re.compile(r"^(train(ing)?_)?(args|arguments|config|cfg)(_file|_path)?$")
 """`section.key=value` after the script (Hydra's and OmegaConf's command-line overrides): read by the last key."""
 
 
@@ -127,21 +131,23 @@ def options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[str
                                  "arguments), so only the command's flags were read")
         else:
             draft.unknown.append(f"{pos} (positional argument)")
-    config = next((a for a in args if a.name == "config"), None)
+    config = next((a for a in args if a.name == "config" or (
+        ARGS_FILE_FLAG.match(a.name) and str(a.one() or "").endswith((".yaml", ".yml", ".json")))), None)
     if config is not None:  # TRL's --config recipe.yaml; command-line flags override it (trl/scripts/utils.py)
         path = resolve_path(config.one() or "", *bases)
         if path is None:  # a launch pasted from elsewhere: its flags are still read, the file's keys are unseen
-            draft.unknown.append(f"--config {config.one()}: not here (TRL reads its training arguments from it), so "
-                                 "only the command's flags were read")
+            draft.unknown.append(f"--{config.name} {config.one()}: not here (the script reads its training arguments "
+                                 "from it), so only the command's flags were read")
         else:
-            options_from_file(path, opts, "--config")
+            options_from_file(path, opts, f"--{config.name}")
             bases.append(path.parent)
     # HfArgumentParser adds `--no_X` for every boolean field that defaults to true (`--no_remove_unused_columns`).
     negatable = HANDLED | keys.HF_TRAINER | keys.TRL
     for a in args:
         name = a.name[3:] if a.name.startswith("no_") and a.name[3:] in negatable else a.name
         value: Any = False if name != a.name else a.value
-        opts[name] = Opt(value, a.raw)
+        if config is None or a is not config or a.name == "config":  # its keys were read in its place
+            opts[name] = Opt(value, a.raw)
     trl = cmd.program == "trl" or cmd.program.startswith("trl.") or trl_rel.own_script(cmd.program)
     return opts, trl or trl_keys(opts)
 

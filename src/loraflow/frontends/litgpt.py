@@ -115,7 +115,10 @@ def _precision(draft: Draft, options: dict, quantized: bool) -> None:
             draft.note(f"{raw} beside --quantize: LitGPT raises `ValueError: Quantization and mixed precision is not "
                        "supported.` before training; give --precision bf16-true (or 16-true)")
         return
-    if quantized:
+    # A `--config` that is not here may set precision itself (LitGPT's own config_hub files do): only a launch whose
+    # whole configuration is visible is told its default fails.
+    unseen_config = any(u.startswith("--config") for u in draft.unknown)
+    if quantized and not unseen_config:
         draft.note("--quantize without --precision: the default is bf16-mixed, and LitGPT raises `ValueError: "
                    "Quantization and mixed precision is not supported.`; give --precision bf16-true")
     draft.maybe("precision", {"bf16-mixed": "a GPU with bfloat16 (Ampere or later)",

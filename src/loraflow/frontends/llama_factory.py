@@ -107,7 +107,7 @@ def _read(cmd: Command | None, paths: list[str], draft: Draft) -> tuple[dict[str
             draft.unknown.append(f"{pos} (positional argument)")
     for a in args:
         opts[a.name] = (a.value if a.value is not None else True, a.raw)  # a bare `--switch` is on
-    return opts, bases
+    return {k: v for k, v in opts.items() if v[1] != f"{k}=null"}, bases  # OmegaConf null drops the YAML's key
 
 
 def _from_name(name: str, draft: Draft) -> dict[str, tuple[Any, str]]:

@@ -26,8 +26,12 @@ def _encode_runs_model(draft: Draft, model: str, source: str) -> None:
 # AutoModelForCausalLM (get_model_tokenizer_with_flash_attn's default automodel_class), so an image-text checkpoint
 # forced to one (`--model Qwen/Qwen2.5-VL-7B-Instruct --model_type qwen2_5`) fails with transformers' "Unrecognized
 # configuration class <...Qwen2_5_VLConfig> for this kind of AutoModel: AutoModelForCausalLM".
-_TEXT_MODEL_TYPE = re.compile(r"^(qwen\d?(_\d)?(_moe)?|llama\d?(_\d)?|internlm\d?(_\d)?|glm\d?|chatglm\d?|mistral|"
-                              r"mixtral|gemma\d?(_text)?|phi\d?(_\d)?|minicpm\d?|yi|deepseek(_v\d)?|baichuan\d?)$", re.I)
+# Natively image-text families spelled like text ones are left out: ms-swift registers qwen3_5, qwen3_5_moe, llama4
+# and gemma4 under MLLMModelType (swift/llm/model/constant.py; swift/model/constant.py from 4.0).
+_TEXT_MODEL_TYPE = re.compile(r"^(?!qwen3_5(_moe)?$|llama4$|gemma4$)"
+                              r"(qwen\d?(_\d)?(_moe)?|llama\d?(_\d)?|internlm\d?(_\d)?|glm\d?|chatglm\d?|mistral|"
+                              r"mixtral|gemma\d?(_text)?|phi\d?(_\d)?|minicpm\d?|yi|deepseek(_v\d)?|"
+                              r"baichuan\d?)$", re.I)
 
 
 def text_model_type(draft: Draft, model_type: str, source: str, key: str | None) -> None:

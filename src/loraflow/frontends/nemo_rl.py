@@ -407,6 +407,10 @@ def _recognise(view) -> bool:
     stem = Path(view.program).stem
     if stem not in SCRIPTS and stem not in _UNREAD:
         return False
+    # NeMo-RL starts its own Ray workers from one `uv run python examples/run_dpo.py`; a run_dpo.py under accelerate,
+    # deepspeed or torchrun is another project's (alignment-handbook's scripts/run_dpo.py, run_sft.py).
+    if view.launcher in ("accelerate", "deepspeed", "torchrun"):
+        return False
     overrides = any(p.lstrip("+~").split(".")[0] in SECTIONS and "=" in p for p in view.positionals)
     return overrides or "config" in view.flags or "examples" in Path(view.program).parts
 

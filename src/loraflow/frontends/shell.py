@@ -24,8 +24,9 @@ _STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "sw
            "litgpt", "srun", "mpirun", "mpiexec")
 # Commands that run the rest of their line (`nohup torchrun ...`, `apptainer exec --nv img.sif accelerate launch ...`,
 # `conda run -n env python ...`): their own options and operands come before the launcher, which is read from there.
-_WRAPPERS = ("nohup", "time", "exec", "env", "nice", "ionice", "stdbuf", "taskset", "numactl", "unbuffer", "apptainer",
-             "singularity", "conda", "mamba", "micromamba", "uv", "poetry", "pipenv")
+# `timeout 2400 ...` and `nsys profile --trace=cuda ... python ...` (SLURM jobs, profiling runs) wrap it the same way.
+_WRAPPERS = ("nohup", "time", "timeout", "nsys", "exec", "env", "nice", "ionice", "stdbuf", "taskset", "numactl",
+             "unbuffer", "apptainer", "singularity", "conda", "mamba", "micromamba", "uv", "poetry", "pipenv")
 _ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|'[^']*'|[^\s"'#]*)\s*(?:#.*)?$""")
 _MULTILINE_ASSIGN = re.compile(r'(?m)^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=)"([^"]*\n[^"]*)"')
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d|@|\*)")
@@ -35,6 +36,13 @@ _HEREDOC = re.compile(r"^[ \t]*(?:read\s+(?:-\w+\s+(?:''\s+)?)*(?P<var>[A-Za-z_]
 # read as one word rather than split into `$(expr`, `16`, `/`... positional arguments.
 _CASE = re.compile(r"^case\s.+\sin\b")
 _EXPR = re.compile(r"\$\(\s*expr\s+([^()]*)\)")
+# `OUT="runs/x_$(date +%Y%m%d_%H%M%S)"`: bash runs the command when it assigns, and its output (a date, a path) is
+# one word; kept as written, the space inside would split `--output_dir $OUT` into a stray positional argument.
+_SUBST = re.compile(r"\$\((?!\()[^()]*\)")
+# A pipeline script runs `python scripts/prepare_data.py` (or a profiling, download... step) before its training
+# line: a plain python program whose name says nothing of training gives way to a later one whose name does.
+_TRAINS = re.compile(r"train|finetun|fine_tun|sft|dpo|grpo|ppo|rlhf|lora|distill", re.I)
+_NOT_TRAINING = re.compile(r"merge|export|eval|infer|predict|serve|test|convert|download", re.I)
 
 def _arithmetic(line: str, variables: dict[str, str]) -> str:
     """`$((A / (B * C)))` replaced by its value where every name in it has a numeric value (bash integer
@@ -62,7 +70,7 @@ def _launcher_at(words: list[str]) -> int | None:
     options and operands (an image, an environment's name); None when the line runs something else."""
     wrapped = False
     for i, word in enumerate(words):
-        if Path(word).name in _STARTS or _PYTHON.match(word):
+        if Path(word).name in _STARTS or _PYTHON.match(word) or (wrapped and word.endswith(".py")):
             return i
         if Path(word).name in _WRAPPERS:
             wrapped = True
@@ -89,7 +97,9 @@ def _launch_in(line: str) -> list[str]:
         at = _launcher_at(tokens)
         if at is not None:  # the `VAR=value` words before a wrapper still reach the launcher
             wrapper = next((i for i, t in enumerate(tokens[:at]) if Path(t).name in _WRAPPERS), at)
-            return env + tokens[:wrapper] + tokens[at:]
+            # `uv run sft.py` (uv runs a .py file with the project's python): the python is implied.
+            python = ["python"] if tokens[at].endswith(".py") else []
+            return env + tokens[:wrapper] + python + tokens[at:]
     return []
 
 
@@ -176,6 +186,10 @@ def command_from_script(path: str) -> list[str]:
         return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(3), _unset(m)), s)
 
     cases = 0  # inside `case ... esac`: arms that run only for a matching argument (none, run without arguments)
+    # `export CUDA_VISIBLE_DEVICES=0,1` on a line of its own reaches the launch's environment as an inline
+    # `VAR=value` does (bash passes exported variables to the commands it starts); the others stay the shell's.
+    exported: list[str] = []
+    first: list[str] | None = None
     for line in joined.splitlines():
         line = _EXPR.sub(lambda m: "$((" + m.group(1).replace("\\*", "*") + "))", line)
         line = _arithmetic(line, variables) if "$((" in line else line
@@ -187,16 +201,39 @@ def command_from_script(path: str) -> list[str]:
         if assign and cases > 0:
             continue  # `-m | --model ) shift; MODEL=$1 ;;` (Qwen's finetune scripts) does not run without arguments
         if assign:
-            variables[assign.group(1)] = expand(assign.group(2)[1:-1] if assign.group(2)[:1] in "'\"" and
-                                                assign.group(2) else assign.group(2))
+            value = expand(assign.group(2)[1:-1] if assign.group(2)[:1] in "'\"" and assign.group(2) else
+                           assign.group(2))
+            variables[assign.group(1)] = _SUBST.sub(lambda m: "".join(m.group(0).split()), value)
+            exported += [assign.group(1)] if re.match(r"\s*export\s", line) else []
+            continue
+        if re.match(r"export\s+[A-Za-z_]\w*(\s+[A-Za-z_]\w*)*$", stripped):  # `export A B` after `A=1`
+            exported += stripped.split()[1:]
             continue
         # A notebook cell saved as text: `!swift sft ...` runs the rest of the line in a shell (IPython).
         stripped = stripped[1:] if stripped.startswith("!") else stripped
         tokens = _launch_in(expand(stripped))  # `$LAUNCHER train.py` with LAUNCHER=torchrun set above
-        if tokens:
-            return tokens
+        if tokens and (first is None or _names_training(tokens)):
+            tokens = [f"{k}={variables[k]}" for k in exported if k in variables] + tokens
+            if first is not None or _names_training(tokens) or not _plain_python(tokens):
+                return tokens
+            first = tokens  # a data step first; a later training line wins, else this one
+    if first is not None:
+        return first
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
                         "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
+
+
+def _program(tokens: list[str]) -> str:
+    return next((Path(t).stem for t in tokens if t.endswith(".py")), "")
+
+
+def _plain_python(tokens: list[str]) -> bool:
+    return any(_PYTHON.match(t) for t in tokens) and not any(Path(t).name in _STARTS for t in tokens)
+
+
+def _names_training(tokens: list[str]) -> bool:
+    name = _program(tokens)
+    return bool(_TRAINS.search(name)) and not _NOT_TRAINING.search(name)
 
 
 def is_launch_script(path: str) -> bool:

@@ -1,0 +1,149 @@
+"""A third sweep of users' own launches (research repos, SLURM jobs, VLM fine-tuning forks): the spellings it found
+misread. Each input is a short synthetic script or line of the same shape; the comment names the public repository
+that showed the class."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from loraflow.frontends import from_command
+from loraflow.frontends.shell import command_from_script
+
+
+def _check(line: str, versions: dict | None = None):
+    return from_command(shlex.split(line), versions or {})
+
+
+def _script(tmp_path, text: str, versions: dict | None = None):
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    return from_command(["bash", str(script)], versions or {})
+
+
+# shiyawei666/disc-law-sft_qwen_lora train_qlora.sh: `export OUTPUT_DIR="./out_$(date +%Y%m%d_%H%M%S)"`, then
+# `--output_dir $OUTPUT_DIR`: bash runs the date when it assigns, one word; the space inside must not split it.
+def test_a_command_substitution_in_a_quoted_assignment_stays_one_word(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text('OUT="./runs/x_$(date +%Y%m%d_%H%M%S)"\nGPUS=$(nvidia-smi -L | wc -l)\n'
+                      "torchrun --nproc_per_node $GPUS train.py --output_dir $OUT --lora_r 8\n")
+    argv = command_from_script(str(script))
+    assert argv[argv.index("--output_dir") + 2] == "--lora_r"  # no stray `+%Y...)` word after the path
+    assert "$GPUS" in argv  # a count computed by a command stays an unknown variable
+
+
+# Wyyyb/leakage_influence llama_factory/experiments/1_sft_0628.sh: `export CUDA_VISIBLE_DEVICES=1` on a line of its
+# own, then `llamafactory-cli train x.yaml`: the exported variable is the launch's environment (world size 1).
+def test_an_exported_variable_reaches_the_launch_environment(tmp_path):
+    result = _script(tmp_path, "export CUDA_VISIBLE_DEVICES=0,1\nexport HF_HOME=/tmp/hf\ncd ..\n"
+                               "llamafactory-cli train x.yaml stage=sft finetuning_type=lora\n")
+    assert result.setup.world_size == 2
+    plain = _script(tmp_path, "CUDA_VISIBLE_DEVICES=0,1\n"
+                              "llamafactory-cli train x.yaml stage=sft finetuning_type=lora\n")
+    assert "world_size" in plain.unsure  # not exported: the command never sees it
+    later = _script(tmp_path, "NPROC_PER_NODE=2\nexport NPROC_PER_NODE\n"
+                              "swift sft --model Qwen/Qwen2.5-7B-Instruct --train_type lora --dataset d\n")
+    assert later.setup.world_size == 2
+
+
+# VikramRangarajan/cypher-finetune run_sft.sh: `uv run sft.py --lora_rank=null &` (uv runs a .py file with the
+# project's python, no `python` word on the line).
+def test_uv_run_of_a_python_file_is_a_launch(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("module purge\nuv run --extra gpu sft.py --lora_r 8 &\nwait $!\n")
+    assert command_from_script(str(script)) == ["python", "sft.py", "--lora_r", "8"]
+
+
+# JerMa88/faster-sft run_sft.sh: `${PYTHON} scripts/prepare_data.py ...` and a profiling step before
+# `${PYTHON} scripts/train_sft.py ... --lora_rank 16`: the data step is not the launch.
+def test_a_data_step_before_the_training_line_gives_way(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("PY=/env/bin/python\n$PY scripts/prepare_data.py --n 10\n$PY scripts/profile_layers.py --k 2\n"
+                      "$PY scripts/train_sft.py --lora_rank 16\n$PY scripts/eval_lora.py --ckpt o\n")
+    assert command_from_script(str(script))[1:] == ["scripts/train_sft.py", "--lora_rank", "16"]
+    script.write_text("python main.py --lora_r 8\npython merge_lora.py --ckpt o\n")  # no later training line
+    assert command_from_script(str(script))[1] == "main.py"
+
+
+# Vitasii/NLP_Hw_2 part2/2.1.b.sh: `llamafactory-cli train examples/train_full/llama3_full_sft.yaml ...
+# deepspeed=null`: OmegaConf reads `null` as None, which removes the YAML's deepspeed key (no DeepSpeed).
+def test_a_null_override_removes_the_llama_factory_key(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "full_sft.yaml").write_text("stage: sft\nfinetuning_type: full\ndeepspeed: ds_z3_config.json\n"
+                                            "bf16: true\noutput_dir: o\n")
+    result = _check("llamafactory-cli train full_sft.yaml deepspeed=null bf16=true")
+    assert result.setup.engine == "single" and result.setup.zero_stage == 0
+    assert _check("llamafactory-cli train full_sft.yaml bf16=true").setup.zero_stage == 3
+
+
+# kev1n-zhao/Firefly train_qlora.sh: `deepspeed --num_gpus=1 train_qlora.py --train_args_file args/x.json`: the
+# script hands the JSON to HfArgumentParser.parse_json_file, so its keys are the run's TrainingArguments.
+def test_a_training_arguments_file_named_by_the_script_s_own_flag_is_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "args.json").write_text(json.dumps({"output_dir": "o", "lora_rank": 64, "gradient_checkpointing": True,
+                                                    "fp16": True, "optim": "paged_adamw_32bit"}))
+    result = _check("deepspeed --num_gpus=1 train_qlora.py --train_args_file args.json")
+    assert result.framework == "hf" and result.setup.adapter == "lora"
+    assert result.setup.checkpointing == "all" and result.setup.precision == "fp16-mixed"
+    assert not any("--train_args_file" in u for u in result.unknown)
+
+
+# A SLURM length probe (found by text search; the index did not name its repository): `timeout --signal=TERM
+# --kill-after=60 2400 apptainer exec --nv ... img.sif /opt/venv/bin/torchrun ... /opt/venv/bin/swift sft ...`.
+def test_timeout_is_a_wrapper_before_the_launcher(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("timeout --signal=TERM 2400 apptainer exec --nv --env A=1 img.sif /venv/bin/torchrun "
+                      "--nproc_per_node=4 /venv/bin/swift sft --model Qwen/Qwen2.5-7B-Instruct --train_type lora\n")
+    argv = command_from_script(str(script))
+    assert argv[0] == "/venv/bin/torchrun"
+    assert from_command(argv, {}).framework == "ms-swift"
+
+
+# The same probe's `--model .../Qwen3.5-9B --model_type qwen3_5 --freeze_vit true`: ms-swift registers qwen3_5 as an
+# image-text type (MLLMModelType in swift/llm/model/constant.py), so it is no text loader forced on a VLM.
+def test_qwen3_5_is_an_image_text_model_type_in_ms_swift():
+    result = _check("swift sft --model Qwen/Qwen3.5-9B --model_type qwen3_5 --freeze_vit true --tuner_type lora "
+                    "--torch_dtype bfloat16")
+    assert not result.setup.causal_lm_class
+    forced = _check("swift sft --model Qwen/Qwen2.5-VL-7B-Instruct --model_type qwen2_5 --train_type lora")
+    assert forced.setup.causal_lm_class
+
+
+# KLi447/CS-598-FAL-Project run_profile.sh: `nsys profile --trace=cuda,nvtx --force-overwrite true \` then
+# `python train.py ...` on the next line: the profiler runs the launch.
+def test_nsys_profile_wraps_the_launch(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("nsys profile --trace=cuda,nvtx --output=prof --force-overwrite true \\\n"
+                      "python train.py --lora_r 8 --output_dir o\n")
+    assert command_from_script(str(script)) == ["python", "train.py", "--lora_r", "8", "--output_dir", "o"]
+
+
+# A user's `litgpt finetune --config configs/tiny-llama-lora.yaml --quantize bnb.nf4` (found by text search; the
+# index did not name its repository): the config is not here and may set precision, so the launch is not told that
+# its default precision fails beside --quantize.
+def test_litgpt_quantize_without_precision_is_not_called_failing_when_the_config_is_unseen():
+    unseen = _check("litgpt finetune --config configs/absent-lora.yaml --quantize bnb.nf4")
+    assert not any("Quantization and mixed precision" in n for n in unseen.notes)
+    seen = _check("litgpt finetune_lora checkpoints/x --quantize bnb.nf4")
+    assert any("Quantization and mixed precision" in n for n in seen.notes)
+
+
+# A DeepSpeed-Chat run starting from step 1's output (found by text search; the index did not name its repository):
+# `--model_name_or_path .../step1_supervised_finetuning/output --lora_module_name decoder.layers.`: a local path that
+# names no family may well be OPT (step 1's default), so its layer names stay a question, not a certain crash.
+def test_a_deepspeed_chat_model_path_naming_no_family_leaves_the_lora_scope_open():
+    line = ("deepspeed --num_gpus 1 main.py --model_name_or_path /w/step1_supervised_finetuning/output "
+            "--lora_dim 128 --lora_module_name decoder.layers. --only_optimize_lora --zero_stage 0 --output_dir o")
+    result = _check(line)
+    assert result.framework == "deepspeed-chat" and "matched_modules" in result.unsure
+    llama = _check(line.replace("/w/step1_supervised_finetuning/output", "meta-llama/Llama-2-7b-hf"))
+    assert llama.setup.matched_modules == 0
+
+
+# An alignment-handbook style recipe (found by text search; the index did not name its repository): `accelerate
+# launch --config_file .../deepspeed_zero3.yaml scripts/run_dpo.py --config dpo_lora.yaml`: NeMo-RL's scripts share
+# the name, but NeMo-RL starts its own Ray workers and never runs under accelerate, deepspeed or torchrun.
+def test_run_dpo_py_under_accelerate_is_no_nemo_rl_launch():
+    line = "accelerate launch --num_processes 2 scripts/run_dpo.py --config dpo_lora.yaml"
+    assert _check(line).framework == "hf"
+    assert _check("uv run python examples/run_dpo.py --config examples/configs/dpo.yaml").framework == "nemo-rl"
