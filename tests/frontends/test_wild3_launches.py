@@ -63,6 +63,9 @@ def test_a_data_step_before_the_training_line_gives_way(tmp_path):
     assert command_from_script(str(script))[1:] == ["scripts/train_sft.py", "--lora_rank", "16"]
     script.write_text("python main.py --lora_r 8\npython merge_lora.py --ckpt o\n")  # no later training line
     assert command_from_script(str(script))[1] == "main.py"
+    # a launcher's line after the data step wins whatever its program is called
+    script.write_text("python prepare_data.py --out d\ntorchrun --nproc_per_node 4 main.py --lora_r 8\n")
+    assert command_from_script(str(script))[:2] == ["torchrun", "--nproc_per_node"]
 
 
 # Vitasii/NLP_Hw_2 part2/2.1.b.sh: `llamafactory-cli train examples/train_full/llama3_full_sft.yaml ...

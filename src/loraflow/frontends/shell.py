@@ -212,11 +212,12 @@ def command_from_script(path: str) -> list[str]:
         # A notebook cell saved as text: `!swift sft ...` runs the rest of the line in a shell (IPython).
         stripped = stripped[1:] if stripped.startswith("!") else stripped
         tokens = _launch_in(expand(stripped))  # `$LAUNCHER train.py` with LAUNCHER=torchrun set above
-        if tokens and (first is None or _names_training(tokens)):
-            tokens = [f"{k}={variables[k]}" for k in exported if k in variables] + tokens
-            if first is not None or _names_training(tokens) or not _plain_python(tokens):
-                return tokens
-            first = tokens  # a data step first; a later training line wins, else this one
+        if not tokens:
+            continue
+        tokens = [f"{k}={variables[k]}" for k in exported if k in variables] + tokens
+        if _names_training(tokens) or not _plain_python(tokens):  # a launcher's line, or a training program
+            return tokens
+        first = first or tokens  # a data step first: a later launcher or training line wins, else this one
     if first is not None:
         return first
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
