@@ -81,6 +81,9 @@ def test_k_bit_preparation_after_the_adapters_freezes_them(tmp_path, monkeypatch
     assert report["setup"]["adapter_loaded_frozen"] is True
     assert "prepare_model_for_kbit_training" in report["sources"]["adapter_loaded_frozen"]
     assert "adapter-loaded-frozen" in rules(report)
+    # the fix names the order to change, not is_trainable (which is the fix for an adapter loaded for inference)
+    fix = next(f for f in report["findings"] if f["rule"] == "adapter-loaded-frozen")
+    assert "before get_peft_model" in fix["fix_here"][0] and "is_trainable" not in fix["fix_here"][0]
 
 
 def test_k_bit_preparation_before_the_adapters_freezes_only_the_base(tmp_path, monkeypatch):

@@ -21,6 +21,7 @@ from loraflow.frontends.argv import Command
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, load_mapping
 from loraflow.frontends.hf_options import Opt, options_from_file
+from loraflow.frontends.script_wild import cause_fixes
 from loraflow.frontends.script_setup import FLAGS, NAME, UNSLOTH_VISION_DDP, read_script, recognised, script_of
 
 
@@ -49,6 +50,7 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
     draft.flags.update(FLAGS)
     if script.facts.lightning is not None:  # Lightning's Trainer arguments, not TrainingArguments, are the fixes
         draft.flags.update(lightning.FLAGS)
+    draft.flags.update(cause_fixes(draft.sources))
     return draft.result()
 
 

@@ -23,7 +23,7 @@ from loraflow.frontends.intent import infer
 from loraflow.frontends.kbit_facts import move_refused
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
-from loraflow.frontends.script_wild import engine_moves_peft, kbit_prep_after_wrap, plain_args_defaults
+from loraflow.frontends.script_wild import cause_fixes, engine_moves_peft, kbit_prep_after_wrap, plain_args_defaults
 
 NAME = "python-script"
 # Combination field -> what to change in the script's code (words every fix; the launch-line path keeps hf's flags
@@ -167,6 +167,7 @@ def finish(draft: Draft, script: Script) -> None:
     # A fix names the code to change where the code set the value, the flag where a flag did.
     draft.flags.update({k: v for k, v in FLAGS.items() if draft.sources.get(k, "").startswith(script.code.file + ":")
                         or k in CODE_FLAGS})
+    draft.flags.update(cause_fixes(draft.sources))
     for line in script.code.skipped:
         draft.note(line)
     if script.code.elided:

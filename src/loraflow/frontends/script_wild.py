@@ -65,3 +65,12 @@ def engine_moves_peft(value: Any, code: Code, lineage: Callable[[Any, Code], lis
     refusal (PreTrainedModel.to: 8-bit always, 4-bit before bitsandbytes 0.43.2) is only met by a bare quantized
     model (transformers#29303, OpenRLHF#403: the engine's module is the PreTrainedModel)."""
     return any(kind(c, code) in ("wrap", "unsloth_wrap", "peft_load") for c in lineage(value, code))
+
+
+def cause_fixes(sources: dict[str, str]) -> dict[str, str]:
+    """The fix in the code's words where one field has several causes in code: the table's fix for a frozen adapter
+    is for an adapter loaded without is_trainable, not for one frozen by a k-bit preparation that came after it."""
+    if "prepare_model_for_kbit_training" in sources.get("adapter_loaded_frozen", ""):
+        return {"adapter_loaded_frozen": "prepare_model_for_kbit_training(model) before get_peft_model(model, ...), "
+                                         "not after it"}
+    return {}
