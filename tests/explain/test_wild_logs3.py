@@ -6,7 +6,7 @@ from __future__ import annotations
 from conftest import ROOT
 
 from loraflow.explain import diagnose_log
-from loraflow.explain.facts import context_text, read_facts
+from loraflow.explain.facts import read_facts
 from loraflow.explain.logread import view
 
 WILD3 = ROOT / "tests" / "fixtures" / "corpus" / "explain" / "wild3"
@@ -29,20 +29,6 @@ def test_notebook_frames_are_frames_so_a_cut_notebook_traceback_is_truncated():
     assert [f.function for f in log.frames] == ["PeftModel.__init__"]
     # Python's and rich's forms are read as before.
     assert len(view('  File "/a/t.py", line 9, in f\n│ /a/t.py:9 in g\n').frames) == 2
-
-
-def test_a_fact_is_not_read_from_the_fixed_wording_of_a_known_message():
-    # transformers' refusal to move a quantized model says `bitsandbytes models` whatever was moved: on its own it
-    # must not count as a bitsandbytes base that makes a merge into 4-bit codes likely.
-    refusal = ("ValueError: `.to` is not supported for `4-bit` or `8-bit` bitsandbytes models. Please use the model as "
-               "it is, since the model has already been set to the correct devices and casted to the correct `dtype`.")
-    assert "bitsandbytes" not in context_text(refusal)
-    assert "quant4bit" not in read_facts(view(refusal))
-    found = dict(_found(refusal))
-    assert set(found) >= {"kbit-merge", "kbit-model-moved"} and set(found.values()) == {"possible"}
-    # The same word elsewhere in the log is still a fact.
-    loaded = "Loading checkpoint with bitsandbytes 0.43.1 (load_in_4bit=True)\n" + refusal
-    assert "quant4bit" in read_facts(view(loaded))
 
 
 def test_collectives_that_merely_hung_together_are_not_ranks_running_different_modules():

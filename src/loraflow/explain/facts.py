@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from loraflow.explain.logread import LogView
 from loraflow.explain.prefix import strip_prefix
@@ -169,28 +168,10 @@ def _unused_parameters(log: LogView, facts: Facts) -> None:
             facts.add("ddp:unused-not-vision", (i, line.strip()[:240]))
 
 
-@lru_cache(maxsize=1)
-def _catalog_messages() -> re.Pattern:
-    from loraflow.rules import all_rules
-
-    # Shared and generic messages only: several causes print them, so their wording tells none apart. A warning is an
-    # event of its own beside the error (torch's reentrant warning is a fact for the crash that follows it).
-    patterns = {m.pattern for rule in all_rules() for m in rule.log.messages if m.kind in ("shared", "generic")}
-    return re.compile("|".join(f"(?:{p})" for p in sorted(patterns)), re.IGNORECASE)
-
-
-def context_text(text: str) -> str:
-    """The log without the words of the catalog's shared messages: a fact is what the log shows beside an error, never
-    the error's fixed wording. transformers' refusal to move a quantized model says `bitsandbytes models` whatever
-    was moved; read as a fact, that word would count as a bitsandbytes base behind every such one-line paste."""
-    return _catalog_messages().sub(" ", text)
-
-
 def read_facts(log: LogView) -> Facts:
     facts = Facts()
-    context = context_text(log.text)
     for name, rx in COMPILED_FACTS.items():
-        if rx.search(context):
+        if rx.search(log.text):
             facts.add(name)
     _metadata(log, facts)
     _flatten(log, facts)
