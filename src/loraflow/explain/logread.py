@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 MAX_LINES, MAX_LINE_CHARS = 20_000, 2_000
 
 # A traceback frame as Python prints it (`File "x.py", line 9, in f`), as rich prints it (`/x.py:9 in f`, LLaMA-Factory
-# and others install rich tracebacks) and as pytest prints it (`x.py:9: in f`).
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in ([\w<>.]+)|([\w./\\~:-]+\.py):(\d+):? in ([\w<>.]+)')
+# and others install rich tracebacks), as pytest prints it (`x.py:9: in f`) and as IPython / Jupyter / VS Code
+# notebooks print it (`File /x.py:9, in Trainer.train(self, ...)`).
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in ([\w<>.]+)|([\w./\\~:-]+\.py):(\d+)[:,]? in ([\w<>.]+)')
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ENTITY = re.compile(r"&(?:#39|#x27|quot|gt|lt|amp);")
 # rich wraps a long frame: `│ /x/utils.py:825 in            │` then `│ get_only_unique_item  │` on the next line.

@@ -153,8 +153,11 @@ FACTS: dict[str, tuple[str, str]] = {
     "moe": (r"\bMoE\b|Mixtral|\bOLMoE|\bDBRX\b|\d+B-A\d+(\.\d+)?B\b|num_(local_)?experts|\bexperts\.\d+\.|"
             r"sparse_moe|router_aux_loss|output_router_logits", "a mixture-of-experts model is trained"),
     "causal_lm_load": (r"AutoModelForCausalLM\.from_pretrained", "a model is loaded through AutoModelForCausalLM"),
-    "rank_sizes_differ": (r"NumelIn=(\d+)\b[\s\S]{0,600}?NumelIn=(?!\1\b)\d+", "ranks timed out in collectives of "
-                          "different sizes (they ran different modules)"),
+    # Collectives of one kind and different sizes on two ranks: they ran different modules (a rank that skipped some
+    # also ran fewer of them, so the sequence numbers may differ too). Timeouts of different kinds (an all-to-all
+    # beside an all-reduce, in two process groups) are collectives that merely hung together.
+    "rank_sizes_differ": (r"OpType=(\w+), NumelIn=(\d+)\b[\s\S]{0,600}?OpType=\1, NumelIn=(?!\2\b)\d+",
+                          "ranks timed out in collectives of different sizes (they ran different modules)"),
     "merge": (r"merge_and_unload|_unload_and_optionally_merge|fuse_lora|merge_adapter|\bin merge\b|"
               r"get_delta_weight|unfuse_lora|merge_lora|\bmerged?\b", "adapter weights are merged into the base"),
     "rlhf": (r"\bppo\b|\bgrpo\b|\brlhf\b|rollout|experience|actor|critic|reward", "an RLHF stage runs"),
