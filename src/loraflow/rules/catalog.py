@@ -212,21 +212,24 @@ register(Rule(
 
 register(Rule(
     id="adapter-loaded-frozen",
-    title="A saved adapter loaded for inference is trained: nothing requires grad",
+    title="The adapter is frozen when training starts (loaded for inference, or frozen again): nothing requires grad",
     verdict="fix",
     impact="crash",
     conditions="a saved adapter loaded with PeftModel.from_pretrained (or load_adapter) without is_trainable=True, "
-               "then trained (resuming or continuing a LoRA fine-tune)",
+               "then trained (resuming or continuing a LoRA fine-tune); or prepare_model_for_kbit_training called "
+               "after get_peft_model",
     knobs=("adapter_loaded_frozen",),
     when=lambda s: s.adapter != "full" and s.adapter_loaded_frozen,
     cause=("PeftModel.from_pretrained loads an adapter for inference unless is_trainable=True: its weights come back "
            "with requires_grad=False, so `trainable params: 0`, and the first backward or optimizer step fails "
-           "(`element 0 of tensors does not require grad`, fp16's `No inf checks were recorded for this optimizer`)."),
+           "(`element 0 of tensors does not require grad`, fp16's `No inf checks were recorded for this optimizer`). "
+           "peft's prepare_model_for_kbit_training starts by setting requires_grad=False on every parameter "
+           "(peft utils/other.py), so called on a model that already has its adapters it freezes them the same way."),
     fix="loraflow resumes from its own checkpoints with the adapter trainable (and merges saved adapters it starts "
         "from into the base, model.merge_adapters).",
     remedy=lambda s: {"adapter_loaded_frozen": False},
     elsewhere="PeftModel.from_pretrained(base, path, is_trainable=True), or resume through the trainer's "
-              "resume_from_checkpoint",
+              "resume_from_checkpoint; call prepare_model_for_kbit_training before get_peft_model",
     references=("peft PeftModel.from_pretrained(is_trainable=False by default)",
                 "https://github.com/huggingface/peft/issues/1142"),
     fixed_in="design (PEFT loads adapters for inference by default)",
