@@ -91,7 +91,7 @@ def _clean(text: str) -> str:
     for _ in range(2):  # `&amp;lt;br&amp;gt;`: escaped twice by some issue exports
         text = html.unescape(text)
     text = re.sub(r"(?i)<br\s*/?>|</tr>", "\n", text)
-    text = re.sub(r"(?i)</?t[dh][^>]*>", " | ", text)
+    text = re.sub(r"(?i)<t[dh][^>]*>", " | ", re.sub(r"(?i)</t[dh]>", "", text))
     return _TAG.sub("", re.sub(r"(?i)<tr[^>]*>", "", text))
 
 
