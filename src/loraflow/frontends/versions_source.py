@@ -9,6 +9,7 @@ names (verl, torchtune and llama-recipes join the --as-of table when scripts/rel
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ NOT_DATED_BY_INDEX = ("nemo-rl",)
 GitHub tags): read from a pip freeze, but left out of the release-date table."""
 _SPELLINGS = {"pytorch": "torch", "llamafactory": "llama-factory", "llama_factory": "llama-factory",
               "ms_swift": "ms-swift", "swift": "ms-swift", "deepspeed-chat": "deepspeed-chat",
-              "llama-cookbook": "llama-recipes", "llama_recipes": "llama-recipes", "llama_cookbook": "llama-recipes"}
+              "llama-cookbook": "llama-recipes", "llama_recipes": "llama-recipes", "llama_cookbook": "llama-recipes",
+              "llama factory": "llama-factory"}
 _VERSION = r"v?(\d+\.\d+(?:\.\d+)?(?:\.?(?:post|dev|rc|a|b)\d+)?)"
 
 
@@ -63,30 +65,139 @@ def _names() -> dict[str, str]:
     return dict(sorted(names.items(), key=lambda kv: -len(kv[0])))
 
 
+_PREFIX = r"(?:\[(?:pip3?|conda)\]\s*)?(?:\d{1,2}[.)]\s+)?[\s\-*>|`\u2022\u00b7\u2013]*"
+"""What precedes a name: collect_env's `[pip3]` / `[conda]`, a numbered or bulleted list item, a quote, a table bar."""
+_NOT_ITS_VERSION = re.compile(r"(?i)cuda|cudnn|rocm|\bhip\b|nccl|driver|toolkit|python")
+"""A label in parentheses naming one of these (`torch (CUDA): 12.1`) says the number is not the package's release."""
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_TAG = re.compile(r"(?i)</?(?:code|pre|p|li|ul|ol|details|summary|b|strong|em|tt|kbd|span|div|table|thead|tbody)"
+                  r"\b[^>]*>")
+_BANNER_ART = re.compile(r"^\s*(?:==\(\(====\)\)==|\\\\\s+/\||O\^O/\s*\\_/\s*\\|\\\s+/|\"-____-\")")
+"""The art at the start of each line of Unsloth's start-up banner, which then states several `Name: version.`"""
+
+
+def _line_re(alternatives: str) -> re.Pattern:
+    # The name may carry extras (`transformers[torch]==4.36.2`) or a parenthetical label (`PyTorch version (GPU?):`);
+    # the separator is what pip, conda, the env dumps and ds_report's dotted columns put between name and version.
+    return re.compile(rf"(?i)^{_PREFIX}`?\*{{0,2}}({alternatives})\*{{0,2}}`?(?:\[[\w,\s-]*\])?"
+                      rf"(?:\s+(?:version|info))?\*{{0,2}}`?(\s*\([^)]*\))?\*{{0,2}}"
+                      rf"\s*(?:==|=|:|\.{{3,}}|\s)\s*\*{{0,2}}`?{_VERSION}")
+
+
+def _clean(text: str) -> str:
+    """The listing as plain lines: terminal colours, HTML entities and tags (a paste from a rendered page or an
+    HTML-escaped issue body), `<br>` as a line end, and a table's cells as `|`-separated."""
+    text = _ANSI.sub("", text).replace("\ufeff", "")
+    for _ in range(2):  # `&amp;lt;br&amp;gt;`: escaped twice by some issue exports
+        text = html.unescape(text)
+    text = re.sub(r"(?i)<br\s*/?>|</tr>", "\n", text)
+    text = re.sub(r"(?i)<t[dh][^>]*>", " | ", re.sub(r"(?i)</t[dh]>", "", text))
+    return _TAG.sub("", re.sub(r"(?i)<tr[^>]*>", "", text))
+
+
+def _fragments(line: str) -> list[str]:
+    """The parts of one line that each may name one package: the line itself; a table row's name cell joined to the
+    cell after it; each pin of a line of several (`torch==2.1.0, peft==0.7.1`); each `Name: version.` of Unsloth's
+    banner; what pip's conflict report says is installed (`but you have trl 0.10.1`)."""
+    out = [line]
+    if line.lstrip().startswith("|"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        out += [f"{a} {b}" for a, b in zip(cells, cells[1:]) if a]
+    pins = re.findall(r"[\w.\-\[\]]+==[\w.+!]+", line)
+    if len(pins) > 1 and not re.match(r"\s*(?:\$\s*)?(?:pip3?|uv|conda|python)\b", line):
+        out += pins  # a command installing pins states what was asked for, not what the run had
+    if _BANNER_ART.match(line) or re.search(r"Unsloth\S*\s+\S+:? Fast \w+ patching", line):
+        body = _BANNER_ART.sub("", line)
+        out += re.split(r"(?<=[\w)])\.\s+|,\s+|\s{2,}", body)
+        out += [f"unsloth {m}" for m in re.findall(r"patching release (\d{4}\.\d+(?:\.\d+)?)", body)]
+    out += [f"{n} {v}" for n, v in re.findall(r"(?i)you have ([\w.\-]+) (\S+)", line)]
+    return out
+
+
+def _paired(lines: list[str], names: dict[str, str]) -> list[str]:
+    """`name version` lines rebuilt from listings that put the two apart: `pip show` and lock files (`Name: peft` /
+    `name = "peft"` with `Version:` a few lines on), `print(torch.__version__)` or `>>> torch.__version__` with the
+    answer on the next line, and a name alone on a line over its version alone on the next (a copied table)."""
+    out = []
+    bare = re.compile(rf"^\s*['\"]?{_VERSION}(?:\+\S*)?['\"]?\s*$")
+    for i, line in enumerate(lines):
+        later = [x for x in lines[i + 1:i + 6] if x.strip()]
+        m = re.match(r"(?i)^\s*\"?name\"?\s*[:=]\s*[\"']?([\w.\-]+)[\"']?,?\s*$", line)
+        if m:
+            for x in later[:4]:
+                v = re.match(r"(?i)^\s*\"?version\"?\s*[:=]\s*[\"']?([^\s\"',]+)", x)
+                if v:
+                    out.append(f"{m.group(1)} {v.group(1)}")
+                    break
+            continue
+        asked = re.findall(r"([A-Za-z_][\w]*)\.__version__", line)
+        stated = re.match(rf"^\s*['\"]?{_VERSION}", later[0]) if later else None
+        if asked and later and re.fullmatch(r"\s*(?:['\"]?\S+['\"]?[\s,]*)+", later[0]):
+            values = re.findall(r"[\w.+]+", later[0])
+            if len(values) == len(asked) and all(re.match(_VERSION, x) for x in values):
+                out += [f"{n} {x}" for n, x in zip(asked, values)]
+        elif stated and later and line.strip().rstrip(":").lower() in names and bare.match(later[0]):
+            out.append(f"{line.strip().rstrip(':')} {stated.group(1)}")
+    return out
+
+
 def versions_from_text(text: str) -> dict[str, Version]:
     """The versions an environment listing or env dump states, by loraflow's package names. A line names one
     package: `name==1.2.3`, `name 1.2.3` (pip list), `name=1.2.3=build` (conda), `- name version: 1.2.3`,
-    `- `name` version: 1.2.3`, `name version ........ 1.2.3` (ds_report). Ranges (`>=`) state no version."""
+    `- `name` version: 1.2.3`, `name version ........ 1.2.3` (ds_report), `[pip3] name==1.2.3` (collect_env),
+    `| name | 1.2.3 |`, `name (1.2.3)` (old pip list), `name @ .../name-1.2.3-py3-none-any.whl`; see _fragments and
+    _paired for the lines that state several or that split one. Ranges (`>=`) state no version; a listing pasted
+    twice or after another keeps the first version it states for each package."""
     found: dict[str, Version] = {}
     names = _names()
     alternatives = "|".join(re.escape(n) for n in names)
-    line_re = re.compile(rf"(?i)^[\s\-*>|`]*`?({alternatives})`?(?:\s+(?:version|info))?(?:\s*\([^)]*\))?"
-                         rf"\s*(?:==|=|:|\.{{3,}}|\s)\s*{_VERSION}")
-    for line in text.splitlines():
-        m = line_re.search(line.strip())
-        if not m:
+    line_re = _line_re(alternatives)
+    legacy = re.compile(rf"(?i)^{_PREFIX}({alternatives})\s+\({_VERSION}\)\s*$")
+    wheel = re.compile(rf"(?i)^{_PREFIX}({alternatives})\s*@\s*\S*/(?:{alternatives})-{_VERSION}(?:%2B|\+|-)")
+    lines = _clean(text).splitlines()
+    for fragment in [f for line in lines for f in _fragments(line)] + _paired(lines, names):
+        m = line_re.search(fragment.strip()) or legacy.search(fragment.strip()) or wheel.search(fragment.strip())
+        if not m or (m.re is line_re and m.group(2) and _NOT_ITS_VERSION.search(m.group(2))):
             continue
         name = names[m.group(1).lower()]
         try:
-            found.setdefault(name, Version(m.group(2)))
+            found.setdefault(name, Version(m.group(m.lastindex)))
         except InvalidVersion:
             continue
+    found.update({k: v for k, v in _from_json(text, names).items() if k not in found})
     return found
+
+
+def _from_json(text: str, names: dict[str, str]) -> dict[str, Version]:
+    """`pip list --format=json` / `conda list --json`: a list of {name, version} objects."""
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return {}
+    out: dict[str, Version] = {}
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and str(item.get("name", "")).lower() in names:
+            try:
+                out.setdefault(names[item["name"].lower()], Version(str(item.get("version"))))
+            except InvalidVersion:
+                continue
+    return out
+
+
+def _decode(raw: bytes) -> str:
+    """The file's text: Windows PowerShell's `pip freeze > env.txt` writes UTF-16 with a byte-order mark, Notepad
+    writes UTF-8 with one; read as plain UTF-8 the first would name nothing and the second would lose its first line."""
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or raw[:200].count(b"\x00") > 20:
+        try:
+            return raw.decode("utf-16")
+        except UnicodeDecodeError:
+            pass
+    return raw.decode("utf-8-sig", errors="replace")
 
 
 def versions_from_file(path: str) -> dict[str, Version]:
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        text = _decode(Path(path).read_bytes())
     except FileNotFoundError:
         raise LoraflowError(f"--versions-from: {path} does not exist; pass the file `pip freeze` (or `pip list`, "
                             "`conda list`, `trl env`, `llamafactory-cli env`, `ds_report`) wrote.") from None
