@@ -209,6 +209,10 @@ def test_input_check_cannot_read_is_exit_3_not_the_launch_fails_code(tmp_path, c
     assert main(["check", "--framework", "verl", str(tmp_path / "config.yaml")]) == 3
     assert "config.yaml" in capsys.readouterr().err
     assert main(["check", "--no-such-flag-of-check"]) == 3
+    assert main(["check", str(tmp_path / "missing.yaml")]) == 3  # a loraflow config that is not there
+    assert "error: config file" in capsys.readouterr().err
+    assert main(["check", "--nproc", "0"]) == 3
+    assert capsys.readouterr().err.startswith("error: --nproc 0")
     assert main(["check", "--"]) == 3
     script = tmp_path / "notes.sh"
     script.write_text("echo nothing to launch here\n")

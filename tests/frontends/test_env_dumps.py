@@ -148,3 +148,17 @@ def test_check_reads_a_real_listing_and_says_so(capsys):
     main(["check", "--versions-from", str(path), "--", "llamafactory-cli", "train", "x.yaml"])
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("versions: ") and "llama-factory 0.9.3.dev0" in first and f"--versions-from {path}" in first
+
+
+# Found in review: numbers that are not the run's releases, read before the listing's own.
+def test_benchmark_tables_commands_and_sentences_state_no_versions():
+    bench = "| Method | Speed-up | VRAM |\n|---|---|---|\n| Unsloth | 1.5 | 10 GB |\n| TRL | 3.2 | 20 GB |\n" \
+            "trl==0.9.6\nunsloth==2024.8\n"
+    assert read(bench) == {"trl": "0.9.6", "unsloth": "2024.8"}
+    colab = "!pip install -q trl==0.8.6 peft==0.10.0\nRUN pip install torch==2.0.0 peft==0.9.0\n" \
+            "I tried torch==2.0.0 and torch==2.1.0 first\npeft==0.13.2\ntrl==0.12.1\ntorch==2.5.1\n"
+    assert read(colab) == {"peft": "0.13.2", "trl": "0.12.1", "torch": "2.5.1"}
+    conflict = "verl 0.2.0 requires torch==2.4.0, vllm==0.6.3, but you have torch 2.5.1 which is incompatible.\n"
+    assert read(conflict) == {"verl": "0.2.0", "torch": "2.5.1"}
+    assert read("If you have trl 0.9 installed, upgrade\npeft==0.7.1\n") == {"peft": "0.7.1"}
+    assert read("torch 12.1 (CUDA)\ntorch==2.1.0\n") == {"torch": "2.1.0"}

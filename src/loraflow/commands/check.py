@@ -57,6 +57,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from loraflow.plan import resolve
     from loraflow.run.config import starting_config
 
+    if config_path and not Path(config_path).is_file():  # nothing to read: no verdict on a config not seen
+        raise LoraflowError(f"config file {config_path} does not exist (from {Path.cwd()}); give its path, or "
+                            "pass --framework NAME for another framework's file.")
     start = starting_config(args.stage or "sft", config_path, overrides)
     if args.stage:
         overrides = [f"stage={args.stage}", *overrides]

@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         # plan train would refuse; what it could not read at all (a bad flag of its own, say) is no verdict.
         unread = args.command == "check" and type(exc) is LoraflowError
         code = getattr(exc, "exit_code", CHECK_UNREAD if unread else 2)
-        print(exc if code != 2 else f"error: {exc}", file=sys.stderr)
+        print(exc if code not in (2, CHECK_UNREAD) else f"error: {exc}", file=sys.stderr)
         return code
     except BrokenPipeError:  # output piped into `head`: not an error
         sys.stderr.close()

@@ -36,6 +36,7 @@ _SPELLINGS = {"pytorch": "torch", "llamafactory": "llama-factory", "llama_factor
               "llama-cookbook": "llama-recipes", "llama_recipes": "llama-recipes", "llama_cookbook": "llama-recipes",
               "llama factory": "llama-factory"}
 _VERSION = r"v?(\d+\.\d+(?:\.\d+)?(?:\.?(?:post|dev|rc|a|b)\d+)?)"
+_PIN = r"[\w.\-\[\]]+==[\w.+!]+"
 
 
 @dataclass
@@ -100,17 +101,41 @@ def _fragments(line: str) -> list[str]:
     cell after it; each pin of a line of several (`torch==2.1.0, peft==0.7.1`); each `Name: version.` of Unsloth's
     banner; what pip's conflict report says is installed (`but you have trl 0.10.1`)."""
     out = [line]
-    if line.lstrip().startswith("|"):
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        out += [f"{a} {b}" for a, b in zip(cells, cells[1:]) if a]
-    pins = re.findall(r"[\w.\-\[\]]+==[\w.+!]+", line)
-    if len(pins) > 1 and not re.match(r"\s*(?:\$\s*)?(?:pip3?|uv|conda|python)\b", line):
-        out += pins  # a command installing pins states what was asked for, not what the run had
+    # pip's conflict report names what is installed after "but you have"; the pins it requires are not the run's.
+    conflict = re.search(r"(?i)\brequires\b.*?\bbut you have ([\w.\-]+) (\S+)", line)
+    out += [f"{conflict.group(1)} {conflict.group(2)}"] if conflict else []
+    pins = re.findall(_PIN, line)
+    # Only a line of pins and separators: a command (`!pip install a==1 b==2`, `RUN pip ...`) states what was
+    # asked for, often the fix, and a sentence ("I tried torch==2.0.0 and torch==2.1.0") states no one environment.
+    if len(pins) > 1 and re.fullmatch(r"[\s,;`'\"|*\-\u2022]*", re.sub(_PIN, "", line)):
+        out += pins
     if _BANNER_ART.match(line) or re.search(r"Unsloth\S*\s+\S+:? Fast \w+ patching", line):
         body = _BANNER_ART.sub("", line)
         out += re.split(r"(?<=[\w)])\.\s+|,\s+|\s{2,}", body)
         out += [f"unsloth {m}" for m in re.findall(r"patching release (\d{4}\.\d+(?:\.\d+)?)", body)]
-    out += [f"{n} {v}" for n, v in re.findall(r"(?i)you have ([\w.\-]+) (\S+)", line)]
+    return out
+
+
+def _table_rows(lines: list[str]) -> list[str]:
+    """`name version` from a table's rows: each cell before the column a header row calls `Version`, with that
+    column's cell. Without such a header only a two-cell row (`| torch | 2.1.0 |`) pairs its cells: a benchmark
+    table's `| TRL | 3.2 | 20 GB |` states a speed-up, not a release."""
+    out: list[str] = []
+    column = None
+    for line in lines:
+        if not line.lstrip().startswith("|"):
+            column = None  # a table ends where its rows do
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if all(re.fullmatch(r":?-*:?", c) for c in cells):
+            continue  # the rule under the header
+        heads = [i for i, c in enumerate(cells) if re.search(r"(?i)\bversions?\b", c)]
+        if heads and not any(re.search(r"\d+\.\d+", c) for c in cells):
+            column = heads[0]
+        elif column is not None and column < len(cells):
+            out += [f"{c} {cells[column]}" for c in cells[:column] if c]
+        elif len(cells) == 2 and cells[0]:
+            out.append(f"{cells[0]} {cells[1]}")
     return out
 
 
@@ -155,9 +180,13 @@ def versions_from_text(text: str) -> dict[str, Version]:
     legacy = re.compile(rf"(?i)^{_PREFIX}({alternatives})\s+\({_VERSION}\)\s*$")
     wheel = re.compile(rf"(?i)^{_PREFIX}({alternatives})\s*@\s*\S*/(?:{alternatives})-{_VERSION}(?:%2B|\+|-)")
     lines = _clean(text).splitlines()
-    for fragment in [f for line in lines for f in _fragments(line)] + _paired(lines, names):
-        m = line_re.search(fragment.strip()) or legacy.search(fragment.strip()) or wheel.search(fragment.strip())
+    for fragment in [f for line in lines for f in _fragments(line)] + _table_rows(lines) + _paired(lines, names):
+        fragment = fragment.strip()
+        m = line_re.search(fragment) or legacy.search(fragment) or wheel.search(fragment)
         if not m or (m.re is line_re and m.group(2) and _NOT_ITS_VERSION.search(m.group(2))):
+            continue
+        after = re.match(r"\s*\(([^)]*)\)", fragment[m.end():])  # `torch 12.1 (CUDA)`: labelled after the number
+        if after and _NOT_ITS_VERSION.search(after.group(1)):
             continue
         name = names[m.group(1).lower()]
         try:
