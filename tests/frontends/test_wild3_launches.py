@@ -150,3 +150,20 @@ def test_run_dpo_py_under_accelerate_is_no_nemo_rl_launch():
     line = "accelerate launch --num_processes 2 scripts/run_dpo.py --config dpo_lora.yaml"
     assert _check(line).framework == "hf"
     assert _check("uv run python examples/run_dpo.py --config examples/configs/dpo.yaml").framework == "nemo-rl"
+
+
+# Found in review: only a step its name calls data preparation gives way, names are matched as words, and what
+# follows a training line (an evaluation, a plot, a merge) never displaces it.
+def test_only_a_named_data_step_gives_way_and_only_to_a_line_that_trains(tmp_path):
+    def first_line(text: str) -> list[str]:
+        script = tmp_path / "run.sh"
+        script.write_text(text)
+        return command_from_script(str(script))
+
+    assert first_line("python main.py --lora_r 8\naccelerate launch -m lm_eval --model hf\n")[1] == "main.py"
+    assert first_line("python main.py --lora_r 8\npython plot_training_loss.py\n")[1] == "main.py"
+    assert first_line("python check_constraints.py\npython main.py\n")[1] == "check_constraints.py"
+    assert first_line("python prepare_data.py\npython train_retrieval.py --x 1\n")[1] == "train_retrieval.py"
+    assert first_line("python prepare_data.py\npython tokenize_data.py\ntorchrun --nproc_per_node 2 run_clm.py\n"
+                      "python merge_lora.py\n")[0] == "torchrun"
+    assert first_line("python prepare_data.py\npython eval.py\n")[1] == "prepare_data.py"

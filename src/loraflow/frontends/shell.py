@@ -1,6 +1,7 @@
 """Launch scripts read for their launch line: variables assigned and expanded as bash would (defaults,
 `${VAR:-x}`, `$(expr ...)`, `$((...))`, heredocs), comments and `case` arms left out, lines joined at `\\`; the
-first line that starts a launcher or a training program is the command (argv.split_command then reads it).
+first line that starts a launcher or a training program is the command (argv.split_command then reads it), unless
+its name calls it a data step (`prepare_data.py`), which gives way to the next line that trains.
 Split from argv.py, which parses the command itself."""
 
 from __future__ import annotations
@@ -39,10 +40,16 @@ _EXPR = re.compile(r"\$\(\s*expr\s+([^()]*)\)")
 # `OUT="runs/x_$(date +%Y%m%d_%H%M%S)"`: bash runs the command when it assigns, and its output (a date, a path) is
 # one word; kept as written, the space inside would split `--output_dir $OUT` into a stray positional argument.
 _SUBST = re.compile(r"\$\((?!\()[^()]*\)")
-# A pipeline script runs `python scripts/prepare_data.py` (or a profiling, download... step) before its training
-# line: a plain python program whose name says nothing of training gives way to a later one whose name does.
-_TRAINS = re.compile(r"train|finetun|fine_tun|sft|dpo|grpo|ppo|rlhf|lora|distill", re.I)
-_NOT_TRAINING = re.compile(r"merge|export|eval|infer|predict|serve|test|convert|download", re.I)
+# A pipeline script runs `python scripts/prepare_data.py` (or a download, tokenizing, profiling step) before its
+# training line: a program whose name says it is such a step gives way to the next launch line that is not an
+# evaluation, export or merge (`accelerate launch -m lm_eval` after training is not the run). Names are matched as
+# words of the file or module name (`retrieval` holds no `eval`, `constraints` no `train`).
+_DATA_STEP = re.compile(r"(?:^|[_\-.])(?:prepare|preprocess|process|data|dataset|download|tokeni[sz]e|profile|convert|"
+                        r"build|make|gen|split|filter)(?:$|[_\-.])", re.I)
+_TRAINS = re.compile(r"(?:^|[_\-.])(?:train|training|finetune|fine_tune|finetuning|sft|dpo|grpo|ppo|rlhf|lora|qlora|"
+                     r"distill)(?:$|[_\-.])", re.I)
+_NOT_TRAINING = re.compile(r"(?:^|[_\-.])(?:merge|export|eval|evaluate|evaluation|infer|inference|predict|serve|test|"
+                           r"generate|plot|benchmark|bench)(?:$|[_\-.])", re.I)
 
 def _arithmetic(line: str, variables: dict[str, str]) -> str:
     """`$((A / (B * C)))` replaced by its value where every name in it has a numeric value (bash integer
@@ -215,9 +222,11 @@ def command_from_script(path: str) -> list[str]:
         if not tokens:
             continue
         tokens = [f"{k}={variables[k]}" for k in exported if k in variables] + tokens
-        if _names_training(tokens) or not _plain_python(tokens):  # a launcher's line, or a training program
+        name = _program(tokens)
+        if _DATA_STEP.search(name) and not _TRAINS.search(name):
+            first = first or tokens  # a data step: the next line that trains wins, else the first such step
+        elif first is None or not _NOT_TRAINING.search(name):
             return tokens
-        first = first or tokens  # a data step first: a later launcher or training line wins, else this one
     if first is not None:
         return first
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
@@ -225,16 +234,10 @@ def command_from_script(path: str) -> list[str]:
 
 
 def _program(tokens: list[str]) -> str:
-    return next((Path(t).stem for t in tokens if t.endswith(".py")), "")
-
-
-def _plain_python(tokens: list[str]) -> bool:
-    return any(_PYTHON.match(t) for t in tokens) and not any(Path(t).name in _STARTS for t in tokens)
-
-
-def _names_training(tokens: list[str]) -> bool:
-    name = _program(tokens)
-    return bool(_TRAINS.search(name)) and not _NOT_TRAINING.search(name)
+    """What a launch line runs: its script's name, else the module after -m (`lm_eval`, `axolotl.cli.train`)."""
+    script = next((Path(t).stem for t in tokens if t.endswith(".py")), "")
+    module = next((b for a, b in zip(tokens, tokens[1:]) if a in ("-m", "--module")), "")
+    return script or module
 
 
 def is_launch_script(path: str) -> bool:
