@@ -167,3 +167,17 @@ def test_only_a_named_data_step_gives_way_and_only_to_a_line_that_trains(tmp_pat
     assert first_line("python prepare_data.py\npython tokenize_data.py\ntorchrun --nproc_per_node 2 run_clm.py\n"
                       "python merge_lora.py\n")[0] == "torchrun"
     assert first_line("python prepare_data.py\npython eval.py\n")[1] == "prepare_data.py"
+
+
+# Found in review: a script's own `--config_file` may name its DeepSpeed JSON, a model config or a list; only a file
+# of training arguments is read as them, and none of the others is read as another framework's config.
+def test_a_script_s_own_config_flag_naming_no_training_arguments_is_left_unread(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.json").write_text('{"bf16": {"enabled": true}, "zero_optimization": {"stage": 3}}')
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "model_cfg.json").write_text('{"use_cache": true, "hidden_size": 8}')
+    for name in ("ds.json", "list.yaml", "model_cfg.json"):
+        result = _check(f"python train.py --config_file {name} --lora_r 8 --output_dir o")
+        assert result.framework == "hf"
+        assert any(u.startswith(f"--config_file {name}") for u in result.unknown)
+        assert "use_cache" not in result.sources or name not in result.sources["use_cache"]

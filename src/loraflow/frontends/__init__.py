@@ -46,13 +46,15 @@ def _view(cmd) -> CommandView:
     from loraflow.frontends.argv import parse_flags, resolve_path
     from loraflow.frontends.common import load_mapping
 
-    from loraflow.frontends.hf_options import ARGS_FILE_FLAG
+    from loraflow.frontends.hf_options import ARGS_FILE_FLAG, training_args_file
 
     program = cmd.program.replace("\\", "/")
     args, positionals, _ = parse_flags(cmd.args)
     keys_found: set[str] = set()
-    # `train.py --train_args_file args.json`: the file's keys say whose arguments they are, as a lone config does.
-    named = [str(a.one() or "") for a in args if ARGS_FILE_FLAG.match(a.name) and a.name != "config"]
+    # `train.py --train_args_file args.json`: the file's keys say whose arguments they are, as a lone config does
+    # (a DeepSpeed or model config named by such a flag says nothing of the framework).
+    named = [str(a.one() or "") for a in args if ARGS_FILE_FLAG.match(a.name) and a.name != "config"
+             and training_args_file(a.one(), [])]
     for pos in positionals + named:
         path = resolve_path(pos)
         if pos.endswith((".yaml", ".yml", ".json")) and path is not None:

@@ -114,6 +114,19 @@ def options_from_file(path: Path, into: dict[str, Opt], what: str) -> None:
             into[key] = Opt(value, f"{path.name}: {where}", derived=where.split(".")[-1] != key)
 
 
+def training_args_file(name: Any, bases: list) -> bool:
+    """Whether a file a script's own flag names holds its training arguments: a mapping with output_dir (which
+    TrainingArguments require) or at least two of their keys, and no DeepSpeed section."""
+    path = resolve_path(str(name or ""), *bases)
+    try:
+        data = load_mapping(path, "config file") if path is not None else None
+    except LoraflowError:
+        return False
+    if not isinstance(data, dict) or "zero_optimization" in data:
+        return False
+    return "output_dir" in data or len(set(map(str, data)) & (keys.HF_TRAINER | keys.TRL)) >= 2
+
+
 def options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[str, Opt], bool]:
     args, positionals, rest = parse_flags(cmd.args, lists=LISTS)
     opts: dict[str, Opt] = {}
@@ -133,6 +146,12 @@ def options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[str
             draft.unknown.append(f"{pos} (positional argument)")
     config = next((a for a in args if a.name == "config" or (
         ARGS_FILE_FLAG.match(a.name) and str(a.one() or "").endswith((".yaml", ".yml", ".json")))), None)
+    if config is not None and config.name != "config" and not training_args_file(config.one(), bases):
+        # `--config_file ds.json` of a script's own may name its DeepSpeed or model config as well: read only a file
+        # whose keys are TrainingArguments'; what the script does with any other is in its code.
+        draft.unknown.append(f"--{config.name} {config.one()}: the script's own file, whose keys are not training "
+                             "arguments (or that is not here), so check did not read it")
+        config = None
     if config is not None:  # TRL's --config recipe.yaml; command-line flags override it (trl/scripts/utils.py)
         path = resolve_path(config.one() or "", *bases)
         if path is None:  # a launch pasted from elsewhere: its flags are still read, the file's keys are unseen
