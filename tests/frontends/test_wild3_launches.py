@@ -181,3 +181,30 @@ def test_a_script_s_own_config_flag_naming_no_training_arguments_is_left_unread(
         assert result.framework == "hf"
         assert any(u.startswith(f"--config_file {name}") for u in result.unknown)
         assert "use_cache" not in result.sources or name not in result.sources["use_cache"]
+
+
+# Found in review: OmegaConf reads an override's value as YAML, so `~`, `Null` and an empty value are null too.
+def test_every_yaml_null_override_removes_the_llama_factory_key(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "full_sft.yaml").write_text("stage: sft\nfinetuning_type: full\ndeepspeed: ds_z3_config.json\n"
+                                            "bf16: true\noutput_dir: o\n")
+    for null in ("~", "Null", "NULL", ""):
+        result = _check(f"llamafactory-cli train full_sft.yaml deepspeed={null} bf16=true")
+        assert result.setup.engine == "single", null
+
+
+# Found in review: `timeout` and `nsys profile` before the launcher on a pasted line, as in a script.
+def test_timeout_and_nsys_on_a_pasted_line_reach_the_launcher():
+    assert _check("timeout 2400 torchrun --nproc_per_node 4 train.py --lora_r 8").setup.world_size == 4
+    assert _check("nsys profile -o p --trace=cuda torchrun --nproc_per_node 2 train.py --lora_r 8"
+                  ).setup.world_size == 2
+
+
+# Found in review: `export A=1 B=2` on one line exports both; a short family name inside a path's word is no family.
+def test_export_of_several_assignments_and_family_names_as_words(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("export NPROC=2 CUDA_VISIBLE_DEVICES=0,1\ntorchrun --nproc_per_node $NPROC train.py --lora_r 8\n")
+    assert command_from_script(str(script))[:3] == ["NPROC=2", "CUDA_VISIBLE_DEVICES=0,1", "torchrun"]
+    from loraflow.frontends.deepspeed_chat import _OTHER_FAMILY
+
+    assert not _OTHER_FAMILY.search("/w/step1/ckpt5") and _OTHER_FAMILY.search("google/flan-t5-xl")

@@ -262,6 +262,8 @@ def _cluster_launcher(cmd: Command, rest: list[str], argv: list[str]) -> list[st
     if start is None:
         raise LoraflowError(f"`{head}` launches nothing loraflow reads in `{shlex.join(argv)}`: expected "
                             "torchrun, deepspeed, accelerate, python or a training CLI after its options.")
+    if head in ("timeout", "nsys"):
+        return rest[start:]
     cmd.notes.append(f"launched through `{head}`; its options other than the process count were not read")
     count = next((_int(rest[i + 1]) for i, t in enumerate(rest[1:start - 1], 1) if t in ("-np", "-n")), None)
     if count and head != "srun":
@@ -394,7 +396,9 @@ def parse_bool(value: str | list[str] | None, where: str) -> bool:
 
 
 
-_CLUSTER_LAUNCHERS = ("srun", "mpirun", "mpiexec")
+_CLUSTER_LAUNCHERS = ("srun", "mpirun", "mpiexec", "timeout", "nsys")
+"""Commands whose options come before the program they start; `timeout 2400 torchrun ...` (SLURM jobs) and `nsys
+profile -o p python ...` run one command and place no processes of their own."""
 
 
 def _starts_program(token: str) -> bool:

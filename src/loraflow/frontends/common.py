@@ -457,3 +457,14 @@ def accessors(options: dict[str, tuple[Any, str]]):
     def on(name: str, default: bool = False) -> bool:
         return as_bool(get(name), src(name)) if get(name) is not None else default
     return get, src, on
+
+
+def yaml_null(text: str) -> bool:
+    """Whether an override's value is YAML's null (`null`, `~`, `Null`, an empty value): OmegaConf reads a dotlist
+    value as YAML (OmegaConf.from_dotlist / merge_with_dotlist), and a null there removes the config's key."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text) is None
+    except yaml.YAMLError:
+        return False

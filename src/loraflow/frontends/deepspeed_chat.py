@@ -63,8 +63,10 @@ _ERAS = (("lora_learning_rate", ">=2023.8.14"), ("enable_mixed_precision_lora", 
 _OPT_STYLE = re.compile(r"(^|[/_-])opt([-_]|$)|galactica", re.I)
 # A name that says which other family it is; a local path that says none (`.../step1_supervised_finetuning/output`,
 # the step-1 model a step-2 or step-3 launch starts from) may be OPT as well, so its layers stay open.
-_OTHER_FAMILY = re.compile(r"llama|vicuna|alpaca|mistral|mixtral|qwen|gemma|bloom|gpt|falcon|pythia|baichuan|glm|"
-                           r"internlm|phi[-_]?\d|(^|[/_-])yi[-_]|deepseek|stablelm|mpt[-_]|codegen|t5", re.I)
+# Short names are matched at a word's start (`ckpt5`, `output_out5` hold no T5).
+_OTHER_FAMILY = re.compile(r"llama|vicuna|alpaca|mistral|mixtral|qwen|gemma|bloom|falcon|pythia|baichuan|internlm|"
+                           r"deepseek|stablelm|codegen|phi[-_]?\d|(^|[/_.-])(gpt|glm|chatglm|mpt[-_]|yi[-_]|t5)",
+                           re.I)
 
 
 def _lora_scope(draft: Draft, model: str, flag: str, given: bool) -> None:

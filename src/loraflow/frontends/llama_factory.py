@@ -41,6 +41,7 @@ from loraflow.frontends.common import (
     read_keyed_files,
     trainer_dtypes,
     world_from_env,
+    yaml_null,
 )
 from loraflow.frontends.table import (
     Default,
@@ -84,8 +85,8 @@ def _refuse_accelerate(path: str, data: dict) -> None:
 
 def _read(cmd: Command | None, paths: list[str], draft: Draft) -> tuple[dict[str, tuple[Any, str]], list]:
     """Options from YAML/JSON files, then `key=value` overrides (OmegaConf) or `--key value` flags
-    (HfArgumentParser), as src/llamafactory/hparams/parser.py reads them."""
-    # `key: null` (e.g. resume_from_checkpoint: null) keeps LLaMA-Factory's default, so nulls are dropped.
+    (HfArgumentParser), as src/llamafactory/hparams/parser.py reads them. A null, in a file or an override
+    (`resume_from_checkpoint: null`, `deepspeed=~`), keeps LLaMA-Factory's default: the key is dropped."""
     opts, bases = read_keyed_files(paths, "LLaMA-Factory config", keep_null=False, inspect=_refuse_accelerate)
     if cmd is None:
         return opts, bases
@@ -97,8 +98,7 @@ def _read(cmd: Command | None, paths: list[str], draft: Draft) -> tuple[dict[str
         elif pos.endswith((".yaml", ".yml", ".json")):
             path = resolve_path(pos)
             if path is None:
-                more, more_bases = _from_name(pos, draft), []
-                opts = {**more, **opts}
+                opts = {**_from_name(pos, draft), **opts}
                 continue
             more, more_bases = _read(None, [str(path)], draft)
             opts = {**more, **opts}
@@ -107,7 +107,7 @@ def _read(cmd: Command | None, paths: list[str], draft: Draft) -> tuple[dict[str
             draft.unknown.append(f"{pos} (positional argument)")
     for a in args:
         opts[a.name] = (a.value if a.value is not None else True, a.raw)  # a bare `--switch` is on
-    return {k: v for k, v in opts.items() if v[1] != f"{k}=null"}, bases  # OmegaConf null drops the YAML's key
+    return {k: v for k, v in opts.items() if not (v[1] == f"{k}={v[0]}" and yaml_null(v[0]))}, bases
 
 
 def _from_name(name: str, draft: Draft) -> dict[str, tuple[Any, str]]:

@@ -211,10 +211,14 @@ def command_from_script(path: str) -> list[str]:
             value = expand(assign.group(2)[1:-1] if assign.group(2)[:1] in "'\"" and assign.group(2) else
                            assign.group(2))
             variables[assign.group(1)] = _SUBST.sub(lambda m: "".join(m.group(0).split()), value)
-            exported += [assign.group(1)] if re.match(r"\s*export\s", line) else []
+            exported += [assign.group(1)] if re.match(r"\s*export\s", line) and assign.group(1) not in exported else []
             continue
-        if re.match(r"export\s+[A-Za-z_]\w*(\s+[A-Za-z_]\w*)*$", stripped):  # `export A B` after `A=1`
-            exported += stripped.split()[1:]
+        # `export A B` after `A=1`, and `export A=1 B=2` (plain values; a quoted one is the assignment's line above)
+        if re.match(r"export(\s+[A-Za-z_]\w*(=[^\s\"'$`]*)?)+$", stripped):
+            for word in stripped.split()[1:]:
+                name, eq, value = word.partition("=")
+                variables.update({name: value} if eq else {})
+                exported += [name] if name not in exported else []
             continue
         # A notebook cell saved as text: `!swift sft ...` runs the rest of the line in a shell (IPython).
         stripped = stripped[1:] if stripped.startswith("!") else stripped
