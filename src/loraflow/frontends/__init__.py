@@ -97,7 +97,7 @@ def guess_framework_for_files(paths) -> str | None:
             if _mentions(path, '"zero_optimization"'):
                 return "deepspeed"  # a DeepSpeed JSON that does not parse: the error to give is its own
             continue
-        if "zero_optimization" in found:
+        if "zero_optimization" in found or _deepspeed_keys(found):
             return "deepspeed"
         foreign = found - own
         for f in frameworks():
@@ -109,6 +109,20 @@ def guess_framework_for_files(paths) -> str | None:
         if "output_dir" in found and len(hf) >= 3 and 2 * len(hf) >= len(foreign):
             return "hf"  # TrainingArguments always need output_dir
     return None
+
+
+# Top-level keys only a DeepSpeed config has (the HF Trainer spells its own max_grad_norm, per_device_train_batch_size).
+_DEEPSPEED_ONLY = frozenset({"train_micro_batch_size_per_gpu", "train_batch_size", "steps_per_print",
+                             "wall_clock_breakdown", "gradient_clipping", "zero_allow_untested_optimizer"})
+
+
+def _deepspeed_keys(found: set[str]) -> bool:
+    """A DeepSpeed JSON without a zero_optimization section (or with it misspelled, `zero-optimization`): two keys
+    only DeepSpeed has, and most of its keys DeepSpeed's."""
+    from loraflow.frontends import keys
+
+    ours = {k.replace("-", "_") for k in found} & keys.DEEPSPEED_TOP
+    return len(found & _DEEPSPEED_ONLY) >= 2 and 2 * len(ours) >= len(found)
 
 
 def _mentions(path, text: str) -> bool:

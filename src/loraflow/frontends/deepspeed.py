@@ -203,6 +203,35 @@ def _enabled(section: Any, where: str) -> Any:
     return "auto" if value == "auto" else as_bool(value, f"{where}.enabled")
 
 
+def _misspelled(draft: Draft, key: str, label: str) -> None:
+    """A top-level key DeepSpeed would read if spelled with underscores (`zero-optimization`): DeepSpeedConfig looks
+    keys up by their exact names (deepspeed/runtime/zero/config.py get_zero_config: `if ZERO_OPTIMIZATION in
+    param_dict`), so the section is ignored without a word."""
+    spelled = key.replace("-", "_").lower()
+    if spelled == key or spelled not in keys.DEEPSPEED_TOP:
+        return
+    said = f"{label}: `{key}` is not a key DeepSpeed reads (it reads `{spelled}`), so that section is ignored"
+    if spelled == "zero_optimization":
+        said += (": deepspeed.initialize runs it with ZeRO off (stage 0), and accelerate (the HF Trainer's DeepSpeed "
+                 "path) refuses the file (\"Please specify the ZeRO optimization config in the DeepSpeed config\", "
+                 "accelerate utils/dataclasses.py DeepSpeedPlugin)")
+    draft.note(said + f". Rename it to `{spelled}`")
+
+
+def _offload_device(draft: Draft, zero: dict[str, Any], key: str, label: str) -> Any:
+    """offload_optimizer/offload_param.device. "auto" is no DeepSpeed value (OffloadDeviceEnum: none, cpu, nvme,
+    deepspeed/runtime/zero/offload_config.py): accelerate's DeepSpeedPlugin fills it from its offload_*_device
+    (plugin_to_config_mapping, default "none" when ACCELERATE_DEEPSPEED_OFFLOAD_*_DEVICE is unset), which is how the
+    HF Trainer runs it; deepspeed.initialize alone would refuse it."""
+    device = mapping_value(zero.get(key), f"{label}: zero_optimization.{key}").get("device")
+    if device == "auto":
+        draft.note(f"{label}: zero_optimization.{key}.device is \"auto\": filled from accelerate's "
+                   f"{key}_device (default none: no offload), read as none; deepspeed.initialize without accelerate "
+                   "refuses \"auto\" (its devices are none, cpu, nvme)")
+        return "none"
+    return device
+
+
 def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
     """Set engine, zero_stage, offload and (when explicit) precision; list keys DeepSpeed would not know.
     Returns {"bf16", "fp16": True/False/"auto"/None, "gather": bool, "hybrid_engine": bool}."""
@@ -212,6 +241,7 @@ def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
     for key in cfg:
         if key not in keys.DEEPSPEED_TOP:
             draft.unknown.append(f"{label}: {key}")
+            _misspelled(draft, str(key), label)
     zero = mapping_value(cfg.get("zero_optimization"), f"{label}: zero_optimization")
     for key in zero:
         if key not in keys.DEEPSPEED_ZERO:
@@ -225,8 +255,7 @@ def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
         zero = {**zero, "stage": stage}
     draft.set("zero_stage", int_value(stage, where, "a ZeRO stage", (0, 1, 2, 3)), where if "stage" in zero else
               f"default (DeepSpeed deepspeed/runtime/zero/config.py): {label} has no zero_optimization.stage")
-    devices = [mapping_value(zero.get(k), f"{label}: zero_optimization.{k}").get("device")
-               for k in ("offload_optimizer", "offload_param")]
+    devices = [_offload_device(draft, zero, k, label) for k in ("offload_optimizer", "offload_param")]
     if any(d not in (None, "none") for d in devices) or zero.get("cpu_offload"):
         draft.set("offload", True, f"{label}: zero_optimization.offload_*.device")
     gather_key = next((k for k in ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
@@ -243,7 +272,7 @@ def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
             "gather": as_bool(gather, f"{label}: {gather_key}") if gather_key else "gather" in ds.unsure,
             "gather_unknown": "gather" in ds.unsure, "label": label,
             "gather_key": gather_key or "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-            "hybrid_engine": bool(isinstance(hybrid, dict) and hybrid.get("enabled") is True)}
+            "hybrid_engine": bool(isinstance(hybrid, dict) and hybrid.get("enabled") is True), "config": cfg}
 
 
 def gather_on_save(draft: Draft, info: dict[str, Any]) -> bool:
@@ -268,6 +297,21 @@ def resolve_precision(draft: Draft, info: dict[str, Any], label: str, hf_bf16: b
         draft.set("precision", "bf16-mixed" if bf16 else "fp16-mixed", f"{hf_source} (fills \"auto\" in {label})")
 
 
+def _world_from_batch(draft: Draft, cfg: dict[str, Any], label: str) -> None:
+    """DeepSpeed asserts train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps *
+    world_size (deepspeed/runtime/config.py _batch_assertion), so a file that states all three as numbers fixes the
+    number of data-parallel processes it runs on."""
+    names = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    values = [cfg.get(n) for n in names]
+    if draft.has("world_size") or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        return
+    total, micro, accum = values
+    if total % (micro * accum) == 0:
+        draft.set("world_size", total // (micro * accum), f"{label}: train_batch_size {total} / "
+                  f"(train_micro_batch_size_per_gpu {micro} x gradient_accumulation_steps {accum}), which DeepSpeed "
+                  "asserts equal")
+
+
 def from_files(paths: list[str], versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
     if not paths:
@@ -284,6 +328,7 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
             "" if info["gather"] else " (absent or false; a save through DeepSpeed writes the partitions as they are)"))
         if info["hybrid_engine"]:
             draft.set("generation_gather", True, f"{label}: hybrid_engine.enabled (gathers once per generate)")
+        _world_from_batch(draft, info["config"], label)
     draft.note("a DeepSpeed config alone does not say whether activations are checkpointed or which adapter is "
                "trained: assumed LoRA, checkpointing off. Check the launch command for the full picture")
     draft.flag(**FLAGS)

@@ -60,6 +60,7 @@ from loraflow.frontends.hf_options import (
     trl_keys,
     no_peft_flag,
     own_adapter,
+    own_kbit_load,
     own_deepspeed,
     own_deepspeed_file,
     trl_or_not,
@@ -201,7 +202,7 @@ def _adapter(draft: Draft, run: Run) -> None:
         draft.note(f"{intent.sources['adapter']}: read as {intent.adapter} on a frozen base (a flag of the script "
                    "itself, not of the HF Trainer)" if intent.adapter != "full" else
                    f"{intent.sources['adapter']}: read as full fine-tuning")
-    elif "use_peft" in opts or run.trl:
+    elif "use_peft" in opts or (run.trl and not own_kbit_load(run)):
         peft = run.on("use_peft")
         draft.set("adapter", ("dora" if run.on("use_dora") else "lora") if peft else "full",
                   opts["use_peft"].source if "use_peft" in opts else

@@ -306,12 +306,18 @@ def no_peft_flag(draft: Draft) -> None:
 _NAMED_ADAPTER = re.compile(r"(?<![a-z])(q?lora|dora|peft)(?![a-z])")
 
 
+def own_kbit_load(run: Run) -> bool:
+    """The base is loaded k-bit by a flag of the script's own (`use_4bit: true`, `--bits 4`), not TRL's load_in_4bit:
+    the flags are the script's, so TRL's use_peft default (full fine-tuning) says nothing of what it trains."""
+    return bool(run.intent.quantization) and not {"load_in_4bit", "load_in_8bit"} & set(run.opts)
+
+
 def own_adapter(draft: Draft, run: Run) -> bool:
     """No PEFT flag of the HF Trainer's or TRL's, on a script that is not TRL's: what its own LoRA flags (`--lora_r 8`
     once its other flags show it is not TRL's), its own k-bit load (`--quantization_bit 4`, `--bits 4`: a quantized
     base has no float weights to train, so a script that loads one trains adapters on it) or its name
     (`train_lora.py`, `qlora.py`, `finetune_peft.py`) say. False when none says anything."""
-    if run.trl:
+    if run.trl and not own_kbit_load(run):
         return False
     given = [run.opts[n].source for n in _LORA_FLAGS if n in run.opts]
     kind = "dora" if run.on("use_dora") else "lora"
@@ -326,8 +332,9 @@ def own_adapter(draft: Draft, run: Run) -> bool:
                   f"script name {run.program} (read as the script's own {named.group(1)} training)")
     else:
         return False
-    draft.note(f"adapter read as {draft.get('adapter')} from {draft.sources['adapter']}: {Path(run.program).name} "
-               "is not here; pass --use_peft false (or the script itself) if it trains every weight")
+    script = Path(run.program).name if run.program else "the script that reads this file"
+    draft.note(f"adapter read as {draft.get('adapter')} from {draft.sources['adapter']}: {script} is not here; pass "
+               "--use_peft false (or the script itself) if it trains every weight")
     return True
 
 

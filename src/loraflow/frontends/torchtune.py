@@ -329,10 +329,17 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
 
 def _unknown(draft: Draft, options: dict) -> None:
     """Keys whose top level no torchtune config or recipe has (keys.TORCHTUNE); those below a component are its
-    builder's arguments."""
+    builder's arguments. A top-level key the config only names in `${...}` (`model_dir: /tmp/x` beside
+    `checkpoint_dir: ${model_dir}`) is a variable of the file's own for OmegaConf to interpolate (torchtune's
+    config/_parse.py loads with OmegaConf), not a setting a recipe reads."""
+    referenced = {m.group(1) for value, _ in options.values() if isinstance(value, str)
+                  for m in _INTERPOLATION.finditer(value)}
     for key, (value, where) in options.items():
-        if key.split(".", 1)[0] not in keys.TORCHTUNE:
+        if key.split(".", 1)[0] not in keys.TORCHTUNE and key not in referenced:
             draft.unknown.append(where)
+
+
+_INTERPOLATION = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 
 
 def _recognise(view) -> bool:
