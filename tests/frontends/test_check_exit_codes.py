@@ -218,3 +218,16 @@ def test_input_check_cannot_read_is_exit_3_not_the_launch_fails_code(tmp_path, c
     script.write_text("echo nothing to launch here\n")
     assert main(["check", str(script)]) == 3
     assert "found no launch line" in capsys.readouterr().err
+
+
+def test_a_file_that_is_no_loraflow_config_and_no_known_framework_s_is_exit_3(tmp_path, capsys):
+    from loraflow.commands.cli import main
+
+    (tmp_path / "jinja.yaml").write_text("model_dir: {{model_dir}}\nbatch: 2\n")  # a template, not YAML
+    (tmp_path / "nested.yaml").write_text("env:\n  A: 1\nargs:\n  lr: 2\n")  # a user's own wrapper config
+    for name in ("jinja.yaml", "nested.yaml"):
+        assert main(["check", str(tmp_path / name)]) == 3
+        assert "--framework NAME" in capsys.readouterr().err
+    (tmp_path / "mine.yaml").write_text("model:\n  pathh: x\n")  # loraflow's, with a typo: train refuses it
+    assert main(["check", str(tmp_path / "mine.yaml")]) == 2
+    assert "model.path" in capsys.readouterr().err

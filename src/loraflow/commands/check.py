@@ -70,6 +70,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         from loraflow.frontends import guess_framework_for_files
 
         other = guess_framework_for_files([config_path]) if config_path else None
+        if not other and config_path and not _loraflow_shaped(config_path):
+            raise LoraflowError(f"{config_path} is not a loraflow config (not YAML, or no loraflow section at its "
+                                "top level) and its keys are no framework's check recognises; name its framework "
+                                f"with --framework NAME. Read as loraflow's: {exc}") from None
         if not other or overrides or args.stage:
             raise
         # Said on stderr so that --json stays one document; the guess is from the file's keys, so name the flag
@@ -99,6 +103,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     if plan.errors:
         return 2
     return 1 if plan.warnings else 0
+
+
+def _loraflow_shaped(path: str) -> bool:
+    """Whether a file that failed as a loraflow config still is one (a mapping with a loraflow section, so its
+    errors are train's refusal, exit 2), rather than a file of another kind check cannot place (exit 3)."""
+    import dataclasses
+
+    import yaml
+
+    from loraflow.config.schema import Config
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and bool({f.name for f in dataclasses.fields(Config)} & set(map(str, data)))
 
 
 def _check_foreign(args: argparse.Namespace, command_line: list[str] | None, framework: str | None,
