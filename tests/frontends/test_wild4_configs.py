@@ -103,3 +103,16 @@ def test_a_torchtune_interpolation_variable_is_not_an_unread_setting(tmp_path):
                                           "dtype: bf16\nenable_activation_checkpointing: true\n")
     r = from_files("torchtune", [path], CURRENT)
     assert r.unknown == ["qlora.yaml: unused_knob"], r.unknown
+
+
+# Com1t/hf-slurm-training ds_zero3.json (gather "auto"): a DeepSpeed JSON alone does not say whether an adapter or
+# the whole model trains, so an adapter-only finding is a question about the launch, not a certain finding.
+def test_a_deepspeed_json_alone_leaves_what_trains_a_question(tmp_path):
+    from loraflow.frontends import run_check
+
+    path = _write(tmp_path, "ds_zero3.json", json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True},
+                                                          "train_micro_batch_size_per_gpu": "auto"}))
+    doc = json.loads(run_check(None, "deepspeed", [path], dict(CURRENT), as_json=True)[0])
+    assert doc["exit_code"] == 1
+    empty = [f for f in doc["findings"] if f["rule"] == "zero3-empty-adapter-save"]
+    assert empty and empty[0]["holds_if"] is not None and "adapter" in json.dumps(doc["depends_on"])

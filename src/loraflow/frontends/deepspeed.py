@@ -329,8 +329,13 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
         if info["hybrid_engine"]:
             draft.set("generation_gather", True, f"{label}: hybrid_engine.enabled (gathers once per generate)")
         _world_from_batch(draft, info["config"], label)
+    # What trains is the launch's choice: evaluated both ways, so a finding that needs an adapter is a question.
+    draft.set("adapter", "lora", "a DeepSpeed config does not say what trains")
+    draft.maybe("adapter", {"lora": "the run trains a LoRA adapter", "full": "the run fine-tunes every weight"},
+                "a DeepSpeed config alone does not say whether an adapter or the whole model trains")
     draft.note("a DeepSpeed config alone does not say whether activations are checkpointed or which adapter is "
-               "trained: assumed LoRA, checkpointing off. Check the launch command for the full picture")
+               "trained: both adapter and full fine-tuning are evaluated, checkpointing off. Check the launch command "
+               "for the full picture")
     draft.flag(**FLAGS)
     finish_world(draft, None)
     return draft.result()
