@@ -116,3 +116,15 @@ def test_a_deepspeed_json_alone_leaves_what_trains_a_question(tmp_path):
     assert doc["exit_code"] == 1
     empty = [f for f in doc["findings"] if f["rule"] == "zero3-empty-adapter-save"]
     assert empty and empty[0]["holds_if"] is not None and "adapter" in json.dumps(doc["depends_on"])
+
+
+# Jacobson-CompSysBio/mentor-rl: an accelerate config with distributed_type MEGATRON_LM. Megatron's sharding is not
+# modelled, so the run is not called clean: it is named as what check could not read (exit 1).
+def test_an_accelerate_megatron_config_is_named_not_modelled(tmp_path):
+    from loraflow.frontends import run_check
+
+    path = _write(tmp_path, "meg.yaml", "compute_environment: LOCAL_MACHINE\ndistributed_type: MEGATRON_LM\n"
+                                        "num_processes: 4\nmixed_precision: bf16\n")
+    doc = json.loads(run_check(["accelerate", "launch", "--config_file", path, "train.py", "--lora_r", "8"], None,
+                               [], dict(CURRENT), as_json=True)[0])
+    assert doc["exit_code"] >= 1 and any("Megatron-LM" in u for u in doc["unknown"])

@@ -182,6 +182,10 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         apply_fsdp_options(draft, fsdp, label or "accelerate launch", flag)
     elif flag("multi_gpu") or dtype == "MULTI_GPU":
         draft.set("engine", "ddp", "--multi_gpu" if flag("multi_gpu") else f"{label}: distributed_type")
+    elif flag("use_megatron_lm") or dtype == "MEGATRON_LM":  # its tensor/pipeline sharding is no engine loraflow has
+        draft.unknown.append(f"{label or 'accelerate launch'}: Megatron-LM (distributed_type MEGATRON_LM) is not "
+                             "modelled; the setup is read as data-parallel, so findings that depend on sharding "
+                             "hold open")
     parallel = mapping_value(config.get("parallelism_config"), f"{label}: parallelism_config")
     cp = parallel.get("parallelism_config_cp_size", parallel.get("cp_size"))
     if cp is not None and int_value(cp, f"{label}: parallelism_config_cp_size", "a context-parallel size") > 1:
