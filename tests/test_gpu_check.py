@@ -20,7 +20,7 @@ from loraflow.environment import declared_floors, too_old
 from loraflow.verify import device_grads
 from loraflow.verify.side_envs import side_python
 
-STEPS = ("env", "grads", "demo", "qlora", "vision", "rollout", "peers")
+STEPS = ("env", "grads", "demo", "qlora", "vision", "rollout", "head", "peers")
 SETUP_FLOOR = "bash scripts/setup_floor_venv.sh"
 
 

@@ -146,6 +146,32 @@ def peers(ctx: dict[str, Any]) -> dict[str, Any]:
             "figures": figures}
 
 
+# -- head -----------------------------------------------------------------------------------------------------------
+def head(ctx: dict[str, Any]) -> dict[str, Any]:
+    """benchmarks/head_chunks.py: the output head alone, the plain loop's full logits against loraflow's chunks at
+    several sizes (where the peers step's gap to the plain loop may come from)."""
+    out = ctx["dir"] / "head.bench.json"
+    argv = [sys.executable, str(ctx["root"] / "benchmarks" / "head_chunks.py"), "--device", ctx["device"],
+            "--json", str(out)]
+    if ctx["quick"]:
+        argv += ["--quick", "--repeats", "2", "--rounds", "1"]
+    from loraflow.engines.launch import run_isolated
+
+    code = run_isolated(argv, ctx["dir"] / "head.bench.log", max(10.0, ctx["deadline"] - time.time() - 5),
+                        env=dict(os.environ))
+    if code != 0 or not out.exists():
+        return {"status": "fail", "headline": f"benchmarks/head_chunks.py {'timed out' if code is None else code}"}
+    report = json.loads(out.read_text())
+    rows = report["results"]
+    best = max(rows[1:], key=lambda r: r["x_full"])
+    worst_err = max(r["grad_rel_err"] for r in rows)
+    text = (f"full {rows[0]['median_ms']:.1f} ms; {rows[1]['variant']} {rows[1]['median_ms']:.1f} ms "
+            f"({rows[1]['x_full']:.2f}x full); best {best['variant']} {best['median_ms']:.1f} ms "
+            f"({best['x_full']:.2f}x); grad err <= {worst_err:.1e}")
+    # bf16 logits round differently from loraflow's float32 softmax: agreement within a few percent is the check
+    return {"status": "pass" if worst_err < 0.05 else "fail", "headline": text, "figures": report}
+
+
 # -- the demo, the QLoRA example, one image-text step -------------------------------------------------------------
 def _train(ctx: dict[str, Any], name: str, args: list[str]) -> tuple[int, str, dict[str, Any], Path]:
     run_dir = ctx["work"] / name
@@ -249,5 +275,5 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 STEPS = {"env": env, "grads": grads, "demo": demo, "qlora": qlora, "vision": vision, "rollout": rollout,
-         "peers": peers}
+         "head": head, "peers": peers}
 """Run order: the short steps first, so a slow benchmark cannot crowd them out of the time budget."""

@@ -5,7 +5,8 @@
 
 Steps (verify/device_steps.py), in order: env (versions, device, bf16/fp32 matmul rates), grads (gradient
 equivalence against the fp32 reference on the device), demo and qlora (the shipped configs end to end), vision (one
-image-text step), peers (loraflow, a plain PyTorch loop and TRL side by side on Llama-3.2-1B's shape in bf16). Each
+image-text step), rollout (GRPO on vLLM where it is installed), head (the output head alone: full logits against
+loraflow's chunks), peers (loraflow, a plain PyTorch loop and TRL side by side on Llama-3.2-1B's shape in bf16). Each
 step runs in its own process group, killed at its timeout; the steps share a time budget, and a step the budget
 cannot fit any more is recorded as skipped. Each writes DIR/STEP.json and DIR/STEP.log; the summary comes last, as
 DIR/summary.md (printed) and DIR/summary.json. Exit 0 when every step passed, 1 otherwise, 2 for bad usage.
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 TIMEOUTS = {"env": (90, 120), "grads": (180, 300), "demo": (150, 240), "qlora": (150, 240), "vision": (120, 240),
-            "rollout": (240, 240), "peers": (300, 300)}
+            "rollout": (240, 240), "head": (60, 120), "peers": (300, 300)}
 """Seconds per step: (on a GPU at full size, --quick). A GPU run must leave room for a rerun within a 15-minute
 lease (the default budget is 8 minutes); the CPU rehearsal runs the same steps at toy sizes."""
 BUDGET = {False: 480, True: 900}
