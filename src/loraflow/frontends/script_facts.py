@@ -238,7 +238,9 @@ def _trainer(facts: Facts, call: Call, code: Code) -> None:
     facts.trl = facts.trl or key is not None
     facts.trains = facts.trains or call.at()
     peft = call.kwargs.get("peft_config")
-    if isinstance(peft, (Unread, Parsed)):
+    # A helper's result (`peft_config=build_lora_config(cfg)`) is an adapter config too; TRL's own get_peft_config
+    # (harmless here) returns None unless ModelConfig.use_peft, which hf.py reads from the flags.
+    if isinstance(peft, (Unread, Parsed)) or (isinstance(peft, Call) and kind(peft, code) == ""):
         facts.opts["use_peft"] = Opt(True, call.at("peft_config") + " (an adapter config built elsewhere)", True)
     model = call.kwargs.get("model", call.args[0] if call.args else None)
     if isinstance(model, str):  # TRL loads a model named by its id
