@@ -54,3 +54,42 @@ def test_trl_s_own_get_peft_config_still_follows_use_peft(tmp_path, monkeypatch)
         "from my_helpers import make_lora", "from trl import get_peft_config")
     report = check(tmp_path, monkeypatch, text)
     assert report["setup"]["adapter"] == "full"
+
+
+# Keyword arguments gathered in a dict and spread into the call: `SFTConfig(**sft_config_kwargs)` after
+# `sft_config_kwargs = dict(...)` (a Qwen3.5 Unsloth VLM script), `from_pretrained(name, **model_kwargs)` after
+# `if args.load_in_8bit: model_kwargs.update({...})` (an accelerate + PEFT custom-loop example). The dict's keys are
+# the call's keywords; one an `if` changes depends on the test, and a dict built elsewhere is listed, not ignored.
+SPREAD = '''
+    import torch
+    from transformers import AutoModelForCausalLM
+    from peft import LoraConfig
+    from trl import SFTTrainer, SFTConfig
+    model_kwargs = {{"trust_remote_code": True}}
+    {update}
+    model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-7B", **model_kwargs)
+    cfg = dict(output_dir="o", bf16=False, fp16=True, gradient_checkpointing=False)
+    cfg["max_steps"] = 10
+    trainer = SFTTrainer(model=model, args=SFTConfig(**cfg), train_dataset=ds, peft_config=LoraConfig(r=8))
+    trainer.train()
+'''
+
+
+def test_a_dict_spread_into_the_config_is_read_key_by_key(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, SPREAD.format(update="model_kwargs.update(load_in_4bit=True)"))
+    setup = report["setup"]
+    assert (setup["precision"], setup["checkpointing"], setup["quantization"]) == ("fp16-mixed", "off", "4bit")
+
+
+def test_a_key_set_under_an_if_is_listed_as_not_visible(tmp_path, monkeypatch):
+    text = SPREAD.format(update='if args.q8:\n        model_kwargs.update({"load_in_8bit": True})')
+    report = check(tmp_path, monkeypatch, text)
+    assert report["setup"].get("quantization") in (None, "none")
+    assert any("load_in_8bit" in u for u in report["unknown"])
+
+
+def test_a_dict_from_elsewhere_spread_into_the_load_is_listed(tmp_path, monkeypatch):
+    text = SPREAD.format(update="").replace("model_kwargs = {\"trust_remote_code\": True}", "").replace(
+        "**model_kwargs", "**load_kwargs(args)")
+    report = check(tmp_path, monkeypatch, text)
+    assert any("**load_kwargs(args)" in u for u in report["unknown"])

@@ -287,6 +287,8 @@ def _peft_load(facts: Facts, call: Call, code: Code) -> None:
 def _load_kwargs(facts: Facts, call: Call) -> None:
     if call.owner_name.endswith("ForSequenceClassification"):
         facts.seqcls = call
+    if call.splat:  # `from_pretrained(name, **kwargs)` of a dict not built here: a quantization may be in it
+        facts.unknown.append(f"{call.file}:{call.line}: {call.func}({call.splat}) (not visible)")
     for name in ("load_in_4bit", "load_in_8bit", "use_cache"):
         value = literal(facts, call, name)
         if value is not None and (value or name == "use_cache"):
