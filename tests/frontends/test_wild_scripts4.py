@@ -93,3 +93,21 @@ def test_a_dict_from_elsewhere_spread_into_the_load_is_listed(tmp_path, monkeypa
         "**model_kwargs", "**load_kwargs(args)")
     report = check(tmp_path, monkeypatch, text)
     assert any("**load_kwargs(args)" in u for u in report["unknown"])
+
+
+# Unsloth's own helpers around a run (is_bf16_supported, UnslothVisionDataCollator, save_pretrained_merged) were
+# listed as calls check does not read, so a clean Unsloth vision script exited 1 (an Unsloth Llama-3.2-Vision
+# distillation script that saves merged_16bit after training).
+def test_unsloth_helpers_are_not_listed_as_unread(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, '''
+        from unsloth import FastVisionModel, is_bf16_supported
+        from unsloth.trainer import UnslothVisionDataCollator
+        from trl import SFTTrainer, SFTConfig
+        model, tok = FastVisionModel.from_pretrained("unsloth/Qwen2-VL-2B-Instruct", load_in_4bit=True)
+        model = FastVisionModel.get_peft_model(model, r=16)
+        trainer = SFTTrainer(model=model, data_collator=UnslothVisionDataCollator(model, tok), train_dataset=ds,
+                             args=SFTConfig(output_dir="o", bf16=True, max_length=None))
+        trainer.train()
+        model.save_pretrained_merged("out", tok, save_method="merged_16bit")
+    ''')
+    assert not [u for u in report["unknown"] if "does not read" in u]
