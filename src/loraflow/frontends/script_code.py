@@ -442,8 +442,9 @@ class _Reader(ast.NodeVisitor):
         for key, value in held.items():
             if key not in call.kwargs:
                 call.kwargs[key] = value
-                call.texts[key] = value.text if isinstance(value, Unread) else \
-                    f"{_short(repr(value), 40)} (in **{_short(ast.unparse(node), 30)})"
+                shown = value.text if isinstance(value, Unread) else f"{value.func}(...)" if isinstance(value, Call) \
+                    else _short(repr(value), 40)
+                call.texts[key] = f"{shown} (in **{_short(ast.unparse(node), 30)})"
 
     def updated(self, name: str, node: ast.Call) -> None:
         """`model_kwargs.update({...})` / `.update(key=value)`: a new dict bound to the name (as an assignment)."""
@@ -458,8 +459,7 @@ class _Reader(ast.NodeVisitor):
         self.env[name] = new
 
 
-def _either(before: dict, after: dict, name: str, line: int) -> dict:
-    """A dict one branch of an `if` changed: the keys it changed are unread."""
+def _either(before: dict, after: dict, name: str, line: int) -> dict:  # the keys one branch changed are unread
     return {k: after[k] if before.get(k, Unread) == after.get(k, Unread) else
             Unread(f"{name}[{k!r}], set under the `if` at line {line}") for k in {**before, **after}}
 
