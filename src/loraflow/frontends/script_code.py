@@ -281,6 +281,10 @@ class _Reader(ast.NodeVisitor):
         for name in set(bound[0]) | set(bound[1]):
             changed = [b[name] for b in bound if name in b and (name not in before or b[name] is not before[name])]
             self.env[name] = changed[-1] if changed else before[name]
+            if len(changed) == 1 and isinstance(changed[0], dict) and isinstance(before.get(name), dict):
+                # `if args.load_in_8bit: model_kwargs.update(load_in_8bit=True)`: only the keys the branch changes
+                # depend on the test.
+                self.env[name] = _either(before[name], changed[0], name, node.lineno)
             if len(changed) == 2 and not any(isinstance(v, Call) for v in changed) and changed[0] != changed[1]:
                 # Both branches assign it, differently (Qwen-VL's `modules_to_save = None` for a chat model, else
                 # ["wte", "lm_head"]): which one holds is the test's, not the later line's.
@@ -327,6 +331,9 @@ class _Reader(ast.NodeVisitor):
                 self.env[name.id] = value if parsed or i == 0 else Unread(name.id)
             if isinstance(value, Call) and names and not value.target:
                 value.target = names[0].id
+        elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and \
+                isinstance(self.env.get(target.value.id), dict) and isinstance(self.value(target.slice), str):
+            self.env[target.value.id] = {**self.env[target.value.id], self.value(target.slice): value}
         elif isinstance(target, ast.Attribute):
             owner = ast.unparse(target.value)
             root = target.value
@@ -406,14 +413,55 @@ class _Reader(ast.NodeVisitor):
                 call.args.append(self.value(arg))
         for kw in node.keywords:
             if kw.arg is None:
-                call.splat = call.splat or f"**{ast.unparse(kw.value)}"
+                self.spread(call, kw.value)
                 continue
             call.kwargs[kw.arg] = self.value(kw.value)
             call.texts[kw.arg] = _short(ast.unparse(kw.value))
         self.code.calls.append(call)
+        if name.endswith(".update") and isinstance(self.env.get(name[:-7]), dict):
+            self.updated(name[:-7], node)
         if name == "dict" and not call.args and not call.splat:
             return dict(call.kwargs)  # dict(use_reentrant=False) is the literal {"use_reentrant": False}
         return call
+
+
+    def keywords(self, node: ast.AST) -> dict | None:
+        """A dict written out or built earlier (`{"load_in_8bit": True}`, `dict(bf16=True)`) as keywords, or None."""
+        if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) and isinstance(k.value, str)
+                                              for k in node.keys):
+            return {k.value: self.value(v) for k, v in zip(node.keys, node.values)}
+        value = self.value(node)
+        return value if isinstance(value, dict) and all(isinstance(k, str) for k in value) else None
+
+    def spread(self, call: Call, node: ast.AST) -> None:
+        """`f(**model_kwargs)` of a dict the script built: its keys are f's keywords (ones written out win)."""
+        held = self.keywords(node)
+        if held is None:
+            call.splat = call.splat or f"**{ast.unparse(node)}"
+            return
+        for key, value in held.items():
+            if key not in call.kwargs:
+                call.kwargs[key] = value
+                shown = value.text if isinstance(value, Unread) else f"{value.func}(...)" if isinstance(value, Call) \
+                    else _short(repr(value), 40)
+                call.texts[key] = f"{shown} (in **{_short(ast.unparse(node), 30)})"
+
+    def updated(self, name: str, node: ast.Call) -> None:
+        """`model_kwargs.update({...})` / `.update(key=value)`: a new dict bound to the name (as an assignment)."""
+        new = dict(self.env[name])
+        for arg in node.args:
+            held = self.keywords(arg)
+            if held is None:
+                self.env[name] = Unread(name)
+                return
+            new.update(held)
+        new.update({kw.arg: self.value(kw.value) for kw in node.keywords if kw.arg is not None})
+        self.env[name] = new
+
+
+def _either(before: dict, after: dict, name: str, line: int) -> dict:  # the keys one branch changed are unread
+    return {k: after[k] if before.get(k, Unread) == after.get(k, Unread) else
+            Unread(f"{name}[{k!r}], set under the `if` at line {line}") for k in {**before, **after}}
 
 
 def _field_default(node: ast.AST) -> Any:

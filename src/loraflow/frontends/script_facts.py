@@ -39,6 +39,10 @@ _HARMLESS = frozenset((
     "get_quantization_config", "PartialState", "TrainerCallback", "for_inference", "for_training", "is_main_process",
     "named_modules", "modules", "get_input_embeddings", "get_output_embeddings", "tokenizer", "from_dict",
     "get_logger", "get_linear_schedule_with_warmup", "get_cosine_schedule_with_warmup",
+    # Unsloth's hardware query, vision collator and exports (merged_16bit dequantizes the 4-bit base before merging:
+    # unsloth/save.py unsloth_save_model), none of which changes what trains.
+    "is_bf16_supported", "UnslothVisionDataCollator", "save_pretrained_merged", "push_to_hub_merged",
+    "save_pretrained_gguf", "push_to_hub_gguf",
 ))
 # Method names that place or cast a model.
 _CASTS = {"half": "float16", "bfloat16": "bfloat16", "float": "float32"}
@@ -238,7 +242,9 @@ def _trainer(facts: Facts, call: Call, code: Code) -> None:
     facts.trl = facts.trl or key is not None
     facts.trains = facts.trains or call.at()
     peft = call.kwargs.get("peft_config")
-    if isinstance(peft, (Unread, Parsed)):
+    # A helper's result (`peft_config=build_lora_config(cfg)`) is an adapter config too; TRL's own get_peft_config
+    # (harmless here) returns None unless ModelConfig.use_peft, which hf.py reads from the flags.
+    if isinstance(peft, (Unread, Parsed)) or (isinstance(peft, Call) and kind(peft, code) == ""):
         facts.opts["use_peft"] = Opt(True, call.at("peft_config") + " (an adapter config built elsewhere)", True)
     model = call.kwargs.get("model", call.args[0] if call.args else None)
     if isinstance(model, str):  # TRL loads a model named by its id
@@ -285,6 +291,8 @@ def _peft_load(facts: Facts, call: Call, code: Code) -> None:
 def _load_kwargs(facts: Facts, call: Call) -> None:
     if call.owner_name.endswith("ForSequenceClassification"):
         facts.seqcls = call
+    if call.splat:  # `from_pretrained(name, **kwargs)` of a dict not built here: a quantization may be in it
+        facts.unknown.append(f"{call.file}:{call.line}: {call.func}({call.splat}) (not visible)")
     for name in ("load_in_4bit", "load_in_8bit", "use_cache"):
         value = literal(facts, call, name)
         if value is not None and (value or name == "use_cache"):
