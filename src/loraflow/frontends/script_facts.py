@@ -39,8 +39,8 @@ _HARMLESS = frozenset((
     "get_quantization_config", "PartialState", "TrainerCallback", "for_inference", "for_training", "is_main_process",
     "named_modules", "modules", "get_input_embeddings", "get_output_embeddings", "tokenizer", "from_dict",
     "get_logger", "get_linear_schedule_with_warmup", "get_cosine_schedule_with_warmup",
-    # Unsloth's hardware query, vision collator and exports (merged_16bit dequantizes the 4-bit base before merging:
-    # unsloth/save.py unsloth_save_model), none of which changes what trains.
+    # Unsloth's hardware query, vision collator and exports (merged_16bit dequantizes the 4-bit base layers before
+    # merging, as unsloth's tests/qlora/README.md says of its merge), none of which changes what trains.
     "is_bf16_supported", "UnslothVisionDataCollator", "save_pretrained_merged", "push_to_hub_merged",
     "save_pretrained_gguf", "push_to_hub_gguf",
 ))
