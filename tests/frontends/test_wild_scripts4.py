@@ -111,3 +111,34 @@ def test_unsloth_helpers_are_not_listed_as_unread(tmp_path, monkeypatch):
         model.save_pretrained_merged("out", tok, save_method="merged_16bit")
     ''')
     assert not [u for u in report["unknown"] if "does not read" in u]
+
+
+# A script's own argparse flags (`parser.add_argument("--use_lora", action="store_true")`): their defaults decide an
+# `if args.use_lora:` guard for a launch that leaves the flag out, as an argument dataclass's field default does.
+ARGPARSE = '''
+    import argparse
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+    from peft import LoraConfig, get_peft_model
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--use-lora", action="store_true")
+    parser.add_argument("--model", default="m")
+    args = parser.parse_args()
+    model = AutoModelForCausalLM.from_pretrained(args.model)
+    if args.use_lora:
+        model = get_peft_model(model, LoraConfig(r=8))
+    Trainer(model=model, args=TrainingArguments(output_dir="o")).train()
+'''
+
+
+def test_argparse_defaults_decide_the_script_s_own_guards(tmp_path, monkeypatch):
+    import ast
+
+    from loraflow.frontends.script_args import argparse_default, field_default
+
+    report = check(tmp_path, monkeypatch, ARGPARSE)
+    assert report["setup"]["adapter"] == "full" and "use_lora defaults to False" in json.dumps(report)
+    report = check(tmp_path, monkeypatch, ARGPARSE, argv=["python", "train.py", "--use-lora"])
+    assert report["setup"]["adapter"] == "lora"
+    call = ast.parse('p.add_argument("-q", "--load-4bit", dest="four", type=bool, default=True)').body[0].value
+    assert argparse_default(call) == ("four", True)
+    assert field_default(ast.parse("dataclasses.field(default=False)").body[0].value) is False

@@ -16,6 +16,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraflow.frontends.script_args import argparse_default, field_default
+
 # torch dtypes as the HF frontends spell them (`--torch_dtype bfloat16`).
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
            "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -258,7 +260,7 @@ class _Reader(ast.NodeVisitor):
             self.code.bases[node.name] = ast.unparse(node.bases[0]).rsplit(".", 1)[-1]
         for item in node.body:  # a dataclass field's literal default: the flag's value when the line omits it
             if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None:
-                default = _field_default(item.value)
+                default = field_default(item.value)
                 if default is not None:
                     self.code.defaults.setdefault(item.target.id, default)
         self.generic_visit(node)
@@ -418,6 +420,8 @@ class _Reader(ast.NodeVisitor):
             call.kwargs[kw.arg] = self.value(kw.value)
             call.texts[kw.arg] = _short(ast.unparse(kw.value))
         self.code.calls.append(call)
+        if name.endswith(".add_argument") and (found := argparse_default(node)):  # `args.X` when the launch omits X
+            self.code.defaults.setdefault(*found)
         if name.endswith(".update") and isinstance(self.env.get(name[:-7]), dict):
             self.updated(name[:-7], node)
         if name == "dict" and not call.args and not call.splat:
@@ -462,15 +466,6 @@ class _Reader(ast.NodeVisitor):
 def _either(before: dict, after: dict, name: str, line: int) -> dict:  # the keys one branch changed are unread
     return {k: after[k] if before.get(k, Unread) == after.get(k, Unread) else
             Unread(f"{name}[{k!r}], set under the `if` at line {line}") for k in {**before, **after}}
-
-
-def _field_default(node: ast.AST) -> Any:
-    """`False` or `field(default=False)`: the literal (bool, int, str) a dataclass field defaults to, else None."""
-    if isinstance(node, ast.Call) and _callee_name(node) == "field":
-        node = next((kw.value for kw in node.keywords if kw.arg == "default"), None)
-    if isinstance(node, ast.Constant) and isinstance(node.value, (bool, int, str)):
-        return node.value
-    return None
 
 
 def _known(items: list[Any], node: ast.AST) -> Any:

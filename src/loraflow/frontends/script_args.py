@@ -1,0 +1,42 @@
+"""The defaults of a script's own argparse flags: `parser.add_argument("--use_lora", action="store_true")` makes
+`args.use_lora` False when the launch line leaves the flag out, as an argument dataclass's field default does (read
+in script_code.py). A guard such as `if args.use_lora:` is then decided for a launch that omits the flag."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+_ACTIONS = {"store_true": False, "store_false": True}
+
+
+def argparse_default(node: ast.Call) -> tuple[str, Any] | None:
+    """(dest, default) of one `add_argument(...)` call when its default is a literal bool, int or str, else None.
+    The dest is argparse's: `dest=`, else the first long option with its dashes made underscores."""
+    options = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    kwargs = {kw.arg: kw.value for kw in node.keywords if kw.arg}
+    dest = kwargs.get("dest")
+    if isinstance(dest, ast.Constant) and isinstance(dest.value, str):
+        name = dest.value
+    else:
+        longs = [o for o in options if o.startswith("--")]
+        if not longs:
+            return None
+        name = longs[0][2:].replace("-", "_")
+    default = kwargs.get("default")
+    if isinstance(default, ast.Constant) and isinstance(default.value, (bool, int, str)):
+        return name, default.value
+    action = kwargs.get("action")
+    if default is None and isinstance(action, ast.Constant) and action.value in _ACTIONS:
+        return name, _ACTIONS[action.value]
+    return None
+
+
+def field_default(node: ast.AST) -> Any:
+    """`False` or `field(default=False)`: the literal (bool, int, str) a dataclass field defaults to, else None."""
+    callee = node.func if isinstance(node, ast.Call) else None
+    if getattr(callee, "id", getattr(callee, "attr", None)) == "field":  # field(...) or dataclasses.field(...)
+        node = next((kw.value for kw in node.keywords if kw.arg == "default"), None)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (bool, int, str)):
+        return node.value
+    return None
