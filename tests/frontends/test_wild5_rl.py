@@ -110,3 +110,20 @@ def test_bash_arrays_expand_where_they_are_used(tmp_path):
     # `${#ARR[@]}` is the array's length.
     argv = _script(tmp_path, "GPUS=(0 1 2 3)\ntorchrun --nproc_per_node ${#GPUS[@]} train.py --output_dir o\n")
     assert argv[:3] == ["torchrun", "--nproc_per_node", "4"]
+
+
+# A verl one-step-off-policy launch (`-m recipe.one_step_off_policy.main_ppo actor_rollout_ref.hybrid_engine=False
+# trainer.n_gpus_per_node=4 rollout.n_gpus_per_node=4`; code index hit, repository not named): the engine on GPUs of
+# its own was explained as "vLLM shares the actor's GPUs", and the recipe's rollout.* pool keys were listed unknown.
+def test_verl_split_placement_names_the_rollout_pool():
+    argv = ["python3", "-m", "recipe.one_step_off_policy.main_ppo", "actor_rollout_ref.model.path=m",
+            "actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.name=vllm",
+            "trainer.n_gpus_per_node=4", "rollout.nnodes=1", "rollout.n_gpus_per_node=4"]
+    r = from_command(argv, CURRENT)
+    assert (r.setup.world_size, r.setup.rollout_colocated) == (4, False)
+    assert r.sources["rollout_colocated"].startswith("actor_rollout_ref.hybrid_engine=False: the engine runs on GPUs")
+    assert "rollout.n_gpus_per_node=4" in r.sources["rollout_colocated"] and r.unknown == []
+    # The hybrid engine keeps its own wording.
+    r = from_command(["python3", "-m", "verl.trainer.main_ppo", "actor_rollout_ref.model.path=m",
+                      "actor_rollout_ref.rollout.name=vllm"], CURRENT)
+    assert r.sources["rollout_colocated"].startswith("hybrid engine: vLLM shares the actor's GPUs")

@@ -38,7 +38,11 @@ def recognise(view) -> bool:
 _RECIPE_KEYS = {"dapo": frozenset({
     "data.gen_batch_size", "reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len",
     "reward_model.overlong_buffer.penalty_factor", "reward_model.overlong_buffer.log", "algorithm.filter_groups.enable",
-    "algorithm.filter_groups.metric", "algorithm.filter_groups.max_num_gen_batches"})}
+    "algorithm.filter_groups.metric", "algorithm.filter_groups.max_num_gen_batches"}),
+    # The split-placement recipes (recipe/one_step_off_policy, recipe/fully_async_policy, v0.5.0 onwards) set
+    # actor_rollout_ref.hybrid_engine=False and give the rollout engine its own pool of GPUs.
+    "one_step_off_policy": frozenset({"rollout.nnodes", "rollout.n_gpus_per_node"}),
+    "fully_async_policy": frozenset({"rollout.nnodes", "rollout.n_gpus_per_node"})}
 
 
 def recipe_keys(program: str) -> frozenset[str]:
