@@ -36,6 +36,11 @@ _HEREDOC = re.compile(r"^[ \t]*(?:read\s+(?:-\w+\s+(?:''\s+)?)*(?P<var>[A-Za-z_]
 # `$(expr 16 / $nproc_per_node)` (ms-swift's and others' example scripts): the same integer arithmetic as `$((...))`,
 # read as one word rather than split into `$(expr`, `16`, `/`... positional arguments.
 _CASE = re.compile(r"^case\s.+\sin\b")
+# Bash arrays (`CMD=(swift rlhf --rlhf_type grpo ...)`, `ARGS+=(--lora_rank 16)`, then `"${CMD[@]}"`): RL scripts build
+# their trainer's flags in one and add to it by branch; `${#ARR[@]}` is its length.
+_ARRAY_START = re.compile(r"(?m)^[ \t]*(?:(?:local|declare|typeset)(?:[ \t]+-a)?[ \t]+)?[A-Za-z_]\w*\+?=\(")
+_ARRAY_ASSIGN = re.compile(r"^\s*(?:(?:local|declare|typeset)(?:\s+-a)?\s+)?([A-Za-z_]\w*)(\+?)=\((.*)\)\s*(?:#.*)?$")
+_ARRAY_USE = re.compile(r"\"?\$\{(#?)([A-Za-z_]\w*)\[[@*]\]\}\"?")
 _EXPR = re.compile(r"\$\(\s*expr\s+([^()]*)\)")
 # `OUT="runs/x_$(date +%Y%m%d_%H%M%S)"`: bash runs the command when it assigns, and its output (a date, a path) is
 # one word; kept as written, the space inside would split `--output_dir $OUT` into a stray positional argument.
@@ -50,6 +55,12 @@ _TRAINS = re.compile(r"(?:^|[_\-.])(?:train|training|finetune|fine_tune|finetuni
                      r"distill)(?:$|[_\-.])", re.I)
 _NOT_TRAINING = re.compile(r"(?:^|[_\-.])(?:merge|export|eval|evaluate|evaluation|infer|inference|predict|serve|test|"
                            r"generate|plot|benchmark|bench)(?:$|[_\-.])", re.I)
+# RL scripts start the rollout server before the trainer (`trl vllm-serve ... &`, `swift rollout`, `python -m
+# trl.scripts.vllm_serve`, vLLM's or SGLang's OpenAI server) and bring up the Ray cluster before submitting the job
+# (`ray stop`, `ray start --head`): neither is the run, so the training line after them is read.
+_SERVERS = re.compile(r"(?:^|\.)(?:vllm_serve|api_server|launch_server|launch_router)$")
+_CLI_SERVERS = {"trl": ("vllm-serve", "vllm_serve"), "swift": ("rollout", "deploy", "app", "web-ui"),
+                "vllm": ("serve",), "lmdeploy": ("serve",)}
 
 def _arithmetic(line: str, variables: dict[str, str]) -> str:
     """`$((A / (B * C)))` replaced by its value where every name in it has a numeric value (bash integer
@@ -142,6 +153,47 @@ def _strip_comment(line: str) -> str:
     return line
 
 
+def _joined(text: str, variables: dict[str, str]) -> str:
+    """The script's text with its here-documents taken into `variables`, continued lines joined, and a quoted value
+    or an array over several lines put on one."""
+    # `read -r -d '' VAR <<EOF ... EOF` (OpenRLHF's example scripts) and `VAR=$(cat <<EOF ... EOF)` hold the
+    # training flags in a here-document: its body becomes the variable's value.
+    for m in _HEREDOC.finditer(text):
+        variables[m.group("var") or m.group("var2")] = " ".join(re.sub(r"\\\s*$", "", line).strip()
+                                             for line in m.group("body").splitlines())
+    text = _HEREDOC.sub("", text)
+    # A comment line's trailing `\\` is part of the comment (bash ends a comment at the newline): `#--x \\` above the
+    # launch line does not swallow it.
+    text = re.sub(r"(?m)^(\s*#.*?)\\\s*$", r"\1", text)
+    joined = re.sub(r"\\\s*\n", " ", text)
+    # A quoted value over several lines (`DISTRIBUTED_ARGS="` newline `--nproc_per_node 8` newline `"`) is one value.
+    joined = _MULTILINE_ASSIGN.sub(lambda m: f'{m.group(1)}"{" ".join(m.group(2).split())}"', joined)
+    return _one_line_arrays(joined)
+
+
+def _one_line_arrays(text: str) -> str:
+    """`ARGS=(` newline `--model x` newline `)`: an array's elements over several lines (comments between them left
+    out) on one line, as _ARRAY_ASSIGN reads it."""
+    out, i = [], 0
+    for m in _ARRAY_START.finditer(text):
+        if m.start() < i:
+            continue
+        depth, quote, j = 1, "", m.end()
+        while j < len(text) and depth:
+            ch = text[j]
+            if quote:
+                quote = "" if ch == quote else quote
+            elif ch in "'\"":
+                quote = ch
+            else:
+                depth += {"(": 1, ")": -1}.get(ch, 0)
+            j += 1
+        body = " ".join(_strip_comment(line).strip() for line in text[m.end():j - 1].split("\n"))
+        out.append(text[i:m.start()] + m.group(0) + " ".join(body.split()) + ")")
+        i = j
+    return "".join(out) + text[i:]
+
+
 def _unset(m: re.Match) -> str:
     """An unset variable: its `${X:-default}`, else nothing for positional parameters ($1, $@: the script run
     without arguments), else the name itself, so that a launcher's `$DISTRIBUTED_ARGS` stays visible as unknown."""
@@ -176,20 +228,12 @@ def command_from_script(path: str) -> list[str]:
     here = Path(path).resolve().parent
     SCRIPT_DIRS.set(tuple(dict.fromkeys((*SCRIPT_DIRS.get(), here, *list(here.parents)[:3]))))
     variables: dict[str, str] = {}
-    # `read -r -d '' VAR <<EOF ... EOF` (OpenRLHF's example scripts) and `VAR=$(cat <<EOF ... EOF)` hold the
-    # training flags in a here-document: its body becomes the variable's value.
-    for m in _HEREDOC.finditer(text):
-        variables[m.group("var") or m.group("var2")] = " ".join(re.sub(r"\\\s*$", "", line).strip()
-                                             for line in m.group("body").splitlines())
-    text = _HEREDOC.sub("", text)
-    # A comment line's trailing `\\` is part of the comment (bash ends a comment at the newline): `#--x \\` above the
-    # launch line does not swallow it.
-    text = re.sub(r"(?m)^(\s*#.*?)\\\s*$", r"\1", text)
-    joined = re.sub(r"\\\s*\n", " ", text)
-    # A quoted value over several lines (`DISTRIBUTED_ARGS="` newline `--nproc_per_node 8` newline `"`) is one value.
-    joined = _MULTILINE_ASSIGN.sub(lambda m: f'{m.group(1)}"{" ".join(m.group(2).split())}"', joined)
+    arrays: dict[str, str] = {}
+    joined = _joined(text, variables)
 
     def expand(s: str) -> str:
+        s = _ARRAY_USE.sub(lambda m: str(len(shlex.split(arrays.get(m.group(2), ""), posix=True))) if m.group(1)
+                           else arrays.get(m.group(2), ""), s)
         return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(3), _unset(m)), s)
 
     cases = 0  # inside `case ... esac`: arms that run only for a matching argument (none, run without arguments)
@@ -197,6 +241,7 @@ def command_from_script(path: str) -> list[str]:
     # `VAR=value` does (bash passes exported variables to the commands it starts); the others stay the shell's.
     exported: list[str] = []
     first: list[str] | None = None
+    server: list[str] | None = None
     for line in joined.splitlines():
         line = _EXPR.sub(lambda m: "$((" + m.group(1).replace("\\*", "*") + "))", line)
         line = _arithmetic(line, variables) if "$((" in line else line
@@ -204,6 +249,12 @@ def command_from_script(path: str) -> list[str]:
         if not stripped or stripped.startswith("#"):
             continue
         cases += bool(_CASE.match(stripped)) - bool(re.match(r"esac\b", stripped))
+        if array := _ARRAY_ASSIGN.match(line):
+            # `ARGS=(--a 1 --b "$X")`, `ARGS+=(...)`: expanded as bash does when it assigns (quotes kept, so each
+            # element stays one word), then put in where `"${ARGS[@]}"` is used.
+            value = expand(array.group(3))
+            arrays[array.group(1)] = (arrays.get(array.group(1), "") + " " if array.group(2) else "") + value
+            continue
         assign = _ASSIGN.match(line)
         if assign and cases > 0:
             continue  # `-m | --model ) shift; MODEL=$1 ;;` (Qwen's finetune scripts) does not run without arguments
@@ -227,14 +278,31 @@ def command_from_script(path: str) -> list[str]:
             continue
         tokens = [f"{k}={variables[k]}" for k in exported if k in variables] + tokens
         name = _program(tokens)
-        if _DATA_STEP.search(name) and not _TRAINS.search(name):
+        side = _side_step(tokens)
+        if side == "cluster":
+            continue
+        if side == "server":
+            server = server or tokens  # a script that only starts the server: its own error says so
+        elif _DATA_STEP.search(name) and not _TRAINS.search(name):
             first = first or tokens  # a data step: the next line that trains wins, else the first such step
         elif first is None or not _NOT_TRAINING.search(name):
             return tokens
-    if first is not None:
-        return first
+    if first is not None or server is not None:
+        return first or server
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
                         "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
+
+
+def _side_step(tokens: list[str]) -> str | None:
+    """"cluster" for a Ray cluster command other than `ray job submit` (`ray start --head`, `ray stop`, `ray status`),
+    "server" for a rollout or inference server started beside the trainer; None for anything else."""
+    words = [Path(t).name for t in tokens if not _ENV.match(t) and not t.startswith("-")]
+    for i, word in enumerate(words):
+        if word == "ray":
+            return None if words[i + 1:i + 2] == ["job"] else "cluster"
+        if word in _CLI_SERVERS and words[i + 1:i + 2] and words[i + 1] in _CLI_SERVERS[word]:
+            return "server"
+    return "server" if _SERVERS.search(_program(tokens)) else None
 
 
 def _program(tokens: list[str]) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import verl_megatron, verl_rollout, vision
+from loraflow.frontends import verl_launch, verl_megatron, verl_rollout, vision
 from loraflow.frontends.argv import Command, split_command
 from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
@@ -342,17 +342,17 @@ def _world(draft: Draft, entry: Entry, options: dict, cmd: Command | None) -> No
     finish_world(draft, None)
 
 
-def _read_options(entry: Entry, overrides: list[Override], draft: Draft,
-                  base: dict[str, tuple[Any, str]] | None = None) -> dict[str, tuple[Any, str]]:
+def _read_options(entry: Entry, overrides: list[Override], draft: Draft, base: dict[str, tuple[Any, str]] | None = None,
+                  recipe: frozenset[str] = frozenset()) -> dict[str, tuple[Any, str]]:
     """The overrides as options; under the Megatron workers (a base config or an override choosing them) their own
-    settings are read by verl_megatron, not listed as unread."""
+    settings are read by verl_megatron, not listed as unread; `recipe`: the keys a recipe's config adds."""
     megatron = verl_megatron.chosen({**(base or {}), **{o.key: (o.value, o.raw) for o in overrides}})
     options: dict[str, tuple[Any, str]] = {}
     for o in overrides:
         if o.mode == "~":
             draft.note(f"{o.raw}: deletes a key of verl's config; read as that key's default")
             continue
-        if not _known(entry, o.key) and not (megatron and verl_megatron.worker_key(o.key)):
+        if not _known(entry, o.key) and not (megatron and verl_megatron.worker_key(o.key)) and o.key not in recipe:
             draft.unknown.append(o.raw)
         options[o.key] = (o.value, o.raw)
     return options
@@ -381,63 +381,31 @@ def _apply(draft: Draft, entry: Entry, options: dict, cmd: Command | None) -> No
     draft.flag(**flags(entry))
 
 
-def entry_of(program: str) -> Entry:
-    """The entry point a `-m` module names; recipes (`recipe.dapo.main_dapo`) build on main_ppo's config."""
+def entry_of(program: str, overrides: bool = False) -> Entry:
+    """The entry point a `-m` module names; recipes (`recipe.dapo.main_dapo`) and a project's own trainer launched
+    with verl's Hydra keys (`overrides`) build on main_ppo's config."""
     last = program.replace("/", ".").removesuffix(".py").rsplit(".", 1)[-1]
     if last in ENTRIES:
         return ENTRIES[last]
-    if program.startswith("recipe.") or ".recipe." in program:
+    if program.startswith("recipe.") or ".recipe." in program or overrides:
         return ENTRIES["main_ppo"]
     raise LoraflowError(f"`{program}` is not a verl training entry point loraflow reads; expected "
                         f"{', '.join(e.module for e in ENTRIES.values())} (or a recipe built on main_ppo).")
 
 
-_HYDRA_FLAGS = {"--config-path": "config-path", "-cp": "config-path", "--config-name": "config-name",
-                "-cn": "config-name"}
-
-
-def _config_file(others: list[str], draft: Draft) -> tuple[dict, list[str]]:
-    """`--config-path DIR --config-name NAME` (Hydra's own flags): the named YAML as the base, when it is here."""
-    given: dict[str, str] = {}
-    rest: list[str] = []
-    i = 0
-    while i < len(others):
-        name, eq, value = others[i].partition("=")
-        if name in _HYDRA_FLAGS:
-            if not eq and i + 1 < len(others):
-                value, i = others[i + 1], i + 1
-            given[_HYDRA_FLAGS[name]] = value
-        else:
-            rest.append(others[i])
-        i += 1
-    if "config-name" not in given:
-        return {}, rest
-    name = given["config-name"] if given["config-name"].endswith(".yaml") else given["config-name"] + ".yaml"
-    path = Path(given.get("config-path", ".")) / name
-    if not path.is_file():
-        megatron = verl_megatron.config_defaults(given["config-name"])
-        if Path(name).stem not in _OWN_CONFIGS:  # the user's own config: its keys are unseen (exit 1)
-            draft.unknown.append(f"--config-name {given['config-name']}: {path} is not here, so read as verl's "
-                                 "defaults and the overrides")
-            return megatron, rest
-        draft.note(f"--config-name {given['config-name']}: {path} is not here; " + (
-            "read as verl's own Megatron trainer config" if megatron else "its keys are read as verl's defaults"))
-        return megatron, rest
-    return {k: (v, f"{path.name}: {k}") for k, v in flatten(load_mapping(path, "verl config")).items()
-            if k not in ("defaults", "hydra")}, rest
-
-
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
-    entry = entry_of(cmd.program)
+    overrides, others = split_overrides(cmd.args)
+    entry = entry_of(cmd.program, verl_launch.ppo_overrides(cmd.args))
     draft = Draft(NAME, versions)
     if entry is ENTRIES["main_ppo"] and not cmd.program.endswith("main_ppo"):
         draft.note(f"{cmd.program} is read with verl's PPO config (main_ppo's keys)")
-    overrides, others = split_overrides(cmd.args)
-    base, others = _config_file(others, draft)
+        verl_launch.own_trainer(cmd.program, draft)
+    base, others = verl_launch.config_file(others, draft, _OWN_CONFIGS)
     for token in others:
         draft.unknown.append(f"{token} (not a Hydra override key=value)")
     _eras(draft, entry, overrides)
-    _apply(draft, entry, {**base, **_read_options(entry, overrides, draft, base)}, cmd)
+    options = _read_options(entry, overrides, draft, base, verl_launch.recipe_keys(cmd.program))
+    _apply(draft, entry, {**base, **options}, cmd)
     return draft.result()
 
 
@@ -478,14 +446,6 @@ def _from_overrides(overrides: list[Override], versions: dict, label: str) -> Fr
     return draft.result()
 
 
-def _recognise(view) -> bool:
-    # `-m verl.trainer.main_ppo`, or a recipe of verl's (`-m recipe.dapo.main_dapo`) with its Hydra keys.
-    if view.runs("verl") or view.dotted.startswith("verl."):
-        return True
-    return view.dotted.startswith("recipe.") and any(p.lstrip("+").startswith("actor_rollout_ref.")
-                                                     for p in view.positionals)
-
-
-FRAMEWORK = Framework(name=NAME, title="verl", module="verl", recognise=_recognise, flags=FLAGS,
+FRAMEWORK = Framework(name=NAME, title="verl", module="verl", recognise=verl_launch.recognise, flags=FLAGS,
                       log_paths=r"verl[/\\](trainer|workers|utils)[/\\]", dated=True,
                       file_markers=frozenset({"actor_rollout_ref"}), mitigations=(verl_rollout.ASYNC_LORA_SYNC,))

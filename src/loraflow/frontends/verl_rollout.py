@@ -89,6 +89,7 @@ def _table(options: dict, lora: bool, default_of: Callable[[str], Default]) -> t
     time_shared = (_on(options, R + "free_cache_engine", True)
                    and _on(options, "actor_rollout_ref.actor.fsdp_config.param_offload", False)
                    and _on(options, "actor_rollout_ref.actor.fsdp_config.optimizer_offload", False))
+    hybrid = _on(options, "actor_rollout_ref.hybrid_engine", True)
     return (
         fact("rollout_engine", "vllm", "actor_rollout_ref.rollout.name vllm"),
         fact("generation", False, "rollouts come from vLLM, not from the FSDP actor"),
@@ -102,13 +103,22 @@ def _table(options: dict, lora: bool, default_of: Callable[[str], Default]) -> t
              "stops on it"),
         Field("rollout_logprobs_used", default=used),
         Field("rollout_logprobs_processed", default=processed),
-        fact("rollout_colocated", _on(options, "actor_rollout_ref.hybrid_engine", True) and not time_shared,
-             "hybrid engine: vLLM shares the actor's GPUs" + (" while the actor's weights stay there (no param and "
-                                                              "optimizer offload)" if not time_shared else
-                                                              " and the two take turns (offload, free_cache_engine)")),
+        fact("rollout_colocated", hybrid and not time_shared, _placement(options, hybrid, time_shared)),
         Field("engine_gpu_memory_utilization", (R + "gpu_memory_utilization",), fraction,
               default_of(R + "gpu_memory_utilization")),
     )
+
+
+def _placement(options: dict, hybrid: bool, time_shared: bool) -> str:
+    """Where the engine runs, as the reason for rollout_colocated. hybrid_engine=False is the split placement of
+    verl's one-step-off-policy and fully-async recipes: the engine on `rollout.n_gpus_per_node` GPUs of its own."""
+    if not hybrid:
+        gpus = options.get("rollout.n_gpus_per_node", (None, ""))[1]
+        return "actor_rollout_ref.hybrid_engine=False: the engine runs on GPUs of its own" + (f" ({gpus})" if gpus
+                                                                                             else "")
+    return "hybrid engine: vLLM shares the actor's GPUs" + (
+        " and the two take turns (offload, free_cache_engine)" if time_shared else
+        " while the actor's weights stay there (no param and optimizer offload)")
 
 
 def apply(draft: Draft, options: dict[str, tuple[Any, str]], lora: bool, default_of: Callable[[str], Default]
