@@ -208,3 +208,24 @@ def test_export_of_several_assignments_and_family_names_as_words(tmp_path):
     from loraflow.frontends.deepspeed_chat import _OTHER_FAMILY
 
     assert not _OTHER_FAMILY.search("/w/step1/ckpt5") and _OTHER_FAMILY.search("google/flan-t5-xl")
+
+
+# Found in a second review: setup lines (`python -m pip`, `python -c`) and an evaluation before the run never become
+# it; only the command word makes a line a Ray or server line; a comment inside or after a bash array is a comment.
+def test_setup_and_evaluation_lines_before_the_run_and_comments_in_arrays(tmp_path):
+    def first_line(text: str) -> list[str]:
+        script = tmp_path / "run.sh"
+        script.write_text(text)
+        return command_from_script(str(script))
+
+    run = "torchrun --nproc_per_node 8 train.py --bf16\n"
+    for before in ("python -m pip install -r requirements.txt\n", 'python -c "import torch; print(1)"\n',
+                   "python eval_baseline.py --model m\n"):
+        assert first_line(before + run)[0] == "torchrun", before
+    assert first_line("python prepare_data.py\npython train.py --rollout_backend ray --run_name ray\n"
+                      )[1] == "train.py"
+    assert first_line("ray stop\nray start --head\nray job submit -- python3 -m verl.trainer.main_ppo\n")[:2] == [
+        "ray", "job"]
+    array = "ARGS=(\n  --model_name_or_path m   # the model's id\n  --bf16\n)  # flags (see README)\n"
+    assert first_line(array + 'torchrun --nproc_per_node 8 train.py "${ARGS[@]}"\n')[-3:] == [
+        "--model_name_or_path", "m", "--bf16"]

@@ -59,6 +59,9 @@ _NOT_TRAINING = re.compile(r"(?:^|[_\-.])(?:merge|export|eval|evaluate|evaluatio
 # trl.scripts.vllm_serve`, vLLM's or SGLang's OpenAI server) and bring up the Ray cluster before submitting the job
 # (`ray stop`, `ray start --head`): neither is the run, so the training line after them is read.
 _SERVERS = re.compile(r"(?:^|\.)(?:vllm_serve|api_server|launch_server|launch_router)$")
+_SETUP_MODULES = ("pip", "ensurepip", "venv", "spacy", "nltk", "huggingface_hub", "site", "wandb")
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed", "deepspeed.launcher.runner",
+                     "accelerate.commands.launch")
 _CLI_SERVERS = {"trl": ("vllm-serve", "vllm_serve"), "swift": ("rollout", "deploy", "app", "web-ui"),
                 "vllm": ("serve",), "lmdeploy": ("serve",)}
 
@@ -183,6 +186,10 @@ def _one_line_arrays(text: str) -> str:
             ch = text[j]
             if quote:
                 quote = "" if ch == quote else quote
+            elif ch == "#" and text[j - 1] in " \t\n(":  # a comment runs to the line's end, quotes in it too
+                j = text.find("\n", j)
+                j = len(text) if j < 0 else j
+                continue
             elif ch in "'\"":
                 quote = ch
             else:
@@ -240,8 +247,9 @@ def command_from_script(path: str) -> list[str]:
     # `export CUDA_VISIBLE_DEVICES=0,1` on a line of its own reaches the launch's environment as an inline
     # `VAR=value` does (bash passes exported variables to the commands it starts); the others stay the shell's.
     exported: list[str] = []
-    first: list[str] | None = None
-    server: list[str] | None = None
+    # What a line is decides whether it is the run (_line_kind); the steps before the run are held, in this order
+    # of preference, for a script whose run is one of them.
+    held: dict[str, list[str] | None] = {"plain": None, "data": None, "after": None, "server": None, "setup": None}
     for line in joined.splitlines():
         line = _EXPR.sub(lambda m: "$((" + m.group(1).replace("\\*", "*") + "))", line)
         line = _arithmetic(line, variables) if "$((" in line else line
@@ -249,7 +257,7 @@ def command_from_script(path: str) -> list[str]:
         if not stripped or stripped.startswith("#"):
             continue
         cases += bool(_CASE.match(stripped)) - bool(re.match(r"esac\b", stripped))
-        if array := _ARRAY_ASSIGN.match(line):
+        if array := _ARRAY_ASSIGN.match(_strip_comment(line)):
             # `ARGS=(--a 1 --b "$X")`, `ARGS+=(...)`: expanded as bash does when it assigns (quotes kept, so each
             # element stays one word), then put in where `"${ARGS[@]}"` is used.
             value = expand(array.group(3))
@@ -277,32 +285,41 @@ def command_from_script(path: str) -> list[str]:
         if not tokens:
             continue
         tokens = [f"{k}={variables[k]}" for k in exported if k in variables] + tokens
-        name = _program(tokens)
-        side = _side_step(tokens)
-        if side == "cluster":
-            continue
-        if side == "server":
-            server = server or tokens  # a script that only starts the server: its own error says so
-        elif _DATA_STEP.search(name) and not _TRAINS.search(name):
-            first = first or tokens  # a data step: the next line that trains wins, else the first such step
-        elif first is None or not _NOT_TRAINING.search(name):
+        kind = _line_kind(tokens)
+        if kind == "run":
             return tokens
-    if first is not None or server is not None:
-        return first or server
+        if kind in held:  # a step before or after the run: the first of each kind is kept in case no run follows
+            held[kind] = held[kind] or tokens
+    if any(held.values()):
+        return next(t for t in held.values() if t)
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
                         "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
 
 
-def _side_step(tokens: list[str]) -> str | None:
-    """"cluster" for a Ray cluster command other than `ray job submit` (`ray start --head`, `ray stop`, `ray status`),
-    "server" for a rollout or inference server started beside the trainer; None for anything else."""
-    words = [Path(t).name for t in tokens if not _ENV.match(t) and not t.startswith("-")]
-    for i, word in enumerate(words):
-        if word == "ray":
-            return None if words[i + 1:i + 2] == ["job"] else "cluster"
-        if word in _CLI_SERVERS and words[i + 1:i + 2] and words[i + 1] in _CLI_SERVERS[word]:
-            return "server"
-    return "server" if _SERVERS.search(_program(tokens)) else None
+def _line_kind(tokens: list[str]) -> str:
+    """What a launch line is, by its command and its program's name (matched as words: `retrieval` holds no `eval`):
+    "cluster" (`ray start`, `ray stop`: skipped), "server" (a rollout or inference server started beside the
+    trainer), "setup" (`python -c ...`, `python -m pip ...`), "data" (a step its name calls data preparation), "plain"
+    (a plain `python x.py` whose name says nothing of training: the run unless a launcher's line follows), "after"
+    (an evaluation, plot or merge: the run only when no other line is), else "run"."""
+    words = [t for t in tokens if not _ENV.match(t)]
+    head, second = Path(words[0]).name if words else "", words[1] if len(words) > 1 else ""
+    if head == "ray":
+        return "run" if second == "job" else "cluster"
+    if second in _CLI_SERVERS.get(head, ()) or _SERVERS.search(_program(tokens)):
+        return "server"
+    python = bool(_PYTHON.match(head))
+    module = words[words.index("-m") + 1] if python and "-m" in words[:-1] else ""
+    if python and ("-c" in words[1:2] or module.split(".")[0] in _SETUP_MODULES or module == "torch.utils.collect_env"):
+        return "setup"
+    name = _program(tokens)
+    if _DATA_STEP.search(name) and not _TRAINS.search(name):
+        return "data"
+    if _NOT_TRAINING.search(name):
+        return "after"
+    if python and module not in _LAUNCHER_MODULES and not _TRAINS.search(name):
+        return "plain"
+    return "run"
 
 
 def _program(tokens: list[str]) -> str:
