@@ -140,5 +140,18 @@ def test_argparse_defaults_decide_the_script_s_own_guards(tmp_path, monkeypatch)
     report = check(tmp_path, monkeypatch, ARGPARSE, argv=["python", "train.py", "--use-lora"])
     assert report["setup"]["adapter"] == "lora"
     call = ast.parse('p.add_argument("-q", "--load-4bit", dest="four", type=bool, default=True)').body[0].value
-    assert argparse_default(call) == ("four", True)
+    assert argparse_default(call) == ("four", True, ["load_4bit"])
     assert field_default(ast.parse("dataclasses.field(default=False)").body[0].value) is False
+
+
+# Found in review: an option whose dest differs (`--with-adapter` -> use_lora) and set_defaults reach the guards.
+def test_argparse_dest_and_set_defaults_reach_the_guards(tmp_path, monkeypatch):
+    text = ARGPARSE.replace('"--use-lora", action="store_true"',
+                            '"--with-adapter", dest="use_lora", action="store_true"')
+    given = check(tmp_path, monkeypatch, text, argv=["python", "train.py", "--with-adapter"])
+    assert given["setup"]["adapter"] == "lora"
+    report = check(tmp_path, monkeypatch, text)
+    assert report["setup"]["adapter"] == "full" and "runs here" in report["sources"]["adapter"]
+    text = text.replace("args = parser.parse_args()",
+                        "parser.set_defaults(use_lora=True)\n    args = parser.parse_args()")
+    assert check(tmp_path, monkeypatch, text)["setup"]["adapter"] == "lora"

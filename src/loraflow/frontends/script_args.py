@@ -10,26 +10,44 @@ from typing import Any
 _ACTIONS = {"store_true": False, "store_false": True}
 
 
-def argparse_default(node: ast.Call) -> tuple[str, Any] | None:
-    """(dest, default) of one `add_argument(...)` call when its default is a literal bool, int or str, else None.
-    The dest is argparse's: `dest=`, else the first long option with its dashes made underscores."""
+def record_argparse(code: Any, node: ast.Call, name: str) -> None:
+    """An `add_argument(...)` or `set_defaults(...)` call into `code.defaults` (dest -> literal default; set_defaults
+    wins, as argparse applies it over the arguments' own) and `code.dests` (option -> dest where they differ, so
+    `--with-adapter` given on the launch line reaches `args.use_lora`)."""
+    if name.endswith(".set_defaults"):
+        code.defaults.update({kw.arg: kw.value.value for kw in node.keywords
+                              if kw.arg and isinstance(kw.value, ast.Constant)})
+        return
+    found = argparse_default(node)
+    if found is None:
+        return
+    dest, default, options = found
+    code.dests.update({o: dest for o in options if o != dest})
+    if default is not None:
+        code.defaults.setdefault(dest, default)
+
+
+def argparse_default(node: ast.Call) -> tuple[str, Any, list[str]] | None:
+    """(dest, default, long options as flag names) of one `add_argument(...)` call; the default is a literal bool,
+    int or str, else None. The dest is argparse's: `dest=`, else the first long option with its dashes made
+    underscores."""
     options = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    longs = [o[2:].replace("-", "_") for o in options if o.startswith("--")]
     kwargs = {kw.arg: kw.value for kw in node.keywords if kw.arg}
     dest = kwargs.get("dest")
     if isinstance(dest, ast.Constant) and isinstance(dest.value, str):
         name = dest.value
+    elif longs:
+        name = longs[0]
     else:
-        longs = [o for o in options if o.startswith("--")]
-        if not longs:
-            return None
-        name = longs[0][2:].replace("-", "_")
+        return None
     default = kwargs.get("default")
     if isinstance(default, ast.Constant) and isinstance(default.value, (bool, int, str)):
-        return name, default.value
+        return name, default.value, longs
     action = kwargs.get("action")
     if default is None and isinstance(action, ast.Constant) and action.value in _ACTIONS:
-        return name, _ACTIONS[action.value]
-    return None
+        return name, _ACTIONS[action.value], longs
+    return name, None, longs
 
 
 def field_default(node: ast.AST) -> Any:

@@ -16,7 +16,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-from loraflow.frontends.script_args import argparse_default, field_default
+from loraflow.frontends.script_args import field_default, record_argparse
 
 # torch dtypes as the HF frontends spell them (`--torch_dtype bfloat16`).
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
@@ -117,7 +117,9 @@ class Code:
     """An attribute assignment's source -> the flags its enclosing `if`s test (as Call.guard)."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """Literal defaults of the argument dataclasses' fields (`use_lora: bool = False`, `field(default=True)`): what
-    a flag the launch line leaves out is."""
+    a flag the launch line leaves out is; argparse's defaults and set_defaults too (script_args.py)."""
+    dests: dict[str, str] = field(default_factory=dict)
+    """A script's own option -> the argparse dest it sets, where they differ (`--with-adapter` -> use_lora)."""
     """Parsed flags the script stops on (`if training_args.gradient_checkpointing: raise ...`) -> the source: a run
     that trains has them off."""
 
@@ -420,8 +422,8 @@ class _Reader(ast.NodeVisitor):
             call.kwargs[kw.arg] = self.value(kw.value)
             call.texts[kw.arg] = _short(ast.unparse(kw.value))
         self.code.calls.append(call)
-        if name.endswith(".add_argument") and (found := argparse_default(node)):  # `args.X` when the launch omits X
-            self.code.defaults.setdefault(*found)
+        if name.endswith((".add_argument", ".set_defaults")):  # what `args.X` is when the launch line omits X
+            record_argparse(self.code, node, name)
         if name.endswith(".update") and isinstance(self.env.get(name[:-7]), dict):
             self.updated(name[:-7], node)
         if name == "dict" and not call.args and not call.splat:

@@ -455,7 +455,8 @@ def _parser(facts: Facts, call: Call, code: Code) -> None:
     facts.parser = facts.parser or call.at()
 
 
-_HANDLERS = {"args": _args, "trainer": _trainer, "lightning": _lightning, "bnb": _bnb, "load": _load, "unsloth_load": _unsloth_load,
+_HANDLERS = {"args": _args, "trainer": _trainer, "lightning": _lightning, "bnb": _bnb, "load": _load,
+             "unsloth_load": _unsloth_load,
              "adapter_config": _adapter_config, "wrap": _wrap, "unsloth_wrap": _unsloth_wrap, "kbit_prep": _kbit_prep,
              "gc": _gc, "hook": _hook, "accelerator": _accelerator, "ds_plugin": _ds_plugin, "ds_init": _ds_init,
              "place": _place, "merge": _simple("merges"), "peft_load": _peft_load,

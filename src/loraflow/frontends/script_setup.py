@@ -114,7 +114,8 @@ def live(draft: Draft, script: Script, flags: dict[str, Opt]) -> Script:
 
     def runs(guard: tuple[tuple[str, bool], ...]) -> bool:
         for name, wanted in guard:
-            opt = flags.get(name)
+            given = [o for o, dest in script.code.dests.items() if dest == name and o in flags]
+            opt = flags.get(given[0]) if given else flags.get(name)
             default = script.code.defaults.get(name)
             value, where = (opt.value if opt.value is not None else True, opt.source) if opt is not None else (
                 default, f"{script.code.file}: {name} defaults to {default}")
@@ -213,7 +214,9 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
     facts = script.facts
     if draft.sources.get("adapter", "").startswith("assumed: no PEFT flag"):
         # hf.py's wording is about flags; the code itself shows no adapter.
-        draft.set("adapter", "full", f"{script.code.file}: no LoraConfig, get_peft_model or PeftModel in the code")
+        guarded = any(" the code under an `if` on " in n for n in draft.notes)  # live() left calls out
+        draft.set("adapter", "full", f"{script.code.file}: no LoraConfig, get_peft_model or PeftModel " + (
+            "runs here (the code under an `if` that is off is left out: see the notes)" if guarded else "in the code"))
         draft.notes = [n for n in draft.notes if not n.startswith("no PEFT flag in the command")]
     if draft.sources.get("adapter", "").endswith(_ELSEWHERE):  # peft_config=<a helper's result>: None or a config
         draft.maybe("adapter", {"lora": "the trainer's peft_config is an adapter config",
