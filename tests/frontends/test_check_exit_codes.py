@@ -231,3 +231,12 @@ def test_a_file_that_is_no_loraflow_config_and_no_known_framework_s_is_exit_3(tm
     (tmp_path / "mine.yaml").write_text("model:\n  pathh: x\n")  # loraflow's, with a typo: train refuses it
     assert main(["check", str(tmp_path / "mine.yaml")]) == 2
     assert "model.path" in capsys.readouterr().err
+
+
+def test_a_broken_loraflow_config_is_2_and_a_foreign_one_sharing_a_section_name_is_3(tmp_path):
+    from loraflow.commands.cli import main
+
+    (tmp_path / "bad.yaml").write_text("model:\n  path: m\nadapter:\n  rank: 8\n   alpha: 16\ntrain:\n  lr: 1\n")
+    assert main(["check", str(tmp_path / "bad.yaml")]) == 2  # loraflow's sections, a YAML error: train refuses it
+    (tmp_path / "other.yaml").write_text("model:\n  name: gpt2\noptimizer:\n  lr: 1\ntrainer:\n  devices: 8\n")
+    assert main(["check", str(tmp_path / "other.yaml")]) == 3  # one section name in common is not loraflow's

@@ -128,3 +128,14 @@ def test_an_accelerate_megatron_config_is_named_not_modelled(tmp_path):
     doc = json.loads(run_check(["accelerate", "launch", "--config_file", path, "train.py", "--lora_r", "8"], None,
                                [], dict(CURRENT), as_json=True)[0])
     assert doc["exit_code"] >= 1 and any("Megatron-LM" in u for u in doc["unknown"])
+
+
+# Found in review: an interpolation inside a list names a variable too; batch sizes no process count can satisfy.
+def test_list_interpolations_and_an_unsatisfiable_deepspeed_batch(tmp_path):
+    path = _write(tmp_path, "tt.yaml", "base_name: model\nmodel:\n  _component_: torchtune.models.llama3_2."
+                                       "lora_llama3_2_1b\n  lora_attn_modules: [q_proj, v_proj]\ncheckpointer:\n"
+                                       "  checkpoint_files: ['${base_name}.safetensors']\n")
+    assert not any("base_name" in u for u in from_files("torchtune", [path], CURRENT).unknown)
+    path = _write(tmp_path, "ds.json", json.dumps({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4,
+                                                   "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}))
+    assert any("_batch_assertion" in u for u in from_files("deepspeed", [path], CURRENT).unknown)

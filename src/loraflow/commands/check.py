@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -114,11 +115,20 @@ def _loraflow_shaped(path: str) -> bool:
 
     from loraflow.config.schema import Config
 
+    sections = {f.name for f in dataclasses.fields(Config)}
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8", errors="replace"))
-    except (OSError, yaml.YAMLError):
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
         return False
-    return isinstance(data, dict) and bool({f.name for f in dataclasses.fields(Config)} & set(map(str, data)))
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:  # a loraflow config with a syntax error still shows its sections at the left margin
+        tops = re.findall(r"(?m)^([A-Za-z_]\w*):", text)
+        return bool(tops) and 2 * sum(t in sections for t in tops) >= len(tops)
+    if not isinstance(data, dict) or not data:
+        return False
+    keys = set(map(str, data))
+    return 2 * len(keys & sections) >= len(keys)  # most of its sections are loraflow's (`model:` alone is not)
 
 
 def _check_foreign(args: argparse.Namespace, command_line: list[str] | None, framework: str | None,

@@ -310,6 +310,11 @@ def _world_from_batch(draft: Draft, cfg: dict[str, Any], label: str) -> None:
         draft.set("world_size", total // (micro * accum), f"{label}: train_batch_size {total} / "
                   f"(train_micro_batch_size_per_gpu {micro} x gradient_accumulation_steps {accum}), which DeepSpeed "
                   "asserts equal")
+    else:  # no process count satisfies the assertion: DeepSpeed stops at initialize whatever the launch
+        draft.unknown.append(f"{label}: train_batch_size {total} is no multiple of train_micro_batch_size_per_gpu "
+                             f"{micro} x gradient_accumulation_steps {accum}, so DeepSpeed's batch assertion "
+                             "(runtime/config.py _batch_assertion) fails on every number of processes; set one to "
+                             "\"auto\" or make them agree")
 
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:

@@ -332,8 +332,7 @@ def _unknown(draft: Draft, options: dict) -> None:
     builder's arguments. A top-level key the config only names in `${...}` (`model_dir: /tmp/x` beside
     `checkpoint_dir: ${model_dir}`) is a variable of the file's own for OmegaConf to interpolate (torchtune's
     config/_parse.py loads with OmegaConf), not a setting a recipe reads."""
-    referenced = {m.group(1) for value, _ in options.values() if isinstance(value, str)
-                  for m in _INTERPOLATION.finditer(value)}
+    referenced = {m.group(1) for value, _ in options.values() for m in _INTERPOLATION.finditer(str(value))}
     for key, (value, where) in options.items():
         if key.split(".", 1)[0] not in keys.TORCHTUNE and key not in referenced:
             draft.unknown.append(where)

@@ -397,7 +397,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     overrides, others = split_overrides(cmd.args)
     entry = entry_of(cmd.program, verl_launch.ppo_overrides(cmd.args))
     draft = Draft(NAME, versions)
-    if entry is ENTRIES["main_ppo"] and not cmd.program.endswith("main_ppo"):
+    if entry is ENTRIES["main_ppo"] and cmd.program.replace("/", ".").removesuffix(".py").rsplit(".")[-1] != "main_ppo":
         draft.note(f"{cmd.program} is read with verl's PPO config (main_ppo's keys)")
         verl_launch.own_trainer(cmd.program, draft)
     base, others = verl_launch.config_file(others, draft, _OWN_CONFIGS)
@@ -406,6 +406,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     _eras(draft, entry, overrides)
     options = _read_options(entry, overrides, draft, base, verl_launch.recipe_keys(cmd.program))
     _apply(draft, entry, {**base, **options}, cmd)
+    verl_launch.split_placement(cmd.program, {**base, **options}, draft)
     return draft.result()
 
 

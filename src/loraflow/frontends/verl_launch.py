@@ -42,7 +42,10 @@ _RECIPE_KEYS = {"dapo": frozenset({
     # The split-placement recipes (recipe/one_step_off_policy, recipe/fully_async_policy, v0.5.0 onwards) set
     # actor_rollout_ref.hybrid_engine=False and give the rollout engine its own pool of GPUs.
     "one_step_off_policy": frozenset({"rollout.nnodes", "rollout.n_gpus_per_node"}),
-    "fully_async_policy": frozenset({"rollout.nnodes", "rollout.n_gpus_per_node"})}
+    # fully_async_policy's scripts also pace the rollouter and its staleness (async_training.*).
+    "fully_async_policy": frozenset({"rollout.nnodes", "rollout.n_gpus_per_node", "rollout.total_rollout_steps",
+                                     "rollout.test_freq", "async_training.staleness_threshold",
+                                     "async_training.trigger_parameter_sync_step", "async_training.require_batches"})}
 
 
 def recipe_keys(program: str) -> frozenset[str]:
@@ -92,3 +95,15 @@ def config_file(others: list[str], draft: Draft, own_configs: frozenset[str]) ->
         return megatron, rest
     return {k: (v, f"{path.name}: {k}") for k, v in flatten(load_mapping(path, "verl config")).items()
             if k not in ("defaults", "hydra")}, rest
+
+
+def split_placement(program: str, options: dict, draft: Draft) -> None:
+    """hybrid_engine=False outside the split-placement recipes: verl's RayPPOTrainer asserts a hybrid engine
+    (`assert self.hybrid_engine, "Currently, only support hybrid engine"`, verl/trainer/ppo/ray_trainer.py), so
+    main_ppo stops at start-up; only recipe/one_step_off_policy and recipe/fully_async_policy run the engine apart."""
+    value, where = options.get("actor_rollout_ref.hybrid_engine", (True, ""))
+    parts = program.replace("/", ".").removesuffix(".py").split(".")
+    if str(value).lower() == "false" and not {"one_step_off_policy", "fully_async_policy"} & set(parts):
+        draft.unknown.append(f"{where}: verl's RayPPOTrainer asserts a hybrid engine (\"Currently, only support "
+                             "hybrid engine\", ray_trainer.py), so this launch stops at start-up unless its trainer "
+                             "is a split-placement recipe's (one_step_off_policy, fully_async_policy)")
