@@ -22,6 +22,7 @@ from loraflow.frontends.hf_options import Opt
 from loraflow.frontends.intent import infer
 from loraflow.frontends.kbit_facts import move_refused
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
+from loraflow.frontends.script_loop import apply_loop
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
 from loraflow.frontends.script_wild import cause_fixes, engine_moves_peft, kbit_prep_after_wrap, plain_args_defaults
 
@@ -212,6 +213,7 @@ def stage(script: Script, fallback) -> tuple[tuple[str, str], str]:
 
 def code_only(draft: Draft, script: Script, whole: bool) -> None:
     facts = script.facts
+    apply_loop(draft, facts, script.code)  # the engine and precision a cast is read against
     if draft.sources.get("adapter", "").startswith("assumed: no PEFT flag"):
         # hf.py's wording is about flags; the code itself shows no adapter.
         guarded = any(" the code under an `if` on " in n for n in draft.notes)  # live() left calls out
