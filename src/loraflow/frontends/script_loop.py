@@ -58,8 +58,8 @@ def apply_loop(draft: Draft, facts: Facts, code: Code) -> None:
             _TRAINER_UNITS):
         # transformers/distributed/fsdp.py sets PEFT's fsdp_auto_wrap_policy on accelerate's plugin inside the
         # Trainer; accelerate's own prepare wraps by the config's policy (transformer layers) alone.
-        draft.set("fsdp_frozen_units_separate", False, "the script's own loop: accelerate wraps by its config's policy; "
-                  "only transformers' Trainer adds PEFT's adapter wrap policy (transformers/distributed/fsdp.py)")
+        draft.set("fsdp_frozen_units_separate", False, "the script's own loop: accelerate wraps by its config's "
+                  "policy; only transformers' Trainer adds PEFT's adapter wrap policy (transformers/distributed/fsdp.py)")
 
 
 def _backwards(code: Code) -> list[Call]:
@@ -203,7 +203,8 @@ def _mode(draft: Draft, facts: Facts, code: Code) -> None:
             draft.set("train_mode_at_backward", False, f"{loads[0].at()} (from_pretrained returns the model in eval "
                       "mode) and the script never calls model.train() before its backward")
         else:
-            draft.set("train_mode_at_backward", True, "assumed (the script's own loop shows no .eval() before backward)")
+            draft.set("train_mode_at_backward", True, "assumed (the script's own loop shows no .eval() before "
+                      "backward)")
         return
     before = [c for c in modes if c.scope == first.scope and c.line < first.line]
     last = before[-1] if before else None
