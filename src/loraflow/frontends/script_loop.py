@@ -59,7 +59,8 @@ def apply_loop(draft: Draft, facts: Facts, code: Code) -> None:
         # transformers/distributed/fsdp.py sets PEFT's fsdp_auto_wrap_policy on accelerate's plugin inside the
         # Trainer; accelerate's own prepare wraps by the config's policy (transformer layers) alone.
         draft.set("fsdp_frozen_units_separate", False, "the script's own loop: accelerate wraps by its config's "
-                  "policy; only transformers' Trainer adds PEFT's adapter wrap policy (transformers/distributed/fsdp.py)")
+                  "policy; only transformers' Trainer adds PEFT's adapter wrap policy "
+                  "(transformers/distributed/fsdp.py)")
 
 
 def _backwards(code: Code) -> list[Call]:
