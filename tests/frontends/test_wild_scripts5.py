@@ -166,3 +166,29 @@ def test_eval_before_the_first_backward_is_eval_mode_and_train_is_train_mode(tmp
         "train_mode_at_backward"] is False
     assert check(tmp_path, monkeypatch, MODE_LOOP.format(mode="model.train()"))["setup"][
         "train_mode_at_backward"] is True
+
+
+# An accelerate loop launched with FSDP (a DeepSeek-R1-Distill LoRA script with a save_fsdp_peft_model helper, seen
+# by its code in the index): accelerate alone wraps by the config's policy; PEFT's adapter policy is the Trainer's.
+ACCEL_FSDP = '''
+    import torch
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+    from peft import LoraConfig, get_peft_model
+    accelerator = Accelerator()
+    model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-7B", torch_dtype=torch.bfloat16)
+    model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    model.train()
+    for batch in loader:
+        accelerator.backward(model(**batch).loss)
+        opt.step()
+'''
+
+
+def test_an_accelerate_fsdp_loop_has_no_adapter_wrap_policy(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, ACCEL_FSDP,
+                   ["accelerate", "launch", "--use_fsdp", "--num_processes", "2", "train.py"])
+    assert report["setup"]["fsdp_frozen_units_separate"] is False
+    assert "fsdp1-mixed-dtype" in rules(report)

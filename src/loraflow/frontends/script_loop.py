@@ -54,8 +54,7 @@ def apply_loop(draft: Draft, facts: Facts, code: Code) -> None:
                   "find_unused_parameters=False, torch/nn/parallel/distributed.py, as accelerate's "
                   "DistributedDataParallelKwargs, accelerate/utils/dataclasses.py; the HF Trainer's True for a "
                   "PeftModel does not apply)")
-    if draft.get("engine") == "fsdp1" and draft.sources.get("fsdp_frozen_units_separate", "").startswith(
-            _TRAINER_UNITS):
+    if draft.get("engine") == "fsdp1" and _TRAINER_UNITS in draft.sources.get("fsdp_frozen_units_separate", ""):
         # transformers/distributed/fsdp.py sets PEFT's fsdp_auto_wrap_policy on accelerate's plugin inside the
         # Trainer; accelerate's own prepare wraps by the config's policy (transformer layers) alone.
         draft.set("fsdp_frozen_units_separate", False, "the script's own loop: accelerate wraps by its config's "
