@@ -192,3 +192,29 @@ def test_an_accelerate_fsdp_loop_has_no_adapter_wrap_policy(tmp_path, monkeypatc
                    ["accelerate", "launch", "--use_fsdp", "--num_processes", "2", "train.py"])
     assert report["setup"]["fsdp_frozen_units_separate"] is False
     assert "fsdp1-mixed-dtype" in rules(report)
+
+
+# torch.utils.checkpoint.checkpoint called by the script's own blocks on a LoRA model: checkpointing is on, and
+# without use_reentrant torch warns and takes the reentrant path (torch/utils/checkpoint.py: use_reentrant=None
+# warns, then True).
+MANUAL_CKPT = '''
+    import torch
+    from torch.utils.checkpoint import checkpoint
+    from transformers import AutoModelForCausalLM
+    from peft import LoraConfig, get_peft_model
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained("m"), LoraConfig(r=8))
+    model.train()
+    opt = torch.optim.AdamW(model.parameters())
+    for batch in []:
+        hidden = checkpoint(model.base_model.model.model.layers[0], batch["x"]{kw})
+        loss = hidden.sum()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_a_manual_checkpoint_call_is_checkpointing_reentrant_unless_told(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, MANUAL_CKPT.format(kw=""))
+    assert report["setup"]["checkpointing"] != "off" and report["setup"]["reentrant"] is True
+    report = check(tmp_path, monkeypatch, MANUAL_CKPT.format(kw=", use_reentrant=False"))
+    assert report["setup"]["reentrant"] is False
