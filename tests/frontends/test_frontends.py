@@ -633,7 +633,9 @@ def test_vision_tower_lora_under_reentrant_is_silent_before_transformers_5(tmp_p
     # The script's own code decides reentrancy; before 5 the finding holds with the hook as well.
     assert old["reentrant-partial-silent"] == "the script checkpoints reentrant"
     new = _findings(f"bash {script}", with_versions("transformers=5.2.0", {}))
-    assert new["reentrant-partial-silent"] == "the script checkpoints reentrant and the script adds no input-grad hook"
+    # 2U1's train_sft.py always calls enable_input_require_grads (frontends/vlm_lineage.py), and from transformers 5
+    # that hooks the patch embedding as well: nothing is left without gradients.
+    assert "reentrant-partial-silent" not in new
     # Adapters named in the vision tower by the target list read the same way.
     r = run("python train.py --use_peft --lora_target_modules q_proj visual.blocks.0.attn.qkv --gradient_checkpointing")
     assert r.setup.tower_adapters and "lora_target_modules" in r.sources["tower_adapters"]

@@ -287,9 +287,10 @@ def _uv_run(tokens: list[str]) -> list[str]:
 
 def _script_line(cmd: Command, path: str, depth: int) -> Command:
     """`bash run.sh`: the launch line inside the script, with the outer line's environment."""
-    inner = split_command(command_from_script(path), depth + 1)
+    tokens = command_from_script(path)
+    inner = split_command(tokens, depth + 1)
     inner.env = {**cmd.env, **inner.env}
-    inner.notes.insert(0, f"launch line read from {path}")
+    inner.notes[:0] = [f"launch line read from {path}", *getattr(tokens, "notes", [])]
     return inner
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from loraflow.frontends import trl as trl_rel
-from loraflow.frontends import vision
+from loraflow.frontends import vision, vlm_lineage
 from loraflow.frontends.common import Draft, as_bool, at_least, int_value
 from loraflow.frontends.hf_options import Run, kwargs_of
 from loraflow.frontends.table import Default
@@ -51,6 +51,8 @@ def checkpointing(draft: Draft, run: Run) -> tuple[bool, str, str]:
         # fully_shard loses before torch 2.13 (pytorch#148831): fsdp2_root_in_policy stays False here.
     _reentrant(draft, run, kwargs, kw_name)
     _input_grad_hook(draft, run)
+    # A known image-text script that is not here answers what the two calls above leave to its code.
+    vlm_lineage.apply(draft, run.program, opts)
     model = run.opts.get("model_name_or_path")
     vision.tower_hook(draft, str(model.value or "") if model is not None else "")
     return gc, gc_name, kw_name

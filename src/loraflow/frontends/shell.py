@@ -250,7 +250,8 @@ def command_from_script(path: str) -> list[str]:
     # What a line is decides whether it is the run (_line_kind); the steps before the run are held, in this order
     # of preference, for a script whose run is one of them.
     held: dict[str, list[str] | None] = {"plain": None, "data": None, "after": None, "server": None, "setup": None}
-    for line in joined.splitlines():
+    lines = joined.splitlines()
+    for at, line in enumerate(lines):
         line = _EXPR.sub(lambda m: "$((" + m.group(1).replace("\\*", "*") + "))", line)
         line = _arithmetic(line, variables) if "$((" in line else line
         stripped = line.strip()
@@ -287,13 +288,32 @@ def command_from_script(path: str) -> list[str]:
         tokens = [f"{k}={variables[k]}" for k in exported if k in variables] + tokens
         kind = _line_kind(tokens)
         if kind == "run":
-            return tokens
+            return _cut_by_comment(tokens, lines[at + 1:])
         if kind in held:  # a step before or after the run: the first of each kind is kept in case no run follows
             held[kind] = held[kind] or tokens
     if any(held.values()):
         return next(t for t in held.values() if t)
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
                         "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
+
+
+class ScriptLine(list):
+    """A script's launch line, with what check should tell about how bash reads it (`notes`)."""
+    notes: list[str] = []
+
+
+def _cut_by_comment(tokens: list[str], rest: list[str]) -> list[str]:
+    """A comment line inside a continued command (`--model x \\` newline `#--model y \\` newline `--lr 1e-5 \\`)
+    ends the command: bash stops the comment at its newline, so the flags after it are a command of their own
+    (`--lr: command not found`) and never reach the launch. Read as bash runs it, and said so."""
+    following = next((line.strip() for line in rest if line.strip() and not line.strip().startswith("#")), "")
+    line = ScriptLine(tokens)
+    if following.startswith("-"):
+        flags = [w for w in following.split() if w.startswith("-")][:3]
+        line.notes = [f"a comment line inside the launch command ends it (bash ends a comment at its newline, its "
+                      f"`\\` included): {', '.join(flags)} and the lines after it are not passed to the launch, and "
+                      "bash runs them as a command of their own, which fails; the launch is read as bash runs it"]
+    return line
 
 
 def _line_kind(tokens: list[str]) -> str:
