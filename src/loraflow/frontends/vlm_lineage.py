@@ -12,7 +12,9 @@ scripts answers the same way.
   it): `--use_backbone_lora N` wraps the ViT with PEFT (modeling_internvl_chat.py wrap_backbone_lora), which hooks
   nothing; only wrap_llm_lora calls enable_input_require_grads, on the language model. The script turns the ViT's
   checkpointing on (`model.vision_model.encoder.gradient_checkpointing = True`), and InternViT's encoder calls
-  `torch.utils.checkpoint.checkpoint(encoder_layer, hidden_states)` without use_reentrant: reentrant, fed by a frozen
+  `torch.utils.checkpoint.checkpoint(encoder_layer, hidden_states)` without use_reentrant (OpenGVLab/InternVL
+  internvl_chat/internvl/model/internvl_chat/modeling_intern_vit.py, InternVisionEncoder.forward; torch still
+  takes the reentrant path when it is not passed, torch/utils/checkpoint.py in 2.13): reentrant, fed by a frozen
   patch embedding, so the ViT's adapters get no gradient while the language model's train.
 """
 
