@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraflow.errors import LoraflowError
+from loraflow.frontends.cluster import hostfile_slots, mpi_processes, srun_tasks
 from loraflow.frontends.shell import _ENV, _PYTHON, _STARTS, SCRIPT_DIRS, command_from_script
 
 CLI_PROGRAMS = ("trl", "swift", "llamafactory-cli", "lmf", "axolotl", "tune", "litgpt")
@@ -155,39 +156,76 @@ def _int(text: str | None) -> int | None:
         return None
 
 
+def _unseen(count: str | None) -> bool:
+    """A process count the command does not show: a variable or `$((...))` the script leaves unset, or torchrun's
+    `--nproc_per_node gpu|auto` (one per device of the machine, torch/distributed/run.py determine_local_world_size)."""
+    return count is not None and ("$" in count or count in ("gpu", "auto", "cuda", "xpu", "npu"))
+
+
+def _nodes(cmd: Command, *names: str) -> tuple[int, str]:
+    """A launcher's node count and how it reads: `--nnodes 2` (`1:4`, elastic: at least its minimum), or 1 where it
+    is unset or not visible (`--nnodes $SLURM_NNODES`: then the world size is a lower bound, and says so)."""
+    raw = cmd.launcher_value(*names)
+    text = str(raw).split(":")[0] if raw is not None else ""
+    if text.isdigit() and int(text) > 0:
+        return int(text), f"--{names[0]} {raw}"
+    return 1, (f"--{names[0]} {raw} (not visible here: at least 1)" if raw is not None else f"--{names[0]} 1")
+
+
 def _world_from_launcher(cmd: Command) -> None:
     value = cmd.launcher_value
     for name in ("num_gpus", "num_accelerators", "nproc_per_node", "num_processes"):
         count = value(name)
-        if count is not None and _UNEXPANDED.match(count) and f"--{name} {count}" not in cmd.hidden_launcher_options:
+        if _unseen(count) and f"--{name} {count}" not in cmd.hidden_launcher_options:
             # `--nproc_per_node $GPUS_PER_NODE` where the script computes it (`$(python -c '...device_count()')`):
             # the count is not visible, so both are evaluated, as for a launcher option left in a variable.
             cmd.hidden_launcher_options.append(f"--{name} {count}")
     if cmd.launcher == "deepspeed":
-        gpus, nodes = _int(value("num_gpus", "num_accelerators")), _int(value("num_nodes")) or 1
-        include = value("include", "i")
-        if gpus:
-            cmd.world_size, cmd.world_source = gpus * nodes, f"deepspeed --num_gpus {gpus} --num_nodes {nodes}"
-        elif include:
-            hosts = [h.partition(":")[2] for h in include.split("@")]
-            count = sum(_count_devices(h) or 0 for h in hosts)
-            cmd.world_size, cmd.world_source = (count or None), f"deepspeed --include {include}"
-        elif visible_devices(cmd)[0]:
-            # Without --num_gpus/--include the launcher uses every visible device (deepspeed/launcher/runner.py).
-            cmd.world_size, cmd.world_source = visible_devices(cmd)
+        _deepspeed_world(cmd)
     elif cmd.launcher == "torchrun":
-        per_node, nodes = _int(value("nproc_per_node")), _int(value("nnodes")) or 1
+        # torchrun starts --nproc_per_node workers on each of --nnodes nodes (torch/distributed/run.py).
+        per_node, (nodes, said) = _int(value("nproc_per_node")), _nodes(cmd, "nnodes")
         if per_node:
             cmd.world_size = per_node * nodes
-            cmd.world_source = f"torchrun --nproc_per_node {per_node} --nnodes {nodes}"
+            cmd.world_source = f"torchrun --nproc_per_node {per_node} {said}"
+        elif nodes > 1:
+            cmd.world_size, cmd.world_source = nodes, f"torchrun {said}: at least one process on each node"
     elif cmd.launcher == "accelerate":
-        procs = _int(value("num_processes"))
+        # --num_processes is the total over all machines, not per machine (accelerate/commands/launch.py: "The
+        # total number of processes to be launched in parallel"); --num_machines alone gives a lower bound.
+        procs, (machines, said) = _int(value("num_processes")), _nodes(cmd, "num_machines")
         if procs:
             cmd.world_size, cmd.world_source = procs, f"accelerate launch --num_processes {procs}"
-    elif cmd.launcher == "python" and "WORLD_SIZE" not in cmd.env and cmd.world_size is None:
+        elif machines > 1:
+            cmd.world_size, cmd.world_source = machines, f"accelerate launch {said}: at least one process each"
+    elif cmd.launcher == "python" and "WORLD_SIZE" not in cmd.env and cmd.world_size is None and not any(
+            h.startswith(("srun", "mpirun")) for h in cmd.hidden_launcher_options):
         cmd.world_size, cmd.world_source = 1, "python (one process)"
     if cmd.world_size is None and "WORLD_SIZE" in cmd.env and _int(cmd.env["WORLD_SIZE"]):
         cmd.world_size, cmd.world_source = _int(cmd.env["WORLD_SIZE"]), f"WORLD_SIZE={cmd.env['WORLD_SIZE']}"
+
+
+def _deepspeed_world(cmd: Command) -> None:
+    """deepspeed/launcher/runner.py: --num_gpus per node on --num_nodes nodes, else the devices --include names,
+    else the slots of the --hostfile's hosts, else every visible device of the one machine."""
+    value = cmd.launcher_value
+    gpus, (nodes, said) = _int(value("num_gpus", "num_accelerators")), _nodes(cmd, "num_nodes")
+    include, hostfile = value("include", "i"), value("hostfile", "H")
+    found = resolve_path(hostfile) if hostfile and not _unseen(hostfile) else None
+    slots = hostfile_slots(str(found)) if found else None
+    if gpus:
+        cmd.world_size, cmd.world_source = gpus * nodes, f"deepspeed --num_gpus {gpus} {said}"
+    elif include:
+        hosts = [h.partition(":")[2] for h in include.split("@")]
+        count = sum(_count_devices(h) or 0 for h in hosts)
+        cmd.world_size, cmd.world_source = (count or None), f"deepspeed --include {include}"
+    elif slots:
+        cmd.world_size, cmd.world_source = slots, f"deepspeed --hostfile {hostfile}: {slots} slots"
+    elif nodes > 1:
+        cmd.world_size, cmd.world_source = nodes, f"deepspeed {said}: at least one process on each node"
+    elif visible_devices(cmd)[0] and not hostfile:
+        # Without --num_gpus/--include the launcher uses every visible device (deepspeed/launcher/runner.py).
+        cmd.world_size, cmd.world_source = visible_devices(cmd)
 
 
 # `accelerate launch` options; the trl CLI forwards these from its own command line to accelerate
@@ -265,11 +303,16 @@ def _cluster_launcher(cmd: Command, rest: list[str], argv: list[str]) -> list[st
     if head in ("timeout", "nsys"):
         return rest[start:]
     cmd.notes.append(f"launched through `{head}`; its options other than the process count were not read")
-    count = next((_int(rest[i + 1]) for i, t in enumerate(rest[1:start - 1], 1) if t in ("-np", "-n")), None)
-    if count and head != "srun":
-        # mpirun starts `-np` copies of the program; srun's `-n` counts tasks, which a torchrun after it
-        # multiplies again, so it is left to the launcher that follows.
-        cmd.world_size, cmd.world_source = count, f"{head} -np {count}"
+    program = Path(rest[start]).name
+    plain = bool(_PYTHON.match(program)) or program.endswith(".py")
+    # srun and mpirun start one copy of their program per task (`srun python train.py` under `#SBATCH
+    # --ntasks-per-node=4`). srun's tasks before a torchrun, deepspeed or accelerate are one launcher per node,
+    # which counts its own processes, so there the count is left to that launcher.
+    count, said = srun_tasks(rest[1:start], cmd.env) if head == "srun" else mpi_processes(rest[1:start])
+    if count and (plain or head != "srun"):
+        cmd.world_size, cmd.world_source = count, said
+    elif plain:
+        cmd.hidden_launcher_options.append(said)
     return rest[start:]
 
 
@@ -291,6 +334,17 @@ def _script_line(cmd: Command, path: str, depth: int) -> Command:
     inner = split_command(tokens, depth + 1)
     inner.env = {**cmd.env, **inner.env}
     inner.notes[:0] = [f"launch line read from {path}", *getattr(tokens, "notes", [])]
+    return inner
+
+
+def _shell_string(cmd: Command, line: str, depth: int) -> Command:
+    """`srun bash -c "$LAUNCHER $TRAIN_CMD"` (SLURM jobs that let each node expand $SLURM_PROCID): the quoted string
+    is the command line, split as the inner shell splits it, with the outer line's environment and process count."""
+    inner = split_command(shlex.split(line), depth + 1)
+    inner.env = {**cmd.env, **inner.env}
+    inner.notes = cmd.notes + ["launch line read from the string after `bash -c`"] + inner.notes
+    if inner.world_size is None and cmd.world_size is not None:
+        inner.world_size, inner.world_source = cmd.world_size, cmd.world_source
     return inner
 
 
@@ -320,8 +374,9 @@ def split_command(argv: list[str], depth: int = 0) -> Command:
         head = rest[0] = Path(rest[0]).name if Path(rest[0]).name in _STARTS else rest[0]  # `/env/x/bin/torchrun`
         if head in ("env", "nohup", "time", "exec", "command") or _ENV.match(head):
             rest = _env_word(cmd, rest)
-        elif head in ("bash", "sh") and len(rest) > 1 and not rest[1].startswith("-") and depth < 3:
-            return _script_line(cmd, rest[1], depth)
+        elif head in ("bash", "sh") and len(rest) > 1 and depth < 3 and (rest[1] == "-c" or rest[1][:1] != "-"):
+            return _shell_string(cmd, " ".join(rest[2:3]), depth) if rest[1] == "-c" else _script_line(
+                cmd, rest[1], depth)
         elif head in _CLUSTER_LAUNCHERS:
             rest = _cluster_launcher(cmd, rest, argv)
         elif head == "uv" and rest[1:2] == ["run"]:

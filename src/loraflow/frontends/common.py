@@ -351,6 +351,17 @@ def world_from_env(draft: Draft, cmd: Command, all_visible: bool) -> None:
         cmd.world_size, cmd.world_source = int(nproc) * nodes, f"NPROC_PER_NODE={nproc} NNODES={nodes}"
         return
     count, source = visible_devices(cmd)
+    nodes = cmd.env.get("NNODES", "")
+    if nodes.isdigit() and int(nodes) > 1:
+        # NNODES alone: torchrun over that many nodes with LLaMA-Factory's NPROC_PER_NODE default, the node's
+        # device count (launcher.py), or torchrun's own default of one process per node under swift (cli/main.py
+        # passes --nproc_per_node only when NPROC_PER_NODE is set).
+        per_node = count if all_visible and count else 1
+        cmd.world_size = int(nodes) * per_node
+        cmd.world_source = f"NNODES={nodes} x {source}" if per_node > 1 else (
+            f"NNODES={nodes}: at least one process on each node" if all_visible else
+            f"NNODES={nodes}, one process per node (torchrun's default --nproc_per_node 1)")
+        return
     if all_visible and count:
         cmd.world_size, cmd.world_source = count, source
     elif all_visible and not cmd.hidden_launcher_options:

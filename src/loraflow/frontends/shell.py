@@ -12,6 +12,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from loraflow.errors import LoraflowError
+from loraflow.frontends.cluster import slurm_environment
 
 SCRIPT_DIRS: ContextVar[tuple[Path, ...]] = ContextVar("script_dirs", default=())
 """The folders of the launch scripts read in this check, nearest first with up to three of their parents: a script in
@@ -26,11 +27,19 @@ _STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "sw
 # Commands that run the rest of their line (`nohup torchrun ...`, `apptainer exec --nv img.sif accelerate launch ...`,
 # `conda run -n env python ...`): their own options and operands come before the launcher, which is read from there.
 # `timeout 2400 ...` and `nsys profile --trace=cuda ... python ...` (SLURM jobs, profiling runs) wrap it the same way.
-_WRAPPERS = ("nohup", "time", "timeout", "nsys", "exec", "env", "nice", "ionice", "stdbuf", "taskset", "numactl",
-             "unbuffer", "apptainer", "singularity", "conda", "mamba", "micromamba", "uv", "poetry", "pipenv")
-_ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|'[^']*'|[^\s"'#]*)\s*(?:#.*)?$""")
+# `eval $CMD` (a launch line built in a variable, then evaluated) runs the words after it the same way.
+_WRAPPERS = ("nohup", "time", "timeout", "nsys", "exec", "eval", "env", "nice", "ionice", "stdbuf", "taskset",
+             "numactl", "unbuffer", "apptainer", "singularity", "conda", "mamba", "micromamba", "uv", "poetry",
+             "pipenv")
+# A value may join quoted and bare parts, as bash does (`L="accelerate launch --main_process_ip "$ADDR" --x 1"`), and
+# hold `${X:="train.py"}` (a default with quotes of its own inside the braces).
+_ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=((?:"[^"]*"|'[^']*'|\$\{[^}\s]*\}|[^\s"'#])*)"""
+                     r"""\s*(?:#.*)?$""")
+_QUOTED = re.compile(r""""([^"]*)"|'([^']*)'""")
 _MULTILINE_ASSIGN = re.compile(r'(?m)^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=)"([^"]*\n[^"]*)"')
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d|@|\*)")
+# `${X:-default}`, and `${X:=default}` / `${X-default}` (bash gives the default the same way when X is unset; SLURM
+# scripts write `${SLURM_JOB_NUM_NODES:=1}`, `training_script=${training_script:="train.py"}`).
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?::?[-=]([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d|@|\*)")
 _HEREDOC = re.compile(r"^[ \t]*(?:read\s+(?:-\w+\s+(?:''\s+)?)*(?P<var>[A-Za-z_]\w*)|(?P<var2>[A-Za-z_]\w*)=\$\(cat)\s*"
                       r"<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)^[ \t]*(?P=tag)\b[^\n]*\n?", re.M | re.S)
 # `$(expr 16 / $nproc_per_node)` (ms-swift's and others' example scripts): the same integer arithmetic as `$((...))`,
@@ -67,15 +76,17 @@ _CLI_SERVERS = {"trl": ("vllm-serve", "vllm_serve"), "swift": ("rollout", "deplo
 
 def _arithmetic(line: str, variables: dict[str, str]) -> str:
     """`$((A / (B * C)))` replaced by its value where every name in it has a numeric value (bash integer
-    arithmetic), else by `0`: one word either way, so it cannot split into stray positional arguments."""
+    arithmetic), else kept as one unexpanded word (`$((SLURM_NNODES*8))`), so it cannot split into stray positional
+    arguments and a process count computed from what the script does not set reads as not visible, not as 0."""
     out, i = [], 0
     while (start := line.find("$((", i)) >= 0:
         depth, j = 2, start + 3
         while j < len(line) and depth:
             depth += {"(": 1, ")": -1}.get(line[j], 0)
             j += 1
-        expr = re.sub(r"\$?\{?([A-Za-z_]\w*)\}?", lambda m: variables.get(m.group(1), "x"), line[start + 3:j - 2])
-        value = "0"
+        expr = re.sub(r"\$?\{?([A-Za-z_]\w*)(?::?[-=]([^}]*))?\}?",
+                      lambda m: variables.get(m.group(1), m.group(2) or "x"), line[start + 3:j - 2])
+        value = "$((" + "".join(line[start + 3:j - 2].split()) + "))"
         if re.fullmatch(r"[\d\s+\-*/%()]+", expr):
             try:  # digits and operators only (checked above); bash's `/` is integer division
                 value = str(int(eval(expr.replace("/", "//"), {"__builtins__": {}})))  # noqa: S307
@@ -234,11 +245,15 @@ def command_from_script(path: str) -> list[str]:
     text = _as_pasted(text)
     here = Path(path).resolve().parent
     SCRIPT_DIRS.set(tuple(dict.fromkeys((*SCRIPT_DIRS.get(), here, *list(here.parents)[:3]))))
-    variables: dict[str, str] = {}
+    # What `#SBATCH --nodes=2 --gres=gpu:8` puts in the job's environment (SLURM_NNODES...), which the launch
+    # line reads; the script's own assignments below override it.
+    job_env = slurm_environment(text)
+    variables: dict[str, str] = dict(job_env)
     arrays: dict[str, str] = {}
     joined = _joined(text, variables)
 
     def expand(s: str) -> str:
+        s = re.sub(r'"\$\{?[@*]\}?"', "$@", s)  # `"$@"` of a script run without arguments is no word at all
         s = _ARRAY_USE.sub(lambda m: str(len(shlex.split(arrays.get(m.group(2), ""), posix=True))) if m.group(1)
                            else arrays.get(m.group(2), ""), s)
         return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(3), _unset(m)), s)
@@ -246,7 +261,7 @@ def command_from_script(path: str) -> list[str]:
     cases = 0  # inside `case ... esac`: arms that run only for a matching argument (none, run without arguments)
     # `export CUDA_VISIBLE_DEVICES=0,1` on a line of its own reaches the launch's environment as an inline
     # `VAR=value` does (bash passes exported variables to the commands it starts); the others stay the shell's.
-    exported: list[str] = []
+    exported: list[str] = list(job_env)
     # What a line is decides whether it is the run (_line_kind); the steps before the run are held, in this order
     # of preference, for a script whose run is one of them.
     held: dict[str, list[str] | None] = {"plain": None, "data": None, "after": None, "server": None, "setup": None}
@@ -268,8 +283,8 @@ def command_from_script(path: str) -> list[str]:
         if assign and cases > 0:
             continue  # `-m | --model ) shift; MODEL=$1 ;;` (Qwen's finetune scripts) does not run without arguments
         if assign:
-            value = expand(assign.group(2)[1:-1] if assign.group(2)[:1] in "'\"" and assign.group(2) else
-                           assign.group(2))
+            value = expand(_QUOTED.sub(lambda m: m.group(1) if m.group(1) is not None else m.group(2),
+                                       assign.group(2)))
             variables[assign.group(1)] = _SUBST.sub(lambda m: "".join(m.group(0).split()), value)
             exported += [assign.group(1)] if re.match(r"\s*export\s", line) and assign.group(1) not in exported else []
             continue
@@ -324,6 +339,8 @@ def _line_kind(tokens: list[str]) -> str:
     (an evaluation, plot or merge: the run only when no other line is), else "run"."""
     words = [t for t in tokens if not _ENV.match(t)]
     head, second = Path(words[0]).name if words else "", words[1] if len(words) > 1 else ""
+    if len(words) <= 3 and words[-1:] in (["-h"], ["--help"], ["--version"]):
+        return "setup"  # `accelerate launch -h` printed before the run (open-instruct's scripts)
     if head == "ray":
         return "run" if second == "job" else "cluster"
     if second in _CLI_SERVERS.get(head, ()) or _SERVERS.search(_program(tokens)):

@@ -329,16 +329,25 @@ def _world(draft: Draft, entry: Entry, options: dict, cmd: Command | None) -> No
     if entry.stage:
         finish_world(draft, cmd)
         return
-    count, where = 1, []
+    count, where, unseen = 1, [], []
     for what in ("nodes", "gpus"):
         key = entry.key(what)
         if key in options:
             value, source = options[key]
         else:
             value, source = default(entry, key)(draft)
+        if isinstance(value, str) and "$" in value:
+            # `trainer.nnodes=$SLURM_NNODES` in a script that leaves it to the job: not visible, at least 1.
+            unseen.append(source)
+            continue
         count *= int_value(value, source, "a number of nodes or GPUs")
         where.append(source)
-    draft.set("world_size", count, " x ".join(where))
+    if unseen and count == 1:
+        draft.maybe("world_size", {1: "one process", 2: "several processes"},
+                    f"the process count is not in the command: {', '.join(unseen)}")
+    else:
+        draft.set("world_size", count, " x ".join(where) + "".join(f"; {u} not visible: at least {count}"
+                                                                    for u in unseen))
     finish_world(draft, None)
 
 
