@@ -393,7 +393,7 @@ def _apply(draft: Draft, entry: Entry, options: dict, cmd: Command | None) -> No
 def entry_of(program: str, overrides: bool = False) -> Entry:
     """The entry point a `-m` module names; recipes (`recipe.dapo.main_dapo`) and a project's own trainer launched
     with verl's Hydra keys (`overrides`) build on main_ppo's config."""
-    last = program.replace("/", ".").removesuffix(".py").rsplit(".", 1)[-1]
+    last = verl_launch.program_parts(program)[-1]
     if last in ENTRIES:
         return ENTRIES[last]
     if program.startswith("recipe.") or ".recipe." in program or overrides:
@@ -406,7 +406,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     overrides, others = split_overrides(cmd.args)
     entry = entry_of(cmd.program, verl_launch.ppo_overrides(cmd.args))
     draft = Draft(NAME, versions)
-    if entry is ENTRIES["main_ppo"] and cmd.program.replace("/", ".").removesuffix(".py").rsplit(".")[-1] != "main_ppo":
+    if entry is ENTRIES["main_ppo"] and verl_launch.program_parts(cmd.program)[-1] != "main_ppo":
         draft.note(f"{cmd.program} is read with verl's PPO config (main_ppo's keys)")
         verl_launch.own_trainer(cmd.program, draft)
     base, others = verl_launch.config_file(others, draft, _OWN_CONFIGS)

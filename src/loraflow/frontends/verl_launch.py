@@ -48,9 +48,15 @@ _RECIPE_KEYS = {"dapo": frozenset({
                                      "async_training.trigger_parameter_sync_step", "async_training.require_batches"})}
 
 
+def program_parts(program: str) -> list[str]:
+    """A launched program as module parts, whether given as a path or a module (`verl/trainer/main_ppo.py` and
+    `verl.trainer.main_ppo` both give [verl, trainer, main_ppo])."""
+    return program.replace("/", ".").removesuffix(".py").split(".")
+
+
 def recipe_keys(program: str) -> frozenset[str]:
     """The keys the recipe a launch runs adds to main_ppo's config (`-m recipe.dapo.main_dapo`)."""
-    parts = program.replace("/", ".").removesuffix(".py").split(".")
+    parts = program_parts(program)
     if "recipe" not in parts:
         return frozenset()
     return frozenset().union(*(_RECIPE_KEYS.get(p, frozenset()) for p in parts[parts.index("recipe") + 1:]))
@@ -102,7 +108,7 @@ def split_placement(program: str, options: dict, draft: Draft) -> None:
     (`assert self.hybrid_engine, "Currently, only support hybrid engine"`, verl/trainer/ppo/ray_trainer.py), so
     main_ppo stops at start-up; only recipe/one_step_off_policy and recipe/fully_async_policy run the engine apart."""
     value, where = options.get("actor_rollout_ref.hybrid_engine", (True, ""))
-    parts = program.replace("/", ".").removesuffix(".py").split(".")
+    parts = program_parts(program)
     if str(value).lower() == "false" and not {"one_step_off_policy", "fully_async_policy"} & set(parts):
         draft.unknown.append(f"{where}: verl's RayPPOTrainer asserts a hybrid engine (\"Currently, only support "
                              "hybrid engine\", ray_trainer.py), so this launch stops at start-up unless its trainer "
