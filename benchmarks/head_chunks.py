@@ -8,8 +8,8 @@ backward through a frozen [vocabulary x hidden] head for one step's hidden state
 - `full`: what transformers' causal-LM loss does in the plain loop: bf16 logits at every position, upcast to
   float32, cross-entropy over the learned ones, autograd backward;
 - `chunk=N`: loraflow's path (losses/logprobs.py head_logps): the learned positions picked, the head run N rows at a
-  time with each chunk's gradient formed in the forward. `default` is the chunk train.logits_chunk_mib=64 gives
-  (130 rows for a 128,256-token vocabulary: two GEMM tiles of 128 rows, the second with two rows in it).
+  time with each chunk's gradient formed in the forward. `default` is the chunk train.logits_chunk_mib's default gives
+  (523 rows at 256 MiB for a 128,256-token vocabulary; 130 rows at the earlier 64 MiB).
 
 Each variant's median time over --repeats (after one warm-up), its peak device memory above the inputs, and the
 largest relative difference of its gradient from `full`'s (they compute the same loss; bf16 rounds differently).
@@ -31,6 +31,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from loraflow.config.schema import TrainConfig  # noqa: E402
 from loraflow.losses.logprobs import chunk_tokens, head_logps  # noqa: E402
 
 LLAMA_1B_HEAD = {"hidden": 2048, "vocab": 128256, "positions": 8192}
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     labels = torch.randint(0, size["vocab"], (size["positions"],), generator=gen)
     labels[: int(size["positions"] * (1 - args.learned))] = -100  # the prompt: not learned
     labels = labels.to(device)
-    default = chunk_tokens(size["vocab"], 64.0)
+    default = chunk_tokens(size["vocab"], TrainConfig.logits_chunk_mib)
     chunks = [("default", default)] + [(str(c), c) for c in args.chunks if c != default]
     variants = [("full", _full)] + [(f"chunk={label}" + (f" ({c} rows)" if label == "default" else ""),
                                      _chunked(c)) for label, c in chunks]

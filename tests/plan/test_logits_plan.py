@@ -39,7 +39,7 @@ def soft_capped_model(tmp_path_factory):
 
 def test_learned_positions_by_default_in_chunks(tiny_model):
     plan = plan_for(tiny_model)
-    assert plan.logits.selected and plan.logits.chunk_tokens == 64 * 2 ** 20 // (4 * 96)
+    assert plan.logits.selected and plan.logits.chunk_tokens == 256 * 2 ** 20 // (4 * 96)
     d = decision(plan, "logits")
     assert d.value.startswith("learned positions only") and "train.logits_chunk_mib" in d.value
     unchunked = plan_for(tiny_model, "train.logits_chunk_mib=0")
