@@ -108,3 +108,25 @@ def test_unread_overrides_are_listed_and_deletions_read():
 def test_bad_input_names_the_key(text, match):
     with pytest.raises(LoraflowError, match=match):
         run(text.format(fix=FIX))
+
+
+# torchtune's README before `tune run` (v0.1) and users with a cloned repo launch a recipe as a script:
+# `torchrun --nnodes 1 --nproc_per_node 4 recipes/lora_finetune_distributed.py --config ...` (pytorch/torchtune
+# issues posting such lines). Each recipe parses `--config` and `key=value` itself (config/_parse.py), so the line
+# reads as `tune run` does, not as an HF Trainer script.
+def test_recipe_launched_as_a_script_reads_as_tune_run():
+    line = ("torchrun --nnodes 1 --nproc_per_node 2 recipes/lora_finetune_distributed.py "
+            "--config llama3/8B_qlora_single_device enable_activation_checkpointing=True")
+    assert detect(shlex.split(line)) == "torchtune"
+    setup = run(line).setup
+    tune = run("tune run --nproc_per_node 2 lora_finetune_distributed --config llama3/8B_qlora_single_device "
+               "enable_activation_checkpointing=True").setup
+    assert setup == tune and setup.world_size == 2 and setup.quantization == "4bit"
+    assert "torchtune's lora_finetune_distributed recipe" in run(line).sources["stage"]
+    assert detect(shlex.split("python third_party/torchtune/recipes/dev/grpo_full_finetune_distributed.py "
+                              "--config c.yaml")) == "torchtune"
+    # A script of the same name outside a recipes/ folder, or without --config, is someone else's.
+    plain = "torchrun --nproc_per_node 2 lora_finetune_distributed.py --config c.yaml"
+    assert detect(shlex.split(plain)) != "torchtune"
+    assert detect(shlex.split("torchrun --nproc_per_node 2 recipes/lora_finetune_distributed.py "
+                              "--output_dir o --learning_rate 1")) != "torchtune"

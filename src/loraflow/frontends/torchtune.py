@@ -232,7 +232,9 @@ def _eras(draft: Draft, name: str, recipe: Recipe, options: dict) -> None:
 
 def _apply(draft: Draft, name: str, recipe: Recipe, options: dict, cmd: Command | None) -> None:
     _eras(draft, name, recipe, options)
-    draft.set("stage", stage_of(recipe.stage), f"tune run {name}")
+    script = cmd is not None and cmd.program_kind == "script"
+    draft.set("stage", stage_of(recipe.stage), f"{cmd.program}: torchtune's {name} recipe" if script else
+              f"tune run {name}")
     if recipe.stage != stage_of(recipe.stage):
         draft.note(f"{name} is read as stage {stage_of(recipe.stage)} (loraflow's stages are sft, rm, dpo, grpo, "
                    "ppo)")
@@ -251,8 +253,12 @@ def _apply(draft: Draft, name: str, recipe: Recipe, options: dict, cmd: Command 
 
 
 def _run_line(cmd: Command, draft: Draft) -> tuple[str, Recipe, str | None, list, list[str]]:
-    """`tune run [torchrun options] RECIPE --config CONFIG [key=value ...]`: the recipe, the config, the overrides
-    and any other token; the torchrun options become the launcher's (world size)."""
+    """`tune run [torchrun options] RECIPE --config CONFIG [key=value ...]`, or a recipe run as a script
+    (`torchrun [options] recipes/RECIPE.py --config CONFIG ...`): the recipe, the config, the overrides and any other
+    token; the torchrun options become the launcher's (world size)."""
+    script = recipe_script(cmd.program) if cmd.program_kind == "script" else None
+    if script:
+        return (script, RECIPES[script]) + _recipe_args(cmd.args)
     if cmd.subcommand != "run":
         raise LoraflowError(f"`tune {cmd.subcommand or ' '.join(cmd.args[:1])}` does not train; loraflow check "
                             "reads `tune run RECIPE --config CONFIG [key=value ...]`.")
@@ -263,7 +269,12 @@ def _run_line(cmd: Command, draft: Draft) -> tuple[str, Recipe, str | None, list
     name, recipe = _recipe(cmd.args[index], draft)
     cmd.launcher, cmd.launcher_args = "torchrun", launch
     _world_from_launcher(cmd)
-    overrides, others = split_overrides(cmd.args[index + 1:])
+    return (name, recipe) + _recipe_args(cmd.args[index + 1:])
+
+
+def _recipe_args(args: list[str]) -> tuple[str | None, list, list[str]]:
+    """A recipe's arguments: `--config CONFIG` (or `-c`), the `key=value` overrides, and any other token."""
+    overrides, others = split_overrides(args)
     config, rest = None, []
     i = 0
     while i < len(others):
@@ -273,7 +284,19 @@ def _run_line(cmd: Command, draft: Draft) -> tuple[str, Recipe, str | None, list
             continue
         rest.append(others[i])
         i += 1
-    return name, recipe, config, overrides, rest
+    return config, overrides, rest
+
+
+def recipe_script(program: str) -> str | None:
+    """The registry name of a torchtune recipe launched as a script from a clone of the repository
+    (`recipes/lora_finetune_distributed.py`, `torchtune/recipes/dev/grpo_full_finetune_distributed.py`): every
+    recipe parses `--config` and `key=value` overrides itself (torchtune config/_parse.py), so it reads as `tune run`
+    does. None for any other program."""
+    path = program.replace("\\", "/").removesuffix(".py")
+    if "recipes/" not in f"/{path}":
+        return None
+    name = f"/{path}".rsplit("/recipes/", 1)[-1]
+    return name if name in RECIPES else None
 
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
@@ -342,7 +365,8 @@ _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 
 
 def _recognise(view) -> bool:
-    return view.cli == "tune"
+    return view.cli == "tune" or (view.cli is None and recipe_script(view.program) is not None
+                                  and "config" in view.flags)
 
 
 FRAMEWORK = Framework(name=NAME, title="torchtune", module="torchtune", recognise=_recognise, flags=FLAGS,
