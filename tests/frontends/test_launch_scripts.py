@@ -69,3 +69,26 @@ def test_a_case_arm_s_assignment_does_not_run_without_arguments(tmp_path):
     argv = command_from_script(str(script))
     assert argv[argv.index("--model_name_or_path") + 1] == "Qwen/Qwen-7B"
     assert split_command(argv).hidden_launcher_options == ["--nproc_per_node $GPUS_PER_NODE"]
+
+
+# Scripts that add flags by branch (`if [ "$USE_LORA" = True ]; then ARGS+=" --use_peft ..."; fi`, as lmms-finetune's
+# and many users' example_*.sh do) and set defaults in one-line ifs (`if [ -z "$NPROC" ]; then NPROC=8; fi`).
+def test_flags_added_in_branches_read_from_the_first_branch_and_said_so(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text('#!/bin/bash\nif [ -z "$NPROC" ]; then NPROC=2; fi\nARGS="--output_dir out --bf16 True"\n'
+                      'if [ "$MODE" = "lora" ]; then\n  ARGS+=" --use_peft --lora_r 16"\n'
+                      'elif [ "$MODE" = "qlora" ]; then\n  ARGS="$ARGS --use_peft --load_in_4bit"\nelse\n'
+                      '  ARGS="${ARGS} --lr 1e-5"\nfi\nARGS="$ARGS --gradient_checkpointing True"\n'
+                      'torchrun --nproc_per_node $NPROC train.py $ARGS\n')
+    line = command_from_script(str(script))
+    cmd = split_command(line)
+    assert cmd.world_size == 2 and "--use_peft" in line and "--load_in_4bit" not in line and "--lr" not in line
+    assert "--gradient_checkpointing" in line  # after the `fi`: unconditional
+    notes = " ".join(line.notes)
+    assert "runs only when `[ \"$MODE\" = \"lora\" ]`" in notes and "the `else` branch" in notes
+    assert "elif [ \"$MODE\" = \"qlora\" ]" in notes
+    # Outside any branch an addition is plain, with nothing to say.
+    plain = tmp_path / "plain.sh"
+    plain.write_text('ARGS="--output_dir o"\nARGS+=" --use_peft"\npython train.py $ARGS\n')
+    line = command_from_script(str(plain))
+    assert "--use_peft" in line and not any("branch" in n or "only when" in n for n in line.notes)

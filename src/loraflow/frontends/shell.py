@@ -33,10 +33,13 @@ _WRAPPERS = ("nohup", "time", "timeout", "nsys", "exec", "eval", "env", "nice", 
              "pipenv")
 # A value may join quoted and bare parts, as bash does (`L="accelerate launch --main_process_ip "$ADDR" --x 1"`), and
 # hold `${X:="train.py"}` (a default with quotes of its own inside the braces).
-_ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=((?:"[^"]*"|'[^']*'|\$\{[^}\s]*\}|[^\s"'#])*)"""
+_ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=((?:"[^"]*"|'[^']*'|\$\{[^}\s]*\}|[^\s"'#])*)"""
                      r"""\s*(?:#.*)?$""")
+# `if [ "$USE_LORA" = 1 ]; then` ... `fi`: assignments in a branch are read as if it runs (so `if [ -z "$X" ]; then
+# X=3; fi` defaults come through), and one that adds to a variable the launch uses is said to be conditional.
+_IF = re.compile(r"^(?:el)?if\s+(.*?)\s*(?:;\s*then\b.*)?$")
 _QUOTED = re.compile(r""""([^"]*)"|'([^']*)'""")
-_MULTILINE_ASSIGN = re.compile(r'(?m)^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=)"([^"]*\n[^"]*)"')
+_MULTILINE_ASSIGN = re.compile(r'(?m)^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*\+?=)"([^"]*\n[^"]*)"')
 # `${X:-default}`, and `${X:=default}` / `${X-default}` (bash gives the default the same way when X is unset; SLURM
 # scripts write `${SLURM_JOB_NUM_NODES:=1}`, `training_script=${training_script:="train.py"}`).
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?::?[-=]([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d|@|\*)")
@@ -237,12 +240,7 @@ def command_from_script(path: str) -> list[str]:
     (the last assignment wins, so `if [ -z "$X" ]; then X=3; fi` style defaults come through), redirections dropped.
     Positional parameters ($1, $2, $@, ${1:-default}) expand to nothing or their default, as when the script runs
     without arguments."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise LoraflowError(f"cannot read the launch script {path} (from {Path.cwd()}): {exc.strerror}. check reads "
-                            "its launch line: run check where the script is, or paste that line after `--`.") from None
-    text = _as_pasted(text)
+    text = _as_pasted(_read_script(path))
     here = Path(path).resolve().parent
     SCRIPT_DIRS.set(tuple(dict.fromkeys((*SCRIPT_DIRS.get(), here, *list(here.parents)[:3]))))
     # What `#SBATCH --nodes=2 --gres=gpu:8` puts in the job's environment (SLURM_NNODES...), which the launch
@@ -250,7 +248,7 @@ def command_from_script(path: str) -> list[str]:
     job_env = slurm_environment(text)
     variables: dict[str, str] = dict(job_env)
     arrays: dict[str, str] = {}
-    joined = _joined(text, variables)
+    joined = _ONE_LINE_IF.sub(_if_lines, _joined(text, variables))
 
     def expand(s: str) -> str:
         s = re.sub(r'"\$\{?[@*]\}?"', "$@", s)  # `"$@"` of a script run without arguments is no word at all
@@ -265,6 +263,7 @@ def command_from_script(path: str) -> list[str]:
     # What a line is decides whether it is the run (_line_kind); the steps before the run are held, in this order
     # of preference, for a script whose run is one of them.
     held: dict[str, list[str] | None] = {"plain": None, "data": None, "after": None, "server": None, "setup": None}
+    branches = _Branches()
     lines = joined.splitlines()
     for at, line in enumerate(lines):
         line = _EXPR.sub(lambda m: "$((" + m.group(1).replace("\\*", "*") + "))", line)
@@ -279,14 +278,17 @@ def command_from_script(path: str) -> list[str]:
             value = expand(array.group(3))
             arrays[array.group(1)] = (arrays.get(array.group(1), "") + " " if array.group(2) else "") + value
             continue
+        branches.see(stripped)
         assign = _ASSIGN.match(line)
         if assign and cases > 0:
             continue  # `-m | --model ) shift; MODEL=$1 ;;` (Qwen's finetune scripts) does not run without arguments
         if assign:
-            value = expand(_QUOTED.sub(lambda m: m.group(1) if m.group(1) is not None else m.group(2),
-                                       assign.group(2)))
-            variables[assign.group(1)] = _SUBST.sub(lambda m: "".join(m.group(0).split()), value)
-            exported += [assign.group(1)] if re.match(r"\s*export\s", line) and assign.group(1) not in exported else []
+            name, added = assign.group(1), _assigned(assign, expand)
+            adds = bool(assign.group(2)) or re.match(rf"\$\{{?{name}\b", assign.group(3).strip("\"'")) is not None
+            if adds and not branches.reads(name, stripped):
+                continue
+            variables[name] = variables.get(name, "") + added if assign.group(2) else added
+            exported += [name] if re.match(r"\s*export\s", line) and name not in exported else []
             continue
         # `export A B` after `A=1`, and `export A=1 B=2` (plain values; a quoted one is the assignment's line above)
         if re.match(r"export(\s+[A-Za-z_]\w*(=[^\s\"'$`]*)?)+$", stripped):
@@ -303,13 +305,82 @@ def command_from_script(path: str) -> list[str]:
         tokens = [f"{k}={variables[k]}" for k in exported if k in variables] + tokens
         kind = _line_kind(tokens)
         if kind == "run":
-            return _cut_by_comment(tokens, lines[at + 1:])
+            run = _cut_by_comment(tokens, lines[at + 1:])
+            run.notes = run.notes + branches.about(stripped)
+            return run
         if kind in held:  # a step before or after the run: the first of each kind is kept in case no run follows
             held[kind] = held[kind] or tokens
     if any(held.values()):
         return next(t for t in held.values() if t)
     raise LoraflowError(f"{path}: found no launch line (a line starting with deepspeed, torchrun, accelerate launch, "
                         "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
+
+
+# `if [ -z "$NPROC" ]; then NPROC=8; fi` on one line: read as the block it is, its body one statement a line.
+_ONE_LINE_IF = re.compile(r"(?m)^([ \t]*)if\s+([^\n;]+?);\s*then\s+([^\n]+?);?\s*fi[ \t]*$")
+
+
+def _if_lines(m: re.Match) -> str:
+    indent, condition, body = m.groups()
+    if re.search(r"[\"'][^\"'\n]*;", body):  # a `;` inside quotes: not split (left as one line, unread)
+        return m.group(0)
+    return "\n".join([f"{indent}if {condition}; then", *(indent + "  " + part.strip() for part in body.split(";")
+                                                          if part.strip()), f"{indent}fi"])
+
+
+class _Branches:
+    """The `if` / `elif` / `else` blocks a script's line is in, read top to bottom. An assignment in a branch is read
+    as if the branch runs (so `if [ -z "$X" ]; then X=3; fi` defaults come through). One that adds flags to a variable
+    (`ARGS+=" --use_peft"`, `ARGS="$ARGS --use_peft"`) is read in the first branch of an `if`/`elif`/`else` chain
+    only: the branches are alternatives, and their union is a launch none of them makes. check says which."""
+
+    def __init__(self) -> None:
+        self.open: list[list[str]] = []  # per enclosing block: its conditions so far ("else" last when in it)
+        self.notes: dict[str, list[str]] = {}  # variable -> what check says of its additions in branches
+
+    def see(self, stripped: str) -> None:
+        if (m := _IF.match(stripped)) and not re.search(r"\bfi\s*(?:#.*)?$", stripped):  # not a one-line `if`
+            if stripped.startswith("if"):
+                self.open.append([m.group(1)])
+            elif self.open:
+                self.open[-1].append(m.group(1))
+        elif re.match(r"else\b", stripped) and self.open:
+            self.open[-1].append("else")
+        elif re.match(r"fi\b", stripped) and self.open:
+            self.open.pop()
+
+    def reads(self, name: str, stripped: str) -> bool:
+        """Whether an addition to `name` on this line is read (with what to tell about it)."""
+        if not self.open:
+            return True
+        conditions = self.open[-1]
+        if len(conditions) == 1:
+            self.notes.setdefault(name, []).append(f"`{stripped}` runs only when `{conditions[0]}`; read as if it "
+                                                   "does, so what check finds with it holds only then")
+            return True
+        branch = "else" if conditions[-1] == "else" else f"elif {conditions[-1]}"
+        self.notes.setdefault(name, []).append(f"`{stripped}` (the `{branch}` branch of `if {conditions[0]}`) is "
+                                               "not read: check reads the first branch of the chain")
+        return False
+
+    def about(self, line: str) -> list[str]:
+        """What to tell of the branches' additions to the variables a launch line uses."""
+        return [why for name, whys in self.notes.items() if re.search(rf"\$\{{?{name}\b", line) for why in whys]
+
+
+def _read_script(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise LoraflowError(f"cannot read the launch script {path} (from {Path.cwd()}): {exc.strerror}. check reads "
+                            "its launch line: run check where the script is, or paste that line after `--`.") from None
+
+
+def _assigned(assign: re.Match, expand) -> str:
+    """The value a `VAR=value` (or `VAR+=value`) line assigns: quotes removed, variables expanded, and a command
+    substitution kept as one word."""
+    value = expand(_QUOTED.sub(lambda m: m.group(1) if m.group(1) is not None else m.group(2), assign.group(3)))
+    return _SUBST.sub(lambda m: "".join(m.group(0).split()), value)
 
 
 class ScriptLine(list):
