@@ -15,13 +15,42 @@ from packaging.version import InvalidVersion, Version
 TRACKED_PACKAGES = ("torch", "transformers", "peft", "deepspeed", "bitsandbytes", "accelerate", "trl", "unsloth")
 
 
+def as_release(raw: str | Version) -> Version:
+    """A package's version as the release ranges of the rules place it. A local label goes (`2.13.0+cpu` is
+    2.13.0). A pre-release, development or nightly build of X.Y.Z (`2.4.0a0+07cecf4168.nv24.5` in NVIDIA's NGC
+    containers, `4.47.0.dev0` from a git install, `2.6.0.dev20241112`, `0.16.0rc1`) is code from before X.Y.Z's
+    release, and the specifiers the rules use hold no pre-release (`2.4.0a0` is in neither `>=2.4` nor `<2.4`,
+    PEP 440): it reads as a release just before X.Y.Z (2.3.999), which every range around X.Y.Z places. InvalidVersion
+    for text that is no version."""
+    if isinstance(raw, Prerelease):
+        return raw
+    v = Version(str(raw).split("+")[0])
+    if not (v.is_prerelease or v.is_devrelease):
+        return v
+    parts = list(v.release) + [0] * (3 - len(v.release))
+    i = max((j for j, part in enumerate(parts) if part > 0), default=None)
+    return Prerelease("0" if i is None else ".".join(map(str, parts[:i] + [parts[i] - 1])) + ".999", str(raw))
+
+
+class Prerelease(Version):
+    """A release number standing for a build made before a release (as_release), with the version as the package
+    gave it (`written`) for the report; it compares as its release number."""
+
+    def __init__(self, version: str, written: str) -> None:
+        super().__init__(version)
+        self.written = written
+
+    def said(self) -> str:
+        return f"{self} (read for {self.written}, a build from before its release)"
+
+
 def installed_version(package: str) -> Version | None:
     try:
         raw = importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
     try:
-        return Version(raw.split("+")[0])  # "2.13.0+cpu" -> 2.13.0
+        return as_release(raw)
     except InvalidVersion:
         return None
 

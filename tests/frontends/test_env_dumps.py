@@ -147,7 +147,7 @@ def test_check_reads_a_real_listing_and_says_so(capsys):
     path = DUMPS / "llamafactory-7588-lf-env-after-logs.txt"
     main(["check", "--versions-from", str(path), "--", "llamafactory-cli", "train", "x.yaml"])
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("versions: ") and "llama-factory 0.9.3.dev0" in first and f"--versions-from {path}" in first
+    assert first.startswith("versions: ") and "llama-factory 0.9.2.999 (read for 0.9.3.dev0" in first and f"--versions-from {path}" in first
 
 
 # Found in review: numbers that are not the run's releases, read before the listing's own.

@@ -92,3 +92,26 @@ def test_a_listing_without_versions_is_refused_by_name(capsys, tmp_path):
     assert main(["check", "--versions-from", str(empty), "--", "llamafactory-cli", "train", "x.yaml"]) == 3
     err = capsys.readouterr().err
     assert err.startswith("error: --versions-from: ") and "notes.txt names none of torch" in err
+
+
+# NVIDIA's NGC containers ship torch built from main before a release (`2.4.0a0+07cecf4168.nv24.5` in `pip list`),
+# and issue threads' `transformers env` often shows a git install (`4.47.0.dev0`). PEP 440 puts such a build in
+# neither `>=2.4` nor `<2.4`, so every torch-gated rule went undecided; it reads as a release just before 2.4.0.
+def test_prerelease_and_container_builds_read_as_the_release_before_them(capsys, tmp_path):
+    from loraflow.environment import as_release
+    from loraflow.frontends import parse_versions
+    from loraflow.rules.rule import affected_by
+
+    written = versions_from_text("torch                    2.4.0a0+07cecf4168.nv24.5\n"
+                                 "transformers             4.47.0.dev0\npeft                     0.13.2\n")
+    assert written["torch"] == Version("2.4.0a0")  # read as written; placed when check takes it
+    found = {k: as_release(v) for k, v in written.items()}
+    assert found["torch"] == Version("2.3.999") and found["transformers"] == Version("4.46.999")
+    assert affected_by(found["torch"], "<2.4") and not affected_by(found["torch"], ">=2.4")
+    assert affected_by(found["transformers"], ">=4.46,<4.47")
+    assert as_release("2.13.0+cpu") == Version("2.13.0") and as_release("0.16.0rc1") == Version("0.15.999")
+    assert affected_by(parse_versions("torch=2.6.0.dev20241112")["torch"], "<2.6")
+    listing = tmp_path / "pip-list.txt"
+    listing.write_text("torch 2.4.0a0+07cecf4168.nv24.5\n")
+    main(["check", "--versions-from", str(listing), "--", "python", "train.py", "--output_dir", "o"])
+    assert "torch 2.3.999 (read for 2.4.0a0, a build from before its release)" in capsys.readouterr().out

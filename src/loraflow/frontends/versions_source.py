@@ -19,6 +19,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from loraflow.errors import LoraflowError
+from loraflow.environment import as_release
 
 RELEASES = Path(__file__).with_name("release_dates.json")
 """package -> {version: first upload date}, from the package index (scripts/release_dates.py)."""
@@ -48,7 +49,7 @@ class Versions:
     def fill(self, found: dict[str, Version], source: str) -> None:
         for package, version in found.items():
             if package not in self.values:
-                self.values[package] = version
+                self.values[package] = as_release(version)  # a dev or container build: placed by the rules' ranges
                 self.sources[package] = source
 
     def describe(self) -> str:
@@ -56,7 +57,8 @@ class Versions:
             return "versions: none known (every finding says for which releases it holds)"
         by_source: dict[str, list[str]] = {}
         for package, version in sorted(self.values.items()):
-            by_source.setdefault(self.sources[package], []).append(f"{package} {version}")
+            said = version.said() if hasattr(version, "said") else str(version)
+            by_source.setdefault(self.sources[package], []).append(f"{package} {said}")
         return "versions: " + "; ".join(f"{', '.join(v)} ({s})" for s, v in by_source.items())
 
 

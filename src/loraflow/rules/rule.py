@@ -34,8 +34,11 @@ as (`Rule.symptoms`); a guard that sees one names those rules as the likely caus
 
 
 def affected_by(version, spec: str) -> bool:
-    """Whether `version` lies in `spec`, a specifier set or several joined by `||`."""
-    return any(version in SpecifierSet(part) for part in spec.split("||"))
+    """Whether `version` lies in `spec`, a specifier set or several joined by `||` (a pre-release or development
+    build as the release just before it, environment.as_release: PEP 440 ranges hold none)."""
+    from loraflow.environment import as_release
+
+    return any(as_release(version) in SpecifierSet(part) for part in spec.split("||"))
 
 
 def older(setup: Combination, package: str, release: str) -> bool:
