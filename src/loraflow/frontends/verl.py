@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import verl_launch, verl_megatron, verl_rollout, vision
+from loraflow.frontends import easyr1, verl_launch, verl_megatron, verl_rollout, vision
 from loraflow.frontends.argv import Command, split_command
 from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
@@ -403,6 +403,11 @@ def entry_of(program: str, overrides: bool = False) -> Entry:
 
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
+    if easyr1.launches(cmd.program, cmd.args):
+        # EasyR1's package is named verl too, but its trainer and config are its own (easyr1.py).
+        draft = Draft(NAME, versions)
+        easyr1.read(cmd, draft)
+        return draft.result()
     overrides, others = split_overrides(cmd.args)
     entry = entry_of(cmd.program, verl_launch.ppo_overrides(cmd.args))
     draft = Draft(NAME, versions)

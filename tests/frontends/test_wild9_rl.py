@@ -1,0 +1,57 @@
+"""A ninth sweep, of RL fine-tuning launches with LoRA and full weights (EasyR1, verl recipes with LoRA, OpenRLHF's
+newer flags, NeMo-RL, TRL and Unsloth GRPO) from public repositories: the readings it found wrong. Each input is a
+short synthetic launch of the same shape; the comment names the public repository that showed the class."""
+
+from __future__ import annotations
+
+from packaging.version import Version
+
+from loraflow.frontends import detect, from_command
+from loraflow.frontends.argv import split_command
+from loraflow.frontends.shell import command_from_script
+
+CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2"),
+           "deepspeed": Version("0.19.8")}
+
+
+def _script(tmp_path, text: str) -> list[str]:
+    path = tmp_path / "run.sh"
+    path.write_text(text)
+    return command_from_script(str(path))
+
+
+# hiyouga/EasyR1 examples/qwen3_4b_math_grpo_lora.sh: `python3 -m verl.trainer.main config=examples/config.yaml
+# worker.actor.model.lora.rank=64 ...`. EasyR1's package is named verl, so the launch was taken for verl's and refused
+# ("`verl.trainer.main` is not a verl training entry point"): its config (worker.actor.*) is its own.
+def test_easyr1_launch_reads_its_own_config(tmp_path):
+    argv = _script(tmp_path, "MODEL_PATH=Qwen/Qwen3-4B\npython3 -m verl.trainer.main \\\n  config=examples/config.yaml \\\n"
+                             "  worker.actor.model.model_path=${MODEL_PATH} worker.actor.model.lora.rank=64 \\\n"
+                             "  worker.actor.model.lora.alpha=64 worker.actor.optim.lr=1e-5 \\\n"
+                             "  worker.rollout.tensor_parallel_size=1 trainer.n_gpus_per_node=1\n")
+    assert detect(argv) == "verl"
+    r = from_command(argv, CURRENT)
+    s = r.setup
+    assert (s.stage, s.adapter, s.adapter_rank, s.engine, s.world_size) == ("grpo", "lora", 64, "fsdp1", 1)
+    assert (s.checkpointing, s.reentrant, s.input_grad_hook, s.packing) == ("all", False, True, True)
+    assert (s.rollout_engine, s.rollout_sync_proven, s.rollout_colocated) == ("vllm", True, True)
+    assert s.engine_gpu_memory_utilization == 0.6
+    # The YAML `config=` names is not here: its keys are unseen, so the reading is listed (exit 1), not trusted.
+    assert [u for u in r.unknown if u.startswith("config=examples/config.yaml")], r.unknown
+    assert len(r.unknown) == 1, r.unknown
+
+
+def test_easyr1_config_file_and_full_finetune(tmp_path):
+    (tmp_path / "config.yaml").write_text(
+        "algorithm:\n  adv_estimator: gae\nworker:\n  actor:\n    fsdp:\n      torch_dtype: bf16\n"
+        "    offload:\n      offload_params: true\n      offload_optimizer: true\n    model:\n"
+        "      enable_gradient_checkpointing: false\ntrainer:\n  nnodes: 2\n  n_gpus_per_node: 8\n")
+    r = from_command(["python3", "-m", "verl.trainer.main", f"config={tmp_path / 'config.yaml'}",
+                      "worker.actor.model.lora.rank=0", "worker.actor.ulysses_size=2",
+                      "worker.actor.unknown_knob=1"], CURRENT)
+    s = r.setup
+    assert (s.stage, s.adapter, s.precision, s.offload, s.checkpointing) == ("ppo", "full", "bf16", True, "off")
+    assert (s.world_size, s.sequence_parallel, s.rollout_sync, s.rollout_colocated) == (16, True, "merged", False)
+    assert r.unknown == ["worker.actor.unknown_knob=1 (not a key of EasyR1's config as read)"]
+    # A fork's own module given EasyR1's keys is EasyR1's launch too.
+    assert detect(["python3", "-m", "vision_r1_lora.main", "config=c.yaml", "worker.actor.model.lora.rank=64"]) \
+        == "verl"
