@@ -55,3 +55,24 @@ def test_easyr1_config_file_and_full_finetune(tmp_path):
     # A fork's own module given EasyR1's keys is EasyR1's launch too.
     assert detect(["python3", "-m", "vision_r1_lora.main", "config=c.yaml", "worker.actor.model.lora.rank=64"]) \
         == "verl"
+
+
+# A public OpenRLHF GRPO script (code index hit, repository not named) passes `--colocate_all_model` with
+# --vllm_enable_sleep and --deepspeed_enable_sleep. OpenRLHF parses with a plain argparse.ArgumentParser, whose
+# allow_abbrev takes the unique prefix for --colocate_all_models; it was listed as not understood and the engines were
+# read as having GPUs of their own.
+def test_openrlhf_unique_prefix_of_a_flag_is_that_flag():
+    r = from_command(["python3", "-m", "openrlhf.cli.train_ppo_ray", "--actor_num_gpus_per_node", "2",
+                      "--vllm_num_engines", "2", "--colocate_all_model", "--vllm_enable_sleep",
+                      "--deepspeed_enable_sleep", "--pretrain", "meta-llama/Llama-3.1-8B-Instruct",
+                      "--advantage_estimator", "group_norm", "--zero_stage", "3", "--bf16"], CURRENT)
+    assert r.unknown == []
+    assert r.sources["rollout_colocated"].startswith("--colocate_all_models with")
+    # Without both sleeps the colocated engine holds its memory while the actor trains.
+    r = from_command(["python3", "-m", "openrlhf.cli.train_ppo_ray", "--vllm_num_engines", "2",
+                      "--colocate_all_model", "--pretrain", "m", "--zero_stage", "3"], CURRENT)
+    assert r.setup.rollout_colocated is True
+    # A prefix of several flags is argparse's error, not a guess: --colocate_a (actor_ref, all_models) stays unread.
+    r = from_command(["python3", "-m", "openrlhf.cli.train_ppo_ray", "--vllm_num_engines", "2", "--colocate_a",
+                      "--pretrain", "m"], CURRENT)
+    assert "--colocate_a" in r.unknown

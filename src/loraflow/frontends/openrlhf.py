@@ -238,9 +238,33 @@ def _adapter_is(kind: str):
     return lambda draft: draft.get("adapter") == kind
 
 
+def _known() -> set[str]:
+    return set().union(*_FLAGS.values(), *_VLLM.values()) | _SWITCHES | _LISTS | keys.OPENRLHF | {
+        "bf16", "advantage_estimator", "algo.advantage.estimator"}
+
+
+def _unabbreviated(tokens: list[str], draft: Draft) -> list[str]:
+    """OpenRLHF's entry points parse with a plain argparse.ArgumentParser (openrlhf/cli/train_ppo_ray.py), whose
+    allow_abbrev takes a unique prefix of a flag for the flag: `--colocate_all_model` is --colocate_all_models. Such a
+    prefix is spelled out, so the flag's meaning is read; a prefix of several flags is left (argparse refuses it)."""
+    known = _known()
+    out = []
+    for token in tokens:
+        name, eq, value = token.partition("=")
+        bare = name[2:] if name.startswith("--") else ""
+        if bare and bare not in known:
+            full = [k for k in known if k.startswith(bare)]
+            if len(full) == 1:
+                draft.note(f"{name}: argparse takes it for --{full[0]} (a unique prefix, allow_abbrev)")
+                token = f"--{full[0]}{eq}{value}"
+        out.append(token)
+    return out
+
+
 def _read(cmd: Command, name: str, draft: Draft) -> tuple[dict, list, int]:
     """The flags by name, the flags in order, and the style: 0 flat (<= v0.10.1), 1 dotted, 2 PPO-dotted."""
-    args, positionals, _ = parse_flags(cmd.args, switches=_SWITCHES, lists=_LISTS, underscore=False)
+    args, positionals, _ = parse_flags(_unabbreviated(cmd.args, draft), switches=_SWITCHES, lists=_LISTS,
+                                       underscore=False)
     for extra in positionals:
         draft.unknown.append(f"{extra} (a positional argument; OpenRLHF takes none)")
     given = {a.name: a for a in args}
@@ -350,7 +374,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     model = given.get("pretrain") or given.get("actor.model_name_or_path")
     if model is not None:
         model_name_facts(draft, model.one() or "", model.raw)
-    known = set().union(*_FLAGS.values()) | {"bf16", "advantage_estimator", "algo.advantage.estimator"}
+    known = _known()
     for a in args:
         if a.name not in known and a.name not in keys.OPENRLHF:
             draft.unknown.append(a.raw)
