@@ -76,3 +76,21 @@ def test_openrlhf_unique_prefix_of_a_flag_is_that_flag():
     r = from_command(["python3", "-m", "openrlhf.cli.train_ppo_ray", "--vllm_num_engines", "2", "--colocate_a",
                       "--pretrain", "m"], CURRENT)
     assert "--colocate_a" in r.unknown
+
+
+# A public verl GRPO LoRA script (code index hit, repository not named): `actor_rollout_ref.model.lora_rank=32
+# ... rollout.layered_summon=True ... actor.fsdp_config.grad_offload=True`. grad_offload left verl's config after 0.2,
+# lora_rank came in 0.4.0: Hydra refuses the override of a key the composed config lacks, so the launch stops at
+# start-up on every release. Only a note said the keys were of different releases, and check answered exit 0.
+def test_verl_overrides_no_release_has_together_are_listed():
+    r = from_command(["python3", "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=grpo",
+                      "actor_rollout_ref.model.path=Qwen/Qwen2.5-3B", "actor_rollout_ref.model.lora_rank=32",
+                      "actor_rollout_ref.rollout.load_format=safetensors",
+                      "actor_rollout_ref.rollout.layered_summon=True",
+                      "actor_rollout_ref.actor.fsdp_config.grad_offload=True", "trainer.n_gpus_per_node=4"], CURRENT)
+    found = [u for u in r.unknown if u.startswith("actor_rollout_ref.actor.fsdp_config.grad_offload=True with")]
+    assert found and "Could not override" in found[0] and "first appears in verl 0.4.0" in found[0], r.unknown
+    # `+key=` adds a key to any release's config: it dates nothing and stops nothing.
+    r = from_command(["python3", "-m", "verl.trainer.main_ppo", "actor_rollout_ref.model.lora_rank=32",
+                      "+actor_rollout_ref.actor.fsdp_config.grad_offload=True", "trainer.n_gpus_per_node=4"], CURRENT)
+    assert not [u for u in r.unknown if " with " in u], r.unknown

@@ -166,8 +166,7 @@ def _eras(draft: Draft, entry: Entry, overrides: list[Override]) -> None:
     if not dated or len(have) == len(RELEASES):
         return
     if not have:
-        draft.note("the overrides name keys of different verl releases (no release's config has them all): the "
-                   "release is not narrowed")
+        _no_release(draft, table, [o for o in overrides if o.mode == "" and o.key in table])
         return
     lo, hi = have[0], have[-1]
     spec = (f">={RELEASES[lo]}" if lo else "") + (f",<{RELEASES[hi + 1]}" if hi + 1 < len(RELEASES) else "")
@@ -177,6 +176,25 @@ def _eras(draft: Draft, entry: Entry, overrides: list[Override]) -> None:
     why = ([f"{newest} first appears in verl {RELEASES[lo]}"] if lo else []) + (
         [f"{oldest} is gone after verl {RELEASES[hi]}"] if hi + 1 < len(RELEASES) else [])
     draft.era("verl", spec.lstrip(","), "; ".join(why) + " (verl's Hydra configs)")
+
+
+def _no_release(draft: Draft, table: dict, dated: list[Override]) -> None:
+    """Overrides of keys no single release's config has (one gone before the other came, as when a script keeps an
+    old key beside new ones): Hydra refuses to override a key the composed config lacks ("Could not override ...
+    Key '...' is not in struct"), so on any release the launch stops before training. Listed, not asserted: a commit
+    between two releases may hold both."""
+    gone = min(dated, key=lambda o: table[o.key][0].bit_length())
+    came = max(dated, key=lambda o: (table[o.key][0] & -table[o.key][0]).bit_length())
+    last, first = table[gone.key][0].bit_length() - 1, (table[came.key][0] & -table[came.key][0]).bit_length() - 1
+    if first <= last:  # no clean pair (keys with gaps): say only that the releases disagree
+        draft.note("the overrides name keys of different verl releases (no release's config has them all): the "
+                   "release is not narrowed")
+        return
+    draft.unknown.append(f"{gone.raw} with {came.raw}: no verl release's config has both ({gone.key} is gone after "
+                         f"verl {RELEASES[last]}, {came.key} first appears in verl {RELEASES[first]}); Hydra refuses "
+                         f"an override of a key the config lacks (\"Could not override '{gone.key}'\"), so the launch "
+                         f"stops at start-up unless the run's verl is a commit that has both; drop {gone.raw} "
+                         f"(releases after {RELEASES[last]} have no such setting)")
 
 
 def _lora(value: Any, where: str) -> str:
