@@ -94,3 +94,19 @@ def test_verl_overrides_no_release_has_together_are_listed():
     r = from_command(["python3", "-m", "verl.trainer.main_ppo", "actor_rollout_ref.model.lora_rank=32",
                       "+actor_rollout_ref.actor.fsdp_config.grad_offload=True", "trainer.n_gpus_per_node=4"], CURRENT)
     assert not [u for u in r.unknown if " with " in u], r.unknown
+
+
+# OpenRLHF/OpenRLHF examples/scripts/train_reinforce_baseline_llama_ray_agent_async.sh: `--advantage_estimator
+# reinforce_baseline --colocate_all_models --async_train`. Every estimator but gae drops the critic (train_ppo_ray.py
+# sets critic_pretrain None), yet only group_norm and dr_grpo were read as critic-free (the rest as PPO with a
+# critic); and the engines' own GPUs under --async_train were explained as "time-shared" by sleep flags never given.
+def test_openrlhf_critic_free_estimators_and_async_placement():
+    r = from_command(["python3", "-m", "openrlhf.cli.train_ppo_ray", "--actor_num_gpus_per_node", "6",
+                      "--vllm_num_engines", "2", "--colocate_all_models", "--pretrain", "m", "--zero_stage", "3",
+                      "--advantage_estimator", "reinforce_baseline", "--async_train"], CURRENT)
+    assert (r.setup.stage, r.setup.rollout_colocated) == ("grpo", False)
+    assert "--async_train" in r.sources["rollout_colocated"] and "sleep" not in r.sources["rollout_colocated"]
+    for algo, stage in (("rloo", "grpo"), ("reinforce", "grpo"), ("gae", "ppo")):
+        r = from_command(["python3", "-m", "openrlhf.cli.train_ppo_ray", "--pretrain", "m",
+                          "--advantage_estimator", algo], CURRENT)
+        assert r.setup.stage == stage, algo

@@ -211,9 +211,7 @@ def _vllm_table(on) -> tuple[Field, ...]:
              "(openrlhf/trainer/ray/vllm_worker_wrap.py update_weight)", when=_adapter_is("full")),
         # The engines share the actor's GPUs with --colocate_all_models (not with --async_train); only sleep on both
         # sides frees one's memory while the other runs (--vllm_enable_sleep, --deepspeed_enable_sleep).
-        fact("rollout_colocated", colocated, "--colocate_all_models" + (
-            " with --vllm_enable_sleep and --deepspeed_enable_sleep (time-shared)" if on("colocate") and not colocated
-            else "" if on("colocate") else " not given: the engines have GPUs of their own")),
+        fact("rollout_colocated", colocated, _placement(on, colocated)),
         Field("engine_gpu_memory_utilization", _VLLM["share"], fraction, Default(
             0.9, "default (OpenRLHF < 0.7 train_ppo_ray.py: vllm_gpu_memory_utilization 0.9)",
             since=(("openrlhf", "0.7.0", 0.95, "default (OpenRLHF >= 0.7 train_ppo_ray.py: "
@@ -228,6 +226,19 @@ def _vllm_table(on) -> tuple[Field, ...]:
                                  "None (vLLM's raw_logprobs) without the IS correction")),
         fact("rollout_verified", False, "OpenRLHF does not compare the engines' log-probs with the actor's"),
     )
+
+
+def _placement(on, colocated: bool) -> str:
+    """Why the engines do or do not hold memory beside the training actor (the reason for rollout_colocated)."""
+    if not on("colocate"):
+        return "--colocate_all_models not given: the engines have GPUs of their own"
+    if on("async"):
+        # train_ppo_ray.py: "Using --colocate_all_models in async RLHF only colocates DeepSpeed models."
+        return "--colocate_all_models with --async_train colocates only the DeepSpeed models: the engines have GPUs " \
+               "of their own"
+    if not colocated:
+        return "--colocate_all_models with --vllm_enable_sleep and --deepspeed_enable_sleep (time-shared)"
+    return "--colocate_all_models"
 
 
 def _lora_rank(value, where: str) -> str:
@@ -276,9 +287,12 @@ def _read(cmd: Command, name: str, draft: Draft) -> tuple[dict, list, int]:
 def _stage(draft: Draft, name: str, given: dict) -> str:
     stage = STAGES[name]
     algo = given.get("advantage_estimator") or given.get("algo.advantage.estimator")
-    if algo is not None and algo.one() in ("group_norm", "dr_grpo"):
-        stage = "grpo"  # OpenRLHF runs GRPO as its PPO entry point with a group-normalised advantage
-        draft.set("stage", stage, algo.raw)
+    if algo is not None and algo.one() != "gae" and name in ("train_ppo", "train_ppo_ray"):
+        # Every estimator but GAE drops the critic (train_ppo_ray.py: `if args.advantage_estimator not in ["gae"]:
+        # args.critic_pretrain = None`): group_norm and dr_grpo are GRPO, reinforce, rloo and reinforce_baseline
+        # critic-free baselines of the same shape, as verl's other estimators (table.STAGE_ALIASES).
+        stage = "grpo"
+        draft.set("stage", stage, f"{algo.raw} (no critic)")
     else:
         draft.set("stage", stage, f"openrlhf.cli.{name}")
     if STAGES[name] != name.removeprefix("train_") and name != "train_ppo_ray":
