@@ -110,3 +110,18 @@ def test_openrlhf_critic_free_estimators_and_async_placement():
         r = from_command(["python3", "-m", "openrlhf.cli.train_ppo_ray", "--pretrain", "m",
                           "--advantage_estimator", algo], CURRENT)
         assert r.setup.stage == stage, algo
+
+
+# hiyouga/EasyR1 examples/config.yaml given alone with --framework verl: its keys (worker.actor.*) were read against
+# verl's SFT trainer config and all listed as unknown.
+def test_easyr1_yaml_given_alone(tmp_path):
+    from loraflow.frontends import verl
+
+    path = tmp_path / "config.yaml"
+    path.write_text("algorithm:\n  adv_estimator: grpo\nworker:\n  actor:\n    model:\n      lora:\n        rank: 16\n"
+                    "    offload:\n      offload_params: true\n      offload_optimizer: true\n  rollout:\n"
+                    "    gpu_memory_utilization: 0.6\ntrainer:\n  n_gpus_per_node: 4\n")
+    r = verl.from_files([str(path)], CURRENT)
+    assert (r.setup.adapter, r.setup.adapter_rank, r.setup.world_size, r.setup.rollout_colocated) == \
+        ("lora", 16, 4, False)
+    assert r.unknown == []

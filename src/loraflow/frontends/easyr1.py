@@ -201,6 +201,21 @@ def read(cmd: Command, draft: Draft) -> None:
     draft.note(f"{cmd.program}: EasyR1's trainer (hiyouga/EasyR1, a verl fork with its own config), not verl's "
                "main_ppo")
     options = {**_base(overrides, draft), **{o.key: (o.value, o.raw) for o in overrides if o.key != "config"}}
+    _apply(options, draft)
+
+
+def is_config(keys) -> bool:
+    """A YAML of EasyR1's shape (examples/config.yaml): its actor under worker.actor."""
+    return any(k.startswith(A) for k in keys)
+
+
+def read_config(path: Path, keys: dict[str, Any], draft: Draft) -> None:
+    """Fill `draft` from an EasyR1 YAML given alone (`loraflow check --framework verl examples/config.yaml`)."""
+    draft.note(f"{path.name}: read as EasyR1's config (hiyouga/EasyR1 examples/config.yaml shape)")
+    _apply({k: (v, f"{path.name}: {k}") for k, v in keys.items()}, draft)
+
+
+def _apply(options: dict[str, tuple[Any, str]], draft: Draft) -> None:
     _unread(options, draft)
     lora = lambda d: d.get("adapter") == "lora"  # noqa: E731
     apply_table(draft, options, _table(lora))

@@ -458,6 +458,10 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
         return _from_overrides(overrides, versions, f"{path.name} (Hydra overrides)")
     data = load_mapping(path, "verl config")
     keys = flatten(data)
+    if easyr1.is_config(keys):
+        draft = Draft(NAME, versions)
+        easyr1.read_config(path, keys, draft)
+        return draft.result()
     entry = ENTRIES["main_ppo"] if any(k.startswith("actor_rollout_ref.") for k in keys) else ENTRIES["sft_trainer"]
     draft = Draft(NAME, versions)
     options = {k: (v, f"{path.name}: {k}") for k, v in keys.items() if k not in ("defaults", "hydra")}
