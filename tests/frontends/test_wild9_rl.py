@@ -125,3 +125,19 @@ def test_easyr1_yaml_given_alone(tmp_path):
     assert (r.setup.adapter, r.setup.adapter_rank, r.setup.world_size, r.setup.rollout_colocated) == \
         ("lora", 16, 4, False)
     assert r.unknown == []
+
+
+# A verl PPO script migrated to `actor_rollout_ref.model.lora.rank=8` (code index hit, repository not named; a
+# migration note elsewhere tells users to write lora.rank): HFModelConfig's `lora` dict is the Megatron workers' LoRA,
+# the FSDP workers build PEFT from model.lora_rank, so the run trains every weight. The key was listed bare, with no
+# word of why the launch reads as full fine-tuning or which key to set.
+def test_verl_megatron_lora_dict_on_fsdp_workers_names_lora_rank():
+    r = from_command(["python", "-m", "verl.trainer.main_ppo", "actor_rollout_ref.model.path=Qwen/Qwen3-4B",
+                      "actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.rollout.name=vllm",
+                      "trainer.n_gpus_per_node=1"], CURRENT)
+    assert r.setup.adapter == "full"
+    assert any("set actor_rollout_ref.model.lora_rank=8" in u for u in r.unknown), r.unknown
+    # Given beside lora_rank (scripts that set both), it is only the Megatron key, listed as given.
+    r = from_command(["python", "-m", "verl.trainer.main_ppo", "actor_rollout_ref.model.lora_rank=8",
+                      "actor_rollout_ref.model.lora.rank=8", "trainer.n_gpus_per_node=1"], CURRENT)
+    assert r.setup.adapter == "lora" and "actor_rollout_ref.model.lora.rank=8" in r.unknown

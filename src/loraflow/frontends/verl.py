@@ -375,11 +375,14 @@ def _read_options(entry: Entry, overrides: list[Override], draft: Draft, base: d
     settings are read by verl_megatron, not listed as unread; `recipe`: the keys a recipe's config adds."""
     megatron = verl_megatron.chosen({**(base or {}), **{o.key: (o.value, o.raw) for o in overrides}})
     options: dict[str, tuple[Any, str]] = {}
+    keys = {o.key for o in overrides} | set(base or {})
     for o in overrides:
         if o.mode == "~":
             draft.note(f"{o.raw}: deletes a key of verl's config; read as that key's default")
             continue
-        if not _known(entry, o.key) and not (megatron and verl_megatron.worker_key(o.key)) and o.key not in recipe:
+        if o.key == verl_megatron.LORA_RANK and not megatron and ENTRIES["main_ppo"].key("lora_rank") not in keys:
+            draft.unknown.append(verl_megatron.lora_dict_on_fsdp(o.raw))
+        elif not _known(entry, o.key) and not (megatron and verl_megatron.worker_key(o.key)) and o.key not in recipe:
             draft.unknown.append(o.raw)
         options[o.key] = (o.value, o.raw)
     return options

@@ -60,3 +60,14 @@ def apply(draft: Draft, options: dict[str, tuple[Any, str]]) -> None:
     else:
         draft.set("adapter", "full", f"default (verl/trainer/config/{CONFIG}.yaml: no {LORA_RANK}, full "
                   "fine-tuning)")
+
+
+def lora_dict_on_fsdp(raw: str) -> str:
+    """Why `actor_rollout_ref.model.lora.rank` does not make the FSDP workers train LoRA: HFModelConfig's `lora` dict
+    is the Megatron workers' config ("megatron lora config", verl/workers/config/model.py) while the FSDP workers build
+    PEFT from model.lora_rank (fsdp_workers.py; verl/workers/engine/fsdp/transformer_impl.py _build_lora_module
+    `"r": self.model_config.lora_rank`). Scripts migrated to `lora.rank` alone train every weight there."""
+    rank = raw.partition("=")[2]
+    return (f"{raw}: model.lora.* is the LoRA config of verl's Megatron workers; its FSDP workers build the adapter "
+            f"from actor_rollout_ref.model.lora_rank, so this launch is read as full fine-tuning (set "
+            f"actor_rollout_ref.model.lora_rank={rank} for LoRA on FSDP)")
