@@ -25,7 +25,8 @@ def _script(tmp_path, text: str) -> list[str]:
 # ("`verl.trainer.main` is not a verl training entry point"): its config (worker.actor.*) is its own.
 def test_easyr1_launch_reads_its_own_config(tmp_path):
     argv = _script(tmp_path, "MODEL_PATH=Qwen/Qwen3-4B\npython3 -m verl.trainer.main \\\n"
-                             "  config=examples/config.yaml \\\n  worker.actor.model.model_path=${MODEL_PATH} worker.actor.model.lora.rank=64 \\\n"
+                             "  config=examples/config.yaml \\\n  worker.actor.model.model_path=${MODEL_PATH} \\\n"
+                             "  worker.actor.model.lora.rank=64 \\\n"
                              "  worker.actor.model.lora.alpha=64 worker.actor.optim.lr=1e-5 \\\n"
                              "  worker.rollout.tensor_parallel_size=1 trainer.n_gpus_per_node=1\n")
     assert detect(argv) == "verl"
