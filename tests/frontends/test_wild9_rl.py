@@ -142,3 +142,22 @@ def test_verl_megatron_lora_dict_on_fsdp_workers_names_lora_rank():
     r = from_command(["python", "-m", "verl.trainer.main_ppo", "actor_rollout_ref.model.lora_rank=8",
                       "actor_rollout_ref.model.lora.rank=8", "trainer.n_gpus_per_node=1"], CURRENT)
     assert r.setup.adapter == "lora" and "actor_rollout_ref.model.lora.rank=8" in r.unknown
+
+
+# Recent verl scripts pick the Megatron workers with the Hydra group choice `model_engine=megatron` (ppo_trainer.yaml
+# `defaults: - model_engine: dp`, `actor@actor_rollout_ref.actor: ${model_engine}_actor`; code index hits, e.g. a
+# qwen3-8b LoRA GRPO script with `model_engine=megatron actor_rollout_ref.model.lora.rank=16`). It was listed unknown
+# and the run read as the FSDP workers' full fine-tuning.
+def test_verl_model_engine_group_choice_picks_the_megatron_workers():
+    r = from_command(["python3", "-m", "verl.trainer.main_ppo", "model_engine=megatron", "algorithm.adv_estimator=grpo",
+                      "actor_rollout_ref.model.path=Qwen/Qwen3-8B", "actor_rollout_ref.model.lora.rank=16",
+                      "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=8"],
+                     CURRENT)
+    assert (r.setup.adapter, r.setup.adapter_rank, r.setup.not_used) == ("lora", 16, ("peft",))
+    assert r.unknown == [] and any(n.startswith("model_engine=megatron: verl's Megatron") for n in r.notes)
+    r = from_command(["python3", "-m", "verl.trainer.main_ppo", "model_engine=dp",
+                      "actor_rollout_ref.model.lora_rank=8", "trainer.n_gpus_per_node=2"], CURRENT)
+    assert (r.setup.adapter, r.setup.engine, r.unknown) == ("lora", "fsdp1", [])
+    r = from_command(["python3", "-m", "verl.trainer.main_ppo", "model_engine=torchtitan",
+                      "trainer.n_gpus_per_node=2"], CURRENT)
+    assert any(u.startswith("model_engine=torchtitan: verl's torchtitan engine") for u in r.unknown)

@@ -380,7 +380,9 @@ def _read_options(entry: Entry, overrides: list[Override], draft: Draft, base: d
         if o.mode == "~":
             draft.note(f"{o.raw}: deletes a key of verl's config; read as that key's default")
             continue
-        if o.key == verl_megatron.LORA_RANK and not megatron and ENTRIES["main_ppo"].key("lora_rank") not in keys:
+        if o.key == verl_megatron.MODEL_ENGINE:  # a Hydra group choice (defaults: model_engine), not a key
+            draft.unknown.extend(filter(None, [verl_megatron.engine_choice(o.value, o.raw)]))
+        elif o.key == verl_megatron.LORA_RANK and not megatron and ENTRIES["main_ppo"].key("lora_rank") not in keys:
             draft.unknown.append(verl_megatron.lora_dict_on_fsdp(o.raw))
         elif not _known(entry, o.key) and not (megatron and verl_megatron.worker_key(o.key)) and o.key not in recipe:
             draft.unknown.append(o.raw)
