@@ -211,9 +211,7 @@ def _vllm_table(on) -> tuple[Field, ...]:
              "(openrlhf/trainer/ray/vllm_worker_wrap.py update_weight)", when=_adapter_is("full")),
         # The engines share the actor's GPUs with --colocate_all_models (not with --async_train); only sleep on both
         # sides frees one's memory while the other runs (--vllm_enable_sleep, --deepspeed_enable_sleep).
-        fact("rollout_colocated", colocated, "--colocate_all_models" + (
-            " with --vllm_enable_sleep and --deepspeed_enable_sleep (time-shared)" if on("colocate") and not colocated
-            else "" if on("colocate") else " not given: the engines have GPUs of their own")),
+        fact("rollout_colocated", colocated, _placement(on, colocated)),
         Field("engine_gpu_memory_utilization", _VLLM["share"], fraction, Default(
             0.9, "default (OpenRLHF < 0.7 train_ppo_ray.py: vllm_gpu_memory_utilization 0.9)",
             since=(("openrlhf", "0.7.0", 0.95, "default (OpenRLHF >= 0.7 train_ppo_ray.py: "
@@ -230,6 +228,19 @@ def _vllm_table(on) -> tuple[Field, ...]:
     )
 
 
+def _placement(on, colocated: bool) -> str:
+    """Why the engines do or do not hold memory beside the training actor (the reason for rollout_colocated)."""
+    if not on("colocate"):
+        return "--colocate_all_models not given: the engines have GPUs of their own"
+    if on("async"):
+        # train_ppo_ray.py: "Using --colocate_all_models in async RLHF only colocates DeepSpeed models."
+        return "--colocate_all_models with --async_train colocates only the DeepSpeed models: the engines have GPUs " \
+               "of their own"
+    if not colocated:
+        return "--colocate_all_models with --vllm_enable_sleep and --deepspeed_enable_sleep (time-shared)"
+    return "--colocate_all_models"
+
+
 def _lora_rank(value, where: str) -> str:
     return "lora" if int_value(value, where, "a LoRA rank") > 0 else "full"
 
@@ -238,9 +249,33 @@ def _adapter_is(kind: str):
     return lambda draft: draft.get("adapter") == kind
 
 
+def _known() -> set[str]:
+    return set().union(*_FLAGS.values(), *_VLLM.values()) | _SWITCHES | _LISTS | keys.OPENRLHF | {
+        "bf16", "advantage_estimator", "algo.advantage.estimator"}
+
+
+def _unabbreviated(tokens: list[str], draft: Draft) -> list[str]:
+    """OpenRLHF's entry points parse with a plain argparse.ArgumentParser (openrlhf/cli/train_ppo_ray.py), whose
+    allow_abbrev takes a unique prefix of a flag for the flag: `--colocate_all_model` is --colocate_all_models. Such a
+    prefix is spelled out, so the flag's meaning is read; a prefix of several flags is left (argparse refuses it)."""
+    known = _known()
+    out = []
+    for token in tokens:
+        name, eq, value = token.partition("=")
+        bare = name[2:] if name.startswith("--") else ""
+        if bare and bare not in known:
+            full = [k for k in known if k.startswith(bare)]
+            if len(full) == 1:
+                draft.note(f"{name}: argparse takes it for --{full[0]} (a unique prefix, allow_abbrev)")
+                token = f"--{full[0]}{eq}{value}"
+        out.append(token)
+    return out
+
+
 def _read(cmd: Command, name: str, draft: Draft) -> tuple[dict, list, int]:
     """The flags by name, the flags in order, and the style: 0 flat (<= v0.10.1), 1 dotted, 2 PPO-dotted."""
-    args, positionals, _ = parse_flags(cmd.args, switches=_SWITCHES, lists=_LISTS, underscore=False)
+    args, positionals, _ = parse_flags(_unabbreviated(cmd.args, draft), switches=_SWITCHES, lists=_LISTS,
+                                       underscore=False)
     for extra in positionals:
         draft.unknown.append(f"{extra} (a positional argument; OpenRLHF takes none)")
     given = {a.name: a for a in args}
@@ -252,9 +287,12 @@ def _read(cmd: Command, name: str, draft: Draft) -> tuple[dict, list, int]:
 def _stage(draft: Draft, name: str, given: dict) -> str:
     stage = STAGES[name]
     algo = given.get("advantage_estimator") or given.get("algo.advantage.estimator")
-    if algo is not None and algo.one() in ("group_norm", "dr_grpo"):
-        stage = "grpo"  # OpenRLHF runs GRPO as its PPO entry point with a group-normalised advantage
-        draft.set("stage", stage, algo.raw)
+    if algo is not None and algo.one() != "gae" and name in ("train_ppo", "train_ppo_ray"):
+        # Every estimator but GAE drops the critic (train_ppo_ray.py: `if args.advantage_estimator not in ["gae"]:
+        # args.critic_pretrain = None`): group_norm and dr_grpo are GRPO, reinforce, rloo and reinforce_baseline
+        # critic-free baselines of the same shape, as verl's other estimators (table.STAGE_ALIASES).
+        stage = "grpo"
+        draft.set("stage", stage, f"{algo.raw} (no critic)")
     else:
         draft.set("stage", stage, f"openrlhf.cli.{name}")
     if STAGES[name] != name.removeprefix("train_") and name != "train_ppo_ray":
@@ -350,7 +388,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     model = given.get("pretrain") or given.get("actor.model_name_or_path")
     if model is not None:
         model_name_facts(draft, model.one() or "", model.raw)
-    known = set().union(*_FLAGS.values()) | {"bf16", "advantage_estimator", "algo.advantage.estimator"}
+    known = _known()
     for a in args:
         if a.name not in known and a.name not in keys.OPENRLHF:
             draft.unknown.append(a.raw)

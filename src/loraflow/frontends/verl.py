@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import verl_launch, verl_megatron, verl_rollout, vision
+from loraflow.frontends import easyr1, verl_launch, verl_megatron, verl_rollout, vision
 from loraflow.frontends.argv import Command, split_command
 from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
@@ -166,8 +166,7 @@ def _eras(draft: Draft, entry: Entry, overrides: list[Override]) -> None:
     if not dated or len(have) == len(RELEASES):
         return
     if not have:
-        draft.note("the overrides name keys of different verl releases (no release's config has them all): the "
-                   "release is not narrowed")
+        _no_release(draft, table, [o for o in overrides if o.mode == "" and o.key in table])
         return
     lo, hi = have[0], have[-1]
     spec = (f">={RELEASES[lo]}" if lo else "") + (f",<{RELEASES[hi + 1]}" if hi + 1 < len(RELEASES) else "")
@@ -177,6 +176,25 @@ def _eras(draft: Draft, entry: Entry, overrides: list[Override]) -> None:
     why = ([f"{newest} first appears in verl {RELEASES[lo]}"] if lo else []) + (
         [f"{oldest} is gone after verl {RELEASES[hi]}"] if hi + 1 < len(RELEASES) else [])
     draft.era("verl", spec.lstrip(","), "; ".join(why) + " (verl's Hydra configs)")
+
+
+def _no_release(draft: Draft, table: dict, dated: list[Override]) -> None:
+    """Overrides of keys no single release's config has (one gone before the other came, as when a script keeps an
+    old key beside new ones): Hydra refuses to override a key the composed config lacks ("Could not override ...
+    Key '...' is not in struct"), so on any release the launch stops before training. Listed, not asserted: a commit
+    between two releases may hold both."""
+    gone = min(dated, key=lambda o: table[o.key][0].bit_length())
+    came = max(dated, key=lambda o: (table[o.key][0] & -table[o.key][0]).bit_length())
+    last, first = table[gone.key][0].bit_length() - 1, (table[came.key][0] & -table[came.key][0]).bit_length() - 1
+    if first <= last:  # no clean pair (keys with gaps): say only that the releases disagree
+        draft.note("the overrides name keys of different verl releases (no release's config has them all): the "
+                   "release is not narrowed")
+        return
+    draft.unknown.append(f"{gone.raw} with {came.raw}: no verl release's config has both ({gone.key} is gone after "
+                         f"verl {RELEASES[last]}, {came.key} first appears in verl {RELEASES[first]}); Hydra refuses "
+                         f"an override of a key the config lacks (\"Could not override '{gone.key}'\"), so the launch "
+                         f"stops at start-up unless the run's verl is a commit that has both; drop {gone.raw} "
+                         f"(releases after {RELEASES[last]} have no such setting)")
 
 
 def _lora(value: Any, where: str) -> str:
@@ -357,11 +375,16 @@ def _read_options(entry: Entry, overrides: list[Override], draft: Draft, base: d
     settings are read by verl_megatron, not listed as unread; `recipe`: the keys a recipe's config adds."""
     megatron = verl_megatron.chosen({**(base or {}), **{o.key: (o.value, o.raw) for o in overrides}})
     options: dict[str, tuple[Any, str]] = {}
+    keys = {o.key for o in overrides} | set(base or {})
     for o in overrides:
         if o.mode == "~":
             draft.note(f"{o.raw}: deletes a key of verl's config; read as that key's default")
             continue
-        if not _known(entry, o.key) and not (megatron and verl_megatron.worker_key(o.key)) and o.key not in recipe:
+        if o.key == verl_megatron.MODEL_ENGINE:  # a Hydra group choice (defaults: model_engine), not a key
+            draft.unknown.extend(filter(None, [verl_megatron.engine_choice(o.value, o.raw)]))
+        elif o.key == verl_megatron.LORA_RANK and not megatron and ENTRIES["main_ppo"].key("lora_rank") not in keys:
+            draft.unknown.append(verl_megatron.lora_dict_on_fsdp(o.raw))
+        elif not _known(entry, o.key) and not (megatron and verl_megatron.worker_key(o.key)) and o.key not in recipe:
             draft.unknown.append(o.raw)
         options[o.key] = (o.value, o.raw)
     return options
@@ -403,6 +426,11 @@ def entry_of(program: str, overrides: bool = False) -> Entry:
 
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
+    if easyr1.launches(cmd.program, cmd.args):
+        # EasyR1's package is named verl too, but its trainer and config are its own (easyr1.py).
+        draft = Draft(NAME, versions)
+        easyr1.read(cmd, draft)
+        return draft.result()
     overrides, others = split_overrides(cmd.args)
     entry = entry_of(cmd.program, verl_launch.ppo_overrides(cmd.args))
     draft = Draft(NAME, versions)
@@ -435,6 +463,10 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
         return _from_overrides(overrides, versions, f"{path.name} (Hydra overrides)")
     data = load_mapping(path, "verl config")
     keys = flatten(data)
+    if easyr1.is_config(keys):
+        draft = Draft(NAME, versions)
+        easyr1.read_config(path, keys, draft)
+        return draft.result()
     entry = ENTRIES["main_ppo"] if any(k.startswith("actor_rollout_ref.") for k in keys) else ENTRIES["sft_trainer"]
     draft = Draft(NAME, versions)
     options = {k: (v, f"{path.name}: {k}") for k, v in keys.items() if k not in ("defaults", "hydra")}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loraflow.frontends import verl_megatron
+from loraflow.frontends import easyr1, verl_megatron
 from loraflow.frontends.common import Draft, load_mapping
 from loraflow.frontends.dotlist import flatten
 
@@ -25,7 +25,7 @@ def ppo_overrides(positionals) -> bool:
 def recognise(view) -> bool:
     # `-m verl.trainer.main_ppo`, a recipe of verl's (`-m recipe.dapo.main_dapo`), or a project's own trainer, each
     # with verl's Hydra keys.
-    if view.runs("verl") or view.dotted.startswith("verl."):
+    if view.runs("verl") or view.dotted.startswith("verl.") or easyr1.launches(view.program, view.positionals):
         return True
     return ppo_overrides(view.positionals) or (view.dotted.startswith("recipe.") and any(
         p.lstrip("+").startswith("actor_rollout_ref.") for p in view.positionals))

@@ -34,8 +34,23 @@ def config_defaults(config_name: str) -> dict[str, tuple[Any, str]]:
                                    f"{STRATEGY}: megatron)")}
 
 
+# Newer verl composes ppo_trainer.yaml from `defaults: - model_engine: dp` and `actor@actor_rollout_ref.actor:
+# ${model_engine}_actor` (the ref and critic alike): `model_engine=megatron` on the line picks the Megatron workers'
+# groups, and ppo_megatron_trainer.yaml became `override model_engine: megatron`. dp is the FSDP workers.
+MODEL_ENGINE = "model_engine"
+
+
 def chosen(options: dict[str, tuple[Any, str]]) -> bool:
-    return str(options.get(STRATEGY, ("",))[0]) == "megatron"
+    return str(options.get(STRATEGY, ("",))[0]) == "megatron" or str(options.get(MODEL_ENGINE, ("",))[0]) == "megatron"
+
+
+def engine_choice(value: Any, raw: str) -> str | None:
+    """What `model_engine=X` leaves unread: None for dp (the FSDP workers) and megatron (read here), a reason for the
+    engines loraflow does not model (torchtitan, veomni)."""
+    if str(value) in ("dp", "megatron"):
+        return None
+    return (f"{raw}: verl's {value} engine (its own sharding, checkpointing and precision) is not an engine loraflow "
+            "check models; the launch is read as verl's FSDP workers")
 
 
 def worker_key(key: str) -> bool:
@@ -46,7 +61,9 @@ def worker_key(key: str) -> bool:
 def apply(draft: Draft, options: dict[str, tuple[Any, str]]) -> None:
     """The adapter the Megatron workers train, and a note on what is not evaluated."""
     keys = sorted(k for k in options if worker_key(k) and not k.startswith(_LORA))
-    draft.note(f"{options[STRATEGY][1]}: verl's Megatron workers (Megatron-Core tensor/pipeline parallel, its own "
+    chosen_by = options[STRATEGY][1] if str(options.get(STRATEGY, ("",))[0]) == "megatron" else \
+        options[MODEL_ENGINE][1]
+    draft.note(f"{chosen_by}: verl's Megatron workers (Megatron-Core tensor/pipeline parallel, its own "
                "recompute, precision and distributed optimizer) are not an engine loraflow check models; stage, "
                "adapter, world size and model are read, the sharding, checkpointing and precision rules are not "
                "evaluated" + (f" ({len(keys)} Megatron settings given, e.g. {keys[0]})" if keys else ""))
@@ -60,3 +77,14 @@ def apply(draft: Draft, options: dict[str, tuple[Any, str]]) -> None:
     else:
         draft.set("adapter", "full", f"default (verl/trainer/config/{CONFIG}.yaml: no {LORA_RANK}, full "
                   "fine-tuning)")
+
+
+def lora_dict_on_fsdp(raw: str) -> str:
+    """Why `actor_rollout_ref.model.lora.rank` does not make the FSDP workers train LoRA: HFModelConfig's `lora` dict
+    is the Megatron workers' config ("megatron lora config", verl/workers/config/model.py) while the FSDP workers build
+    PEFT from model.lora_rank (fsdp_workers.py; verl/workers/engine/fsdp/transformer_impl.py _build_lora_module
+    `"r": self.model_config.lora_rank`). Scripts migrated to `lora.rank` alone train every weight there."""
+    rank = raw.partition("=")[2]
+    return (f"{raw}: model.lora.* is the LoRA config of verl's Megatron workers; its FSDP workers build the adapter "
+            f"from actor_rollout_ref.model.lora_rank, so this launch is read as full fine-tuning (set "
+            f"actor_rollout_ref.model.lora_rank={rank} for LoRA on FSDP)")
