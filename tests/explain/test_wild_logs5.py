@@ -79,7 +79,9 @@ def test_wild5_failures_are_named_or_left_unclaimed():
         if meta["decoy"]:
             continue
         found = _found((WILD5 / name).read_text())
-        if meta.get("evidence_in_log") is False:
+        if meta["expected"] is None:  # a failure no rule covers (ZeRO-3 placeholders in a model outside the engine)
+            assert found == [], name
+        elif meta.get("evidence_in_log") is False:
             assert not found or found[0][0] == meta["expected"], name
         else:
             assert found and found[0][0] == meta["expected"], name
