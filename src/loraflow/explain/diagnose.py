@@ -123,7 +123,7 @@ def _frame_hits(rule: Rule, log: LogView) -> tuple[list[tuple[Message, int, str]
     tail = False
     for m in rule.log.frames:
         rx = _rx(m.pattern)
-        found = [f for f in log.frames if rx.search(f.where)]
+        found = [f for f in log.frames if any(rx.search(w) for w in f.wheres)]
         if found:
             f = found[-1]
             hits.append((m, f.line_no, f"in {f.function} ({f.path})"))

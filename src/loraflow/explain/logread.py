@@ -57,6 +57,14 @@ class Frame:
     def where(self) -> str:
         return f"{self.path.replace(chr(92), '/')}:{self.function}"
 
+    @property
+    def wheres(self) -> tuple[str, ...]:
+        """`where`, and where the name is qualified (IPython and Jupyter print `Linear8bitLt.forward`,
+        `LoraModel.merge_and_unload`, `add_hook_to_module.<locals>.new_forward`) also the form with the bare function
+        name, which is what the rules' raise-path patterns name (`lora.py:forward$`)."""
+        bare = self.function.rsplit(".", 1)[-1]
+        return (self.where,) if bare == self.function else (self.where, f"{self.path.replace(chr(92), '/')}:{bare}")
+
 
 @dataclass
 class LogView:

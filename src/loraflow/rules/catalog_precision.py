@@ -107,6 +107,10 @@ register(Rule(
         frames=(Message(r"peft[/\\.]tuners[/\\.](lora(\.py|[/\\.]layer\.py|[/\\.]bnb\.py)):forward$", "shared"),),
         evidence=(Evidence("quant4bit", 3, "a bitsandbytes-quantized base is in use (its LoRA layer's casts are "
                                            "release-dependent)"),
+                  # The 8-bit case of the conditions: peft < 0.6.0's Linear8bitLt.forward cast x to float32 for
+                  # adapters DeepSpeed had cast to half (peft/tuners/lora.py, v0.5.0).
+                  Evidence("quant8bit", 3, "an 8-bit (LLM.int8) base is in use: before peft 0.6.0 its LoRA layer "
+                                           "fed the adapters float32 whatever their dtype"),
                   Evidence("deepspeed", 1, "DeepSpeed casts the whole module, adapters included, to half")),
         prior=0.5,
         tells_apart="a dtype mismatch raised inside a LoRA layer's forward on a quantized base, with a PEFT release "

@@ -73,6 +73,9 @@ _ACCELERATE_OTHER_DEVICE_RAISE_LINES = (1151, 1187, 1208, 1254, 1257, 1258, 1281
 
 # Facts read from a log by pattern. Paths match with / or \ and module dots; names in any case, as users paste them.
 _P = r"[/\\.]"
+# A frame's function as IPython and Jupyter print it: qualified by its class (`in LoraModel.merge_and_unload(self)`,
+# `in Linear8bitLt.forward(self, x)`) or its enclosing function (`in add_hook_to_module.<locals>.new_forward`).
+_IN = r"in (?:[A-Z]\w*\.|\w+\.<locals>\.)?"
 FACTS: dict[str, tuple[str, str]] = {
     "deepspeed": (r"\bdeepspeed\b|\bds_config|zero_optimization", "DeepSpeed is in use"),
     "zero3": (rf"deepspeed{_P}runtime{_P}zero{_P}(stage3|partition_parameters|parameter_offload|"
@@ -176,8 +179,8 @@ FACTS: dict[str, tuple[str, str]] = {
                       r"convert_zero_checkpoint_to_fp32_state_dict|load_state_dict_from_zero_checkpoint|"
                       r"\bglobal_step\d+\b", "a DeepSpeed checkpoint is saved, loaded or consolidated"),
     # Where PEFT builds an adapter: the functions that read the base weights (their shapes or values) while doing it.
-    "peft_init_frames": (r"in (get_peft_model|inject_adapter|update_layer|pissa_init|olora_init|corda_init|loftq_init|"
-                         r"_get_in_out_features|_setup_prompt_encoder)\b|"
+    "peft_init_frames": (_IN + r"(get_peft_model|inject_adapter|update_layer|pissa_init|olora_init|corda_init|"
+                         r"loftq_init|_get_in_out_features|_setup_prompt_encoder)\b|"
                          rf"peft{_P}tuners{_P}(lora{_P}layer|prompt_tuning{_P}model)\.py\", line \d+, in __init__\b",
                          "the traceback runs through PEFT creating its adapter"),
     "accelerate:kbit-other-device-raise": (
@@ -211,7 +214,7 @@ FACTS: dict[str, tuple[str, str]] = {
     "multi_forward": (r"\bdpo\b|chosen|rejected|concatenated_forward|\bkto\b|\borpo\b",
                       "a preference stage (chosen and rejected forwards)"),
     "dora_code": (rf"lora{_P}dora\.py|DoraLinearLayer|get_weight_norm", "DoRA's code is in the traceback"),
-    "merge_frames": (r"in (merge_and_unload|_unload_and_optionally_merge|merge_adapter|_fuse_lora|fuse_lora_weight|"
+    "merge_frames": (_IN + r"(merge_and_unload|_unload_and_optionally_merge|merge_adapter|_fuse_lora|fuse_lora_weight|"
                      r"fuse_lora|merge_lora|get_delta_weight)\b|lora(/layer)?\.py\", line \d+, in merge\b",
                      "the traceback runs through a LoRA merge"),
     # accelerate's dispatch_model, called by from_pretrained itself to place a model loaded with a device_map: a
@@ -220,12 +223,12 @@ FACTS: dict[str, tuple[str, str]] = {
     "load_dispatch": (r"big_modeling\.py\"?, line \d+, in dispatch_model\b|big_modeling\.py:\d+ in dispatch_model\b",
                       "the traceback runs through accelerate's dispatch_model while the model loads"),
     "generate_frames": (r"generation[/\\]utils\.py\", line \d+, in (generate|_sample|_greedy_search|sample)\b|"
-                        r"in (generate|_generate|generate_completions|_generate_and_score_completions)\b",
+                        + _IN + r"(generate|_generate|generate_completions|_generate_and_score_completions)\b",
                         "the traceback runs through generate()"),
     # torch's autograd engine on the traceback (its C++ entry from Python): the error was raised in a backward pass.
     "autograd_backward": (r"_execution_engine\.run_backward|in _engine_run_backward\b",
                           "the error is raised in the autograd backward pass"),
-    "recompute_frames": (r"in (recompute_fn|unpack_hook|_checkpoint_hook)\b|CheckpointFunction\.backward",
+    "recompute_frames": (_IN + r"(recompute_fn|unpack_hook|_checkpoint_hook)\b|CheckpointFunction\.backward",
                          "the traceback runs through checkpoint's recompute"),
     "allgather_timeout": (r"_ALLGATHER|all_gather", "an all-gather is involved"),
     "reentrant_warning": (r"None of the inputs have requires_grad=True", "torch warned that a reentrant-checkpointed "
