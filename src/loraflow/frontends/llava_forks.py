@@ -1,0 +1,166 @@
+"""Forks of LLaVA's train.py whose code decides differently from LLaVA's what trains, read when the script is not
+here (llava.py applies LLaVA's own facts first, then the fork's). A fork is told by its program path or by flags
+only its dataclasses have; each fact below is read from the fork's train.py.
+
+- LLaVA-NeXT / LLaVA-OneVision (LLaVA-VL/LLaVA-NeXT llava/train/train.py, the same path as LLaVA's): its
+  TrainingArguments default `gradient_checkpointing` to True; `--mm_tunable_parts` (mm_vision_tower, mm_mlp_adapter,
+  mm_language_model, mm_vision_resampler) freezes the whole model after get_peft_model and unfreezes each part
+  named, the language model by `requires_grad_(True)` on every parameter outside the towers, LoRA's base weights
+  included; without it `--unfreeze_mm_vision_tower` trains the vision tower in full.
+- Video-LLaVA / MoE-LLaVA (PKU-YuanGroup videollava|moellava/train/train.py): LLaVA's code with `--image_tower` and
+  `--video_tower` (LanguageBind encoders) in place of `--vision_tower`; the towers' forward runs under
+  torch.no_grad (multimodal_encoder/languagebind/__init__.py), frozen.
+- mPLUG-Owl2 (X-PLUG/mPLUG-Owl mPLUG-Owl2/mplug_owl2/train/train.py): after get_peft_model it calls
+  `model.requires_grad_(True)`, so with `--lora_enable` every weight trains, then freezes the vision model
+  (`--freeze_vision_model`, default True) and trains the visual abstractor (`--tune_visual_abstractor`, default
+  True); a sample without an image gets a blank one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from loraflow.frontends.common import Draft, as_bool, as_list
+from loraflow.frontends.hf_options import Opt
+
+
+@dataclass(frozen=True)
+class Fork:
+    name: str
+    code: str
+    """Where its facts were read (repository and path), for the sources."""
+    own: frozenset[str]
+    """Flags of its own dataclasses beyond LLaVA's."""
+    marks: frozenset[str] = frozenset()
+    """Flags only this fork takes: one of them on a LLaVA-lineage launch names the fork."""
+    program: str = ""
+    """A regex its entry point matches."""
+    checkpointing_default: bool = False
+    """Its TrainingArguments' gradient_checkpointing default."""
+    flags: tuple[tuple[str, str], ...] = ()
+    """Setup fields its own flags set, over llava.FLAGS."""
+
+
+NEXT = Fork("LLaVA-NeXT", "LLaVA-VL/LLaVA-NeXT llava/train/train.py", frozenset("""mm_tunable_parts
+unfreeze_mm_vision_tower unfreeze_language_model mm_vision_tower_lr tune_mm_vision_resampler freeze_mm_vision_resampler
+vision_tower_pretrained model_class_name mm_resampler_type mm_mask_drop_mode mm_mask_drop_skip_percentage
+mm_mask_drop_ratio mm_mask_drop_ratio_upper mm_mask_drop_ratio_lower mm_spatial_pool_stride mm_spatial_pool_mode
+mm_spatial_pool_out_channels mm_perceiver_depth mm_perceiver_latents mm_perceiver_ff_mult mm_perceiver_pretrained
+mm_qformer_depth mm_qformer_latents mm_qformer_pretrained rope_scaling_factor rope_scaling_type image_grid_pinpoints
+image_crop_resolution image_split_resolution video_folder video_fps frames_upbound force_sample add_time_instruction
+mm_newline_position faster_token_stride add_faster_video group_by_varlen group_by_modality_length_auto
+verbose_logging enable_ring_attention early_mix_text attn_implementation""".split()),
+            marks=frozenset({"mm_tunable_parts", "unfreeze_mm_vision_tower", "mm_vision_tower_lr", "frames_upbound",
+                             "mm_spatial_pool_stride", "mm_spatial_pool_mode", "mm_newline_position", "force_sample",
+                             "add_time_instruction", "model_class_name", "mm_resampler_type",
+                             "vision_tower_pretrained"}),
+            checkpointing_default=True,
+            flags=(("adapter", "--mm_tunable_parts (mm_language_model) / --lora_enable"),
+                   ("towers_trainable", "--mm_tunable_parts / --unfreeze_mm_vision_tower"),
+                   ("frozen_modules", "--mm_tunable_parts")))
+VIDEO = Fork("Video-LLaVA", "PKU-YuanGroup/Video-LLaVA videollava/train/train.py",
+             frozenset({"image_tower", "video_tower", "video_folder", "tokenizer_model_max_length"}),
+             marks=frozenset({"image_tower", "video_tower"}))
+MPLUG_OWL2 = Fork("mPLUG-Owl2", "X-PLUG/mPLUG-Owl mPLUG-Owl2/mplug_owl2/train/train.py",
+                  frozenset({"tune_visual_abstractor", "freeze_vision_model", "visual_abstractor_lr"}),
+                  program=r"(?:^|/)mplug_owl2/train/train(?:_mem)?\.py$",
+                  flags=(("adapter", "--lora_enable (train.py's model.requires_grad_(True) trains every weight)"),
+                         ("frozen_modules", "--freeze_vision_model"), ("towers_trainable", "--tune_visual_abstractor")))
+FORKS = (MPLUG_OWL2, VIDEO, NEXT)
+TOWER_FLAGS = ("vision_tower", "image_tower", "video_tower")
+"""The flags that load a LLaVA-lineage script's encoders."""
+
+
+def fork_of(program: str, flags: set[str] | frozenset[str]) -> Fork | None:
+    """The fork a LLaVA-lineage launch runs, from its program path or the flags only that fork takes."""
+    path = program.replace("\\", "/")
+    for fork in FORKS:
+        if (fork.program and re.search(fork.program, path)) or fork.marks & set(flags):
+            return fork
+    return None
+
+
+def checkpointing_default(fork: Fork | None, opts: dict[str, Opt]) -> dict[str, Opt]:
+    """The fork's gradient_checkpointing default, as an option the HF reader applies, where no flag gives one."""
+    if fork is None or not fork.checkpointing_default or "gradient_checkpointing" in opts:
+        return {}
+    return {"gradient_checkpointing": Opt(True, f"default ({fork.code}: TrainingArguments gradient_checkpointing "
+                                                "True)")}
+
+
+def _on(own: dict[str, Opt], name: str, default: bool = False) -> bool:
+    opt = own.get(name)
+    if opt is None:
+        return default
+    return as_bool(opt.value if opt.value is not None else True, opt.source)
+
+
+def apply(draft: Draft, fork: Fork | None, own: dict[str, Opt], lora: bool) -> None:
+    """What the fork's code trains, over LLaVA's facts that llava.py set, and the flags that change it."""
+    if fork is not None:
+        draft.flag(**dict(fork.flags))
+    if fork is NEXT:
+        _next_parts(draft, own, lora)
+    elif fork is MPLUG_OWL2:
+        _mplug_owl2(draft, own, lora)
+    elif fork is VIDEO:
+        src = next(own[n].source for n in ("image_tower", "video_tower") if n in own)
+        draft.set("tower_adapters", False, f"{src} ({VIDEO.code}: the LanguageBind towers run under torch.no_grad, "
+                  "so no adapter PEFT's name matching puts there changes anything)")
+
+
+def _language_model_full(draft: Draft, source: str, lora: bool, remedy: str) -> None:
+    if lora:
+        draft.set("adapter", "full", f"{source}: requires_grad_(True) on every language-model weight after "
+                  "get_peft_model, LoRA's base weights included: the language model trains in full beside its "
+                  "adapters")
+        draft.note(f"{source} unfreezes the language model after LoRA froze it, so --lora_enable trains every "
+                   f"weight (memory and updates of full fine-tuning); to train only the adapters, {remedy}")
+
+
+def _next_parts(draft: Draft, own: dict[str, Opt], lora: bool) -> None:
+    """LLaVA-NeXT train.py: `--mm_tunable_parts` decides every part; else `--unfreeze_mm_vision_tower`."""
+    if "mm_tunable_parts" not in own:
+        if _on(own, "unfreeze_mm_vision_tower"):
+            src = own["unfreeze_mm_vision_tower"].source
+            draft.set("towers_trainable", True, f"{src} ({NEXT.code}: vision_tower.requires_grad_(True))")
+            draft.set("towers_full", True, f"{src}: the vision tower trains in full")
+        return
+    opt = own["mm_tunable_parts"]
+    parts = set(as_list(opt.value))
+    src = f"{opt.source} ({NEXT.code}: model.requires_grad_(False), then each part named trains in full)"
+    towers = parts & {"mm_vision_tower", "mm_mlp_adapter", "mm_vision_resampler"}
+    draft.set("towers_trainable", bool(towers), src)
+    draft.set("towers_full", bool(towers), src)
+    every = {"mm_vision_tower", "mm_language_model"} <= parts
+    draft.set("frozen_modules", not every, f"{src}: {'nothing stays' if every else 'the parts not named stay'} frozen")
+    if "mm_language_model" in parts:
+        _language_model_full(draft, opt.source, lora, "drop mm_language_model from --mm_tunable_parts and "
+                             "set the LoRA weights trainable again after the parts are chosen (train.py)")
+    elif lora:
+        draft.note(f"{opt.source} names no mm_language_model: LLaVA-NeXT's train.py freezes the LoRA weights with the "
+                   "rest of the model after get_peft_model, so the adapters never train (only the parts named do)")
+
+
+def _mplug_owl2(draft: Draft, own: dict[str, Opt], lora: bool) -> None:
+    code = MPLUG_OWL2.code
+    _language_model_full(draft, f"{code} (model.requires_grad_(True) after the model setup)", lora,
+                         "remove train.py's model.requires_grad_(True) (no flag turns it off)")
+    vision = _on(own, "freeze_vision_model", default=True)
+    vsrc = own["freeze_vision_model"].source if "freeze_vision_model" in own else \
+        f"default ({code}: freeze_vision_model True)"
+    abstractor = _on(own, "tune_visual_abstractor", default=True)
+    asrc = own["tune_visual_abstractor"].source if "tune_visual_abstractor" in own else \
+        f"default ({code}: tune_visual_abstractor True)"
+    draft.set("image_text", True, f"{code} (a vision model and a visual abstractor before the language model)")
+    draft.set("frozen_modules", vision, f"{vsrc}: the vision model {'stays frozen' if vision else 'trains'}")
+    draft.set("tower_adapters", False, f"{code}: find_all_linear_names skips vision_model and visual_abstractor")
+    # requires_grad_(True) on the whole model: the abstractor trains whatever --tune_visual_abstractor says.
+    draft.set("towers_trainable", True, f"{asrc}: the visual abstractor trains in full")
+    draft.set("towers_full", True, f"{asrc}: the visual abstractor trains in full" if abstractor else
+              f"{code}: model.requires_grad_(True) leaves the visual abstractor trainable")
+    draft.settle("image_every_rank", True, f"{code}: a sample without an image gets a blank one (LazySupervisedDataset"
+                 ": torch.zeros(3, H, W)), so the vision model runs on every rank")
+    draft.settle("image_safe_truncation", True, f"{code}: one image placeholder per image, expanded into the "
+                 "abstractor's queries inside the model, so a length limit cannot cut an image apart")

@@ -1,0 +1,95 @@
+"""An eighth sweep of users' own launches, for image-text fine-tuning beyond the Qwen-VL / InternVL lines (LLaVA-NeXT
+and OneVision, Video-LLaVA, mPLUG-Owl2, Bunny, ShareGPT4V, TinyLLaVA, ...): the classes check misread. Each input is
+a short synthetic launch of the same shape; the comment names the public repository that showed the class."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from loraflow.frontends import detect, from_command, run_check
+
+LLAVA_FLAGS = ("--model_name_or_path lmms-lab/llava-onevision-qwen2-7b-ov --version qwen_1_5 --data_path d.yaml "
+               "--image_folder img --vision_tower google/siglip-so400m-patch14-384 --mm_projector_type mlp2x_gelu "
+               "--mm_vision_select_layer -2 --mm_use_im_start_end False --image_aspect_ratio anyres_max_9 "
+               "--bf16 True --output_dir out --model_max_length 32768 --lazy_preprocess True")
+
+
+def _argv(text: str) -> list[str]:
+    return shlex.split(text)
+
+
+def serious(argv: list[str]) -> set[str]:
+    doc = json.loads(run_check(argv, None, [], {}, True)[0])
+    return {f["rule"] for f in doc["findings"] if f["impact"] in ("crash", "silent") and f["holds_if"] is None}
+
+
+# LLaVA-VL/LLaVA-NeXT scripts/train/finetune_onevision.sh: `--mm_tunable_parts="mm_mlp_adapter,mm_language_model"`
+# and no --gradient_checkpointing flag in some forks' copies. NeXT's train.py defaults gradient_checkpointing to True,
+# freezes the model and unfreezes each part named; mm_language_model unfreezes every language-model weight, the
+# LoRA base weights too (llava/train/train.py, "Deciding train which part of the model").
+def test_llava_next_tunable_parts_decide_what_trains_and_checkpointing_defaults_on():
+    argv = _argv("deepspeed --num_gpus 8 llava/train/train_mem.py --deepspeed scripts/zero3.json "
+                 f"{LLAVA_FLAGS} --mm_tunable_parts mm_mlp_adapter,mm_language_model")
+    assert detect(argv) == "llava"
+    result = from_command(argv, {})
+    s = result.setup
+    assert s.checkpointing == "all" and "LLaVA-NeXT" in result.sources["checkpointing"]
+    assert (s.adapter, s.frozen_modules, s.towers_full) == ("full", True, True)
+    assert not [u for u in result.unknown if "mm_tunable_parts" in u]
+    every = from_command(argv[:-1] + ["mm_vision_tower,mm_mlp_adapter,mm_language_model"], {}).setup
+    assert not every.frozen_modules
+    # Original LLaVA's train.py (no NeXT-only flag) keeps the HF default: checkpointing off unless asked.
+    plain = from_command(_argv(f"deepspeed --num_gpus 8 llava/train/train_mem.py {LLAVA_FLAGS}"), {}).setup
+    assert plain.checkpointing == "off"
+
+
+def test_llava_next_lora_with_the_language_model_among_the_parts_trains_every_weight():
+    argv = _argv(f"torchrun --nproc_per_node 2 llava/train/train_mem.py --lora_enable True {LLAVA_FLAGS} "
+                 "--mm_tunable_parts mm_vision_tower,mm_mlp_adapter,mm_language_model")
+    result = from_command(argv, {})
+    assert result.setup.adapter == "full" and "LoRA's base weights" in result.sources["adapter"]
+    # bits 16 casts the model to bf16 before get_peft_model; outside DeepSpeed every weight then trains in bf16.
+    assert "bf16-lost-updates" in serious(argv)
+    assert "--mm_tunable_parts" in result.flags["adapter"]
+    # Without mm_language_model the LoRA weights stay frozen with the rest: said, since only the projector trains.
+    only = from_command(argv[:-1] + ["mm_mlp_adapter"], {})
+    assert only.setup.adapter == "lora" and any("never train" in n for n in only.notes)
+
+
+# PKU-YuanGroup/Video-LLaVA scripts/v1_5/finetune_lora.sh (and MoE-LLaVA's): LLaVA's train.py with `--image_tower`
+# / `--video_tower` in place of --vision_tower. Read as a generic script, check asked whether it hooks the embeddings
+# and whether text-only samples skip the tower, which LLaVA's code answers (enable_input_require_grads; a blank
+# image for a text-only sample).
+def test_video_llava_image_and_video_towers_mark_the_llava_lineage():
+    argv = _argv("deepspeed videollava/train/train_mem.py --lora_enable True --deepspeed ./scripts/zero2.json "
+                 "--model_name_or_path lmsys/vicuna-7b-v1.5 --version v1 --data_path ft.json --image_folder img "
+                 "--image_tower LanguageBind/LanguageBind_Image --video_folder vid --video_tower "
+                 "LanguageBind/LanguageBind_Video_merge --mm_projector_type mlp2x_gelu --mm_vision_select_layer -2 "
+                 "--mm_use_im_start_end False --bf16 True --output_dir out --model_max_length 2048 "
+                 "--gradient_checkpointing True --lazy_preprocess True")
+    assert detect(argv) == "llava"
+    result = from_command(argv, {})
+    s = result.setup
+    assert (s.input_grad_hook, s.image_text, s.image_every_rank, s.image_safe_truncation) == (True,) * 4
+    assert not s.tower_adapters and "torch.no_grad" in result.sources["tower_adapters"]
+    assert not {"input_grad_hook", "image_every_rank", "reentrant"} & set(result.unsure)
+    assert not [u for u in result.unknown if "image_tower" in u or "video_tower" in u]
+
+
+# X-PLUG/mPLUG-Owl mPLUG-Owl2/scripts/finetune_lora.sh: `deepspeed mplug_owl2/train/train_mem.py --lora_enable True
+# ... --tune_visual_abstractor True --freeze_vision_model True`. Its train.py calls model.requires_grad_(True) after
+# get_peft_model, so the "LoRA" run trains every language-model weight; check read it as adapters on a frozen base.
+def test_mplug_owl2_lora_trains_every_language_model_weight():
+    line = ("deepspeed mplug_owl2/train/train_mem.py --lora_enable True --lora_r 128 --visual_abstractor_lr 2e-5 "
+            "--model_name_or_path MAGAer13/mplug-owl2-llama2-7b --version v1 --data_path d.json --image_folder x "
+            "--bf16 True --output_dir out --model_max_length 2048 --gradient_checkpointing True "
+            "--tune_visual_abstractor True --freeze_vision_model True --lazy_preprocess True")
+    assert detect(_argv(line)) == "llava"
+    result = from_command(_argv(line), {})
+    s = result.setup
+    assert (s.adapter, s.frozen_modules, s.towers_full, s.tower_adapters) == ("full", True, True, False)
+    assert s.image_every_rank and s.input_grad_hook
+    assert not [u for u in result.unknown if "visual_abstractor" in u or "freeze_vision_model" in u]
+    # Outside DeepSpeed the model was cast to bf16 before get_peft_model: every weight trains in pure bf16.
+    assert "bf16-lost-updates" in serious(_argv(line.replace("deepspeed ", "torchrun --nproc_per_node 2 ")))
