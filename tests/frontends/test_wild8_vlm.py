@@ -93,3 +93,30 @@ def test_mplug_owl2_lora_trains_every_language_model_weight():
     assert not [u for u in result.unknown if "visual_abstractor" in u or "freeze_vision_model" in u]
     # Outside DeepSpeed the model was cast to bf16 before get_peft_model: every weight trains in pure bf16.
     assert "bf16-lost-updates" in serious(_argv(line.replace("deepspeed ", "torchrun --nproc_per_node 2 ")))
+
+
+# LLaVA-VL/LLaVA-NeXT scripts/train/dpo.sh: `torchrun ... llava/train/train_dpo.py --dpo_alpha 1.0 --beta 0.1
+# --gamma 0 --mm_tunable_parts=...`: read as LLaVA's SFT train.py, with DPO's flags not understood.
+def test_llava_next_train_dpo_is_a_dpo_run():
+    argv = _argv("torchrun --nproc_per_node 8 llava/train/train_dpo.py --deepspeed scripts/zero3.json "
+                 f"{LLAVA_FLAGS} --dpo_alpha 1.0 --beta 0.1 --gamma 0 "
+                 "--mm_tunable_parts=mm_vision_tower,mm_mlp_adapter,mm_language_model")
+    result = from_command(argv, {})
+    assert result.setup.stage == "dpo" and "DPOTrainer" in result.sources["stage"]
+    assert result.setup.checkpointing == "all"  # train_dpo.py's TrainingArguments default it on too
+    assert not [u for u in result.unknown if "beta" in u or "gamma" in u or "dpo_alpha" in u]
+
+
+# BAAI-DCAI/Bunny script/train/tutorials (Bunny-v1.1-Llama-3-8B-V recipe-2): `deepspeed bunny/train/train.py
+# --lora_enable True --model_type llama3-8b --use_s2 True --unfreeze_vision_tower True ...`: Bunny's own flags,
+# the SigLIP tower set trainable after LoRA (bunny/train/train.py).
+def test_bunny_unfreeze_vision_tower_trains_the_tower_in_full():
+    argv = _argv("deepspeed bunny/train/train.py --lora_enable True --deepspeed zero3.json --model_name_or_path "
+                 "meta-llama/Meta-Llama-3-8B-Instruct --model_type llama3-8b --version llama --data_path d.json "
+                 "--image_folder img --vision_tower google/siglip-so400m-patch14-384 --use_s2 True "
+                 "--unfreeze_vision_tower True --mm_projector_type mlp2x_gelu --bf16 True --output_dir out "
+                 "--gradient_checkpointing True")
+    result = from_command(argv, {})
+    assert "unfreeze_vision_tower" in result.sources["towers_full"]
+    assert result.setup.frozen_modules  # LoRA keeps the language model's base frozen
+    assert not [u for u in result.unknown if "use_s2" in u or "unfreeze_vision_tower" in u or "model_type" in u]

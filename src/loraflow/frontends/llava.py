@@ -27,7 +27,7 @@ from loraflow.frontends.hf_options import Opt, options_from_args
 
 NAME = "llava"
 CODE = "LLaVA llava/train/train.py"
-_PROGRAM = re.compile(r"(?:^|/)llava/train/train(?:_mem|_xformers)?\.py$")
+_PROGRAM = re.compile(r"(?:^|/)llava/train/train(?:_mem|_xformers|_dpo)?\.py$")
 # Flags only LLaVA's train.py and the scripts derived from it take (MobileVLM's mobilevlm/train/train_mem.py, a
 # user's llava/train/train_mem_hf.py, Vision-Zephyr's): with a tower flag (--vision_tower; Video-LLaVA's
 # --image_tower / --video_tower) they mark its lineage under any path.
@@ -76,7 +76,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         code[f"load_in_{bits}bit"] = Opt(True, f"{bits_src} ({CODE}: BitsAndBytesConfig, prepare_model_for_kbit_"
                                                "training)")
     code.update(llava_forks.checkpointing_default(fork, opts))
-    hf.apply(draft, {**opts, **code}, False, ("sft", f"{cmd.program} ({CODE}: LLaVATrainer)"), cmd, bases, "sft")
+    stage = fork.stage if fork is not None and fork.stage else ("sft", f"{CODE}: LLaVATrainer")
+    hf.apply(draft, {**opts, **code}, False, (stage[0], f"{cmd.program} ({stage[1]})"), cmd, bases, stage[0])
     if draft.get("checkpointing") != "off":
         draft.set("input_grad_hook", True, f"{CODE}: --gradient_checkpointing calls model.enable_input_require_grads()")
     _towers(draft, own)

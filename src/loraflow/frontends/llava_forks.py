@@ -7,9 +7,15 @@ only its dataclasses have; each fact below is read from the fork's train.py.
   mm_language_model, mm_vision_resampler) freezes the whole model after get_peft_model and unfreezes each part
   named, the language model by `requires_grad_(True)` on every parameter outside the towers, LoRA's base weights
   included; without it `--unfreeze_mm_vision_tower` trains the vision tower in full.
+- LLaVA-NeXT's `llava/train/train_dpo.py` takes the same flags plus DPO's (`--beta`, `--dpo_alpha`, `--gamma`) and
+  trains DPO through a subclass of TRL's DPOTrainer.
 - Video-LLaVA / MoE-LLaVA (PKU-YuanGroup videollava|moellava/train/train.py): LLaVA's code with `--image_tower` and
   `--video_tower` (LanguageBind encoders) in place of `--vision_tower`; the towers' forward runs under
   torch.no_grad (multimodal_encoder/languagebind/__init__.py), frozen.
+- Bunny (BAAI-DCAI/Bunny bunny/train/train.py): LLaVA's code with `--model_type` choosing the language model and
+  `--unfreeze_vision_tower`, which sets the vision tower's parameters trainable after LoRA: it trains in full.
+- MobileVLM (Meituan-AutoML/MobileVLM mobilevlm/train/train.py): LLaVA's code whose find_all_linear_names skips
+  nothing, so LoRA also wraps the CLIP tower's layers, idle there: the tower runs under torch.no_grad.
 - mPLUG-Owl2 (X-PLUG/mPLUG-Owl mPLUG-Owl2/mplug_owl2/train/train.py): after get_peft_model it calls
   `model.requires_grad_(True)`, so with `--lora_enable` every weight trains, then freezes the vision model
   (`--freeze_vision_model`, default True) and trains the visual abstractor (`--tune_visual_abstractor`, default
@@ -40,6 +46,11 @@ class Fork:
     """Its TrainingArguments' gradient_checkpointing default."""
     flags: tuple[tuple[str, str], ...] = ()
     """Setup fields its own flags set, over llava.FLAGS."""
+    stage: tuple[str, str] | None = None
+    """The stage its entry point trains and the trainer that says so, where not LLaVA's SFT."""
+    idle_tower_adapters: str = ""
+    """Why adapters that PEFT's name matching puts in its towers change nothing, where its code differs from
+    LLaVA's skip list (find_all_linear_names)."""
 
 
 NEXT = Fork("LLaVA-NeXT", "LLaVA-VL/LLaVA-NeXT llava/train/train.py", frozenset("""mm_tunable_parts
@@ -59,15 +70,32 @@ verbose_logging enable_ring_attention early_mix_text attn_implementation""".spli
             flags=(("adapter", "--mm_tunable_parts (mm_language_model) / --lora_enable"),
                    ("towers_trainable", "--mm_tunable_parts / --unfreeze_mm_vision_tower"),
                    ("frozen_modules", "--mm_tunable_parts")))
+# LLaVA-NeXT's llava/train/train_dpo.py: the same arguments plus DPO's, its LLaVADPOTrainer a subclass of TRL's
+# DPOTrainer (chosen and rejected concatenated in one forward), a reference model loaded apart under ZeRO-3.
+NEXT_DPO = Fork("LLaVA-NeXT DPO", "LLaVA-VL/LLaVA-NeXT llava/train/train_dpo.py", NEXT.own | frozenset(
+    "dpo_alpha beta gamma generate_during_eval precompute_ref_log_probs s2 s2_scales input_prompt refine_prompt "
+    "num_sample".split()), program=r"(?:^|/)llava/train/train_dpo\.py$", checkpointing_default=True, flags=NEXT.flags,
+    stage=("dpo", "LLaVA-VL/LLaVA-NeXT llava/train/train_dpo.py: LLaVADPOTrainer, a subclass of TRL's DPOTrainer"))
 VIDEO = Fork("Video-LLaVA", "PKU-YuanGroup/Video-LLaVA videollava/train/train.py",
              frozenset({"image_tower", "video_tower", "video_folder", "tokenizer_model_max_length"}),
-             marks=frozenset({"image_tower", "video_tower"}))
+             marks=frozenset({"image_tower", "video_tower"}),
+             idle_tower_adapters="find_all_linear_names skips vision_tower, not image_tower / video_tower, but the "
+                                 "LanguageBind towers run under torch.no_grad (languagebind/__init__.py), so the "
+                                 "adapters PEFT puts there get no gradient and change nothing")
+MOBILEVLM = Fork("MobileVLM", "Meituan-AutoML/MobileVLM mobilevlm/train/train.py", frozenset({"vision_tower_type"}),
+                 program=r"(?:^|/)mobilevlm/train/train(?:_mem)?\.py$",
+                 idle_tower_adapters="find_all_linear_names collects every Linear's name, the CLIP tower's too, but "
+                                     "the tower runs under torch.no_grad (mobilevlm/model/vision_encoder.py), so "
+                                     "the adapters PEFT puts there get no gradient and change nothing")
 MPLUG_OWL2 = Fork("mPLUG-Owl2", "X-PLUG/mPLUG-Owl mPLUG-Owl2/mplug_owl2/train/train.py",
                   frozenset({"tune_visual_abstractor", "freeze_vision_model", "visual_abstractor_lr"}),
                   program=r"(?:^|/)mplug_owl2/train/train(?:_mem)?\.py$",
                   flags=(("adapter", "--lora_enable (train.py's model.requires_grad_(True) trains every weight)"),
                          ("frozen_modules", "--freeze_vision_model"), ("towers_trainable", "--tune_visual_abstractor")))
-FORKS = (MPLUG_OWL2, VIDEO, NEXT)
+BUNNY = Fork("Bunny", "BAAI-DCAI/Bunny bunny/train/train.py", frozenset({"model_type", "unfreeze_vision_tower", "use_s2"}),
+              marks=frozenset({"unfreeze_vision_tower", "use_s2"}), program=r"(?:^|/)bunny/train/train\.py$",
+              flags=(("towers_trainable", "--unfreeze_vision_tower"),))
+FORKS = (MPLUG_OWL2, NEXT_DPO, VIDEO, MOBILEVLM, BUNNY, NEXT)
 TOWER_FLAGS = ("vision_tower", "image_tower", "video_tower")
 """The flags that load a LLaVA-lineage script's encoders."""
 
@@ -100,14 +128,15 @@ def apply(draft: Draft, fork: Fork | None, own: dict[str, Opt], lora: bool) -> N
     """What the fork's code trains, over LLaVA's facts that llava.py set, and the flags that change it."""
     if fork is not None:
         draft.flag(**dict(fork.flags))
-    if fork is NEXT:
+    if fork in (NEXT, NEXT_DPO):
         _next_parts(draft, own, lora)
+    elif fork is BUNNY and _on(own, "unfreeze_vision_tower"):
+        _tower_unfrozen(draft, f"{own['unfreeze_vision_tower'].source} ({BUNNY.code}: the vision tower's parameters "
+                        "set trainable)", lora)
     elif fork is MPLUG_OWL2:
         _mplug_owl2(draft, own, lora)
-    elif fork is VIDEO:
-        src = next(own[n].source for n in ("image_tower", "video_tower") if n in own)
-        draft.set("tower_adapters", False, f"{src} ({VIDEO.code}: the LanguageBind towers run under torch.no_grad, "
-                  "so no adapter PEFT's name matching puts there changes anything)")
+    if fork is not None and fork.idle_tower_adapters and lora:
+        draft.set("tower_adapters", False, f"{fork.code}: {fork.idle_tower_adapters}")
 
 
 def _language_model_full(draft: Draft, source: str, lora: bool, remedy: str) -> None:
@@ -119,13 +148,21 @@ def _language_model_full(draft: Draft, source: str, lora: bool, remedy: str) -> 
                    f"weight (memory and updates of full fine-tuning); to train only the adapters, {remedy}")
 
 
+def _tower_unfrozen(draft: Draft, source: str, lora: bool) -> None:
+    draft.set("towers_trainable", True, source)
+    draft.set("towers_full", True, f"{source}: the vision tower trains in full")
+    if lora:
+        draft.set("frozen_modules", True, f"{source}; LoRA leaves the language model's base weights frozen")
+    elif "language model" not in draft.sources.get("frozen_modules", ""):  # --freeze_backbone keeps it frozen
+        draft.set("frozen_modules", False, f"{source}: with the language model and the projector, every weight trains")
+
+
 def _next_parts(draft: Draft, own: dict[str, Opt], lora: bool) -> None:
     """LLaVA-NeXT train.py: `--mm_tunable_parts` decides every part; else `--unfreeze_mm_vision_tower`."""
     if "mm_tunable_parts" not in own:
         if _on(own, "unfreeze_mm_vision_tower"):
-            src = own["unfreeze_mm_vision_tower"].source
-            draft.set("towers_trainable", True, f"{src} ({NEXT.code}: vision_tower.requires_grad_(True))")
-            draft.set("towers_full", True, f"{src}: the vision tower trains in full")
+            _tower_unfrozen(draft, f"{own['unfreeze_mm_vision_tower'].source} ({NEXT.code}: "
+                            "vision_tower.requires_grad_(True))", lora)
         return
     opt = own["mm_tunable_parts"]
     parts = set(as_list(opt.value))
