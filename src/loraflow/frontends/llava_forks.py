@@ -92,7 +92,8 @@ MPLUG_OWL2 = Fork("mPLUG-Owl2", "X-PLUG/mPLUG-Owl mPLUG-Owl2/mplug_owl2/train/tr
                   program=r"(?:^|/)mplug_owl2/train/train(?:_mem)?\.py$",
                   flags=(("adapter", "--lora_enable (train.py's model.requires_grad_(True) trains every weight)"),
                          ("frozen_modules", "--freeze_vision_model"), ("towers_trainable", "--tune_visual_abstractor")))
-BUNNY = Fork("Bunny", "BAAI-DCAI/Bunny bunny/train/train.py", frozenset({"model_type", "unfreeze_vision_tower", "use_s2"}),
+BUNNY = Fork("Bunny", "BAAI-DCAI/Bunny bunny/train/train.py",
+              frozenset({"model_type", "unfreeze_vision_tower", "use_s2"}),
               marks=frozenset({"unfreeze_vision_tower", "use_s2"}), program=r"(?:^|/)bunny/train/train\.py$",
               flags=(("towers_trainable", "--unfreeze_vision_tower"),))
 FORKS = (MPLUG_OWL2, NEXT_DPO, VIDEO, MOBILEVLM, BUNNY, NEXT)
