@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shlex
 
+from packaging.version import Version
+
 from loraflow.frontends import detect, from_command, run_check
 
 LLAVA_FLAGS = ("--model_name_or_path lmms-lab/llava-onevision-qwen2-7b-ov --version qwen_1_5 --data_path d.yaml "
@@ -120,3 +122,36 @@ def test_bunny_unfreeze_vision_tower_trains_the_tower_in_full():
     assert "unfreeze_vision_tower" in result.sources["towers_full"]
     assert result.setup.frozen_modules  # LoRA keeps the language model's base frozen
     assert not [u for u in result.unknown if "use_s2" in u or "unfreeze_vision_tower" in u or "model_type" in u]
+
+
+# TinyLLaVA/TinyLLaVA_Factory scripts/train/lora/finetune_lora.sh: `deepspeed tinyllava/train/train.py
+# --training_recipe $TRAIN_RECIPE --tune_type_llm lora --tune_type_vision_tower frozen --tune_type_connector full`.
+# Its vision_tower and mm_vision_select_layer flags made check read it as LLaVA's train.py with no --lora_enable:
+# a full fine-tune. The recipe (training_recipe/lora_recipe.py) puts LoRA on each part whose tune type is lora, and
+# hooks only the language model's embeddings under checkpointing (training_recipe/base.py).
+TINY = ("deepspeed --include localhost:0,1 tinyllava/train/train.py --deepspeed ./scripts/zero2.json "
+        "--data_path d.json --image_folder img --is_multimodal True --conv_version phi "
+        "--model_name_or_path microsoft/phi-2 "
+        "--vision_tower google/siglip-so400m-patch14-384 --vision_tower2 '' --connector_type mlp2x_gelu "
+        "--mm_vision_select_layer -2 --fp16 True --training_recipe $RECIPE --tune_type_llm lora "
+        "--tune_type_vision_tower frozen --tune_type_connector full --lora_r 128 --output_dir out "
+        "--gradient_checkpointing True")
+
+
+def test_tinyllava_recipe_flags_choose_lora_per_part():
+    result = from_command(_argv(TINY), {})
+    s = result.setup
+    assert (s.adapter, s.frozen_modules, s.towers_full, s.tower_adapters) == ("lora", True, True, False)
+    assert not [u for u in result.unknown if "tune_type" in u or "training_recipe" in u]
+    full = from_command(_argv(TINY.replace("--tune_type_llm lora", "--tune_type_llm full")
+                              .replace("$RECIPE", "common")), {}).setup
+    assert full.adapter == "full"
+
+
+def test_tinyllava_vision_lora_behind_reentrant_checkpointing_gets_no_gradient():
+    line = TINY.replace("--tune_type_vision_tower frozen", "--tune_type_vision_tower lora").replace("$RECIPE", "lora")
+    old = {"transformers": Version("4.40.0"), "torch": Version("2.1.2"), "peft": Version("0.10.0"),
+           "deepspeed": Version("0.14.0")}
+    doc = json.loads(run_check(_argv(line), None, [], old, True)[0])
+    assert "reentrant-partial-silent" in {f["rule"] for f in doc["findings"] if f["holds_if"] is None}
+    assert "reentrant-partial-silent" not in serious(_argv(line))  # transformers 5: non-reentrant by default

@@ -72,6 +72,9 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
                                   "get_peft_model)" if lora else f"{CODE}: no --lora_enable, every weight trains" if
                             not frozen else f"{CODE}: no --lora_enable; {frozen[0]} freezes the language model, "
                                             "the rest trains in full")}
+    adapter = llava_forks.adapter_option(fork, own)  # a fork whose own flags choose the adapter (TinyLLaVA)
+    if adapter is not None:
+        code["use_peft"], lora = adapter, bool(adapter.value)
     if bits in (4, 8):
         code[f"load_in_{bits}bit"] = Opt(True, f"{bits_src} ({CODE}: BitsAndBytesConfig, prepare_model_for_kbit_"
                                                "training)")

@@ -16,6 +16,11 @@ only its dataclasses have; each fact below is read from the fork's train.py.
   `--unfreeze_vision_tower`, which sets the vision tower's parameters trainable after LoRA: it trains in full.
 - MobileVLM (Meituan-AutoML/MobileVLM mobilevlm/train/train.py): LLaVA's code whose find_all_linear_names skips
   nothing, so LoRA also wraps the CLIP tower's layers, idle there: the tower runs under torch.no_grad.
+- TinyLLaVA Factory (TinyLLaVA/TinyLLaVA_Factory tinyllava/train/train.py, training_recipe/base.py and
+  lora_recipe.py): `--training_recipe lora` puts LoRA on each part whose `--tune_type_llm` / `--tune_type_vision_tower`
+  / `--tune_type_connector` is lora (find_all_linear_names skips the others by name), then sets each part frozen or
+  full; under `--gradient_checkpointing` it hooks only the language model's embeddings (support_gradient_checkpoint);
+  a sample without an image gets a blank one.
 - mPLUG-Owl2 (X-PLUG/mPLUG-Owl mPLUG-Owl2/mplug_owl2/train/train.py): after get_peft_model it calls
   `model.requires_grad_(True)`, so with `--lora_enable` every weight trains, then freezes the vision model
   (`--freeze_vision_model`, default True) and trains the visual abstractor (`--tune_visual_abstractor`, default
@@ -96,7 +101,15 @@ BUNNY = Fork("Bunny", "BAAI-DCAI/Bunny bunny/train/train.py",
               frozenset({"model_type", "unfreeze_vision_tower", "use_s2"}),
               marks=frozenset({"unfreeze_vision_tower", "use_s2"}), program=r"(?:^|/)bunny/train/train\.py$",
               flags=(("towers_trainable", "--unfreeze_vision_tower"),))
-FORKS = (MPLUG_OWL2, NEXT_DPO, VIDEO, MOBILEVLM, BUNNY, NEXT)
+TINYLLAVA = Fork("TinyLLaVA", "TinyLLaVA/TinyLLaVA_Factory tinyllava/train/train.py", frozenset("""conv_version
+vision_tower2 connector_type training_recipe tune_type_llm tune_type_vision_tower tune_vision_tower_from_layer
+tune_type_connector pretrained_model_path tokenizer_use_fast attn_implementation""".split()),
+                 marks=frozenset({"training_recipe", "tune_type_llm", "tune_type_vision_tower", "tune_type_connector"}),
+                 program=r"(?:^|/)tinyllava/train/train\.py$",
+                 flags=(("adapter", "--training_recipe / --tune_type_llm"),
+                        ("towers_trainable", "--tune_type_vision_tower / --tune_type_connector"),
+                        ("tower_adapters", "--tune_type_vision_tower")))
+FORKS = (MPLUG_OWL2, NEXT_DPO, VIDEO, MOBILEVLM, BUNNY, TINYLLAVA, NEXT)
 TOWER_FLAGS = ("vision_tower", "image_tower", "video_tower")
 """The flags that load a LLaVA-lineage script's encoders."""
 
@@ -118,6 +131,38 @@ def checkpointing_default(fork: Fork | None, opts: dict[str, Opt]) -> dict[str, 
                                                 "True)")}
 
 
+def _tune_type(own: dict[str, Opt], part: str) -> tuple[str, str]:
+    """TinyLLaVA's `--tune_type_<part>` (frozen, full, lora, qlora, partially-tune) and where it came from."""
+    opt = own.get(f"tune_type_{part}")
+    if opt is None or opt.value is None:
+        return "frozen", f"default ({TINYLLAVA.code}: tune_type_{part} frozen)"
+    return str(opt.value).lower(), opt.source
+
+
+def _recipe(own: dict[str, Opt]) -> str:
+    """TinyLLaVA's `--training_recipe` (common, lora, qlora); one the launch does not show (a shell variable) is read
+    as lora where a part's tune type is lora, the only recipe that adds those adapters."""
+    opt = own.get("training_recipe")
+    if opt is not None and opt.value is not None and str(opt.value).strip() and "$" not in str(opt.value):
+        return str(opt.value).lower()
+    tunes = {_tune_type(own, p)[0] for p in ("llm", "vision_tower", "connector")}
+    if opt is not None and tunes & {"lora", "qlora"}:
+        return "lora"
+    return "common"
+
+
+def adapter_option(fork: Fork | None, own: dict[str, Opt]) -> Opt | None:
+    """Whether the language model gets adapters, where the fork's own flags decide it rather than --lora_enable."""
+    if fork is not TINYLLAVA:
+        return None
+    recipe = _recipe(own)
+    llm, src = _tune_type(own, "llm")
+    if recipe in ("lora", "qlora") and llm in ("lora", "qlora"):
+        return Opt(True, f"{src} ({TINYLLAVA.code}: the {recipe} recipe's get_peft_model on the language model)")
+    return Opt(False, f"{src} ({TINYLLAVA.code}: --training_recipe {recipe}, the language model "
+                      f"{'stays frozen' if llm == 'frozen' else 'trains in full'})")
+
+
 def _on(own: dict[str, Opt], name: str, default: bool = False) -> bool:
     opt = own.get(name)
     if opt is None:
@@ -136,6 +181,8 @@ def apply(draft: Draft, fork: Fork | None, own: dict[str, Opt], lora: bool) -> N
                         "set trainable)", lora)
     elif fork is MPLUG_OWL2:
         _mplug_owl2(draft, own, lora)
+    elif fork is TINYLLAVA:
+        _tinyllava(draft, own)
     if fork is not None and fork.idle_tower_adapters and lora:
         draft.set("tower_adapters", False, f"{fork.code}: {fork.idle_tower_adapters}")
 
@@ -202,3 +249,28 @@ def _mplug_owl2(draft: Draft, own: dict[str, Opt], lora: bool) -> None:
                  ": torch.zeros(3, H, W)), so the vision model runs on every rank")
     draft.settle("image_safe_truncation", True, f"{code}: one image placeholder per image, expanded into the "
                  "abstractor's queries inside the model, so a length limit cannot cut an image apart")
+
+
+def _tinyllava(draft: Draft, own: dict[str, Opt]) -> None:
+    code = TINYLLAVA.code
+    recipe = _recipe(own)
+    parts = {p: _tune_type(own, p) for p in ("llm", "vision_tower", "connector")}
+    adapted = {p for p, (kind, _) in parts.items() if kind in ("lora", "qlora") and recipe in ("lora", "qlora")}
+    frozen = [p for p, (kind, _) in parts.items() if kind == "frozen" or (p in adapted and p == "llm")]
+    vision, vsrc = parts["vision_tower"]
+    connector, csrc = parts["connector"]
+    draft.set("frozen_modules", bool(frozen), f"{code}: " + (
+        f"{', '.join(frozen)} frozen (tune_type frozen, or LoRA on a frozen base)" if frozen else "every part trains"))
+    full = [src for kind, src in (parts["vision_tower"], parts["connector"]) if kind in ("full", "partially-tune")]
+    draft.set("towers_full", bool(full), f"{full[0]} ({code}: requires_grad_(True) on the part)" if full else
+              f"{vsrc}, {csrc}: neither the vision tower nor the connector trains in full")
+    draft.set("tower_adapters", "vision_tower" in adapted, f"{vsrc} ({code}: find_all_linear_names "
+              f"{'keeps' if 'vision_tower' in adapted else 'skips'} the vision tower)")
+    draft.set("towers_trainable", bool(full) or bool(adapted - {"llm"}), f"{vsrc}; {csrc}")
+    if "vision_tower" in adapted:
+        draft.set("targets_all_towers", False, f"{vsrc} ({code}: LoRA targets chosen per part)")
+        if draft.get("checkpointing") != "off":
+            draft.settle("tower_input_hook", False, f"{code}: support_gradient_checkpoint calls "
+                         "enable_input_require_grads on the language model only (training_recipe/base.py)")
+    draft.settle("image_every_rank", True, f"{code}: a sample without an image gets a blank one (tinyllava/data/"
+                 "dataset.py: torch.zeros(3, H, W)), so the vision tower runs on every rank")
