@@ -155,3 +155,24 @@ def test_tinyllava_vision_lora_behind_reentrant_checkpointing_gets_no_gradient()
     doc = json.loads(run_check(_argv(line), None, [], old, True)[0])
     assert "reentrant-partial-silent" in {f["rule"] for f in doc["findings"] if f["holds_if"] is None}
     assert "reentrant-partial-silent" not in serious(_argv(line))  # transformers 5: non-reentrant by default
+
+
+# NVlabs/VILA scripts/NVILA-Lite/sft.sh: `torchrun ... llava/train/train_mem.py --tune_vision_tower True
+# --tune_mm_projector True --tune_language_model True ...` on the same path as LLaVA's script but VILA's own
+# train.py: check read the tower as frozen and the --tune_* flags as not understood.
+VILA_LINE = ("torchrun --nproc_per_node 8 llava/train/train_mem.py --deepspeed scripts/zero3.json --model_name_or_path "
+             "Efficient-Large-Model/NVILA-Lite-8B --data_mixture nvila-sft --vision_tower "
+             "Efficient-Large-Model/paligemma-siglip-so400m-patch14-448 --mm_projector mlp_downsample_3x3_fix "
+             "--mm_vision_select_layer -2 --bf16 True --output_dir out --gradient_checkpointing True")
+
+
+def test_vila_tune_flags_decide_each_part():
+    full = from_command(_argv(VILA_LINE + " --tune_vision_tower True --tune_mm_projector True "
+                                          "--tune_language_model True"), {})
+    s = full.setup
+    assert (s.adapter, s.frozen_modules, s.towers_full) == ("full", False, True)
+    assert not [u for u in full.unknown if "tune_" in u or "data_mixture" in u]
+    lora = from_command(_argv(VILA_LINE + " --lora_enable True --lora_llm True --lora_vt True "
+                                          "--tune_mm_projector True"), {}).setup
+    assert (lora.adapter, lora.frozen_modules, lora.tower_adapters, lora.tower_input_hook) == ("lora", True, True,
+                                                                                               True)

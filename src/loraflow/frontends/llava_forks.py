@@ -21,6 +21,10 @@ only its dataclasses have; each fact below is read from the fork's train.py.
   / `--tune_type_connector` is lora (find_all_linear_names skips the others by name), then sets each part frozen or
   full; under `--gradient_checkpointing` it hooks only the language model's embeddings (support_gradient_checkpoint);
   a sample without an image gets a blank one.
+- VILA / NVILA (NVlabs/VILA llava/train/train.py and args.py, the same path as LLaVA's): `--tune_language_model`,
+  `--tune_vision_tower`, `--tune_mm_projector` (each False by default) set each part trainable; `--lora_enable` puts
+  LoRA on the language model with `--lora_llm` and on the vision tower with `--lora_vt` (then hooking the tower's
+  input embeddings); `--dpo` trains DPO (VILADPOTrainer).
 - mPLUG-Owl2 (X-PLUG/mPLUG-Owl mPLUG-Owl2/mplug_owl2/train/train.py): after get_peft_model it calls
   `model.requires_grad_(True)`, so with `--lora_enable` every weight trains, then freezes the vision model
   (`--freeze_vision_model`, default True) and trains the visual abstractor (`--tune_visual_abstractor`, default
@@ -109,7 +113,19 @@ tune_type_connector pretrained_model_path tokenizer_use_fast attn_implementation
                  flags=(("adapter", "--training_recipe / --tune_type_llm"),
                         ("towers_trainable", "--tune_type_vision_tower / --tune_type_connector"),
                         ("tower_adapters", "--tune_type_vision_tower")))
-FORKS = (MPLUG_OWL2, NEXT_DPO, VIDEO, MOBILEVLM, BUNNY, TINYLLAVA, NEXT)
+VILA = Fork("VILA", "NVlabs/VILA llava/train/train.py", frozenset("""data_mixture eval_data_mixture
+vflan_no_system_prompt downsample_video num_video_frames fps mm_projector vision_resolution interpolate_mode
+drop_path_rate mlp_path s2 s2_scales s2_max_split_size tune_vision_tower tune_language_model tune_mm_projector
+model_dtype use_dora lora_llm lora_vt dpo longvila_sampler dpo_beta total_time_limit pre_terminate_time
+seq_parallel_size seq_parallel_ring_size seq_parallel_ring_type debug_e2e vision_tower_lr quantize_model
+num_time_tokens time_token_format soft_ce_std ps3 look_close_mode tune_top_down_selection use_one_logger""".split()),
+            marks=frozenset({"tune_language_model", "tune_vision_tower", "tune_mm_projector", "data_mixture",
+                             "lora_llm", "lora_vt", "dpo_beta"}),
+            flags=(("adapter", "--lora_enable with --lora_llm / --tune_language_model"),
+                   ("frozen_modules", "--tune_language_model / --tune_vision_tower / --tune_mm_projector"),
+                   ("towers_trainable", "--tune_vision_tower / --tune_mm_projector / --lora_vt"),
+                   ("tower_adapters", "--lora_vt")))
+FORKS = (MPLUG_OWL2, NEXT_DPO, VIDEO, MOBILEVLM, BUNNY, TINYLLAVA, VILA, NEXT)
 TOWER_FLAGS = ("vision_tower", "image_tower", "video_tower")
 """The flags that load a LLaVA-lineage script's encoders."""
 
@@ -153,6 +169,8 @@ def _recipe(own: dict[str, Opt]) -> str:
 
 def adapter_option(fork: Fork | None, own: dict[str, Opt]) -> Opt | None:
     """Whether the language model gets adapters, where the fork's own flags decide it rather than --lora_enable."""
+    if fork is VILA:
+        return _vila_adapter(own)
     if fork is not TINYLLAVA:
         return None
     recipe = _recipe(own)
@@ -183,6 +201,8 @@ def apply(draft: Draft, fork: Fork | None, own: dict[str, Opt], lora: bool) -> N
         _mplug_owl2(draft, own, lora)
     elif fork is TINYLLAVA:
         _tinyllava(draft, own)
+    elif fork is VILA:
+        _vila(draft, own)
     if fork is not None and fork.idle_tower_adapters and lora:
         draft.set("tower_adapters", False, f"{fork.code}: {fork.idle_tower_adapters}")
 
@@ -274,3 +294,43 @@ def _tinyllava(draft: Draft, own: dict[str, Opt]) -> None:
                          "enable_input_require_grads on the language model only (training_recipe/base.py)")
     draft.settle("image_every_rank", True, f"{code}: a sample without an image gets a blank one (tinyllava/data/"
                  "dataset.py: torch.zeros(3, H, W)), so the vision tower runs on every rank")
+
+
+def _vila_flag(own: dict[str, Opt], name: str) -> tuple[bool, str]:
+    on = _on(own, name)
+    return on, own[name].source if name in own else f"default ({VILA.code} args.py: {name} False)"
+
+
+def _vila_adapter(own: dict[str, Opt]) -> Opt:
+    lora, llm_lora, tune_llm = _on(own, "lora_enable"), _on(own, "lora_llm"), _vila_flag(own, "tune_language_model")
+    if lora and llm_lora:
+        return Opt(True, f"{own['lora_llm'].source} ({VILA.code}: LoRA on the language model's linear layers)")
+    # Without LoRA on it, the language model trains in full or stays frozen: requires_grad_(tune_language_model).
+    return Opt(False, f"{tune_llm[1]} ({VILA.code}: the language model "
+                      f"{'trains in full' if tune_llm[0] else 'stays frozen'}, no LoRA on it)")
+
+
+def _vila(draft: Draft, own: dict[str, Opt]) -> None:
+    code = VILA.code
+    lora = _on(own, "lora_enable")
+    llm, llm_src = _vila_flag(own, "tune_language_model")
+    tower, tower_src = _vila_flag(own, "tune_vision_tower")
+    projector, proj_src = _vila_flag(own, "tune_mm_projector")
+    tower_lora = lora and _on(own, "lora_vt")
+    llm_frozen = (lora and _on(own, "lora_llm")) or not llm
+    tower_frozen = not tower or tower_lora
+    draft.set("frozen_modules", llm_frozen or tower_frozen or not projector,
+              f"{code}: each part trains only with its --tune_* flag ({llm_src}; {tower_src}; {proj_src})")
+    full = [src for on, src in ((tower and not tower_lora, tower_src), (projector, proj_src)) if on]
+    draft.set("towers_full", bool(full), f"{full[0]} ({code}: requires_grad_(True) on the part)" if full else
+              f"{tower_src}; {proj_src}: neither the vision tower nor the projector trains in full")
+    draft.set("towers_trainable", bool(full) or tower_lora, f"{tower_src}; {proj_src}")
+    draft.set("tower_adapters", tower_lora, f"{own['lora_vt'].source} ({code}: find_all_linear_names keeps the "
+              "vision tower)" if tower_lora else f"{code}: find_all_linear_names skips the vision tower without "
+              "--lora_vt")
+    if tower_lora:
+        draft.set("targets_all_towers", False, f"{own['lora_vt'].source} ({code}: LoRA targets by full module name)")
+        draft.settle("tower_input_hook", True, f"{own['lora_vt'].source} ({code}: a forward hook marks the vision "
+                     "tower's input embeddings as requiring grad)")
+    if _on(own, "dpo"):
+        draft.set("stage", "dpo", f"{own['dpo'].source} ({code}: VILADPOTrainer)")
