@@ -176,3 +176,18 @@ def test_vila_tune_flags_decide_each_part():
                                           "--tune_mm_projector True"), {}).setup
     assert (lora.adapter, lora.frozen_modules, lora.tower_adapters, lora.tower_input_hook) == ("lora", True, True,
                                                                                                True)
+
+
+# InternLM/InternLM-XComposer finetune/finetune_lora.sh: `torchrun $DISTRIBUTED_ARGS finetune.py --fix_vit True
+# --fix_sampler True --use_lora True --gradient_checkpointing True ...` with the script elsewhere: check asked whether
+# it hooks the embeddings, which its finetune.py does after get_peft_model.
+def test_xcomposer_finetune_lineage_settles_the_hook():
+    line = ("torchrun --nproc_per_node 8 finetune.py --model_name_or_path internlm/internlm-xcomposer2-vl-7b "
+            "--img_size 490 --bf16 True --fix_vit True --fix_sampler True --use_lora True --output_dir out "
+            "--max_length 4096 --deepspeed ds_config_zero2.json --gradient_checkpointing True")
+    result = from_command(_argv(line), {})
+    assert result.setup.input_grad_hook and "input_grad_hook" not in result.unsure
+    # Another finetune.py without XComposer's flags is still asked.
+    other = from_command(_argv("torchrun --nproc_per_node 8 finetune.py --model_name_or_path m --use_lora True "
+                               "--output_dir out --gradient_checkpointing True"), {})
+    assert "input_grad_hook" in other.unsure
