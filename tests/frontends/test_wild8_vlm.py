@@ -191,3 +191,16 @@ def test_xcomposer_finetune_lineage_settles_the_hook():
     other = from_command(_argv("torchrun --nproc_per_node 8 finetune.py --model_name_or_path m --use_lora True "
                                "--output_dir out --gradient_checkpointing True"), {})
     assert "input_grad_hook" in other.unsure
+
+
+# xiaoachen98/Open-LLaVA-NeXT scripts: `--unfreeze_mm_vision_tower True --mm_vision_tower_lr 2e-6` on its own
+# llava/train/train.py, whose TrainingArguments keep the HF default (no checkpointing) unlike LLaVA-NeXT's: the flags
+# train the tower in full in both, and only NeXT-only flags imply NeXT's checkpointing default.
+def test_unfreeze_mm_vision_tower_trains_the_tower_without_implying_next_checkpointing():
+    argv = _argv(f"deepspeed --num_gpus 8 llava/train/train_mem.py --deepspeed zero3.json {LLAVA_FLAGS} "
+                 "--unfreeze_mm_vision_tower True --mm_vision_tower_lr 2e-6")
+    result = from_command(argv, {})
+    s = result.setup
+    assert s.checkpointing == "off" and s.towers_full and not s.frozen_modules
+    assert "unfreeze_mm_vision_tower" in result.sources["towers_full"]
+    assert not [u for u in result.unknown if "vision_tower" in u]

@@ -39,7 +39,7 @@ OWN = frozenset("""version freeze_backbone tune_mm_mlp_adapter vision_tower mm_v
 mm_projector_type mm_use_im_start_end mm_use_im_patch_token mm_patch_merge_type mm_vision_select_feature data_path
 lazy_preprocess is_multimodal image_folder image_aspect_ratio freeze_mm_mlp_adapter mpt_attn_impl model_max_length
 double_quant quant_type bits lora_enable lora_r lora_alpha lora_dropout lora_weight_path lora_bias mm_projector_lr
-group_by_modality_length""".split())
+group_by_modality_length unfreeze_mm_vision_tower mm_vision_tower_lr lora_qv_proj_only""".split())
 FLAGS = {"adapter": "--lora_enable", "quantization": "--bits", "precision": "--bf16 / --fp16",
          "checkpointing": "--gradient_checkpointing", "input_grad_hook": "--gradient_checkpointing (train.py hooks)",
          "towers_trainable": "--freeze_mm_mlp_adapter", "world_size": "deepspeed --num_gpus / torchrun"}

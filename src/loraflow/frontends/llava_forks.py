@@ -6,7 +6,8 @@ only its dataclasses have; each fact below is read from the fork's train.py.
   TrainingArguments default `gradient_checkpointing` to True; `--mm_tunable_parts` (mm_vision_tower, mm_mlp_adapter,
   mm_language_model, mm_vision_resampler) freezes the whole model after get_peft_model and unfreezes each part
   named, the language model by `requires_grad_(True)` on every parameter outside the towers, LoRA's base weights
-  included; without it `--unfreeze_mm_vision_tower` trains the vision tower in full.
+  included; without it `--unfreeze_mm_vision_tower` trains the vision tower in full, as in Open-LLaVA-NeXT's
+  train.py (xiaoachen98/Open-LLaVA-NeXT), whose TrainingArguments keep the HF default (no checkpointing).
 - LLaVA-NeXT's `llava/train/train_dpo.py` takes the same flags plus DPO's (`--beta`, `--dpo_alpha`, `--gamma`) and
   trains DPO through a subclass of TRL's DPOTrainer.
 - Video-LLaVA / MoE-LLaVA (PKU-YuanGroup videollava|moellava/train/train.py): LLaVA's code with `--image_tower` and
@@ -71,9 +72,10 @@ mm_qformer_depth mm_qformer_latents mm_qformer_pretrained rope_scaling_factor ro
 image_crop_resolution image_split_resolution video_folder video_fps frames_upbound force_sample add_time_instruction
 mm_newline_position faster_token_stride add_faster_video group_by_varlen group_by_modality_length_auto
 verbose_logging enable_ring_attention early_mix_text attn_implementation""".split()),
-            marks=frozenset({"mm_tunable_parts", "unfreeze_mm_vision_tower", "mm_vision_tower_lr", "frames_upbound",
-                             "mm_spatial_pool_stride", "mm_spatial_pool_mode", "mm_newline_position", "force_sample",
-                             "add_time_instruction", "model_class_name", "mm_resampler_type",
+            # Not --unfreeze_mm_vision_tower / --mm_vision_tower_lr: Open-LLaVA-NeXT's train.py takes them too, with
+            # the HF default (no checkpointing); what they do is the same in both (apply, _tower_unfrozen).
+            marks=frozenset({"mm_tunable_parts", "frames_upbound", "mm_spatial_pool_stride", "mm_spatial_pool_mode",
+                             "mm_newline_position", "force_sample", "add_time_instruction", "model_class_name", "mm_resampler_type",
                              "vision_tower_pretrained"}),
             checkpointing_default=True,
             flags=(("adapter", "--mm_tunable_parts (mm_language_model) / --lora_enable"),
@@ -192,6 +194,12 @@ def apply(draft: Draft, fork: Fork | None, own: dict[str, Opt], lora: bool) -> N
     """What the fork's code trains, over LLaVA's facts that llava.py set, and the flags that change it."""
     if fork is not None:
         draft.flag(**dict(fork.flags))
+    if _on(own, "unfreeze_mm_vision_tower") and "mm_tunable_parts" not in own:
+        # LLaVA-NeXT's train.py without --mm_tunable_parts, and Open-LLaVA-NeXT's (xiaoachen98/Open-LLaVA-NeXT
+        # llava/train/train.py unfreeze_vit): the vision tower's parameters set trainable.
+        _tower_unfrozen(draft, f"{own['unfreeze_mm_vision_tower'].source} (the vision tower's parameters set "
+                        "trainable: requires_grad_(True))", lora)
+        draft.flag(towers_trainable="--unfreeze_mm_vision_tower")
     if fork in (NEXT, NEXT_DPO):
         _next_parts(draft, own, lora)
     elif fork is BUNNY and _on(own, "unfreeze_vision_tower"):
@@ -228,9 +236,6 @@ def _tower_unfrozen(draft: Draft, source: str, lora: bool) -> None:
 def _next_parts(draft: Draft, own: dict[str, Opt], lora: bool) -> None:
     """LLaVA-NeXT train.py: `--mm_tunable_parts` decides every part; else `--unfreeze_mm_vision_tower`."""
     if "mm_tunable_parts" not in own:
-        if _on(own, "unfreeze_mm_vision_tower"):
-            _tower_unfrozen(draft, f"{own['unfreeze_mm_vision_tower'].source} ({NEXT.code}: "
-                            "vision_tower.requires_grad_(True))", lora)
         return
     opt = own["mm_tunable_parts"]
     parts = set(as_list(opt.value))
