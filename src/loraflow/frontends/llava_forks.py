@@ -75,8 +75,8 @@ verbose_logging enable_ring_attention early_mix_text attn_implementation""".spli
             # Not --unfreeze_mm_vision_tower / --mm_vision_tower_lr: Open-LLaVA-NeXT's train.py takes them too, with
             # the HF default (no checkpointing); what they do is the same in both (apply, _tower_unfrozen).
             marks=frozenset({"mm_tunable_parts", "frames_upbound", "mm_spatial_pool_stride", "mm_spatial_pool_mode",
-                             "mm_newline_position", "force_sample", "add_time_instruction", "model_class_name", "mm_resampler_type",
-                             "vision_tower_pretrained"}),
+                             "mm_newline_position", "force_sample", "add_time_instruction", "model_class_name",
+                             "mm_resampler_type", "vision_tower_pretrained"}),
             checkpointing_default=True,
             flags=(("adapter", "--mm_tunable_parts (mm_language_model) / --lora_enable"),
                    ("towers_trainable", "--mm_tunable_parts / --unfreeze_mm_vision_tower"),
