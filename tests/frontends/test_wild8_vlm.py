@@ -143,6 +143,10 @@ def test_tinyllava_recipe_flags_choose_lora_per_part():
     s = result.setup
     assert (s.adapter, s.frozen_modules, s.towers_full, s.tower_adapters) == ("lora", True, True, False)
     assert not [u for u in result.unknown if "tune_type" in u or "training_recipe" in u]
+    # tinyllava/train/custom_finetune.py loads the model from --pretrained_model_path: no --vision_tower flag.
+    custom = from_command(_argv(TINY.replace("tinyllava/train/train.py", "tinyllava/train/custom_finetune.py")
+                                .replace("--vision_tower google/siglip-so400m-patch14-384 ", "")), {}).setup
+    assert custom.image_text and custom.adapter == "lora" and custom.image_every_rank
     full = from_command(_argv(TINY.replace("--tune_type_llm lora", "--tune_type_llm full")
                               .replace("$RECIPE", "common")), {}).setup
     assert full.adapter == "full"

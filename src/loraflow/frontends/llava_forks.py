@@ -299,6 +299,10 @@ def _tinyllava(draft: Draft, own: dict[str, Opt]) -> None:
                          "enable_input_require_grads on the language model only (training_recipe/base.py)")
     draft.settle("image_every_rank", True, f"{code}: a sample without an image gets a blank one (tinyllava/data/"
                  "dataset.py: torch.zeros(3, H, W)), so the vision tower runs on every rank")
+    # custom_finetune.py loads the whole model from --pretrained_model_path, with no --vision_tower flag.
+    draft.set("image_text", True, f"{code} (a vision tower and a connector before the language model)")
+    draft.settle("image_safe_truncation", True, f"{code}: one image placeholder per image, expanded into the "
+                 "tower's features inside the model (LLaVA's prepare_inputs_labels_for_multimodal)")
 
 
 def _vila_flag(own: dict[str, Opt], name: str) -> tuple[bool, str]:
