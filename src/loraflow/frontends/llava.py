@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from loraflow.frontends import hf
+from loraflow.frontends import hf, llava_forks
 from loraflow.frontends.argv import Command, script_command
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, one_process_ddp
@@ -27,9 +27,10 @@ from loraflow.frontends.hf_options import Opt, options_from_args
 
 NAME = "llava"
 CODE = "LLaVA llava/train/train.py"
-_PROGRAM = re.compile(r"(?:^|/)llava/train/train(?:_mem|_xformers)?\.py$")
+_PROGRAM = re.compile(r"(?:^|/)llava/train/train(?:_mem|_xformers|_dpo)?\.py$")
 # Flags only LLaVA's train.py and the scripts derived from it take (MobileVLM's mobilevlm/train/train_mem.py, a
-# user's llava/train/train_mem_hf.py, Vision-Zephyr's): with --vision_tower they mark its lineage under any path.
+# user's llava/train/train_mem_hf.py, Vision-Zephyr's): with a tower flag (--vision_tower; Video-LLaVA's
+# --image_tower / --video_tower) they mark its lineage under any path.
 _LINEAGE = frozenset({"mm_projector_type", "mm_vision_select_layer", "mm_use_im_start_end", "mm_use_im_patch_token",
                       "pretrain_mm_mlp_adapter", "tune_mm_mlp_adapter", "freeze_mm_mlp_adapter", "mm_patch_merge_type",
                       "mm_vision_select_feature"})
@@ -38,7 +39,7 @@ OWN = frozenset("""version freeze_backbone tune_mm_mlp_adapter vision_tower mm_v
 mm_projector_type mm_use_im_start_end mm_use_im_patch_token mm_patch_merge_type mm_vision_select_feature data_path
 lazy_preprocess is_multimodal image_folder image_aspect_ratio freeze_mm_mlp_adapter mpt_attn_impl model_max_length
 double_quant quant_type bits lora_enable lora_r lora_alpha lora_dropout lora_weight_path lora_bias mm_projector_lr
-group_by_modality_length""".split())
+group_by_modality_length unfreeze_mm_vision_tower mm_vision_tower_lr lora_qv_proj_only""".split())
 FLAGS = {"adapter": "--lora_enable", "quantization": "--bits", "precision": "--bf16 / --fp16",
          "checkpointing": "--gradient_checkpointing", "input_grad_hook": "--gradient_checkpointing (train.py hooks)",
          "towers_trainable": "--freeze_mm_mlp_adapter", "world_size": "deepspeed --num_gpus / torchrun"}
@@ -58,7 +59,9 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
     bases: list = []
     opts, _ = options_from_args(cmd, draft, bases)
-    own = {n: opts.pop(n) for n in list(opts) if n in OWN}
+    fork = llava_forks.fork_of(cmd.program, set(opts))
+    mine = OWN | (fork.own if fork is not None else frozenset())
+    own = {n: opts.pop(n) for n in list(opts) if n in mine}
     bits_text, bits_src = _given(own, "bits", "16")
     bits = int_value(bits_text, bits_src, "a number of bits", (4, 8, 16))
     lora = _on(own, "lora_enable")
@@ -69,30 +72,38 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
                                   "get_peft_model)" if lora else f"{CODE}: no --lora_enable, every weight trains" if
                             not frozen else f"{CODE}: no --lora_enable; {frozen[0]} freezes the language model, "
                                             "the rest trains in full")}
+    adapter = llava_forks.adapter_option(fork, own)  # a fork whose own flags choose the adapter (TinyLLaVA)
+    if adapter is not None:
+        code["use_peft"], lora = adapter, bool(adapter.value)
     if bits in (4, 8):
         code[f"load_in_{bits}bit"] = Opt(True, f"{bits_src} ({CODE}: BitsAndBytesConfig, prepare_model_for_kbit_"
                                                "training)")
-    hf.apply(draft, {**opts, **code}, False, ("sft", f"{cmd.program} ({CODE}: LLaVATrainer)"), cmd, bases, "sft")
+    code.update(llava_forks.checkpointing_default(fork, opts))
+    stage = fork.stage if fork is not None and fork.stage else ("sft", f"{CODE}: LLaVATrainer")
+    hf.apply(draft, {**opts, **code}, False, (stage[0], f"{cmd.program} ({stage[1]})"), cmd, bases, stage[0])
     if draft.get("checkpointing") != "off":
         draft.set("input_grad_hook", True, f"{CODE}: --gradient_checkpointing calls model.enable_input_require_grads()")
     _towers(draft, own)
     if frozen:
         draft.set("frozen_modules", True, f"{frozen[0]} ({CODE}: the language model's weights stay frozen)")
     _half_cast(draft, opts, lora, bits)
-    draft.note(f"{cmd.program} is not here: read as {CODE} (commit c121f04), whose model setup is code, not flags")
-    if not _PROGRAM.search(cmd.program):
+    draft.note(f"{cmd.program} is not here: read as {CODE} (commit c121f04), whose model setup is code, not flags"
+               + (f", with what {fork.code} changes" if fork is not None else ""))
+    if not _PROGRAM.search(cmd.program) and fork is None:
         draft.note(f"{cmd.program} takes LLaVA's train.py flags (--vision_tower, --mm_*): read as a script derived "
                    "from it, with its facts; what the copy changed is not seen")
     one_process_ddp(draft, cmd)
     finish_world(draft, cmd)
     draft.flag(**FLAGS)
+    llava_forks.apply(draft, fork, own, lora)
     return draft.result()
 
 
 def _towers(draft: Draft, own: dict[str, Opt]) -> None:
-    if "vision_tower" not in own:
+    tower = next((n for n in llava_forks.TOWER_FLAGS if n in own), None)
+    if tower is None:
         return
-    src = own["vision_tower"].source
+    src = own[tower].source
     draft.set("image_text", True, f"{src} (LLaVA's CLIP tower and projector)")
     draft.set("frozen_modules", True, f"{src}: the vision tower is loaded frozen (clip_encoder.py requires_grad_(False))")
     draft.set("tower_adapters", False, f"{CODE}: find_all_linear_names skips mm_projector, vision_tower and "
@@ -130,8 +141,11 @@ def _recognise(view) -> bool:
     from loraflow.frontends import script_setup
 
     # The script read as code where it is here (the script reader knows what a copy changed).
-    ours = bool(_PROGRAM.search(view.program)) or (view.program.endswith(".py") and "vision_tower" in view.flags
+    towers = view.flags & set(llava_forks.TOWER_FLAGS)
+    ours = bool(_PROGRAM.search(view.program)) or (view.program.endswith(".py") and bool(towers)
                                                      and bool(view.flags & _LINEAGE))
+    fork = llava_forks.fork_of(view.program, view.flags)
+    ours = ours or (fork is not None and bool(fork.program) and view.program.endswith(".py"))
     return ours and script_setup.script_of(view.program) is None
 
 

@@ -16,6 +16,10 @@ scripts answers the same way.
   internvl_chat/internvl/model/internvl_chat/modeling_intern_vit.py, InternVisionEncoder.forward; torch still
   takes the reentrant path when it is not passed, torch/utils/checkpoint.py in 2.13): reentrant, fed by a frozen
   patch embedding, so the ViT's adapters get no gradient while the language model's train.
+- InternLM-XComposer's `finetune/finetune.py` (XComposer, XComposer2, 2.5; copied into users' repos beside its
+  `finetune_lora.sh`), told by `--fix_vit` with `--fix_sampler` / `--img_size` / `--hd_num`: with `--use_lora` and
+  `--gradient_checkpointing` it calls `model.enable_input_require_grads()` after get_peft_model
+  (InternLM/InternLM-XComposer finetune/finetune.py); it passes no gradient_checkpointing_kwargs.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ _QWEN_VL_FINETUNE = re.compile(r"(?:^|/)src/train(?:ing)?/train(?:_sft|_dpo|_grp
 """2U1's entry points; the flags below tell them from other `src/train/train.py` scripts."""
 _QWEN_VL_FLAGS = ("lora_namespan_exclude", "freeze_llm", "num_lora_modules")
 _INTERNVL = re.compile(r"(?:^|/)internvl/train/internvl_chat_\w+\.py$")
+_XCOMPOSER = re.compile(r"(?:^|/)finetune\.py$")
+_XCOMPOSER_FLAGS = ("fix_sampler", "img_size", "hd_num")
+_XCOMPOSER_CODE = "InternLM/InternLM-XComposer finetune/finetune.py"
 _QWEN_VL_CODE = "2U1 Qwen-VL-Series-Finetune lineage src/train/train_sft.py"
 _INTERNVL_CODE = "InternVL internvl_chat/internvl/train/internvl_chat_finetune.py"
 
@@ -51,6 +58,10 @@ def apply(draft: Draft, program: str, opts: dict[str, Any]) -> None:
         if draft.get("adapter") != "full":
             draft.settle("input_grad_hook", True, f"{program} ({_QWEN_VL_CODE}: --gradient_checkpointing calls "
                          "model.enable_input_require_grads())")
+    elif _XCOMPOSER.search(path) and "fix_vit" in opts and any(n in opts for n in _XCOMPOSER_FLAGS):
+        if draft.get("adapter") != "full":
+            draft.settle("input_grad_hook", True, f"{program} ({_XCOMPOSER_CODE}: --use_lora with "
+                         "--gradient_checkpointing calls model.enable_input_require_grads())")
     elif _INTERNVL.search(path) and _rank(opts, "use_backbone_lora") > 0:
         source = opts["use_backbone_lora"].source
         draft.settle("reentrant", True, f"{source} ({_INTERNVL_CODE} turns the ViT's checkpointing on; InternViT's "
