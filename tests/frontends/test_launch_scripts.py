@@ -92,3 +92,43 @@ def test_flags_added_in_branches_read_from_the_first_branch_and_said_so(tmp_path
     plain.write_text('ARGS="--output_dir o"\nARGS+=" --use_peft"\npython train.py $ARGS\n')
     line = command_from_script(str(plain))
     assert "--use_peft" in line and not any("branch" in n or "only when" in n for n in line.notes)
+
+
+# ShareGPT4V's slurm_finetune_7b.sh and SLURM scripts at large: `--master_addr $(scontrol show hostnames ... |
+# head -n1)` inside `srun bash -c '...'`; the `|` inside the substitution is no pipe of the launch line.
+def test_command_substitutions_are_one_word_and_open_quotes_do_not_crash(tmp_path):
+    script = tmp_path / "slurm.sh"
+    script.write_text("#!/bin/bash\nsrun bash -c 'torchrun --nnodes 2 --nproc_per_node 8 --master_addr "
+                      "$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1) train.py --use_peft "
+                      "--output_dir o'\n")
+    cmd = split_command(command_from_script(str(script)))
+    assert (cmd.launcher, cmd.program, cmd.world_size) == ("torchrun", "train.py", 16)
+    assert "--use_peft" in cmd.args
+    pasted = tmp_path / "cut.sh"
+    pasted.write_text("python train.py --use_peft --output_dir 'o\n")  # a quote left open where the paste was cut
+    assert split_command(command_from_script(str(pasted))).program == "train.py"
+
+
+# OpenRLHF users' scripts: `$VENV_PYTHON -m openrlhf.cli.train_ppo_ray ...` with the interpreter from the job's
+# environment; LLaVA-style run scripts that pretrain then fine-tune in one file.
+def test_an_interpreter_variable_runs_python_and_later_runs_are_named(tmp_path):
+    script = tmp_path / "ppo.sh"
+    script.write_text("#!/bin/bash\n$VENV_PYTHON -m openrlhf.cli.train_sft --pretrain m --lora_rank 16\n")
+    cmd = split_command(command_from_script(str(script)))
+    assert (cmd.program_kind, cmd.program) == ("module", "openrlhf.cli.train_sft")
+    both = tmp_path / "stages.sh"
+    both.write_text("deepspeed llava/train/train_mem.py --tune_mm_mlp_adapter True --output_dir s1\n"
+                    "deepspeed llava/train/train_mem.py --lora_enable True --output_dir s2\n"
+                    "python scripts/merge_lora_weights.py --model-path s2\n")
+    line = command_from_script(str(both))
+    assert "--tune_mm_mlp_adapter" in line
+    note = next(n for n in line.notes if "trains 2 times" in n)
+    assert "--lora_enable" in note and "merge_lora" not in note
+
+
+# Video-LLaVA's and MoE-LLaVA's train.py declare `data_path: List[str]`: `--data_path a.json b.json` is one flag.
+def test_data_path_takes_several_files():
+    from loraflow.frontends import from_command
+
+    result = from_command(["python", "train.py", "--data_path", "a.json", "b.json", "--output_dir", "o"], VERSIONS)
+    assert not any(u.startswith("b.json") for u in result.unknown)  # not a stray config file of its own

@@ -20,7 +20,8 @@ from loraflow.frontends.intent import OWN_DS_CONFIG, Intent
 
 # Flags that take several values; and the flags hf.py gives a meaning (`--no_X` negates them).
 LISTS = {"lora_target_modules", "lora_modules_to_save", "report_to", "reward_funcs", "reward_weights", "label_names",
-         "lora_target_parameters", "reward_model_paths"}
+         "lora_target_parameters", "reward_model_paths",
+         "data_path"}  # Video-LLaVA's and MoE-LLaVA's train.py: `data_path: List[str]` (--data_path a.json b.json)
 HANDLED = {"gradient_checkpointing", "activation_checkpointing", "gradient_checkpointing_kwargs",
            "activation_checkpointing_kwargs", "bf16", "fp16", "deepspeed", "fsdp", "fsdp_config",
            "ddp_find_unused_parameters", "ddp_static_graph", "use_cache", "use_peft", "use_dora",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends.cluster import slurm_environment
+from loraflow.frontends.shell_blocks import ONE_LINE_IF, Branches, if_lines, one_word_substitutions
 
 SCRIPT_DIRS: ContextVar[tuple[Path, ...]] = ContextVar("script_dirs", default=())
 """The folders of the launch scripts read in this check, nearest first with up to three of their parents: a script in
@@ -35,9 +36,6 @@ _WRAPPERS = ("nohup", "time", "timeout", "nsys", "exec", "eval", "env", "nice", 
 # hold `${X:="train.py"}` (a default with quotes of its own inside the braces).
 _ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=((?:"[^"]*"|'[^']*'|\$\{[^}\s]*\}|[^\s"'#])*)"""
                      r"""\s*(?:#.*)?$""")
-# `if [ "$USE_LORA" = 1 ]; then` ... `fi`: assignments in a branch are read as if it runs (so `if [ -z "$X" ]; then
-# X=3; fi` defaults come through), and one that adds to a variable the launch uses is said to be conditional.
-_IF = re.compile(r"^(?:el)?if\s+(.*?)\s*(?:;\s*then\b.*)?$")
 _QUOTED = re.compile(r""""([^"]*)"|'([^']*)'""")
 _MULTILINE_ASSIGN = re.compile(r'(?m)^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*\+?=)"([^"]*\n[^"]*)"')
 # `${X:-default}`, and `${X:=default}` / `${X-default}` (bash gives the default the same way when X is unset; SLURM
@@ -107,6 +105,8 @@ def _launcher_at(words: list[str]) -> int | None:
     for i, word in enumerate(words):
         if Path(word).name in _STARTS or _PYTHON.match(word) or (wrapped and word.endswith(".py")):
             return i
+        if _interpreter_variable(words, i):
+            return i
         if Path(word).name in _WRAPPERS:
             wrapped = True
         elif not wrapped and not _ENV.match(word):
@@ -114,12 +114,19 @@ def _launcher_at(words: list[str]) -> int | None:
     return None
 
 
+def _interpreter_variable(words: list[str], i: int) -> bool:
+    """`$VENV_PYTHON -m openrlhf.cli.train_ppo_ray ...`, `${PY} train.py`: a variable the script does not set (its
+    environment does) run with `-m MODULE` or a .py file is a Python interpreter."""
+    return bool(re.fullmatch(r"\$\{?[A-Za-z_]\w*\}?", words[i])) and i + 1 < len(words) and (
+        words[i + 1] == "-m" or words[i + 1].endswith(".py"))
+
+
 def _launch_in(line: str) -> list[str]:
     """The launch command on one expanded line, if any: the line split into the commands it chains (`cd repo &&
     torchrun ...`, `source activate env; python ...`), assignments alone before `&&` carried to the next command,
     redirections and a trailing `&` dropped."""
     env: list[str] = []
-    for segment in _chained(_strip_comment(line)):
+    for segment in _chained(one_word_substitutions(_strip_comment(line))):
         body = re.split(r"\s(?:&>|2>&1|>>|>|\||&)(?:\s|$)", " " + segment + " ")[0]
         words = body.split()
         if words and all(_ENV.match(w) for w in words):
@@ -128,12 +135,17 @@ def _launch_in(line: str) -> list[str]:
         if _launcher_at(words) is None:
             env = []
             continue
-        tokens = shlex.split(body)
+        try:
+            tokens = shlex.split(body)
+        except ValueError:  # a quote left open (a line cut where it was pasted): its words as written
+            tokens = words
         at = _launcher_at(tokens)
         if at is not None:  # the `VAR=value` words before a wrapper still reach the launcher
             wrapper = next((i for i, t in enumerate(tokens[:at]) if Path(t).name in _WRAPPERS), at)
             # `uv run sft.py` (uv runs a .py file with the project's python): the python is implied.
             python = ["python"] if tokens[at].endswith(".py") else []
+            if _interpreter_variable(tokens, at):
+                tokens[at] = "python"
             return env + tokens[:wrapper] + python + tokens[at:]
     return []
 
@@ -248,7 +260,7 @@ def command_from_script(path: str) -> list[str]:
     job_env = slurm_environment(text)
     variables: dict[str, str] = dict(job_env)
     arrays: dict[str, str] = {}
-    joined = _ONE_LINE_IF.sub(_if_lines, _joined(text, variables))
+    joined = ONE_LINE_IF.sub(if_lines, _joined(text, variables))
 
     def expand(s: str) -> str:
         s = re.sub(r'"\$\{?[@*]\}?"', "$@", s)  # `"$@"` of a script run without arguments is no word at all
@@ -263,7 +275,7 @@ def command_from_script(path: str) -> list[str]:
     # What a line is decides whether it is the run (_line_kind); the steps before the run are held, in this order
     # of preference, for a script whose run is one of them.
     held: dict[str, list[str] | None] = {"plain": None, "data": None, "after": None, "server": None, "setup": None}
-    branches = _Branches()
+    branches = Branches()
     lines = joined.splitlines()
     for at, line in enumerate(lines):
         line = _EXPR.sub(lambda m: "$((" + m.group(1).replace("\\*", "*") + "))", line)
@@ -306,7 +318,7 @@ def command_from_script(path: str) -> list[str]:
         kind = _line_kind(tokens)
         if kind == "run":
             run = _cut_by_comment(tokens, lines[at + 1:])
-            run.notes = run.notes + branches.about(stripped)
+            run.notes = run.notes + branches.about(stripped) + _later_runs(lines[at + 1:], expand)
             return run
         if kind in held:  # a step before or after the run: the first of each kind is kept in case no run follows
             held[kind] = held[kind] or tokens
@@ -316,56 +328,20 @@ def command_from_script(path: str) -> list[str]:
                         "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
 
 
-# `if [ -z "$NPROC" ]; then NPROC=8; fi` on one line: read as the block it is, its body one statement a line.
-_ONE_LINE_IF = re.compile(r"(?m)^([ \t]*)if\s+([^\n;]+?);\s*then\s+([^\n]+?);?\s*fi[ \t]*$")
-
-
-def _if_lines(m: re.Match) -> str:
-    indent, condition, body = m.groups()
-    if re.search(r"[\"'][^\"'\n]*;", body):  # a `;` inside quotes: not split (left as one line, unread)
-        return m.group(0)
-    return "\n".join([f"{indent}if {condition}; then", *(indent + "  " + part.strip() for part in body.split(";")
-                                                          if part.strip()), f"{indent}fi"])
-
-
-class _Branches:
-    """The `if` / `elif` / `else` blocks a script's line is in, read top to bottom. An assignment in a branch is read
-    as if the branch runs (so `if [ -z "$X" ]; then X=3; fi` defaults come through). One that adds flags to a variable
-    (`ARGS+=" --use_peft"`, `ARGS="$ARGS --use_peft"`) is read in the first branch of an `if`/`elif`/`else` chain
-    only: the branches are alternatives, and their union is a launch none of them makes. check says which."""
-
-    def __init__(self) -> None:
-        self.open: list[list[str]] = []  # per enclosing block: its conditions so far ("else" last when in it)
-        self.notes: dict[str, list[str]] = {}  # variable -> what check says of its additions in branches
-
-    def see(self, stripped: str) -> None:
-        if (m := _IF.match(stripped)) and not re.search(r"\bfi\s*(?:#.*)?$", stripped):  # not a one-line `if`
-            if stripped.startswith("if"):
-                self.open.append([m.group(1)])
-            elif self.open:
-                self.open[-1].append(m.group(1))
-        elif re.match(r"else\b", stripped) and self.open:
-            self.open[-1].append("else")
-        elif re.match(r"fi\b", stripped) and self.open:
-            self.open.pop()
-
-    def reads(self, name: str, stripped: str) -> bool:
-        """Whether an addition to `name` on this line is read (with what to tell about it)."""
-        if not self.open:
-            return True
-        conditions = self.open[-1]
-        if len(conditions) == 1:
-            self.notes.setdefault(name, []).append(f"`{stripped}` runs only when `{conditions[0]}`; read as if it "
-                                                   "does, so what check finds with it holds only then")
-            return True
-        branch = "else" if conditions[-1] == "else" else f"elif {conditions[-1]}"
-        self.notes.setdefault(name, []).append(f"`{stripped}` (the `{branch}` branch of `if {conditions[0]}`) is "
-                                               "not read: check reads the first branch of the chain")
-        return False
-
-    def about(self, line: str) -> list[str]:
-        """What to tell of the branches' additions to the variables a launch line uses."""
-        return [why for name, whys in self.notes.items() if re.search(rf"\$\{{?{name}\b", line) for why in whys]
+def _later_runs(rest: list[str], expand) -> list[str]:
+    """A script that trains more than once (LLaVA-style stage 1 then stage 2, SFT then DPO): check reads the first
+    run; the others are named so they can be checked on their own."""
+    later = []
+    for line in rest:
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#") and not _ASSIGN.match(line):
+            tokens = _launch_in(expand(stripped))
+            if tokens and _line_kind(tokens) == "run":
+                later.append(" ".join(tokens[:6]) + (" ..." if len(tokens) > 6 else ""))
+    if not later:
+        return []
+    return [f"the script trains {len(later) + 1} times; check reads the first launch. Later: "
+            + "; ".join(f"`{t}`" for t in later) + " (check one by passing its line after `--`)"]
 
 
 def _read_script(path: str) -> str:
