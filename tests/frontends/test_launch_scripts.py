@@ -132,3 +132,20 @@ def test_data_path_takes_several_files():
 
     result = from_command(["python", "train.py", "--data_path", "a.json", "b.json", "--output_dir", "o"], VERSIONS)
     assert not any(u.startswith("b.json") for u in result.unknown)  # not a stray config file of its own
+
+
+# open-r1's and TRL's GRPO recipe: `trl vllm-serve --model X &` then `accelerate launch grpo.py --config recipe.yaml`
+# whose recipe (not here) sets use_vllm: the server the script starts says how the run samples.
+def test_a_vllm_server_started_before_the_run_means_server_mode_rollouts(tmp_path):
+    from loraflow.frontends import from_command
+
+    script = tmp_path / "grpo.sh"
+    script.write_text("CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model Qwen/Qwen2.5-1.5B-Instruct &\nsleep 60\n"
+                      "CUDA_VISIBLE_DEVICES=1,2 accelerate launch --num_processes 2 src/open_r1/grpo.py "
+                      "--config recipe.yaml --use_peft --lora_r 16\n")
+    setup = from_command(["bash", str(script)], VERSIONS).setup
+    assert (setup.stage, setup.generation, setup.rollout_engine, setup.rollout_colocated) == ("grpo", False, "vllm",
+                                                                                            False)
+    alone = tmp_path / "alone.sh"
+    alone.write_text("accelerate launch --num_processes 2 src/open_r1/grpo.py --config recipe.yaml --use_peft\n")
+    assert from_command(["bash", str(alone)], VERSIONS).setup.generation is True

@@ -62,6 +62,8 @@ class Command:
     world_size: int | None = None
     world_source: str | None = None
     notes: list[str] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
+    """Servers a launch script starts before this run (`trl vllm-serve ... &`): evidence of how the run samples."""
     hidden_launcher_options: list[str] = field(default_factory=list)
     """Unexpanded variables among the launcher's options (`torchrun $DISTRIBUTED_ARGS train.py`): whatever they hold
     (the process count among it) is not visible."""
@@ -334,6 +336,7 @@ def _script_line(cmd: Command, path: str, depth: int) -> Command:
     inner = split_command(tokens, depth + 1)
     inner.env = {**cmd.env, **inner.env}
     inner.notes[:0] = [f"launch line read from {path}", *getattr(tokens, "notes", [])]
+    inner.started = list(getattr(tokens, "started", []))
     return inner
 
 

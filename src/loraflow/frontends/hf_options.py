@@ -168,8 +168,22 @@ def options_from_args(cmd: Command, draft: Draft, bases: list) -> tuple[dict[str
         value: Any = False if name != a.name else a.value
         if config is None or a is not config or a.name == "config":  # its keys were read in its place
             opts[name] = Opt(value, a.raw)
+    _started_server(cmd, opts)
     trl = cmd.program == "trl" or cmd.program.startswith("trl.") or trl_rel.own_script(cmd.program)
     return opts, trl or trl_keys(opts)
+
+
+_VLLM_SERVE = re.compile(r"\btrl\s+vllm[-_]serve\b|\btrl\.scripts\.vllm_serve\b")
+
+
+def _started_server(cmd: Command, opts: dict[str, Opt]) -> None:
+    """A launch script that starts `trl vllm-serve` before the run (TRL's GRPO docs' and open-r1's recipe) has the
+    run sample from that server: --use_vllm in server mode, though the config that says so may not be here."""
+    server = next((s for s in cmd.started if _VLLM_SERVE.search(s)), None)
+    if server is not None and "use_vllm" not in opts:
+        said = f"the script starts `{' '.join(server.split()[:4])} ...` before the run (a vLLM server to sample from)"
+        opts["use_vllm"] = Opt(True, said)
+        opts.setdefault("vllm_mode", Opt("server", said))
 
 
 def kwargs_of(opt: Opt | None) -> dict[str, Any]:

@@ -319,6 +319,7 @@ def command_from_script(path: str) -> list[str]:
         if kind == "run":
             run = _cut_by_comment(tokens, lines[at + 1:])
             run.notes = run.notes + branches.about(stripped) + _later_runs(lines[at + 1:], expand)
+            run.started = [" ".join(held["server"])] if held["server"] else []
             return run
         if kind in held:  # a step before or after the run: the first of each kind is kept in case no run follows
             held[kind] = held[kind] or tokens
@@ -360,8 +361,10 @@ def _assigned(assign: re.Match, expand) -> str:
 
 
 class ScriptLine(list):
-    """A script's launch line, with what check should tell about how bash reads it (`notes`)."""
+    """A script's launch line, with what check should tell about how bash reads it (`notes`) and the server it
+    starts before it (`started`)."""
     notes: list[str] = []
+    started: list[str] = []
 
 
 def _cut_by_comment(tokens: list[str], rest: list[str]) -> list[str]:
