@@ -137,6 +137,9 @@ CASES = {
     "sharded-weights-outside-forward": (
         FSDP1.replace(weights_outside_forward=True),
         DDP.replace(weights_outside_forward=True)),
+    "zero3-model-outside-engine": (
+        ZERO3.replace(model_outside_engine=True),
+        ZERO3.replace(zero_stage=2, model_outside_engine=True)),
     "zero3-checkpoint-frozen": (
         ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.0")}),
         ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.1")})),

@@ -300,8 +300,7 @@ def _rollouts_and_mode(draft: Draft, run: Run) -> None:
                       "ds3_gather_for_generation" in opts else "default (TRL trl/trainer/grpo_config.py: "
                       "ds3_gather_for_generation true)")
     if draft.get("stage") == "dpo":
-        draft.set("forwards_per_step", 1, "TRL concatenates chosen and rejected in one forward "
-                  "(trl/trainer/dpo_trainer.py)")
+        trl_rel.dpo(draft)
     if trl and trl_rel.paged_eval(draft, trainer, run.on("use_transformers_paged")):
         draft.set("train_mode_at_backward", False, f"TRL 0.20 - 0.23 {trainer} with --use_transformers_paged: the "
                   "continuous-batching generator leaves the policy in eval mode (restored from 0.24, PR #4065)")

@@ -129,6 +129,18 @@ def since(draft: Draft, version: str) -> bool:
     return at_least(draft, "trl", version)
 
 
+def dpo(draft: Draft) -> None:
+    """TRL's DPOTrainer: chosen and rejected in one forward; a policy trained in full has a second model as its
+    reference, which under ZeRO-3 is built partitioned by zero.Init and was left to accelerate's prepare_model, which
+    does not hand it to DeepSpeed, before 0.7.2 (PR #687 prepares it with deepspeed.initialize)."""
+    draft.set("forwards_per_step", 1, "TRL concatenates chosen and rejected in one forward (trl/trainer/dpo_trainer.py)")
+    if draft.get("adapter") == "full" and draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3:
+        prepared = since(draft, "0.7.2")
+        draft.set("model_outside_engine", not prepared, "TRL >= 0.7.2 prepares the reference model with DeepSpeed "
+                  "(dpo_trainer.py _prepare_deepspeed, PR #687)" if prepared else "TRL < 0.7.2 leaves DPO's "
+                  "reference model to accelerate's prepare_model, outside the DeepSpeed engine (trl#669)")
+
+
 def hook(draft: Draft, trainer: str) -> tuple[bool, str]:
     """Whether this TRL trainer adds the input-grad hook to a PEFT model with checkpointing."""
     first = HOOK_SINCE.get(trainer, "0.22.0")

@@ -183,3 +183,47 @@ register(Rule(
         tells_apart="FSDP's compute-device check, or a freed storage read by a submodule called outside the "
                     "wrapped forward"),
 ))
+
+
+TRL_DPO_REF_PREPARED = "0.7.2"
+"""TRL's DPOTrainer hands a separate reference model to DeepSpeed (_prepare_deepspeed) since 0.7.2 (PR #687); before,
+accelerate's prepare_model left it unwrapped under ZeRO-3."""
+
+register(Rule(
+    id="zero3-model-outside-engine",
+    title="A second model built under ZeRO-3's zero.Init never given to an engine",
+    verdict="error",
+    impact="crash",
+    conditions="DeepSpeed ZeRO-3 with zero.Init on (from_pretrained under a ZeRO-3 config: the HF Trainer, "
+               "accelerate's zero3_init_flag, an HfDeepSpeedConfig kept alive), and a model other than the trained "
+               "one (a DPO reference, a distillation teacher, a reward model, a frozen text encoder) loaded then "
+               "and called without deepspeed.initialize; TRL's DPOTrainer with its own ref_model before 0.7.2",
+    knobs=("zero_stage", "model_outside_engine"),
+    when=lambda s: s.zero3 and s.model_outside_engine,
+    cause=("zero.Init partitions every model built while it is on, not only the one trained: each weight becomes a "
+           "[0] placeholder whose values live across the ranks. Only a model given to deepspeed.initialize gets "
+           "the hooks that gather a module's weights around its forward, so the other model's first call reads "
+           "the placeholders: an embedding lookup fails with `'weight' must be 2-D`, a linear layer with a shape "
+           "of 0."),
+    fix="Give every model the step calls to DeepSpeed (deepspeed.initialize with an inference config, as TRL's "
+        "prepare_deepspeed does for a reference or reward model), or build it outside zero.Init "
+        "(deepspeed.zero.Init(enabled=False), or before the ZeRO-3 config exists); for a LoRA run, use the base "
+        "with the adapter disabled as the reference instead of a second copy.",
+    elsewhere="TRL >= 0.7.2 prepares DPO's ref_model itself; accelerate users: accelerator.prepare(teacher) or "
+              "load it under `with deepspeed.zero.Init(enabled=False)`",
+    references=("https://github.com/huggingface/trl/issues/669", "https://github.com/huggingface/trl/pull/687",
+                "https://github.com/huggingface/transformers/issues/22705",
+                "https://github.com/huggingface/diffusers/issues/1865",
+                "https://github.com/FlyMyAI/flymyai-lora-trainer/issues/40"),
+    fixed_in="not a bug: zero.Init's contract (TRL's DPOTrainer: 0.7.2)",
+    log=LogSigns(
+        messages=(Message(r"'weight' must be 2-D", "generic",
+                          "torch/nn/functional.py embedding on a [0] placeholder: a model whose weights ZeRO-3 "
+                          "partitioned and no engine gathers"),),
+        evidence=(Evidence("second_model", 3, "a reference, teacher or reward model, or a frozen text encoder, runs "
+                                              "in the step"),
+                  Evidence("zero3", 2, "ZeRO-3 is in use"),
+                  Evidence("peft_init_frames", -4, "PEFT is creating its adapter (rule zero3-init-adapter-read)")),
+        prior=0.5,
+        tells_apart="the [0] placeholder is met in the forward of a model other than the one trained"),
+))

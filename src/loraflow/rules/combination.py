@@ -163,6 +163,10 @@ class Combination:
     """Code uses the trained model's weights outside the forward of the module its engine wraps: a submodule called
     directly (an embedding looked up, a vision tower run while the inputs are built), or weights a framework moved to
     the CPU itself and did not bring back before a log-prob, save or sync pass."""
+    model_outside_engine: bool = False
+    """A second model the run calls (a DPO reference, a distillation teacher, a reward model, a diffusion pipeline's
+    frozen text encoder) is built while ZeRO-3's zero.Init is on but never given to deepspeed.initialize (an engine of
+    its own, or accelerate's prepare), so no hook ever gathers its partitioned weights."""
     frozen_from_engine_checkpoint: bool = False
     """Frozen weights are restored from the engine's own checkpoint (DeepSpeed save_checkpoint, then load_checkpoint
     to resume or zero_to_fp32 to consolidate) rather than from the pretrained model they were frozen from."""

@@ -238,6 +238,12 @@ FACTS: dict[str, tuple[str, str]] = {
                   "PEFT found no module to adapt"),
     "adapter_loaded": (r"PeftModel\.from_pretrained|\.load_adapter\(|in load_adapter\b|is_trainable",
                        "a saved adapter is loaded through PEFT"),
+    # A model other than the trained one runs in the step: a DPO/KTO reference, a distillation teacher, a reward
+    # model, a diffusion pipeline's frozen text encoder (TRL dpo_trainer.py `concatenated_forward(self.ref_model`,
+    # diffusers' train_text_to_image*.py `text_encoder(batch["input_ids"]`, encode_prompt).
+    "second_model": (r"\bself\.ref_model\b|\bref_model\(|\bcompute_ref_log_probs\b|\bteacher(?:_model)?\(|"
+                     r"\bself\.teacher\b|\btext_encoder(?:_\w+)?\(|\bencode_prompt\b|\breward_model\(",
+                     "a reference, teacher or reward model, or a frozen text encoder, runs in the step"),
     # The project names a run's own training context: used to tell a training failure from a stray traceback.
     "training": (rf"\bpeft\b|\blora\b|deepspeed|accelerate|transformers{_P}|\btrainer\b|fsdp|fully_shard|"
                  r"gradient_checkpointing|"
