@@ -242,9 +242,8 @@ class _Reader(ast.NodeVisitor):
                 self.env[name.id] = value if parsed or i == 0 else Unread(name.id)
             if isinstance(value, Call) and names and not value.target:
                 value.target = names[0].id
-        elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and \
-                isinstance(self.env.get(target.value.id), dict) and isinstance(self.value(target.slice), str):
-            self.env[target.value.id] = {**self.env[target.value.id], self.value(target.slice): value}
+        elif isinstance(target, ast.Subscript):
+            self.bind_key(target, value)
         elif isinstance(target, ast.Attribute):
             owner = ast.unparse(target.value)
             root = target.value
@@ -260,6 +259,28 @@ class _Reader(ast.NodeVisitor):
                 called = frozenset(_callee_name(c) for c in ast.walk(new) if isinstance(c, ast.Call))
                 self.code.replaced.append((owner, target.attr, called, source))
 
+    def bind_key(self, target: ast.Subscript, value: Any) -> None:
+        """`ds_config["zero_optimization"]["stage"] = 3`: a new dict bound to the root name, with the key set (the
+        dicts on the way copied, so the value an earlier call took is kept); a key the code computes is not read."""
+        keys: list[Any] = []
+        node: ast.AST = target
+        while isinstance(node, ast.Subscript):
+            keys.insert(0, self.value(node.slice))
+            node = node.value
+        if not isinstance(node, ast.Name) or not isinstance(self.env.get(node.id), dict) or \
+                not all(isinstance(k, (str, int)) for k in keys):
+            return
+        root = dict(self.env[node.id])
+        held = root
+        for key in keys[:-1]:
+            inner = held.get(key)
+            if not isinstance(inner, dict):  # `cfg["a"]["b"] = v` where cfg["a"] is computed: it stays unread
+                return
+            held[key] = dict(inner)
+            held = held[key]
+        held[keys[-1]] = value
+        self.env[node.id] = root
+
     def value(self, node: ast.AST) -> Any:
         if isinstance(node, ast.Constant):
             return node.value
@@ -271,7 +292,9 @@ class _Reader(ast.NodeVisitor):
         if isinstance(node, ast.Dict):
             keys = [self.value(k) if k is not None else Unread("**") for k in node.keys]
             values = [self.value(v) for v in node.values]
-            known = _known(keys + values, node)
+            # Literal keys keep the dict: a value the code computes (`"train_micro_batch_size_per_gpu": args.bs`) stays
+            # an Unread / FromFlag inside it, for the reader of that key to list. Computed keys or `**` hide them all.
+            known = _known(keys, node)
             return dict(zip(keys, values)) if not isinstance(known, Unread) else known
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
             return -node.operand.value

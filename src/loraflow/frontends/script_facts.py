@@ -90,6 +90,9 @@ class Facts:
     """Lightning's Trainer or Fabric, when it runs the loop (lightning.py reads its arguments)."""
     state_dict_patch: str = ""
     """Where the code replaces a model's state_dict with PEFT's adapter state dict (alpaca-lora's finetune.py)."""
+    zero_inits: list[Call] = field(default_factory=list)
+    """transformers' HfDeepSpeedConfig(ds_config): from_pretrained builds under zero.Init while it is alive
+    (script_zero_init.py)."""
 
 
 def kind(call: Call, code: Code) -> str:
@@ -119,7 +122,8 @@ def kind(call: Call, code: Code) -> str:
 
 _SIMPLE = {"BitsAndBytesConfig": "bnb", "add_adapter": "wrap", "prepare_model_for_kbit_training": "kbit_prep",
            "prepare_model_for_int8_training": "kbit_prep", "gradient_checkpointing_enable": "gc",
-           "enable_input_require_grads": "hook", "Accelerator": "accelerator", "DeepSpeedPlugin": "ds_plugin",
+           "enable_input_require_grads": "hook", "Accelerator": "accelerator",
+           "HfDeepSpeedConfig": "zero_init", "DeepSpeedPlugin": "ds_plugin",
            "merge_and_unload": "merge", "merge_adapter": "merge", "load_adapter": "peft_load",
            "backward": "trains", **{n: "adapter_config" for n in ADAPTER_CONFIGS},
            **{n: "parser" for n in PARSERS}}
@@ -304,8 +308,10 @@ def _load_kwargs(facts: Facts, call: Call) -> None:
     quant = call.kwargs.get("quantization_config")
     if isinstance(quant, dict):
         for name in ("load_in_4bit", "load_in_8bit"):
-            if quant.get(name):
+            if quant.get(name) is True:
                 facts.opts[name] = Opt(True, call.at("quantization_config"), True)
+            elif isinstance(quant.get(name), (Unread, Call, FromFlag)):
+                facts.unknown.append(f"{call.at('quantization_config')} ({name} computed: not visible)")
     elif isinstance(quant, (Unread, Parsed)):
         facts.unknown.append(f"{call.at('quantization_config')} (built elsewhere: whether it quantizes is not "
                              "visible)")
@@ -460,7 +466,8 @@ _HANDLERS = {"args": _args, "trainer": _trainer, "lightning": _lightning, "bnb":
              "adapter_config": _adapter_config, "wrap": _wrap, "unsloth_wrap": _unsloth_wrap, "kbit_prep": _kbit_prep,
              "gc": _gc, "hook": _hook, "accelerator": _accelerator, "ds_plugin": _ds_plugin, "ds_init": _ds_init,
              "place": _place, "merge": _simple("merges"), "peft_load": _peft_load,
-             "saved_config": _simple("saved_configs"), "trains": _trains, "parser": _parser}
+             "saved_config": _simple("saved_configs"), "trains": _trains, "parser": _parser,
+             "zero_init": _simple("zero_inits")}
 
 
 def _attributes(facts: Facts, code: Code) -> None:

@@ -22,6 +22,8 @@ from loraflow.frontends.hf_options import Opt
 from loraflow.frontends.intent import infer
 from loraflow.frontends.kbit_facts import move_refused
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
+from loraflow.frontends.script_dicts import fixed_device, settle
+from loraflow.frontends.script_zero_init import apply_zero_init, deepspeed_opt
 from loraflow.frontends.script_loop import apply_loop
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
 from loraflow.frontends.script_wild import cause_fixes, engine_moves_peft, kbit_prep_after_wrap, plain_args_defaults
@@ -43,6 +45,8 @@ FLAGS = {"checkpointing": "gradient_checkpointing=True (TrainingArguments) or mo
          "precision": "bf16= / fp16= (TrainingArguments); keep what trains in float32 (no .half() / .to(dtype) after "
                       "get_peft_model, no float16 torch_dtype with modules_to_save)",
          "engine": "deepspeed= / fsdp= (TrainingArguments) or the launcher",
+         "zero_stage": "\"stage\" in the zero_optimization section of the DeepSpeed config the script passes",
+         "offload": "offload_optimizer / offload_param in the DeepSpeed config the script passes",
          "adapter": "LoraConfig(...) + get_peft_model (use_dora=True for DoRA)",
          "quantization": "BitsAndBytesConfig(load_in_4bit=...) in from_pretrained(quantization_config=...)",
          "quant_storage_matches": "BitsAndBytesConfig(bnb_4bit_quant_storage=...)",
@@ -158,6 +162,11 @@ def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Op
                 opts["use_dora"] = Opt(True, said.sources["adapter"])
     _checkpointing(opts, script.facts)
     opts.update(script.facts.late)
+    if "deepspeed" not in opts and script.facts.zero_inits:
+        found = deepspeed_opt(draft, script.facts)
+        if found is not None:
+            opts["deepspeed"] = found
+    settle(draft, opts, flags, script.code)  # dicts with computed values: the literal keys read, the rest listed
     return opts
 
 
@@ -246,6 +255,7 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
     _casts(draft, script)
     _moves(draft, script)
     _merges(draft, script)
+    apply_zero_init(draft, facts, script.code)
     if not whole:
         draft.note(f"{script.code.file} shows no trainer and no training step: read as a part of a script, so what "
                    "it does not show is left open")
@@ -406,8 +416,7 @@ def _per_rank(draft: Draft, script: Script) -> None:
         return
     for load in script.facts.loads:
         where = load.kwargs.get("device_map")
-        fixed = where == "auto" or isinstance(where, (int, dict)) or (isinstance(where, str) and ":" in where)
-        if fixed and kind(load, script.code) == "load" and bits_of(load, script.code) in ("4bit", "8bit"):
+        if fixed_device(where) and kind(load, script.code) == "load" and bits_of(load, script.code) in ("4bit", "8bit"):
             draft.set("quantized_moved", True, f"{load.at('device_map')} in a {draft.get('world_size')}-process "
                       "launch: every rank loads the k-bit model on the same device")
 

@@ -1,0 +1,75 @@
+"""ZeRO-3's zero.Init in a training script: transformers' from_pretrained builds the model partitioned (every weight
+a [0] placeholder, in the DeepSpeed config's dtype) only while an HfDeepSpeedConfig of a stage-3 config is alive
+(transformers integrations/deepspeed.py keeps a weakref to it: is_deepspeed_zero3_enabled). The HF Trainer makes one
+when its TrainingArguments are built with `deepspeed=` (TrainingArguments.__post_init__), and a script of its own
+makes one with `dschf = HfDeepSpeedConfig(ds_config)` before the load (transformers' "non-Trainer DeepSpeed
+integration"). A model loaded before either, or a loop that calls deepspeed.initialize without one, is built whole
+in the dtype it is loaded in; the engine partitions it afterwards.
+
+hf.py reads a ZeRO-3 run as the HF Trainer's, with zero.Init at the load; this module corrects that where the code
+shows the load before any marker, and reads HfDeepSpeedConfig's config as the run's DeepSpeed config.
+"""
+
+from __future__ import annotations
+
+from loraflow.frontends.common import Draft, trainer_dtypes
+from loraflow.frontends.hf_options import Opt
+from loraflow.frontends.script_code import Call, Code
+from loraflow.frontends.script_facts import Facts, kind
+
+_HALF_INIT = "ZeRO-3 zero.Init in the DeepSpeed dtype"
+
+
+def deepspeed_opt(draft: Draft, facts: Facts) -> Opt | None:
+    """HfDeepSpeedConfig(ds_config): the script runs DeepSpeed with this config (read where nothing else names one:
+    deepspeed.initialize, DeepSpeedPlugin or TrainingArguments name theirs)."""
+    for call in facts.zero_inits:
+        config = call.arg(0, "config_file_or_dict")
+        if isinstance(config, (str, dict)):
+            return Opt(config, call.at(), True)
+        draft.unknown.append(f"{call.at()} (its DeepSpeed config is built where the code does not show)")
+    return None
+
+
+def alive(call: Call, code: Code) -> bool:
+    """The HfDeepSpeedConfig is kept (`dschf = ...`, `self.dschf = ...`): transformers holds only a weakref, so one
+    made in a bare expression statement is collected at once and zero.Init never runs."""
+    return bool(call.target) or any(value is call for _, _, value, _ in code.attributes)
+
+
+def _marker(code: Code, load: Call) -> Call | None:
+    """What turns zero.Init on for `load`, written before it in the same function: a kept HfDeepSpeedConfig, or
+    TrainingArguments / a TRL config built with deepspeed=."""
+    for call in code.calls:
+        if call.line >= load.line or call.scope != load.scope:
+            continue
+        k = kind(call, code)
+        if (k == "zero_init" and alive(call, code)) or (k == "args" and "deepspeed" in call.kwargs):
+            return call
+    return None
+
+
+def apply_zero_init(draft: Draft, facts: Facts, code: Code) -> None:
+    """After hf.py: a model the code loads before anything turns zero.Init on is not built in the DeepSpeed dtype, so
+    only its own load dtype decides whether PEFT's float32 adapters sit beside half-precision weights."""
+    for call in facts.zero_inits:
+        if not alive(call, code):
+            draft.note(f"{call.at()} is not kept in a variable: transformers holds only a weakref to it, so it is "
+                       "collected at once and from_pretrained does not build the model under zero.Init (assign it: "
+                       "`dschf = HfDeepSpeedConfig(ds_config)`, kept alive while the model loads)")
+    if not (draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3) or \
+            not draft.sources.get("mixed_param_dtypes", "").startswith(_HALF_INIT):
+        return
+    if not draft.sources.get("engine", "").startswith(code.file + ":"):
+        return  # the config comes from the launch line or a file: its TrainingArguments are parsed, when not visible
+    loads = [c for c in facts.loads if kind(c, code) == "load" and code.always_runs(c)
+             and (not facts.trained_at or c.line < facts.trained_at)]
+    if not loads or _marker(code, loads[0]) is not None:
+        return
+    load = loads[0]
+    dtype = str(load.kwargs.get("torch_dtype", load.kwargs.get("dtype")))
+    draft.set("mixed_param_dtypes", False, f"{load.at()} runs before any HfDeepSpeedConfig or TrainingArguments("
+              "deepspeed=...) exists: no zero.Init, the model is built in the dtype it is loaded in and the DeepSpeed "
+              "engine partitions it afterwards")
+    key = "torch_dtype" if "torch_dtype" in load.kwargs else "dtype"
+    trainer_dtypes(draft, dtype in ("bfloat16", "float16"), load.at(key))

@@ -1,0 +1,146 @@
+"""`loraflow check` on training scripts (a sixth sweep, for breadth): DeepSpeed configs written as Python dicts with
+some values computed, transformers' HfDeepSpeedConfig in scripts that run DeepSpeed without the HF Trainer,
+Lightning + PEFT modules, QLoRA notebooks exported as scripts, accelerate loops. Each test writes a short synthetic
+script of the shape the named public repository or thread showed."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from loraflow.frontends import parse_versions, run_check
+
+CURRENT = parse_versions("torch=2.13.0,transformers=5.23.0,peft=0.21.2,trl=1.16.0,bitsandbytes=0.50.2,"
+                         "accelerate=1.15.0,deepspeed=0.19.8,unsloth=2026.7.1")
+
+
+def check(tmp_path, monkeypatch, text: str, argv: list[str] | None = None, **versions: str) -> dict:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(textwrap.dedent(text))
+    chosen = dict(CURRENT)
+    chosen.update(parse_versions(",".join(f"{k}={v}" for k, v in versions.items())) if versions else {})
+    out, code = run_check(argv, None if argv else "python", [] if argv else ["train.py"], chosen, as_json=True)
+    report = json.loads(out)
+    assert report["exit_code"] == code
+    return report
+
+
+def rules(report: dict) -> set[str]:
+    return {f["rule"] for f in report["findings"]}
+
+
+def unknown(report: dict) -> str:
+    return "\n".join(report["unknown"])
+
+
+# A DeepSpeed config built as a dict in the script, with the micro-batch taken from a variable the code computes
+# (the shape of the DeepSpeed-Chat / "non-Trainer integration" scripts: `"train_micro_batch_size_per_gpu":
+# per_device_bs`): the whole dict was lost, so the run read as a single-process run without DeepSpeed.
+DS_DICT = '''
+    import torch
+    from transformers import AutoModelForCausalLM, TrainingArguments, Trainer
+    from peft import LoraConfig, get_peft_model
+    micro_bs = 8 // 2
+    ds_config = {{
+        "train_micro_batch_size_per_gpu": micro_bs,
+        "gradient_accumulation_steps": 1,
+        "bf16": {{"enabled": True}},
+        "zero_optimization": {{"stage": {stage}, "overlap_comm": True}},
+    }}
+    model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf", torch_dtype=torch.bfloat16)
+    model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    args = TrainingArguments(output_dir="out", deepspeed=ds_config)
+    Trainer(model=model, args=args).train()
+'''
+
+
+def test_a_computed_value_keeps_the_literal_keys_of_a_deepspeed_dict(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, DS_DICT.format(stage=3))
+    setup = report["setup"]
+    assert setup["engine"] == "deepspeed" and setup["zero_stage"] == 3 and setup["precision"] == "bf16-mixed"
+    assert "train_micro_batch_size_per_gpu = 8 // 2" in unknown(report)
+    assert "overlap_comm" not in unknown(report)
+
+
+def test_a_computed_zero_stage_is_evaluated_for_every_stage(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, DS_DICT.format(stage="int(os.environ['STAGE'])"))
+    assert report["setup"]["engine"] == "deepspeed"
+    assert "zero_optimization.stage" in json.dumps(report) and "computed" in json.dumps(report)
+
+
+# argparse flags inside the dict (`"stage": args.zero_stage`, DeepSpeed-Chat's get_train_ds_config shape written
+# inline): the launch line's value, else the parser's default, is the value.
+DS_FLAGS = '''
+    import argparse
+    from transformers import AutoModelForCausalLM, TrainingArguments, Trainer
+    from peft import LoraConfig, get_peft_model
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--zero_stage", type=int, default=2)
+    parser.add_argument("--bs", type=int, default=4)
+    args = parser.parse_args()
+    ds_config = {"train_micro_batch_size_per_gpu": args.bs, "zero_optimization": {"stage": args.zero_stage}}
+    model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf")
+    model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    Trainer(model=model, args=TrainingArguments(output_dir="out", deepspeed=ds_config)).train()
+'''
+
+
+def test_parsed_flags_in_a_deepspeed_dict_come_from_the_launch_line_or_the_default(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, DS_FLAGS)
+    assert report["setup"]["zero_stage"] == 2 and not unknown(report)
+    report = check(tmp_path, monkeypatch, DS_FLAGS, ["deepspeed", "--num_gpus", "2", "train.py", "--zero_stage", "3"])
+    assert report["setup"]["zero_stage"] == 3
+
+
+def test_a_key_set_later_in_a_nested_section_is_read(tmp_path, monkeypatch):
+    text = DS_DICT.format(stage=2).replace("    model = Auto", '    ds_config["zero_optimization"]["stage"] = 3\n'
+                                           "    model = Auto", 1)
+    assert check(tmp_path, monkeypatch, text)["setup"]["zero_stage"] == 3
+
+
+# transformers' "non-Trainer DeepSpeed integration" (its docs, and scripts such as DeepSpeedExamples' inference /
+# training loops): `dschf = HfDeepSpeedConfig(ds_config)` before from_pretrained builds the model under zero.Init;
+# without it a deepspeed.initialize loop partitions a model built whole in its load dtype.
+OWN_DS = '''
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import HfDeepSpeedConfig
+    from peft import LoraConfig, get_peft_model
+    ds_config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}
+    MARKER
+    model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf")
+    model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    engine.train()
+    for batch in loader:
+        loss = engine(**batch).loss
+        engine.backward(loss)
+        engine.step()
+'''
+
+
+def test_hf_deepspeed_config_means_zero_init_at_the_load(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, OWN_DS.replace("MARKER", "dschf = HfDeepSpeedConfig(ds_config)"),
+                   deepspeed="0.19.2")
+    assert report["setup"]["mixed_param_dtypes"] is True and "zero3-mixed-dtype-gather" in rules(report)
+    assert "HfDeepSpeedConfig" not in unknown(report)
+
+
+def test_a_deepspeed_loop_without_it_builds_the_model_whole(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, OWN_DS.replace("MARKER", "pass"), deepspeed="0.19.2")
+    assert report["setup"]["mixed_param_dtypes"] is False and "zero3-mixed-dtype-gather" not in rules(report)
+
+
+def test_an_hf_deepspeed_config_not_kept_does_nothing(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, OWN_DS.replace("MARKER", "HfDeepSpeedConfig(ds_config)"),
+                   deepspeed="0.19.2")
+    assert report["setup"]["mixed_param_dtypes"] is False
+    assert any("weakref" in n for n in report["notes"])
+
+
+def test_hf_deepspeed_config_alone_names_the_run_s_deepspeed_config(tmp_path, monkeypatch):
+    # accelerate's custom loop with the config only in HfDeepSpeedConfig (the plugin built from the same dict).
+    text = OWN_DS.replace("MARKER", "dschf = HfDeepSpeedConfig(ds_config)").replace(
+        "config=ds_config)", "config=make_config())")
+    setup = check(tmp_path, monkeypatch, text)["setup"]
+    assert setup["engine"] == "deepspeed" and setup["zero_stage"] == 3
