@@ -144,3 +144,55 @@ def test_hf_deepspeed_config_alone_names_the_run_s_deepspeed_config(tmp_path, mo
         "config=ds_config)", "config=make_config())")
     setup = check(tmp_path, monkeypatch, text)["setup"]
     assert setup["engine"] == "deepspeed" and setup["zero_stage"] == 3
+
+
+# A model class of the script's own (`class Model(Qwen2ForCausalLM)`, malaysia-ai/Chunk-loss-LoRA's
+# example/ds3_qwen_peft.py): its from_pretrained is a load (eval mode, a dtype), not a harmless call.
+SUBCLASS = '''
+    import torch, deepspeed
+    from transformers import Qwen2ForCausalLM
+    from peft import LoraConfig, get_peft_model
+    class Model(Qwen2ForCausalLM):
+        pass
+    model = Model.from_pretrained("Qwen/Qwen2.5-0.5B-Instruct", torch_dtype=torch.bfloat16)
+    model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj"]))
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, config_params={"zero_optimization": {"stage": 3}})
+    loss = model(input_ids=ids, labels=ids)["loss"]
+    engine.backward(loss)
+    engine.step()
+    SAVE
+'''
+
+
+def test_a_subclass_of_a_model_class_loads_a_model(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, SUBCLASS.replace("SAVE", ""))
+    assert report["setup"]["train_mode_at_backward"] is False
+    assert "Model.from_pretrained" in report["sources"]["train_mode_at_backward"]
+
+
+def test_an_own_deepspeed_loop_saving_with_save_pretrained_gathers_nothing(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, SUBCLASS.replace("SAVE", 'model.save_pretrained("out")'))
+    assert report["setup"]["adapter_save_gather"] is False and "zero3-empty-adapter-save" in rules(report)
+    gathered = SUBCLASS.replace("SAVE", 'model.save_pretrained("out", state_dict=accelerator.get_state_dict(engine))')
+    assert check(tmp_path, monkeypatch, gathered)["setup"]["adapter_save_gather"] is True
+    assert check(tmp_path, monkeypatch, SUBCLASS.replace("SAVE", ""))["setup"]["adapter_save_gather"] is True
+
+
+# TrainingArguments(deepspeed=<a path the code computes>) (p513817/deepspeed-tutorial training/llama3-70b/
+# llama3-ds.py: `deepspeed=common.get_env("DS_CONFIG")`): a DeepSpeed run, read as DDP without DeepSpeed before.
+COMPUTED_DS = '''
+    import os
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+    from peft import LoraConfig, get_peft_model
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained("m"), LoraConfig(target_modules=["q_proj"]))
+    args = TrainingArguments(output_dir="o", fp16=True, deepspeed=PATH)
+    Trainer(model=model, args=args).train()
+'''
+
+
+def test_a_computed_deepspeed_path_is_a_deepspeed_run(tmp_path, monkeypatch):
+    argv = ["deepspeed", "--num_gpus", "2", "train.py"]
+    report = check(tmp_path, monkeypatch, COMPUTED_DS.replace("PATH", 'os.environ["DS_CONFIG"]'), argv)
+    assert report["setup"]["engine"] == "deepspeed"
+    named = COMPUTED_DS.replace("PATH", 'os.path.join(cfg_dir, "ds_z3_offload.json")')
+    assert check(tmp_path, monkeypatch, named, argv)["setup"]["zero_stage"] == 3

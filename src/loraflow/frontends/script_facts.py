@@ -14,6 +14,7 @@ from loraflow.frontends import lightning
 from loraflow.frontends.hf_options import HANDLED, Opt, trainer_from_name
 from loraflow.frontends.trl import MARKERS
 from loraflow.frontends.script_code import PARSERS, Call, Code, FromFlag, Parsed, Unread
+from loraflow.frontends.script_names import HARMLESS as _HARMLESS, model_class
 
 TRAINING_ARGS = ("TrainingArguments", "Seq2SeqTrainingArguments")
 PLAIN_TRAINERS = ("Trainer", "Seq2SeqTrainer")
@@ -21,29 +22,8 @@ ADAPTER_CONFIGS = ("LoraConfig", "AdaLoraConfig", "LoHaConfig", "LoKrConfig", "I
                    "BOFTConfig")
 UNSLOTH = ("FastLanguageModel", "FastModel", "FastVisionModel")
 PEFT_LOADERS = ("PeftModel", "PeftModelForCausalLM", "PeftModelForSequenceClassification")
-# Model classes: AutoModelForCausalLM, LlamaForCausalLM, AutoModel, Qwen2VLForConditionalGeneration, MllamaModel...
-_MODEL_CLASS = re.compile(r"^(Auto\w*Model\w*|\w+For[A-Z]\w+|\w+Model)$")
 # Packages whose calls the reader looks at; a call of theirs it does not read is listed.
 API_PACKAGES = ("transformers", "peft", "trl", "unsloth", "bitsandbytes", "accelerate", "deepspeed")
-# Calls that change nothing check evaluates (tokenizers, data, logging, saving, generation).
-_HARMLESS = frozenset((
-    "AutoTokenizer", "AutoProcessor", "AutoConfig", "AutoImageProcessor", "set_seed", "get_scheduler", "pipeline",
-    "DataCollatorForLanguageModeling", "DataCollatorForSeq2Seq", "DataCollatorWithPadding", "default_data_collator",
-    "DataCollatorForCompletionOnlyLM", "TextStreamer", "GenerationConfig", "EarlyStoppingCallback", "ScriptArguments",
-    "ModelConfig", "print_trainable_parameters", "save_pretrained", "save_model", "push_to_hub", "evaluate",
-    "predict", "generate", "eval", "add_callback", "is_bfloat16_supported", "get_chat_template", "logging",
-    "train_on_responses_only", "standardize_sharegpt", "apply_chat_template", "parameters", "named_parameters",
-    "state_dict", "wait_for_everyone", "unwrap_model", "gather", "main_process_first", "log", "save_state",
-    "zero_grad", "no_sync", "accumulate", "autocast", "clip_grad_norm_", "get_nb_trainable_parameters",
-    "disable_adapter", "set_adapter", "print", "prepare", "save", "get_peft_config", "get_kbit_device_map",
-    "get_quantization_config", "PartialState", "TrainerCallback", "for_inference", "for_training", "is_main_process",
-    "named_modules", "modules", "get_input_embeddings", "get_output_embeddings", "tokenizer", "from_dict",
-    "get_logger", "get_linear_schedule_with_warmup", "get_cosine_schedule_with_warmup",
-    # Unsloth's hardware query, vision collator and exports (merged_16bit dequantizes the 4-bit base layers before
-    # merging, as unsloth's tests/qlora/README.md says of its merge), none of which changes what trains.
-    "is_bf16_supported", "UnslothVisionDataCollator", "save_pretrained_merged", "push_to_hub_merged",
-    "save_pretrained_gguf", "push_to_hub_gguf",
-))
 # Method names that place or cast a model.
 _CASTS = {"half": "float16", "bfloat16": "bfloat16", "float": "float32"}
 _MOVES = ("cuda", "cpu", "xpu")
@@ -112,7 +92,7 @@ def kind(call: Call, code: Code) -> str:
             return "peft_load"
         if owner in ("PeftConfig", *ADAPTER_CONFIGS):
             return "saved_config"
-        return "load" if _MODEL_CLASS.match(owner) else "harmless"
+        return "load" if model_class(owner, code.bases) else "harmless"
     if name == "get_peft_model":
         return "unsloth_wrap" if owner in UNSLOTH else "wrap"
     if name.endswith("Config") and code.imports.get(name) == "peft" and name not in ("PeftConfig", "LoftQConfig"):

@@ -23,7 +23,7 @@ from loraflow.frontends.intent import infer
 from loraflow.frontends.kbit_facts import move_refused
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
 from loraflow.frontends.script_dicts import fixed_device, settle
-from loraflow.frontends.script_zero_init import apply_zero_init, deepspeed_opt
+from loraflow.frontends.script_zero_init import apply_zero_init, computed_config, deepspeed_opt
 from loraflow.frontends.script_loop import apply_loop
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
 from loraflow.frontends.script_wild import cause_fixes, engine_moves_peft, kbit_prep_after_wrap, plain_args_defaults
@@ -162,8 +162,8 @@ def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Op
                 opts["use_dora"] = Opt(True, said.sources["adapter"])
     _checkpointing(opts, script.facts)
     opts.update(script.facts.late)
-    if "deepspeed" not in opts and script.facts.zero_inits:
-        found = deepspeed_opt(draft, script.facts)
+    if "deepspeed" not in opts:  # named by HfDeepSpeedConfig, else computed: still a DeepSpeed run
+        found = deepspeed_opt(draft, script.facts) or computed_config(script.code)
         if found is not None:
             opts["deepspeed"] = found
     settle(draft, opts, flags, script.code)  # dicts with computed values: the literal keys read, the rest listed

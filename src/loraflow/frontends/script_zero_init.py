@@ -12,9 +12,11 @@ shows the load before any marker, and reads HfDeepSpeedConfig's config as the ru
 
 from __future__ import annotations
 
+import re
+
 from loraflow.frontends.common import Draft, trainer_dtypes
 from loraflow.frontends.hf_options import Opt
-from loraflow.frontends.script_code import Call, Code
+from loraflow.frontends.script_code import Call, Code, Unread
 from loraflow.frontends.script_facts import Facts, kind
 
 _HALF_INIT = "ZeRO-3 zero.Init in the DeepSpeed dtype"
@@ -28,6 +30,21 @@ def deepspeed_opt(draft: Draft, facts: Facts) -> Opt | None:
         if isinstance(config, (str, dict)):
             return Opt(config, call.at(), True)
         draft.unknown.append(f"{call.at()} (its DeepSpeed config is built where the code does not show)")
+    return None
+
+
+def computed_config(code: Code) -> Opt | None:
+    """TrainingArguments(deepspeed=<computed>) (a path from an environment variable or a helper, p513817/deepspeed-
+    tutorial's `deepspeed=common.get_env("DS_CONFIG")`): the run is a DeepSpeed run whose config is not visible, read
+    from what its expression names (`os.path.join(d, "ds_z3.json")` names stage 3) and else evaluated per stage."""
+    for call in code.calls:
+        value = call.kwargs.get("deepspeed")
+        if kind(call, code) == "args" and isinstance(value, (Unread, Call)):
+            text = value.text if isinstance(value, Unread) else f"{value.func}(...)"
+            strings = [a for a in value.args if isinstance(a, str)] if isinstance(value, Call) else \
+                re.findall(r"['\"]([^'\"]+)['\"]", text)
+            named = [s for s in strings if s.endswith(".json")]  # the file name it joins
+            return Opt(named[-1] if named else text, f"{call.at('deepspeed')} (computed in the script)", True)
     return None
 
 
