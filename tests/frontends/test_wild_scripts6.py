@@ -196,3 +196,36 @@ def test_a_computed_deepspeed_path_is_a_deepspeed_run(tmp_path, monkeypatch):
     assert report["setup"]["engine"] == "deepspeed"
     named = COMPUTED_DS.replace("PATH", 'os.path.join(cfg_dir, "ds_z3_offload.json")')
     assert check(tmp_path, monkeypatch, named, argv)["setup"]["zero_stage"] == 3
+
+
+# The script's own argparse flags passed into TrainingArguments (tohtana/ds_repro_2746 run_seq2seq_deepspeed_peft.py:
+# `gradient_checkpointing=args.gradient_checkpointing` with `default=True`, `bf16=args.bf16` with a computed default,
+# its parser reached through `args, _ = parse_arge()`, a function of its own returning parse_known_args()).
+OWN_FLAGS = '''
+    import argparse, torch
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+    from peft import LoraConfig, get_peft_model
+    def parse_arge():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--gc", type=bool, default=True)
+        parser.add_argument("--bf16", type=bool, default=torch.cuda.get_device_capability()[0] == 8)
+        parser.add_argument("--use_fp16", action="store_true")
+        return parser.parse_known_args()
+    def main():
+        args, _ = parse_arge()
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained("m"), LoraConfig(target_modules=["q_proj"]))
+        targs = TrainingArguments(output_dir="o", gradient_checkpointing=args.gc, bf16=args.bf16, fp16=args.use_fp16)
+        Trainer(model=model, args=targs).train()
+    main()
+'''
+
+
+def test_a_keyword_from_the_script_s_own_flag_takes_the_parser_s_default(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, OWN_FLAGS, ["python", "train.py"])
+    assert report["setup"]["checkpointing"] == "all" and "defaults it to True" in report["sources"]["checkpointing"]
+    assert "computes its default" in unknown(report)
+
+
+def test_a_keyword_from_the_script_s_own_flag_takes_the_launch_line_s_value(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, OWN_FLAGS, ["python", "train.py", "--use_fp16"])
+    assert report["setup"]["precision"] == "fp16-mixed" and "--use_fp16" not in unknown(report)

@@ -118,6 +118,8 @@ class Code:
     a flag the launch line leaves out is; argparse's defaults and set_defaults too (script_args.py)."""
     dests: dict[str, str] = field(default_factory=dict)
     """A script's own option -> the argparse dest it sets, where they differ (`--with-adapter` -> use_lora)."""
+    computed_defaults: dict[str, str] = field(default_factory=dict)
+    """argparse dests whose default the code computes (`default=torch.cuda.get_device_capability()[0] == 8`)."""
     """Parsed flags the script stops on (`if training_args.gradient_checkpointing: raise ...`) -> the source: a run
     that trains has them off."""
 
@@ -147,6 +149,9 @@ class _Reader(ast.NodeVisitor):
         self.seen: dict[int, Call] = {}
         self.scopes: list[str] = []
         self.guards: list[tuple[str, bool]] = []
+        self.parsers: dict[str, Parsed] = {}
+        """The script's own functions that return a parser's output (`def parse_arge(): ... return
+        parser.parse_known_args()`): calling one is parsing."""
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         self.scopes.append(node.name)
@@ -154,6 +159,11 @@ class _Reader(ast.NodeVisitor):
         self.scopes.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Return(self, node: ast.Return) -> None:
+        value = self.value(node.value) if node.value is not None else None
+        if isinstance(value, Parsed) and self.scopes:
+            self.parsers[self.scopes[-1]] = value
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -331,7 +341,10 @@ class _Reader(ast.NodeVisitor):
             name = f"{_short(ast.unparse(base), 40) if not isinstance(base, ast.Call) else _callee(base)}.{func.attr}"
         else:
             name = ast.unparse(func)
-        if name.rsplit(".", 1)[-1] in ("parse_args_into_dataclasses", "parse_args", "parse_args_and_config",
+        if name in self.parsers:
+            return self.parsers[name]
+        if name.rsplit(".", 1)[-1] in ("parse_args_into_dataclasses", "parse_args", "parse_known_args",
+                                       "parse_args_and_config",
                                        "parse_yaml_file", "parse_json_file", "parse_dict"):
             return Parsed(f"{self.code.file}:{node.lineno}: {name}()")
         call = Call(name, node.lineno, self.code.file, owner=owner, scope=self.scopes[-1] if self.scopes else "",

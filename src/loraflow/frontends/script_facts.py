@@ -230,6 +230,10 @@ def _trainer(facts: Facts, call: Call, code: Code) -> None:
     # (harmless here) returns None unless ModelConfig.use_peft, which hf.py reads from the flags.
     if isinstance(peft, (Unread, Parsed)) or (isinstance(peft, Call) and kind(peft, code) == ""):
         facts.opts["use_peft"] = Opt(True, call.at("peft_config") + " (an adapter config built elsewhere)", True)
+    built = call.kwargs.get("args")
+    if isinstance(built, Unread) or (isinstance(built, Call) and kind(built, code) != "args"):
+        facts.unknown.append(f"{call.at('args')} (the training arguments are built where the code does not show: "
+                             "their defaults are assumed)")
     model = call.kwargs.get("model", call.args[0] if call.args else None)
     if isinstance(model, str):  # TRL loads a model named by its id
         facts.opts.setdefault("model_name_or_path", Opt(model, call.at("model"), True))

@@ -23,6 +23,7 @@ from loraflow.frontends.intent import infer
 from loraflow.frontends.kbit_facts import move_refused
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
 from loraflow.frontends.script_dicts import fixed_device, settle
+from loraflow.frontends.script_flags import keyword_flags
 from loraflow.frontends.script_zero_init import apply_zero_init, computed_config, deepspeed_opt
 from loraflow.frontends.script_loop import apply_loop
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
@@ -145,7 +146,9 @@ def live(draft: Draft, script: Script, flags: dict[str, Opt]) -> Script:
 def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Opt]:
     """The options hf.py reads: the code's, the launch line's flags over them, then what the code sets on the parsed
     arguments afterwards (`training_args.gradient_checkpointing = True`)."""
-    opts = {**plain_args_defaults(script.code, script.facts), **script.facts.opts, **flags}
+    mapped, used = keyword_flags(draft, script.code, flags)
+    opts = {**plain_args_defaults(script.code, script.facts), **script.facts.opts, **mapped,
+            **{n: o for n, o in flags.items() if n not in used}}
     for name, where in script.code.refused.items():
         if name not in opts:  # the script stops when it is on, so a run that trains has it off
             opts[name] = Opt(False, f"{where} (the script stops if it is on)")
