@@ -229,3 +229,30 @@ def test_a_keyword_from_the_script_s_own_flag_takes_the_parser_s_default(tmp_pat
 def test_a_keyword_from_the_script_s_own_flag_takes_the_launch_line_s_value(tmp_path, monkeypatch):
     report = check(tmp_path, monkeypatch, OWN_FLAGS, ["python", "train.py", "--use_fp16"])
     assert report["setup"]["precision"] == "fp16-mixed" and "--use_fp16" not in unknown(report)
+
+
+# An accelerate loop under a ZeRO-3 accelerate config that saves nothing itself (huggingface/peft#119's
+# run_clm_no_hf_trainer.py shape): the HF Trainer's save through the config's 16-bit gather is not this script's.
+ACCELERATE_LOOP = '''
+    import torch
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+    from peft import LoraConfig, get_peft_model
+    accelerator = Accelerator()
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained("m"), LoraConfig(target_modules=["q_proj"]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model.train()
+    for batch in loader:
+        accelerator.backward(model(**batch).loss)
+        optimizer.step()
+'''
+ZERO3_ACCELERATE = "distributed_type: DEEPSPEED\nmixed_precision: fp16\nnum_processes: 4\n" \
+                   "deepspeed_config:\n  zero_stage: 3\n  zero3_init_flag: true\n"
+
+
+def test_an_accelerate_loop_that_saves_nothing_has_no_empty_save(tmp_path, monkeypatch):
+    (tmp_path / "acc.yaml").write_text(ZERO3_ACCELERATE)
+    argv = ["accelerate", "launch", "--config_file", "acc.yaml", "train.py"]
+    report = check(tmp_path, monkeypatch, ACCELERATE_LOOP, argv, transformers="4.26.1")
+    assert report["setup"]["zero_stage"] == 3 and "zero3-empty-adapter-save" not in rules(report)

@@ -217,11 +217,11 @@ def _mode(draft: Draft, facts: Facts, code: Code) -> None:
 
 
 def _save_gather(draft: Draft, code: Code) -> None:
-    """hf.py reads a ZeRO-3 save as the HF Trainer's (it consolidates a PeftModel's partitions); a loop of the script's
-    own saves what PEFT's save_pretrained reads from the module: the [0] placeholders, unless the code gathers them
-    (deepspeed.zero.GatheredParameters, accelerate's get_state_dict, the engine's save_16bit_model)."""
-    if not (draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3) or \
-            "Trainer" not in draft.sources.get("adapter_save_gather", ""):
+    """hf.py reads a ZeRO-3 save as the HF Trainer's (it consolidates a PeftModel's partitions, or saves through the
+    config's 16-bit gather); a loop of the script's own saves only what it saves itself, and PEFT's save_pretrained
+    reads the module's [0] placeholders unless the code gathers them (deepspeed.zero.GatheredParameters, accelerate's
+    get_state_dict, the engine's save_16bit_model)."""
+    if not (draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3):
         return
     saves = [c for c in code.calls if c.name == "save_pretrained" and not any(
         n in c.owner_name.lower() for n in ("token", "processor", "config"))]
