@@ -256,3 +256,30 @@ def test_an_accelerate_loop_that_saves_nothing_has_no_empty_save(tmp_path, monke
     argv = ["accelerate", "launch", "--config_file", "acc.yaml", "train.py"]
     report = check(tmp_path, monkeypatch, ACCELERATE_LOOP, argv, transformers="4.26.1")
     assert report["setup"]["zero_stage"] == 3 and "zero3-empty-adapter-save" not in rules(report)
+
+
+# Lightning's own quantization plugin on a PEFT model (Lightning-AI/pytorch-lightning#18936's
+# Trainer(plugins=BitsandbytesPrecision(...)) shape): it replaces every nn.Linear, PEFT's lora_A / lora_B too.
+LIGHTNING_BNB = '''
+    import lightning as L
+    import torch
+    from lightning.pytorch.plugins import BitsandbytesPrecision
+    from transformers import AutoModelForCausalLM
+    from peft import LoraConfig, get_peft_model
+    class Model(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            base = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf")
+            self.model = get_peft_model(base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+        def training_step(self, batch, batch_idx):
+            return self.model(**batch).loss
+    trainer = L.Trainer(devices=1, plugins=BitsandbytesPrecision(mode="MODE", dtype=torch.bfloat16))
+    trainer.fit(Model(), datamodule=dm)
+'''
+
+
+def test_lightning_s_bitsandbytes_plugin_quantizes_the_lora_layers_too(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, LIGHTNING_BNB.replace("MODE", "nf4-dq"))
+    assert report["setup"]["quantization"] == "4bit" and "adapter-loaded-frozen" in rules(report)
+    report = check(tmp_path, monkeypatch, LIGHTNING_BNB.replace("MODE", "int8-training"))
+    assert report["setup"]["quantization"] is None and "adapter-loaded-frozen" not in rules(report)

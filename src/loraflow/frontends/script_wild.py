@@ -70,6 +70,10 @@ def engine_moves_peft(value: Any, code: Code, lineage: Callable[[Any, Code], lis
 def cause_fixes(sources: dict[str, str]) -> dict[str, str]:
     """The fix in the code's words where one field has several causes in code: the table's fix for a frozen adapter
     is for an adapter loaded without is_trainable, not for one frozen by a k-bit preparation that came after it."""
+    if "BitsandbytesPrecision" in sources.get("adapter_loaded_frozen", ""):
+        return {"adapter_loaded_frozen": "from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True)) "
+                                         "before get_peft_model, instead of Lightning's BitsandbytesPrecision plugin "
+                                         "(it quantizes PEFT's lora_A / lora_B too)"}
     if "prepare_model_for_kbit_training" in sources.get("adapter_loaded_frozen", ""):
         return {"adapter_loaded_frozen": "prepare_model_for_kbit_training(model) before get_peft_model(model, ...), "
                                          "not after it"}
