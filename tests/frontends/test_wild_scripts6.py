@@ -283,3 +283,12 @@ def test_lightning_s_bitsandbytes_plugin_quantizes_the_lora_layers_too(tmp_path,
     assert report["setup"]["quantization"] == "4bit" and "adapter-loaded-frozen" in rules(report)
     report = check(tmp_path, monkeypatch, LIGHTNING_BNB.replace("MODE", "int8-training"))
     assert report["setup"]["quantization"] is None and "adapter-loaded-frozen" not in rules(report)
+
+
+def test_a_module_launch_of_a_script_here_is_that_script(tmp_path, monkeypatch):
+    # `torchrun -m hf_trainer` (malaysia-ai/Chunk-loss-LoRA example/hf_trainer.py's launch line): the module is the
+    # file beside the launch; a dotted module (a package's) is not.
+    from loraflow.frontends.script_setup import script_of
+    check(tmp_path, monkeypatch, SUBCLASS.replace("SAVE", ""))
+    (tmp_path / "hf_trainer.py").write_text((tmp_path / "train.py").read_text())
+    assert script_of("hf_trainer") is not None and script_of("pkg.hf_trainer") is None

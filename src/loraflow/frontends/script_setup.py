@@ -102,7 +102,11 @@ def looks_like_script(text: str) -> bool:
 
 
 def script_of(program: str) -> Script | None:
-    """The launch line's program when it is a Python file here that check can read (for hf.py)."""
+    """The launch line's program when it is a Python file here that check can read (for hf.py). A module launch of a
+    script of one's own (`torchrun -m hf_trainer`, Chunk-loss-LoRA's example/hf_trainer.py) is its file here; dotted
+    modules (`-m axolotl.cli.train`) belong to a package, not to a script beside the launch."""
+    if program.isidentifier():
+        program += ".py"
     if not program.endswith(".py"):
         return None
     path = resolve_path(program)
