@@ -292,3 +292,27 @@ def test_a_module_launch_of_a_script_here_is_that_script(tmp_path, monkeypatch):
     check(tmp_path, monkeypatch, SUBCLASS.replace("SAVE", ""))
     (tmp_path / "hf_trainer.py").write_text((tmp_path / "train.py").read_text())
     assert script_of("hf_trainer") is not None and script_of("pkg.hf_trainer") is None
+
+
+# run_clm's argument parsing (malaysia-ai/Chunk-loss-LoRA example/hf_trainer.py): `parse_json_file(...)` if one JSON
+# is given, else `parse_args_into_dataclasses()`; either way training_args are the parsed TrainingArguments.
+EITHER_PARSER = '''
+    import sys
+    from transformers import AutoModelForCausalLM, HfArgumentParser, Trainer, TrainingArguments
+    from peft import LoraConfig, get_peft_model
+    parser = HfArgumentParser((TrainingArguments,))
+    if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
+        (training_args,) = parser.parse_json_file(json_file=sys.argv[1])
+    else:
+        (training_args,) = parser.parse_args_into_dataclasses()
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained("m"), LoraConfig(target_modules=["q_proj"]))
+    if training_args.gradient_checkpointing:
+        model.enable_input_require_grads()
+    Trainer(model=model, args=training_args).train()
+'''
+
+
+def test_either_parser_gives_the_parsed_arguments(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, EITHER_PARSER, ["python", "train.py", "--gradient_checkpointing", "true"])
+    assert "Trainer(args=training_args)" not in unknown(report)
+    assert "enable_input_require_grads" in report["sources"]["input_grad_hook"]

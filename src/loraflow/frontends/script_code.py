@@ -206,7 +206,10 @@ class _Reader(ast.NodeVisitor):
                 # `if args.load_in_8bit: model_kwargs.update(load_in_8bit=True)`: only the keys the branch changes
                 # depend on the test.
                 self.env[name] = _either(before[name], changed[0], name, node.lineno)
-            if len(changed) == 2 and not any(isinstance(v, Call) for v in changed) and changed[0] != changed[1]:
+            # Two parsers' outputs (`parse_json_file(...)` if a JSON is given, else `parse_args_into_dataclasses()`)
+            # are the same arguments either way.
+            if len(changed) == 2 and not any(isinstance(v, Call) for v in changed) and changed[0] != changed[1] \
+                    and not all(isinstance(v, Parsed) for v in changed):
                 # Both branches assign it, differently (Qwen-VL's `modules_to_save = None` for a chat model, else
                 # ["wte", "lm_head"]): which one holds is the test's, not the later line's.
                 self.env[name] = Unread(f"{name} (either branch of the `if` at line {node.lineno})")
