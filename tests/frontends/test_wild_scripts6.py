@@ -295,24 +295,30 @@ def test_a_module_launch_of_a_script_here_is_that_script(tmp_path, monkeypatch):
 
 
 # run_clm's argument parsing (malaysia-ai/Chunk-loss-LoRA example/hf_trainer.py): `parse_json_file(...)` if one JSON
-# is given, else `parse_args_into_dataclasses()`; either way training_args are the parsed TrainingArguments.
+# is given, else `parse_args_into_dataclasses()`; either way the names hold the parsed arguments (read as unknown
+# before, so an `if args.use_lora:` over them was not decided by the flag's default).
 EITHER_PARSER = '''
     import sys
+    from dataclasses import dataclass, field
     from transformers import AutoModelForCausalLM, HfArgumentParser, Trainer, TrainingArguments
     from peft import LoraConfig, get_peft_model
-    parser = HfArgumentParser((TrainingArguments,))
+    @dataclass
+    class ScriptArguments:
+        use_lora: bool = field(default=False)
+    parser = HfArgumentParser((ScriptArguments, TrainingArguments))
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
-        (training_args,) = parser.parse_json_file(json_file=sys.argv[1])
+        script_args, training_args = parser.parse_json_file(json_file=sys.argv[1])
     else:
-        (training_args,) = parser.parse_args_into_dataclasses()
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained("m"), LoraConfig(target_modules=["q_proj"]))
-    if training_args.gradient_checkpointing:
-        model.enable_input_require_grads()
+        script_args, training_args = parser.parse_args_into_dataclasses()
+    model = AutoModelForCausalLM.from_pretrained("m")
+    if script_args.use_lora:
+        model = get_peft_model(model, LoraConfig(target_modules=["q_proj"]))
     Trainer(model=model, args=training_args).train()
 '''
 
 
 def test_either_parser_gives_the_parsed_arguments(tmp_path, monkeypatch):
-    report = check(tmp_path, monkeypatch, EITHER_PARSER, ["python", "train.py", "--gradient_checkpointing", "true"])
-    assert "Trainer(args=training_args)" not in unknown(report)
-    assert "enable_input_require_grads" in report["sources"]["input_grad_hook"]
+    report = check(tmp_path, monkeypatch, EITHER_PARSER, ["python", "train.py", "--output_dir", "o"])
+    assert report["setup"]["adapter"] == "full" and "Trainer(args=training_args)" not in unknown(report)
+    report = check(tmp_path, monkeypatch, EITHER_PARSER, ["python", "train.py", "--use_lora", "true"])
+    assert report["setup"]["adapter"] == "lora"
