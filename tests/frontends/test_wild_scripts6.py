@@ -322,3 +322,36 @@ def test_either_parser_gives_the_parsed_arguments(tmp_path, monkeypatch):
     assert report["setup"]["adapter"] == "full" and "Trainer(args=training_args)" not in unknown(report)
     report = check(tmp_path, monkeypatch, EITHER_PARSER, ["python", "train.py", "--use_lora", "true"])
     assert report["setup"]["adapter"] == "lora"
+
+
+# A DeepSpeed config built by a helper of the script's own (DeepSpeed-Chat's get_train_ds_config, the shape of
+# OpenRLHF/OpenRLHF#100's strategy): the returned dict is read, its parameters bound to what the call passes.
+HELPER_DS = '''
+    import argparse, deepspeed, torch
+    from transformers import AutoModelForCausalLM
+    from peft import LoraConfig, get_peft_model
+    def get_train_ds_config(offload, stage=2, bf16=True):
+        return {"zero_optimization": {"stage": stage, "offload_param": {"device": "cpu" if offload else "none"}},
+                "bf16": {"enabled": bf16}, "train_micro_batch_size_per_gpu": 1}
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--zero_stage", type=int, default=2)
+    args = parser.parse_args()
+    ds_config = get_train_ds_config(offload=False, stage=args.zero_stage)
+    model = AutoModelForCausalLM.from_pretrained("m", torch_dtype=torch.bfloat16)
+    model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj"]))
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config)
+    engine.train()
+    for batch in loader:
+        engine.backward(engine(**batch).loss)
+        engine.step()
+'''
+
+
+def test_a_helper_s_deepspeed_dict_is_read_with_the_call_s_arguments(tmp_path, monkeypatch):
+    argv = ["deepspeed", "--num_gpus", "8", "train.py", "--zero_stage", "3"]
+    report = check(tmp_path, monkeypatch, HELPER_DS, argv, deepspeed="0.10.2")
+    setup = report["setup"]
+    assert setup["engine"] == "deepspeed" and setup["zero_stage"] == 3 and setup["precision"] == "bf16-mixed"
+    assert "--zero_stage" not in unknown(report)
+    # no HfDeepSpeedConfig: the engine casts the whole module to bf16 before partitioning it
+    assert setup["mixed_param_dtypes"] is False and "zero3-mixed-dtype-gather" not in rules(report)

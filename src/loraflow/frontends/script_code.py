@@ -149,11 +149,13 @@ class _Reader(ast.NodeVisitor):
         self.seen: dict[int, Call] = {}
         self.scopes: list[str] = []
         self.guards: list[tuple[str, bool]] = []
-        self.parsers: dict[str, Parsed] = {}
+        self.signatures: dict[str, ast.arguments] = {}
+        self.parsers: dict[str, Parsed | dict] = {}
         """The script's own functions that return a parser's output (`def parse_arge(): ... return
-        parser.parse_known_args()`): calling one is parsing."""
+        parser.parse_known_args()`: calling one is parsing) or a dict they write out."""
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.signatures[node.name] = node.args
         self.scopes.append(node.name)
         self.generic_visit(node)
         self.scopes.pop()
@@ -162,7 +164,9 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Return(self, node: ast.Return) -> None:
         value = self.value(node.value) if node.value is not None else None
-        if isinstance(value, Parsed) and self.scopes:
+        if isinstance(value, (Parsed, dict)) and self.scopes:
+            # A helper of the script's own returning a dict it writes out (DeepSpeed-Chat's get_train_ds_config):
+            # its call is that dict; what it computes from its parameters stays unread inside it.
             self.parsers[self.scopes[-1]] = value
 
     def visit_Import(self, node: ast.Import) -> None:
@@ -345,7 +349,8 @@ class _Reader(ast.NodeVisitor):
         else:
             name = ast.unparse(func)
         if name in self.parsers:
-            return self.parsers[name]
+            held = self.parsers[name]
+            return self.bound(held, node, self.signatures.get(name)) if isinstance(held, dict) else held
         if name.rsplit(".", 1)[-1] in ("parse_args_into_dataclasses", "parse_args", "parse_known_args",
                                        "parse_args_and_config",
                                        "parse_yaml_file", "parse_json_file", "parse_dict"):
@@ -376,6 +381,25 @@ class _Reader(ast.NodeVisitor):
             return dict(call.kwargs)  # dict(use_reentrant=False) is the literal {"use_reentrant": False}
         return call
 
+
+    def bound(self, held: dict, node: ast.Call, signature: ast.arguments | None) -> dict:
+        """A helper's returned dict with its parameters replaced by what this call passes (`get_train_ds_config(
+        offload=False, stage=args.zero_stage)` -> "stage": args.zero_stage), else by their literal defaults."""
+        if signature is None:
+            return dict(held)
+        names = [a.arg for a in signature.posonlyargs + signature.args]
+        given: dict[str, Any] = {}
+        for name, default in zip(names[len(names) - len(signature.defaults):], signature.defaults):
+            if isinstance(default, ast.Constant):
+                given[name] = default.value
+        given.update({n: self.value(a) for n, a in zip(names, node.args) if not isinstance(a, ast.Starred)})
+        given.update({kw.arg: self.value(kw.value) for kw in node.keywords if kw.arg is not None})
+
+        def swap(value: Any) -> Any:
+            if isinstance(value, dict):
+                return {k: swap(v) for k, v in value.items()}
+            return given.get(value.text, value) if isinstance(value, Unread) else value
+        return swap(held)
 
     def keywords(self, node: ast.AST) -> dict | None:
         """A dict written out or built earlier (`{"load_in_8bit": True}`, `dict(bf16=True)`) as keywords, or None."""

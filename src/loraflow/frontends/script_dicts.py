@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from loraflow.frontends.common import Draft
-from loraflow.frontends.hf_options import Opt
+from loraflow.frontends.hf_options import HANDLED, Opt
 from loraflow.frontends.script_code import Call, Code, FromFlag, Parsed, Unread
 
 _COMPUTED = (Unread, FromFlag, Parsed, Call)
@@ -45,11 +45,12 @@ def fixed_device(where: Any) -> bool:
 
 def settle(draft: Draft, opts: dict[str, Opt], flags: dict[str, Opt], code: Code) -> None:
     """Each dict option with computed values: parsed flags resolved, the DeepSpeed config read key by key, any other
-    such option dropped and listed (in place)."""
+    such option dropped and listed (in place). A script flag so read is no longer listed as not understood."""
+    used: set[str] = set()
     for name, opt in list(opts.items()):
         if not isinstance(opt.value, dict) or not computed(opt.value):
             continue
-        value = _resolve(opt.value, flags, code)
+        value = _resolve(opt.value, flags, code, used)
         if name == "deepspeed":
             opts[name] = Opt(_deepspeed(draft, value, opt.source), opt.source, opt.derived)
         elif computed(value):
@@ -57,17 +58,21 @@ def settle(draft: Draft, opts: dict[str, Opt], flags: dict[str, Opt], code: Code
             del opts[name]
         else:
             opts[name] = Opt(value, opt.source, opt.derived)
+    for flag in used - HANDLED:
+        opts.pop(flag, None)
 
 
-def _resolve(value: Any, flags: dict[str, Opt], code: Code) -> Any:
+def _resolve(value: Any, flags: dict[str, Opt], code: Code, used: set[str]) -> Any:
     """`args.zero_stage` -> the launch line's `--zero_stage 3`, else the script parser's default for it."""
     if isinstance(value, dict):
-        return {k: _resolve(v, flags, code) for k, v in value.items()}
+        return {k: _resolve(v, flags, code, used) for k, v in value.items()}
     if not isinstance(value, FromFlag):
         return value
     given = [o for o, dest in code.dests.items() if dest == value.name and o in flags]
-    opt = flags.get(given[0]) if given else flags.get(value.name)
+    flag = given[0] if given else value.name
+    opt = flags.get(flag)
     if opt is not None:
+        used.add(flag)
         return _scalar(opt.value) if opt.value is not None else True
     default = code.defaults.get(value.name)
     return default if default is not None else value

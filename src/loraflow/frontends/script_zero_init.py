@@ -54,39 +54,45 @@ def alive(call: Call, code: Code) -> bool:
     return bool(call.target) or any(value is call for _, _, value, _ in code.attributes)
 
 
-def _marker(code: Code, load: Call) -> Call | None:
-    """What turns zero.Init on for `load`, written before it in the same function: a kept HfDeepSpeedConfig, or
-    TrainingArguments / a TRL config built with deepspeed=."""
-    for call in code.calls:
-        if call.line >= load.line or call.scope != load.scope:
-            continue
-        k = kind(call, code)
-        if (k == "zero_init" and alive(call, code)) or (k == "args" and "deepspeed" in call.kwargs):
-            return call
-    return None
+def _marker(code: Code, load: Call) -> bool | None:
+    """Whether something turns zero.Init on for `load`: a kept HfDeepSpeedConfig, or TrainingArguments / a TRL config
+    built with deepspeed=, before it in the same function or at module level (run before the functions are called).
+    None where one sits in another function, whose order against the load the code does not show."""
+    markers = [c for c in code.calls if (kind(c, code) == "zero_init" and alive(c, code)) or
+               (kind(c, code) == "args" and "deepspeed" in c.kwargs)]
+    if any((m.scope == load.scope and m.line < load.line) or (not m.scope and load.scope) for m in markers):
+        return True
+    return None if any(m.scope and m.scope != load.scope for m in markers) else False
 
 
 def apply_zero_init(draft: Draft, facts: Facts, code: Code) -> None:
-    """After hf.py: a model the code loads before anything turns zero.Init on is not built in the DeepSpeed dtype, so
-    only its own load dtype decides whether PEFT's float32 adapters sit beside half-precision weights."""
+    """After hf.py: a model the code loads before anything turns zero.Init on is built whole; the DeepSpeed engine
+    then casts the whole module, adapters included, to its fp16/bf16 dtype before partitioning it
+    (runtime/engine.py _configure_distributed_model: `self.module.bfloat16()`), so no float32 adapter sits beside
+    half-precision weights. With the engine in fp32 the load dtype alone decides."""
     for call in facts.zero_inits:
         if not alive(call, code):
             draft.note(f"{call.at()} is not kept in a variable: transformers holds only a weakref to it, so it is "
                        "collected at once and from_pretrained does not build the model under zero.Init (assign it: "
                        "`dschf = HfDeepSpeedConfig(ds_config)`, kept alive while the model loads)")
-    if not (draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3) or \
-            not draft.sources.get("mixed_param_dtypes", "").startswith(_HALF_INIT):
+    source = draft.sources.get("mixed_param_dtypes", "")
+    if not (draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3) or draft.get("quantization") or \
+            not (source.startswith(_HALF_INIT) or "autocast_adapter_dtype" in source):
         return
     if not draft.sources.get("engine", "").startswith(code.file + ":"):
         return  # the config comes from the launch line or a file: its TrainingArguments are parsed, when not visible
     loads = [c for c in facts.loads if kind(c, code) == "load" and code.always_runs(c)
              and (not facts.trained_at or c.line < facts.trained_at)]
-    if not loads or _marker(code, loads[0]) is not None:
+    if not loads or _marker(code, loads[0]) is not False:
         return
     load = loads[0]
+    built = (f"{load.at()} runs before any HfDeepSpeedConfig or TrainingArguments(deepspeed=...) exists: no zero.Init, "
+             "the model is built whole")
+    if draft.get("precision") in ("bf16-mixed", "fp16-mixed"):
+        draft.set("mixed_param_dtypes", False, f"{built}, and the DeepSpeed engine casts the whole module, adapters "
+                  "included, to its half dtype before partitioning it (runtime/engine.py _configure_distributed_model)")
+        return
     dtype = str(load.kwargs.get("torch_dtype", load.kwargs.get("dtype")))
-    draft.set("mixed_param_dtypes", False, f"{load.at()} runs before any HfDeepSpeedConfig or TrainingArguments("
-              "deepspeed=...) exists: no zero.Init, the model is built in the dtype it is loaded in and the DeepSpeed "
-              "engine partitions it afterwards")
-    key = "torch_dtype" if "torch_dtype" in load.kwargs else "dtype"
-    trainer_dtypes(draft, dtype in ("bfloat16", "float16"), load.at(key))
+    draft.set("mixed_param_dtypes", False, f"{built} in the dtype it is loaded in")
+    trainer_dtypes(draft, dtype in ("bfloat16", "float16"), load.at("torch_dtype" if "torch_dtype" in load.kwargs
+                                                                    else "dtype"))
