@@ -355,3 +355,37 @@ def test_a_helper_s_deepspeed_dict_is_read_with_the_call_s_arguments(tmp_path, m
     assert "--zero_stage" not in unknown(report)
     # no HfDeepSpeedConfig: the engine casts the whole module to bf16 before partitioning it
     assert setup["mixed_param_dtypes"] is False and "zero3-mixed-dtype-gather" not in rules(report)
+
+
+# The parsed arguments handed to the script's entry point (`main(parse_args())`), and a keyword computed by comparing
+# known values (`bf16=torch_dtype == torch.bfloat16`): LazarusNLP/SemEval2025-Emotion-Analysis
+# src/run_sft_instruct_qlora.py; both were read as not visible.
+MAIN_ARGS = '''
+    from argparse import ArgumentParser
+    import torch
+    from peft import LoraConfig
+    from trl import SFTTrainer
+    from transformers import AutoModelForCausalLM, TrainingArguments
+    def parse_args():
+        parser = ArgumentParser()
+        parser.add_argument("--gradient_checkpointing", action="store_true")
+        parser.add_argument("--batch_size", type=int, default=16)
+        return parser.parse_args()
+    def main(args):
+        torch_dtype = torch.bfloat16
+        model = AutoModelForCausalLM.from_pretrained("m", torch_dtype=torch_dtype)
+        args = TrainingArguments(output_dir="o", gradient_checkpointing=args.gradient_checkpointing,
+                                 per_device_train_batch_size=args.batch_size,
+                                 fp16=torch_dtype == torch.float16, bf16=torch_dtype == torch.bfloat16)
+        SFTTrainer(model=model, args=args, peft_config=LoraConfig(target_modules=["q_proj"])).train()
+    if __name__ == "__main__":
+        main(parse_args())
+'''
+
+
+def test_the_entry_point_s_parsed_arguments_and_a_known_comparison(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, MAIN_ARGS, ["python", "train.py", "--gradient_checkpointing"])
+    setup = report["setup"]
+    assert setup["checkpointing"] == "all" and setup["precision"] == "bf16-mixed"
+    assert "not a literal" not in unknown(report) and "--batch_size" not in unknown(report)
+    assert check(tmp_path, monkeypatch, MAIN_ARGS, ["python", "train.py"])["setup"]["checkpointing"] == "off"

@@ -16,6 +16,7 @@ from typing import Any
 
 from loraflow.frontends.script_args import field_default, record_argparse
 from loraflow.frontends.script_parse import parse
+from loraflow.frontends.script_passing import PARSE_CALLS, compared, parsed_params
 
 # torch dtypes as the HF frontends spell them (`--torch_dtype bfloat16`).
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
@@ -136,7 +137,9 @@ def read_code(text: str, file: str) -> Code:
     """The calls, imports and assignments of `text`; never raises on bad syntax (the lines are skipped)."""
     code = Code(file)
     tree = parse(text, code)
-    _Reader(code).visit(tree)
+    reader = _Reader(code)
+    reader.parsed_params = parsed_params(tree)
+    reader.visit(tree)
     return code
 
 
@@ -150,12 +153,15 @@ class _Reader(ast.NodeVisitor):
         self.scopes: list[str] = []
         self.guards: list[tuple[str, bool]] = []
         self.signatures: dict[str, ast.arguments] = {}
+        self.parsed_params: dict[str, set[str]] = {}
         self.parsers: dict[str, Parsed | dict] = {}
         """The script's own functions that return a parser's output (`def parse_arge(): ... return
         parser.parse_known_args()`: calling one is parsing) or a dict they write out."""
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         self.signatures[node.name] = node.args
+        for param in self.parsed_params.get(node.name, ()):  # `def main(args)` called as `main(parse_args())`
+            self.env[param] = Parsed(f"{self.code.file}:{node.lineno}: {node.name}({param}) (the parsed arguments)")
         self.scopes.append(node.name)
         self.generic_visit(node)
         self.scopes.pop()
@@ -317,6 +323,10 @@ class _Reader(ast.NodeVisitor):
             return -node.operand.value
         if isinstance(node, ast.Attribute):
             return self.attribute(node)
+        if isinstance(node, ast.Compare):
+            found = compared(node, self.value)
+            if found is not None:
+                return found
         if isinstance(node, ast.Call):
             return self.call(node)
         for child in ast.walk(node):  # record the calls inside other expressions (`f(x) if c else g(y)`)
@@ -351,9 +361,7 @@ class _Reader(ast.NodeVisitor):
         if name in self.parsers:
             held = self.parsers[name]
             return self.bound(held, node, self.signatures.get(name)) if isinstance(held, dict) else held
-        if name.rsplit(".", 1)[-1] in ("parse_args_into_dataclasses", "parse_args", "parse_known_args",
-                                       "parse_args_and_config",
-                                       "parse_yaml_file", "parse_json_file", "parse_dict"):
+        if name.rsplit(".", 1)[-1] in PARSE_CALLS:
             return Parsed(f"{self.code.file}:{node.lineno}: {name}()")
         call = Call(name, node.lineno, self.code.file, owner=owner, scope=self.scopes[-1] if self.scopes else "",
                     guard=tuple(self.guards))
