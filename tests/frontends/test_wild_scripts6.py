@@ -389,3 +389,25 @@ def test_the_entry_point_s_parsed_arguments_and_a_known_comparison(tmp_path, mon
     assert setup["checkpointing"] == "all" and setup["precision"] == "bf16-mixed"
     assert "not a literal" not in unknown(report) and "--batch_size" not in unknown(report)
     assert check(tmp_path, monkeypatch, MAIN_ARGS, ["python", "train.py"])["setup"]["checkpointing"] == "off"
+
+
+# A script that parses no flags (huggingface/trl#1303's guanaco QLoRA SFTTrainer script, launched on 2 GPUs):
+# its fixes are in its code's words, not TrainingArguments command-line flags it never reads.
+NO_PARSER = '''
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, TrainingArguments
+    from peft import LoraConfig
+    from trl import SFTTrainer
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float16)
+    model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf", quantization_config=bnb)
+    args = TrainingArguments(output_dir="o", fp16=True, gradient_checkpointing=True)
+    SFTTrainer(model=model, peft_config=LoraConfig(r=64), args=args).train()
+'''
+
+
+def test_a_script_without_a_parser_is_fixed_in_its_code(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, NO_PARSER, ["torchrun", "--nproc_per_node", "2", "train.py"],
+                   trl="0.7.10", transformers="4.37.2", peft="0.8.2")
+    assert "ddp-reentrant-unused" in rules(report)
+    fixes = json.dumps(report["findings"])
+    assert "--ddp_find_unused_parameters" not in fixes and "ddp_find_unused_parameters= (TrainingArguments)" in fixes

@@ -53,6 +53,7 @@ FLAGS = {"checkpointing": "gradient_checkpointing=True (TrainingArguments) or mo
          "quant_storage_matches": "BitsAndBytesConfig(bnb_4bit_quant_storage=...)",
          "matched_modules": "LoraConfig(target_modules=...)", "use_cache": "model.config.use_cache",
          "find_unused_parameters": "ddp_find_unused_parameters= (TrainingArguments)",
+         "ddp_static_graph": "ddp_static_graph=True (TrainingArguments)",
          "world_size": "the launcher's process count", **CODE_FLAGS}
 # Importing one of these makes a file a training script check reads (accelerate and deepspeed alone do not: their
 # calls are read where a script makes them).
@@ -183,8 +184,9 @@ def finish(draft: Draft, script: Script) -> None:
     _unsloth_ddp(draft, script)
     draft.unknown.extend(script.facts.unknown)
     # A fix names the code to change where the code set the value, the flag where a flag did.
+    # A script without an argument parser takes no flags: every fix is in its code's words.
     draft.flags.update({k: v for k, v in FLAGS.items() if draft.sources.get(k, "").startswith(script.code.file + ":")
-                        or k in CODE_FLAGS})
+                        or k in CODE_FLAGS or not script.facts.parser})
     draft.flags.update(cause_fixes(draft.sources))
     for line in script.code.skipped:
         draft.note(line)
