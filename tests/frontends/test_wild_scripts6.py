@@ -411,3 +411,25 @@ def test_a_script_without_a_parser_is_fixed_in_its_code(tmp_path, monkeypatch):
     assert "ddp-reentrant-unused" in rules(report)
     fixes = json.dumps(report["findings"])
     assert "--ddp_find_unused_parameters" not in fixes and "ddp_find_unused_parameters= (TrainingArguments)" in fixes
+
+
+# A wrap policy of one's own set on accelerate's FSDP plugin after the HF Trainer is built
+# (huggingface/transformers#27573: `trainer.accelerator.state.fsdp_plugin.auto_wrap_policy = our_custom_wrap_policy`).
+POLICY_OVERRIDE = '''
+    import functools
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    from peft import LoraConfig, get_peft_model
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained("m"), LoraConfig(target_modules=["q_proj"]))
+    args = TrainingArguments(output_dir="o", fsdp="full_shard auto_wrap", fsdp_config={"use_orig_params": False})
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
+    trainer = Trainer(model=model, args=args)
+    trainer.accelerator.state.fsdp_plugin.auto_wrap_policy = policy
+    trainer.train()
+'''
+
+
+def test_a_wrap_policy_set_on_the_trainer_s_fsdp_plugin_decides_the_units(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, POLICY_OVERRIDE, ["torchrun", "--nproc_per_node", "2", "train.py"])
+    assert report["setup"]["fsdp_frozen_units_separate"] is False and "fsdp1-mixed-requires-grad" in rules(report)

@@ -238,3 +238,25 @@ def _save_gather(draft: Draft, code: Code) -> None:
         draft.set("adapter_save_gather", False, f"{saves[0].at()} in the script's own loop under ZeRO-3: PEFT's "
                   "save_pretrained reads the module's partitioned placeholders; nothing gathers them "
                   "(deepspeed.zero.GatheredParameters or state_dict=accelerator.get_state_dict(model))")
+
+
+def plugin_policy(draft: Draft, code: Code) -> None:
+    """`trainer.accelerator.state.fsdp_plugin.auto_wrap_policy = policy` (transformers#27573's way to give the HF
+    Trainer a wrap policy of one's own, and accelerate loops' `accelerator.state.fsdp_plugin.auto_wrap_policy =
+    fsdp_auto_wrap_policy(model)`): the policy set last decides whether the adapters are units of their own."""
+    if draft.get("engine") != "fsdp1":
+        return
+    sets = [(value, source) for owner, attr, value, source in code.attributes
+            if attr == "auto_wrap_policy" and owner.endswith("fsdp_plugin")]
+    if not sets:
+        return
+    value, source = sets[-1]
+    policy = _text(value)
+    if any(n in policy for n in _SEPARATING):
+        draft.set("fsdp_frozen_units_separate", True, f"{source} (trainable leaves wrapped as their own units)")
+    elif any(n in policy for n in _MIXING):
+        draft.set("fsdp_frozen_units_separate", False, f"{source} (units hold adapters beside frozen base weights)")
+    else:
+        draft.maybe("fsdp_frozen_units_separate", {True: "the policy wraps the adapters as units of their own",
+                                                   False: "the policy wraps whole layers"},
+                    f"{source}: built where the code does not show")

@@ -25,7 +25,7 @@ from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
 from loraflow.frontends.script_dicts import fixed_device, settle
 from loraflow.frontends.script_flags import keyword_flags
 from loraflow.frontends.script_zero_init import apply_zero_init, computed_config, deepspeed_opt
-from loraflow.frontends.script_loop import apply_loop
+from loraflow.frontends.script_loop import apply_loop, plugin_policy
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
 from loraflow.frontends.script_wild import cause_fixes, engine_moves_peft, kbit_prep_after_wrap, plain_args_defaults
 
@@ -265,6 +265,7 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
     _moves(draft, script)
     _merges(draft, script)
     apply_zero_init(draft, facts, script.code)
+    plugin_policy(draft, script.code)
     if not whole:
         draft.note(f"{script.code.file} shows no trainer and no training step: read as a part of a script, so what "
                    "it does not show is left open")
