@@ -433,3 +433,27 @@ POLICY_OVERRIDE = '''
 def test_a_wrap_policy_set_on_the_trainer_s_fsdp_plugin_decides_the_units(tmp_path, monkeypatch):
     report = check(tmp_path, monkeypatch, POLICY_OVERRIDE, ["torchrun", "--nproc_per_node", "2", "train.py"])
     assert report["setup"]["fsdp_frozen_units_separate"] is False and "fsdp1-mixed-requires-grad" in rules(report)
+
+
+# advx-25-cdss/model (train/model.py, train/trainer.py): PiSSA initialization in the script's own LoraConfig, and
+# the training keywords built by `def extract_kwargs(**kwargs): return kwargs`.
+PISSA = '''
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+    from trl import SFTConfig, SFTTrainer
+    model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen3-1.7B", torch_dtype=torch.bfloat16)
+    peft_config = LoraConfig(init_lora_weights="pissa_niter_32", r=8, target_modules="all-linear")
+    def extract_kwargs(**kwargs):
+        return kwargs
+    args = extract_kwargs(output_dir="o", bf16=True, deepspeed="ds_z3.json")
+    SFTTrainer(model=model, peft_config=peft_config, args=SFTConfig(**args)).train()
+'''
+
+
+def test_a_weight_reading_init_and_a_kwargs_helper_are_read(tmp_path, monkeypatch):
+    (tmp_path / "ds_z3.json").write_text('{"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}}')
+    report = check(tmp_path, monkeypatch, PISSA, ["deepspeed", "--num_gpus", "2", "train.py"], peft="0.11.1")
+    setup = report["setup"]
+    assert setup["adapter_reads_base"] == "svd" and setup["zero_stage"] == 3 and setup["precision"] == "bf16-mixed"
+    assert "zero3-init-adapter-read" in rules(report) and "**args" not in unknown(report)

@@ -16,7 +16,7 @@ from typing import Any
 
 from loraflow.frontends.script_args import field_default, record_argparse
 from loraflow.frontends.script_parse import parse
-from loraflow.frontends.script_passing import PARSE_CALLS, compared, parsed_params
+from loraflow.frontends.script_passing import PARSE_CALLS, compared, parsed_params, returns_kwargs
 
 # torch dtypes as the HF frontends spell them (`--torch_dtype bfloat16`).
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
@@ -154,12 +154,15 @@ class _Reader(ast.NodeVisitor):
         self.guards: list[tuple[str, bool]] = []
         self.signatures: dict[str, ast.arguments] = {}
         self.parsed_params: dict[str, set[str]] = {}
+        self.kwarg_returners: set[str] = set()
         self.parsers: dict[str, Parsed | dict] = {}
         """The script's own functions that return a parser's output (`def parse_arge(): ... return
         parser.parse_known_args()`: calling one is parsing) or a dict they write out."""
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         self.signatures[node.name] = node.args
+        if returns_kwargs(node):
+            self.kwarg_returners.add(node.name)
         for param in self.parsed_params.get(node.name, ()):  # `def main(args)` called as `main(parse_args())`
             self.env[param] = Parsed(f"{self.code.file}:{node.lineno}: {node.name}({param}) (the parsed arguments)")
         self.scopes.append(node.name)
@@ -358,6 +361,8 @@ class _Reader(ast.NodeVisitor):
             name = f"{_short(ast.unparse(base), 40) if not isinstance(base, ast.Call) else _callee(base)}.{func.attr}"
         else:
             name = ast.unparse(func)
+        if name in self.kwarg_returners:  # `def extract_kwargs(**kwargs): return kwargs`: the call's keywords
+            return {kw.arg: self.value(kw.value) for kw in node.keywords if kw.arg is not None}
         if name in self.parsers:
             held = self.parsers[name]
             return self.bound(held, node, self.signatures.get(name)) if isinstance(held, dict) else held

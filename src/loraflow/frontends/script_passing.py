@@ -54,3 +54,11 @@ def compared(node: ast.Compare, value: Callable[[ast.AST], Any]) -> Any:
     if not (isinstance(left, known) and isinstance(right, known)):
         return None
     return _COMPARE[type(node.ops[0])](left, right)
+
+
+def returns_kwargs(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """`def extract_kwargs(**kwargs): return kwargs`: a helper whose call is the dict of its keywords
+    (advx-25-cdss/model's train/trainer.py builds its TrainingArguments keywords so)."""
+    kwarg = node.args.kwarg
+    return kwarg is not None and any(isinstance(s, ast.Return) and isinstance(s.value, ast.Name) and
+                                     s.value.id == kwarg.arg for s in node.body)

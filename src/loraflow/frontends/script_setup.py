@@ -27,7 +27,8 @@ from loraflow.frontends.script_flags import keyword_flags
 from loraflow.frontends.script_zero_init import apply_zero_init, computed_config, deepspeed_opt
 from loraflow.frontends.script_loop import apply_loop, plugin_policy
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
-from loraflow.frontends.script_wild import cause_fixes, engine_moves_peft, kbit_prep_after_wrap, plain_args_defaults
+from loraflow.frontends.script_wild import (adapter_reads, cause_fixes, engine_moves_peft, kbit_prep_after_wrap,
+                                             plain_args_defaults)
 
 NAME = "python-script"
 # Combination field -> what to change in the script's code (words every fix; the launch-line path keeps hf's flags
@@ -266,6 +267,7 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
     _merges(draft, script)
     apply_zero_init(draft, facts, script.code)
     plugin_policy(draft, script.code)
+    adapter_reads(draft, facts)
     if not whole:
         draft.note(f"{script.code.file} shows no trainer and no training step: read as a part of a script, so what "
                    "it does not show is left open")
