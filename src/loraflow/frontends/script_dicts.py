@@ -19,7 +19,8 @@ from loraflow.frontends.script_code import Call, Code, FromFlag, Parsed, Unread
 _COMPUTED = (Unread, FromFlag, Parsed, Call)
 # DeepSpeed keys whose computed value is evaluated both ways rather than read as absent (absent reads as DeepSpeed's
 # default, which would decide for the code): Combination field -> the labels of each value.
-_OFFLOAD = ("offload", {True: "the computed offload device is cpu or nvme", False: "the computed offload device is none"})
+_OFFLOAD = ("offload", {True: "the computed offload device is cpu or nvme",
+                         False: "the computed offload device is none"})
 _GATHER = ("adapter_save_gather", {True: "the computed setting gathers 16-bit weights on save",
                                    False: "the computed setting does not gather on save"})
 _SAVE_KEYS = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
