@@ -80,10 +80,45 @@ def options(call: Call) -> dict[str, Opt]:
         elif precision in ("bf16-mixed", "bf16-true"):
             config.setdefault("bf16", {"enabled": True})
         opts["deepspeed"] = Opt(config, source, True)
+    plugin = bnb_plugin(call)
+    if plugin is not None:
+        mode = plugin.arg(0, "mode")
+        # "int8-training" keeps fp16 weights that train (bnb Linear8bitLt has_fp16_weights=True): not a frozen base.
+        bits = None if not isinstance(mode, str) or mode == "int8-training" else "8bit" if mode == "int8" else "4bit"
+        if bits is not None:
+            opts[f"load_in_{bits}"] = Opt(True, f"{plugin.at('mode' if 'mode' in plugin.kwargs else None)} (Lightning "
+                                      "replaces the model's nn.Linear layers with bitsandbytes ones)", True)
     steps = call.kwargs.get("accumulate_grad_batches")
     if isinstance(steps, int) and not isinstance(steps, bool):
         opts["gradient_accumulation_steps"] = Opt(steps, call.at("accumulate_grad_batches"), True)
     return opts
+
+
+def bnb_plugin(call: Call) -> Call | None:
+    """Trainer(plugins=BitsandbytesPrecision(mode=...)) (or in a list of plugins): Lightning's own quantization."""
+    plugins = call.kwargs.get("plugins")
+    for plugin in plugins if isinstance(plugins, list) else [plugins]:
+        if isinstance(plugin, Call) and plugin.name == "BitsandbytesPrecision":
+            return plugin
+    return None
+
+
+def _bnb_adapters(draft: Draft, call: Call) -> None:
+    """BitsandbytesPrecision.convert_module replaces every torch.nn.Linear under the module not named in
+    ignore_modules (fabric/plugins/precision/bitsandbytes.py _convert_layers), and PEFT's lora_A / lora_B are
+    nn.Linear layers: a PeftModel built before the Trainer sets it up gets frozen 4-/8-bit adapters, and nothing
+    trains."""
+    plugin = bnb_plugin(call)
+    if plugin is None or draft.get("adapter") == "full" or plugin.arg(0, "mode") == "int8-training":
+        return
+    where = f"{plugin.at()}: Lightning converts every nn.Linear, PEFT's lora_A / lora_B included, to bitsandbytes " \
+            "layers whose weights do not require grad (fabric/plugins/precision/bitsandbytes.py)"
+    if "ignore_modules" in plugin.kwargs:
+        draft.maybe("adapter_loaded_frozen", {True: "ignore_modules does not cover the LoRA layers",
+                                              False: "ignore_modules keeps the LoRA layers in float"},
+                    f"{plugin.at('ignore_modules')}: matched by module-name prefix")
+    else:
+        draft.set("adapter_loaded_frozen", True, where)
 
 
 def _deepspeed(strategy: Any, call: Call) -> tuple[dict, str] | None:
@@ -122,6 +157,7 @@ def apply(draft: Draft, facts: Any, code_saves: list[Call]) -> None:
     if "use_cache" not in facts.opts:
         draft.set("use_cache", True, "default (the model config's use_cache=True: Lightning leaves it as loaded)")
     _world(draft, call)
+    _bnb_adapters(draft, call)
     strategy = call.kwargs.get("strategy")
     precision, where = precision_of(call)
     if precision is None:

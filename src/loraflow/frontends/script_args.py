@@ -25,6 +25,9 @@ def record_argparse(code: Any, node: ast.Call, name: str) -> None:
     code.dests.update({o: dest for o in options if o != dest})
     if default is not None:
         code.defaults.setdefault(dest, default)
+    computed = next((kw.value for kw in node.keywords if kw.arg == "default"), None)
+    if default is None and computed is not None and not isinstance(computed, ast.Constant):
+        code.computed_defaults.setdefault(dest, ast.unparse(computed))
 
 
 def argparse_default(node: ast.Call) -> tuple[str, Any, list[str]] | None:

@@ -11,12 +11,12 @@ and `...` standing for elided arguments is read as nothing. The meaning of the c
 from __future__ import annotations
 
 import ast
-import re
-import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
 from loraflow.frontends.script_args import field_default, record_argparse
+from loraflow.frontends.script_parse import parse
+from loraflow.frontends.script_passing import PARSE_CALLS, compared, parsed_params, returns_kwargs
 
 # torch dtypes as the HF frontends spell them (`--torch_dtype bfloat16`).
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
@@ -25,7 +25,6 @@ _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "flo
 _ENUMS = ("TaskType", "PeftType", "IntervalStrategy", "SchedulerType")
 # What turns a command line into the script's settings; their outputs' attributes are flags.
 PARSERS = ("HfArgumentParser", "TrlParser", "ArgumentParser")
-_MAX_SKIPS = 60
 
 
 @dataclass(frozen=True)
@@ -120,6 +119,8 @@ class Code:
     a flag the launch line leaves out is; argparse's defaults and set_defaults too (script_args.py)."""
     dests: dict[str, str] = field(default_factory=dict)
     """A script's own option -> the argparse dest it sets, where they differ (`--with-adapter` -> use_lora)."""
+    computed_defaults: dict[str, str] = field(default_factory=dict)
+    """argparse dests whose default the code computes (`default=torch.cuda.get_device_capability()[0] == 8`)."""
     """Parsed flags the script stops on (`if training_args.gradient_checkpointing: raise ...`) -> the source: a run
     that trains has them off."""
 
@@ -135,100 +136,11 @@ class Code:
 def read_code(text: str, file: str) -> Code:
     """The calls, imports and assignments of `text`; never raises on bad syntax (the lines are skipped)."""
     code = Code(file)
-    tree = _parse(text, code)
-    _Reader(code).visit(tree)
+    tree = parse(text, code)
+    reader = _Reader(code)
+    reader.parsed_params = parsed_params(tree)
+    reader.visit(tree)
     return code
-
-
-# `...` in an argument list or a list literal (`f(x, ..., y=1)`): a poster's elision, read as `*()` (nothing).
-_ELLIPSIS = re.compile(r"(?<=[(\[,])(\s*)\.\.\.(?=\s*[,)\]])")
-
-
-# `...` standing for statements: alone on its line (`# setup the trainer` / `...`) or as a value (`trainer = ...`).
-_ELIDED_CODE = re.compile(r"(?:[\w.\[\]\s]+=\s*)?\.\.\.(?:\s*#.*)?$")
-
-
-def _parse(text: str, code: Code) -> ast.Module:
-    lines = textwrap.dedent(text.replace("\t", "    ")).splitlines()
-    depth = 0
-    for i, line in enumerate(lines):
-        stripped = line.strip()
-        # Notebook magics and shell escapes (`!pip install`, `%time`) are not Python.
-        if stripped.startswith(("!", "%")):
-            code.skipped.append(f"{code.file}:{i + 1}: skipped (a notebook command): {stripped[:80]}")
-            lines[i] = ""
-        elif depth > 0 and stripped in ("...", "...,"):  # a line of its own inside a call: `f(\n ...\n x=1)`
-            lines[i] = line.replace("...", "*()," if stripped == "..." else "*()", 1)
-            code.elided.append(i + 1)
-        elif "..." in line and _ELLIPSIS.search(line):
-            lines[i] = _ELLIPSIS.sub(r"\1*()", line)
-            code.elided.append(i + 1)
-        elif depth == 0 and _ELIDED_CODE.match(stripped):
-            code.elided_code.append(i + 1)
-        # Open brackets so far (strings and comments are not told apart: a guess is enough here).
-        code_part = line.split("#", 1)[0]
-        depth = max(0, depth + sum(code_part.count(c) for c in "([{") - sum(code_part.count(c) for c in ")]}"))
-    for _ in range(_MAX_SKIPS):
-        try:
-            return ast.parse("\n".join(lines))
-        except SyntaxError as exc:
-            if not _repair(lines, exc, code):
-                break
-    return ast.Module(body=[], type_ignores=[])
-
-
-def _repair(lines: list[str], exc: SyntaxError, code: Code) -> bool:
-    """Make the line the parser stopped at harmless, keeping every other line where it is (line numbers stay)."""
-    row = min(max((exc.lineno or 1) - 1, 0), len(lines) - 1) if lines else -1
-    while row > 0 and not lines[row].strip():
-        row -= 1
-    if row < 0 or not lines[row].strip():
-        return False
-    line = lines[row]
-    indent = line[:len(line) - len(line.lstrip())]
-    if _close_or_separate(lines, exc, code):
-        return True
-    if exc.msg.startswith("unexpected indent"):
-        # A pasted block whose first lines were left out: pull it back to the previous line's indentation.
-        prev = next((x for x in reversed(lines[:row]) if x.strip()), "")
-        cut = len(indent) - (len(prev) - len(prev.lstrip()))
-        for j in range(row, len(lines)):
-            if lines[j].strip() and not lines[j].startswith(indent):
-                break
-            lines[j] = lines[j][cut:] if lines[j].strip() else lines[j]
-        return True
-    code.skipped.append(f"{code.file}:{row + 1}: skipped ({exc.msg}): {line.strip()[:80]}")
-    # A block header that does not parse keeps its indented body a block; prose ending in a colon has none.
-    after = next((x for x in lines[row + 1:] if x.strip()), "")
-    opens = line.rstrip().endswith(":") and len(after) - len(after.lstrip()) > len(indent)
-    lines[row] = indent + ("if True:" if opens else "pass")
-    return True
-
-
-_UNCLOSED = re.compile(r"'([(\[{])' was never closed")
-_CLOSER = {"(": ")", "[": "]", "{": "}"}
-
-
-def _close_or_separate(lines: list[str], exc: SyntaxError, code: Code) -> bool:
-    """Two slips of a pasted excerpt that keep the call they sit in: the paste stops inside a call (`'(' was never
-    closed`: the bracket is closed on a line added after the last one, so `get_peft_model(model, r=16,` cut there
-    still reads as that call), and a comma left out between two arguments on consecutive lines (`x=1` / `y=2` inside
-    a call: Python's 'Perhaps you forgot a comma?'), put back at the end of the first line."""
-    unclosed = _UNCLOSED.match(exc.msg)
-    if unclosed:
-        lines.append(_CLOSER[unclosed.group(1)])
-        code.elided.append(len(lines))
-        return True
-    row, end = (exc.lineno or 0) - 1, (exc.end_lineno or 0) - 1
-    if "forgot a comma" in exc.msg and 0 <= row < end < len(lines):
-        line = lines[row]
-        # A `#` in a line with quotes may sit in a string: only a line without quotes has its comment told apart.
-        body, hash_, comment = line.partition("#") if not any(q in line for q in "'\"") else (line, "", "")
-        if body.strip() and not body.rstrip().endswith(",") and (hash_ or "#" not in line):
-            lines[row] = body.rstrip() + "," + (" " + hash_ + comment if hash_ else "")
-            code.skipped.append(f"{code.file}:{row + 1}: read with a comma added ({exc.msg})")
-            return True
-    return False
 
 
 class _Reader(ast.NodeVisitor):
@@ -240,13 +152,31 @@ class _Reader(ast.NodeVisitor):
         self.seen: dict[int, Call] = {}
         self.scopes: list[str] = []
         self.guards: list[tuple[str, bool]] = []
+        self.signatures: dict[str, ast.arguments] = {}
+        self.parsed_params: dict[str, set[str]] = {}
+        self.kwarg_returners: set[str] = set()
+        self.parsers: dict[str, Parsed | dict] = {}
+        """The script's own functions that return a parser's output (`def parse_arge(): ... return
+        parser.parse_known_args()`: calling one is parsing) or a dict they write out."""
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.signatures[node.name] = node.args
+        if returns_kwargs(node):
+            self.kwarg_returners.add(node.name)
+        for param in self.parsed_params.get(node.name, ()):  # `def main(args)` called as `main(parse_args())`
+            self.env[param] = Parsed(f"{self.code.file}:{node.lineno}: {node.name}({param}) (the parsed arguments)")
         self.scopes.append(node.name)
         self.generic_visit(node)
         self.scopes.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Return(self, node: ast.Return) -> None:
+        value = self.value(node.value) if node.value is not None else None
+        if isinstance(value, (Parsed, dict)) and self.scopes:
+            # A helper of the script's own returning a dict it writes out (DeepSpeed-Chat's get_train_ds_config):
+            # its call is that dict; what it computes from its parameters stays unread inside it.
+            self.parsers[self.scopes[-1]] = value
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -289,7 +219,10 @@ class _Reader(ast.NodeVisitor):
                 # `if args.load_in_8bit: model_kwargs.update(load_in_8bit=True)`: only the keys the branch changes
                 # depend on the test.
                 self.env[name] = _either(before[name], changed[0], name, node.lineno)
-            if len(changed) == 2 and not any(isinstance(v, Call) for v in changed) and changed[0] != changed[1]:
+            # Two parsers' outputs (`parse_json_file(...)` if a JSON is given, else `parse_args_into_dataclasses()`)
+            # are the same arguments either way.
+            if len(changed) == 2 and not any(isinstance(v, Call) for v in changed) and changed[0] != changed[1] \
+                    and not all(isinstance(v, Parsed) for v in changed):
                 # Both branches assign it, differently (Qwen-VL's `modules_to_save = None` for a chat model, else
                 # ["wte", "lm_head"]): which one holds is the test's, not the later line's.
                 self.env[name] = Unread(f"{name} (either branch of the `if` at line {node.lineno})")
@@ -335,9 +268,8 @@ class _Reader(ast.NodeVisitor):
                 self.env[name.id] = value if parsed or i == 0 else Unread(name.id)
             if isinstance(value, Call) and names and not value.target:
                 value.target = names[0].id
-        elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and \
-                isinstance(self.env.get(target.value.id), dict) and isinstance(self.value(target.slice), str):
-            self.env[target.value.id] = {**self.env[target.value.id], self.value(target.slice): value}
+        elif isinstance(target, ast.Subscript):
+            self.bind_key(target, value)
         elif isinstance(target, ast.Attribute):
             owner = ast.unparse(target.value)
             root = target.value
@@ -353,6 +285,28 @@ class _Reader(ast.NodeVisitor):
                 called = frozenset(_callee_name(c) for c in ast.walk(new) if isinstance(c, ast.Call))
                 self.code.replaced.append((owner, target.attr, called, source))
 
+    def bind_key(self, target: ast.Subscript, value: Any) -> None:
+        """`ds_config["zero_optimization"]["stage"] = 3`: a new dict bound to the root name, with the key set (the
+        dicts on the way copied, so the value an earlier call took is kept); a key the code computes is not read."""
+        keys: list[Any] = []
+        node: ast.AST = target
+        while isinstance(node, ast.Subscript):
+            keys.insert(0, self.value(node.slice))
+            node = node.value
+        if not isinstance(node, ast.Name) or not isinstance(self.env.get(node.id), dict) or \
+                not all(isinstance(k, (str, int)) for k in keys):
+            return
+        root = dict(self.env[node.id])
+        held = root
+        for key in keys[:-1]:
+            inner = held.get(key)
+            if not isinstance(inner, dict):  # `cfg["a"]["b"] = v` where cfg["a"] is computed: it stays unread
+                return
+            held[key] = dict(inner)
+            held = held[key]
+        held[keys[-1]] = value
+        self.env[node.id] = root
+
     def value(self, node: ast.AST) -> Any:
         if isinstance(node, ast.Constant):
             return node.value
@@ -364,12 +318,18 @@ class _Reader(ast.NodeVisitor):
         if isinstance(node, ast.Dict):
             keys = [self.value(k) if k is not None else Unread("**") for k in node.keys]
             values = [self.value(v) for v in node.values]
-            known = _known(keys + values, node)
+            # Literal keys keep the dict: a value the code computes (`"train_micro_batch_size_per_gpu": args.bs`) stays
+            # an Unread / FromFlag inside it, for the reader of that key to list. Computed keys or `**` hide them all.
+            known = _known(keys, node)
             return dict(zip(keys, values)) if not isinstance(known, Unread) else known
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
             return -node.operand.value
         if isinstance(node, ast.Attribute):
             return self.attribute(node)
+        if isinstance(node, ast.Compare):
+            found = compared(node, self.value)
+            if found is not None:
+                return found
         if isinstance(node, ast.Call):
             return self.call(node)
         for child in ast.walk(node):  # record the calls inside other expressions (`f(x) if c else g(y)`)
@@ -401,8 +361,12 @@ class _Reader(ast.NodeVisitor):
             name = f"{_short(ast.unparse(base), 40) if not isinstance(base, ast.Call) else _callee(base)}.{func.attr}"
         else:
             name = ast.unparse(func)
-        if name.rsplit(".", 1)[-1] in ("parse_args_into_dataclasses", "parse_args", "parse_args_and_config",
-                                       "parse_yaml_file", "parse_json_file", "parse_dict"):
+        if name in self.kwarg_returners:  # `def extract_kwargs(**kwargs): return kwargs`: the call's keywords
+            return {kw.arg: self.value(kw.value) for kw in node.keywords if kw.arg is not None}
+        if name in self.parsers:
+            held = self.parsers[name]
+            return self.bound(held, node, self.signatures.get(name)) if isinstance(held, dict) else held
+        if name.rsplit(".", 1)[-1] in PARSE_CALLS:
             return Parsed(f"{self.code.file}:{node.lineno}: {name}()")
         call = Call(name, node.lineno, self.code.file, owner=owner, scope=self.scopes[-1] if self.scopes else "",
                     guard=tuple(self.guards))
@@ -430,6 +394,25 @@ class _Reader(ast.NodeVisitor):
             return dict(call.kwargs)  # dict(use_reentrant=False) is the literal {"use_reentrant": False}
         return call
 
+
+    def bound(self, held: dict, node: ast.Call, signature: ast.arguments | None) -> dict:
+        """A helper's returned dict with its parameters replaced by what this call passes (`get_train_ds_config(
+        offload=False, stage=args.zero_stage)` -> "stage": args.zero_stage), else by their literal defaults."""
+        if signature is None:
+            return dict(held)
+        names = [a.arg for a in signature.posonlyargs + signature.args]
+        given: dict[str, Any] = {}
+        for name, default in zip(names[len(names) - len(signature.defaults):], signature.defaults):
+            if isinstance(default, ast.Constant):
+                given[name] = default.value
+        given.update({n: self.value(a) for n, a in zip(names, node.args) if not isinstance(a, ast.Starred)})
+        given.update({kw.arg: self.value(kw.value) for kw in node.keywords if kw.arg is not None})
+
+        def swap(value: Any) -> Any:
+            if isinstance(value, dict):
+                return {k: swap(v) for k, v in value.items()}
+            return given.get(value.text, value) if isinstance(value, Unread) else value
+        return swap(held)
 
     def keywords(self, node: ast.AST) -> dict | None:
         """A dict written out or built earlier (`{"load_in_8bit": True}`, `dict(bf16=True)`) as keywords, or None."""

@@ -14,6 +14,7 @@ from loraflow.frontends import lightning
 from loraflow.frontends.hf_options import HANDLED, Opt, trainer_from_name
 from loraflow.frontends.trl import MARKERS
 from loraflow.frontends.script_code import PARSERS, Call, Code, FromFlag, Parsed, Unread
+from loraflow.frontends.script_names import HARMLESS as _HARMLESS, model_class
 
 TRAINING_ARGS = ("TrainingArguments", "Seq2SeqTrainingArguments")
 PLAIN_TRAINERS = ("Trainer", "Seq2SeqTrainer")
@@ -21,29 +22,8 @@ ADAPTER_CONFIGS = ("LoraConfig", "AdaLoraConfig", "LoHaConfig", "LoKrConfig", "I
                    "BOFTConfig")
 UNSLOTH = ("FastLanguageModel", "FastModel", "FastVisionModel")
 PEFT_LOADERS = ("PeftModel", "PeftModelForCausalLM", "PeftModelForSequenceClassification")
-# Model classes: AutoModelForCausalLM, LlamaForCausalLM, AutoModel, Qwen2VLForConditionalGeneration, MllamaModel...
-_MODEL_CLASS = re.compile(r"^(Auto\w*Model\w*|\w+For[A-Z]\w+|\w+Model)$")
 # Packages whose calls the reader looks at; a call of theirs it does not read is listed.
 API_PACKAGES = ("transformers", "peft", "trl", "unsloth", "bitsandbytes", "accelerate", "deepspeed")
-# Calls that change nothing check evaluates (tokenizers, data, logging, saving, generation).
-_HARMLESS = frozenset((
-    "AutoTokenizer", "AutoProcessor", "AutoConfig", "AutoImageProcessor", "set_seed", "get_scheduler", "pipeline",
-    "DataCollatorForLanguageModeling", "DataCollatorForSeq2Seq", "DataCollatorWithPadding", "default_data_collator",
-    "DataCollatorForCompletionOnlyLM", "TextStreamer", "GenerationConfig", "EarlyStoppingCallback", "ScriptArguments",
-    "ModelConfig", "print_trainable_parameters", "save_pretrained", "save_model", "push_to_hub", "evaluate",
-    "predict", "generate", "eval", "add_callback", "is_bfloat16_supported", "get_chat_template", "logging",
-    "train_on_responses_only", "standardize_sharegpt", "apply_chat_template", "parameters", "named_parameters",
-    "state_dict", "wait_for_everyone", "unwrap_model", "gather", "main_process_first", "log", "save_state",
-    "zero_grad", "no_sync", "accumulate", "autocast", "clip_grad_norm_", "get_nb_trainable_parameters",
-    "disable_adapter", "set_adapter", "print", "prepare", "save", "get_peft_config", "get_kbit_device_map",
-    "get_quantization_config", "PartialState", "TrainerCallback", "for_inference", "for_training", "is_main_process",
-    "named_modules", "modules", "get_input_embeddings", "get_output_embeddings", "tokenizer", "from_dict",
-    "get_logger", "get_linear_schedule_with_warmup", "get_cosine_schedule_with_warmup",
-    # Unsloth's hardware query, vision collator and exports (merged_16bit dequantizes the 4-bit base layers before
-    # merging, as unsloth's tests/qlora/README.md says of its merge), none of which changes what trains.
-    "is_bf16_supported", "UnslothVisionDataCollator", "save_pretrained_merged", "push_to_hub_merged",
-    "save_pretrained_gguf", "push_to_hub_gguf",
-))
 # Method names that place or cast a model.
 _CASTS = {"half": "float16", "bfloat16": "bfloat16", "float": "float32"}
 _MOVES = ("cuda", "cpu", "xpu")
@@ -90,6 +70,9 @@ class Facts:
     """Lightning's Trainer or Fabric, when it runs the loop (lightning.py reads its arguments)."""
     state_dict_patch: str = ""
     """Where the code replaces a model's state_dict with PEFT's adapter state dict (alpaca-lora's finetune.py)."""
+    zero_inits: list[Call] = field(default_factory=list)
+    """transformers' HfDeepSpeedConfig(ds_config): from_pretrained builds under zero.Init while it is alive
+    (script_zero_init.py)."""
 
 
 def kind(call: Call, code: Code) -> str:
@@ -109,7 +92,7 @@ def kind(call: Call, code: Code) -> str:
             return "peft_load"
         if owner in ("PeftConfig", *ADAPTER_CONFIGS):
             return "saved_config"
-        return "load" if _MODEL_CLASS.match(owner) else "harmless"
+        return "load" if model_class(owner, code.bases) else "harmless"
     if name == "get_peft_model":
         return "unsloth_wrap" if owner in UNSLOTH else "wrap"
     if name.endswith("Config") and code.imports.get(name) == "peft" and name not in ("PeftConfig", "LoftQConfig"):
@@ -119,7 +102,8 @@ def kind(call: Call, code: Code) -> str:
 
 _SIMPLE = {"BitsAndBytesConfig": "bnb", "add_adapter": "wrap", "prepare_model_for_kbit_training": "kbit_prep",
            "prepare_model_for_int8_training": "kbit_prep", "gradient_checkpointing_enable": "gc",
-           "enable_input_require_grads": "hook", "Accelerator": "accelerator", "DeepSpeedPlugin": "ds_plugin",
+           "enable_input_require_grads": "hook", "Accelerator": "accelerator",
+           "HfDeepSpeedConfig": "zero_init", "DeepSpeedPlugin": "ds_plugin",
            "merge_and_unload": "merge", "merge_adapter": "merge", "load_adapter": "peft_load",
            "backward": "trains", **{n: "adapter_config" for n in ADAPTER_CONFIGS},
            **{n: "parser" for n in PARSERS}}
@@ -246,6 +230,10 @@ def _trainer(facts: Facts, call: Call, code: Code) -> None:
     # (harmless here) returns None unless ModelConfig.use_peft, which hf.py reads from the flags.
     if isinstance(peft, (Unread, Parsed)) or (isinstance(peft, Call) and kind(peft, code) == ""):
         facts.opts["use_peft"] = Opt(True, call.at("peft_config") + " (an adapter config built elsewhere)", True)
+    built = call.kwargs.get("args")
+    if isinstance(built, Unread) or (isinstance(built, Call) and kind(built, code) != "args"):
+        facts.unknown.append(f"{call.at('args')} (the training arguments are built where the code does not show: "
+                             "their defaults are assumed)")
     model = call.kwargs.get("model", call.args[0] if call.args else None)
     if isinstance(model, str):  # TRL loads a model named by its id
         facts.opts.setdefault("model_name_or_path", Opt(model, call.at("model"), True))
@@ -304,8 +292,10 @@ def _load_kwargs(facts: Facts, call: Call) -> None:
     quant = call.kwargs.get("quantization_config")
     if isinstance(quant, dict):
         for name in ("load_in_4bit", "load_in_8bit"):
-            if quant.get(name):
+            if quant.get(name) is True:
                 facts.opts[name] = Opt(True, call.at("quantization_config"), True)
+            elif isinstance(quant.get(name), (Unread, Call, FromFlag)):
+                facts.unknown.append(f"{call.at('quantization_config')} ({name} computed: not visible)")
     elif isinstance(quant, (Unread, Parsed)):
         facts.unknown.append(f"{call.at('quantization_config')} (built elsewhere: whether it quantizes is not "
                              "visible)")
@@ -460,7 +450,8 @@ _HANDLERS = {"args": _args, "trainer": _trainer, "lightning": _lightning, "bnb":
              "adapter_config": _adapter_config, "wrap": _wrap, "unsloth_wrap": _unsloth_wrap, "kbit_prep": _kbit_prep,
              "gc": _gc, "hook": _hook, "accelerator": _accelerator, "ds_plugin": _ds_plugin, "ds_init": _ds_init,
              "place": _place, "merge": _simple("merges"), "peft_load": _peft_load,
-             "saved_config": _simple("saved_configs"), "trains": _trains, "parser": _parser}
+             "saved_config": _simple("saved_configs"), "trains": _trains, "parser": _parser,
+             "zero_init": _simple("zero_inits")}
 
 
 def _attributes(facts: Facts, code: Code) -> None:

@@ -48,6 +48,7 @@ def apply_loop(draft: Draft, facts: Facts, code: Code) -> None:
     _scaler(draft, code)
     _manual_checkpoint(draft, facts, code)
     _mode(draft, facts, code)
+    _save_gather(draft, code)
     source = draft.sources.get("find_unused_parameters", "")
     if source.startswith(_TRAINER_UNUSED):
         draft.set("find_unused_parameters", False, "default (the script's own loop: torch DDP's "
@@ -213,3 +214,49 @@ def _mode(draft: Draft, facts: Facts, code: Code) -> None:
     else:
         where = last.at() if last is not None else "the script's own loop"
         draft.set("train_mode_at_backward", True, f"{where} (the model is in train mode at backward)")
+
+
+def _save_gather(draft: Draft, code: Code) -> None:
+    """hf.py reads a ZeRO-3 save as the HF Trainer's (it consolidates a PeftModel's partitions, or saves through the
+    config's 16-bit gather); a loop of the script's own saves only what it saves itself, and PEFT's save_pretrained
+    reads the module's [0] placeholders unless the code gathers them (deepspeed.zero.GatheredParameters, accelerate's
+    get_state_dict, the engine's save_16bit_model)."""
+    if not (draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3):
+        return
+    saves = [c for c in code.calls if c.name == "save_pretrained" and not any(
+        n in c.owner_name.lower() for n in ("token", "processor", "config"))]
+    if not saves:
+        draft.set("adapter_save_gather", True, "the script's own loop saves no adapter with save_pretrained (nothing "
+                  "is read from ZeRO-3's partitions)")
+        return
+    given = next((c for c in saves if "get_state_dict" in c.texts.get("state_dict", "")), None)
+    gather = next((c for c in code.calls if c.name in ("GatheredParameters", "save_16bit_model")), None)
+    if given is not None or gather is not None:
+        where = given.at("state_dict") if given is not None else gather.at()
+        draft.set("adapter_save_gather", True, f"{where} (gathers the ZeRO-3 partitions for the save)")
+    else:
+        draft.set("adapter_save_gather", False, f"{saves[0].at()} in the script's own loop under ZeRO-3: PEFT's "
+                  "save_pretrained reads the module's partitioned placeholders; nothing gathers them "
+                  "(deepspeed.zero.GatheredParameters or state_dict=accelerator.get_state_dict(model))")
+
+
+def plugin_policy(draft: Draft, code: Code) -> None:
+    """`trainer.accelerator.state.fsdp_plugin.auto_wrap_policy = policy` (transformers#27573's way to give the HF
+    Trainer a wrap policy of one's own, and accelerate loops' `accelerator.state.fsdp_plugin.auto_wrap_policy =
+    fsdp_auto_wrap_policy(model)`): the policy set last decides whether the adapters are units of their own."""
+    if draft.get("engine") != "fsdp1":
+        return
+    sets = [(value, source) for owner, attr, value, source in code.attributes
+            if attr == "auto_wrap_policy" and owner.endswith("fsdp_plugin")]
+    if not sets:
+        return
+    value, source = sets[-1]
+    policy = _text(value)
+    if any(n in policy for n in _SEPARATING):
+        draft.set("fsdp_frozen_units_separate", True, f"{source} (trainable leaves wrapped as their own units)")
+    elif any(n in policy for n in _MIXING):
+        draft.set("fsdp_frozen_units_separate", False, f"{source} (units hold adapters beside frozen base weights)")
+    else:
+        draft.maybe("fsdp_frozen_units_separate", {True: "the policy wraps the adapters as units of their own",
+                                                   False: "the policy wraps whole layers"},
+                    f"{source}: built where the code does not show")

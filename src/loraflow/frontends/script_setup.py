@@ -22,9 +22,13 @@ from loraflow.frontends.hf_options import Opt
 from loraflow.frontends.intent import infer
 from loraflow.frontends.kbit_facts import move_refused
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
-from loraflow.frontends.script_loop import apply_loop
+from loraflow.frontends.script_dicts import fixed_device, settle
+from loraflow.frontends.script_flags import keyword_flags
+from loraflow.frontends.script_zero_init import apply_zero_init, computed_config, deepspeed_opt
+from loraflow.frontends.script_loop import apply_loop, plugin_policy
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
-from loraflow.frontends.script_wild import cause_fixes, engine_moves_peft, kbit_prep_after_wrap, plain_args_defaults
+from loraflow.frontends.script_wild import (adapter_reads, cause_fixes, engine_moves_peft, kbit_prep_after_wrap,
+                                             plain_args_defaults)
 
 NAME = "python-script"
 # Combination field -> what to change in the script's code (words every fix; the launch-line path keeps hf's flags
@@ -43,11 +47,14 @@ FLAGS = {"checkpointing": "gradient_checkpointing=True (TrainingArguments) or mo
          "precision": "bf16= / fp16= (TrainingArguments); keep what trains in float32 (no .half() / .to(dtype) after "
                       "get_peft_model, no float16 torch_dtype with modules_to_save)",
          "engine": "deepspeed= / fsdp= (TrainingArguments) or the launcher",
+         "zero_stage": "\"stage\" in the zero_optimization section of the DeepSpeed config the script passes",
+         "offload": "offload_optimizer / offload_param in the DeepSpeed config the script passes",
          "adapter": "LoraConfig(...) + get_peft_model (use_dora=True for DoRA)",
          "quantization": "BitsAndBytesConfig(load_in_4bit=...) in from_pretrained(quantization_config=...)",
          "quant_storage_matches": "BitsAndBytesConfig(bnb_4bit_quant_storage=...)",
          "matched_modules": "LoraConfig(target_modules=...)", "use_cache": "model.config.use_cache",
          "find_unused_parameters": "ddp_find_unused_parameters= (TrainingArguments)",
+         "ddp_static_graph": "ddp_static_graph=True (TrainingArguments)",
          "world_size": "the launcher's process count", **CODE_FLAGS}
 # Importing one of these makes a file a training script check reads (accelerate and deepspeed alone do not: their
 # calls are read where a script makes them).
@@ -97,7 +104,11 @@ def looks_like_script(text: str) -> bool:
 
 
 def script_of(program: str) -> Script | None:
-    """The launch line's program when it is a Python file here that check can read (for hf.py)."""
+    """The launch line's program when it is a Python file here that check can read (for hf.py). A module launch of a
+    script of one's own (`torchrun -m hf_trainer`, Chunk-loss-LoRA's example/hf_trainer.py) is its file here; dotted
+    modules (`-m axolotl.cli.train`) belong to a package, not to a script beside the launch."""
+    if program.isidentifier():
+        program += ".py"
     if not program.endswith(".py"):
         return None
     path = resolve_path(program)
@@ -141,7 +152,9 @@ def live(draft: Draft, script: Script, flags: dict[str, Opt]) -> Script:
 def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Opt]:
     """The options hf.py reads: the code's, the launch line's flags over them, then what the code sets on the parsed
     arguments afterwards (`training_args.gradient_checkpointing = True`)."""
-    opts = {**plain_args_defaults(script.code, script.facts), **script.facts.opts, **flags}
+    mapped, used = keyword_flags(draft, script.code, flags)
+    opts = {**plain_args_defaults(script.code, script.facts), **script.facts.opts, **mapped,
+            **{n: o for n, o in flags.items() if n not in used}}
     for name, where in script.code.refused.items():
         if name not in opts:  # the script stops when it is on, so a run that trains has it off
             opts[name] = Opt(False, f"{where} (the script stops if it is on)")
@@ -158,6 +171,11 @@ def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Op
                 opts["use_dora"] = Opt(True, said.sources["adapter"])
     _checkpointing(opts, script.facts)
     opts.update(script.facts.late)
+    if "deepspeed" not in opts:  # named by HfDeepSpeedConfig, else computed: still a DeepSpeed run
+        found = deepspeed_opt(draft, script.facts) or computed_config(script.code)
+        if found is not None:
+            opts["deepspeed"] = found
+    settle(draft, opts, flags, script.code)  # dicts with computed values: the literal keys read, the rest listed
     return opts
 
 
@@ -167,8 +185,9 @@ def finish(draft: Draft, script: Script) -> None:
     _unsloth_ddp(draft, script)
     draft.unknown.extend(script.facts.unknown)
     # A fix names the code to change where the code set the value, the flag where a flag did.
+    # A script without an argument parser takes no flags: every fix is in its code's words.
     draft.flags.update({k: v for k, v in FLAGS.items() if draft.sources.get(k, "").startswith(script.code.file + ":")
-                        or k in CODE_FLAGS})
+                        or k in CODE_FLAGS or not script.facts.parser})
     draft.flags.update(cause_fixes(draft.sources))
     for line in script.code.skipped:
         draft.note(line)
@@ -246,6 +265,9 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
     _casts(draft, script)
     _moves(draft, script)
     _merges(draft, script)
+    apply_zero_init(draft, facts, script.code)
+    plugin_policy(draft, script.code)
+    adapter_reads(draft, facts)
     if not whole:
         draft.note(f"{script.code.file} shows no trainer and no training step: read as a part of a script, so what "
                    "it does not show is left open")
@@ -406,8 +428,7 @@ def _per_rank(draft: Draft, script: Script) -> None:
         return
     for load in script.facts.loads:
         where = load.kwargs.get("device_map")
-        fixed = where == "auto" or isinstance(where, (int, dict)) or (isinstance(where, str) and ":" in where)
-        if fixed and kind(load, script.code) == "load" and bits_of(load, script.code) in ("4bit", "8bit"):
+        if fixed_device(where) and kind(load, script.code) == "load" and bits_of(load, script.code) in ("4bit", "8bit"):
             draft.set("quantized_moved", True, f"{load.at('device_map')} in a {draft.get('world_size')}-process "
                       "launch: every rank loads the k-bit model on the same device")
 

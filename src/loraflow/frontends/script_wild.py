@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from loraflow.frontends.common import Draft
 from loraflow.frontends.hf_options import Opt
-from loraflow.frontends.script_code import Call, Code
+from loraflow.frontends.script_code import Call, Code, FromFlag, Unread
+from loraflow.frontends.table import parameter_targets, weight_reading_init
 from loraflow.frontends.script_facts import TRAINING_ARGS, Facts, kind
 
 # TRL's trainers take a transformers TrainingArguments too, and copy it into their own config:
@@ -70,7 +72,33 @@ def engine_moves_peft(value: Any, code: Code, lineage: Callable[[Any, Code], lis
 def cause_fixes(sources: dict[str, str]) -> dict[str, str]:
     """The fix in the code's words where one field has several causes in code: the table's fix for a frozen adapter
     is for an adapter loaded without is_trainable, not for one frozen by a k-bit preparation that came after it."""
+    if "BitsandbytesPrecision" in sources.get("adapter_loaded_frozen", ""):
+        return {"adapter_loaded_frozen": "from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True)) "
+                                         "before get_peft_model, instead of Lightning's BitsandbytesPrecision plugin "
+                                         "(it quantizes PEFT's lora_A / lora_B too)"}
     if "prepare_model_for_kbit_training" in sources.get("adapter_loaded_frozen", ""):
         return {"adapter_loaded_frozen": "prepare_model_for_kbit_training(model) before get_peft_model(model, ...), "
                                          "not after it"}
     return {}
+
+
+def adapter_reads(draft: Draft, facts: Facts) -> None:
+    """What the adapter's creation reads from the base weights, from the script's own adapter config: an SVD/QR
+    initialization (`LoraConfig(init_lora_weights="pissa_niter_32")`, advx-25-cdss/model's train/model.py), LoRA on
+    nn.Parameter targets (target_parameters=[...]), prompt tuning initialized from text (rule
+    zero3-init-adapter-read), as the framework frontends read the same PEFT options."""
+    for call in facts.configs:
+        for key, parse in (("init_lora_weights", weight_reading_init), ("target_parameters", parameter_targets)):
+            value = call.kwargs.get(key)
+            if isinstance(value, (Unread, Call, FromFlag)):
+                draft.unknown.append(f"{call.at(key)} (computed: whether the adapter's creation reads the base "
+                                     "weights is not visible)")
+                continue
+            kind = parse(value, call.at(key)) if key in call.kwargs else None
+            if kind:
+                draft.set("adapter_reads_base", kind, call.at(key))
+                return
+        if call.name == "PromptTuningConfig" and str(call.kwargs.get("prompt_tuning_init", "")).upper().endswith(
+                "TEXT"):
+            draft.set("adapter_reads_base", "prompt", call.at("prompt_tuning_init"))
+            return

@@ -1,0 +1,41 @@
+"""Names in training scripts that script_facts.py tells apart by their spelling alone: the calls that change nothing
+check evaluates, and the model classes whose from_pretrained loads a model (the script's own subclasses included)."""
+
+from __future__ import annotations
+
+import re
+
+# Calls that change nothing check evaluates (tokenizers, data, logging, saving, generation).
+HARMLESS = frozenset((
+    "AutoTokenizer", "AutoProcessor", "AutoConfig", "AutoImageProcessor", "set_seed", "get_scheduler", "pipeline",
+    "DataCollatorForLanguageModeling", "DataCollatorForSeq2Seq", "DataCollatorWithPadding", "default_data_collator",
+    "DataCollatorForCompletionOnlyLM", "TextStreamer", "GenerationConfig", "EarlyStoppingCallback", "ScriptArguments",
+    "ModelConfig", "print_trainable_parameters", "save_pretrained", "save_model", "push_to_hub", "evaluate",
+    "predict", "generate", "eval", "add_callback", "is_bfloat16_supported", "get_chat_template", "logging",
+    "train_on_responses_only", "standardize_sharegpt", "apply_chat_template", "parameters", "named_parameters",
+    "state_dict", "wait_for_everyone", "unwrap_model", "gather", "main_process_first", "log", "save_state",
+    "zero_grad", "no_sync", "accumulate", "autocast", "clip_grad_norm_", "get_nb_trainable_parameters",
+    "disable_adapter", "set_adapter", "print", "prepare", "save", "get_peft_config", "get_kbit_device_map",
+    "get_quantization_config", "PartialState", "TrainerCallback", "for_inference", "for_training", "is_main_process",
+    "named_modules", "modules", "get_input_embeddings", "get_output_embeddings", "tokenizer", "from_dict",
+    "get_logger", "get_linear_schedule_with_warmup", "get_cosine_schedule_with_warmup",
+    # Unsloth's hardware query, vision collator and exports (merged_16bit dequantizes the 4-bit base layers before
+    # merging, as unsloth's tests/qlora/README.md says of its merge), none of which changes what trains.
+    "is_bf16_supported", "UnslothVisionDataCollator", "save_pretrained_merged", "push_to_hub_merged",
+    "save_pretrained_gguf", "push_to_hub_gguf",
+))
+
+# Model classes: AutoModelForCausalLM, LlamaForCausalLM, AutoModel, Qwen2VLForConditionalGeneration, MllamaModel...
+_MODEL_CLASS = re.compile(r"^(Auto\w*Model\w*|\w+For[A-Z]\w+|\w+Model)$")
+
+
+def model_class(name: str, bases: dict[str, str]) -> bool:
+    """A model class, or a class the script derives from one (`class Model(Qwen2ForCausalLM)`, Chunk-loss-LoRA's
+    example/ds3_qwen_peft.py: `Model.from_pretrained(...)` loads a Qwen2 model)."""
+    for _ in range(8):
+        if _MODEL_CLASS.match(name):
+            return True
+        if name not in bases:
+            return False
+        name = bases[name]
+    return False
