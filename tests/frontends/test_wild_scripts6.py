@@ -457,3 +457,16 @@ def test_a_weight_reading_init_and_a_kwargs_helper_are_read(tmp_path, monkeypatc
     setup = report["setup"]
     assert setup["adapter_reads_base"] == "svd" and setup["zero_stage"] == 3 and setup["precision"] == "bf16-mixed"
     assert "zero3-init-adapter-read" in rules(report) and "**args" not in unknown(report)
+
+
+# Chunk-loss-LoRA's `torchrun -m hf_trainer`: a module launched by name from the working directory is the script
+# beside it, read as code (before, its flags alone: a full fine-tune).
+def test_a_module_launched_by_name_is_the_script_here(tmp_path, monkeypatch):
+    text = '''
+        from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained("x"), LoraConfig(r=8))
+        Trainer(model=model, args=TrainingArguments(output_dir="o")).train()
+    '''
+    report = check(tmp_path, monkeypatch, text, ["torchrun", "--nproc_per_node", "2", "-m", "train"])
+    assert report["setup"]["adapter"] == "lora"

@@ -370,7 +370,8 @@ def _image_text(draft: Draft, opts: dict[str, Opt], intent, cmd: Command | None)
 
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
-    script = script_setup.script_of(cmd.program) if cmd.program_kind == "script" else None
+    local = cmd.program_kind == "script" or (cmd.program_kind == "module" and cmd.program.isidentifier())  # -m train
+    script = script_setup.script_of(cmd.program) if local else None
     if script is not None:  # the script is here: its code and the flags are read together
         return _from_script(cmd, script, versions)
     draft = Draft(NAME, versions)
