@@ -470,3 +470,27 @@ def test_a_module_launched_by_name_is_the_script_here(tmp_path, monkeypatch):
     '''
     report = check(tmp_path, monkeypatch, text, ["torchrun", "--nproc_per_node", "2", "-m", "train"])
     assert report["setup"]["adapter"] == "lora"
+
+
+# SmolVLM2's fine-tuning notebook (huggingface/smollm vision/finetuning) and many Colab exports: module switches
+# `USE_LORA = False` / `USE_QLORA = False` pick a branch; only the branch that runs is read.
+def test_module_switches_decide_which_branch_is_read(tmp_path, monkeypatch):
+    text = '''
+        import torch
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Trainer, TrainingArguments
+        from peft import LoraConfig, get_peft_model
+        USE_LORA = False
+        USE_QLORA = False
+        if USE_QLORA or USE_LORA:
+            bnb = BitsAndBytesConfig(load_in_4bit=True) if USE_QLORA else None
+            model = AutoModelForCausalLM.from_pretrained("m", quantization_config=bnb, torch_dtype=torch.bfloat16)
+            model = get_peft_model(model, LoraConfig(r=8))
+        else:
+            model = AutoModelForCausalLM.from_pretrained("m", torch_dtype=torch.bfloat16)
+        Trainer(model=model, args=TrainingArguments(output_dir="o", bf16=True)).train()
+    '''
+    report = check(tmp_path, monkeypatch, text)
+    assert report["setup"]["adapter"] == "full" and report["setup"]["quantization"] is None
+    assert "bf16-lost-updates" in rules(report)
+    lora = check(tmp_path, monkeypatch, text.replace("USE_LORA = False", "USE_LORA = True"))
+    assert lora["setup"]["adapter"] == "lora" and lora["setup"]["quantization"] is None

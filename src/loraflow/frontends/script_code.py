@@ -16,7 +16,7 @@ from typing import Any
 
 from loraflow.frontends.script_args import field_default, record_argparse
 from loraflow.frontends.script_parse import parse
-from loraflow.frontends.script_passing import PARSE_CALLS, compared, parsed_params, returns_kwargs
+from loraflow.frontends.script_passing import PARSE_CALLS, compared, parsed_params, returns_kwargs, truth
 
 # torch dtypes as the HF frontends spell them (`--torch_dtype bfloat16`).
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
@@ -198,6 +198,11 @@ class _Reader(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_If(self, node: ast.If) -> None:
+        decided = truth(node.test, self.value)
+        if decided is not None:  # `if USE_LORA:` with `USE_LORA = False` above: only the branch that runs is read
+            for child in node.body if decided else node.orelse:
+                self.visit(child)
+            return
         test = self.value(node.test)
         if isinstance(test, FromFlag) and len(node.body) == 1 and isinstance(node.body[0], ast.Raise):
             self.code.refused[test.name] = f"{self.code.file}:{node.lineno}: if {ast.unparse(node.test)}: raise"
@@ -332,6 +337,8 @@ class _Reader(ast.NodeVisitor):
                 return found
         if isinstance(node, ast.Call):
             return self.call(node)
+        if isinstance(node, ast.IfExp) and (decided := truth(node.test, self.value)) is not None:
+            return self.value(node.body if decided else node.orelse)  # `x if USE_QLORA else None`
         for child in ast.walk(node):  # record the calls inside other expressions (`f(x) if c else g(y)`)
             if isinstance(child, ast.Call) and child is not node:
                 self.call(child)

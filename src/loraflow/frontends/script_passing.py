@@ -62,3 +62,21 @@ def returns_kwargs(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     kwarg = node.args.kwarg
     return kwarg is not None and any(isinstance(s, ast.Return) and isinstance(s.value, ast.Name) and
                                      s.value.id == kwarg.arg for s in node.body)
+
+
+def truth(node: ast.AST, value: Callable[[ast.AST], Any]) -> bool | None:
+    """The truth of an `if` test or a conditional expression's test over values the reader knows: a module constant
+    (`USE_LORA = False` then `if USE_QLORA or USE_LORA:`, SmolVLM's and many notebooks' switches), `not`, `and`/`or`,
+    a comparison of known values. None when any part is not known (a flag, a call): both branches stay possible."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        inner = truth(node.operand, value)
+        return None if inner is None else not inner
+    if isinstance(node, ast.BoolOp):
+        parts = [truth(v, value) for v in node.values]
+        if isinstance(node.op, ast.And):
+            return False if False in parts else None if None in parts else True
+        return True if True in parts else None if None in parts else False
+    if isinstance(node, (ast.Name, ast.Constant, ast.Compare)):
+        known = value(node)
+        return bool(known) if isinstance(known, (bool, int, float, str, type(None))) else None
+    return None
