@@ -216,7 +216,8 @@ FP16_OVERFLOW: Mapping[str, Fp16Overflow] = MappingProxyType({
                        "google-research/text-to-text-transfer-transformer#539"),
     # Gemma 3's large RMSNorm weights and post-norms overflow float16 (transformers#36822); Unsloth loads Gemma 3 /
     # 3n, gpt-oss and Qwen3.5 in bfloat16 with float32 upcasts when float16 is asked (unsloth FORCE_FLOAT32).
-    "gemma3": Fp16Overflow(r"gemma[-_.]?3", "huggingface/transformers#36822; unsloth FORCE_FLOAT32"),
+    # Not `gemma-3b` (PaliGemma-1's `paligemma-3b-pt-224` is a 3B Gemma 1).
+    "gemma3": Fp16Overflow(r"gemma[-_.]?3(?!\d*b)", "huggingface/transformers#36822; unsloth FORCE_FLOAT32"),
     "gpt_oss": Fp16Overflow(r"gpt[-_.]?oss", "unsloth FORCE_FLOAT32 (unsloth_zoo)"),
     "qwen3_5": Fp16Overflow(r"qwen[-_.]?3\.5", "unsloth FORCE_FLOAT32 (Qwen3.5's GDN layers NaN in float16)"),
     # The backward overflows along the residual stream: finite loss, NaN grad norm on the first steps

@@ -494,3 +494,21 @@ def test_module_switches_decide_which_branch_is_read(tmp_path, monkeypatch):
     assert "bf16-lost-updates" in rules(report)
     lora = check(tmp_path, monkeypatch, text.replace("USE_LORA = False", "USE_LORA = True"))
     assert lora["setup"]["adapter"] == "lora" and lora["setup"]["quantization"] is None
+
+
+# PaliGemma fine-tuning scripts (merveenoyan/smol-vision's paligemma script and its copies): a BitsAndBytesConfig is
+# built for the QLoRA variant but the load does not take it; and `paligemma-3b` is a Gemma 1, not a Gemma 3.
+def test_an_unused_bnb_config_quantizes_nothing_and_paligemma_is_no_gemma3(tmp_path, monkeypatch):
+    text = '''
+        import torch
+        from transformers import PaliGemmaForConditionalGeneration, BitsAndBytesConfig, Trainer, TrainingArguments
+        from peft import LoraConfig, get_peft_model
+        bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")
+        model = PaliGemmaForConditionalGeneration.from_pretrained("google/paligemma-3b-pt-224", device_map={"": 0})
+        model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+        Trainer(model=model, args=TrainingArguments(output_dir="o", fp16=True)).train()
+    '''
+    report = check(tmp_path, monkeypatch, text)
+    assert report["setup"]["quantization"] is None and not report["setup"]["fp16_overflows"]
+    used = check(tmp_path, monkeypatch, text.replace('device_map={"": 0})', 'quantization_config=bnb_config)'))
+    assert used["setup"]["quantization"] == "4bit"

@@ -14,7 +14,7 @@ from loraflow.frontends import lightning
 from loraflow.frontends.hf_options import HANDLED, Opt, trainer_from_name
 from loraflow.frontends.trl import MARKERS
 from loraflow.frontends.script_code import PARSERS, Call, Code, FromFlag, Parsed, Unread
-from loraflow.frontends.script_names import HARMLESS as _HARMLESS, model_class
+from loraflow.frontends.script_names import HARMLESS as _HARMLESS, model_class, passed
 
 TRAINING_ARGS = ("TrainingArguments", "Seq2SeqTrainingArguments")
 PLAIN_TRAINERS = ("Trainer", "Seq2SeqTrainer")
@@ -64,6 +64,7 @@ class Facts:
     """The first call that turns checkpointing on in code (gradient_checkpointing_enable, k-bit preparation)."""
     gc_kwargs: dict | None = None
     unknown: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     late: dict[str, Opt] = field(default_factory=dict)
     """Attributes set on the training arguments after they are built or parsed: they override flags too."""
     lightning: Call | None = None
@@ -250,6 +251,9 @@ def _lightning(facts: Facts, call: Call, code: Code) -> None:
 
 
 def _bnb(facts: Facts, call: Call, code: Code) -> None:
+    if not passed(call, code):  # built, but no load takes it (PaliGemma fine-tuning scripts keep one unused)
+        facts.notes.append(f"{call.at()}: a BitsAndBytesConfig no from_pretrained takes: the model loads unquantized")
+        return
     for name in ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_storage"):
         value = literal(facts, call, name)
         if value not in (None, False):

@@ -4,6 +4,7 @@ check evaluates, and the model classes whose from_pretrained loads a model (the 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # Calls that change nothing check evaluates (tokenizers, data, logging, saving, generation).
 HARMLESS = frozenset((
@@ -39,3 +40,20 @@ def model_class(name: str, bases: dict[str, str]) -> bool:
             return False
         name = bases[name]
     return False
+
+
+def passed(made: Any, code: Any) -> bool:
+    """Whether a value the script builds (a BitsAndBytesConfig call) reaches another call: as an argument or keyword,
+    inside a dict or list passed, or where a call passes `**kwargs` check cannot see into. True for a fragment that
+    loads nothing (what it does with the value is not shown)."""
+    def holds(value: Any) -> bool:
+        if value is made:
+            return True
+        if isinstance(value, dict):
+            return any(holds(v) for v in value.values())
+        return isinstance(value, (list, tuple)) and any(holds(v) for v in value)
+
+    others = [c for c in code.calls if c is not made]
+    if not any(c.func.endswith("from_pretrained") for c in others):
+        return True
+    return any(c.splat or holds(c.args) or holds(c.kwargs) for c in others)

@@ -184,6 +184,8 @@ def finish(draft: Draft, script: Script) -> None:
     _per_rank(draft, script)
     _unsloth_ddp(draft, script)
     draft.unknown.extend(script.facts.unknown)
+    for note in script.facts.notes:
+        draft.note(note)
     # A fix names the code to change where the code set the value, the flag where a flag did.
     # A script without an argument parser takes no flags: every fix is in its code's words.
     draft.flags.update({k: v for k, v in FLAGS.items() if draft.sources.get(k, "").startswith(script.code.file + ":")
