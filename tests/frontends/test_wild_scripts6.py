@@ -512,3 +512,23 @@ def test_an_unused_bnb_config_quantizes_nothing_and_paligemma_is_no_gemma3(tmp_p
     assert report["setup"]["quantization"] is None and not report["setup"]["fp16_overflows"]
     used = check(tmp_path, monkeypatch, text.replace('device_map={"": 0})', 'quantization_config=bnb_config)'))
     assert used["setup"]["quantization"] == "4bit"
+
+
+# Idefics2/Florence-2/PaliGemma fine-tuning scripts with transformers' Trainer and a collator that calls the processor
+# without truncation: nothing cuts a sample, so the image-token question is not asked; a length limit brings it back.
+def test_no_truncation_anywhere_settles_the_image_token_question(tmp_path, monkeypatch):
+    text = '''
+        from transformers import AutoProcessor, Idefics2ForConditionalGeneration, Trainer, TrainingArguments
+        from peft import LoraConfig, get_peft_model
+        processor = AutoProcessor.from_pretrained("HuggingFaceM4/idefics2-8b")
+        def collate(examples):
+            return processor(text=[e["text"] for e in examples], images=[e["images"] for e in examples],
+                             return_tensors="pt", padding=True)
+        model = Idefics2ForConditionalGeneration.from_pretrained("HuggingFaceM4/idefics2-8b")
+        model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+        Trainer(model=model, args=TrainingArguments(output_dir="o"), data_collator=collate).train()
+    '''
+    report = check(tmp_path, monkeypatch, text)
+    assert report["setup"]["image_safe_truncation"] is True
+    cut = check(tmp_path, monkeypatch, text.replace("padding=True)", "padding=True, truncation=True, max_length=512)"))
+    assert "cut inside its image tokens" in json.dumps(cut["depends_on"])

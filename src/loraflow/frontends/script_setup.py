@@ -28,7 +28,7 @@ from loraflow.frontends.script_zero_init import apply_zero_init, computed_config
 from loraflow.frontends.script_loop import apply_loop, plugin_policy
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
 from loraflow.frontends.script_wild import (adapter_reads, cause_fixes, engine_moves_peft, kbit_prep_after_wrap,
-                                             plain_args_defaults)
+                                             nothing_truncates, plain_args_defaults)
 
 NAME = "python-script"
 # Combination field -> what to change in the script's code (words every fix; the launch-line path keeps hf's flags
@@ -176,6 +176,7 @@ def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Op
         if found is not None:
             opts["deepspeed"] = found
     settle(draft, opts, flags, script.code)  # dicts with computed values: the literal keys read, the rest listed
+    nothing_truncates(draft, script.facts, script.code, opts)
     return opts
 
 

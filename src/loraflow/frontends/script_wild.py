@@ -102,3 +102,23 @@ def adapter_reads(draft: Draft, facts: Facts) -> None:
                 "TEXT"):
             draft.set("adapter_reads_base", "prompt", call.at("prompt_tuning_init"))
             return
+
+
+_CUTS = ("truncation", "max_length", "max_seq_length", "model_max_length", "max_len", "cutoff_len")
+
+
+def nothing_truncates(draft: Draft, facts: Facts, code: Code, opts: dict[str, Opt]) -> None:
+    """A script that trains with transformers' own Trainer or its own loop, and passes no truncation or length limit
+    to any call (its processor or tokenizer, its collator): nothing cuts a sample, so no image's tokens are cut
+    (the data decides that only where something truncates; TRL's trainers do, by their max_length default)."""
+    calls = code.calls
+    collators = [str(getattr(c.kwargs.get("data_collator"), "text", "")).split("(")[0] for c in calls]
+    if any(name.split(".")[0] in code.imports for name in collators if name):
+        return  # a collator from another module of the project: what it cuts is not visible
+    if facts.trl or any(k in opts for k in _CUTS) or any(
+            k in c.kwargs and c.kwargs[k] not in (None, False) for c in calls for k in _CUTS) or any(
+            c.splat for c in calls if c.name in ("__call__", "apply_chat_template") or "processor" in c.func or
+            "tokenizer" in c.func):
+        return
+    draft.settle("image_safe_truncation", True, f"{code.file}: no call passes truncation or a length limit "
+                 "(processors and tokenizers cut nothing unless told, nor does the loop that trains)")
