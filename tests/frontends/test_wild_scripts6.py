@@ -532,3 +532,25 @@ def test_no_truncation_anywhere_settles_the_image_token_question(tmp_path, monke
     assert report["setup"]["image_safe_truncation"] is True
     cut = check(tmp_path, monkeypatch, text.replace("padding=True)", "padding=True, truncation=True, max_length=512)"))
     assert "cut inside its image tokens" in json.dumps(cut["depends_on"])
+
+
+# Florence-2's distributed_train.py and the DDP tutorials: `mp.spawn(train, nprocs=world_size)` under `python
+# train.py` starts the processes itself: a literal count is the world size, an expression leaves it open.
+def test_processes_the_script_spawns_itself(tmp_path, monkeypatch):
+    text = '''
+        import torch
+        import torch.multiprocessing as mp
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from transformers import AutoModelForCausalLM
+        from peft import LoraConfig, get_peft_model
+        def train(rank, world_size):
+            model = DDP(get_peft_model(AutoModelForCausalLM.from_pretrained("m"), LoraConfig(r=8)).to(rank))
+            model(**batch).loss.backward()
+        if __name__ == "__main__":
+            mp.spawn(train, args=(4,), nprocs=4)
+    '''
+    report = check(tmp_path, monkeypatch, text, ["python", "train.py"])
+    assert report["setup"]["world_size"] == 4
+    some = check(tmp_path, monkeypatch, text.replace("nprocs=4", "nprocs=torch.cuda.device_count()"),
+                 ["python", "train.py"])
+    assert some["scenarios"] >= 2  # one process and several, each evaluated

@@ -28,7 +28,7 @@ from loraflow.frontends.script_zero_init import apply_zero_init, computed_config
 from loraflow.frontends.script_loop import apply_loop, plugin_policy
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
 from loraflow.frontends.script_wild import (adapter_reads, cause_fixes, engine_moves_peft, kbit_prep_after_wrap,
-                                             nothing_truncates, plain_args_defaults)
+                                             nothing_truncates, plain_args_defaults, spawned)
 
 NAME = "python-script"
 # Combination field -> what to change in the script's code (words every fix; the launch-line path keeps hf's flags
@@ -182,6 +182,7 @@ def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Op
 
 def finish(draft: Draft, script: Script) -> None:
     """After the world size is known: per-rank placement, what was not read, and the fixes in the code's words."""
+    spawned(draft, script.code)
     _per_rank(draft, script)
     _unsloth_ddp(draft, script)
     draft.unknown.extend(script.facts.unknown)

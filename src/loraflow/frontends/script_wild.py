@@ -122,3 +122,21 @@ def nothing_truncates(draft: Draft, facts: Facts, code: Code, opts: dict[str, Op
         return
     draft.settle("image_safe_truncation", True, f"{code.file}: no call passes truncation or a length limit "
                  "(processors and tokenizers cut nothing unless told, nor does the loop that trains)")
+
+
+def spawned(draft: Draft, code: Code) -> None:
+    """`mp.spawn(train, nprocs=world_size)` (torch.multiprocessing.spawn; Florence-2's and many DDP tutorials'
+    distributed_train.py): the script starts its processes itself, whatever the launch line (`python train.py`)."""
+    call = next((c for c in code.calls if c.name in ("spawn", "start_processes") and
+                 (c.func.split(".")[0] in ("mp", "torch", "multiprocessing") or code.imports.get(c.name) ==
+                  "torch.multiprocessing")), None)
+    if call is None:
+        return
+    count = call.kwargs.get("nprocs", call.args[2] if len(call.args) > 2 else 1)
+    if isinstance(count, int):
+        draft.set("world_size", count, f"{call.at('nprocs')} (the script starts its processes itself)")
+        return
+    draft.maybe("world_size", {1: "the script spawns one process (one GPU)", 2: "the script spawns several"},
+                f"{call.at('nprocs')}: the script starts as many processes as the expression gives (often one per "
+                "GPU)")
+
