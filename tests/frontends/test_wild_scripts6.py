@@ -554,3 +554,27 @@ def test_processes_the_script_spawns_itself(tmp_path, monkeypatch):
     some = check(tmp_path, monkeypatch, text.replace("nprocs=4", "nprocs=torch.cuda.device_count()"),
                  ["python", "train.py"])
     assert some["scenarios"] >= 2  # one process and several, each evaluated
+
+
+# A script's argparse flag declared `type=bool` (a common slip: tohtana/ds_repro_2746, many fine-tuning repos):
+# bool("False") is True, so `--use_lora False --fp16 False` turns both on.
+def test_a_type_bool_flag_is_on_for_any_text(tmp_path, monkeypatch):
+    text = '''
+        import argparse
+        from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+        from peft import LoraConfig, get_peft_model
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--use_lora", type=bool, default=True)
+        parser.add_argument("--fp16", type=bool, default=False)
+        args = parser.parse_args()
+        model = AutoModelForCausalLM.from_pretrained("m")
+        if args.use_lora:
+            model = get_peft_model(model, LoraConfig(r=8))
+        Trainer(model=model, args=TrainingArguments(output_dir="o", fp16=args.fp16)).train()
+    '''
+    report = check(tmp_path, monkeypatch, text, ["python", "train.py", "--use_lora", "False", "--fp16", "False"])
+    assert report["setup"]["adapter"] == "lora" and report["setup"]["precision"] == "fp16-mixed"
+    assert "bool('False') is True" in report["sources"]["precision"]
+    plain = check(tmp_path, monkeypatch, text.replace("type=bool, ", 'action="store_true", ').replace(
+        "default=True", "default=False"), ["python", "train.py"])
+    assert plain["setup"]["adapter"] == "full" and plain["setup"]["precision"] == "fp32"

@@ -23,6 +23,9 @@ def record_argparse(code: Any, node: ast.Call, name: str) -> None:
         return
     dest, default, options = found
     code.dests.update({o: dest for o in options if o != dest})
+    kind = next((kw.value for kw in node.keywords if kw.arg == "type"), None)
+    if isinstance(kind, ast.Name) and kind.id == "bool":
+        code.bool_typed.add(dest)
     if default is not None:
         code.defaults.setdefault(dest, default)
     computed = next((kw.value for kw in node.keywords if kw.arg == "default"), None)
@@ -61,3 +64,16 @@ def field_default(node: ast.AST) -> Any:
     if isinstance(node, ast.Constant) and isinstance(node.value, (bool, int, str)):
         return node.value
     return None
+
+
+def as_parsed(code: Any, dest: str, value: Any, source: str) -> tuple[Any, str]:
+    """A launch-line value as the script's parser gives it to the code. argparse's `type=bool` calls bool() on the
+    text, so `--bf16 False` is True (only an empty string is False): the source says so where it matters."""
+    if dest not in code.bool_typed or not isinstance(value, str):
+        return value, source
+    parsed = value != ""
+    if value.strip().lower() in ("false", "0", "no", "off"):
+        source = (f"{source} (the script declares it type=bool, and bool({value!r}) is True: argparse turns any "
+                  "non-empty text on; leave the flag out, or declare it with action='store_true')")
+    return parsed, source
+

@@ -121,6 +121,8 @@ class Code:
     """A script's own option -> the argparse dest it sets, where they differ (`--with-adapter` -> use_lora)."""
     computed_defaults: dict[str, str] = field(default_factory=dict)
     """argparse dests whose default the code computes (`default=torch.cuda.get_device_capability()[0] == 8`)."""
+    bool_typed: set[str] = field(default_factory=set)
+    """argparse dests declared `type=bool`: any non-empty text on the launch line is True (script_args.as_parsed)."""
     """Parsed flags the script stops on (`if training_args.gradient_checkpointing: raise ...`) -> the source: a run
     that trains has them off."""
 

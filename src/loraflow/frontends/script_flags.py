@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from loraflow.frontends.common import Draft
 from loraflow.frontends.hf_options import Opt
+from loraflow.frontends.script_args import as_parsed
 from loraflow.frontends.script_code import Code, FromFlag
 from loraflow.frontends.script_facts import READ_KEYS, kind
 
@@ -29,8 +30,8 @@ def keyword_flags(draft: Draft, code: Code, flags: dict[str, Opt]) -> tuple[dict
             flag = given[0] if given else name if name in flags else None
             if flag is not None:
                 opt = flags[flag]
-                found[key] = Opt(opt.value if opt.value is not None else True,
-                                 f"{opt.source} (the script passes args.{name} as {call.func}({key}=...))")
+                value, source = as_parsed(code, name, opt.value if opt.value is not None else True, opt.source)
+                found[key] = Opt(value, f"{source} (the script passes args.{name} as {call.func}({key}=...))")
                 if flag != key:
                     used.add(flag)
             elif name in code.defaults:

@@ -21,6 +21,7 @@ from loraflow.frontends.common import Draft, as_bool, at_least
 from loraflow.frontends.hf_options import Opt
 from loraflow.frontends.intent import infer
 from loraflow.frontends.kbit_facts import move_refused
+from loraflow.frontends.script_args import as_parsed
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
 from loraflow.frontends.script_dicts import fixed_device, settle
 from loraflow.frontends.script_flags import keyword_flags
@@ -129,8 +130,8 @@ def live(draft: Draft, script: Script, flags: dict[str, Opt]) -> Script:
             given = [o for o, dest in script.code.dests.items() if dest == name and o in flags]
             opt = flags.get(given[0]) if given else flags.get(name)
             default = script.code.defaults.get(name)
-            value, where = (opt.value if opt.value is not None else True, opt.source) if opt is not None else (
-                default, f"{script.code.file}: {name} defaults to {default}")
+            value, where = as_parsed(script.code, name, opt.value if opt.value is not None else True, opt.source) \
+                if opt is not None else (default, f"{script.code.file}: {name} defaults to {default}")
             if isinstance(value, bool) or (isinstance(value, str) and opt is not None):
                 try:
                     if as_bool(value, where) != wanted:
@@ -152,6 +153,8 @@ def live(draft: Draft, script: Script, flags: dict[str, Opt]) -> Script:
 def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Opt]:
     """The options hf.py reads: the code's, the launch line's flags over them, then what the code sets on the parsed
     arguments afterwards (`training_args.gradient_checkpointing = True`)."""
+    flags = {n: Opt(*as_parsed(script.code, script.code.dests.get(n, n), o.value, o.source), o.derived)
+             for n, o in flags.items()}  # `--fp16 False` to a `type=bool` flag is True
     mapped, used = keyword_flags(draft, script.code, flags)
     opts = {**plain_args_defaults(script.code, script.facts), **script.facts.opts, **mapped,
             **{n: o for n, o in flags.items() if n not in used}}
