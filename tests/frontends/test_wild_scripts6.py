@@ -578,3 +578,20 @@ def test_a_type_bool_flag_is_on_for_any_text(tmp_path, monkeypatch):
     plain = check(tmp_path, monkeypatch, text.replace("type=bool, ", 'action="store_true", ').replace(
         "default=True", "default=False"), ["python", "train.py"])
     assert plain["setup"]["adapter"] == "full" and plain["setup"]["precision"] == "fp32"
+
+
+# HenshawMike's gemma3 script, advx-25-cdss/model's GRPO stage, trl PR #2725's thread: get_peft_model, then the TRL
+# trainer given the PeftModel and peft_config too. TRL >= 0.27 refuses the pair (PR #4713); a merge in between is fine.
+def test_a_peft_model_with_a_peft_config_is_refused_by_trl_0_27(tmp_path, monkeypatch):
+    text = '''
+        from transformers import AutoModelForCausalLM
+        from peft import LoraConfig, get_peft_model
+        from trl import SFTTrainer, SFTConfig
+        peft_config = LoraConfig(r=16, target_modules="all-linear")
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained("m"), peft_config)
+        SFTTrainer(model=model, args=SFTConfig(output_dir="o"), train_dataset=ds, peft_config=peft_config).train()
+    '''
+    assert "peft-config-on-peft-model" in rules(check(tmp_path, monkeypatch, text))
+    assert "peft-config-on-peft-model" not in rules(check(tmp_path, monkeypatch, text, trl="0.26.0"))
+    merged = text.replace("peft_config)\n", "peft_config).merge_and_unload()\n", 1)
+    assert "peft-config-on-peft-model" not in rules(check(tmp_path, monkeypatch, merged))

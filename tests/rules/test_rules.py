@@ -137,6 +137,9 @@ CASES = {
     "sharded-weights-outside-forward": (
         FSDP1.replace(weights_outside_forward=True),
         DDP.replace(weights_outside_forward=True)),
+    "peft-config-on-peft-model": (
+        BASE.replace(peft_config_on_peft_model=True, versions={"trl": Version("0.27.0")}),
+        BASE.replace(peft_config_on_peft_model=True, versions={"trl": Version("0.26.0")})),
     "zero3-model-outside-engine": (
         ZERO3.replace(model_outside_engine=True),
         ZERO3.replace(zero_stage=2, model_outside_engine=True)),

@@ -29,7 +29,8 @@ from loraflow.frontends.script_zero_init import apply_zero_init, computed_config
 from loraflow.frontends.script_loop import apply_loop, plugin_policy
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
 from loraflow.frontends.script_wild import (adapter_reads, cause_fixes, engine_moves_peft, kbit_prep_after_wrap,
-                                             nothing_truncates, plain_args_defaults, spawned)
+                                             nothing_truncates, peft_config_on_peft_model, plain_args_defaults,
+                                             spawned)
 
 NAME = "python-script"
 # Combination field -> what to change in the script's code (words every fix; the launch-line path keeps hf's flags
@@ -42,7 +43,9 @@ CODE_FLAGS = {"adapter_loaded_frozen": "PeftModel.from_pretrained(..., is_traina
               "task_head_saved": "LoraConfig(task_type=\"SEQ_CLS\") or modules_to_save=[\"score\"]",
               "unsloth": "FastLanguageModel (Unsloth)", "input_grad_hook": "model.enable_input_require_grads()",
               "state_dict_patched": "the `model.state_dict = ... get_peft_model_state_dict(...)` lines (delete them: "
-                                    "model.save_pretrained saves the adapter)"}
+                                    "model.save_pretrained saves the adapter)",
+              "peft_config_on_peft_model": "the get_peft_model(...) before the trainer, or the trainer's peft_config= "
+                                           "(keep one)"}
 FLAGS = {"checkpointing": "gradient_checkpointing=True (TrainingArguments) or model.gradient_checkpointing_enable()",
          "reentrant": "gradient_checkpointing_kwargs={\"use_reentrant\": ...}",
          "precision": "bf16= / fp16= (TrainingArguments); keep what trains in float32 (no .half() / .to(dtype) after "
@@ -275,6 +278,7 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
     apply_zero_init(draft, facts, script.code)
     plugin_policy(draft, script.code)
     adapter_reads(draft, facts)
+    peft_config_on_peft_model(draft, facts, script.code, lineage)
     if not whole:
         draft.note(f"{script.code.file} shows no trainer and no training step: read as a part of a script, so what "
                    "it does not show is left open")

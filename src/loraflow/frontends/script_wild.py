@@ -140,3 +140,20 @@ def spawned(draft: Draft, code: Code) -> None:
                 f"{call.at('nprocs')}: the script starts as many processes as the expression gives (often one per "
                 "GPU)")
 
+
+def peft_config_on_peft_model(draft: Draft, facts: Facts, code: Code, lineage: Callable[[Any, Code], list[Call]]
+                              ) -> None:
+    """`model = get_peft_model(model, cfg)` then `SFTTrainer(model=model, peft_config=cfg)` (HenshawMike's gemma3
+    script, advx-25-cdss/model's GRPO stage, trl PR #2725's thread): TRL's trainer given a PeftModel and a
+    peft_config (rule peft-config-on-peft-model). A merge_and_unload in between leaves a plain model."""
+    trainer = facts.trainer
+    if trainer is None or not facts.trl or trainer.kwargs.get("peft_config") is None:
+        return
+    for call in lineage(trainer.arg(0, "model"), code):
+        if kind(call, code) == "merge":
+            return
+        if kind(call, code) in ("wrap", "peft_load") and call.name not in ("add_adapter", "load_adapter"):
+            draft.set("peft_config_on_peft_model", True, f"{trainer.at('peft_config')} with a model {call.at()} "
+                      "already wrapped with PEFT")
+            return
+

@@ -385,3 +385,35 @@ register(Rule(
         prior=0.5,
         tells_apart="transformers reports the head as newly initialized when the trained reward model is loaded"),
 ))
+
+TRL_REFUSES_PEFT_MODEL_WITH_CONFIG = "0.27.0"
+"""TRL's trainers refuse a PeftModel given together with a peft_config from 0.27.0 (PR #4713). Before, SFT merged
+and unloaded the model's adapter first (0.20 - 0.26), or kept the PeftModel and ignored the new config (0.13 -
+0.19): a fresh adapter's merge changes nothing, so the common script ran."""
+
+register(Rule(
+    id="peft-config-on-peft-model",
+    title="A PeftModel handed to TRL's trainer together with a peft_config",
+    verdict="error",
+    impact="crash",
+    conditions="a TRL trainer (SFT, DPO, GRPO, RLOO, reward) given a model the script already wrapped with PEFT "
+               "(get_peft_model, PeftModel.from_pretrained) and a peft_config too, TRL >= 0.27",
+    knobs=("peft_config_on_peft_model",),
+    affected={"trl": f">={TRL_REFUSES_PEFT_MODEL_WITH_CONFIG}"},
+    when=lambda s: s.peft_config_on_peft_model,
+    cause=("The trainer builds its adapter from peft_config itself. Given a model that is already a PeftModel it "
+           "would have to merge the first adapter into the base to add the second, and the saved adapter would then "
+           "need a merged base that is never saved; TRL 0.27 refuses the pair at construction instead "
+           "(`You passed a PeftModel instance together with a peft_config to the trainer`)."),
+    fix="Pass one of them: the base model with peft_config (let the trainer wrap it), or the PeftModel without "
+        "peft_config; to train a new adapter on top of a trained one, merge_and_unload it, save that base, and "
+        "train from it.",
+    elsewhere="drop get_peft_model(...) before the trainer when peft_config is passed, or drop peft_config=",
+    references=("https://github.com/huggingface/trl/pull/4713",),
+    fixed_in="not a bug: TRL's contract since 0.27.0",
+    log=LogSigns(
+        messages=(Message(r"You passed a `?PeftModel`? instance together with a `?peft_config`?", "own",
+                          "trl/trainer/sft_trainer.py, dpo_trainer.py, grpo_trainer.py: __init__ (trl>=0.27.0)"),),
+        prior=1.0,
+        tells_apart="TRL's own refusal names the PeftModel and the peft_config"),
+))

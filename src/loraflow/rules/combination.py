@@ -27,6 +27,8 @@ class Combination:
     adapter_loaded_frozen: bool = False
     """A saved adapter was loaded for inference (PeftModel.from_pretrained without is_trainable=True) and is then
     trained: none of its weights require grad."""
+    peft_config_on_peft_model: bool = False
+    """TRL's trainer is given a model the code already wrapped with PEFT and a peft_config as well."""
     matched_modules: int | None = None
     """Modules the adapter targets matched in this model (None: not known, e.g. the model could not be read)."""
     embeddings_trainable: bool = False
