@@ -1,0 +1,41 @@
+"""A tenth sweep, of users' configs and launch lines for the newer releases of LLaMA-Factory (0.9.2+), Axolotl
+(0.8 - 0.13) and ms-swift (3.x - 4.x): the readings it found wrong. Each input is a short synthetic file or line of
+the same shape; the comment names the public repository (and path) that showed the class."""
+
+from __future__ import annotations
+
+from packaging.version import Version
+
+from loraflow.frontends import from_files
+
+CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2"),
+           "deepspeed": Version("0.19.8"), "trl": Version("0.29.0")}
+
+
+def _write(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# axolotl-ai-cloud/axolotl examples/gemma4/31b-qlora.yaml (`adapter: qlora`, `gradient_checkpointing: true`,
+# `activation_offloading: true`): Axolotl turns the Trainer's gradient checkpointing off and wraps every decoder layer
+# in torch's checkpoint_wrapper itself (loaders/model.py _apply_activation_checkpointing). check read it as no
+# checkpointing at all for an adapter run.
+def test_axolotl_activation_offloading_true_checkpoints_through_torchs_wrapper(tmp_path):
+    body = ("base_model: meta-llama/Llama-3.1-8B\nadapter: {adapter}\nload_in_4bit: {q}\nlora_r: 16\n"
+            "lora_target_linear: true\nsequence_len: 2048\nbf16: auto\ngradient_checkpointing: true\n"
+            "activation_offloading: true\ndatasets:\n  - path: x\n    type: chat_template\n")
+    for adapter, q in (("qlora", "true"), ("lora", "false")):
+        r = from_files("axolotl", [_write(tmp_path, f"{adapter}.yaml", body.format(adapter=adapter, q=q))], CURRENT)
+        s = r.setup
+        assert (s.checkpointing, s.checkpoint_impl, s.reentrant) == ("all", "torch-wrapper", False), adapter
+        assert "activation_offloading" in r.sources["checkpointing"]
+    fsdp = body.format(adapter="lora", q="false") + "fsdp_version: 2\nfsdp_config:\n  reshard_after_forward: true\n"
+    r = from_files("axolotl", [_write(tmp_path, "fsdp.yaml", fsdp)], CURRENT)
+    assert (r.setup.engine, r.setup.checkpoint_outside_shard) == ("fsdp2", False)
+    # The other offloading modes keep the Trainer's checkpointing (legacy: its checkpoint function patched).
+    legacy = body.format(adapter="lora", q="false").replace("activation_offloading: true", "activation_offloading: "
+                                                            "legacy")
+    s = from_files("axolotl", [_write(tmp_path, "legacy.yaml", legacy)], CURRENT).setup
+    assert (s.checkpointing, s.checkpoint_impl, s.reentrant) == ("all", "transformers", True)
