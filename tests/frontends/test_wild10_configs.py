@@ -39,3 +39,21 @@ def test_axolotl_activation_offloading_true_checkpoints_through_torchs_wrapper(t
                                                             "legacy")
     s = from_files("axolotl", [_write(tmp_path, "legacy.yaml", legacy)], CURRENT).setup
     assert (s.checkpointing, s.checkpoint_impl, s.reentrant) == ("all", "transformers", True)
+
+
+# hiyouga/LLaMA-Factory docs (llamafactory.readthedocs.io, QuantizationArguments: quantization_method
+# Literal["bitsandbytes", "hqq", "eetq"], default bitsandbytes), and users' QLoRA YAMLs written from them
+# (`quantization_bit: 4` + `quantization_method: bitsandbytes`): check knew only the later spelling `bnb`, so the
+# base was read as unquantized and no 4-bit fact was checked.
+def test_llama_factory_quantization_method_bitsandbytes_is_bitsandbytes(tmp_path):
+    body = ("model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct\nstage: sft\ndo_train: true\n"
+            "finetuning_type: lora\nlora_target: all\nquantization_bit: 4\nquantization_method: {m}\n"
+            "template: llama3\nbf16: true\n")
+    for method in ("bitsandbytes", "bnb"):
+        r = from_files("llama-factory", [_write(tmp_path, f"{method}.yaml", body.format(m=method))], CURRENT)
+        assert r.setup.quantization == "4bit", method
+        assert r.setup.quant_storage_matches is True
+        # the older spelling is noted: later releases refuse it
+        assert any("later ones name it `bnb`" in n for n in r.notes) == (method == "bitsandbytes")
+    r = from_files("llama-factory", [_write(tmp_path, "hqq.yaml", body.format(m="hqq"))], CURRENT)
+    assert r.setup.quantization is None  # HQQ: not bitsandbytes

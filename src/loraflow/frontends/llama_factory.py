@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import adapter_dtype, deepspeed, keys, llama_factory_keys, vision
+from loraflow.frontends import adapter_dtype, deepspeed, keys, llama_factory_keys, llama_factory_quant, vision
 from loraflow.frontends import llama_factory_export as exports
 from loraflow.frontends.argv import (
     Command,
@@ -25,7 +25,6 @@ from loraflow.frontends.shell import command_from_script, is_launch_script
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate
 from loraflow.frontends.targets import check_targets
-from loraflow.frontends.kbit_facts import storage_honoured
 from loraflow.frontends.common import (
     Draft,
     accessors,
@@ -231,19 +230,7 @@ def _adapter(draft: Draft, opts: dict) -> str:
     apply_table(draft, opts, (Field("matched_modules", ("lora_target",), empty_targets, suffix=" (empty)"),))
     if ftype == "lora" and "lora_target" in opts:
         check_targets(draft, str(get("model_name_or_path") or ""), as_list(get("lora_target")), src("lora_target"))
-    bits = get("quantization_bit")
-    if bits not in (None, "null", "None") and str(get("quantization_method", "bnb")) == "bnb":
-        bits = int_value(bits, src("quantization_bit"), "a number of bits")
-        draft.set("quantization", "4bit" if bits == 4 else "8bit", src("quantization_bit"))
-        if not mitigated(draft, "qlora-storage-dtype"):
-            draft.set("quant_storage_matches", False, "LLaMA-Factory < 0.6.0 passes no bnb_4bit_quant_storage "
-                      "(src/llmtuner/model/patcher.py _configure_quantization)")
-        elif storage_honoured(draft):
-            draft.set("quant_storage_matches", True, "LLaMA-Factory sets bnb_4bit_quant_storage to the compute dtype "
-                      "(model_utils/quantization.py)")
-        else:
-            draft.set("quant_storage_matches", False, "LLaMA-Factory passes bnb_4bit_quant_storage, which transformers "
-                      "< 4.39 / bitsandbytes < 0.43 leave unused (weights stay uint8)")
+    llama_factory_quant.apply(draft, opts)
     return ftype
 
 
