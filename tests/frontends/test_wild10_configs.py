@@ -7,9 +7,14 @@ from __future__ import annotations
 from packaging.version import Version
 
 from loraflow.frontends import from_files
+from loraflow.rules import evaluate
 
 CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2"),
            "deepspeed": Version("0.19.8"), "trl": Version("0.29.0")}
+
+
+def _ids(result) -> set[str]:
+    return {f.rule.id for f in evaluate(result.setup, apply_fixes=False)[1]}
 
 
 def _write(tmp_path, name: str, text: str) -> str:
@@ -57,3 +62,22 @@ def test_llama_factory_quantization_method_bitsandbytes_is_bitsandbytes(tmp_path
         assert any("later ones name it `bnb`" in n for n in r.notes) == (method == "bitsandbytes")
     r = from_files("llama-factory", [_write(tmp_path, "hqq.yaml", body.format(m="hqq"))], CURRENT)
     assert r.setup.quantization is None  # HQQ: not bitsandbytes
+
+
+# hiyouga/LLaMA-Factory examples/train_lora/qwen2_5vl_lora_sft.yaml with `freeze_vision_tower: false` (and
+# `freeze_multi_modal_projector: false`), as users post it to adapt the vision tower too: from v0.9.0
+# patch_target_modules (model_utils/visual.py) names the tower's modules by full path and always leaves out the
+# lora_conflict_keys (Qwen2-VL's Conv3d patch_embed), so the adapters land in the tower's Linear layers as asked.
+# check called it a crash (lora-targets-vision-tower: PEFT refusing the Conv3d).
+def test_llama_factory_unfrozen_vision_tower_gets_adapters_by_full_path(tmp_path):
+    body = ("model_name_or_path: Qwen/Qwen2.5-VL-7B-Instruct\nstage: sft\ndo_train: true\nfinetuning_type: lora\n"
+            "lora_target: all\nfreeze_vision_tower: false\ntemplate: qwen2_vl\ncutoff_len: 2048\nbf16: true\n")
+    path = _write(tmp_path, "vl.yaml", body)
+    new = from_files("llama-factory", [path], {**CURRENT, "llama-factory": Version("0.9.3")})
+    s = new.setup
+    assert (s.targets_all_towers, s.tower_adapters, s.towers_trainable) == (False, True, True)
+    assert "lora_conflict_keys" in new.sources["targets_all_towers"]
+    assert "lora-targets-vision-tower" not in _ids(new)
+    # Before v0.9.0 the short names went to PEFT as they were, and `proj` matched the Conv3d patch embedding.
+    old = from_files("llama-factory", [path], {**CURRENT, "llama-factory": Version("0.8.3")})
+    assert old.setup.targets_all_towers is True and "lora-targets-vision-tower" in _ids(old)
