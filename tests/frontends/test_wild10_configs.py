@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from loraflow.frontends import from_files
+from loraflow.frontends import from_command, from_files
 from loraflow.rules import evaluate
 
 CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2"),
@@ -81,3 +81,17 @@ def test_llama_factory_unfrozen_vision_tower_gets_adapters_by_full_path(tmp_path
     # Before v0.9.0 the short names went to PEFT as they were, and `proj` matched the Conv3d patch embedding.
     old = from_files("llama-factory", [path], {**CURRENT, "llama-factory": Version("0.8.3")})
     assert old.setup.targets_all_towers is True and "lora-targets-vision-tower" in _ids(old)
+
+
+# modelscope/ms-swift examples/train/activation_cpu_offload/train.sh (`--activation_cpu_offload true` with an FSDP2
+# accelerate config): the flag of ms-swift's ActivationCpuOffloadCallBack (swift/plugin/activation_cpu_offload.py)
+# was listed as not understood, which alone made check exit 1.
+def test_ms_swift_activation_cpu_offload_is_read(tmp_path):
+    line = ["swift", "sft", "--model", "Qwen/Qwen3-0.6B", "--train_type", "lora", "--torch_dtype", "bfloat16",
+            "--gradient_checkpointing", "false", "--fsdp", "fsdp2", "--activation_cpu_offload", "true"]
+    r = from_command(line, CURRENT)
+    assert not [u for u in r.unknown if "activation_cpu_offload" in u], r.unknown
+    assert any("offloaded to CPU per FSDP unit" in n and "(swift/plugin/activation_cpu_offload.py; FSDP)" in n
+               for n in r.notes), r.notes
+    r = from_command(line[:-4] + ["--activation_cpu_offload", "true"], CURRENT)
+    assert any("ms-swift raises ValueError" in n for n in r.notes), r.notes

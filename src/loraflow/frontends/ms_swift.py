@@ -78,7 +78,7 @@ _HANDLED = {"train_type", "tuner_type", "sft_type", "use_dora", "target_modules"
             "torch_dtype", "bf16", "fp16", "quant_bits", "quant_method", "bnb_4bit_quant_storage", "packing",
             "padding_free", "ddp_find_unused_parameters", "ddp_static_graph", "use_vllm", "ds3_gather_for_generation",
             "rlhf_type", "model", "model_id_or_path", "vllm_mode", "vllm_enable_lora", "vllm_gpu_memory_utilization",
-            "sleep_level", "offload_model", "lora_rank"}
+            "sleep_level", "offload_model", "lora_rank", "activation_cpu_offload"}
 
 
 def _first(value: Any) -> Any:
@@ -203,6 +203,13 @@ def _adapter(draft: Draft, opts: dict, dtype: str | None) -> None:
 
 def _checkpointing(draft: Draft, opts: dict) -> None:
     get, src, on = _accessors(opts)
+    if on("activation_cpu_offload"):
+        # swift/plugin/activation_cpu_offload.py ActivationCpuOffloadCallBack.on_train_begin (veRL's offloader): FSDP
+        # only, and with gradient checkpointing it calls gradient_checkpointing_disable() to checkpoint the FSDP
+        # units itself; the saved tensors of each unit go to CPU.
+        engine = "FSDP" if draft.get("engine") in ("fsdp1", "fsdp2") else "no FSDP here: ms-swift raises ValueError"
+        draft.note(f"{src('activation_cpu_offload')}: activations saved for backward are offloaded to CPU per FSDP "
+                   f"unit (swift/plugin/activation_cpu_offload.py; {engine})")
     fsdp_ac = draft.get("checkpoint_impl") == "torch-wrapper"
     # Checkpointing by default from v1.3 (llm_sft.py of v1.1 - v1.2 had it off).
     gc = on("gradient_checkpointing", default=not fsdp_ac and at_least(draft, "ms-swift", "1.3.0"))
