@@ -95,3 +95,20 @@ def test_ms_swift_activation_cpu_offload_is_read(tmp_path):
                for n in r.notes), r.notes
     r = from_command(line[:-4] + ["--activation_cpu_offload", "true"], CURRENT)
     assert any("ms-swift raises ValueError" in n for n in r.notes), r.notes
+
+
+# modelscope/ms-swift examples/train/multi-gpu/fsdp_qlora/train.sh: `accelerate launch --config_file
+# fsdp_offload.json swift/cli/sft.py --train_type lora --quant_bits 4 ...`. The ms-swift reading never opened the
+# accelerate config: one process, no engine, exit 0, for an FSDP1 run with CPU offload on two processes.
+def test_ms_swift_under_accelerate_launch_reads_the_accelerate_config(tmp_path):
+    cfg = _write(tmp_path, "fsdp_offload.json", '{"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", '
+                 '"fsdp_config": {"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_offload_params": true, '
+                 '"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_use_orig_params": false}, "mixed_precision": "no", '
+                 '"num_machines": 1, "num_processes": 2, "use_cpu": false}')
+    tail = ["swift/cli/sft.py", "--model", "Qwen/Qwen2.5-7B-Instruct", "--train_type", "lora", "--quant_bits", "4",
+            "--bnb_4bit_quant_storage", "bfloat16", "--gradient_checkpointing", "true"]
+    s = from_command(["accelerate", "launch", "--config_file", cfg, *tail], CURRENT).setup
+    assert (s.engine, s.world_size, s.offload, s.fsdp_use_orig_params) == ("fsdp1", 2, True, False)
+    # A config that is not here: each engine it could select is evaluated, not one process assumed.
+    r = from_command(["accelerate", "launch", "--config_file", "conf/multi_node.json", *tail], CURRENT)
+    assert r.forks and "accelerate_config" in r.forks, (r.setup.engine, r.forks)

@@ -27,7 +27,7 @@ from loraflow.frontends.argv import (
 )
 from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
-from loraflow.frontends.accelerate_options import apply_fsdp_options
+from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
 from loraflow.frontends.common import (
     Draft,
     as_bool,
@@ -297,6 +297,10 @@ def _train_mode_and_save(draft: Draft, opts: dict, info: dict) -> None:
 def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Command | None) -> None:
     _stage(draft, opts, sub)
     _eras(draft, opts, sub, cmd)
+    if cmd is not None and cmd.launcher == "accelerate":
+        # `accelerate launch --config_file fsdp_offload.json swift/cli/sft.py ...` (examples/train/multi-gpu/
+        # fsdp_qlora): the accelerate config picks the engine and the process count; --deepspeed / --fsdp still win.
+        apply_accelerate(draft, cmd)
     info = _engine(draft, opts)
     dtype = _precision(draft, opts, info)
     _adapter(draft, opts, dtype)
