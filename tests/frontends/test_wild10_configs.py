@@ -112,3 +112,22 @@ def test_ms_swift_under_accelerate_launch_reads_the_accelerate_config(tmp_path):
     # A config that is not here: each engine it could select is evaluated, not one process assumed.
     r = from_command(["accelerate", "launch", "--config_file", "conf/multi_node.json", *tail], CURRENT)
     assert r.forks and "accelerate_config" in r.forks, (r.setup.engine, r.forks)
+
+
+# modelscope/ms-swift examples/megatron/lora/dense.sh and examples/megatron/multimodal/lora_llm_vit_full/sft.sh
+# (`NPROC_PER_NODE=2 megatron sft --tuner_type lora --tensor_model_parallel_size 2 --recompute_granularity full ...`):
+# Megatron-SWIFT's console script was not recognised, so the line was read as an HF Trainer script with `sft` and
+# every Megatron flag not understood.
+def test_megatron_swift_is_read_as_ms_swift_on_megatron_core():
+    line = ["env", "NPROC_PER_NODE=2", "megatron", "sft", "--model", "Qwen/Qwen2.5-7B-Instruct", "--tuner_type",
+            "lora", "--target_modules", "all-linear", "--tensor_model_parallel_size", "2", "--sequence_parallel",
+            "true", "--recompute_granularity", "full", "--recompute_method", "uniform", "--micro_batch_size", "16",
+            "--global_batch_size", "16", "--finetune", "true", "--no_save_optim", "true", "--max_length", "2048"]
+    r = from_command(line, CURRENT)
+    assert r.framework == "ms-swift" and not r.unknown, r.unknown
+    assert (r.setup.stage, r.setup.adapter, r.setup.world_size) == ("sft", "lora", 2)
+    assert r.sources["stage"] == "megatron sft"
+    assert any("Megatron-Core" in n and "not evaluated" in n for n in r.notes), r.notes
+    vit = from_command(["megatron", "sft", "--model", "Qwen/Qwen2.5-VL-7B-Instruct", "--tuner_type", "lora_llm",
+                        "--vit_lr", "1e-5", "--aligner_lr", "2e-5"], CURRENT)
+    assert vit.setup.towers_trainable and "lora_llm" in vit.sources["towers_trainable"]
