@@ -131,3 +131,12 @@ def test_megatron_swift_is_read_as_ms_swift_on_megatron_core():
     vit = from_command(["megatron", "sft", "--model", "Qwen/Qwen2.5-VL-7B-Instruct", "--tuner_type", "lora_llm",
                         "--vit_lr", "1e-5", "--aligner_lr", "2e-5"], CURRENT)
     assert vit.setup.towers_trainable and "lora_llm" in vit.sources["towers_trainable"]
+
+
+# axolotl-ai-cloud/axolotl examples/llama-3/fft-8b-liger-fsdp.yaml: the newer examples choose the attention backend
+# with `attention: flash` (beside flash_attention / attn_implementation), which check listed as not understood.
+def test_axolotl_attention_backend_key_is_known(tmp_path):
+    path = _write(tmp_path, "fft.yaml", "base_model: NousResearch/Meta-Llama-3.1-8B\nsequence_len: 4096\nbf16: auto\n"
+                  "gradient_checkpointing: true\nattention: flash\ndatasets:\n  - path: x\n    type: chat_template\n")
+    r = from_files("axolotl", [path], CURRENT)
+    assert not r.unknown, r.unknown

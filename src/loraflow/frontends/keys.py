@@ -206,7 +206,8 @@ zero_hpz_partition_size
 
 # axolotl src/axolotl/utils/schemas/*.py (AxolotlInputConfig and its mixins), then the top-level options of its
 # plugins (src/axolotl/integrations/*/args.py at v0.9.0 and v0.18.0: Liger and Cut Cross-Entropy kernels, Grokfast,
-# distillation, lm-eval, Spectrum, SwanLab), which the configs set beside `plugins:`
+# distillation, lm-eval, Spectrum, SwanLab), which the configs set beside `plugins:`; `attention` is the attention-
+# backend choice of the newer examples (examples/llama-3/fft-8b-liger-fsdp.yaml: `attention: flash`)
 AXOLOTL = _names("""
 cut_cross_entropy grokfast_alpha grokfast_lamb kd_alpha kd_beta kd_ce_alpha kd_normalize_topk kd_online_server
 kd_online_server_base_url kd_online_timeout kd_online_topk kd_temperature kd_temperature_min kd_top_k_before_softmax
@@ -217,7 +218,8 @@ swanlab_api_host swanlab_api_key swanlab_completion_log_interval swanlab_complet
 swanlab_experiment_name swanlab_lark_secret swanlab_lark_webhook_url swanlab_log_completions swanlab_log_model
 swanlab_mode swanlab_project swanlab_web_host swanlab_workspace use_swanlab
 accelerator_config activation_offloading adam_beta1 adam_beta2 adam_beta3 adam_epsilon adam_epsilon2 adapter
-added_tokens_overrides attn_implementation auto_find_batch_size auto_resume_from_checkpoints axolotl_config_path
+added_tokens_overrides attention attn_implementation auto_find_batch_size auto_resume_from_checkpoints
+axolotl_config_path
 base_model base_model_config batch_flattening batch_size bench_dataset bench_split bf16 bfloat16 bnb_config_kwargs
 center_rewards_coefficient chat_template chat_template_jinja chat_template_kwargs chunked_cross_entropy
 chunked_cross_entropy_num_chunks cls_model_config comet_api_key comet_experiment_config comet_experiment_key
