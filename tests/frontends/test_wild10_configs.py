@@ -46,7 +46,8 @@ def test_axolotl_activation_offloading_true_checkpoints_through_torchs_wrapper(t
     assert (s.checkpointing, s.checkpoint_impl, s.reentrant) == ("all", "transformers", True)
 
 
-# hiyouga/LLaMA-Factory docs (llamafactory.readthedocs.io, QuantizationArguments: quantization_method
+# hiyouga/LLaMA-Factory examples/train_qlora/llama3_lora_sft_otfq.yaml (24073f59: `quantization_method: bitsandbytes`)
+# and its docs (llamafactory.readthedocs.io, QuantizationArguments: quantization_method
 # Literal["bitsandbytes", "hqq", "eetq"], default bitsandbytes), and users' QLoRA YAMLs written from them
 # (`quantization_bit: 4` + `quantization_method: bitsandbytes`): check knew only the later spelling `bnb`, so the
 # base was read as unquantized and no 4-bit fact was checked.
@@ -140,3 +141,11 @@ def test_axolotl_attention_backend_key_is_known(tmp_path):
                   "gradient_checkpointing: true\nattention: flash\ndatasets:\n  - path: x\n    type: chat_template\n")
     r = from_files("axolotl", [path], CURRENT)
     assert not r.unknown, r.unknown
+
+
+# hiyouga/LLaMA-Factory examples/train_full/qwen2_5vl_full_sft.yaml (`pad_to_multiple_of: 28`, a data option of the
+# newer releases) was listed as not understood.
+def test_llama_factory_pad_to_multiple_of_is_known(tmp_path):
+    path = _write(tmp_path, "full.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct\nstage: sft\n"
+                  "finetuning_type: full\ntemplate: llama3\ncutoff_len: 2048\npad_to_multiple_of: 28\nbf16: true\n")
+    assert not from_files("llama-factory", [path], CURRENT).unknown

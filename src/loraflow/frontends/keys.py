@@ -83,7 +83,8 @@ vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout vllm_
 vllm_tensor_parallel_size
 """)
 
-# LLaMA-Factory src/llamafactory/hparams/{model,data,finetuning,generating,training}_args.py
+# LLaMA-Factory src/llamafactory/hparams/{model,data,finetuning,generating,training}_args.py (pad_to_multiple_of: the
+# data option of its examples/train_full/qwen2_5vl_full_sft.yaml and extras/smart_padding)
 LLAMA_FACTORY = _names("""
 adapter_folder adapter_name_or_path add_special_tokens add_tokens additional_target apollo_layerwise apollo_proj
 apollo_proj_type apollo_rank apollo_scale apollo_scale_front apollo_scale_type apollo_target apollo_update_interval
@@ -105,8 +106,8 @@ lora_dropout lora_rank lora_target loraplus_lr_embedding loraplus_lr_ratio low_c
 master_addr master_port max_length max_new_tokens max_samples media_dir megatron_bridge_args mix_strategy
 mixture_of_depths model_max_length model_name_or_path model_revision module_dropout moe_aux_loss_coef ms_hub_token
 neat_packing new_special_tokens_config num_beams offload_folder oft_block_size oft_rank oft_target om_hub_token
-overwrite_cache packing pissa_convert pissa_init pissa_iter plot_loss ppo_buffer_size ppo_epochs ppo_score_norm
-ppo_target ppo_whiten_rewards pref_bco_weight pref_beta pref_ftx pref_loss preprocessing_batch_size
+overwrite_cache packing pad_to_multiple_of pissa_convert pissa_init pissa_iter plot_loss ppo_buffer_size ppo_epochs
+ppo_score_norm ppo_target ppo_whiten_rewards pref_bco_weight pref_beta pref_ftx pref_loss preprocessing_batch_size
 preprocessing_num_workers preserve_thinking print_param_status profile_modules profiler_active_steps
 profiler_output_dir profiler_profile_memory profiler_record_shapes profiler_repeat profiler_wait_steps
 profiler_warmup_steps profiler_with_stack pure_bf16 quantization_bit quantization_device_map quantization_method
