@@ -181,11 +181,10 @@ def _checkpointing(draft: Draft, cfg: dict) -> None:
     rl = get("rl")
     gc = get("gradient_checkpointing", False)
     offloading = get("activation_offloading")
-    if offloading and offloading != "hidden_states" and draft.get("adapter") != "full":
-        draft.note(f"{src('activation_offloading')}: the TRL offloader replaces recompute for adapters, so "
-                   "gradient checkpointing is off (src/axolotl/core/builders/base.py)")
-        gc = False
-    elif offloading == "hidden_states":
+    if str(offloading).lower() == "true":
+        _offload_wrapper(draft, src("activation_offloading"))
+        return
+    if offloading == "hidden_states":
         gc = True
     if not gc or draft.get("checkpoint_impl") == "torch-wrapper":
         return
@@ -211,6 +210,23 @@ def _checkpointing(draft: Draft, cfg: dict) -> None:
                   "{use_reentrant: true} when unset; transformers 4.x's reentrant default before v0.4.0)")
     if gc in ("offload", "offload_disk"):
         draft.note(f"gradient_checkpointing: {gc} offloads the checkpointed activations to CPU/disk")
+
+
+def _offload_wrapper(draft: Draft, where: str) -> None:
+    """`activation_offloading: true` (not legacy / disk / hidden_states): the builder turns the Trainer's
+    gradient_checkpointing off ("don't use the HF gradient checkpointing, manually wrap", core/builders/base.py
+    _configure_gradient_checkpointing) and the loader wraps every GradientCheckpointingLayer in torch's
+    checkpoint_wrapper (loaders/model.py _apply_activation_checkpointing -> ac_wrap_hf_model, CheckpointImpl
+    NO_REENTRANT by default), at load, so before FSDP2's fully_shard; TRL's offloader then moves what the wrapped
+    layers save to CPU. Adapters and full fine-tuning alike: the layers are recomputed, not left unchecked."""
+    why = f"{where} (Axolotl wraps each decoder layer in torch's checkpoint_wrapper, src/axolotl/loaders/model.py)"
+    draft.set("checkpointing", "all", why)
+    draft.set("checkpoint_impl", "torch-wrapper", why)
+    draft.set("reentrant", False, f"{where} (checkpoint_wrapper's default CheckpointImpl.NO_REENTRANT)")
+    if draft.get("engine") == "fsdp2":
+        draft.set("checkpoint_outside_shard", False, f"{where} (wrapped at model load, before fully_shard)")
+    draft.note(f"{where}: Axolotl's own checkpoint wrapper replaces the Trainer's gradient checkpointing, and TRL's "
+               "offloader keeps what each layer saves on CPU (core/trainers/mixins/activation_checkpointing.py)")
 
 
 def _unfrozen_reentrant(draft: Draft) -> tuple[bool, str]:

@@ -83,7 +83,8 @@ vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout vllm_
 vllm_tensor_parallel_size
 """)
 
-# LLaMA-Factory src/llamafactory/hparams/{model,data,finetuning,generating,training}_args.py
+# LLaMA-Factory src/llamafactory/hparams/{model,data,finetuning,generating,training}_args.py (pad_to_multiple_of: the
+# data option of its examples/train_full/qwen2_5vl_full_sft.yaml and extras/smart_padding)
 LLAMA_FACTORY = _names("""
 adapter_folder adapter_name_or_path add_special_tokens add_tokens additional_target apollo_layerwise apollo_proj
 apollo_proj_type apollo_rank apollo_scale apollo_scale_front apollo_scale_type apollo_target apollo_update_interval
@@ -105,8 +106,8 @@ lora_dropout lora_rank lora_target loraplus_lr_embedding loraplus_lr_ratio low_c
 master_addr master_port max_length max_new_tokens max_samples media_dir megatron_bridge_args mix_strategy
 mixture_of_depths model_max_length model_name_or_path model_revision module_dropout moe_aux_loss_coef ms_hub_token
 neat_packing new_special_tokens_config num_beams offload_folder oft_block_size oft_rank oft_target om_hub_token
-overwrite_cache packing pissa_convert pissa_init pissa_iter plot_loss ppo_buffer_size ppo_epochs ppo_score_norm
-ppo_target ppo_whiten_rewards pref_bco_weight pref_beta pref_ftx pref_loss preprocessing_batch_size
+overwrite_cache packing pad_to_multiple_of pissa_convert pissa_init pissa_iter plot_loss ppo_buffer_size ppo_epochs
+ppo_score_norm ppo_target ppo_whiten_rewards pref_bco_weight pref_beta pref_ftx pref_loss preprocessing_batch_size
 preprocessing_num_workers preserve_thinking print_param_status profile_modules profiler_active_steps
 profiler_output_dir profiler_profile_memory profiler_record_shapes profiler_repeat profiler_wait_steps
 profiler_warmup_steps profiler_with_stack pure_bf16 quantization_bit quantization_device_map quantization_method
@@ -206,7 +207,8 @@ zero_hpz_partition_size
 
 # axolotl src/axolotl/utils/schemas/*.py (AxolotlInputConfig and its mixins), then the top-level options of its
 # plugins (src/axolotl/integrations/*/args.py at v0.9.0 and v0.18.0: Liger and Cut Cross-Entropy kernels, Grokfast,
-# distillation, lm-eval, Spectrum, SwanLab), which the configs set beside `plugins:`
+# distillation, lm-eval, Spectrum, SwanLab), which the configs set beside `plugins:`; `attention` is the attention-
+# backend choice of the newer examples (examples/llama-3/fft-8b-liger-fsdp.yaml: `attention: flash`)
 AXOLOTL = _names("""
 cut_cross_entropy grokfast_alpha grokfast_lamb kd_alpha kd_beta kd_ce_alpha kd_normalize_topk kd_online_server
 kd_online_server_base_url kd_online_timeout kd_online_topk kd_temperature kd_temperature_min kd_top_k_before_softmax
@@ -217,7 +219,8 @@ swanlab_api_host swanlab_api_key swanlab_completion_log_interval swanlab_complet
 swanlab_experiment_name swanlab_lark_secret swanlab_lark_webhook_url swanlab_log_completions swanlab_log_model
 swanlab_mode swanlab_project swanlab_web_host swanlab_workspace use_swanlab
 accelerator_config activation_offloading adam_beta1 adam_beta2 adam_beta3 adam_epsilon adam_epsilon2 adapter
-added_tokens_overrides attn_implementation auto_find_batch_size auto_resume_from_checkpoints axolotl_config_path
+added_tokens_overrides attention attn_implementation auto_find_batch_size auto_resume_from_checkpoints
+axolotl_config_path
 base_model base_model_config batch_flattening batch_size bench_dataset bench_split bf16 bfloat16 bnb_config_kwargs
 center_rewards_coefficient chat_template chat_template_jinja chat_template_kwargs chunked_cross_entropy
 chunked_cross_entropy_num_chunks cls_model_config comet_api_key comet_experiment_config comet_experiment_key

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import adapter_dtype, deepspeed, keys, llama_factory_keys, vision
+from loraflow.frontends import adapter_dtype, deepspeed, keys, llama_factory_keys, llama_factory_quant
+from loraflow.frontends import llama_factory_vision
 from loraflow.frontends import llama_factory_export as exports
 from loraflow.frontends.argv import (
     Command,
@@ -25,7 +26,6 @@ from loraflow.frontends.shell import command_from_script, is_launch_script
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate
 from loraflow.frontends.targets import check_targets
-from loraflow.frontends.kbit_facts import storage_honoured
 from loraflow.frontends.common import (
     Draft,
     accessors,
@@ -35,8 +35,6 @@ from loraflow.frontends.common import (
     embedding_targets,
     finish_world,
     int_value,
-    mitigated,
-    model_name_facts,
     precision_from,
     read_keyed_files,
     trainer_dtypes,
@@ -231,19 +229,7 @@ def _adapter(draft: Draft, opts: dict) -> str:
     apply_table(draft, opts, (Field("matched_modules", ("lora_target",), empty_targets, suffix=" (empty)"),))
     if ftype == "lora" and "lora_target" in opts:
         check_targets(draft, str(get("model_name_or_path") or ""), as_list(get("lora_target")), src("lora_target"))
-    bits = get("quantization_bit")
-    if bits not in (None, "null", "None") and str(get("quantization_method", "bnb")) == "bnb":
-        bits = int_value(bits, src("quantization_bit"), "a number of bits")
-        draft.set("quantization", "4bit" if bits == 4 else "8bit", src("quantization_bit"))
-        if not mitigated(draft, "qlora-storage-dtype"):
-            draft.set("quant_storage_matches", False, "LLaMA-Factory < 0.6.0 passes no bnb_4bit_quant_storage "
-                      "(src/llmtuner/model/patcher.py _configure_quantization)")
-        elif storage_honoured(draft):
-            draft.set("quant_storage_matches", True, "LLaMA-Factory sets bnb_4bit_quant_storage to the compute dtype "
-                      "(model_utils/quantization.py)")
-        else:
-            draft.set("quant_storage_matches", False, "LLaMA-Factory passes bnb_4bit_quant_storage, which transformers "
-                      "< 4.39 / bitsandbytes < 0.43 leave unused (weights stay uint8)")
+    llama_factory_quant.apply(draft, opts)
     return ftype
 
 
@@ -341,7 +327,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
     _checkpointing(draft, opts)
     _trainer(draft, opts, stage_raw, ftype)
     _save_gather(draft, stage_raw, acc, info)
-    _image_text(draft, opts, ftype)
+    llama_factory_vision.image_text(draft, opts, ftype)
     trainer_dtypes(draft, draft.get("precision") != "fp32", "LLaMA-Factory loads the model in the compute dtype")
     cli = cmd is not None and any(a.startswith("--") for a in cmd.args)
     for name, (value, source) in opts.items():
@@ -350,85 +336,11 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], cmd: Command | None, 
     draft.flag(**{k: ("--" + v if cli and "/" not in v and " " not in v else v) for k, v in FLAGS.items()})
 
 
-# Chat templates whose mm_plugin takes images (src/llamafactory/data/template.py); gemma3, llama4 and mistral_small
-# also serve text-only checkpoints, so they say nothing alone.
-VLM_TEMPLATE = re.compile(r"^(qwen2_vl|qwen2_5_vl|qwen3_vl\w*|qwen2_omni\w*|qwen3_omni\w*|llava\w*|video_llava|"
-                           r"paligemma\w*|mllama|minicpm_[vo]|intern_?vl|idefics\w*|glm4v|glm4_1v|glm4_5v|kimi_vl|"
-                           r"pixtral|cogvlm\w*|yi_vl|gemma3n|phi4_mm)$")
-# Keys only image-text runs set (the vision tower, the projector, image resolution).
-_VLM_KEYS = ("freeze_vision_tower", "freeze_multi_modal_projector", "train_mm_proj_only", "image_max_pixels",
-             "image_min_pixels")
-# LLaMA-Factory's collator adds a blank 64x64 image to a batch without images, so the vision tower runs on every
-# rank: "avoid process hanging in zero3/fsdp case" (src/llamafactory/data/collator.py, commit 2f09c34, 2024-12-04,
-# first in v0.9.2).
 # bnb_4bit_quant_storage = the compute dtype ("crucial for fsdp+qlora"), added with the FSDP+QLoRA example
 # (examples/extras/fsdp_qlora, README news 2024-03-20) in the v0.6.0 line; the v0.5 patcher.py passes none.
 QUANT_STORAGE = Mitigation(("qlora-storage-dtype",), "0.6.0", "4-bit weights are stored in the compute dtype, "
                            "which FSDP and ZeRO-3 shard as floats", "src/llmtuner/model/patcher.py "
                            "_configure_quantization (later model/model_utils/quantization.py)")
-FAKE_IMAGE = Mitigation(("zero3-vision-skipped", "ddp-unused-vision-tower"), "0.9.2", "the collator adds a blank "
-                        "64x64 image to a batch without images, so the vision tower runs on every rank",
-                        "src/llamafactory/data/collator.py (commit 2f09c34)")
-
-
-def _image_text(draft: Draft, opts: dict[str, tuple[Any, str]], ftype: str) -> None:
-    """The image-text fields: the model's name, a VLM template or key; then the towers LLaMA-Factory trains."""
-    get, src, on = accessors(opts)
-    model = str(get("model_name_or_path") or "")
-    evidence = next((src(k) for k in _VLM_KEYS if k in opts), None)
-    if evidence is None and VLM_TEMPLATE.match(str(get("template") or "")):
-        evidence = src("template")
-    model_name_facts(draft, model, src("model_name_or_path") if model else "")
-    if not vision.recognise(draft, model, src("model_name_or_path") if model else "", evidence):
-        return
-    if "freeze_vision_tower" in opts:
-        draft.era("llama-factory", ">=0.8.0", "freeze_vision_tower exists from LLaMA-Factory 0.8.0")
-    if "freeze_multi_modal_projector" in opts:
-        draft.era("llama-factory", ">=0.9.2", "freeze_multi_modal_projector exists from LLaMA-Factory 0.9.2")
-    # Defaults (hparams/finetuning_args.py): freeze_vision_tower true (v0.8.0); freeze_multi_modal_projector true
-    # (v0.9.2; before it the projector trained in full and freeze tuning); train_mm_proj_only freezes the tower.
-    mm_only = on("train_mm_proj_only")
-    vt_frozen = on("freeze_vision_tower", True) or mm_only
-    vt_src = (src("train_mm_proj_only") if mm_only else src("freeze_vision_tower") if "freeze_vision_tower" in opts
-              else f"default ({HP}/finetuning_args.py: freeze_vision_tower true)")
-    if "freeze_multi_modal_projector" in opts:
-        proj_frozen, proj_src = on("freeze_multi_modal_projector"), src("freeze_multi_modal_projector")
-    elif at_least(draft, "llama-factory", "0.9.2"):
-        proj_frozen, proj_src = True, f"default ({HP}/finetuning_args.py: freeze_multi_modal_projector true, v0.9.2)"
-    else:
-        proj_frozen, proj_src = ftype == "lora", "LLaMA-Factory < 0.9.2 trains the projector in full/freeze tuning"
-    if mm_only:
-        proj_frozen, proj_src = False, src("train_mm_proj_only")
-    if vt_frozen or (ftype != "lora" and proj_frozen) or on("freeze_language_model") or mm_only:
-        draft.set("frozen_modules", True, vt_src if vt_frozen else proj_src)
-    # Under LoRA every base weight stays frozen; the tower trains only through adapters placed in it (below).
-    if ftype != "lora" and not vt_frozen:
-        draft.set("towers_trainable", True, f"{vt_src} (the vision tower trains)")
-    elif ftype != "lora" and not proj_frozen:
-        draft.set("towers_trainable", True, f"{proj_src} (the projector trains)")
-    targets = as_list(get("lora_target")) if "lora_target" in opts else ["all"]
-    tsrc = src("lora_target") if "lora_target" in opts else f"default ({HP}/finetuning_args.py: lora_target all)"
-    if ftype == "lora" and vision.targets_reach_towers(model, targets):
-        # lora_target all collects Linear names outside the vision tower while it is frozen
-        # (model_utils/misc.py find_all_linear_modules, v0.8.0); named targets are kept out of a frozen tower by
-        # a regex from v0.9.0 (model_utils/visual.py patch_target_modules).
-        short = not any(t.lower() == "all" for t in targets)
-        if not vt_frozen or (short and not at_least(draft, "llama-factory", "0.9.0")):
-            draft.set("targets_all_towers", True, f"{tsrc} with {vt_src}: the target names are matched in the "
-                      "vision tower too")
-            draft.set("tower_adapters", True, f"{tsrc} (adapters in the vision tower)")
-            draft.set("towers_trainable", True, f"{tsrc} (adapters in the vision tower)")
-        else:
-            draft.set("targets_all_towers", False, f"{tsrc} with {vt_src}: LLaMA-Factory keeps the frozen vision "
-                      "tower out of the targets (model_utils/misc.py, model_utils/visual.py)")
-    if draft.get("tower_adapters") and draft.get("checkpointing") != "off":
-        draft.set("tower_input_hook", True, "LLaMA-Factory's checkpoint function marks the input of every "
-                  "checkpointed trainable layer, vision blocks included (model_utils/checkpointing.py)")
-    if mitigated(draft, "zero3-vision-skipped"):
-        draft.set("image_every_rank", True, f"LLaMA-Factory >= {FAKE_IMAGE.since} adds a blank image to a batch "
-                  "without images (src/llamafactory/data/collator.py)")
-    vision.data_unknowns(draft, "cutoff_len")
-
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
@@ -444,8 +356,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         draft.unknown = [u for u in draft.unknown if not any(u.startswith(f"{p}: not here") for p in missing)]
         draft.unknown += [f"{p} (not on this machine: the export's keys in it are not read)" for p in missing]
         _eras(draft, opts, cmd)
-        exports.read(draft, {k: v for k, v in opts.items() if k not in named}, cmd.describe(), VLM_TEMPLATE,
-                     complete=not missing)
+        exports.read(draft, {k: v for k, v in opts.items() if k not in named}, cmd.describe(),
+                     llama_factory_vision.VLM_TEMPLATE, complete=not missing)
         return draft.result()
     # llamafactory-cli runs torchrun itself: NPROC_PER_NODE x NNODES, or one process per visible device
     # (src/llamafactory/launcher.py); under USE_RAY=1 it starts no torchrun (cli.py main: torchrun only when
@@ -471,7 +383,8 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
     draft = Draft(NAME, versions)
     opts, bases = _read(None, paths, draft)
     if "export_dir" in opts:  # an export config (examples/merge_lora/*.yaml): `llamafactory-cli export` reads it
-        exports.read(draft, opts, f"llamafactory-cli export {' '.join(paths)}", VLM_TEMPLATE)
+        exports.read(draft, opts, f"llamafactory-cli export {' '.join(paths)}",
+                     llama_factory_vision.VLM_TEMPLATE)
         return draft.result()
     _apply(draft, opts, None, bases)
     finish_world(draft, None)
@@ -497,4 +410,5 @@ def _recognise(view) -> bool:
 FRAMEWORK = Framework(name=NAME, title="LLaMA-Factory", module="llama_factory", recognise=_recognise, flags=FLAGS,
                       log_paths=r"llamafactory[/\\]|llmtuner[/\\]|llamafactory-cli|LLaMA-Factory",
                       file_markers=MARKERS, depends=DEPENDS, dated=True,
-                      aliases=("llamafactory", "llama_factory"), mitigations=(FAKE_IMAGE, QUANT_STORAGE))
+                      aliases=("llamafactory", "llama_factory"),
+                      mitigations=(llama_factory_vision.FAKE_IMAGE, QUANT_STORAGE))

@@ -51,7 +51,7 @@ def _refusals(opts: dict[str, tuple[Any, str]], get, src, complete: bool) -> Non
 
 def read(draft: Draft, opts: dict[str, tuple[Any, str]], run: str, vlm_template, complete: bool = True) -> None:
     """Fill `draft` from an export's options (the YAML's keys and the line's overrides); `vlm_template`: the
-    pattern of LLaMA-Factory's image-text template names (llama_factory.VLM_TEMPLATE, the one list)."""
+    pattern of LLaMA-Factory's image-text template names (llama_factory_vision.VLM_TEMPLATE, the one list)."""
     get, src, on = accessors(opts)
     _refusals(opts, get, src, complete)
     if not complete:

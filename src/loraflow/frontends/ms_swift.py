@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import deepspeed, keys
+from loraflow.frontends import deepspeed, keys, ms_swift_megatron
 from loraflow.frontends import ms_swift_export as exports
 from loraflow.frontends import ms_swift_vllm as rollouts
 from loraflow.frontends.ms_swift_vision import image_text
@@ -27,7 +27,7 @@ from loraflow.frontends.argv import (
 )
 from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
-from loraflow.frontends.accelerate_options import apply_fsdp_options
+from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
 from loraflow.frontends.common import (
     Draft,
     as_bool,
@@ -78,7 +78,7 @@ _HANDLED = {"train_type", "tuner_type", "sft_type", "use_dora", "target_modules"
             "torch_dtype", "bf16", "fp16", "quant_bits", "quant_method", "bnb_4bit_quant_storage", "packing",
             "padding_free", "ddp_find_unused_parameters", "ddp_static_graph", "use_vllm", "ds3_gather_for_generation",
             "rlhf_type", "model", "model_id_or_path", "vllm_mode", "vllm_enable_lora", "vllm_gpu_memory_utilization",
-            "sleep_level", "offload_model", "lora_rank"}
+            "sleep_level", "offload_model", "lora_rank", "activation_cpu_offload"}
 
 
 def _first(value: Any) -> Any:
@@ -98,7 +98,7 @@ def _accessors(opts: dict[str, tuple[Any, str]]):
     return get, src, on
 
 
-def _stage(draft: Draft, opts: dict, sub: str) -> None:
+def _stage(draft: Draft, opts: dict, sub: str, program: str = "swift") -> None:
     get, src, on = _accessors(opts)
     if sub == "rlhf":
         kind = str(get("rlhf_type", "dpo"))
@@ -109,7 +109,7 @@ def _stage(draft: Draft, opts: dict, sub: str) -> None:
         if RLHF[kind] != kind:
             draft.note(f"rlhf_type {kind} is read as stage {RLHF[kind]}")
     else:
-        draft.set("stage", "sft", f"swift {sub}")
+        draft.set("stage", "sft", f"{program} {sub}")
 
 
 def _engine(draft: Draft, opts: dict) -> dict[str, Any]:
@@ -203,6 +203,13 @@ def _adapter(draft: Draft, opts: dict, dtype: str | None) -> None:
 
 def _checkpointing(draft: Draft, opts: dict) -> None:
     get, src, on = _accessors(opts)
+    if on("activation_cpu_offload"):
+        # swift/plugin/activation_cpu_offload.py ActivationCpuOffloadCallBack.on_train_begin (veRL's offloader): FSDP
+        # only, and with gradient checkpointing it calls gradient_checkpointing_disable() to checkpoint the FSDP
+        # units itself; the saved tensors of each unit go to CPU.
+        engine = "FSDP" if draft.get("engine") in ("fsdp1", "fsdp2") else "no FSDP here: ms-swift raises ValueError"
+        draft.note(f"{src('activation_cpu_offload')}: activations saved for backward are offloaded to CPU per FSDP "
+                   f"unit (swift/plugin/activation_cpu_offload.py; {engine})")
     fsdp_ac = draft.get("checkpoint_impl") == "torch-wrapper"
     # Checkpointing by default from v1.3 (llm_sft.py of v1.1 - v1.2 had it off).
     gc = on("gradient_checkpointing", default=not fsdp_ac and at_least(draft, "ms-swift", "1.3.0"))
@@ -288,8 +295,18 @@ def _train_mode_and_save(draft: Draft, opts: dict, info: dict) -> None:
 
 
 def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Command | None) -> None:
-    _stage(draft, opts, sub)
+    _stage(draft, opts, sub, "megatron" if cmd is not None and ms_swift_megatron.subcommand(cmd) else "swift")
     _eras(draft, opts, sub, cmd)
+    if cmd is not None and ms_swift_megatron.subcommand(cmd):
+        ms_swift_megatron.apply(draft, opts, sub)
+        _adapter(draft, opts, None)
+        image_text(draft, *_accessors(opts), opts)
+        _unknown(draft, opts, ms_swift_megatron.KEYS)
+        return
+    if cmd is not None and cmd.launcher == "accelerate":
+        # `accelerate launch --config_file fsdp_offload.json swift/cli/sft.py ...` (examples/train/multi-gpu/
+        # fsdp_qlora): the accelerate config picks the engine and the process count; --deepspeed / --fsdp still win.
+        apply_accelerate(draft, cmd)
     info = _engine(draft, opts)
     dtype = _precision(draft, opts, info)
     _adapter(draft, opts, dtype)
@@ -300,11 +317,15 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     rollouts.apply(draft, *_accessors(opts), {k: (_first(v), where) for k, (v, where) in opts.items()},
                    visible_devices(cmd) if cmd is not None else (None, None))
     image_text(draft, *_accessors(opts), opts)
-    for name, (value, source) in opts.items():
-        if name not in _HANDLED | keys.MS_SWIFT | keys.HF_TRAINER | keys.MS_SWIFT_V2 | _V2_RLHF_KEYS:
-            draft.unknown.append(source)
+    _unknown(draft, opts)
     trainer_dtypes(draft, draft.get("precision") != "fp32", "ms-swift loads the model in --torch_dtype")
     draft.flag(**FLAGS)
+
+
+def _unknown(draft: Draft, opts: dict[str, tuple[Any, str]], more: frozenset = frozenset()) -> None:
+    for name, (value, source) in opts.items():
+        if name not in _HANDLED | keys.MS_SWIFT | keys.HF_TRAINER | keys.MS_SWIFT_V2 | _V2_RLHF_KEYS | more:
+            draft.unknown.append(source)
 
 
 # What a flag's spelling says about the release (ms-swift's git history). --model_type dates nothing: 2.x named the
@@ -352,6 +373,9 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     # `swift sft`, `python -m swift.cli.sft`, `swift/cli/sft.py`, ms-swift 2.x's examples/pytorch/llm/llm_sft.py
     sub = (cmd.subcommand or Path(cmd.program.replace(".", "/").removesuffix("/py")).name).removeprefix("llm_")
     args_in = list(cmd.args)
+    megatron = ms_swift_megatron.subcommand(cmd)
+    if megatron and not cmd.subcommand:  # `megatron sft ...`: the console script's subcommand is its first word
+        sub, args_in = megatron, args_in[1:]
     if sub in _V2_RLHF:
         # ms-swift 2.x routed `swift dpo|orpo|simpo` to its rlhf entry with `--rlhf_type NAME` in front (swift/cli/
         # main.py cli_main); 3.0 dropped these subcommands.
@@ -366,7 +390,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
                             "the runs that load or merge their adapters: `swift export`, `swift merge-lora`, "
                             "`swift infer`, `swift deploy`.")
     args, positionals, _ = parse_flags(args_in, lists=keys.MS_SWIFT | keys.MS_SWIFT_V2 | keys.HF_TRAINER | _HANDLED |
-                                       set(_V2_NAMES))
+                                       set(_V2_NAMES) | ms_swift_megatron.KEYS)
     for pos in positionals:
         draft.unknown.append(f"{pos} (positional argument)")
     opts: dict[str, tuple[Any, str]] = {}
@@ -438,7 +462,8 @@ _V2_FLAGS = {"sft_type", "model_id_or_path", "template_type"}
 
 def _recognise(view) -> bool:
     return view.cli == "swift" or view.runs("swift") or bool(_V2_SCRIPT.search(view.program) and
-                                                               view.flags & _V2_FLAGS)
+                                                               view.flags & _V2_FLAGS) or \
+        ms_swift_megatron.recognise(view)
 
 
 # `swift export --merge_lora true` (and merge-lora, infer --merge_lora) of a QLoRA adapter (ms_swift_export.py).
