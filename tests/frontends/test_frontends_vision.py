@@ -147,8 +147,10 @@ def test_llama_factory_freezes_the_vision_tower_by_default(tmp_path):
     assert not from_files("llama-factory", [str(path)], {"llama-factory": Version("0.9.1")}).setup.image_every_rank
     path.write_text(LF_VLM.format(ftype="lora") + "freeze_vision_tower: false\n")
     unfrozen = from_files("llama-factory", [str(path)], CURRENT)
-    assert unfrozen.setup.targets_all_towers and unfrozen.setup.tower_adapters and unfrozen.setup.tower_input_hook
-    assert findings(None, {}, "llama-factory", [str(path)])["lora-targets-vision-tower"] is None
+    # From 0.9.0 LLaMA-Factory names the tower's modules by full path and leaves out the patch embedding
+    # (model_utils/visual.py patch_target_modules, lora_conflict_keys): adapters land in the tower's Linear layers.
+    assert not unfrozen.setup.targets_all_towers and unfrozen.setup.tower_adapters and unfrozen.setup.tower_input_hook
+    assert findings(None, {}, "llama-factory", [str(path)])["lora-targets-vision-tower"] == "0.7.1<=llama-factory<0.9.0"
     # train_mm_proj_only (full tuning): only the projector trains, the vision tower and language model stay frozen.
     path.write_text(LF_VLM.format(ftype="full").replace("Qwen/Qwen2-VL-7B-Instruct", "llava-hf/llava-1.5-7b-hf")
                     .replace("qwen2_vl", "llava") + "train_mm_proj_only: true\n")

@@ -149,3 +149,14 @@ def test_llama_factory_pad_to_multiple_of_is_known(tmp_path):
     path = _write(tmp_path, "full.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct\nstage: sft\n"
                   "finetuning_type: full\ntemplate: llama3\ncutoff_len: 2048\npad_to_multiple_of: 28\nbf16: true\n")
     assert not from_files("llama-factory", [path], CURRENT).unknown
+
+
+# ms-swift's examples/megatron/lora/dense.sh is a script whose launch line starts with `megatron`.
+def test_a_megatron_swift_script_has_its_launch_line(tmp_path):
+    from loraflow.frontends.argv import split_command
+    from loraflow.frontends.shell import command_from_script
+
+    script = tmp_path / "dense.sh"
+    script.write_text("NPROC_PER_NODE=2 CUDA_VISIBLE_DEVICES=0,1 \\\nmegatron sft --load Qwen2.5-7B-mcore "
+                      "--train_type lora --lora_rank 8\n")
+    assert split_command(command_from_script(str(script))).program == "megatron"

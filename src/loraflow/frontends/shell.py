@@ -24,7 +24,7 @@ after the working directory)."""
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)*)?$")
 _STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "tune", "ray",
-           "litgpt", "srun", "mpirun", "mpiexec")
+           "litgpt", "megatron", "srun", "mpirun", "mpiexec")
 # Commands that run the rest of their line (`nohup torchrun ...`, `apptainer exec --nv img.sif accelerate launch ...`,
 # `conda run -n env python ...`): their own options and operands come before the launcher, which is read from there.
 # `timeout 2400 ...` and `nsys profile --trace=cuda ... python ...` (SLURM jobs, profiling runs) wrap it the same way.
