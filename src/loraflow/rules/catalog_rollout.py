@@ -217,11 +217,18 @@ register(Rule(
         messages=(Message(r"Free memory on device \S*\s*\([\d.]+/[\d.]+ GiB\) on startup is less than desired GPU "
                           r"memory utilization", "generic", "vllm/v1/worker/gpu_worker.py: init_device (V1 engine)"),
                   Message(r"No available memory for the cache blocks", "generic",
-                          "vllm/worker/worker.py: raise_if_cache_size_invalid (V0 engine)")),
+                          "vllm/worker/worker.py: raise_if_cache_size_invalid (V0 engine)"),
+                  # The sleep-mode allocator re-maps the engine's weights and KV cache on wake_up; with the trainer's
+                  # memory still held it cannot (TideDra/lmm-r1#43 on OpenRLHF's hybrid engine). The group keeps the
+                  # message from being read off a cut line: its start is torch's own, complete `CUDA error: out of
+                  # memory`, which a line that stops there is.
+                  Message(r"(?:CUDA Error: out of memory) at \S*cumem_allocator\.cpp", "shared",
+                          "vllm csrc/cumem_allocator.cpp: CUDA_CHECK in create_and_map, raised by "
+                          "vllm/device_allocator/cumem.py: wake_up (sleep mode)")),
         evidence=(Evidence("vllm_colocated", 4, "the engine shares the trainer's GPUs", decisive=True),),
         prior=1.0,
         tells_apart="the engine runs colocated with the trainer (vllm_mode colocate, external_launcher, "
-                    "colocate_all_models) when it finds too little free memory"),
+                    "colocate_all_models, its sleep mode) when it finds too little free memory"),
 ))
 
 register(Rule(

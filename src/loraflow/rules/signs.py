@@ -142,9 +142,15 @@ FACTS: dict[str, tuple[str, str]] = {
     "generation": (r"\bgenerate\b|generation|rollout|experience_maker|make_experience|\bvllm\b",
                    "the model generates (RLHF rollouts)"),
     # TRL/ms-swift colocate mode (vLLM's config dump names the external_launcher backend they start it with),
-    # OpenRLHF's hybrid engine, TRL 0.14's warning for a vLLM device that trains too.
+    # OpenRLHF's hybrid engine, TRL 0.14's warning for a vLLM device that trains too. vLLM's sleep mode exists to hand
+    # the GPU back to a trainer between rollouts (TRL vllm_enable_sleep_mode and ms-swift sleep_level are colocate
+    # options, OpenRLHF --vllm_enable_sleep and verl's hybrid engine put a colocated engine to sleep): its allocator's
+    # frames (vllm/device_allocator/cumem.py sleep, wake_up) and its log lines (gpu_worker.py `Sleep mode freed`,
+    # executor_base.py `It took ... seconds to fall asleep` / `to wake up`) show an engine that shares its GPU.
     "vllm_colocated": (r"vllm_mode\W{1,4}colocate|distributed_executor_backend\W{1,4}external_launcher|"
-                       r"colocate_all(_models)?\b|train\.colocate_all|is also used for training",
+                       r"colocate_all(_models)?\b|train\.colocate_all|is also used for training|"
+                       r"device_allocator[/\\]cumem\.py\W.{0,40}\bin (wake_up|sleep)\b|Sleep mode freed [\d.]+ GiB|"
+                       r"seconds to (fall asleep|wake up)",
                        "the vLLM engine shares the trainer's GPUs"),
     "vision": (r"pixel_values|vision_tower|vision_model|\bvisual\b|Vision(Transformer|Model|Encoder)|\bvit\b|"
                r"image_grid_thw|patch_embed|\bvpm\b|siglip|clip_vision|vision_lora|freeze_vision|tune_vision|"
