@@ -76,3 +76,13 @@ def test_torchs_own_cuda_out_of_memory_is_not_a_cut_wake_up_message():
     # LlamaFactory#9331's one line: torch's complete CUDA out-of-memory error, the same words the cumem allocator's
     # message starts with. A line that ends there is that error, not the allocator's message cut short.
     assert _found("torch.AcceleratorError: CUDA error: out of memory\n") == []
+
+
+# Found by the wild6 sweep: Unsloth's frames (it patches TRL's and transformers' trainers) and Lightning's loop name
+# the framework a log came from.
+def test_unsloth_and_lightning_frames_name_the_framework():
+    from loraflow.frontends.base import framework_of_log
+
+    assert framework_of_log('  File "/usr/lib/python3.11/site-packages/unsloth_zoo/loss_utils.py", line 12') == "hf"
+    assert framework_of_log('  File "/opt/venv/lib/python3.10/site-packages/lightning/pytorch/trainer/trainer.py", '
+                            'line 9') == "python-script"

@@ -496,5 +496,5 @@ def _recognise(view) -> bool:
 
 
 FRAMEWORK = Framework(name=NAME, title="HF Trainer / TRL", module="hf", recognise=_recognise, flags=FLAGS,
-                      log_paths=r"trl[/\\]trainer[/\\]|transformers[/\\]trainer\.py|accelerate[/\\]accelerator\.py",
+                      log_paths=trl_rel.LOG_PATHS,
                       depends=trl_rel.DEPENDS)

@@ -66,4 +66,6 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
 
 FRAMEWORK = Framework(name=NAME, title="Python training script", module="python_script", recognise=None,
                       flags=FLAGS, depends=trl_rel.DEPENDS, aliases=("python", "py"),
+                      # Lightning's loop (lightning.py reads it from the script): pytorch_lightning, lightning/fabric.
+                      log_paths=r"pytorch_lightning[/\\]|lightning[/\\](?:pytorch|fabric)[/\\]",
                       mitigations=(UNSLOTH_VISION_DDP,))

@@ -125,6 +125,11 @@ def script_reentrant(draft: Draft, program: str) -> tuple[bool, str] | None:
     return None
 
 
+LOG_PATHS = r"trl[/\\]trainer[/\\]|transformers[/\\]trainer\.py|accelerate[/\\]accelerator\.py|unsloth(?:_zoo)?[/\\]"
+"""Frames of a run the HF Trainer / TRL frontend reads: TRL's and transformers' trainers, accelerate's, and Unsloth's,
+which patches them (unsloth/models, unsloth_zoo)."""
+
+
 def since(draft: Draft, version: str) -> bool:
     return at_least(draft, "trl", version)
 
