@@ -149,3 +149,39 @@ def test_a_vllm_server_started_before_the_run_means_server_mode_rollouts(tmp_pat
     alone = tmp_path / "alone.sh"
     alone.write_text("accelerate launch --num_processes 2 src/open_r1/grpo.py --config recipe.yaml --use_peft\n")
     assert from_command(["bash", str(alone)], VERSIONS).setup.generation is True
+
+
+# Found in review: a Python heredoc's `if x:` / `else:` is no shell block; `NPROC=${NPROC:-8}` gives a default, it
+# adds nothing; a nested `if` inside a later branch is not read; one-line ifs with several statements or `else`.
+def test_heredocs_defaults_nested_and_one_line_branches(tmp_path):
+    def line_of(text: str):
+        script = tmp_path / "run.sh"
+        script.write_text(text)
+        return command_from_script(str(script))
+
+    heredoc = line_of('python - <<EOF\nif torch.cuda.is_available():\n    print("gpu")\nelse:\n    print("cpu")\nEOF\n'
+                      'ARGS="--output_dir o"\nARGS="$ARGS --use_peft"\npython train.py $ARGS\n')
+    assert "--use_peft" in heredoc
+    default = line_of('if [ "$DEBUG" = 1 ]; then\n  set -x\nelse\n  NPROC=${NPROC:-8}\nfi\n'
+                      'torchrun --nproc_per_node $NPROC train.py --output_dir o\n')
+    assert split_command(default).world_size == 8
+    nested = line_of('ARGS="--output_dir o"\nif [ "$LORA" = 1 ]; then\n  ARGS="$ARGS --use_peft"\nelse\n'
+                     '  if [ "$Q" = 1 ]; then\n    ARGS="$ARGS --load_in_4bit"\n  fi\nfi\npython train.py $ARGS\n')
+    assert "--use_peft" in nested and "--load_in_4bit" not in nested
+    one = line_of('if [ -z "$NPROC" ]; then NPROC="4"; PEFT="--use_peft"; fi\n'
+                  'if [ "$FULL" = 1 ]; then ARGS="--bf16"; else ARGS="--use_peft --load_in_4bit"; fi\n'
+                  'torchrun --nproc_per_node $NPROC train.py --output_dir o $PEFT $ARGS\n')
+    # A plain assignment in the `else` is bash's last one, read so, and said to hold when that branch runs.
+    assert split_command(one).world_size == 4 and "--load_in_4bit" in one and "--bf16" not in one
+    assert any("`ARGS=\"--use_peft --load_in_4bit\"` is in the `else` branch" in n for n in one.notes)
+
+
+# Found in review: runs in the branches of one `if` are alternatives, not a script that trains twice.
+def test_runs_in_branches_are_alternatives(tmp_path):
+    script = tmp_path / "stage.sh"
+    script.write_text('if [ "$STAGE" = pretrain ]; then\n  deepspeed train.py --tune_mm_mlp_adapter True\nelse\n'
+                      '  deepspeed train.py --lora_enable True\nfi\n"$PYTHON_BIN" -m trl.scripts.sft --output_dir o\n')
+    line = command_from_script(str(script))
+    notes = " ".join(line.notes)
+    assert "another branch runs instead: `deepspeed train.py --lora_enable True`" in notes
+    assert "trains 2 times; check reads the first launch. Later: `python -m trl.scripts.sft" in notes

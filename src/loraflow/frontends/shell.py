@@ -117,7 +117,7 @@ def _launcher_at(words: list[str]) -> int | None:
 def _interpreter_variable(words: list[str], i: int) -> bool:
     """`$VENV_PYTHON -m openrlhf.cli.train_ppo_ray ...`, `${PY} train.py`: a variable the script does not set (its
     environment does) run with `-m MODULE` or a .py file is a Python interpreter."""
-    return bool(re.fullmatch(r"\$\{?[A-Za-z_]\w*\}?", words[i])) and i + 1 < len(words) and (
+    return bool(re.fullmatch(r"([\"']?)\$\{?[A-Za-z_]\w*\}?\1", words[i])) and i + 1 < len(words) and (
         words[i + 1] == "-m" or words[i + 1].endswith(".py"))
 
 
@@ -295,12 +295,7 @@ def command_from_script(path: str) -> list[str]:
         if assign and cases > 0:
             continue  # `-m | --model ) shift; MODEL=$1 ;;` (Qwen's finetune scripts) does not run without arguments
         if assign:
-            name, added = assign.group(1), _assigned(assign, expand)
-            adds = bool(assign.group(2)) or re.match(rf"\$\{{?{name}\b", assign.group(3).strip("\"'")) is not None
-            if adds and not branches.reads(name, stripped):
-                continue
-            variables[name] = variables.get(name, "") + added if assign.group(2) else added
-            exported += [name] if re.match(r"\s*export\s", line) and name not in exported else []
+            _take_assignment(assign, line, expand, variables, exported, branches)
             continue
         # `export A B` after `A=1`, and `export A=1 B=2` (plain values; a quoted one is the assignment's line above)
         if re.match(r"export(\s+[A-Za-z_]\w*(=[^\s\"'$`]*)?)+$", stripped):
@@ -318,7 +313,7 @@ def command_from_script(path: str) -> list[str]:
         kind = _line_kind(tokens)
         if kind == "run":
             run = _cut_by_comment(tokens, lines[at + 1:])
-            run.notes = run.notes + branches.about(stripped) + _later_runs(lines[at + 1:], expand)
+            run.notes = run.notes + branches.about(stripped) + _later_runs(lines[at + 1:], expand, branches)
             run.started = [" ".join(held["server"])] if held["server"] else []
             return run
         if kind in held:  # a step before or after the run: the first of each kind is kept in case no run follows
@@ -329,20 +324,42 @@ def command_from_script(path: str) -> list[str]:
                         "python, llamafactory-cli, swift, axolotl, trl, srun or mpirun).")
 
 
-def _later_runs(rest: list[str], expand) -> list[str]:
+def _take_assignment(assign: re.Match, line: str, expand, variables: dict[str, str], exported: list[str],
+                     branches: Branches) -> None:
+    """`VAR=value` / `VAR+=value` (`export` too), read as bash assigns it, within the `if` branches it is in."""
+    name, added, stripped = assign.group(1), _assigned(assign, expand), line.strip()
+    # `ARGS="$ARGS --x"` adds to ARGS; `NPROC=${NPROC:-8}` only gives it a default.
+    adds = bool(assign.group(2)) or re.match(rf"\$(?:\{{{name}\}}|{name}\b)\s*\S", assign.group(3).strip("\"'")) \
+        is not None
+    if adds and not branches.reads(name, stripped):
+        return
+    if not adds:
+        branches.assigned(name, stripped)
+    variables[name] = variables.get(name, "") + added if assign.group(2) else added
+    exported += [name] if re.match(r"\s*export\s", line) and name not in exported else []
+
+
+def _later_runs(rest: list[str], expand, branches: Branches) -> list[str]:
     """A script that trains more than once (LLaVA-style stage 1 then stage 2, SFT then DPO): check reads the first
-    run; the others are named so they can be checked on their own."""
-    later = []
+    run; the others are named so they can be checked on their own. A run in another branch of the `if` chain the
+    read run is in is an alternative to it, not a second run."""
+    here = branches.path()
+    later, instead = [], []
     for line in rest:
         stripped = line.strip()
+        branches.see(stripped)
         if stripped and not stripped.startswith("#") and not _ASSIGN.match(line):
             tokens = _launch_in(expand(stripped))
             if tokens and _line_kind(tokens) == "run":
-                later.append(" ".join(tokens[:6]) + (" ..." if len(tokens) > 6 else ""))
-    if not later:
-        return []
-    return [f"the script trains {len(later) + 1} times; check reads the first launch. Later: "
-            + "; ".join(f"`{t}`" for t in later) + " (check one by passing its line after `--`)"]
+                there = dict(branches.path())
+                other = any(block in there and there[block] != branch for block, branch in here)
+                (instead if other else later).append(" ".join(tokens[:6]) + (" ..." if len(tokens) > 6 else ""))
+    notes = [f"the launch read runs only in its branch of an `if`; another branch runs instead: "
+             + "; ".join(f"`{t}`" for t in instead)] if instead else []
+    if later:
+        notes.append(f"the script trains {len(later) + 1} times; check reads the first launch. Later: "
+                     + "; ".join(f"`{t}`" for t in later) + " (check one by passing its line after `--`)")
+    return notes
 
 
 def _read_script(path: str) -> str:

@@ -9,57 +9,110 @@ import re
 # `if [ "$USE_LORA" = 1 ]; then` ... `fi`: assignments in a branch are read as if it runs (so `if [ -z "$X" ]; then
 # X=3; fi` defaults come through), and one that adds to a variable the launch uses is said to be conditional.
 _IF = re.compile(r"^(?:el)?if\s+(.*?)\s*(?:;\s*then\b.*)?$")
+# A heredoc (`python - <<EOF` ... `EOF`, `cat > x.py <<'EOF'`): its body is another program's text, whose `if x:` /
+# `else:` are no shell blocks.
+_HEREDOC_START = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
 
 
-# `if [ -z "$NPROC" ]; then NPROC=8; fi` on one line: read as the block it is, its body one statement a line.
-ONE_LINE_IF = re.compile(r"(?m)^([ \t]*)if\s+([^\n;]+?);\s*then\s+([^\n]+?);?\s*fi[ \t]*$")
+# `if [ -z "$NPROC" ]; then NPROC=8; fi` on one line, with `else` or several statements: read as the block it is,
+# one statement a line.
+ONE_LINE_IF = re.compile(r"(?m)^([ \t]*)(if\s[^\n]*?;\s*then\b[^\n]*?;?\s*fi)[ \t]*$")
 
 
 def if_lines(m: re.Match) -> str:
-    indent, condition, body = m.groups()
-    if re.search(r"[\"'][^\"'\n]*;", body):  # a `;` inside quotes: not split (left as one line, unread)
-        return m.group(0)
-    return "\n".join([f"{indent}if {condition}; then", *(indent + "  " + part.strip() for part in body.split(";")
-                                                          if part.strip()), f"{indent}fi"])
+    indent, text = m.groups()
+    out: list[str] = []
+    for part in (p.strip() for p in _split_outside_quotes(text)):
+        if part == "then" or part.startswith("then "):
+            part = part[4:].strip()
+        if part == "else" or part.startswith("else "):
+            out.append("else")
+            part = part[4:].strip()
+        if part.startswith(("if ", "elif ")):
+            out.append(f"{part}; then")
+        elif part:
+            out.append(part)
+    return "\n".join(indent + line for line in out)
+
+
+def _split_outside_quotes(text: str) -> list[str]:
+    """A line's statements: split at each `;` outside quotes."""
+    parts, quote, start = [], "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == ";":
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
 
 
 class Branches:
     """The `if` / `elif` / `else` blocks a script's line is in, read top to bottom. An assignment in a branch is read
     as if the branch runs (so `if [ -z "$X" ]; then X=3; fi` defaults come through). One that adds flags to a variable
     (`ARGS+=" --use_peft"`, `ARGS="$ARGS --use_peft"`) is read in the first branch of an `if`/`elif`/`else` chain
-    only: the branches are alternatives, and their union is a launch none of them makes. check says which."""
+    only (and in none nested inside a later branch): the branches are alternatives, and their union is a launch none
+    of them makes. check says which."""
 
     def __init__(self) -> None:
         self.open: list[list[str]] = []  # per enclosing block: its conditions so far ("else" last when in it)
-        self.notes: dict[str, list[str]] = {}  # variable -> what check says of its additions in branches
+        self.notes: dict[str, list[str]] = {}  # variable -> what check says of its assignments in branches
+        self.heredoc = ""  # the tag that ends the heredoc being skipped
 
     def see(self, stripped: str) -> None:
+        if self.heredoc:
+            self.heredoc = "" if stripped == self.heredoc else self.heredoc
+            return
+        if (start := _HEREDOC_START.search(stripped)) and not stripped.startswith(("if ", "elif ")):
+            self.heredoc = start.group(1)
+        if stripped.endswith(":"):  # Python's `if x:` / `else:` pasted among the lines, never bash's
+            return
         if (m := _IF.match(stripped)) and not re.search(r"\bfi\s*(?:#.*)?$", stripped):  # not a one-line `if`
             if stripped.startswith("if"):
                 self.open.append([m.group(1)])
             elif self.open:
                 self.open[-1].append(m.group(1))
-        elif re.match(r"else\b", stripped) and self.open:
+        elif re.fullmatch(r"else\b\s*(?:#.*)?", stripped) and self.open:
             self.open[-1].append("else")
         elif re.match(r"fi\b", stripped) and self.open:
             self.open.pop()
 
+    def path(self) -> tuple[tuple[int, int], ...]:
+        """Where the current line is: each enclosing block (by identity) and the branch of it."""
+        return tuple((id(block), len(block)) for block in self.open)
+
+    def _later(self) -> list[str] | None:
+        """The innermost enclosing block whose current branch is not its first, if any."""
+        return next((block for block in reversed(self.open) if len(block) > 1), None)
+
     def reads(self, name: str, stripped: str) -> bool:
         """Whether an addition to `name` on this line is read (with what to tell about it)."""
-        if not self.open:
-            return True
-        conditions = self.open[-1]
-        if len(conditions) == 1:
-            self.notes.setdefault(name, []).append(f"`{stripped}` runs only when `{conditions[0]}`; read as if it "
-                                                   "does, so what check finds with it holds only then")
-            return True
-        branch = "else" if conditions[-1] == "else" else f"elif {conditions[-1]}"
-        self.notes.setdefault(name, []).append(f"`{stripped}` (the `{branch}` branch of `if {conditions[0]}`) is "
-                                               "not read: check reads the first branch of the chain")
-        return False
+        later = self._later()
+        if later is not None:
+            branch = "else" if later[-1] == "else" else f"elif {later[-1]}"
+            self._say(name, f"`{stripped}` (the `{branch}` branch of `if {later[0]}`) is not read: check reads the "
+                            "first branch of the chain")
+            return False
+        if self.open:
+            self._say(name, f"`{stripped}` runs only when `{self.open[-1][0]}`; read as if it does, so what check "
+                            "finds with it holds only then")
+        return True
+
+    def assigned(self, name: str, stripped: str) -> None:
+        """A plain assignment in a later branch is read as bash's last assignment: say which branch that is."""
+        later = self._later()
+        if later is not None:
+            branch = "else" if later[-1] == "else" else f"elif {later[-1]}"
+            self._say(name, f"`{stripped}` is in the `{branch}` branch of `if {later[0]}`: read as the last "
+                            "assignment, so what check finds with it holds when that branch runs")
+
+    def _say(self, name: str, why: str) -> None:
+        self.notes.setdefault(name, []).append(why)
 
     def about(self, line: str) -> list[str]:
-        """What to tell of the branches' additions to the variables a launch line uses."""
+        """What to tell of the branches' assignments to the variables a launch line uses."""
         return [why for name, whys in self.notes.items() if re.search(rf"\$\{{?{name}\b", line) for why in whys]
 
 
