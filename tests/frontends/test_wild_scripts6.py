@@ -595,3 +595,40 @@ def test_a_peft_model_with_a_peft_config_is_refused_by_trl_0_27(tmp_path, monkey
     assert "peft-config-on-peft-model" not in rules(check(tmp_path, monkeypatch, text, trl="0.26.0"))
     merged = text.replace("peft_config)\n", "peft_config).merge_and_unload()\n", 1)
     assert "peft-config-on-peft-model" not in rules(check(tmp_path, monkeypatch, merged))
+
+
+# Found in review: a switch the code reassigns decides nothing; a BitsAndBytesConfig returned by a helper is passed;
+# a dataset or collator of the project's own modules may truncate.
+def test_review_switches_helpers_and_project_modules(tmp_path, monkeypatch):
+    reassigned = '''
+        import argparse
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Trainer, TrainingArguments
+        from peft import LoraConfig, get_peft_model
+        USE_QLORA = False
+        def build():
+            bnb = BitsAndBytesConfig(load_in_4bit=True) if USE_QLORA else None
+            return get_peft_model(AutoModelForCausalLM.from_pretrained("m", quantization_config=bnb), LoraConfig())
+        if __name__ == "__main__":
+            p = argparse.ArgumentParser()
+            p.add_argument("--low_mem", action="store_true")
+            USE_QLORA = p.parse_args().low_mem
+            Trainer(model=build(), args=TrainingArguments(output_dir="o")).train()
+    '''
+    assert check(tmp_path, monkeypatch, reassigned)["setup"]["quantization"] == "4bit"
+    helper = '''
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Trainer, TrainingArguments
+        def quant_config():
+            return BitsAndBytesConfig(load_in_4bit=True)
+        model = AutoModelForCausalLM.from_pretrained("m", quantization_config=quant_config())
+        Trainer(model=model, args=TrainingArguments(output_dir="o")).train()
+    '''
+    assert check(tmp_path, monkeypatch, helper)["setup"]["quantization"] == "4bit"
+    project = '''
+        from transformers import AutoProcessor, Qwen2VLForConditionalGeneration, Trainer, TrainingArguments
+        from my_data import build_dataset, collate
+        processor = AutoProcessor.from_pretrained("Qwen/Qwen2-VL-2B-Instruct")
+        model = Qwen2VLForConditionalGeneration.from_pretrained("Qwen/Qwen2-VL-2B-Instruct")
+        Trainer(model=model, args=TrainingArguments(output_dir="o"), train_dataset=build_dataset("d.json", processor),
+                data_collator=lambda b: collate(b, processor)).train()
+    '''
+    assert "cut inside its image tokens" in json.dumps(check(tmp_path, monkeypatch, project)["depends_on"])

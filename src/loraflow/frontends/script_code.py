@@ -16,7 +16,7 @@ from typing import Any
 
 from loraflow.frontends.script_args import field_default, record_argparse
 from loraflow.frontends.script_parse import parse
-from loraflow.frontends.script_passing import PARSE_CALLS, compared, parsed_params, returns_kwargs, truth
+from loraflow.frontends.script_passing import PARSE_CALLS, bound_once, compared, parsed_params, returns_kwargs, truth
 
 # torch dtypes as the HF frontends spell them (`--torch_dtype bfloat16`).
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
@@ -141,6 +141,7 @@ def read_code(text: str, file: str) -> Code:
     tree = parse(text, code)
     reader = _Reader(code)
     reader.parsed_params = parsed_params(tree)
+    reader.constants = bound_once(tree)
     reader.visit(tree)
     return code
 
@@ -157,6 +158,8 @@ class _Reader(ast.NodeVisitor):
         self.signatures: dict[str, ast.arguments] = {}
         self.parsed_params: dict[str, set[str]] = {}
         self.kwarg_returners: set[str] = set()
+        self.constants: set[str] = set()
+        """Names bound once in the whole file: the only ones whose value decides an `if` (script_passing.truth)."""
         self.parsers: dict[str, Parsed | dict] = {}
         """The script's own functions that return a parser's output (`def parse_arge(): ... return
         parser.parse_known_args()`: calling one is parsing) or a dict they write out."""
@@ -200,7 +203,7 @@ class _Reader(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_If(self, node: ast.If) -> None:
-        decided = truth(node.test, self.value)
+        decided = truth(node.test, self.constant)
         if decided is not None:  # `if USE_LORA:` with `USE_LORA = False` above: only the branch that runs is read
             for child in node.body if decided else node.orelse:
                 self.visit(child)
@@ -233,6 +236,13 @@ class _Reader(ast.NodeVisitor):
                 # Both branches assign it, differently (Qwen-VL's `modules_to_save = None` for a chat model, else
                 # ["wte", "lm_head"]): which one holds is the test's, not the later line's.
                 self.env[name] = Unread(f"{name} (either branch of the `if` at line {node.lineno})")
+
+    def constant(self, node: ast.AST) -> Any:
+        """A value for deciding a branch: a name only where the file binds it once (`USE_QLORA = False` that a later
+        `USE_QLORA = args.low_mem` reassigns decides nothing)."""
+        if isinstance(node, ast.Name) and node.id not in self.constants:
+            return Unread(node.id)
+        return self.value(node)
 
     def flag_tests(self, node: ast.AST) -> tuple[list[tuple[str, bool]], list[tuple[str, bool]]]:
         """What an `if` over parsed flags needs in its body and in its else: `if a.x:` ([(x, True)], [(x, False)]),
@@ -339,7 +349,7 @@ class _Reader(ast.NodeVisitor):
                 return found
         if isinstance(node, ast.Call):
             return self.call(node)
-        if isinstance(node, ast.IfExp) and (decided := truth(node.test, self.value)) is not None:
+        if isinstance(node, ast.IfExp) and (decided := truth(node.test, self.constant)) is not None:
             return self.value(node.body if decided else node.orelse)  # `x if USE_QLORA else None`
         for child in ast.walk(node):  # record the calls inside other expressions (`f(x) if c else g(y)`)
             if isinstance(child, ast.Call) and child is not node:

@@ -54,6 +54,12 @@ def passed(made: Any, code: Any) -> bool:
         return isinstance(value, (list, tuple)) and any(holds(v) for v in value)
 
     others = [c for c in code.calls if c is not made]
-    if not any(c.func.endswith("from_pretrained") for c in others):
+    loads = [c for c in others if c.func.endswith("from_pretrained")]
+    # Not bound to a plain name (returned by a helper, set on an attribute, inside a conditional expression), or a
+    # load whose quantization_config the code computes: where it goes is not visible.
+    if not loads or not getattr(made, "target", "") or any(
+            c.kwargs.get("quantization_config") is not None and not isinstance(c.kwargs["quantization_config"],
+                                                                              (bool, str, dict)) and
+            getattr(c.kwargs["quantization_config"], "name", "") != "BitsAndBytesConfig" for c in loads):
         return True
     return any(c.splat or holds(c.args) or holds(c.kwargs) for c in others)

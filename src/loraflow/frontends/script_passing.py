@@ -80,3 +80,33 @@ def truth(node: ast.AST, value: Callable[[ast.AST], Any]) -> bool | None:
         known = value(node)
         return bool(known) if isinstance(known, (bool, int, float, str, type(None))) else None
     return None
+
+
+def bound_once(tree: ast.AST) -> set[str]:
+    """Names the file binds exactly once: one assignment, and no augmented assignment, loop or `with` target,
+    `global`, parameter, import or definition of the same name anywhere."""
+    counts: dict[str, int] = {}
+
+    def bind(name: str, weight: int = 1) -> None:
+        counts[name] = counts.get(name, 0) + weight
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With, ast.NamedExpr)):
+            targets = node.targets if isinstance(node, ast.Assign) else [
+                getattr(node, "target", None)] if not isinstance(node, ast.With) else [
+                i.optional_vars for i in node.items]
+            for target in filter(None, targets):
+                for name in (n.id for n in ast.walk(target) if isinstance(n, ast.Name)):
+                    bind(name, 1 if isinstance(node, (ast.Assign, ast.AnnAssign)) else 2)
+        elif isinstance(node, ast.Global):
+            for name in node.names:
+                bind(name, 2)
+        elif isinstance(node, ast.arg):
+            bind(node.arg, 2)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bind(node.name, 2)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                bind((alias.asname or alias.name).split(".")[0], 2)
+    return {name for name, n in counts.items() if n == 1}
+

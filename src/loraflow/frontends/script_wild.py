@@ -6,6 +6,8 @@ tests/frontends/test_wild_scripts3.py).
 
 from __future__ import annotations
 
+import re
+import sys
 from typing import Any, Callable
 
 from loraflow.frontends.common import Draft
@@ -105,6 +107,18 @@ def adapter_reads(draft: Draft, facts: Facts) -> None:
 
 
 _CUTS = ("truncation", "max_length", "max_seq_length", "model_max_length", "max_len", "cutoff_len")
+_IMAGE_TEXT = re.compile(r"ForConditionalGeneration|ImageTextToText|Vision2Seq|VisionEncoderDecoder|Llava|Idefics|VL")
+# Packages whose calls a script makes without cutting samples on its own (data helpers of the project's own modules
+# might): the standard library, and the libraries of a fine-tuning script.
+_LIBRARIES = frozenset(sys.stdlib_module_names) | {
+    "torch", "transformers", "peft", "trl", "datasets", "accelerate", "deepspeed", "bitsandbytes", "unsloth", "numpy",
+    "PIL", "qwen_vl_utils", "tqdm", "wandb", "evaluate", "safetensors", "huggingface_hub", "lightning",
+    "pytorch_lightning", "torchvision", "pandas", "yaml", "requests", "einops", "av", "decord", "cv2"}
+
+
+def _project(module: str) -> bool:
+    """An import from a module that is neither the standard library nor a known library: the project's own."""
+    return bool(module) and module.split(".")[0] not in _LIBRARIES
 
 
 def nothing_truncates(draft: Draft, facts: Facts, code: Code, opts: dict[str, Opt]) -> None:
@@ -112,9 +126,10 @@ def nothing_truncates(draft: Draft, facts: Facts, code: Code, opts: dict[str, Op
     to any call (its processor or tokenizer, its collator): nothing cuts a sample, so no image's tokens are cut
     (the data decides that only where something truncates; TRL's trainers do, by their max_length default)."""
     calls = code.calls
-    collators = [str(getattr(c.kwargs.get("data_collator"), "text", "")).split("(")[0] for c in calls]
-    if any(name.split(".")[0] in code.imports for name in collators if name):
-        return  # a collator from another module of the project: what it cuts is not visible
+    if not any("Processor" in c.func or _IMAGE_TEXT.search(c.func) for c in calls):
+        return  # no image-text model or processor in the code: nothing to say
+    if any(_project(code.imports.get(c.func.split(".")[0], "")) for c in calls):
+        return  # a helper of the project's own (a dataset builder, a collator): what it cuts is not visible
     if facts.trl or any(k in opts for k in _CUTS) or any(
             k in c.kwargs and c.kwargs[k] not in (None, False) for c in calls for k in _CUTS) or any(
             c.splat for c in calls if c.name in ("__call__", "apply_chat_template") or "processor" in c.func or
