@@ -17,16 +17,19 @@ TRACKED_PACKAGES = ("torch", "transformers", "peft", "deepspeed", "bitsandbytes"
 
 def as_release(raw: str | Version) -> Version:
     """A package's version as the release ranges of the rules place it. A local label goes (`2.13.0+cpu` is
-    2.13.0). A pre-release, development or nightly build of X.Y.Z (`2.4.0a0+07cecf4168.nv24.5` in NVIDIA's NGC
-    containers, `4.47.0.dev0` from a git install, `2.6.0.dev20241112`, `0.16.0rc1`) is code from before X.Y.Z's
-    release, and the specifiers the rules use hold no pre-release (`2.4.0a0` is in neither `>=2.4` nor `<2.4`,
-    PEP 440): it reads as a release just before X.Y.Z (2.3.999), which every range around X.Y.Z places. InvalidVersion
-    for text that is no version."""
+    2.13.0). An alpha or development build of X.Y.Z (`2.4.0a0+07cecf4168.nv24.5` in NVIDIA's NGC containers, built from
+    torch's main branch before 2.4; `4.47.0.dev0` from a git install; a nightly `2.6.0.dev20241112`) is code from before
+    X.Y.Z's release, and the specifiers the rules use hold no pre-release (`2.4.0a0` is in neither `>=2.4` nor
+    `<2.4`, PEP 440): it reads as a release just before X.Y.Z (2.3.999), which every range around X.Y.Z places. A beta
+    or release candidate is X.Y.Z's code frozen for release, and a post-release's development build comes after
+    X.Y.Z: each reads as X.Y.Z. InvalidVersion for text that is no version."""
     if isinstance(raw, Prerelease):
         return raw
     v = Version(str(raw).split("+")[0])
     if not (v.is_prerelease or v.is_devrelease):
         return v
+    if v.post is not None or (v.pre is not None and v.pre[0] in ("b", "rc")):
+        return Prerelease(v.base_version, str(raw))
     parts = list(v.release) + [0] * (3 - len(v.release))
     i = max((j for j, part in enumerate(parts) if part > 0), default=None)
     return Prerelease("0" if i is None else ".".join(map(str, parts[:i] + [parts[i] - 1])) + ".999", str(raw))
@@ -41,7 +44,8 @@ class Prerelease(Version):
         self.written = written
 
     def said(self) -> str:
-        return f"{self} (read for {self.written}, a build from before its release)"
+        when = "a build of that release" if str(self) in self.written else "a build from before its release"
+        return f"{self} (read for {self.written}, {when})"
 
 
 def installed_version(package: str) -> Version | None:

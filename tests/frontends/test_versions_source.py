@@ -109,7 +109,7 @@ def test_prerelease_and_container_builds_read_as_the_release_before_them(capsys,
     assert found["torch"] == Version("2.3.999") and found["transformers"] == Version("4.46.999")
     assert affected_by(found["torch"], "<2.4") and not affected_by(found["torch"], ">=2.4")
     assert affected_by(found["transformers"], ">=4.46,<4.47")
-    assert as_release("2.13.0+cpu") == Version("2.13.0") and as_release("0.16.0rc1") == Version("0.15.999")
+    assert as_release("2.13.0+cpu") == Version("2.13.0") and as_release("0.16.0rc1") == Version("0.16.0")
     assert affected_by(parse_versions("torch=2.6.0.dev20241112")["torch"], "<2.6")
     listing = tmp_path / "pip-list.txt"
     listing.write_text("torch 2.4.0a0+07cecf4168.nv24.5\n")
