@@ -54,9 +54,12 @@ def test_llava_next_lora_with_the_language_model_among_the_parts_trains_every_we
     # bits 16 casts the model to bf16 before get_peft_model; outside DeepSpeed every weight then trains in bf16.
     assert "bf16-lost-updates" in serious(argv)
     assert "--mm_tunable_parts" in result.flags["adapter"]
-    # Without mm_language_model the LoRA weights stay frozen with the rest: said, since only the projector trains.
+    # Without mm_language_model the LoRA weights stay frozen with the rest while the projector trains: the adapter
+    # silently never learns (rule adapter-frozen-others-train), not a crash.
     only = from_command(argv[:-1] + ["mm_mlp_adapter"], {})
-    assert only.setup.adapter == "lora" and any("never train" in n for n in only.notes)
+    assert only.setup.adapter == "lora" and only.setup.adapter_loaded_frozen and only.setup.towers_trainable
+    found = serious(argv[:-1] + ["mm_mlp_adapter"])
+    assert "adapter-frozen-others-train" in found and "adapter-loaded-frozen" not in found
 
 
 # PKU-YuanGroup/Video-LLaVA scripts/v1_5/finetune_lora.sh (and MoE-LLaVA's): LLaVA's train.py with `--image_tower`

@@ -137,6 +137,9 @@ CASES = {
     "sharded-weights-outside-forward": (
         FSDP1.replace(weights_outside_forward=True),
         DDP.replace(weights_outside_forward=True)),
+    "adapter-frozen-others-train": (
+        BASE.replace(adapter_loaded_frozen=True, lm_head_trainable=True),
+        BASE.replace(adapter_loaded_frozen=True)),
     "peft-config-on-peft-model": (
         BASE.replace(peft_config_on_peft_model=True, versions={"trl": Version("0.27.0")}),
         BASE.replace(peft_config_on_peft_model=True, versions={"trl": Version("0.26.0")})),

@@ -249,8 +249,9 @@ def _next_parts(draft: Draft, own: dict[str, Opt], lora: bool) -> None:
         _language_model_full(draft, opt.source, lora, "drop mm_language_model from --mm_tunable_parts and "
                              "set the LoRA weights trainable again after the parts are chosen (train.py)")
     elif lora:
-        draft.note(f"{opt.source} names no mm_language_model: LLaVA-NeXT's train.py freezes the LoRA weights with the "
-                   "rest of the model after get_peft_model, so the adapters never train (only the parts named do)")
+        draft.set("adapter_loaded_frozen", True, f"{opt.source} names no mm_language_model: LLaVA-NeXT's train.py "
+                  "freezes the LoRA weights with the rest of the model after get_peft_model; only the parts named "
+                  "train")
 
 
 def _mplug_owl2(draft: Draft, own: dict[str, Opt], lora: bool) -> None:

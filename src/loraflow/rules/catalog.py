@@ -210,6 +210,12 @@ register(Rule(
                     "`query_key_value`) do not exist in this model family"),
 ))
 
+def _others_train(s: Combination) -> bool:
+    """Weights beside the adapters train (a tower or projector, the head, the embeddings): a frozen adapter then
+    fails nothing, it only never learns (rule adapter-frozen-others-train)."""
+    return s.towers_trainable or s.lm_head_trainable or s.embeddings_trainable
+
+
 register(Rule(
     id="adapter-loaded-frozen",
     title="The adapter is frozen when training starts (loaded for inference, or frozen again): nothing requires grad",
@@ -219,7 +225,7 @@ register(Rule(
                "then trained (resuming or continuing a LoRA fine-tune); or prepare_model_for_kbit_training called "
                "after get_peft_model",
     knobs=("adapter_loaded_frozen",),
-    when=lambda s: s.adapter != "full" and s.adapter_loaded_frozen,
+    when=lambda s: s.adapter != "full" and s.adapter_loaded_frozen and not _others_train(s),
     cause=("PeftModel.from_pretrained loads an adapter for inference unless is_trainable=True: its weights come back "
            "with requires_grad=False, so `trainable params: 0`, and the first backward or optimizer step fails "
            "(`element 0 of tensors does not require grad`, fp16's `No inf checks were recorded for this optimizer`). "
@@ -416,4 +422,27 @@ register(Rule(
                           "trl/trainer/sft_trainer.py, dpo_trainer.py, grpo_trainer.py: __init__ (trl>=0.27.0)"),),
         prior=1.0,
         tells_apart="TRL's own refusal names the PeftModel and the peft_config"),
+))
+
+register(Rule(
+    id="adapter-frozen-others-train",
+    title="The adapter is frozen while other weights train: it never learns",
+    verdict="fix",
+    impact="silent",
+    conditions="the adapter frozen as training starts (loaded for inference, or frozen again after get_peft_model: "
+               "LLaVA-NeXT's --mm_tunable_parts without mm_language_model) while other weights train (a vision "
+               "tower or projector, the head, the embeddings)",
+    knobs=("adapter_loaded_frozen",),
+    when=lambda s: s.adapter != "full" and s.adapter_loaded_frozen and _others_train(s),
+    cause=("With some weights still requiring grad the step runs and the loss falls, carried by the parts that "
+           "train, while the adapter's weights never change: the saved adapter is its initialization (LoRA's B is "
+           "zero, so it changes nothing), and a run that looks healthy has not adapted the language model."),
+    fix="loraflow resumes from its own checkpoints with the adapter trainable, and sets what trains from the "
+        "towers and targets it is given.",
+    remedy=lambda s: {"adapter_loaded_frozen": False},
+    elsewhere="set the adapter trainable after choosing what else trains (PeftModel.from_pretrained(..., "
+              "is_trainable=True); in LLaVA-NeXT, name mm_language_model in --mm_tunable_parts or drop --lora_enable)",
+    references=("https://github.com/LLaVA-VL/LLaVA-NeXT/blob/main/llava/train/train.py (mm_tunable_parts: "
+                "model.requires_grad_(False) after get_peft_model)", "https://github.com/huggingface/peft/issues/1142"),
+    fixed_in="design",
 ))
