@@ -99,7 +99,12 @@ def _options(cmd: Command, draft: Draft) -> tuple[dict[str, tuple[str, str]], li
     for a in args:
         if a.name != "config":
             options[a.name] = (str(a.one()), a.raw)
-    return options, positionals
+    # jsonargparse reads `null` (a flag's `--quantize null`, a YAML's empty or null value) as None: the argument's
+    # default, as if it were not given (litgpt/finetune/lora.py: quantize None, precision None -> the default).
+    return {k: v for k, v in options.items() if v[0] not in _NONE}, positionals
+
+
+_NONE = ("None", "none", "null", "Null", "NULL", "")
 
 
 def _precision(draft: Draft, options: dict, quantized: bool) -> None:
@@ -168,7 +173,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     if model:
         model_name_facts(draft, Path(model.rstrip("/")).name, options.get("checkpoint_dir", ("", model))[1])
     quantize = options.get("quantize")
-    quantized = bool(quantize and quantize[0] not in ("None", "none", ""))
+    quantized = quantize is not None
     if quantized and quantize:
         value, raw = quantize
         bits = "8bit" if "int8" in value else "4bit" if value.startswith("bnb.") else None

@@ -1,0 +1,65 @@
+"""Sweep wild13 (torchtune 0.5-0.6 configs, LitGPT config_hub and launches, Lightning scripts): classes of input that
+`loraflow check` misread, each with a short synthetic input of the shape a public source showed."""
+
+from __future__ import annotations
+
+import shlex
+
+from packaging.version import Version
+
+from loraflow.frontends import from_command, from_files
+
+CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2")}
+
+_TT_BODY = """model:
+  _component_: torchtune.models.llama3_3.llama3_3_70b
+checkpointer:
+  _component_: torchtune.training.FullModelHFCheckpointer
+enable_activation_checkpointing: True
+custom_sharded_layers: ['tok_embeddings', 'output']
+fsdp_cpu_offload: False
+dtype: bf16
+"""
+
+
+def test_torchtune_config_without_launch_line_reads_the_recipe_its_header_names(tmp_path):
+    # pytorch/torchtune recipes/configs/llama3_3/70B_full_multinode.yaml: launched from a SLURM script, so its header
+    # names the recipe (`# Config for ... in full_finetune_distributed.py`) but carries no `tune run` line.
+    path = tmp_path / "70B_full_multinode.yaml"
+    path.write_text("# Config for multi-node full finetuning in full_finetune_distributed.py\n"
+                    "#   sbatch full_finetune_multinode.slurm\n" + _TT_BODY)
+    r = from_files("torchtune", [str(path)], CURRENT)
+    assert (r.setup.engine, r.setup.adapter) == ("fsdp2", "full")
+    assert "world_size" in r.unsure  # how many processes is in the SLURM script, not here
+
+
+def test_torchtune_config_with_distributed_only_keys_is_a_distributed_recipe(tmp_path):
+    # A user's copy of a torchtune config whose header is gone: custom_sharded_layers / fsdp_cpu_offload are read
+    # only by recipes/*_distributed.py, so it is not a single-device run.
+    path = tmp_path / "my_70b.yaml"
+    path.write_text(_TT_BODY.replace("llama3_3_70b", "lora_llama3_3_70b"))
+    r = from_files("torchtune", [str(path)], CURRENT)
+    assert (r.setup.engine, r.setup.adapter) == ("fsdp2", "lora")
+    assert any("lora_finetune_distributed" in n for n in r.notes)
+
+
+def test_torchtune_optimizer_in_bwd_dates_only_the_distributed_recipes(tmp_path):
+    # pytorch/torchtune recipes/full_finetune_single_device.py reads cfg.optimizer_in_bwd from v0.1 (its
+    # llama2/7B_full_low_memory config); only the distributed recipes gained it later.
+    path = tmp_path / "full_low_memory.yaml"
+    path.write_text("model:\n  _component_: torchtune.models.llama2.llama2_7b\ncheckpointer:\n  _component_: x\n"
+                    "optimizer_in_bwd: True\ndtype: bf16\n")
+    single = from_command(shlex.split(f"tune run full_finetune_single_device --config {path}"), CURRENT)
+    assert "torchtune" not in single.eras
+    multi = from_command(shlex.split(f"tune run --nproc_per_node 2 full_finetune_distributed --config {path}"),
+                         CURRENT)
+    assert multi.eras["torchtune"][0].startswith(">=0.4")
+
+
+def test_litgpt_null_quantize_is_no_quantization():
+    # jsonargparse reads `null` as None: Lightning-AI/litgpt config_hub/finetune/*/qlora.yaml with `--quantize null`
+    # (or a YAML `quantize: null`) trains unquantized, so several devices do not hit the quantization refusal.
+    r = from_command(shlex.split("litgpt finetune_lora checkpoints/meta-llama/Meta-Llama-3.1-8B --quantize null "
+                                 "--precision bf16-true --devices 2"), CURRENT)
+    assert r.setup.quantization is None and r.unknown == []
+    assert not any("NotImplementedError" in n for n in r.notes)
