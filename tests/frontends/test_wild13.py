@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from packaging.version import Version
 
-from loraflow.frontends import from_command, from_files
+from loraflow.frontends import from_command, from_files, parse_versions, run_check
 
 CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2")}
+CURRENT_ALL = parse_versions("torch=2.13.0,transformers=5.23.0,peft=0.21.2,deepspeed=0.19.8,accelerate=1.15.0,"
+                             "bitsandbytes=0.50.2")
 
 _TT_BODY = """model:
   _component_: torchtune.models.llama3_3.llama3_3_70b
@@ -63,3 +66,39 @@ def test_litgpt_null_quantize_is_no_quantization():
                                  "--precision bf16-true --devices 2"), CURRENT)
     assert r.setup.quantization is None and r.unknown == []
     assert not any("NotImplementedError" in n for n in r.notes)
+
+
+_FABRIC = '''
+import torch
+import lightning as L
+from lightning.fabric.plugins import BitsandbytesPrecision
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+from peft import LoraConfig, get_peft_model
+
+fabric = L.Fabric(devices=1, plugins=BitsandbytesPrecision(mode="nf4", dtype=torch.bfloat16))
+model = AutoModelForCausalLM.from_pretrained("mistralai/Mistral-7B-v0.1"{load})
+model = get_peft_model(model, LoraConfig(r=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+model, optimizer = fabric.setup(model, optimizer)
+for batch in []:
+    fabric.backward(model(**batch).loss)
+    optimizer.step()
+'''
+
+
+def _lightning_report(tmp_path, load: str) -> dict:
+    path = tmp_path / "train.py"
+    path.write_text(_FABRIC.format(load=load))
+    text, _ = run_check(None, "python", [str(path)], dict(CURRENT_ALL), as_json=True)
+    return json.loads(text)
+
+
+def test_lightning_bnb_plugin_leaves_a_model_quantized_at_load_alone(tmp_path):
+    # Lightning-AI/pytorch-lightning src/lightning/fabric/plugins/precision/bitsandbytes.py convert_module converts
+    # only a module holding no bitsandbytes layer yet: a model loaded with BitsAndBytesConfig keeps PEFT's lora_A /
+    # lora_B in float, so the plugin beside it does not freeze the adapters.
+    quantized = _lightning_report(tmp_path, ", quantization_config=BitsAndBytesConfig(load_in_4bit=True)")
+    assert quantized["setup"]["adapter_loaded_frozen"] is False
+    assert "adapter-loaded-frozen" not in {f["rule"] for f in quantized["findings"]}
+    plain = _lightning_report(tmp_path, ", torch_dtype=torch.bfloat16")  # the plugin converts lora_A / lora_B too
+    assert plain["setup"]["adapter_loaded_frozen"] is True

@@ -103,13 +103,20 @@ def bnb_plugin(call: Call) -> Call | None:
     return None
 
 
-def _bnb_adapters(draft: Draft, call: Call) -> None:
+def _bnb_adapters(draft: Draft, call: Call, loads: list[Call]) -> None:
     """BitsandbytesPrecision.convert_module replaces every torch.nn.Linear under the module not named in
     ignore_modules (fabric/plugins/precision/bitsandbytes.py _convert_layers), and PEFT's lora_A / lora_B are
     nn.Linear layers: a PeftModel built before the Trainer sets it up gets frozen 4-/8-bit adapters, and nothing
-    trains."""
+    trains. It converts only a module that holds no bitsandbytes layer yet (`if not any(isinstance(m,
+    (bnb.nn.Linear8bitLt, bnb.nn.Linear4bit)) ...)`): a model from_pretrained already quantized keeps its adapters."""
     plugin = bnb_plugin(call)
     if plugin is None or draft.get("adapter") == "full" or plugin.arg(0, "mode") == "int8-training":
+        return
+    quantized = next((c for c in loads for k in ("quantization_config", "load_in_4bit", "load_in_8bit")
+                      if c.kwargs.get(k) not in (None, False)), None)
+    if quantized is not None:
+        draft.note(f"{plugin.at()}: {quantized.at()} loads the model already quantized by bitsandbytes, so "
+                   "Lightning's convert_module replaces no layer (PEFT's lora_A / lora_B stay trainable)")
         return
     where = f"{plugin.at()}: Lightning converts every nn.Linear, PEFT's lora_A / lora_B included, to bitsandbytes " \
             "layers whose weights do not require grad (fabric/plugins/precision/bitsandbytes.py)"
@@ -157,7 +164,7 @@ def apply(draft: Draft, facts: Any, code_saves: list[Call]) -> None:
     if "use_cache" not in facts.opts:
         draft.set("use_cache", True, "default (the model config's use_cache=True: Lightning leaves it as loaded)")
     _world(draft, call)
-    _bnb_adapters(draft, call)
+    _bnb_adapters(draft, call, facts.loads)
     strategy = call.kwargs.get("strategy")
     precision, where = precision_of(call)
     if precision is None:
