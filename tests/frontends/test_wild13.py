@@ -102,3 +102,34 @@ def test_lightning_bnb_plugin_leaves_a_model_quantized_at_load_alone(tmp_path):
     assert "adapter-loaded-frozen" not in {f["rule"] for f in quantized["findings"]}
     plain = _lightning_report(tmp_path, ", torch_dtype=torch.bfloat16")  # the plugin converts lora_A / lora_B too
     assert plain["setup"]["adapter_loaded_frozen"] is True
+
+
+_FSDP = """
+import torch
+import lightning as L
+from lightning.fabric.strategies import FSDPStrategy
+from transformers import AutoModelForCausalLM
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+from peft import LoraConfig, get_peft_model
+
+fabric = L.Fabric(devices=8, strategy=FSDPStrategy(activation_checkpointing_policy={LlamaDecoderLayer}),
+                  precision="bf16-true")
+model = get_peft_model(AutoModelForCausalLM.from_pretrained("meta-llama/Llama-3.1-8B", use_cache=False),
+                       LoraConfig(r=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+model, optimizer = fabric.setup(model, optimizer)
+for batch in []:
+    fabric.backward(model(**batch).loss)
+    optimizer.step()
+"""
+
+
+def test_lightning_fsdp_strategy_takes_no_hf_trainer_find_unused_default(tmp_path):
+    # Lightning-AI/pytorch-lightning#19721 shape: FSDPStrategy(activation_checkpointing_policy=...) on an HF model
+    # with PEFT; FSDP has no find_unused_parameters, so the HF Trainer's PeftModel default (True) must not be shown
+    # as the run's.
+    path = tmp_path / "train.py"
+    path.write_text(_FSDP)
+    out = json.loads(run_check(None, "python", [str(path)], dict(CURRENT_ALL), as_json=True)[0])
+    assert out["setup"]["engine"] == "fsdp1" and out["setup"]["find_unused_parameters"] is False
+    assert "HF Trainer" not in out["sources"]["find_unused_parameters"]

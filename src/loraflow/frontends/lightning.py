@@ -258,6 +258,8 @@ def _fsdp(draft: Draft, strategy: Any, call: Call) -> bool:
               strategy.at("use_orig_params") if built and "use_orig_params" in kwargs else
               f"{where}: Lightning's FSDPStrategy sets use_orig_params=True")
     draft.set("fsdp_frozen_units_separate", False, f"{where}: each wrapped unit holds frozen weights and adapters")
+    # DDP's setting: FSDP has none, so the HF Trainer's PeftModel default (True) read from the code does not apply.
+    draft.set("find_unused_parameters", False, f"{where}: FSDP, not DDP (no find_unused_parameters)")
     if kwargs.get("activation_checkpointing_policy") is not None or kwargs.get("activation_checkpointing"):
         key = "activation_checkpointing_policy" if "activation_checkpointing_policy" in kwargs else \
             "activation_checkpointing"
