@@ -133,3 +133,17 @@ def test_lightning_fsdp_strategy_takes_no_hf_trainer_find_unused_default(tmp_pat
     out = json.loads(run_check(None, "python", [str(path)], dict(CURRENT_ALL), as_json=True)[0])
     assert out["setup"]["engine"] == "fsdp1" and out["setup"]["find_unused_parameters"] is False
     assert "HF Trainer" not in out["sources"]["find_unused_parameters"]
+
+
+def test_litgpt_config_hub_file_not_here_is_read_from_its_name():
+    # Lightning-AI/litgpt#1604 and PR #1139 launch LitGPT's own configs from a clone: `--config
+    # config_hub/finetune/gemma-2b/qlora.yaml`; every config_hub file sets precision: bf16-true, the qlora ones
+    # quantize: bnb.nf4 and devices: 1.
+    r = from_command(shlex.split("litgpt finetune_lora --devices 1 --config config_hub/finetune/gemma-2b/qlora.yaml"),
+                     CURRENT)
+    assert (r.setup.precision, r.setup.quantization, r.setup.world_size) == ("bf16", "4bit", 1) and r.unknown == []
+    full = from_command(shlex.split("litgpt finetune_full --config config_hub/finetune/llama-2-7b/full.yaml"), CURRENT)
+    assert full.setup.precision == "bf16" and any("devices" in u for u in full.unknown)
+    # A user's own config path stays unread.
+    own = from_command(shlex.split("litgpt finetune_lora --config my/qlora.yaml"), CURRENT)
+    assert any("not here" in u for u in own.unknown)
