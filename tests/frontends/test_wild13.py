@@ -147,3 +147,15 @@ def test_litgpt_config_hub_file_not_here_is_read_from_its_name():
     # A user's own config path stays unread.
     own = from_command(shlex.split("litgpt finetune_lora --config my/qlora.yaml"), CURRENT)
     assert any("not here" in u for u in own.unknown)
+
+
+def test_torchtune_builtin_config_checkpointing_both_ways_keeps_the_recipes_wrapper():
+    # `tune run --nproc_per_node 2 lora_finetune_distributed --config llama3_2_vision/11B_qlora` (the header line of
+    # pytorch/torchtune recipes/configs/llama3_2_vision/11B_qlora.yaml): the file is not here, so checkpointing is
+    # evaluated both ways, and its "all" side is the recipes' non-reentrant checkpoint_wrapper inside each FSDP2 unit,
+    # not transformers' checkpointing.
+    r = from_command(shlex.split("tune run --nproc_per_node 2 lora_finetune_distributed --config "
+                                 "llama3_2_vision/11B_qlora"), CURRENT)
+    assert "checkpointing" in r.unsure
+    assert (r.setup.checkpoint_impl, r.setup.reentrant, r.setup.checkpoint_outside_shard) == (
+        "torch-wrapper", False, False)

@@ -196,7 +196,9 @@ def _engine(draft: Draft, name: str, recipe: Recipe) -> None:
 
 
 def _table(recipe: Recipe) -> tuple[Field, ...]:
-    checkpointed = lambda d: d.get("checkpointing") != "off"  # noqa: E731
+    # A built-in config that is not here leaves checkpointing to be evaluated both ways (Draft.maybe): its "all"
+    # reading is still the recipes' checkpoint_wrapper, so the facts below hold for it too.
+    checkpointed = lambda d: d.get("checkpointing") != "off" or "checkpointing" in d.unsure  # noqa: E731
     return (
         Field("checkpointing", ("enable_activation_checkpointing",), lambda v, w: "all" if as_bool(v, w) else "off"),
         # training.set_activation_checkpointing applies torch's checkpoint_wrapper (CheckpointImpl.NO_REENTRANT) to
