@@ -159,3 +159,47 @@ def test_torchtune_builtin_config_checkpointing_both_ways_keeps_the_recipes_wrap
     assert "checkpointing" in r.unsure
     assert (r.setup.checkpoint_impl, r.setup.reentrant, r.setup.checkpoint_outside_shard) == (
         "torch-wrapper", False, False)
+
+
+_DS3_MODULE = '''
+import torch
+import lightning as L
+from transformers import AutoModelForCausalLM
+from peft import LoraConfig, get_peft_model
+
+
+class LitLM(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.model = None
+        {init}
+
+    def configure_model(self):
+        if self.model is not None:
+            return
+        {configure}
+
+    def training_step(self, batch, batch_idx):
+        return self.model(**batch).loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=2e-4)
+
+
+trainer = L.Trainer(devices=8, strategy="deepspeed_stage_3", precision="16-mixed")
+trainer.fit(LitLM())
+'''
+_LOAD = ('self.model = get_peft_model(AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-13b-hf"), '
+         'LoraConfig(r=8, target_modules=["q_proj"]))')
+
+
+def test_lightning_zero3_from_pretrained_in_configure_model_is_not_called_clean(tmp_path):
+    # Lightning-AI/pytorch-lightning#19259: configure_model runs inside deepspeed's zero.Init under ZeRO-3, so
+    # from_pretrained copies the checkpoint into [0]-sized partitions and stops with a size mismatch.
+    path = tmp_path / "train.py"
+    path.write_text(_DS3_MODULE.format(init="pass", configure=_LOAD))
+    out = json.loads(run_check(None, "python", [str(path)], dict(CURRENT_ALL), as_json=True)[0])
+    assert out["exit_code"] != 0 and "configure_model under ZeRO-3" in json.dumps(out)
+    path.write_text(_DS3_MODULE.format(init=_LOAD, configure="pass"))  # loaded in __init__: what the thread says works
+    out = json.loads(run_check(None, "python", [str(path)], dict(CURRENT_ALL), as_json=True)[0])
+    assert "configure_model under ZeRO-3" not in json.dumps(out)

@@ -176,6 +176,7 @@ def apply(draft: Draft, facts: Any, code_saves: list[Call]) -> None:
         if precision == "16-true":
             draft.set("grad_scaler", False, f"{where}: true half precision scales no loss")
     _sharded_facts(draft, code_saves)
+    _configure_model_load(draft, facts.loads)
     if _fsdp(draft, strategy, call):
         return
     unused, static = _ddp(strategy)
@@ -206,6 +207,22 @@ def _sharded_facts(draft: Draft, saves: list[Call]) -> None:
     else:
         draft.set("adapter_save_gather", True, "no save_pretrained in the code: Lightning saves DeepSpeed's sharded "
                   "checkpoint, which holds the adapters")
+
+
+def _configure_model_load(draft: Draft, loads: list[Call]) -> None:
+    """ZeRO-3 runs LightningModule.configure_model inside deepspeed.zero.Init (strategy.model_sharded_context,
+    pytorch/strategies/deepspeed.py), which transformers does not know of (no HfDeepSpeedConfig): from_pretrained
+    there builds every weight as a [0] partition and then copies the checkpoint into it, which stops at the load
+    (`size mismatch ... the shape in current model is torch.Size([0])`, Lightning-AI/pytorch-lightning#19259)."""
+    if draft.get("engine") != "deepspeed" or draft.get("zero_stage") != 3:
+        return
+    for load in loads:
+        if load.scope in ("configure_model", "configure_sharded_model") and load.name == "from_pretrained":
+            draft.unknown.append(f"{load.at()} inside {load.scope} under ZeRO-3: Lightning runs it in deepspeed's "
+                                 "zero.Init, so the checkpoint is copied into [0]-sized partitions and the load stops "
+                                 "with a size mismatch; load the model in __init__ (deepspeed.initialize partitions "
+                                 "it at setup)")
+            return
 
 
 def _world(draft: Draft, call: Call) -> None:
