@@ -355,7 +355,7 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
 
 # torchtune's configs open with `# Config for ... in RECIPE.py` (recipes/configs/**/*.yaml); some, such as the
 # multi-node ones launched from a SLURM script (llama3_3/70B_full_multinode.yaml), carry no `tune run` line.
-_RECIPE_IN_HEADER = re.compile(r"^#\s*Config for .*? in ([\w/]+)\.py\b", re.M)
+_RECIPE_IN_HEADER = re.compile(r"^#\s*Config for .*? (?:in|with) ([\w/]+)\.py\b", re.M)  # `QLoRA with X.py` too
 # Keys only the distributed recipes read (recipes/*_distributed.py): a config with them is for one of those.
 _DISTRIBUTED_KEYS = ("fsdp_cpu_offload", "custom_sharded_layers", "fsdp_reshard_after_forward", "tensor_parallel_dim",
                      "context_parallel_dim", "data_parallel_shard_dim", "data_parallel_replicate_dim")
