@@ -203,3 +203,15 @@ def test_lightning_zero3_from_pretrained_in_configure_model_is_not_called_clean(
     path.write_text(_DS3_MODULE.format(init=_LOAD, configure="pass"))  # loaded in __init__: what the thread says works
     out = json.loads(run_check(None, "python", [str(path)], dict(CURRENT_ALL), as_json=True)[0])
     assert "configure_model under ZeRO-3" not in json.dumps(out)
+
+
+def test_torchtune_header_naming_the_recipe_with_with(tmp_path):
+    # dangbert/thesis_app experiments/tuner/llama2_7B_qlora_single_device.yaml (a `tune cp` of torchtune's
+    # llama2/7B_qlora_single_device): `# Config for single device QLoRA with lora_finetune_single_device.py`.
+    path = tmp_path / "copy.yaml"
+    path.write_text("# Config for multi-device QLoRA with lora_finetune_distributed.py\n" +
+                    _TT_BODY.replace("llama3_3_70b", "qlora_llama3_3_70b").replace("custom_sharded_layers: "
+                                                                                  "['tok_embeddings', 'output']\n", "")
+                    .replace("fsdp_cpu_offload: False\n", ""))
+    r = from_files("torchtune", [str(path)], CURRENT)
+    assert (r.setup.engine, r.setup.quantization) == ("fsdp2", "4bit")
