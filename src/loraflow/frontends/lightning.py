@@ -103,13 +103,20 @@ def bnb_plugin(call: Call) -> Call | None:
     return None
 
 
-def _bnb_adapters(draft: Draft, call: Call) -> None:
+def _bnb_adapters(draft: Draft, call: Call, loads: list[Call]) -> None:
     """BitsandbytesPrecision.convert_module replaces every torch.nn.Linear under the module not named in
     ignore_modules (fabric/plugins/precision/bitsandbytes.py _convert_layers), and PEFT's lora_A / lora_B are
     nn.Linear layers: a PeftModel built before the Trainer sets it up gets frozen 4-/8-bit adapters, and nothing
-    trains."""
+    trains. It converts only a module that holds no bitsandbytes layer yet (`if not any(isinstance(m,
+    (bnb.nn.Linear8bitLt, bnb.nn.Linear4bit)) ...)`): a model from_pretrained already quantized keeps its adapters."""
     plugin = bnb_plugin(call)
     if plugin is None or draft.get("adapter") == "full" or plugin.arg(0, "mode") == "int8-training":
+        return
+    quantized = next((c for c in loads for k in ("quantization_config", "load_in_4bit", "load_in_8bit")
+                      if c.kwargs.get(k) not in (None, False)), None)
+    if quantized is not None:
+        draft.note(f"{plugin.at()}: {quantized.at()} loads the model already quantized by bitsandbytes, so "
+                   "Lightning's convert_module replaces no layer (PEFT's lora_A / lora_B stay trainable)")
         return
     where = f"{plugin.at()}: Lightning converts every nn.Linear, PEFT's lora_A / lora_B included, to bitsandbytes " \
             "layers whose weights do not require grad (fabric/plugins/precision/bitsandbytes.py)"
@@ -157,7 +164,7 @@ def apply(draft: Draft, facts: Any, code_saves: list[Call]) -> None:
     if "use_cache" not in facts.opts:
         draft.set("use_cache", True, "default (the model config's use_cache=True: Lightning leaves it as loaded)")
     _world(draft, call)
-    _bnb_adapters(draft, call)
+    _bnb_adapters(draft, call, facts.loads)
     strategy = call.kwargs.get("strategy")
     precision, where = precision_of(call)
     if precision is None:
@@ -169,6 +176,7 @@ def apply(draft: Draft, facts: Any, code_saves: list[Call]) -> None:
         if precision == "16-true":
             draft.set("grad_scaler", False, f"{where}: true half precision scales no loss")
     _sharded_facts(draft, code_saves)
+    _configure_model_load(draft, facts.loads)
     if _fsdp(draft, strategy, call):
         return
     unused, static = _ddp(strategy)
@@ -199,6 +207,22 @@ def _sharded_facts(draft: Draft, saves: list[Call]) -> None:
     else:
         draft.set("adapter_save_gather", True, "no save_pretrained in the code: Lightning saves DeepSpeed's sharded "
                   "checkpoint, which holds the adapters")
+
+
+def _configure_model_load(draft: Draft, loads: list[Call]) -> None:
+    """ZeRO-3 runs LightningModule.configure_model inside deepspeed.zero.Init (strategy.model_sharded_context,
+    pytorch/strategies/deepspeed.py), which transformers does not know of (no HfDeepSpeedConfig): from_pretrained
+    there builds every weight as a [0] partition and then copies the checkpoint into it, which stops at the load
+    (`size mismatch ... the shape in current model is torch.Size([0])`, Lightning-AI/pytorch-lightning#19259)."""
+    if draft.get("engine") != "deepspeed" or draft.get("zero_stage") != 3:
+        return
+    for load in loads:
+        if load.scope in ("configure_model", "configure_sharded_model") and load.name == "from_pretrained":
+            draft.unknown.append(f"{load.at()} inside {load.scope} under ZeRO-3: Lightning runs it in deepspeed's "
+                                 "zero.Init, so the checkpoint is copied into [0]-sized partitions and the load stops "
+                                 "with a size mismatch; load the model in __init__ (deepspeed.initialize partitions "
+                                 "it at setup)")
+            return
 
 
 def _world(draft: Draft, call: Call) -> None:
@@ -251,6 +275,8 @@ def _fsdp(draft: Draft, strategy: Any, call: Call) -> bool:
               strategy.at("use_orig_params") if built and "use_orig_params" in kwargs else
               f"{where}: Lightning's FSDPStrategy sets use_orig_params=True")
     draft.set("fsdp_frozen_units_separate", False, f"{where}: each wrapped unit holds frozen weights and adapters")
+    # DDP's setting: FSDP has none, so the HF Trainer's PeftModel default (True) read from the code does not apply.
+    draft.set("find_unused_parameters", False, f"{where}: FSDP, not DDP (no find_unused_parameters)")
     if kwargs.get("activation_checkpointing_policy") is not None or kwargs.get("activation_checkpointing"):
         key = "activation_checkpointing_policy" if "activation_checkpointing_policy" in kwargs else \
             "activation_checkpointing"

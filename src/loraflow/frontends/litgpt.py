@@ -89,6 +89,9 @@ def _options(cmd: Command, draft: Draft) -> tuple[dict[str, tuple[str, str]], li
     for a in args:
         if a.name == "config" and a.one():
             path = resolve_path(a.one() or "")
+            if path is None and _CONFIG_HUB.search(a.one() or ""):
+                options.update(_config_hub(a.one() or "", a.raw, draft, any(b.name == "devices" for b in args)))
+                continue
             if path is None:
                 # Its keys are unseen (a user's `--config $CFG`): listed as not read, so never clean (exit 1).
                 draft.unknown.append(f"{a.raw}: the file is not here; only the flags on the line are read")
@@ -99,7 +102,36 @@ def _options(cmd: Command, draft: Draft) -> tuple[dict[str, tuple[str, str]], li
     for a in args:
         if a.name != "config":
             options[a.name] = (str(a.one()), a.raw)
-    return options, positionals
+    # jsonargparse reads `null` (a flag's `--quantize null`, a YAML's empty or null value) as None: the argument's
+    # default, as if it were not given (litgpt/finetune/lora.py: quantize None, precision None -> the default).
+    return {k: v for k, v in options.items() if v[0] not in _NONE}, positionals
+
+
+_NONE = ("None", "none", "null", "Null", "NULL", "")
+
+
+# LitGPT's own configs, run from a clone (`--config config_hub/finetune/gemma-2b/qlora.yaml`, Lightning-AI/litgpt
+# issues #1604, PR #1139): every one sets `precision: bf16-true`, each qlora*.yaml `quantize: bnb.nf4`, and the lora
+# and qlora ones `devices: 1`; the full ones differ in devices (llama-2-7b/full.yaml: 4).
+_CONFIG_HUB = re.compile(r"(?:^|/)config_hub/finetune/([^/]+)/([\w.-]+)\.ya?ml$")
+
+
+def _config_hub(value: str, raw: str, draft: Draft, devices_given: bool) -> dict[str, tuple[str, str]]:
+    """A config_hub file that is not here, read from its name as the shipped file sets it."""
+    found = _CONFIG_HUB.search(value)
+    assert found is not None
+    said = f"{raw} (LitGPT's config_hub file, not here: read from its name)"
+    options = {"precision": ("bf16-true", f"{said}: every config_hub file sets precision: bf16-true")}
+    if found.group(2).startswith("qlora"):
+        options["quantize"] = ("bnb.nf4", f"{said}: its qlora files set quantize: bnb.nf4")
+    if found.group(2).startswith(("lora", "qlora")):
+        options["devices"] = ("1", f"{said}: its lora and qlora files set devices: 1")
+    elif not devices_given:  # the process count decides FSDP and checkpointing: unread, so not called clean (exit 1)
+        draft.unknown.append(f"{raw}: devices (set per model in LitGPT's full-finetuning config_hub files; give "
+                             "--devices N on the line)")
+    draft.note(f"{raw}: read from its name as LitGPT's shipped {found.group(1)}/{found.group(2)}.yaml (run from the "
+               "clone that holds it to read the file itself)")
+    return options
 
 
 def _precision(draft: Draft, options: dict, quantized: bool) -> None:
@@ -168,7 +200,7 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     if model:
         model_name_facts(draft, Path(model.rstrip("/")).name, options.get("checkpoint_dir", ("", model))[1])
     quantize = options.get("quantize")
-    quantized = bool(quantize and quantize[0] not in ("None", "none", ""))
+    quantized = quantize is not None
     if quantized and quantize:
         value, raw = quantize
         bits = "8bit" if "int8" in value else "4bit" if value.startswith("bnb.") else None

@@ -196,7 +196,9 @@ def _engine(draft: Draft, name: str, recipe: Recipe) -> None:
 
 
 def _table(recipe: Recipe) -> tuple[Field, ...]:
-    checkpointed = lambda d: d.get("checkpointing") != "off"  # noqa: E731
+    # A built-in config that is not here leaves checkpointing to be evaluated both ways (Draft.maybe): its "all"
+    # reading is still the recipes' checkpoint_wrapper, so the facts below hold for it too.
+    checkpointed = lambda d: d.get("checkpointing") != "off" or "checkpointing" in d.unsure  # noqa: E731
     return (
         Field("checkpointing", ("enable_activation_checkpointing",), lambda v, w: "all" if as_bool(v, w) else "off"),
         # training.set_activation_checkpointing applies torch's checkpoint_wrapper (CheckpointImpl.NO_REENTRANT) to
@@ -223,10 +225,12 @@ def _eras(draft: Draft, name: str, recipe: Recipe, options: dict) -> None:
     if recipe.releases:
         draft.era("torchtune", recipe.releases, f"recipe {name} is in torchtune's recipe registry {recipe.releases}")
     # Config keys the recipes read only from some release (recipes/lora_finetune_distributed.py at each tag).
+    # optimizer_in_bwd dates only the distributed recipes: full_finetune_single_device (and the PPO recipe) read it
+    # from v0.1 (`self._optimizer_in_bwd = cfg.optimizer_in_bwd`, recipes/full_finetune_single_device.py).
     for key, spec in (("enable_activation_offloading", ">=0.3.1"), ("fsdp_reshard_after_forward", ">=0.3.0"),
                       ("custom_sharded_layers", ">=0.3.0"), ("optimizer_in_bwd", ">=0.4.0"),
                       ("tensor_parallel_dim", ">=0.6.1"), ("context_parallel_dim", ">0.6.1")):
-        if key in options:
+        if key in options and (recipe.distributed or key != "optimizer_in_bwd"):
             draft.era("torchtune", spec, f"{key} is read by torchtune {spec}")
 
 
@@ -341,13 +345,37 @@ def from_files(paths: list[str], versions: dict) -> FrontendResult:
         name, recipe = _run_line(cmd, draft)[:2]
         draft.note(f"{path.name}: recipe read from its header comment `{launch.group(1)}`")
     else:
-        builder = str(options["model._component_"][0]).rsplit(".", 1)[-1]
-        name, recipe = _recipe("lora_finetune_single_device" if "lora" in builder or "dora" in builder else
-                               "full_finetune_single_device")
-        draft.note(f"{path.name} names no recipe: read as {name} (pass `tune run RECIPE --config {path.name}` "
-                   "after `--` for another)")
+        name, recipe = _recipe_without_launch(path.name, text, options, draft)
+    if recipe.distributed and cmd is None:
+        draft.maybe("world_size", {1: "launched on one process", 2: "launched on several processes"},
+                    f"{path.name} is for {name}, and no `tune run --nproc_per_node N` line says on how many")
     _apply(draft, name, recipe, options, cmd)
     return draft.result()
+
+
+# torchtune's configs open with `# Config for ... in RECIPE.py` (recipes/configs/**/*.yaml); some, such as the
+# multi-node ones launched from a SLURM script (llama3_3/70B_full_multinode.yaml), carry no `tune run` line.
+_RECIPE_IN_HEADER = re.compile(r"^#\s*Config for .*? (?:in|with) ([\w/]+)\.py\b", re.M)  # `QLoRA with X.py` too
+# Keys only the distributed recipes read (recipes/*_distributed.py): a config with them is for one of those.
+_DISTRIBUTED_KEYS = ("fsdp_cpu_offload", "custom_sharded_layers", "fsdp_reshard_after_forward", "tensor_parallel_dim",
+                     "context_parallel_dim", "data_parallel_shard_dim", "data_parallel_replicate_dim")
+
+
+def _recipe_without_launch(file: str, text: str, options: dict, draft: Draft) -> tuple[str, Recipe]:
+    """The recipe of a config with no `tune run` line: the one its header comment names, else the builder's kind
+    (LoRA or full), distributed where the config sets a key only the distributed recipes read."""
+    header = _RECIPE_IN_HEADER.search(text)
+    named = header.group(1) if header else None
+    if named and (named in RECIPES or Path(named).name in RECIPES):
+        draft.note(f"{file}: recipe read from its header comment `{header.group(0).lstrip('# ')}`")
+        return _recipe(named)
+    builder = str(options["model._component_"][0]).rsplit(".", 1)[-1]
+    kind = "lora" if "lora" in builder or "dora" in builder else "full"
+    sharded = [k for k in _DISTRIBUTED_KEYS if k in options]
+    name, recipe = _recipe(f"{kind}_finetune_{'distributed' if sharded else 'single_device'}")
+    draft.note(f"{file} names no recipe: read as {name}" + (f" ({sharded[0]} is read only by the distributed "
+               "recipes)" if sharded else "") + f" (pass `tune run RECIPE --config {file}` after `--` for another)")
+    return name, recipe
 
 
 def _unknown(draft: Draft, options: dict) -> None:
