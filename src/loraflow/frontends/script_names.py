@@ -24,6 +24,10 @@ HARMLESS = frozenset((
     # merging, as unsloth's tests/qlora/README.md says of its merge), none of which changes what trains.
     "is_bf16_supported", "UnslothVisionDataCollator", "save_pretrained_merged", "push_to_hub_merged",
     "save_pretrained_gguf", "push_to_hub_gguf",
+    # Unsloth's vLLM engine (fast_inference=True): save_lora writes the adapter, load_lora reads one back as a LoRA
+    # request and fast_generate samples with it (unsloth/models/llama.py, unsloth_zoo/vllm_utils.py); the training
+    # rollouts' own use of them is read from fast_inference (script_unsloth.py).
+    "save_lora", "load_lora", "fast_generate",
 ))
 
 # Model classes: AutoModelForCausalLM, LlamaForCausalLM, AutoModel, Qwen2VLForConditionalGeneration, MllamaModel...

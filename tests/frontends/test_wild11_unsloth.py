@@ -1,0 +1,109 @@
+"""`loraflow check` on Unsloth training scripts and Colab notebooks exported as scripts (an eleventh sweep): GRPO on
+Unsloth's in-process vLLM engine (fast_inference=True), its max_lora_rank against get_peft_model's r, and the
+calls of that engine. Each test writes a short synthetic script of the shape the named public repository showed."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from loraflow.frontends import parse_versions, run_check
+
+CURRENT = parse_versions("torch=2.13.0,transformers=5.23.0,peft=0.21.2,trl=1.16.0,bitsandbytes=0.50.2,"
+                         "accelerate=1.15.0,deepspeed=0.19.8,unsloth=2026.7.1")
+
+
+def check(tmp_path, monkeypatch, text: str) -> dict:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(textwrap.dedent(text))
+    out, code = run_check(None, "python", ["train.py"], dict(CURRENT), as_json=True)
+    report = json.loads(out)
+    assert report["exit_code"] == code
+    return report
+
+
+def rules(report: dict) -> set[str]:
+    return {f["rule"] for f in report["findings"]}
+
+
+def unknown(report: dict) -> str:
+    return "\n".join(report["unknown"])
+
+
+# The shape of unslothai/notebooks python_scripts/Llama3.1_(8B)-GRPO.py and Qwen3_(4B)-GRPO.py: the model loaded with
+# fast_inference=True (Unsloth starts vLLM in the process), GRPOConfig without use_vllm. Unsloth's patched
+# GRPOTrainer turns use_vllm on and samples with the adapter as a LoRA request (unsloth/models/rl.py); check read
+# the run as sampling with model.generate, so the engine's max_lora_rank was never compared with r.
+GRPO = '''
+    from unsloth import FastLanguageModel
+    from trl import GRPOConfig, GRPOTrainer
+    lora_rank = {rank}
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name = "unsloth/Qwen3-4B-Base",
+        max_seq_length = 2048,
+        load_in_4bit = False,
+        fast_inference = True,
+        {engine}
+        gpu_memory_utilization = 0.9,
+    )
+    model = FastLanguageModel.get_peft_model(
+        model,
+        r = lora_rank,
+        target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        lora_alpha = lora_rank * 2,
+        use_gradient_checkpointing = "unsloth",
+        random_state = 3407,
+    )
+    def reward(completions, **kwargs):
+        return [0.0 for _ in completions]
+    training_args = GRPOConfig(learning_rate = 5e-6, per_device_train_batch_size = 1, num_generations = 4,
+                               max_steps = 100, output_dir = "outputs", report_to = "none")
+    trainer = GRPOTrainer(model = model, processing_class = tokenizer, reward_funcs = [reward],
+                          args = training_args, train_dataset = dataset)
+    trainer.train()
+    model.save_lora("grpo_saved_lora")
+    out = model.fast_generate(["hi"], lora_request = model.load_lora("grpo_saved_lora"))
+'''
+
+
+def test_unsloth_fast_inference_samples_with_its_vllm_engine_and_the_adapter_as_a_lora_request(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, GRPO.format(rank=32, engine="max_lora_rank = lora_rank,"))
+    setup = report["setup"]
+    assert setup["rollout_engine"] == "vllm" and setup["rollout_sync"] == "adapter"
+    assert setup["generation"] is False
+    assert setup["engine_max_lora_rank"] == 32 and setup["adapter_rank"] == 32
+    # The trained model shares the engine's weights, and Unsloth sizes the engine's share itself.
+    assert "vllm-colocate-memory" not in rules(report) and "vllm-max-lora-rank" not in rules(report)
+    # save_lora / load_lora / fast_generate are Unsloth's engine calls, not unread training calls.
+    assert "save_lora" not in unknown(report) and "fast_generate" not in unknown(report)
+
+
+def test_an_adapter_rank_above_unsloths_max_lora_rank_is_refused(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, GRPO.format(rank=64, engine="max_lora_rank = 16,"))
+    assert "vllm-max-lora-rank" in rules(report)
+    finding = next(f for f in report["findings"] if f["rule"] == "vllm-max-lora-rank")
+    assert "max_lora_rank" in json.dumps(finding)
+
+
+def test_unsloths_own_max_lora_rank_default_is_64(tmp_path, monkeypatch):
+    # FastLanguageModel.from_pretrained(max_lora_rank=64) unless given (unsloth/models/loader.py), not vLLM's 16.
+    fits = check(tmp_path, monkeypatch, GRPO.format(rank=64, engine=""))
+    assert fits["setup"]["engine_max_lora_rank"] == 64 and "vllm-max-lora-rank" not in rules(fits)
+    too_big = check(tmp_path, monkeypatch, GRPO.format(rank=128, engine=""))
+    assert "vllm-max-lora-rank" in rules(too_big)
+
+
+def test_a_rank_vllm_does_not_offer_is_refused_when_the_engine_starts(tmp_path, monkeypatch):
+    # The notebooks pass max_lora_rank = lora_rank: a rank of 48 starts vLLM with a max_lora_rank outside its list.
+    report = check(tmp_path, monkeypatch, GRPO.format(rank=48, engine="max_lora_rank = lora_rank,"))
+    assert "vllm-max-lora-rank" in rules(report)
+
+
+def test_sft_on_a_fast_inference_model_has_no_rollouts(tmp_path, monkeypatch):
+    # Qwen3_(4B)-GRPO.py's formatting pre-fine-tune: SFTTrainer on the fast_inference model samples nothing.
+    text = GRPO.format(rank=32, engine="max_lora_rank = lora_rank,").replace(
+        "GRPOConfig(", "SFTConfig(").replace("GRPOTrainer(", "SFTTrainer(").replace(
+        "GRPOConfig, GRPOTrainer", "SFTConfig, SFTTrainer").replace(", num_generations = 4", "").replace(
+        "reward_funcs = [reward],", "")
+    report = check(tmp_path, monkeypatch, text)
+    assert report["setup"]["stage"] == "sft" and report["setup"].get("rollout_engine", "hf") == "hf"
