@@ -107,3 +107,29 @@ def test_sft_on_a_fast_inference_model_has_no_rollouts(tmp_path, monkeypatch):
         "reward_funcs = [reward],", "")
     report = check(tmp_path, monkeypatch, text)
     assert report["setup"]["stage"] == "sft" and report["setup"].get("rollout_engine", "hf") == "hf"
+
+
+# Unsloth's notebooks (unslothai/notebooks python_scripts/*-Alpaca.py, *-GRPO.py of early 2025) and the scripts copied
+# from them write the precision as the GPU's answer: `bf16 = is_bfloat16_supported(), fp16 = not ...`. check listed
+# both as values it could not see; PatchFastRL("GRPO", FastLanguageModel) as a call it does not read.
+NOTEBOOK_PRECISION = '''
+    from unsloth import FastLanguageModel, PatchFastRL, is_bfloat16_supported
+    PatchFastRL("GRPO", FastLanguageModel)
+    from trl import SFTTrainer
+    from transformers import TrainingArguments
+    model, tokenizer = FastLanguageModel.from_pretrained("unsloth/llama-3-8b-bnb-4bit", max_seq_length = 2048)
+    model = FastLanguageModel.get_peft_model(model, r = 16, lora_alpha = 16, use_gradient_checkpointing = "unsloth")
+    trainer = SFTTrainer(
+        model = model, tokenizer = tokenizer, train_dataset = dataset, dataset_text_field = "text",
+        args = TrainingArguments(per_device_train_batch_size = 2, max_steps = 60, learning_rate = 2e-4,
+                                 fp16 = not is_bfloat16_supported(), bf16 = is_bfloat16_supported(),
+                                 optim = "adamw_8bit", output_dir = "outputs"),
+    )
+    trainer.train()
+'''
+
+
+def test_the_gpus_bf16_answer_sets_the_precision(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, NOTEBOOK_PRECISION)
+    assert report["setup"]["precision"] == "bf16-mixed"
+    assert "is_bfloat16_supported" not in unknown(report) and "PatchFastRL" not in unknown(report)

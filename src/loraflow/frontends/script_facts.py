@@ -14,7 +14,7 @@ from loraflow.frontends import lightning
 from loraflow.frontends.hf_options import HANDLED, Opt, trainer_from_name
 from loraflow.frontends.trl import MARKERS
 from loraflow.frontends.script_code import PARSERS, Call, Code, FromFlag, Parsed, Unread
-from loraflow.frontends.script_names import HARMLESS as _HARMLESS, model_class, passed
+from loraflow.frontends.script_names import HARMLESS as _HARMLESS, bf16_query, model_class, passed
 
 TRAINING_ARGS = ("TrainingArguments", "Seq2SeqTrainingArguments")
 PLAIN_TRAINERS = ("Trainer", "Seq2SeqTrainer")
@@ -208,9 +208,12 @@ def _args(facts: Facts, call: Call, code: Code) -> None:
     if call.splat:
         facts.unknown.append(f"{call.file}:{call.line}: {call.func}({call.splat}) (not visible)")
     for name in call.kwargs:
-        value = literal(facts, call, name)
+        text = call.texts.get(name, "")
+        on_bf16 = bf16_query(text) if name in ("bf16", "fp16") else None
+        value = on_bf16 if on_bf16 is not None else literal(facts, call, name)
         if value is not None:
-            facts.opts[name] = Opt(value, call.at(name))
+            facts.opts[name] = Opt(value, call.at(name) + (" (on a GPU with bfloat16; a T4 or V100 trains in fp16)"
+                                                           if on_bf16 is not None else ""))
 
 
 def _trainer(facts: Facts, call: Call, code: Code) -> None:
