@@ -133,3 +133,18 @@ def test_the_gpus_bf16_answer_sets_the_precision(tmp_path, monkeypatch):
     report = check(tmp_path, monkeypatch, NOTEBOOK_PRECISION)
     assert report["setup"]["precision"] == "bf16-mixed"
     assert "is_bfloat16_supported" not in unknown(report) and "PatchFastRL" not in unknown(report)
+
+
+def test_a_rank_computed_from_the_environment_is_listed_not_refused(tmp_path, monkeypatch):
+    # The shape of a Qwen2.5-3B GRPO script driven by environment variables (find_string hit, repo not named):
+    # `lora_rank = int(os.environ.get("LORA_RANK", 64))`; check stopped with "is not a LoRA rank".
+    text = GRPO.format(rank='int(os.environ.get("LORA_RANK", 64))', engine="max_lora_rank = lora_rank,")
+    report = check(tmp_path, monkeypatch, "import os\n" + textwrap.dedent(text))
+    assert "get_peft_model(r=lora_rank)" in unknown(report) and "max_lora_rank=lora_rank" in unknown(report)
+    assert "vllm-max-lora-rank" not in rules(report)
+
+
+def test_unsloths_get_peft_model_rank_default_is_named(tmp_path, monkeypatch):
+    text = GRPO.format(rank=32, engine="").replace("r = lora_rank,", "")
+    report = check(tmp_path, monkeypatch, text)
+    assert report["setup"]["adapter_rank"] == 16 and "unsloth" in report["sources"]["adapter_rank"]

@@ -184,8 +184,9 @@ def literal(facts: Facts, call: Call, key: str) -> Any:
     """A keyword's value when the code gives it literally; a computed one is listed (where check reads that key)
     and reads as absent."""
     value = call.kwargs.get(key)
-    if isinstance(value, (Unread, Call)) and key in READ_KEYS:
-        facts.unknown.append(f"{call.at(key)} (not a literal: its value is not visible here)")
+    if isinstance(value, (Unread, Call)):  # computed (`r = int(os.environ.get("LORA_RANK", 64))`): not a value
+        if key in READ_KEYS:
+            facts.unknown.append(f"{call.at(key)} (not a literal: its value is not visible here)")
         return None
     return None if isinstance(value, (FromFlag, Parsed)) else value
 
@@ -196,7 +197,7 @@ READ_KEYS = HANDLED | MARKERS | {"vllm_mode", "vllm_gpu_memory_utilization", "vl
                                  "vllm_importance_sampling_correction", "target_modules", "modules_to_save",
                                  "quantization_config", "torch_dtype", "dtype", "mixed_precision", "hf_ds_config",
                                  "zero_stage", "gradient_checkpointing_kwargs", "use_gradient_checkpointing",
-                                 "is_trainable", "task_type", "fsdp_config"}
+                                 "is_trainable", "task_type", "fsdp_config", "r"}
 
 
 def _args(facts: Facts, call: Call, code: Code) -> None:
@@ -357,6 +358,8 @@ def _unsloth_wrap(facts: Facts, call: Call, code: Code) -> None:
     _adapter_config(facts, call, code)
     _wrap(facts, call, code)
     facts.unsloth = facts.unsloth or call.at()
+    if "r" not in call.kwargs and not call.splat:
+        facts.opts["lora_r"] = Opt(16, f"default ({call.at()}: get_peft_model(r=16), unsloth/models/llama.py)", True)
     gc = call.kwargs.get("use_gradient_checkpointing", "unsloth")
     if gc in (True, "unsloth") and facts.gc is None:
         facts.gc, facts.gc_kwargs = call, {"use_reentrant": True}
