@@ -148,3 +148,23 @@ def test_unsloths_get_peft_model_rank_default_is_named(tmp_path, monkeypatch):
     text = GRPO.format(rank=32, engine="").replace("r = lora_rank,", "")
     report = check(tmp_path, monkeypatch, text)
     assert report["setup"]["adapter_rank"] == 16 and "unsloth" in report["sources"]["adapter_rank"]
+
+
+# Unsloth's DPO notebook (unslothai/notebooks python_scripts/Zephyr_(7B)-DPO.py) and the scripts that copy it call
+# PatchDPOTrainer() before building TRL's DPOTrainer; check took it for a package's own trainer named like TRL's and
+# stopped assuming TRL's defaults.
+DPO = '''
+    from unsloth import FastLanguageModel, PatchDPOTrainer
+    PatchDPOTrainer()
+    from trl import DPOConfig, DPOTrainer
+    model, tokenizer = FastLanguageModel.from_pretrained("unsloth/zephyr-sft-bnb-4bit", max_seq_length = 1024)
+    model = FastLanguageModel.get_peft_model(model, r = 64, lora_alpha = 64, use_gradient_checkpointing = "unsloth")
+    trainer = DPOTrainer(model = model, ref_model = None, train_dataset = dataset, processing_class = tokenizer,
+                         args = DPOConfig(per_device_train_batch_size = 2, bf16 = True, output_dir = "outputs"))
+    trainer.train()
+'''
+
+
+def test_patch_dpo_trainer_is_unsloths_patch_not_a_trainer(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, DPO)
+    assert report["setup"]["stage"] == "dpo" and "PatchDPOTrainer" not in unknown(report)

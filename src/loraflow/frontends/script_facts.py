@@ -135,6 +135,8 @@ def snake(name: str) -> str:
 
 def _trainer_class(name: str, code: Code) -> str | None:
     """The library trainer a class is or derives from (`class MyTrainer(SFTTrainer)` -> SFTTrainer)."""
+    if name in _HARMLESS:  # Unsloth's PatchDPOTrainer() patches TRL's trainer; it is not one
+        return None
     for _ in range(8):
         if name in PLAIN_TRAINERS or (name.endswith("Trainer") and trainer_from_name(snake(name))):
             return name

@@ -31,6 +31,8 @@ HARMLESS = frozenset((
     # PatchFastRL patches TRL's RL trainers as importing unsloth already did (unsloth/models/llama.py calls
     # PatchFastRL(FastLanguageModel = FastLlamaModel) at import; unsloth/models/rl.py).
     "PatchFastRL",
+    # PatchDPOTrainer / PatchKTOTrainer add Unsloth's reward statistics to TRL's trainer (unsloth/models/dpo.py).
+    "PatchDPOTrainer", "PatchKTOTrainer",
 ))
 
 # Model classes: AutoModelForCausalLM, LlamaForCausalLM, AutoModel, Qwen2VLForConditionalGeneration, MllamaModel...
