@@ -168,3 +168,36 @@ DPO = '''
 def test_patch_dpo_trainer_is_unsloths_patch_not_a_trainer(tmp_path, monkeypatch):
     report = check(tmp_path, monkeypatch, DPO)
     assert report["setup"]["stage"] == "dpo" and "PatchDPOTrainer" not in unknown(report)
+
+
+# Unsloth's vision notebooks (unslothai/notebooks python_scripts/Llama3.2_(11B)-Vision.py, Qwen2.5_VL_(7B)-Vision.py)
+# call FastVisionModel.get_peft_model(finetune_vision_layers = True, ...) without target_modules: Unsloth picks the
+# tower's linear layers itself, and requires_grad_for_gradient_checkpointing hooks the tower's input. check saw no
+# tower adapters without target_modules, and with target_modules="all-linear" (a vlm-distillation script) reported
+# reentrant-partial-silent on transformers < 5, as for a plain enable_input_require_grads.
+VISION = '''
+    from unsloth import FastVisionModel
+    from unsloth.trainer import UnslothVisionDataCollator
+    from trl import SFTTrainer, SFTConfig
+    model, tokenizer = FastVisionModel.from_pretrained("unsloth/Llama-3.2-11B-Vision-Instruct-bnb-4bit",
+                                                       load_in_4bit = True, use_gradient_checkpointing = "unsloth")
+    model = FastVisionModel.get_peft_model(model, finetune_vision_layers = {vision}, finetune_language_layers = True,
+                                           r = 16, lora_alpha = 16, random_state = 3407{targets})
+    FastVisionModel.for_training(model)
+    trainer = SFTTrainer(model = model, tokenizer = tokenizer, train_dataset = converted_dataset,
+                         data_collator = UnslothVisionDataCollator(model, tokenizer),
+                         args = SFTConfig(per_device_train_batch_size = 2, max_steps = 30, bf16 = True,
+                                          output_dir = "outputs", remove_unused_columns = False,
+                                          dataset_kwargs = {{"skip_prepare_dataset": True}}))
+    trainer.train()
+'''
+
+
+def test_unsloth_vision_adapters_reach_the_tower_and_its_input_is_hooked(tmp_path, monkeypatch):
+    for targets in ("", ', target_modules = "all-linear"'):
+        monkeypatch.setitem(CURRENT, "transformers", parse_versions("transformers=4.49.0")["transformers"])
+        report = check(tmp_path, monkeypatch, VISION.format(vision=True, targets=targets))
+        assert report["setup"]["tower_adapters"] is True and report["setup"]["tower_input_hook"] is True
+        assert "reentrant-partial-silent" not in rules(report)
+    report = check(tmp_path, monkeypatch, VISION.format(vision=False, targets=""))
+    assert not report["setup"].get("tower_adapters")

@@ -196,6 +196,7 @@ def finish(draft: Draft, script: Script) -> None:
     _per_rank(draft, script)
     _unsloth_ddp(draft, script)
     unsloth_vllm.vllm_rollouts(draft, script.code, script.facts)
+    unsloth_vllm.vision_tower_hook(draft, script.facts)
     draft.unknown.extend(script.facts.unknown)
     for note in script.facts.notes:
         draft.note(note)

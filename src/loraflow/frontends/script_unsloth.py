@@ -91,3 +91,26 @@ def vllm_rollouts(draft: Draft, code: Code, facts: Facts) -> None:
         said = (load.at("gpu_memory_utilization") if "gpu_memory_utilization" in load.kwargs else
                 f"default ({load.at()}: gpu_memory_utilization={GPU_SHARE_DEFAULT}, unsloth/models/loader.py)")
         draft.set("engine_gpu_memory_utilization", float(share), said + " (the share Unsloth starts from)")
+
+
+def vision_tower_hook(draft: Draft, facts: Facts) -> None:
+    """FastVisionModel / FastModel.get_peft_model: without target_modules (or with "all-linear") Unsloth picks the
+    linear layers itself, the vision tower's included unless finetune_vision_layers=False (get_peft_regex, unsloth_zoo/
+    peft_utils.py). It ends with requires_grad_for_gradient_checkpointing (unsloth/models/vision.py, since the first
+    vision release's FastBaseVisionModel), which hooks the input of the part of the model that holds the first
+    trainable parameter (the tower's, when it has adapters; a CLIP / SigLIP tower's input embeddings), so the
+    tower's reentrant-checkpointed blocks build a graph whatever transformers' enable_input_require_grads marks."""
+    wrap = next((c for c in facts.wraps if c.owner_name.rsplit(".", 1)[-1] in ("FastVisionModel", "FastModel")), None)
+    if wrap is None or not facts.unsloth_vision or wrap.splat:
+        return
+    targets = wrap.kwargs.get("target_modules")
+    if draft.get("image_text") and targets in (None, "all-linear") and wrap.kwargs.get(
+            "finetune_vision_layers", True) is True and not draft.get("tower_adapters"):
+        said = f"{wrap.at('finetune_vision_layers')} (Unsloth puts adapters on the vision tower's linear layers " \
+               "unless finetune_vision_layers=False, get_peft_regex in unsloth_zoo/peft_utils.py)"
+        draft.set("tower_adapters", True, said)
+        draft.set("towers_trainable", True, said)
+        draft.set("targets_all_towers", False, f"{wrap.at()} (Unsloth's regex picks only linear layers PEFT wraps)")
+    if draft.get("tower_adapters") and draft.get("checkpointing") != "off":
+        draft.set("tower_input_hook", True, f"{wrap.at()} (Unsloth's requires_grad_for_gradient_checkpointing hooks "
+                  "the input of the tower that holds the first trainable weights, unsloth_zoo/peft_utils.py)")
