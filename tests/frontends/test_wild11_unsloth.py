@@ -201,3 +201,29 @@ def test_unsloth_vision_adapters_reach_the_tower_and_its_input_is_hooked(tmp_pat
         assert "reentrant-partial-silent" not in rules(report)
     report = check(tmp_path, monkeypatch, VISION.format(vision=False, targets=""))
     assert not report["setup"].get("tower_adapters")
+
+
+# unslothai/notebooks python_scripts/Mistral_v0.3_(7B)-CPT.py: continued pretraining with embed_tokens and lm_head in
+# target_modules (Unsloth moves them to modules_to_save) and Unsloth's UnslothTrainer / UnslothTrainingArguments
+# (TRL's SFTTrainer / SFTConfig underneath, plus embedding_learning_rate). check read UnslothTrainer as
+# transformers' Trainer, listed the arguments as unread and saw no embeddings trained.
+CPT = '''
+    from unsloth import FastLanguageModel, UnslothTrainer, UnslothTrainingArguments
+    model, tokenizer = FastLanguageModel.from_pretrained("unsloth/mistral-7b-v0.3", max_seq_length = 2048)
+    model = FastLanguageModel.get_peft_model(model, r = 128, lora_alpha = 32, use_rslora = True,
+        target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                          "embed_tokens", "lm_head"], use_gradient_checkpointing = "unsloth")
+    trainer = UnslothTrainer(model = model, tokenizer = tokenizer, train_dataset = dataset,
+        dataset_text_field = "text", max_seq_length = 2048,
+        args = UnslothTrainingArguments(per_device_train_batch_size = 2, max_steps = 120, learning_rate = 5e-5,
+                                        embedding_learning_rate = 1e-5, bf16 = True, output_dir = "outputs"))
+    trainer.train()
+'''
+
+
+def test_unsloth_trainer_is_trls_sft_trainer_and_full_modules_train(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, CPT)
+    setup = report["setup"]
+    assert setup["stage"] == "sft" and "transformers' Trainer" not in report["sources"]["stage"]
+    assert setup["embeddings_trainable"] is True and setup["lm_head_trainable"] is True
+    assert "UnslothTrainingArguments" not in unknown(report) and "UnslothTrainer(" not in unknown(report)

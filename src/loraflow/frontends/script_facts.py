@@ -14,7 +14,8 @@ from loraflow.frontends import lightning
 from loraflow.frontends.hf_options import HANDLED, Opt, trainer_from_name
 from loraflow.frontends.trl import MARKERS
 from loraflow.frontends.script_code import PARSERS, Call, Code, FromFlag, Parsed, Unread
-from loraflow.frontends.script_names import HARMLESS as _HARMLESS, bf16_query, model_class, passed
+from loraflow.frontends.script_unsloth_facts import unsloth_full_modules
+from loraflow.frontends.script_names import HARMLESS as _HARMLESS, LIBRARY_ALIASES, bf16_query, model_class, passed
 
 TRAINING_ARGS = ("TrainingArguments", "Seq2SeqTrainingArguments")
 PLAIN_TRAINERS = ("Trainer", "Seq2SeqTrainer")
@@ -78,7 +79,7 @@ class Facts:
 
 def kind(call: Call, code: Code) -> str:
     """What a call is, by its name and what it is called on."""
-    name, owner = call.name, call.owner_name.rsplit(".", 1)[-1]
+    name, owner = LIBRARY_ALIASES.get(call.name, call.name), call.owner_name.rsplit(".", 1)[-1]
     if name in TRAINING_ARGS or (name.endswith("Config") and trainer_from_name(snake(name))
                                  and name not in ADAPTER_CONFIGS):
         return "args"
@@ -138,6 +139,7 @@ def _trainer_class(name: str, code: Code) -> str | None:
     if name in _HARMLESS:  # Unsloth's PatchDPOTrainer() patches TRL's trainer; it is not one
         return None
     for _ in range(8):
+        name = LIBRARY_ALIASES.get(name, name)
         if name in PLAIN_TRAINERS or (name.endswith("Trainer") and trainer_from_name(snake(name))):
             return name
         if name not in code.bases:
@@ -204,13 +206,16 @@ READ_KEYS = HANDLED | MARKERS | {"vllm_mode", "vllm_gpu_memory_utilization", "vl
 
 def _args(facts: Facts, call: Call, code: Code) -> None:
     """TrainingArguments / SFTConfig / DPOConfig...: every keyword is the flag of the same name."""
-    key = trainer_from_name(snake(call.name)) if call.name not in TRAINING_ARGS else None
+    name = LIBRARY_ALIASES.get(call.name, call.name)
+    key = trainer_from_name(snake(name)) if name not in TRAINING_ARGS else None
     facts.trl = facts.trl or key is not None
     if key and facts.trainer_key is None and facts.trainer is None:
         facts.trainer_key, facts.named_by = key, call
     if call.splat:
         facts.unknown.append(f"{call.file}:{call.line}: {call.func}({call.splat}) (not visible)")
     for name in call.kwargs:
+        if name == "embedding_learning_rate" and call.name == "UnslothTrainingArguments":
+            continue  # a learning rate of its own for modules_to_save embeddings: nothing check evaluates
         text = call.texts.get(name, "")
         on_bf16 = bf16_query(text) if name in ("bf16", "fp16") else None
         value = on_bf16 if on_bf16 is not None else literal(facts, call, name)
@@ -362,6 +367,7 @@ def _unsloth_wrap(facts: Facts, call: Call, code: Code) -> None:
     facts.unsloth = facts.unsloth or call.at()
     if "r" not in call.kwargs and not call.splat:
         facts.opts["lora_r"] = Opt(16, f"default ({call.at()}: get_peft_model(r=16), unsloth/models/llama.py)", True)
+    unsloth_full_modules(facts.opts)
     gc = call.kwargs.get("use_gradient_checkpointing", "unsloth")
     if gc in (True, "unsloth") and facts.gc is None:
         facts.gc, facts.gc_kwargs = call, {"use_reentrant": True}

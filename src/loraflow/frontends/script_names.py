@@ -85,3 +85,9 @@ def bf16_query(text: str) -> bool | None:
     where the text is not that query."""
     found = _BF16_QUERY.match(text.strip())
     return None if found is None else found.group(1) is None
+
+
+# Unsloth's own classes that are TRL's underneath (unsloth/trainer.py): `class UnslothTrainer(SFTTrainer)` and
+# `class UnslothTrainingArguments(TrainingArguments)` with TrainingArguments bound to trl's SFTConfig where TRL has
+# one; they add only embedding_learning_rate (a second optimizer group for modules_to_save embeddings).
+LIBRARY_ALIASES = {"UnslothTrainer": "SFTTrainer", "UnslothTrainingArguments": "SFTConfig"}
