@@ -227,3 +227,16 @@ def test_unsloth_trainer_is_trls_sft_trainer_and_full_modules_train(tmp_path, mo
     assert setup["stage"] == "sft" and "transformers' Trainer" not in report["sources"]["stage"]
     assert setup["embeddings_trainable"] is True and setup["lm_head_trainable"] is True
     assert "UnslothTrainingArguments" not in unknown(report) and "UnslothTrainer(" not in unknown(report)
+
+
+# A CALM runner (find_string hit, repo not named) hands its Unsloth model to `from calm_trainer import Trainer`, the
+# project's own class: check read it as transformers' Trainer and assumed that Trainer's defaults.
+def test_a_projects_own_trainer_class_is_not_transformers_trainer(tmp_path, monkeypatch):
+    report = check(tmp_path, monkeypatch, '''
+        from unsloth import FastLanguageModel
+        from calm_trainer import Trainer
+        model, tokenizer = FastLanguageModel.from_pretrained("Qwen/Qwen2.5-3B-Instruct", load_in_4bit = True)
+        model = FastLanguageModel.get_peft_model(model, r = 32, use_gradient_checkpointing = "unsloth")
+        Trainer(model = model, calm_args = calm_args).train()
+    ''')
+    assert "from calm_trainer (its own trainer" in unknown(report)

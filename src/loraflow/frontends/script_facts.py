@@ -232,6 +232,9 @@ def _trainer(facts: Facts, call: Call, code: Code) -> None:
         facts.unknown.append(f"{call.file}:{call.line}: {call.name}(...) from {code.imports[base]} (its own trainer, "
                              "not TRL's: TRL's defaults not assumed)")
         key = None
+    origin = code.imports.get(base, "transformers")  # `from calm_trainer import Trainer`: a project's own class
+    if base in PLAIN_TRAINERS and origin.split(".")[0] not in ("transformers", "trl", "unsloth"):
+        facts.unknown.append(f"{call.at()} from {origin} (its own trainer: transformers' Trainer defaults not assumed)")
     facts.trainer, facts.trainer_key = call, key
     if key or facts.named_by is None:
         facts.named_by = call
