@@ -14,7 +14,8 @@ from loraflow.frontends import lightning
 from loraflow.frontends.hf_options import HANDLED, Opt, trainer_from_name
 from loraflow.frontends.trl import MARKERS
 from loraflow.frontends.script_code import PARSERS, Call, Code, FromFlag, Parsed, Unread
-from loraflow.frontends.script_names import HARMLESS as _HARMLESS, model_class, passed
+from loraflow.frontends.script_unsloth_facts import unsloth_full_modules
+from loraflow.frontends.script_names import HARMLESS as _HARMLESS, LIBRARY_ALIASES, bf16_query, model_class, passed
 
 TRAINING_ARGS = ("TrainingArguments", "Seq2SeqTrainingArguments")
 PLAIN_TRAINERS = ("Trainer", "Seq2SeqTrainer")
@@ -78,7 +79,7 @@ class Facts:
 
 def kind(call: Call, code: Code) -> str:
     """What a call is, by its name and what it is called on."""
-    name, owner = call.name, call.owner_name.rsplit(".", 1)[-1]
+    name, owner = LIBRARY_ALIASES.get(call.name, call.name), call.owner_name.rsplit(".", 1)[-1]
     if name in TRAINING_ARGS or (name.endswith("Config") and trainer_from_name(snake(name))
                                  and name not in ADAPTER_CONFIGS):
         return "args"
@@ -135,7 +136,10 @@ def snake(name: str) -> str:
 
 def _trainer_class(name: str, code: Code) -> str | None:
     """The library trainer a class is or derives from (`class MyTrainer(SFTTrainer)` -> SFTTrainer)."""
+    if name in _HARMLESS:  # Unsloth's PatchDPOTrainer() patches TRL's trainer; it is not one
+        return None
     for _ in range(8):
+        name = LIBRARY_ALIASES.get(name, name)
         if name in PLAIN_TRAINERS or (name.endswith("Trainer") and trainer_from_name(snake(name))):
             return name
         if name not in code.bases:
@@ -184,8 +188,9 @@ def literal(facts: Facts, call: Call, key: str) -> Any:
     """A keyword's value when the code gives it literally; a computed one is listed (where check reads that key)
     and reads as absent."""
     value = call.kwargs.get(key)
-    if isinstance(value, (Unread, Call)) and key in READ_KEYS:
-        facts.unknown.append(f"{call.at(key)} (not a literal: its value is not visible here)")
+    if isinstance(value, (Unread, Call)):  # computed (`r = int(os.environ.get("LORA_RANK", 64))`): not a value
+        if key in READ_KEYS:
+            facts.unknown.append(f"{call.at(key)} (not a literal: its value is not visible here)")
         return None
     return None if isinstance(value, (FromFlag, Parsed)) else value
 
@@ -196,21 +201,27 @@ READ_KEYS = HANDLED | MARKERS | {"vllm_mode", "vllm_gpu_memory_utilization", "vl
                                  "vllm_importance_sampling_correction", "target_modules", "modules_to_save",
                                  "quantization_config", "torch_dtype", "dtype", "mixed_precision", "hf_ds_config",
                                  "zero_stage", "gradient_checkpointing_kwargs", "use_gradient_checkpointing",
-                                 "is_trainable", "task_type", "fsdp_config"}
+                                 "is_trainable", "task_type", "fsdp_config", "r"}
 
 
 def _args(facts: Facts, call: Call, code: Code) -> None:
     """TrainingArguments / SFTConfig / DPOConfig...: every keyword is the flag of the same name."""
-    key = trainer_from_name(snake(call.name)) if call.name not in TRAINING_ARGS else None
+    name = LIBRARY_ALIASES.get(call.name, call.name)
+    key = trainer_from_name(snake(name)) if name not in TRAINING_ARGS else None
     facts.trl = facts.trl or key is not None
     if key and facts.trainer_key is None and facts.trainer is None:
         facts.trainer_key, facts.named_by = key, call
     if call.splat:
         facts.unknown.append(f"{call.file}:{call.line}: {call.func}({call.splat}) (not visible)")
     for name in call.kwargs:
-        value = literal(facts, call, name)
+        if name == "embedding_learning_rate" and call.name == "UnslothTrainingArguments":
+            continue  # a learning rate of its own for modules_to_save embeddings: nothing check evaluates
+        text = call.texts.get(name, "")
+        on_bf16 = bf16_query(text) if name in ("bf16", "fp16") else None
+        value = on_bf16 if on_bf16 is not None else literal(facts, call, name)
         if value is not None:
-            facts.opts[name] = Opt(value, call.at(name))
+            facts.opts[name] = Opt(value, call.at(name) + (" (on a GPU with bfloat16; a T4 or V100 trains in fp16)"
+                                                           if on_bf16 is not None else ""))
 
 
 def _trainer(facts: Facts, call: Call, code: Code) -> None:
@@ -221,6 +232,9 @@ def _trainer(facts: Facts, call: Call, code: Code) -> None:
         facts.unknown.append(f"{call.file}:{call.line}: {call.name}(...) from {code.imports[base]} (its own trainer, "
                              "not TRL's: TRL's defaults not assumed)")
         key = None
+    origin = code.imports.get(base, "transformers")  # `from calm_trainer import Trainer`: a project's own class
+    if base in PLAIN_TRAINERS and origin.split(".")[0] not in ("transformers", "trl", "unsloth"):
+        facts.unknown.append(f"{call.at()} from {origin} (its own trainer: transformers' Trainer defaults not assumed)")
     facts.trainer, facts.trainer_key = call, key
     if key or facts.named_by is None:
         facts.named_by = call
@@ -354,6 +368,9 @@ def _unsloth_wrap(facts: Facts, call: Call, code: Code) -> None:
     _adapter_config(facts, call, code)
     _wrap(facts, call, code)
     facts.unsloth = facts.unsloth or call.at()
+    if "r" not in call.kwargs and not call.splat:
+        facts.opts["lora_r"] = Opt(16, f"default ({call.at()}: get_peft_model(r=16), unsloth/models/llama.py)", True)
+    unsloth_full_modules(facts.opts)
     gc = call.kwargs.get("use_gradient_checkpointing", "unsloth")
     if gc in (True, "unsloth") and facts.gc is None:
         facts.gc, facts.gc_kwargs = call, {"use_reentrant": True}

@@ -24,6 +24,15 @@ HARMLESS = frozenset((
     # merging, as unsloth's tests/qlora/README.md says of its merge), none of which changes what trains.
     "is_bf16_supported", "UnslothVisionDataCollator", "save_pretrained_merged", "push_to_hub_merged",
     "save_pretrained_gguf", "push_to_hub_gguf",
+    # Unsloth's vLLM engine (fast_inference=True): save_lora writes the adapter, load_lora reads one back as a LoRA
+    # request and fast_generate samples with it (unsloth/models/llama.py, unsloth_zoo/vllm_utils.py); the training
+    # rollouts' own use of them is read from fast_inference (script_unsloth.py).
+    "save_lora", "load_lora", "fast_generate",
+    # PatchFastRL patches TRL's RL trainers as importing unsloth already did (unsloth/models/llama.py calls
+    # PatchFastRL(FastLanguageModel = FastLlamaModel) at import; unsloth/models/rl.py).
+    "PatchFastRL",
+    # PatchDPOTrainer / PatchKTOTrainer add Unsloth's reward statistics to TRL's trainer (unsloth/models/dpo.py).
+    "PatchDPOTrainer", "PatchKTOTrainer",
 ))
 
 # Model classes: AutoModelForCausalLM, LlamaForCausalLM, AutoModel, Qwen2VLForConditionalGeneration, MllamaModel...
@@ -63,3 +72,22 @@ def passed(made: Any, code: Any) -> bool:
             getattr(c.kwargs["quantization_config"], "name", "") != "BitsAndBytesConfig" for c in loads):
         return True
     return any(c.splat or holds(c.args) or holds(c.kwargs) for c in others)
+
+
+# The GPU's own answer to "bfloat16?" (Unsloth's is_bfloat16_supported, torch.cuda.is_bf16_supported), written as
+# `bf16 = is_bfloat16_supported(), fp16 = not is_bfloat16_supported()` in Unsloth's notebooks and the scripts copied
+# from them: the run trains in bf16 where the GPU has it and in fp16 where it does not (a T4, a V100).
+_BF16_QUERY = re.compile(r"^(not\s+)?\(?\s*(\w+\.)*(is_bfloat16_supported|is_bf16_supported)\(\s*\)\s*\)?$")
+
+
+def bf16_query(text: str) -> bool | None:
+    """The value such a keyword takes on a GPU with bfloat16 (True for the query, False for its `not`), or None
+    where the text is not that query."""
+    found = _BF16_QUERY.match(text.strip())
+    return None if found is None else found.group(1) is None
+
+
+# Unsloth's own classes that are TRL's underneath (unsloth/trainer.py): `class UnslothTrainer(SFTTrainer)` and
+# `class UnslothTrainingArguments(TrainingArguments)` with TrainingArguments bound to trl's SFTConfig where TRL has
+# one; they add only embedding_learning_rate (a second optimizer group for modules_to_save embeddings).
+LIBRARY_ALIASES = {"UnslothTrainer": "SFTTrainer", "UnslothTrainingArguments": "SFTConfig"}

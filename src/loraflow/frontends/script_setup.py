@@ -25,6 +25,7 @@ from loraflow.frontends.script_args import as_parsed
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
 from loraflow.frontends.script_dicts import fixed_device, settle
 from loraflow.frontends.script_flags import keyword_flags
+from loraflow.frontends import script_unsloth as unsloth_vllm
 from loraflow.frontends.script_zero_init import apply_zero_init, computed_config, deepspeed_opt
 from loraflow.frontends.script_loop import apply_loop, plugin_policy
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
@@ -45,7 +46,9 @@ CODE_FLAGS = {"adapter_loaded_frozen": "PeftModel.from_pretrained(..., is_traina
               "state_dict_patched": "the `model.state_dict = ... get_peft_model_state_dict(...)` lines (delete them: "
                                     "model.save_pretrained saves the adapter)",
               "peft_config_on_peft_model": "the get_peft_model(...) before the trainer, or the trainer's peft_config= "
-                                           "(keep one)"}
+                                           "(keep one)",
+              "adapter_rank": "LoraConfig(r=...) / FastLanguageModel.get_peft_model(r=...)",
+              "engine_max_lora_rank": "FastLanguageModel.from_pretrained(max_lora_rank=...) (Unsloth's vLLM engine)"}
 FLAGS = {"checkpointing": "gradient_checkpointing=True (TrainingArguments) or model.gradient_checkpointing_enable()",
          "reentrant": "gradient_checkpointing_kwargs={\"use_reentrant\": ...}",
          "precision": "bf16= / fp16= (TrainingArguments); keep what trains in float32 (no .half() / .to(dtype) after "
@@ -177,6 +180,7 @@ def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Op
                 opts["use_dora"] = Opt(True, said.sources["adapter"])
     _checkpointing(opts, script.facts)
     opts.update(script.facts.late)
+    unsloth_vllm.vllm_options(script.code, script.facts, opts)  # Unsloth's trainer sets these after the late ones
     if "deepspeed" not in opts:  # named by HfDeepSpeedConfig, else computed: still a DeepSpeed run
         found = deepspeed_opt(draft, script.facts) or computed_config(script.code)
         if found is not None:
@@ -191,6 +195,8 @@ def finish(draft: Draft, script: Script) -> None:
     spawned(draft, script.code)
     _per_rank(draft, script)
     _unsloth_ddp(draft, script)
+    unsloth_vllm.vllm_rollouts(draft, script.code, script.facts)
+    unsloth_vllm.vision_tower_hook(draft, script.facts)
     draft.unknown.extend(script.facts.unknown)
     for note in script.facts.notes:
         draft.note(note)
