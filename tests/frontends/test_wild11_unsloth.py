@@ -240,3 +240,10 @@ def test_a_projects_own_trainer_class_is_not_transformers_trainer(tmp_path, monk
         Trainer(model = model, calm_args = calm_args).train()
     ''')
     assert "from calm_trainer (its own trainer" in unknown(report)
+
+
+# Unsloth's GRPO/DPO notebooks pinned to TRL 0.2x pass GRPOConfig(max_prompt_length=...): a key of those releases.
+def test_earlier_trl_config_keys_are_known():
+    from loraflow.frontends import keys
+
+    assert {"max_prompt_length", "rpo_alpha", "vllm_device"} <= keys.TRL
