@@ -185,3 +185,17 @@ def test_runs_in_branches_are_alternatives(tmp_path):
     notes = " ".join(line.notes)
     assert "another branch runs instead: `deepspeed train.py --lora_enable True`" in notes
     assert "trains 2 times; check reads the first launch. Later: `python -m trl.scripts.sft" in notes
+
+
+# dangbert/thesis_app's experiments/tuner/*.sh: `tune download` and `tune cp` before `tune run`; a LLaMA-Factory script
+# that trains, then exports the merged model.
+def test_framework_cli_fetch_and_export_steps_are_not_runs(tmp_path):
+    script = tmp_path / "tune.sh"
+    script.write_text("tune download meta-llama/Llama-2-7b-hf --output-dir /tmp/m\ntune cp llama2/7B_lora ./my.yaml\n"
+                      "tune run --nproc_per_node 2 lora_finetune_distributed --config ./my.yaml\n")
+    cmd = split_command(command_from_script(str(script)))
+    assert (cmd.program, cmd.subcommand) == ("tune", "run")
+    lf = tmp_path / "lf.sh"
+    lf.write_text("llamafactory-cli train a.yaml\nllamafactory-cli export merge.yaml\n")
+    line = command_from_script(str(lf))
+    assert "train" in line and not any("trains 2 times" in n for n in line.notes)

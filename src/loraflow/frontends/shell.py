@@ -72,6 +72,10 @@ _SERVERS = re.compile(r"(?:^|\.)(?:vllm_serve|api_server|launch_server|launch_ro
 _SETUP_MODULES = ("pip", "ensurepip", "venv", "spacy", "nltk", "huggingface_hub", "site", "wandb")
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed", "deepspeed.launcher.runner",
                      "accelerate.commands.launch")
+# Subcommands of the frameworks' CLIs that fetch, copy or check before the run, or use its result after it.
+_CLI_SETUP = {"tune": ("download", "cp", "ls", "validate", "cat"), "litgpt": ("download",)}
+_CLI_AFTER = {"tune": ("run_eval",), "litgpt": ("merge_lora", "evaluate", "chat", "generate"),
+              "llamafactory-cli": ("export", "chat", "webchat", "eval"), "swift": ("export", "infer", "eval")}
 _CLI_SERVERS = {"trl": ("vllm-serve", "vllm_serve"), "swift": ("rollout", "deploy", "app", "web-ui"),
                 "vllm": ("serve",), "lmdeploy": ("serve",)}
 
@@ -412,6 +416,10 @@ def _line_kind(tokens: list[str]) -> str:
         return "run" if second == "job" else "cluster"
     if second in _CLI_SERVERS.get(head, ()) or _SERVERS.search(_program(tokens)):
         return "server"
+    if second in _CLI_SETUP.get(head, ()) or (head in _CLI_SETUP and second.startswith("convert")):
+        return "setup"  # `tune download ...` / `litgpt download ...` fetch the weights before the run
+    if second in _CLI_AFTER.get(head, ()):
+        return "after"
     python = bool(_PYTHON.match(head))
     module = words[words.index("-m") + 1] if python and "-m" in words[:-1] else ""
     if python and ("-c" in words[1:2] or module.split(".")[0] in _SETUP_MODULES or module == "torch.utils.collect_env"):
