@@ -136,9 +136,7 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
     name = cmd.launcher_value("config_file")
     if name:
         config, label = read_accelerate_config(name, "--config_file", bases)
-        for key in config:
-            if key not in keys.ACCELERATE_TOP:
-                draft.unknown.append(f"{label}: {key}")
+        config = _process_config(draft, config, label)
     elif cmd.launcher == "accelerate" and not any(cmd.launcher_value(f) for f in _ENGINE_FLAGS):
         config, label = _default_config(draft, cmd)
     flag = cmd.launcher_value
@@ -192,7 +190,8 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         draft.set("sequence_parallel", True, f"{label}: parallelism_config_cp_size {cp} (context parallelism)")
     mp = flag("mixed_precision") or config.get("mixed_precision")
     if mp not in (None, "no"):
-        out["mixed_precision"] = str(mp)
+        out["mixed_precision"] = _autocast_dtype(draft, str(mp), "--mixed_precision" if flag("mixed_precision")
+                                                 else f"{label}: mixed_precision")
     procs = config.get("num_processes")
     if cmd.world_size is None and procs:
         machines = int_value(config.get("num_machines") or 1, f"{label}: num_machines", "a number of machines")
@@ -201,6 +200,40 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         if machines > 1:
             cmd.world_source += f" (over {machines} machines)"
     return out
+
+
+def _process_config(draft: Draft, config: dict[str, Any], label: str) -> dict[str, Any]:
+    """The file as `accelerate launch` loads it (commands/config/config_args.py BaseConfig.process_config, then
+    from_yaml_file): the older top-level spellings converted - `fp16: true` is mixed_precision fp16 when that key is
+    absent, `dynamo_backend: X` is dynamo_config - and any other key the config dataclass lacks refused."""
+    config = dict(config)
+    if "fp16" in config:
+        legacy = config.pop("fp16")
+        if "mixed_precision" not in config and legacy is not None and as_bool(legacy, f"{label}: fp16"):
+            config["mixed_precision"] = "fp16"
+            draft.note(f"{label}: fp16: true is the older spelling of mixed_precision: fp16 (accelerate converts it)")
+    if "dynamo_backend" in config:
+        backend = config.pop("dynamo_backend")
+        config.setdefault("dynamo_config", {} if str(backend).upper() == "NO" else {"dynamo_backend": backend})
+    strange = [str(key) for key in config if key not in keys.ACCELERATE_TOP]
+    draft.unknown.extend(f"{label}: {key}" for key in strange)
+    if strange:
+        draft.note(f"{label}: accelerate launch refuses a config file with top-level keys its config dataclass lacks "
+                   f"(\"had unknown keys\"): {', '.join(strange)}; remove them, or upgrade accelerate where one is a "
+                   "newer key")
+    return config
+
+
+def _autocast_dtype(draft: Draft, mp: str, where: str) -> str:
+    """mixed_precision as the engines see it. fp8 runs its fp8 layers (Transformer Engine, torchao or MS-AMP) inside
+    a bf16 autocast, and the DeepSpeed and FSDP plugins read it as bf16 (accelerate utils/modeling.py
+    get_mixed_precision_context_manager; utils/dataclasses.py DeepSpeedPlugin.set_mixed_precision, "bf16.enabled":
+    mixed_precision in ("bf16", "fp8")): what composes with the memory savers is the bf16 part."""
+    if mp.lower() != "fp8":
+        return mp
+    draft.note(f"{where} fp8: read as bf16 mixed precision (accelerate autocasts to bf16 around the fp8 layers and "
+               "gives DeepSpeed/FSDP bf16); the fp8 layer conversion itself is not modelled")
+    return "bf16"
 
 
 def apply_fsdp_options(draft: Draft, options: dict[str, Any], label: str, flag=lambda *a: None) -> None:

@@ -232,6 +232,24 @@ def _offload_device(draft: Draft, zero: dict[str, Any], key: str, label: str) ->
     return device
 
 
+def _zero_keys(draft: Draft, zero: dict[str, Any], label: str) -> None:
+    """zero_optimization keys DeepSpeed does not have. Unlike the top level (read key by key, the rest ignored), the
+    section is a pydantic model that forbids extra keys since DeepSpeed 0.7.0 (PR #2004, runtime/config_utils.py
+    DeepSpeedConfigModel extra="forbid"): deepspeed.initialize stops with "validation error for DeepSpeedZeroConfig"
+    (a key from another section, such as `aio` placed inside it, is the usual case)."""
+    strange = [str(k) for k in zero if k not in keys.DEEPSPEED_ZERO]
+    if not strange:
+        return
+    refused = at_least(draft, "deepspeed", "0.7.0")
+    for key in strange:
+        said = f"{label}: zero_optimization.{key}"
+        if refused:
+            said += (": DeepSpeed refuses the file (DeepSpeedZeroConfig forbids keys it lacks: \"extra fields not "
+                     "permitted\"); " + ("it is a top-level section: move it out of zero_optimization"
+                                          if key in keys.DEEPSPEED_TOP else "remove it"))
+        draft.unknown.append(said)
+
+
 def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
     """Set engine, zero_stage, offload and (when explicit) precision; list keys DeepSpeed would not know.
     Returns {"bf16", "fp16": True/False/"auto"/None, "gather": bool, "hybrid_engine": bool}."""
@@ -243,9 +261,7 @@ def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
             draft.unknown.append(f"{label}: {key}")
             _misspelled(draft, str(key), label)
     zero = mapping_value(cfg.get("zero_optimization"), f"{label}: zero_optimization")
-    for key in zero:
-        if key not in keys.DEEPSPEED_ZERO:
-            draft.unknown.append(f"{label}: zero_optimization.{key}")
+    _zero_keys(draft, zero, label)
     draft.set("engine", "deepspeed", label)
     stage = zero.get("stage", 0)  # DeepSpeedZeroConfig.stage defaults to 0 (deepspeed/runtime/zero/config.py)
     where = f"{label}: zero_optimization.stage"

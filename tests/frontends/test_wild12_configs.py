@@ -1,0 +1,68 @@
+"""A twelfth sweep, of users' accelerate config files and DeepSpeed JSONs (alone and beside the launch lines that use
+them): the readings it found wrong. Each input is a short synthetic file of the same shape; the comment names the
+public repository (and path or thread) that showed the class."""
+
+from __future__ import annotations
+
+from packaging.version import Version
+
+from loraflow.frontends import from_command, from_files
+
+CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2"),
+           "deepspeed": Version("0.19.8"), "trl": Version("0.29.0"), "accelerate": Version("1.15.0")}
+
+
+def _write(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# huggingface/accelerate examples/config_yaml_templates/fp8.yaml (`mixed_precision: "fp8"` with an fp8_config):
+# accelerate runs fp8 layers inside a bf16 autocast and hands DeepSpeed/FSDP bf16; check read the file as fp32.
+def test_fp8_mixed_precision_reads_as_bf16_autocast(tmp_path):
+    single = _write(tmp_path, "fp8.yaml", 'distributed_type: "NO"\nmixed_precision: "fp8"\nfp8_config:\n'
+                    "  backend: TE\n  fp8_format: E4M3\n")
+    r = from_files("accelerate", [single], CURRENT)
+    assert r.setup.precision == "bf16-mixed"
+    assert any("fp8" in n and "bf16" in n for n in r.notes)
+    zero3 = _write(tmp_path, "z3.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n"
+                   "mixed_precision: fp8\nnum_processes: 2\n")
+    assert from_files("accelerate", [zero3], CURRENT).setup.precision == "bf16-mixed"
+    # beside a launch line whose script sets no --bf16: the Trainer takes accelerate's mixed precision
+    line = ["accelerate", "launch", "--config_file", zero3, "trl/scripts/sft.py", "--model_name_or_path", "m",
+            "--use_peft", "--bf16", "false"]
+    assert from_command(line, CURRENT).setup.precision == "bf16-mixed"
+
+
+# huggingface/accelerate pull 2460 (a config with top-level `dynamo_backend: INDUCTOR`) and older configs with
+# `fp16: true`: accelerate converts both spellings (commands/config/config_args.py process_config); check listed them
+# as keys it did not understand and read no mixed precision from `fp16: true`.
+def test_older_top_level_spellings_are_converted_as_accelerate_does(tmp_path):
+    path = _write(tmp_path, "old.yaml", "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\n"
+                  "dynamo_backend: INDUCTOR\nfp16: true\nnum_processes: 2\n")
+    r = from_files("accelerate", [path], CURRENT)
+    assert not [u for u in r.unknown if "dynamo_backend" in u or ": fp16" in u]
+    assert r.setup.precision == "fp16-mixed"
+
+
+# a mistyped top-level key (seen in accelerate issue threads as `mixed_precison`): accelerate launch stops with
+# "had unknown keys"; check only listed the key as not understood.
+def test_unknown_top_level_key_says_accelerate_refuses_the_file(tmp_path):
+    path = _write(tmp_path, "typo.yaml", "distributed_type: MULTI_GPU\nmixed_precison: bf16\nnum_processes: 2\n")
+    r = from_files("accelerate", [path], CURRENT)
+    assert f"{path}: mixed_precison" in r.unknown
+    assert any("mixed_precison" in n and "refuses" in n for n in r.notes)
+
+
+# deepspeedai/DeepSpeed issue 1543 (an NVMe config with an `aio` block inside zero_optimization; issue 2721 shows the
+# same file stopping with "validation error for DeepSpeedZeroConfig aio extra fields not permitted"): the ZeRO section
+# forbids keys it lacks since DeepSpeed 0.7.0, so the file is refused; check listed the key as merely not understood.
+def test_unknown_zero_optimization_key_is_a_refusal_since_deepspeed_0_7(tmp_path):
+    path = _write(tmp_path, "nvme.json", '{"train_batch_size": 16, "fp16": {"enabled": true}, "zero_optimization": '
+                  '{"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme"}, "aio": {"block_size": '
+                  '1048576}}}')
+    unknown = from_files("deepspeed", [path], CURRENT).unknown
+    assert any("zero_optimization.aio" in u and "refuses" in u and "top-level" in u for u in unknown)
+    old = from_files("deepspeed", [path], {**CURRENT, "deepspeed": Version("0.5.10")}).unknown
+    assert any("zero_optimization.aio" in u and "refuses" not in u for u in old)
