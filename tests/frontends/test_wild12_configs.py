@@ -66,3 +66,25 @@ def test_unknown_zero_optimization_key_is_a_refusal_since_deepspeed_0_7(tmp_path
     assert any("zero_optimization.aio" in u and "refuses" in u and "top-level" in u for u in unknown)
     old = from_files("deepspeed", [path], {**CURRENT, "deepspeed": Version("0.5.10")}).unknown
     assert any("zero_optimization.aio" in u and "refuses" not in u for u in old)
+
+
+# huggingface/accelerate pull 941 (an accelerate config naming deepspeed_config_file and also zero_stage, offload
+# devices and mixed_precision; yuvalkirstain/PickScore issue 2 shows the error): accelerate >= 0.16.0 stops when the
+# DeepSpeed plugin is built, because the JSON owns those settings. check read the run as valid.
+def test_settings_beside_deepspeed_config_file_are_refused(tmp_path):
+    _write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}}')
+    body = "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  deepspeed_config_file: {ds}\n{extra}"
+    clash = _write(tmp_path, "clash.yaml", body.format(ds=tmp_path / "ds.json", extra="  zero_stage: 3\n"
+                                                       "  zero3_init_flag: true\nmixed_precision: bf16\n"))
+    unknown = from_files("accelerate", [clash], CURRENT).unknown
+    refusal = [u for u in unknown if "will be ignored" in u]
+    assert refusal and "zero_stage" in refusal[0] and "mixed_precision" in refusal[0]
+    assert "zero3_init_flag" not in refusal[0]  # the JSON does not own it: accelerate lets it through
+    clean = _write(tmp_path, "clean.yaml", body.format(ds=tmp_path / "ds.json", extra="  zero3_init_flag: true\n"))
+    assert not [u for u in from_files("accelerate", [clean], CURRENT).unknown if "will be ignored" in u]
+    before = from_files("accelerate", [clash], {**CURRENT, "accelerate": Version("0.15.0")}).unknown
+    assert not [u for u in before if "will be ignored" in u]
+    # mixed precision given as a launch flag is not the config file's: allowed beside the JSON
+    line = ["accelerate", "launch", "--config_file", clean, "--mixed_precision", "bf16", "train.py", "--output_dir",
+            "o", "--model_name_or_path", "m", "--bf16"]
+    assert not [u for u in from_command(line, CURRENT).unknown if "will be ignored" in u]

@@ -16,6 +16,7 @@ from loraflow.frontends.common import (
     STAGE_IN_NAME,
     Draft,
     as_bool,
+    at_least,
     int_value,
     load_mapping,
     mapping_value,
@@ -169,6 +170,10 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         if any(d not in (None, "none") for d in devices):
             draft.set("offload", True, f"{label or 'accelerate launch'}: offload_*_device")
         out["deepspeed_config_file"] = flag("deepspeed_config_file") or ds.get("deepspeed_config_file")
+        out["ds_fields_from_config"] = _ds_fields(ds, config, flag)
+        if out["deepspeed_config_file"]:
+            refuse_ds_fields(draft, out["ds_fields_from_config"], label, f"deepspeed_config_file "
+                             f"{out['deepspeed_config_file']}")
         save16 = flag("zero3_save_16bit_model") or ds.get("zero3_save_16bit_model")
         out["zero3_save_16bit_model"] = None if save16 is None else as_bool(save16, "zero3_save_16bit_model")
     elif flag("use_fsdp") or dtype == "FSDP":
@@ -200,6 +205,36 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         if machines > 1:
             cmd.world_source += f" (over {machines} machines)"
     return out
+
+
+# What accelerate refuses beside a DeepSpeed JSON: the settings the JSON owns, when the accelerate config file sets them
+# (accelerate utils/dataclasses.py DeepSpeedPlugin._deepspeed_config_checks, PR #941, accelerate 0.16.0; launch.py
+# passes the config's deepspeed_config keys, and mixed_precision when it comes from the file, not from the flag).
+_OWNED_BY_JSON = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+                  "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path",
+                  "zero3_save_16bit_model", "mixed_precision")
+
+
+def _ds_fields(ds: dict[str, Any], config: dict[str, Any], flag) -> list[str]:
+    """The accelerate config's settings that a DeepSpeed JSON (its deepspeed_config_file, or the HF Trainer's
+    --deepspeed) would clash with."""
+    fields = [str(k) for k in ds if str(k).lower() in _OWNED_BY_JSON]
+    if config.get("mixed_precision") is not None and not flag("mixed_precision"):
+        fields.append("mixed_precision")
+    return fields
+
+
+def refuse_ds_fields(draft: Draft, fields: list[str], label: str, json_from: str) -> None:
+    """A DeepSpeed JSON beside an accelerate config that also sets what the JSON owns: accelerate >= 0.16.0 stops
+    when the plugin is built ("When using `deepspeed_config_file`, the following accelerate config variables will be
+    ignored"). `json_from`: where the JSON comes from (the config's deepspeed_config_file, or the script's --deepspeed,
+    which the HF Trainer hands to the same plugin)."""
+    if not fields or not at_least(draft, "accelerate", "0.16.0"):
+        return
+    draft.unknown.append(f"{label}: {', '.join(fields)} beside {json_from}: accelerate refuses the run (\"When using "
+                         "`deepspeed_config_file`, the following accelerate config variables will be ignored\", "
+                         "DeepSpeedPlugin._deepspeed_config_checks); remove them from the accelerate config and set "
+                         "them in the DeepSpeed JSON")
 
 
 def _process_config(draft: Draft, config: dict[str, Any], label: str) -> dict[str, Any]:
