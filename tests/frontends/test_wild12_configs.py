@@ -88,3 +88,26 @@ def test_settings_beside_deepspeed_config_file_are_refused(tmp_path):
     line = ["accelerate", "launch", "--config_file", clean, "--mixed_precision", "bf16", "train.py", "--output_dir",
             "o", "--model_name_or_path", "m", "--bf16"]
     assert not [u for u in from_command(line, CURRENT).unknown if "will be ignored" in u]
+
+
+# an accelerate FSDP config with fsdp_activation_checkpointing: true given alone (an OLMo fine-tuning guide's
+# accelerate_fsdp_config.yaml; trl docs' context-parallel config): accelerate checkpoints through torch's
+# checkpoint_wrapper, which leaves the KV cache to the script. check read use_cache as on and gave a definite finding.
+def test_config_alone_with_fsdp_activation_checkpointing_asks_about_use_cache(tmp_path):
+    path = _write(tmp_path, "ac.yaml", "distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf16\nfsdp_config:\n"
+                  "  fsdp_activation_checkpointing: true\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                  "  fsdp_use_orig_params: true\n")
+    r = from_files("accelerate", [path], CURRENT)
+    assert "use_cache" in r.unsure
+
+
+# the same config beside a TRL launch with --gradient_checkpointing (huggingface/peft issue 2111 shows the Trainer's
+# warning for the pair): the Trainer raises ValueError before the first step; check only noted it and exited 0.
+def test_trainer_gradient_checkpointing_beside_fsdp_activation_checkpointing_is_refused(tmp_path):
+    path = _write(tmp_path, "ac.yaml", "distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf16\nfsdp_config:\n"
+                  "  fsdp_activation_checkpointing: true\n  fsdp_version: 2\n")
+    line = ["accelerate", "launch", "--config_file", path, "trl/scripts/sft.py", "--model_name_or_path", "m",
+            "--use_peft", "--gradient_checkpointing"]
+    assert any("can't be set to True simultaneously" in u for u in from_command(line, CURRENT).unknown)
+    off = [a for a in line if a != "--gradient_checkpointing"] + ["--gradient_checkpointing", "false"]
+    assert not [u for u in from_command(off, CURRENT).unknown if "simultaneously" in u]
