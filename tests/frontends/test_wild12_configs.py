@@ -111,3 +111,19 @@ def test_trainer_gradient_checkpointing_beside_fsdp_activation_checkpointing_is_
     assert any("can't be set to True simultaneously" in u for u in from_command(line, CURRENT).unknown)
     off = [a for a in line if a != "--gradient_checkpointing"] + ["--gradient_checkpointing", "false"]
     assert not [u for u in from_command(off, CURRENT).unknown if "simultaneously" in u]
+
+
+# huggingface/accelerate examples/deepspeed_config_templates/zero_stage3_offload_config.json (`"fp16": {"enabled":
+# true}`) under a Trainer run with --bf16, and hiyouga/LlamaFactory issue 3224 ("ds bf16.enabled=True vs hf
+# bf16|bf16_full_eval=False"): transformers refuses an explicit enabled value that differs from the Trainer's flag.
+# check read the JSON's dtype and went on.
+def test_explicit_dtype_in_deepspeed_json_must_match_the_trainer(tmp_path):
+    ds = _write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 3}, "fp16": {"enabled": true}, '
+                '"bf16": {"enabled": false}}')
+    line = ["deepspeed", "--num_gpus", "2", "train.py", "--model_name_or_path", "m", "--output_dir", "o",
+            "--deepspeed", ds]
+    refused = [u for u in from_command(line + ["--bf16"], CURRENT).unknown if "transformers refuses" in u]
+    assert len(refused) == 2 and {u.split(": ")[1].split(" ")[0] for u in refused} == {"fp16.enabled", "bf16.enabled"}
+    assert not [u for u in from_command(line + ["--fp16"], CURRENT).unknown if "transformers refuses" in u]
+    auto = _write(tmp_path, "auto.json", '{"zero_optimization": {"stage": 3}, "fp16": {"enabled": "auto"}}')
+    assert not [u for u in from_command(line[:-1] + [auto, "--bf16"], CURRENT).unknown if "refuses" in u]

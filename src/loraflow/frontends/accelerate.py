@@ -117,7 +117,7 @@ def _deepspeed(draft: Draft, acc: dict[str, Any], ds_files: list[str], bases: li
         ds = deepspeed.read(ref, "deepspeed_config_file", tuple(bases))
         info = deepspeed.apply(draft, ds)
         deepspeed.resolve_precision(draft, info, ds.label, acc.get("mixed_precision") == "bf16",
-                                    acc.get("mixed_precision") == "fp16", "mixed_precision")
+                                    acc.get("mixed_precision") == "fp16", "mixed_precision", trainer=False)
         gather = deepspeed.gather_on_save(draft, info)
         draft.set("adapter_save_gather", gather, f"{ds.label}: {info['gather_key']}")
     elif draft.get("engine") == "deepspeed" and acc.get("zero3_save_16bit_model") is not None:

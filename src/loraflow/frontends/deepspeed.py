@@ -302,8 +302,12 @@ def gather_on_save(draft: Draft, info: dict[str, Any]) -> bool:
 
 
 def resolve_precision(draft: Draft, info: dict[str, Any], label: str, hf_bf16: bool | None, hf_fp16: bool | None,
-                      hf_source: str) -> None:
-    """DeepSpeed bf16/fp16 sections decide; "auto" takes the HF flag (transformers fill_match)."""
+                      hf_source: str, trainer: bool = True) -> None:
+    """DeepSpeed bf16/fp16 sections decide; "auto" takes the HF flag (transformers fill_match). `trainer`: the HF
+    Trainer hands the file to DeepSpeed (every caller but an accelerate config read alone), and refuses an explicit
+    value that differs from its own flag."""
+    if trainer:
+        _trainer_mismatch(draft, info, label, {"bf16": hf_bf16, "fp16": hf_fp16}, hf_source)
     bf16 = hf_bf16 if info["bf16"] == "auto" else info["bf16"]
     fp16 = hf_fp16 if info["fp16"] == "auto" else info["fp16"]
     if info["bf16"] is True or info["fp16"] is True:
@@ -311,6 +315,25 @@ def resolve_precision(draft: Draft, info: dict[str, Any], label: str, hf_bf16: b
         draft.set("precision", f"{key}-mixed", f"{label}: {key}.enabled (DeepSpeed keeps fp32 master weights)")
     elif bf16 or fp16:
         draft.set("precision", "bf16-mixed" if bf16 else "fp16-mixed", f"{hf_source} (fills \"auto\" in {label})")
+
+
+def _trainer_mismatch(draft: Draft, info: dict[str, Any], label: str, hf: dict[str, bool | None], source: str) -> None:
+    """transformers HfTrainerDeepSpeedConfig.trainer_config_process fills "auto" from --bf16/--fp16 and, for an
+    explicit true/false, records a mismatch with the Trainer's own value; trainer_config_finalize then raises ("Please
+    correct the following DeepSpeed config values that mismatch TrainingArguments values"). The section is looked up
+    by its exact name (integrations/deepspeed.py fill_match: `bf16.enabled`, `fp16.enabled`)."""
+    cfg = info.get("config") or {}
+    for key, ours in hf.items():
+        section = cfg.get(key)
+        value = section.get("enabled") if isinstance(section, dict) else None
+        if ours is None or value is None or value == "auto":
+            continue
+        theirs = as_bool(value, f"{label}: {key}.enabled")
+        if theirs != bool(ours):
+            draft.unknown.append(f"{label}: {key}.enabled {str(theirs).lower()} while the Trainer's {key} is "
+                                 f"{str(bool(ours)).lower()} ({source or 'its default'}): transformers refuses the run "
+                                 f"(\"ds {key}.enabled={theirs} vs hf {key}|{key}_full_eval={bool(ours)}\"); set "
+                                 f"{key}.enabled to \"auto\" or change --{key}")
 
 
 def _world_from_batch(draft: Draft, cfg: dict[str, Any], label: str) -> None:
