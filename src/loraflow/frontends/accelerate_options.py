@@ -170,7 +170,8 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         if any(d not in (None, "none") for d in devices):
             draft.set("offload", True, f"{label or 'accelerate launch'}: offload_*_device")
         out["deepspeed_config_file"] = flag("deepspeed_config_file") or ds.get("deepspeed_config_file")
-        out["ds_fields_from_config"] = _ds_fields(ds, config, flag)
+        out["ds_fields_from_config"] = _ds_fields(ds, config, flag)  # a script's --deepspeed JSON meets them too
+        out["config_label"] = label
         if out["deepspeed_config_file"]:
             refuse_ds_fields(draft, out["ds_fields_from_config"], label, f"deepspeed_config_file "
                              f"{out['deepspeed_config_file']}")
