@@ -127,3 +127,14 @@ def test_explicit_dtype_in_deepspeed_json_must_match_the_trainer(tmp_path):
     assert not [u for u in from_command(line + ["--fp16"], CURRENT).unknown if "transformers refuses" in u]
     auto = _write(tmp_path, "auto.json", '{"zero_optimization": {"stage": 3}, "fp16": {"enabled": "auto"}}')
     assert not [u for u in from_command(line[:-1] + [auto, "--bf16"], CURRENT).unknown if "refuses" in u]
+
+
+# OpenRLHF/OpenRLHF issue 63 and deepspeedai/DeepSpeed issue 3827 (ZeRO++ keys zero_hpz_partition_size,
+# zero_quantized_weights, zero_quantized_gradients on DeepSpeed 0.9.5: "extra fields not permitted"): a release older
+# than the key refuses the file; check knew the keys from newer releases and said nothing.
+def test_zero_plus_plus_keys_are_refused_before_deepspeed_0_10(tmp_path):
+    path = _write(tmp_path, "zpp.json", '{"bf16": {"enabled": true}, "zero_optimization": {"stage": 3, '
+                  '"zero_hpz_partition_size": 8, "zero_quantized_weights": true}}')
+    old = from_files("deepspeed", [path], {**CURRENT, "deepspeed": Version("0.9.5")}).unknown
+    assert len([u for u in old if "refuses" in u]) == 2
+    assert not [u for u in from_files("deepspeed", [path], CURRENT).unknown if "zero_hpz" in u]

@@ -232,12 +232,19 @@ def _offload_device(draft: Draft, zero: dict[str, Any], key: str, label: str) ->
     return device
 
 
+# zero_optimization keys younger than the pydantic section: a release before them refuses the file like any unknown
+# key. ZeRO++ (hpZ, qwZ, qgZ) arrived after 0.9.5 (deepspeedai/DeepSpeed issue 3827: 0.9.5 refuses them).
+_ZERO_SINCE = {"zero_hpz_partition_size": "0.10.0", "zero_quantized_weights": "0.10.0",
+               "zero_quantized_gradients": "0.10.0"}
+
+
 def _zero_keys(draft: Draft, zero: dict[str, Any], label: str) -> None:
     """zero_optimization keys DeepSpeed does not have. Unlike the top level (read key by key, the rest ignored), the
     section is a pydantic model that forbids extra keys since DeepSpeed 0.7.0 (PR #2004, runtime/config_utils.py
     DeepSpeedConfigModel extra="forbid"): deepspeed.initialize stops with "validation error for DeepSpeedZeroConfig"
     (a key from another section, such as `aio` placed inside it, is the usual case)."""
-    strange = [str(k) for k in zero if k not in keys.DEEPSPEED_ZERO]
+    strange = [str(k) for k in zero if k not in keys.DEEPSPEED_ZERO or (
+        k in _ZERO_SINCE and not at_least(draft, "deepspeed", _ZERO_SINCE[k]))]
     if not strange:
         return
     refused = at_least(draft, "deepspeed", "0.7.0")
