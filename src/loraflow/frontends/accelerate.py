@@ -42,6 +42,11 @@ _QUANTIZATION = ({None: "the base is not quantized", "4bit": "the script loads a
                  "whether the script quantizes the base is in its code")
 _STORAGE = ({True: "bnb_4bit_quant_storage is the dtype the engine shards", False: "bnb_4bit_quant_storage is left "
              "unset (packed uint8)"}, "the 4-bit storage dtype is the script's BitsAndBytesConfig")
+# Only where the config itself checkpoints through torch's checkpoint_wrapper (fsdp_activation_checkpointing): the KV
+# cache is then the script's to turn off (TRL passes use_cache=False; a plain script keeps the model config's True).
+_USE_CACHE = ({True: "the script leaves use_cache on (the model config's default)", False: "the script trains with "
+               "use_cache=False (TRL's trainers pass it)"}, "whether the training forward builds a KV cache is the "
+              "script's (model.config.use_cache)")
 _ADAPTER_DTYPE = ({False: "adapters are stored in the base's dtype", True: "float32 adapters beside a bf16/fp16 base "
                    "(the script loads the base in half precision; peft >= 0.12 keeps adapters in float32)"},
                   "the dtype the script loads the model in")
@@ -61,6 +66,8 @@ def _script_choices(draft: Draft, mp: str | None) -> None:
     choices = {"adapter": _ADAPTER, "checkpointing": _CHECKPOINTING, "reentrant": _REENTRANT}
     if sharded:
         choices.update(quantization=_QUANTIZATION, quant_storage_matches=_STORAGE)
+    if draft.get("checkpoint_impl") == "torch-wrapper":
+        choices["use_cache"] = _USE_CACHE
     if mp in ("bf16", "fp16"):
         choices["precision"] = _load_dtype(mp)
         if flat:
@@ -110,7 +117,7 @@ def _deepspeed(draft: Draft, acc: dict[str, Any], ds_files: list[str], bases: li
         ds = deepspeed.read(ref, "deepspeed_config_file", tuple(bases))
         info = deepspeed.apply(draft, ds)
         deepspeed.resolve_precision(draft, info, ds.label, acc.get("mixed_precision") == "bf16",
-                                    acc.get("mixed_precision") == "fp16", "mixed_precision")
+                                    acc.get("mixed_precision") == "fp16", "mixed_precision", trainer=False)
         gather = deepspeed.gather_on_save(draft, info)
         draft.set("adapter_save_gather", gather, f"{ds.label}: {info['gather_key']}")
     elif draft.get("engine") == "deepspeed" and acc.get("zero3_save_16bit_model") is not None:

@@ -16,6 +16,7 @@ from loraflow.frontends.common import (
     STAGE_IN_NAME,
     Draft,
     as_bool,
+    at_least,
     int_value,
     load_mapping,
     mapping_value,
@@ -136,9 +137,7 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
     name = cmd.launcher_value("config_file")
     if name:
         config, label = read_accelerate_config(name, "--config_file", bases)
-        for key in config:
-            if key not in keys.ACCELERATE_TOP:
-                draft.unknown.append(f"{label}: {key}")
+        config = _process_config(draft, config, label)
     elif cmd.launcher == "accelerate" and not any(cmd.launcher_value(f) for f in _ENGINE_FLAGS):
         config, label = _default_config(draft, cmd)
     flag = cmd.launcher_value
@@ -171,6 +170,11 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         if any(d not in (None, "none") for d in devices):
             draft.set("offload", True, f"{label or 'accelerate launch'}: offload_*_device")
         out["deepspeed_config_file"] = flag("deepspeed_config_file") or ds.get("deepspeed_config_file")
+        out["ds_fields_from_config"] = _ds_fields(ds, config, flag)  # a script's --deepspeed JSON meets them too
+        out["config_label"] = label
+        if out["deepspeed_config_file"]:
+            refuse_ds_fields(draft, out["ds_fields_from_config"], label, f"deepspeed_config_file "
+                             f"{out['deepspeed_config_file']}")
         save16 = flag("zero3_save_16bit_model") or ds.get("zero3_save_16bit_model")
         out["zero3_save_16bit_model"] = None if save16 is None else as_bool(save16, "zero3_save_16bit_model")
     elif flag("use_fsdp") or dtype == "FSDP":
@@ -192,7 +196,8 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         draft.set("sequence_parallel", True, f"{label}: parallelism_config_cp_size {cp} (context parallelism)")
     mp = flag("mixed_precision") or config.get("mixed_precision")
     if mp not in (None, "no"):
-        out["mixed_precision"] = str(mp)
+        out["mixed_precision"] = _autocast_dtype(draft, str(mp), "--mixed_precision" if flag("mixed_precision")
+                                                 else f"{label}: mixed_precision")
     procs = config.get("num_processes")
     if cmd.world_size is None and procs:
         machines = int_value(config.get("num_machines") or 1, f"{label}: num_machines", "a number of machines")
@@ -201,6 +206,70 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         if machines > 1:
             cmd.world_source += f" (over {machines} machines)"
     return out
+
+
+# What accelerate refuses beside a DeepSpeed JSON: the settings the JSON owns, when the accelerate config file sets them
+# (accelerate utils/dataclasses.py DeepSpeedPlugin._deepspeed_config_checks, PR #941, accelerate 0.16.0; launch.py
+# passes the config's deepspeed_config keys, and mixed_precision when it comes from the file, not from the flag).
+_OWNED_BY_JSON = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+                  "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path",
+                  "zero3_save_16bit_model", "mixed_precision")
+
+
+def _ds_fields(ds: dict[str, Any], config: dict[str, Any], flag) -> list[str]:
+    """The accelerate config's settings that a DeepSpeed JSON (its deepspeed_config_file, or the HF Trainer's
+    --deepspeed) would clash with."""
+    fields = [str(k) for k in ds if str(k).lower() in _OWNED_BY_JSON]
+    if config.get("mixed_precision") is not None and not flag("mixed_precision"):
+        fields.append("mixed_precision")
+    return fields
+
+
+def refuse_ds_fields(draft: Draft, fields: list[str], label: str, json_from: str) -> None:
+    """A DeepSpeed JSON beside an accelerate config that also sets what the JSON owns: accelerate >= 0.16.0 stops
+    when the plugin is built ("When using `deepspeed_config_file`, the following accelerate config variables will be
+    ignored"). `json_from`: where the JSON comes from (the config's deepspeed_config_file, or the script's --deepspeed,
+    which the HF Trainer hands to the same plugin)."""
+    if not fields or not at_least(draft, "accelerate", "0.16.0"):
+        return
+    draft.unknown.append(f"{label}: {', '.join(fields)} beside {json_from}: accelerate refuses the run (\"When using "
+                         "`deepspeed_config_file`, the following accelerate config variables will be ignored\", "
+                         "DeepSpeedPlugin._deepspeed_config_checks); remove them from the accelerate config and set "
+                         "them in the DeepSpeed JSON")
+
+
+def _process_config(draft: Draft, config: dict[str, Any], label: str) -> dict[str, Any]:
+    """The file as `accelerate launch` loads it (commands/config/config_args.py BaseConfig.process_config, then
+    from_yaml_file): the older top-level spellings converted - `fp16: true` is mixed_precision fp16 when that key is
+    absent, `dynamo_backend: X` is dynamo_config - and any other key the config dataclass lacks refused."""
+    config = dict(config)
+    if "fp16" in config:
+        legacy = config.pop("fp16")
+        if "mixed_precision" not in config and legacy is not None and as_bool(legacy, f"{label}: fp16"):
+            config["mixed_precision"] = "fp16"
+            draft.note(f"{label}: fp16: true is the older spelling of mixed_precision: fp16 (accelerate converts it)")
+    if "dynamo_backend" in config:
+        backend = config.pop("dynamo_backend")
+        config.setdefault("dynamo_config", {} if str(backend).upper() == "NO" else {"dynamo_backend": backend})
+    strange = [str(key) for key in config if key not in keys.ACCELERATE_TOP]
+    draft.unknown.extend(f"{label}: {key}" for key in strange)
+    if strange:
+        draft.note(f"{label}: accelerate launch refuses a config file with top-level keys its config dataclass lacks "
+                   f"(\"had unknown keys\"): {', '.join(strange)}; remove them, or upgrade accelerate where one is a "
+                   "newer key")
+    return config
+
+
+def _autocast_dtype(draft: Draft, mp: str, where: str) -> str:
+    """mixed_precision as the engines see it. fp8 runs its fp8 layers (Transformer Engine, torchao or MS-AMP) inside
+    a bf16 autocast, and the DeepSpeed and FSDP plugins read it as bf16 (accelerate utils/modeling.py
+    get_mixed_precision_context_manager; utils/dataclasses.py DeepSpeedPlugin.set_mixed_precision, "bf16.enabled":
+    mixed_precision in ("bf16", "fp8")): what composes with the memory savers is the bf16 part."""
+    if mp.lower() != "fp8":
+        return mp
+    draft.note(f"{where} fp8: read as bf16 mixed precision (accelerate autocasts to bf16 around the fp8 layers and "
+               "gives DeepSpeed/FSDP bf16); the fp8 layer conversion itself is not modelled")
+    return "bf16"
 
 
 def apply_fsdp_options(draft: Draft, options: dict[str, Any], label: str, flag=lambda *a: None) -> None:

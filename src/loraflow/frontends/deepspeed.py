@@ -232,6 +232,31 @@ def _offload_device(draft: Draft, zero: dict[str, Any], key: str, label: str) ->
     return device
 
 
+# zero_optimization keys younger than the pydantic section: a release before them refuses the file like any unknown
+# key. ZeRO++ (hpZ, qwZ, qgZ) arrived after 0.9.5 (deepspeedai/DeepSpeed issue 3827: 0.9.5 refuses them).
+_ZERO_SINCE = {"zero_hpz_partition_size": "0.10.0", "zero_quantized_weights": "0.10.0",
+               "zero_quantized_gradients": "0.10.0"}
+
+
+def _zero_keys(draft: Draft, zero: dict[str, Any], label: str) -> None:
+    """zero_optimization keys DeepSpeed does not have. Unlike the top level (read key by key, the rest ignored), the
+    section is a pydantic model that forbids extra keys since DeepSpeed 0.7.0 (PR #2004, runtime/config_utils.py
+    DeepSpeedConfigModel extra="forbid"): deepspeed.initialize stops with "validation error for DeepSpeedZeroConfig"
+    (a key from another section, such as `aio` placed inside it, is the usual case)."""
+    strange = [str(k) for k in zero if k not in keys.DEEPSPEED_ZERO or (
+        k in _ZERO_SINCE and not at_least(draft, "deepspeed", _ZERO_SINCE[k]))]
+    if not strange:
+        return
+    refused = at_least(draft, "deepspeed", "0.7.0")
+    for key in strange:
+        said = f"{label}: zero_optimization.{key}"
+        if refused:
+            said += (": DeepSpeed refuses the file (DeepSpeedZeroConfig forbids keys it lacks: \"extra fields not "
+                     "permitted\"); " + ("it is a top-level section: move it out of zero_optimization"
+                                          if key in keys.DEEPSPEED_TOP else "remove it"))
+        draft.unknown.append(said)
+
+
 def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
     """Set engine, zero_stage, offload and (when explicit) precision; list keys DeepSpeed would not know.
     Returns {"bf16", "fp16": True/False/"auto"/None, "gather": bool, "hybrid_engine": bool}."""
@@ -243,9 +268,7 @@ def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
             draft.unknown.append(f"{label}: {key}")
             _misspelled(draft, str(key), label)
     zero = mapping_value(cfg.get("zero_optimization"), f"{label}: zero_optimization")
-    for key in zero:
-        if key not in keys.DEEPSPEED_ZERO:
-            draft.unknown.append(f"{label}: zero_optimization.{key}")
+    _zero_keys(draft, zero, label)
     draft.set("engine", "deepspeed", label)
     stage = zero.get("stage", 0)  # DeepSpeedZeroConfig.stage defaults to 0 (deepspeed/runtime/zero/config.py)
     where = f"{label}: zero_optimization.stage"
@@ -286,8 +309,12 @@ def gather_on_save(draft: Draft, info: dict[str, Any]) -> bool:
 
 
 def resolve_precision(draft: Draft, info: dict[str, Any], label: str, hf_bf16: bool | None, hf_fp16: bool | None,
-                      hf_source: str) -> None:
-    """DeepSpeed bf16/fp16 sections decide; "auto" takes the HF flag (transformers fill_match)."""
+                      hf_source: str, trainer: bool = True) -> None:
+    """DeepSpeed bf16/fp16 sections decide; "auto" takes the HF flag (transformers fill_match). `trainer`: the HF
+    Trainer hands the file to DeepSpeed (every caller but an accelerate config read alone), and refuses an explicit
+    value that differs from its own flag."""
+    if trainer:
+        _trainer_mismatch(draft, info, label, {"bf16": hf_bf16, "fp16": hf_fp16}, hf_source)
     bf16 = hf_bf16 if info["bf16"] == "auto" else info["bf16"]
     fp16 = hf_fp16 if info["fp16"] == "auto" else info["fp16"]
     if info["bf16"] is True or info["fp16"] is True:
@@ -295,6 +322,25 @@ def resolve_precision(draft: Draft, info: dict[str, Any], label: str, hf_bf16: b
         draft.set("precision", f"{key}-mixed", f"{label}: {key}.enabled (DeepSpeed keeps fp32 master weights)")
     elif bf16 or fp16:
         draft.set("precision", "bf16-mixed" if bf16 else "fp16-mixed", f"{hf_source} (fills \"auto\" in {label})")
+
+
+def _trainer_mismatch(draft: Draft, info: dict[str, Any], label: str, hf: dict[str, bool | None], source: str) -> None:
+    """transformers HfTrainerDeepSpeedConfig.trainer_config_process fills "auto" from --bf16/--fp16 and, for an
+    explicit true/false, records a mismatch with the Trainer's own value; trainer_config_finalize then raises ("Please
+    correct the following DeepSpeed config values that mismatch TrainingArguments values"). The section is looked up
+    by its exact name (integrations/deepspeed.py fill_match: `bf16.enabled`, `fp16.enabled`)."""
+    cfg = info.get("config") or {}
+    for key, ours in hf.items():
+        section = cfg.get(key)
+        value = section.get("enabled") if isinstance(section, dict) else None
+        if ours is None or value is None or value == "auto":
+            continue
+        theirs = as_bool(value, f"{label}: {key}.enabled")
+        if theirs != bool(ours):
+            draft.unknown.append(f"{label}: {key}.enabled {str(theirs).lower()} while the Trainer's {key} is "
+                                 f"{str(bool(ours)).lower()} ({source or 'its default'}): transformers refuses the run "
+                                 f"(\"ds {key}.enabled={theirs} vs hf {key}|{key}_full_eval={bool(ours)}\"); set "
+                                 f"{key}.enabled to \"auto\" or change --{key}")
 
 
 def _world_from_batch(draft: Draft, cfg: dict[str, Any], label: str) -> None:

@@ -33,8 +33,12 @@ def checkpointing(draft: Draft, run: Run) -> tuple[bool, str, str]:
         gc_src = f"default ({run.who} " + ("trl/trainer/base_config.py: gradient_checkpointing true since TRL 0.22)"
                                            if trl else "TrainingArguments: false)")
     if gc and draft.get("checkpoint_impl") == "torch-wrapper":
-        draft.note("both the Trainer's gradient_checkpointing and FSDP activation_checkpointing are on; transformers "
-                   "refuses that combination")
+        # transformers trainer.py create_accelerator_and_postprocess raises ValueError (since PR #25771 brought FSDP
+        # activation checkpointing to the Trainer): the run stops before its first step.
+        draft.unknown.append(f"{gc_src} with FSDP activation_checkpointing ({draft.sources.get('checkpointing', '')}): "
+                             "the Trainer refuses both (\"activation_checkpointing in FSDP config and the "
+                             "gradient_checkpointing in training arg can't be set to True simultaneously\"); keep "
+                             f"FSDP's and set {gc_name} false")
     if not gc:
         return gc, gc_name, kw_name
     kwargs = kwargs_of(opts.get(kw_name))
