@@ -91,3 +91,26 @@ def test_a_set_x_traced_launch_is_read():
     assert _setups("+ " + _ONE_LINE + _TAIL) == _setups(_ONE_LINE + _TAIL)
     # A module no frontend recognises is passed over, and a later launch line is still read.
     assert _setups("python -m pip install -U deepspeed\n" + _ONE_LINE + _TAIL) == _setups(_ONE_LINE + _TAIL)
+
+
+# OpenRLHF's and verl's drivers end on Ray's wrapper of the remote failure (OpenRLHF/OpenRLHF#862 and #813:
+# `ray.exceptions.RayTaskError(ActorDiedError): ray::ActorModelRayActor.fit() (pid=...)`), whose class names the
+# cause in parentheses (ray/exceptions.py, RayTaskError.as_instanceof_cause).
+_RAY_DRIVER = """\
+ray job submit --address=http://127.0.0.1:8265 -- python3 -m openrlhf.cli.train_ppo_ray --zero_stage 3 \
+--lora_rank 64 --vllm_num_engines 2 --colocate_all_models --gradient_checkpointing --bf16
+Traceback (most recent call last):
+  File "/w/openrlhf/cli/train_ppo_ray.py", line 181, in train
+    ray.get(refs)
+  File "/py/ray/_private/worker.py", line 861, in get_objects
+    raise value.as_instanceof_cause()
+ray.exceptions.RayTaskError(KeyError): ray::ActorModelRayActor.fit() (pid=90836, ip=10.47.0.60)
+"""
+
+
+def test_rays_wrapped_remote_error_is_the_logs_error_line():
+    log = view(_RAY_DRIVER)
+    assert log.shape == "full" and log.final_error[1].startswith("ray.exceptions.RayTaskError(KeyError)")
+    # The launch line sets up three conflicts, but the run failed with a KeyError: a complete log whose error is no
+    # rule's message is not a log cut before its error line, so the launch alone claims nothing.
+    assert _found(_RAY_DRIVER) == []

@@ -29,9 +29,12 @@ _ENTITY = re.compile(r"&(?:#39|#x27|quot|gt|lt|amp);")
 # rich wraps a long frame: `│ /x/utils.py:825 in            │` then `│ get_only_unique_item  │` on the next line.
 _RICH_WRAPPED = re.compile(r"([\w./\\~:-]+\.py):(\d+) in\W*$")
 # An exception line: `RuntimeError: ...`, `torch.utils.checkpoint.CheckpointError: ...`, a bare `AssertionError`,
-# after any `[rank0]:` style prefix. Warnings (`UserWarning: ...`) are not errors.
-_ERROR = re.compile(r"^\W*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]*(?:Error|Exception|Interrupt)|AssertionError|"
-                    r"KeyboardInterrupt|SystemExit)(?::\s?(.*))?$")
+# after any `[rank0]:` style prefix, and Ray's wrapper of a remote failure, which names the cause's class in
+# parentheses (ray/exceptions.py, RayTaskError.as_instanceof_cause: `ray.exceptions.RayTaskError(KeyError): ray::
+# ActorModelRayActor.fit() ...`, the line OpenRLHF's and verl's drivers end on). Warnings (`UserWarning: ...`) are
+# not errors.
+_ERROR = re.compile(r"^\W*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]*(?:Error|Exception|Interrupt)(?:\([\w.]+\))?|"
+                    r"AssertionError|KeyboardInterrupt|SystemExit)(?::\s?(.*))?$")
 # What a launcher prints once a worker has failed, below the worker's own error: its own traceback (torchrun's
 # elastic agent, accelerate launch, the deepspeed runner, a CLI that runs torchrun in a subprocess) and its summary
 # error. It says that a process failed, never why: left out of the frames and errors explain reads.
