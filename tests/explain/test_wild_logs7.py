@@ -114,3 +114,22 @@ def test_rays_wrapped_remote_error_is_the_logs_error_line():
     # The launch line sets up three conflicts, but the run failed with a KeyError: a complete log whose error is no
     # rule's message is not a log cut before its error line, so the launch alone claims nothing.
     assert _found(_RAY_DRIVER) == []
+
+
+def test_wild7_decoys_claim_nothing():
+    manifest = json.loads((WILD7 / "MANIFEST.json").read_text())
+    for name, meta in manifest.items():
+        if meta["decoy"]:
+            assert _found((WILD7 / name).read_text()) == [], name
+
+
+def test_wild7_failures_are_named_or_left_unclaimed():
+    manifest = json.loads((WILD7 / "MANIFEST.json").read_text())
+    for name, meta in manifest.items():
+        if meta["decoy"]:
+            continue
+        found = _found((WILD7 / name).read_text())
+        if meta.get("evidence_in_log") is False or meta["hard"]:  # no trace, or a generic one: no wrong claim
+            assert not found or found[0][0] == meta["expected"], name
+        else:
+            assert found and found[0][0] == meta["expected"], name
