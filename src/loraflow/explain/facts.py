@@ -190,11 +190,29 @@ def read_facts(log: LogView) -> Facts:
     return facts
 
 
+# A module run with `python -m` counts whatever its name: one no frontend recognises is skipped (check_setup raises),
+# so verl's `python3 -m verl.trainer.main_ppo` and OpenRLHF's `-m openrlhf.cli.train_ppo_ray` are read alike; Ray's
+# `ray job submit ... -- python3 -m ...` is how OpenRLHF's and verl's example scripts start.
 _LAUNCH = re.compile(r"^\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(deepspeed|torchrun|accelerate\s+launch|llamafactory-cli|swift|"
-                     r"axolotl|trl|python3?\s+-m\s+(?:openrlhf|torch\.distributed)|python3?\s+\S+\.py)\s")
+                     r"axolotl|trl|ray\s+job\s+submit|python3?\s+-m\s+[\w.]+|python3?\s+\S+\.py)\s")
 
 
-_PROMPT = re.compile(r"^\s*(?:>\s?)*(?:\([\w.-]+\)\s*)?(?:[\w.@:~/-]*\$\s+|[\w.@:~/-]+#\s+)?")
+# Before the command, as pasted: a markdown quote, a conda env, a shell prompt (`(env) user@host:~$ `), and bash's
+# `set -x` trace marker (`+ python3 -m verl.trainer.main_ppo ...`: verl's and OpenRLHF's example scripts set -x).
+_PROMPT = re.compile(r"^\s*(?:>\s?)*(?:\([\w.-]+\)\s*)?(?:[\w.@:~/-]*\$\s+|[\w.@:~/-]+#\s+)?(?:\+{1,3}\s+)?")
+
+
+def _continued(log: LogView, start: int, first: str) -> str:
+    """The command that starts on line `start` (1-based) with its text `first`, joined with the lines its trailing
+    backslashes continue it on, as the shell joins them: an echoed launch script puts one flag a line
+    (`deepspeed main.py \\` / `   --zero_stage 3 \\` / ...)."""
+    parts, line, i = [], first.rstrip(), start
+    while line.endswith("\\") and i < len(log.lines):
+        parts.append(line[:-1].strip())
+        line = strip_prefix(log.lines[i]).strip()
+        i += 1
+    parts.append(line.strip())
+    return " ".join(p for p in parts if p)
 
 
 def _launch_lines(log: LogView, facts: Facts) -> None:
@@ -216,7 +234,10 @@ def _launch_lines(log: LogView, facts: Facts) -> None:
     for i, raw in enumerate(log.lines[:400], 1):
         # As pasted: after a launcher's or logger's prefix, a markdown quote, or a shell prompt (`(env) user@host:~$ `).
         line = _PROMPT.sub("", strip_prefix(raw))
-        if not _LAUNCH.match(line) or len(line) < 30:
+        if not _LAUNCH.match(line):
+            continue
+        line = _continued(log, i, line)
+        if len(line) < 30:
             continue
         try:
             argv = shlex.split(re.split(r"\s(?:&>|2>&1|>>|>|\|)(?:\s|$)", " " + line.strip() + " ")[0])

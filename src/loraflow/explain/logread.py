@@ -29,9 +29,12 @@ _ENTITY = re.compile(r"&(?:#39|#x27|quot|gt|lt|amp);")
 # rich wraps a long frame: `│ /x/utils.py:825 in            │` then `│ get_only_unique_item  │` on the next line.
 _RICH_WRAPPED = re.compile(r"([\w./\\~:-]+\.py):(\d+) in\W*$")
 # An exception line: `RuntimeError: ...`, `torch.utils.checkpoint.CheckpointError: ...`, a bare `AssertionError`,
-# after any `[rank0]:` style prefix. Warnings (`UserWarning: ...`) are not errors.
-_ERROR = re.compile(r"^\W*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]*(?:Error|Exception|Interrupt)|AssertionError|"
-                    r"KeyboardInterrupt|SystemExit)(?::\s?(.*))?$")
+# after any `[rank0]:` style prefix, and Ray's wrapper of a remote failure, which names the cause's class in
+# parentheses (ray/exceptions.py, RayTaskError.as_instanceof_cause: `ray.exceptions.RayTaskError(KeyError): ray::
+# ActorModelRayActor.fit() ...`, the line OpenRLHF's and verl's drivers end on). Warnings (`UserWarning: ...`) are
+# not errors.
+_ERROR = re.compile(r"^\W*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]*(?:Error|Exception|Interrupt)(?:\([\w.]+\))?|"
+                    r"AssertionError|KeyboardInterrupt|SystemExit)(?::\s?(.*))?$")
 # What a launcher prints once a worker has failed, below the worker's own error: its own traceback (torchrun's
 # elastic agent, accelerate launch, the deepspeed runner, a CLI that runs torchrun in a subprocess) and its summary
 # error. It says that a process failed, never why: left out of the frames and errors explain reads.
@@ -88,11 +91,17 @@ class LogView:
 
     @property
     def truncated(self) -> bool:
-        """The log stops inside a traceback: frames after the last error line, and no error line after them."""
+        """The log stops inside a traceback: frames after the last error line, and no error line after them. Not
+        where every rank prints the failure (`[rank0]: ...`, `[rank7]: ...`) and the paste stops inside one rank's
+        copy after another rank printed its error line: the failure's error line is in the log (ms-swift#1574's
+        rank0 ValueError then rank7's cut traceback; trl#2600's rank2 IndexError before rank0's)."""
         if not self.frames:
             return False
         last_frame = self.frames[-1].line_no
-        return not any(n > last_frame for n, _ in self.errors)
+        if any(n > last_frame for n, _ in self.errors):
+            return False
+        rank = _rank(self.lines[last_frame - 1])
+        return rank is None or not any(_rank(self.lines[n - 1]) not in (None, rank) for n, _ in self.errors)
 
     @property
     def one_liner(self) -> bool:
@@ -153,6 +162,15 @@ def log_versions(text: str) -> dict[str, Version]:
 # and 2.10/2.11 straddles a rule boundary, so it is left out).
 _CHECKPOINT_LINES = {1075: "2.1.0", 1116: "2.2.0", 1126: "2.3.0", 1120: "2.4.0", 1129: "2.5.0", 1128: "2.7.0",
                      1150: "2.8.0", 1158: "2.9.0", 1171: "2.12.0", 1187: "2.13.0", 1373: "2.14.0"}
+
+
+_RANK_PREFIX = re.compile(r"^\s*\[rank(\d+)\]:")
+
+
+def _rank(line: str) -> str | None:
+    """The rank a `[rankN]: ` record prefix names (torchrun's --local-ranks-filter / tee output), None without one."""
+    m = _RANK_PREFIX.match(line)
+    return m.group(1) if m else None
 
 
 # A rank's record prefix (`[rank1]: `) inside a line: several ranks' records written or pasted without their line
