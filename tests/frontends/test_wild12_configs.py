@@ -138,3 +138,16 @@ def test_zero_plus_plus_keys_are_refused_before_deepspeed_0_10(tmp_path):
     old = from_files("deepspeed", [path], {**CURRENT, "deepspeed": Version("0.9.5")}).unknown
     assert len([u for u in old if "refuses" in u]) == 2
     assert not [u for u in from_files("deepspeed", [path], CURRENT).unknown if "zero_hpz" in u]
+
+
+# TRL's examples/accelerate_configs/deepspeed_zero3.yaml (zero_stage, offload devices) with the script's own
+# `--deepspeed ds.json`: the Trainer hands the JSON to the same plugin, which refuses the pair (accelerate >= 0.16).
+def test_accelerate_deepspeed_fields_beside_the_scripts_own_json_are_refused(tmp_path):
+    ds = _write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}}')
+    acc = _write(tmp_path, "zero3.yaml", "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
+                 "  zero_stage: 3\n  offload_param_device: none\n")
+    line = ["accelerate", "launch", "--config_file", acc, "trl/scripts/sft.py", "--model_name_or_path", "m",
+            "--use_peft", "--deepspeed", ds, "--output_dir", "o"]
+    assert [u for u in from_command(line, CURRENT).unknown if "will be ignored" in u and "zero_stage" in u]
+    alone = line[:line.index("--deepspeed")] + ["--output_dir", "o"]
+    assert not [u for u in from_command(alone, CURRENT).unknown if "will be ignored" in u]

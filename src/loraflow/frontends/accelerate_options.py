@@ -225,6 +225,12 @@ def _ds_fields(ds: dict[str, Any], config: dict[str, Any], flag) -> list[str]:
     return fields
 
 
+def refuse_beside(draft: Draft, acc: dict[str, Any], json_from: str) -> None:
+    """The script's own DeepSpeed JSON (`--deepspeed ds.json`) under `accelerate launch` with an accelerate config
+    that sets DeepSpeed fields itself: the HF Trainer hands the JSON to the same plugin, which refuses the pair."""
+    refuse_ds_fields(draft, acc.get("ds_fields_from_config", []), acc.get("config_label", ""), json_from)
+
+
 def refuse_ds_fields(draft: Draft, fields: list[str], label: str, json_from: str) -> None:
     """A DeepSpeed JSON beside an accelerate config that also sets what the JSON owns: accelerate >= 0.16.0 stops
     when the plugin is built ("When using `deepspeed_config_file`, the following accelerate config variables will be

@@ -31,7 +31,7 @@ from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends import lightning
 from loraflow.frontends.script_facts import is_model
 from loraflow.frontends.targets import check_targets
-from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
+from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options, refuse_beside
 from loraflow.frontends.common import (
     Draft,
     as_bool,
@@ -107,6 +107,7 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
         if isinstance(ds_ref, dict) and "deepspeed" in opts and ".py:" in opts["deepspeed"].source:
             flag = opts["deepspeed"].source  # a config built in a script's code: name that line
         ds = deepspeed.read(ds_ref, flag, tuple(bases))
+        refuse_beside(draft, acc if "deepspeed" in opts else {}, flag)  # accelerate's own DeepSpeed fields beside it
         info["ds"], info["ds_label"] = deepspeed.apply(draft, ds), ds.label
     fsdp = opts.get("fsdp")
     if fsdp is not None and fsdp.value not in (None, "", False, []):

@@ -405,7 +405,7 @@ ACCELERATE_TOP = _names("""
 compute_environment debug distributed_type downcast_bf16 dynamo_config enable_cpu_affinity fp8_config gpu_ids
 ipex_config machine_rank main_process_ip main_process_port main_training_function megatron_lm_config mixed_precision
 mpirun_config num_machines num_processes parallelism_config rdzv_backend same_network tpu_env tpu_name tpu_use_cluster
-tpu_use_sudo tpu_zone use_cpu deepspeed_config fsdp_config
+tpu_use_sudo tpu_zone use_cpu deepspeed_config fsdp_config command_file commands tpu_vm tp_config
 """)
 ACCELERATE_DEEPSPEED = _names("""
 deepspeed_config_file deepspeed_hostfile deepspeed_multinode_launcher gradient_accumulation_steps gradient_clipping
@@ -418,7 +418,7 @@ ACCELERATE_FSDP = _names("""
 fsdp_activation_checkpointing fsdp_auto_wrap_policy fsdp_backward_prefetch fsdp_backward_prefetch_policy
 fsdp_cpu_ram_efficient_loading fsdp_forward_prefetch fsdp_min_num_params fsdp_offload_params fsdp_reshard_after_forward
 fsdp_sharding_strategy fsdp_state_dict_type fsdp_sync_module_states fsdp_transformer_layer_cls_to_wrap
-fsdp_use_orig_params fsdp_version
+fsdp_use_orig_params fsdp_version fsdp_activation_checkpointing_offload fsdp_ignored_modules
 """)
 
 # torchtune: the top-level keys of every shipped config (recipes/configs/**/*.yaml) and those the recipes read
