@@ -133,3 +133,12 @@ def test_wild7_failures_are_named_or_left_unclaimed():
             assert not found or found[0][0] == meta["expected"], name
         else:
             assert found and found[0][0] == meta["expected"], name
+
+
+# Found by the wild7 sweep: TRL's and OpenRLHF's file names (`grpo_trainer.py`, `train_ppo_ray`) show an RL stage.
+def test_rl_file_names_show_an_rlhf_stage():
+    from loraflow.rules.signs import COMPILED_FACTS
+
+    assert COMPILED_FACTS["rlhf"].search('File "/x/trl/trainer/grpo_trainer.py", line 9')
+    assert COMPILED_FACTS["rlhf"].search("python -m openrlhf.cli.train_ppo_ray --pretrain m")
+    assert not COMPILED_FACTS["rlhf"].search("grpoo appo")

@@ -169,7 +169,8 @@ FACTS: dict[str, tuple[str, str]] = {
                           "ranks timed out in collectives of different sizes (they ran different modules)"),
     "merge": (r"merge_and_unload|_unload_and_optionally_merge|fuse_lora|merge_adapter|\bin merge\b|"
               r"get_delta_weight|unfuse_lora|merge_lora|\bmerged?\b", "adapter weights are merged into the base"),
-    "rlhf": (r"\bppo\b|\bgrpo\b|\brlhf\b|rollout|experience|actor|critic|reward", "an RLHF stage runs"),
+    # `grpo_trainer.py`, `train_ppo_ray`: `_` is a word character, so the names are bounded by letters only.
+    "rlhf": (r"(?<![a-z])(?:ppo|grpo|rlhf)(?![a-z])|rollout|experience|actor|critic|reward", "an RLHF stage runs"),
     "ddp": (rf"DistributedDataParallel|torch{_P}nn{_P}parallel{_P}distributed|find_unused_parameters|\bddp\b|"
             r"reducer", "DDP is in use"),
     "find_unused": (r"find_unused_parameters\W{1,4}true", "DDP's unused-parameter search is on"),
