@@ -247,3 +247,29 @@ def test_earlier_trl_config_keys_are_known():
     from loraflow.frontends import keys
 
     assert {"max_prompt_length", "rpo_alpha", "vllm_device"} <= keys.TRL
+
+
+# Unsloth's notebooks copied with `fp16=True` on an Ampere GPU (unsloth issues "Model is in bfloat16 precision but you
+# want to use float16 precision"): the patched trainer refuses the pair since 2025.2.9; dtype=None is the GPU's call.
+def test_fp16_training_of_a_bfloat16_unsloth_model_is_refused(tmp_path, monkeypatch):
+    import json as _json
+
+    from loraflow.explain import diagnose_log
+
+    text = '''
+        import torch
+        from unsloth import FastLanguageModel
+        from trl import SFTTrainer, SFTConfig
+        model, tok = FastLanguageModel.from_pretrained("unsloth/Llama-3.2-1B-Instruct", dtype=DTYPE, load_in_4bit=True)
+        model = FastLanguageModel.get_peft_model(model, r=16)
+        SFTTrainer(model=model, train_dataset=ds, args=SFTConfig(output_dir="o", fp16=True)).train()
+    '''
+    sure = check(tmp_path, monkeypatch, text.replace("DTYPE", "torch.bfloat16"))
+    assert {f["rule"]: f["holds_if"] for f in sure["findings"]}.get("unsloth-precision-mismatch", "x") is None
+    open_ = check(tmp_path, monkeypatch, text.replace("DTYPE", "None"))
+    assert "GPU supports bfloat16" in _json.dumps(open_["depends_on"])
+    fine = check(tmp_path, monkeypatch, text.replace("DTYPE", "torch.float16"))
+    assert "unsloth-precision-mismatch" not in {f["rule"] for f in fine["findings"]}
+    log = ("TypeError: Unsloth: Model is in bfloat16 precision but you want to use float16 precision. Set fp16 to "
+           "`False` and bf16 to `True`")
+    assert diagnose_log(log, None)[1][0].rule.id == "unsloth-precision-mismatch"

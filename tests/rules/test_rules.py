@@ -140,6 +140,9 @@ CASES = {
     "adapter-frozen-others-train": (
         BASE.replace(adapter_loaded_frozen=True, lm_head_trainable=True),
         BASE.replace(adapter_loaded_frozen=True)),
+    "unsloth-precision-mismatch": (
+        BASE.replace(unsloth=True, precision_against_load=True, versions={"unsloth": Version("2025.6.1")}),
+        BASE.replace(unsloth=True, precision_against_load=True, versions={"unsloth": Version("2025.2.5")})),
     "peft-config-on-peft-model": (
         BASE.replace(peft_config_on_peft_model=True, versions={"trl": Version("0.27.0")}),
         BASE.replace(peft_config_on_peft_model=True, versions={"trl": Version("0.26.0")})),

@@ -197,6 +197,7 @@ def finish(draft: Draft, script: Script) -> None:
     _unsloth_ddp(draft, script)
     unsloth_vllm.vllm_rollouts(draft, script.code, script.facts)
     unsloth_vllm.vision_tower_hook(draft, script.facts)
+    unsloth_vllm.precision_against_load(draft, script.code, script.facts)
     draft.unknown.extend(script.facts.unknown)
     for note in script.facts.notes:
         draft.note(note)

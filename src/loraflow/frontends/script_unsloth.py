@@ -114,3 +114,26 @@ def vision_tower_hook(draft: Draft, facts: Facts) -> None:
     if draft.get("tower_adapters") and draft.get("checkpointing") != "off":
         draft.set("tower_input_hook", True, f"{wrap.at()} (Unsloth's requires_grad_for_gradient_checkpointing hooks "
                   "the input of the tower that holds the first trainable weights, unsloth_zoo/peft_utils.py)")
+
+
+def precision_against_load(draft: Draft, code: Code, facts: Facts) -> None:
+    """The trainer's fp16/bf16 against the dtype Unsloth loads the model in (rule unsloth-precision-mismatch):
+    `dtype=None` is bfloat16 on a GPU that supports it, float16 on a T4 or V100 (unsloth/models/loader.py)."""
+    load = next((c for c in code.calls if kind(c, code) == "unsloth_load" and code.always_runs(c) and
+                 (not facts.trained_at or c.line < facts.trained_at)), None)
+    precision = draft.get("precision")
+    if load is None or draft.get("adapter") == "full" or precision not in ("fp16-mixed", "bf16-mixed"):
+        return
+    key = "dtype" if "dtype" in load.kwargs else "torch_dtype"
+    dtype = load.kwargs.get(key)
+    if precision == "bf16-mixed":
+        if dtype == "float16":
+            draft.set("precision_against_load", True, f"{load.at(key)} (float16) with bf16 training")
+        return
+    if dtype == "bfloat16":
+        draft.set("precision_against_load", True, f"{load.at(key)} (bfloat16) with fp16 training")
+    elif dtype is None:
+        draft.maybe("precision_against_load", {
+            True: "the GPU supports bfloat16: Unsloth loads the model in bfloat16 (dtype=None)",
+            False: "a GPU without bfloat16 (T4, V100): Unsloth loads the model in float16"},
+            f"{load.at()}: dtype=None loads in bfloat16 where the GPU supports it, and the trainer asks for fp16")

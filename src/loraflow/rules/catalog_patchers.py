@@ -50,3 +50,38 @@ register(Rule(
         prior=1.0,
         tells_apart="Unsloth's own refusal of a multi-GPU launch"),
 ))
+
+
+UNSLOTH_PRECISION_REFUSED = "2025.2.9"
+"""Unsloth's patched TRL trainers refuse a mixed precision other than the model's half dtype from its release after
+unslothai/unsloth#1701 (2025-02-13, unsloth/models/rl.py; 2025.2.9 was uploaded the next day)."""
+
+register(Rule(
+    id="unsloth-precision-mismatch",
+    title="Unsloth refuses a mixed precision other than the model's dtype",
+    verdict="error",
+    impact="crash",
+    conditions="a model loaded by Unsloth with adapters (not full fine-tuning) in bfloat16 and trained with fp16=True, "
+               "or loaded in float16 and trained with bf16=True; Unsloth loads in bfloat16 where the GPU supports it "
+               "unless told a dtype (dtype=None), float16 on a T4 or V100",
+    knobs=("unsloth", "precision_against_load"),
+    affected={"unsloth": f">={UNSLOTH_PRECISION_REFUSED}"},
+    when=lambda s: s.unsloth and s.precision_against_load and s.adapter != "full",
+    cause=("Unsloth's trainer patch compares the model's dtype with the trainer's fp16/bf16 before training and "
+           "raises (`Unsloth: Model is in bfloat16 precision but you want to use float16 precision`): its kernels "
+           "compute in the model's dtype, so the autocast of the other half dtype would mix them. Full fine-tuning "
+           "is switched to the model's dtype instead."),
+    fix="loraflow picks the mixed precision from the model's dtype.",
+    elsewhere="set bf16=is_bfloat16_supported() and fp16=not is_bfloat16_supported() (Unsloth's notebooks), or load "
+              "with dtype matching the trainer's flag; leaving both flags unset lets Unsloth choose",
+    references=("https://github.com/unslothai/unsloth/pull/1701",
+                "https://github.com/unslothai/unsloth/blob/main/unsloth/models/rl.py (the patched trainer's "
+                "precision check)"),
+    fixed_in="design (Unsloth refuses the pair since 2025.2.9)",
+    log=LogSigns(
+        messages=(Message(r"Unsloth: Model is in (bfloat16|float16) precision but you want to use (float16|bfloat16) "
+                          r"precision", "own", "unsloth/models/rl.py: the patched trainer config's precision check"),),
+        prior=1.0,
+        tells_apart="Unsloth's own refusal names the model's dtype and the trainer's precision"),
+))
+

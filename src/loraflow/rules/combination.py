@@ -27,6 +27,9 @@ class Combination:
     adapter_loaded_frozen: bool = False
     """A saved adapter was loaded for inference (PeftModel.from_pretrained without is_trainable=True) and is then
     trained: none of its weights require grad."""
+    precision_against_load: bool = False
+    """The trainer asks for the other half precision than the model's weights were loaded in: fp16 mixed precision
+    on a model loaded in bfloat16, or bf16 on one loaded in float16."""
     peft_config_on_peft_model: bool = False
     """TRL's trainer is given a model the code already wrapped with PEFT and a peft_config as well."""
     matched_modules: int | None = None
