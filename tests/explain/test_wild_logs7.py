@@ -142,3 +142,24 @@ def test_rl_file_names_show_an_rlhf_stage():
     assert COMPILED_FACTS["rlhf"].search('File "/x/trl/trainer/grpo_trainer.py", line 9')
     assert COMPILED_FACTS["rlhf"].search("python -m openrlhf.cli.train_ppo_ray --pretrain m")
     assert not COMPILED_FACTS["rlhf"].search("grpoo appo")
+
+
+# Found in review: an echoed vLLM server line before the run is no launch to read the setup from, and a launch pasted
+# in a markdown quote (`> ` on every line) is joined as one command.
+def test_echoed_servers_are_skipped_and_quoted_launches_joined():
+    from loraflow.explain import diagnose_log
+
+    error = ("RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn\n")
+    # The shape of a DeepSpeed-Chat step 3 LoRA launch (alpaca-rlhf's, as requires-grad/021 echoes it).
+    launch = ("deepspeed training/step3_rlhf_finetuning/main.py --actor_model_name_or_path m \\\n"
+              "    --critic_model_name_or_path c --actor_zero_stage 2 --critic_zero_stage 2 --deepspeed \\\n"
+              "    --actor_gradient_checkpointing --actor_lora_dim 8 --actor_lora_module_name q_proj \\\n"
+              "    --only_optimize_lora --output_dir out\n")
+    server = "python -m vllm.entrypoints.openai.api_server --model m --enable-lora --port 8000\n"
+    def from_launch(text: str) -> bool:
+        found = diagnose_log(text, None)[1]
+        return bool(found) and found[0].rule.id == "reentrant-frozen-inputs" and any(
+            "launch line in the log" in r for r in found[0].reasons)
+
+    assert from_launch(launch + error) and from_launch(server + launch + error)
+    assert from_launch("".join("> " + line + "\n" for line in launch.splitlines()) + error)

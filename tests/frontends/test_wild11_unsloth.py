@@ -242,13 +242,6 @@ def test_a_projects_own_trainer_class_is_not_transformers_trainer(tmp_path, monk
     assert "from calm_trainer (its own trainer" in unknown(report)
 
 
-# Unsloth's GRPO/DPO notebooks pinned to TRL 0.2x pass GRPOConfig(max_prompt_length=...): a key of those releases.
-def test_earlier_trl_config_keys_are_known():
-    from loraflow.frontends import keys
-
-    assert {"max_prompt_length", "rpo_alpha", "vllm_device"} <= keys.TRL
-
-
 # Unsloth's notebooks copied with `fp16=True` on an Ampere GPU (unsloth issues "Model is in bfloat16 precision but you
 # want to use float16 precision"): the patched trainer refuses the pair since 2025.2.9; dtype=None is the GPU's call.
 def test_fp16_training_of_a_bfloat16_unsloth_model_is_refused(tmp_path, monkeypatch):

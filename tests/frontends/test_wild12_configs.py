@@ -151,3 +151,15 @@ def test_accelerate_deepspeed_fields_beside_the_scripts_own_json_are_refused(tmp
     assert [u for u in from_command(line, CURRENT).unknown if "will be ignored" in u and "zero_stage" in u]
     alone = line[:line.index("--deepspeed")] + ["--output_dir", "o"]
     assert not [u for u in from_command(alone, CURRENT).unknown if "will be ignored" in u]
+
+
+# Found in review: MiCS (mics_shard_size, from 0.9.2) and LoCo-ZeRO++ (zeropp_loco_param) are DeepSpeedZeroConfig
+# fields until DeepSpeed removed them after 0.19.5 (0.19.8 refuses them by name).
+def test_keys_of_features_deepspeed_had_for_a_while(tmp_path):
+    from loraflow.frontends import parse_versions
+
+    path = _write(tmp_path, "mics.json", '{"zero_optimization": {"stage": 3, "mics_shard_size": 8}}')
+    then = from_files("deepspeed", [path], {**CURRENT, **parse_versions("deepspeed=0.15.3")}).unknown
+    assert not [u for u in then if "mics_shard_size" in u]
+    now = [u for u in from_files("deepspeed", [path], CURRENT).unknown if "mics_shard_size" in u]
+    assert now and "removed the feature" in now[0]

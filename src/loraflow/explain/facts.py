@@ -209,7 +209,7 @@ def _continued(log: LogView, start: int, first: str) -> str:
     parts, line, i = [], first.rstrip(), start
     while line.endswith("\\") and i < len(log.lines):
         parts.append(line[:-1].strip())
-        line = strip_prefix(log.lines[i]).strip()
+        line = _PROMPT.sub("", strip_prefix(log.lines[i])).strip()  # a quoted paste quotes every line
         i += 1
     parts.append(line.strip())
     return " ".join(p for p in parts if p)
@@ -221,6 +221,7 @@ def _launch_lines(log: LogView, facts: Facts) -> None:
     for some of them; the log's own printed versions are used)."""
     from loraflow.errors import LoraflowError
     from loraflow.frontends import from_command
+    from loraflow.frontends.shell import _line_kind as line_kind  # what the line is: only a run sets the run up
     from loraflow.frontends.verdict import check_setup
 
     if log.launch is not None:  # the launch given beside the log: its findings count as an echoed line's would
@@ -241,6 +242,8 @@ def _launch_lines(log: LogView, facts: Facts) -> None:
             continue
         try:
             argv = shlex.split(re.split(r"\s(?:&>|2>&1|>>|>|\|)(?:\s|$)", " " + line.strip() + " ")[0])
+            if line_kind(argv) != "run":  # a server, a setup step, an evaluation or merge echoed before the run
+                continue
             verdict = check_setup(lambda v, argv=argv: from_command(argv, v), dict(log.versions))
         except (LoraflowError, ValueError, KeyError, IndexError, TypeError):
             continue

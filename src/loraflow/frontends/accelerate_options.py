@@ -170,7 +170,8 @@ def apply_accelerate(draft: Draft, cmd: Command, bases: tuple = ()) -> dict[str,
         if any(d not in (None, "none") for d in devices):
             draft.set("offload", True, f"{label or 'accelerate launch'}: offload_*_device")
         out["deepspeed_config_file"] = flag("deepspeed_config_file") or ds.get("deepspeed_config_file")
-        out["ds_fields_from_config"] = _ds_fields(ds, config, flag)  # a script's --deepspeed JSON meets them too
+        # A script's --deepspeed JSON meets them too; a file guessed from its name alone says nothing of its fields.
+        out["ds_fields_from_config"] = [] if "(inferred from its name" in label else _ds_fields(ds, config, flag)
         out["config_label"] = label
         if out["deepspeed_config_file"]:
             refuse_ds_fields(draft, out["ds_fields_from_config"], label, f"deepspeed_config_file "
@@ -227,7 +228,10 @@ def _ds_fields(ds: dict[str, Any], config: dict[str, Any], flag) -> list[str]:
 
 def refuse_beside(draft: Draft, acc: dict[str, Any], json_from: str) -> None:
     """The script's own DeepSpeed JSON (`--deepspeed ds.json`) under `accelerate launch` with an accelerate config
-    that sets DeepSpeed fields itself: the HF Trainer hands the JSON to the same plugin, which refuses the pair."""
+    that sets DeepSpeed fields itself: the HF Trainer hands the JSON to the same plugin, which refuses the pair (said
+    once: a config with its own deepspeed_config_file was refused for it already)."""
+    if acc.get("deepspeed_config_file"):
+        return
     refuse_ds_fields(draft, acc.get("ds_fields_from_config", []), acc.get("config_label", ""), json_from)
 
 

@@ -236,6 +236,12 @@ def _offload_device(draft: Draft, zero: dict[str, Any], key: str, label: str) ->
 # key. ZeRO++ (hpZ, qwZ, qgZ) arrived after 0.9.5 (deepspeedai/DeepSpeed issue 3827: 0.9.5 refuses them).
 _ZERO_SINCE = {"zero_hpz_partition_size": "0.10.0", "zero_quantized_weights": "0.10.0",
                "zero_quantized_gradients": "0.10.0"}
+# Keys of features DeepSpeed had for a while: MiCS (mics_*, from 0.9.2) and LoCo-ZeRO++ (zeropp_loco_param, from the
+# 0.16 series) are fields of DeepSpeedZeroConfig up to 0.19.5 at least, and refused by name in 0.19.8
+# (runtime/config.py _REMOVED_ZERO_CONFIG_KEYS: "MiCS ZeRO-3 sharding has been removed"); key -> (first, removed in),
+# the removal taken as 0.19.6, the first release after the last one read that has them.
+_ZERO_WHILE = {"mics_shard_size": ("0.9.2", "0.19.6"), "mics_hierarchical_params_gather": ("0.9.2", "0.19.6"),
+               "zeropp_loco_param": ("0.16.5", "0.19.6")}
 
 
 def _zero_keys(draft: Draft, zero: dict[str, Any], label: str) -> None:
@@ -243,14 +249,19 @@ def _zero_keys(draft: Draft, zero: dict[str, Any], label: str) -> None:
     section is a pydantic model that forbids extra keys since DeepSpeed 0.7.0 (PR #2004, runtime/config_utils.py
     DeepSpeedConfigModel extra="forbid"): deepspeed.initialize stops with "validation error for DeepSpeedZeroConfig"
     (a key from another section, such as `aio` placed inside it, is the usual case)."""
-    strange = [str(k) for k in zero if k not in keys.DEEPSPEED_ZERO or (
-        k in _ZERO_SINCE and not at_least(draft, "deepspeed", _ZERO_SINCE[k]))]
+    strange = [str(k) for k in zero if (k not in keys.DEEPSPEED_ZERO and k not in _ZERO_WHILE) or (
+        k in _ZERO_SINCE and not at_least(draft, "deepspeed", _ZERO_SINCE[k])) or (
+        k in _ZERO_WHILE and (not at_least(draft, "deepspeed", _ZERO_WHILE[k][0]) or
+                              at_least(draft, "deepspeed", _ZERO_WHILE[k][1])))]
     if not strange:
         return
     refused = at_least(draft, "deepspeed", "0.7.0")
     for key in strange:
         said = f"{label}: zero_optimization.{key}"
-        if refused:
+        if key in _ZERO_WHILE and at_least(draft, "deepspeed", _ZERO_WHILE[key][1]):
+            said += (": DeepSpeed removed the feature after 0.19.5 and refuses the key by name (runtime/config.py "
+                     "_REMOVED_ZERO_CONFIG_KEYS); remove it, or run a release that has it")
+        elif refused:
             said += (": DeepSpeed refuses the file (DeepSpeedZeroConfig forbids keys it lacks: \"extra fields not "
                      "permitted\"); " + ("it is a top-level section: move it out of zero_optimization"
                                           if key in keys.DEEPSPEED_TOP else "remove it"))

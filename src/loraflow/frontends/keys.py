@@ -81,11 +81,7 @@ vllm_importance_sampling_cap vllm_importance_sampling_clip_max vllm_importance_s
 vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_max_model_length vllm_mode vllm_model_impl
 vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout vllm_structured_outputs_regex
 vllm_tensor_parallel_size
-""") | _names("""
-force_use_ref_model generate_during_eval is_encoder_decoder max_prompt_length max_target_length model_adapter_name
-ref_adapter_name rpo_alpha use_logits_to_keep use_num_logits_to_keep vllm_device vllm_dtype vllm_guided_decoding_regex
-vllm_max_model_len
-""")  # keys of earlier releases' DPOConfig / GRPOConfig (0.8 - 0.29), which notebooks pinned to them still pass
+""")
 
 # LLaMA-Factory src/llamafactory/hparams/{model,data,finetuning,generating,training}_args.py (pad_to_multiple_of: the
 # data option of its examples/train_full/qwen2_5vl_full_sft.yaml and extras/smart_padding)

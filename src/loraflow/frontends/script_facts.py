@@ -201,7 +201,8 @@ READ_KEYS = HANDLED | MARKERS | {"vllm_mode", "vllm_gpu_memory_utilization", "vl
                                  "vllm_importance_sampling_correction", "target_modules", "modules_to_save",
                                  "quantization_config", "torch_dtype", "dtype", "mixed_precision", "hf_ds_config",
                                  "zero_stage", "gradient_checkpointing_kwargs", "use_gradient_checkpointing",
-                                 "is_trainable", "task_type", "fsdp_config", "r"}
+                                 "is_trainable", "task_type", "fsdp_config", "offload_optimizer_device",
+                                 "offload_param_device"}
 
 
 def _args(facts: Facts, call: Call, code: Code) -> None:

@@ -78,6 +78,11 @@ def vllm_rollouts(draft: Draft, code: Code, facts: Facts) -> None:
     # 0.9 starts vLLM with "actual GPU utilization = 59.43%"): not two copies claiming one GPU.
     draft.set("rollout_colocated", False, f"{where} (Unsloth's vLLM engine shares the trained model's weights and "
               "sizes its own share of the GPU, unsloth_zoo/vllm_utils.py)")
+    computed = next((c for c in facts.configs + facts.wraps if "r" in c.kwargs and
+                     (not isinstance(c.kwargs["r"], int) or isinstance(c.kwargs["r"], bool))), None)
+    if computed is not None and draft.get("adapter") != "full":  # only vLLM's rank limit reads it
+        draft.unknown.append(f"{computed.at('r')} (computed: the adapter's rank is not compared with the engine's "
+                             "max_lora_rank)")
     rank = load.kwargs.get("max_lora_rank", MAX_LORA_RANK_DEFAULT)
     if isinstance(rank, int) and not isinstance(rank, bool):
         said = (load.at("max_lora_rank") if "max_lora_rank" in load.kwargs else
@@ -122,7 +127,9 @@ def precision_against_load(draft: Draft, code: Code, facts: Facts) -> None:
     load = next((c for c in code.calls if kind(c, code) == "unsloth_load" and code.always_runs(c) and
                  (not facts.trained_at or c.line < facts.trained_at)), None)
     precision = draft.get("precision")
-    if load is None or draft.get("adapter") == "full" or precision not in ("fp16-mixed", "bf16-mixed"):
+    # Only the TRL trainers Unsloth compiles (UnslothSFTTrainer...) check; transformers' own Trainer does not.
+    if load is None or not facts.trainer_key or draft.get("adapter") == "full" or precision not in (
+            "fp16-mixed", "bf16-mixed"):
         return
     key = "dtype" if "dtype" in load.kwargs else "torch_dtype"
     dtype = load.kwargs.get(key)
