@@ -1,0 +1,39 @@
+"""Sweep wild14 (launches posted in public issue threads whose outcome is known): classes of input that
+`loraflow check` misread, each with a short synthetic input of the shape a thread showed."""
+
+from __future__ import annotations
+
+import json
+
+from loraflow.frontends import parse_versions, run_check
+
+_ACCEL_FSDP = """distributed_type: FSDP
+fsdp_config:
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_offload_params: true
+  fsdp_sharding_strategy: FULL_SHARD
+  fsdp_use_orig_params: false
+mixed_precision: 'no'
+num_processes: 2
+"""
+
+
+def _findings(argv: list[str], versions: str) -> tuple[set[str], int]:
+    text, code = run_check(argv, None, [], dict(parse_versions(versions)), as_json=True)
+    out = json.loads(text)
+    return {f["rule"] for f in out.get("findings", [])}, code
+
+
+def test_script_storage_flag_is_unused_before_bitsandbytes_0_43(tmp_path):
+    # huggingface/peft#1923 ran peft's examples/sft/run_peft_qlora_fsdp.sh (`--bnb_4bit_quant_storage_dtype
+    # bfloat16` under an FSDP accelerate config) with bitsandbytes 0.41.1: Params4bit had no quant_storage before
+    # 0.43.0, so the 4-bit weights stay packed uint8 whatever the flag says, and FSDP cannot shard them.
+    cfg = tmp_path / "fsdp_qlora.yaml"
+    cfg.write_text(_ACCEL_FSDP)
+    argv = ["accelerate", "launch", "--config_file", str(cfg), "train.py", "--model_name_or_path", "m",
+            "--bf16", "True", "--use_peft_lora", "True", "--lora_target_modules", "all-linear",
+            "--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "bfloat16"]
+    old, code = _findings(argv, "transformers=4.42.4,peft=0.11.1,bitsandbytes=0.41.1,accelerate=0.31.0,torch=2.3.1")
+    assert "qlora-storage-dtype" in old and code == 2
+    new, _ = _findings(argv, "transformers=4.42.4,peft=0.11.1,bitsandbytes=0.43.1,accelerate=0.31.0,torch=2.3.1")
+    assert "qlora-storage-dtype" not in new
