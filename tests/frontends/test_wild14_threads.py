@@ -37,3 +37,14 @@ def test_script_storage_flag_is_unused_before_bitsandbytes_0_43(tmp_path):
     assert "qlora-storage-dtype" in old and code == 2
     new, _ = _findings(argv, "transformers=4.42.4,peft=0.11.1,bitsandbytes=0.43.1,accelerate=0.31.0,torch=2.3.1")
     assert "qlora-storage-dtype" not in new
+
+
+def test_ms_swift_storage_flag_is_unused_before_bitsandbytes_0_43():
+    # The same class on ms-swift's flags (swift/arguments/base_args/quant_args.py passes --bnb_4bit_quant_storage
+    # to BitsAndBytesConfig): with bitsandbytes < 0.43 the flag does not reach the 4-bit weights.
+    argv = ["swift", "sft", "--model", "Qwen/Qwen2.5-7B-Instruct", "--train_type", "lora", "--quant_bits", "4",
+            "--bnb_4bit_quant_storage", "bfloat16", "--torch_dtype", "bfloat16", "--deepspeed", "zero3"]
+    old, code = _findings(argv, "ms-swift=2.6.1,transformers=4.42.4,bitsandbytes=0.42.0,deepspeed=0.14.4")
+    assert "qlora-storage-dtype" in old and code == 2
+    new, _ = _findings(argv, "ms-swift=2.6.1,transformers=4.42.4,bitsandbytes=0.43.3,deepspeed=0.14.4")
+    assert "qlora-storage-dtype" not in new
