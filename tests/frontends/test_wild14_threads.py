@@ -48,3 +48,16 @@ def test_ms_swift_storage_flag_is_unused_before_bitsandbytes_0_43():
     assert "qlora-storage-dtype" in old and code == 2
     new, _ = _findings(argv, "ms-swift=2.6.1,transformers=4.42.4,bitsandbytes=0.43.3,deepspeed=0.14.4")
     assert "qlora-storage-dtype" not in new
+
+
+def test_trainer_fsdp_flag_defaults_use_orig_params_false_before_transformers_4_36():
+    # lm-sys/FastChat#295 (torchrun train_lora.py --fsdp "full_shard offload auto_wrap", April 2023) and
+    # huggingface/transformers#27744 (transformers 4.33.3: `FlatParameter requires uniform requires_grad`): the
+    # Trainer's own --fsdp set use_orig_params false unless fsdp_config named it, until transformers PR #27652
+    # (4.36.0) made it true. accelerate launch's own default (true) does not apply: TrainingArguments overrides it.
+    argv = ["torchrun", "--nproc_per_node", "2", "train.py", "--model_name_or_path", "m", "--use_peft_lora", "True",
+            "--fsdp", "full_shard auto_wrap", "--fsdp_transformer_layer_cls_to_wrap", "LlamaDecoderLayer"]
+    old, code = _findings(argv, "transformers=4.33.3,accelerate=0.24.1,torch=2.0.1,peft=0.6.2")
+    assert "fsdp1-mixed-requires-grad" in old and code == 2
+    new, _ = _findings(argv, "transformers=4.36.0,accelerate=0.25.0,torch=2.1.2,peft=0.7.1")
+    assert "fsdp1-mixed-requires-grad" not in new

@@ -128,6 +128,11 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
         draft.set("engine", "fsdp2" if version == 2 else "fsdp1", fsdp.source + which)
         if "offload" in words:
             draft.set("offload", True, fsdp.source)
+        if "use_orig_params" not in options:
+            # TrainingArguments writes FSDP_USE_ORIG_PARAMS itself (over accelerate launch's default): "false" until
+            # transformers PR #27652 (4.36.0), "true" after (transformers#27744 failed on 4.33.3 with PEFT).
+            draft.set("fsdp_use_orig_params", at_least(draft, "transformers", "4.36.0"), f"default ({fsdp.source}: "
+                      "TrainingArguments fsdp_config use_orig_params, true from transformers 4.36.0, false before)")
         apply_fsdp_options(draft, options, cfg.source if cfg is not None else fsdp.source)
     return info
 
