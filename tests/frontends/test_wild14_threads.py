@@ -61,3 +61,14 @@ def test_trainer_fsdp_flag_defaults_use_orig_params_false_before_transformers_4_
     assert "fsdp1-mixed-requires-grad" in old and code == 2
     new, _ = _findings(argv, "transformers=4.36.0,accelerate=0.25.0,torch=2.1.2,peft=0.7.1")
     assert "fsdp1-mixed-requires-grad" not in new
+
+
+def test_script_named_for_adapters_decides_its_own_input_grad_hook():
+    # artidoro/qlora#12 (2023-08-21): `accelerate launch qlora.py --gradient_checkpointing=True
+    # --ddp_find_unused_parameters=False` trained on every GPU with transformers 4.31. A script read as adapter
+    # training only from its name builds the adapters itself (QLoRA scripts call prepare_model_for_kbit_training,
+    # which hooks the embedding output), so the Trainer's own hook rule is not the fact: ask, do not refuse.
+    argv = ["accelerate", "launch", "--num_processes", "2", "qlora.py", "--model_name_or_path", "m",
+            "--gradient_checkpointing=True", "--ddp_find_unused_parameters=False"]
+    _, code = _findings(argv, "transformers=4.31.0,peft=0.4.0,accelerate=0.21.0,torch=2.0.0,bitsandbytes=0.41.1")
+    assert code == 1  # reentrant-frozen-inputs holds only if the script adds no hook: a question, not a refusal
