@@ -48,6 +48,7 @@ from loraflow.frontends.common import (
     trainer_dtypes,
 )
 from loraflow.frontends.hf_checkpointing import checkpointing
+from loraflow.frontends.hf_quant import quant_storage
 from loraflow.frontends.hf_options import (
     HANDLED,
     Opt,
@@ -127,6 +128,11 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
         draft.set("engine", "fsdp2" if version == 2 else "fsdp1", fsdp.source + which)
         if "offload" in words:
             draft.set("offload", True, fsdp.source)
+        if "use_orig_params" not in options:
+            # TrainingArguments writes FSDP_USE_ORIG_PARAMS itself (over accelerate launch's default): "false" until
+            # transformers PR #27652 (4.36.0), "true" after (transformers#27744 failed on 4.33.3 with PEFT).
+            draft.set("fsdp_use_orig_params", at_least(draft, "transformers", "4.36.0"), f"default ({fsdp.source}: "
+                      "TrainingArguments fsdp_config use_orig_params, true from transformers 4.36.0, false before)")
         apply_fsdp_options(draft, options, cfg.source if cfg is not None else fsdp.source)
     return info
 
@@ -157,7 +163,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     if cmd is not None and not (cmd.program == "trl" or cmd.program.startswith("trl.")):
         lora_flags_without_use_peft(draft, run, cmd.program)
     _image_text(draft, opts, intent, cmd)
-    _quant_storage(draft, run, bf16, fp16)
+    quant_storage(draft, run, bf16, fp16)
     gc, gc_name, kw_name = checkpointing(draft, run)
     apply_table(draft, {n: (o.value, o.source) for n, o in opts.items()}, _cache_and_ddp(run, gc))
     _rollouts_and_mode(draft, run)
@@ -238,28 +244,6 @@ def _adapter(draft: Draft, run: Run) -> None:
                   "tower)")
     elif targets is not None and TOWER_MODULE.search(" ".join(map(str, as_list(targets.value)))):
         draft.set("tower_adapters", True, f"{targets.source} (names vision-tower modules)")
-
-
-# TRL ModelConfig's LoRA settings (trl/trainer/model_config.py), which many scripts also have as flags of their own.
-def _quant_storage(draft: Draft, run: Run, bf16: bool, fp16: bool) -> None:
-    if draft.get("quantization") != "4bit":
-        return
-    opts = run.opts
-    storage = (str(opts["bnb_4bit_quant_storage"].value) if "bnb_4bit_quant_storage" in opts else
-               run.intent.storage)
-    dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)
-    same = storage is not None and storage in (dtype, "bfloat16" if bf16 else "float16" if fp16 else "float32")
-    draft.set("quant_storage_matches", same, (opts["bnb_4bit_quant_storage"].source if "bnb_4bit_quant_storage"
-                                              in opts else f"{storage} (the script's storage flag)") if storage else
-              "default (bnb_4bit_quant_storage unset: packed uint8, trl/trainer/utils.py)" if run.trl else
-              "default (BitsAndBytesConfig bnb_4bit_quant_storage unset: packed uint8)")
-    if storage is None and "load_in_4bit" not in opts and run.intent.quantization:
-        # The 4-bit load is the script's own (`--bits 4`): its BitsAndBytesConfig, not TRL's, decides the storage;
-        # transformers' default is uint8 (BitsAndBytesConfig bnb_4bit_quant_storage=None, quantization_config.py).
-        draft.maybe("quant_storage_matches", {False: "the script's BitsAndBytesConfig leaves bnb_4bit_quant_storage "
-                                                     "unset (packed uint8)",
-                                              True: "the script sets bnb_4bit_quant_storage to the model's dtype"},
-                    f"{run.intent.sources['quantization']}: the script builds its own BitsAndBytesConfig")
 
 
 def _cache_and_ddp(run: Run, gc: bool) -> tuple[Field, ...]:

@@ -112,7 +112,9 @@ _TRANSFORMERS_REENTRANT = Default(
 
 def _input_grad_hook(draft: Draft, run: Run) -> None:
     peft = draft.get("adapter") != "full"
-    if peft and run.custom:
+    # A script read as training adapters by its name or its own flags (`qlora.py`, `--bits 4`) builds them itself;
+    # QLoRA scripts call prepare_model_for_kbit_training, which adds the hook (artidoro/qlora#12 ran under DDP).
+    if peft and (run.custom or run.info.get("own_adapter")):
         draft.set("input_grad_hook", True, "assumed: scripts that train adapters with checkpointing call "
                   "enable_input_require_grads() themselves")
         draft.maybe("input_grad_hook", {True: "the script calls enable_input_require_grads()",

@@ -347,6 +347,7 @@ def own_adapter(draft: Draft, run: Run) -> bool:
                   f"script name {run.program} (read as the script's own {named.group(1)} training)")
     else:
         return False
+    run.info["own_adapter"] = True  # the script's own code builds the adapters, so it decides their hooks too
     script = Path(run.program).name if run.program else "the script that reads this file"
     draft.note(f"adapter read as {draft.get('adapter')} from {draft.sources['adapter']}: {script} is not here; pass "
                "--use_peft false (or the script itself) if it trains every weight")

@@ -18,6 +18,7 @@ from loraflow.frontends import deepspeed, keys, ms_swift_megatron
 from loraflow.frontends import ms_swift_export as exports
 from loraflow.frontends import ms_swift_vllm as rollouts
 from loraflow.frontends.ms_swift_vision import image_text
+from loraflow.frontends.kbit_facts import storage_honoured
 from loraflow.frontends.argv import (
     Command,
     parse_flags,
@@ -196,8 +197,12 @@ def _adapter(draft: Draft, opts: dict, dtype: str | None) -> None:
         bits = int_value(bits, src("quant_bits"), "a number of bits")
         draft.set("quantization", "4bit" if bits == 4 else "8bit", src("quant_bits"))
         storage = get("bnb_4bit_quant_storage")
-        draft.set("quant_storage_matches", storage is not None and storage == (dtype or "bfloat16"),
-                  src("bnb_4bit_quant_storage") if storage else "default (bnb_4bit_quant_storage unset: uint8, "
+        same = storage is not None and storage == (dtype or "bfloat16")
+        # The flag reaches the weights only from transformers 4.39 / bitsandbytes 0.43 (kbit_facts).
+        draft.set("quant_storage_matches", same and storage_honoured(draft),
+                  src("bnb_4bit_quant_storage") + ("" if not same or storage_honoured(draft) else
+                                                   ", unused before transformers 4.39 / bitsandbytes 0.43")
+                  if storage else "default (bnb_4bit_quant_storage unset: uint8, "
                   "swift/arguments/base_args/quant_args.py)")
 
 
