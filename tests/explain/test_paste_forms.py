@@ -51,6 +51,12 @@ def test_a_final_error_line_cut_short_is_read_as_the_start_of_its_message():
     assert _top("RuntimeError: Expected to have finished something else") is None
     # Mid-log the line is not the paste's end: only the last line can be cut.
     assert _top("RuntimeError: Expected to have finished reductio\nINFO training resumed") is None
+    # ...but a launcher's summary after it (torchrun's ChildFailedError, the deepspeed runner's lines) is no part of
+    # the run's log, and a markdown quote marks every line (LLaMA-Factory#6376 pasted the cut line so, wild6/09).
+    cut = "RuntimeError: Expected to have finished reductio"
+    tail = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n" + "=" * 60 + "\ntrain.py FAILED\n"
+            "[2024-05-01 12:00:02,000] [ERROR] [launch.py:325:sigkill_handler] ['python'] exits with return code = 1")
+    assert _top(cut + "\n" + tail) == _top(cut) == _top("> " + cut) != None  # noqa: E711
     assert literal_prefix(r"The size of tensor a \(\d+\) must") == "The size of tensor a ("
     assert literal_prefix(r"expected scalar type (Half|Float)") == "expected scalar type "
 

@@ -63,12 +63,21 @@ def _hits(messages: tuple[Message, ...], lines: list[str]) -> dict[str, list[tup
     return out
 
 
+_QUOTE = re.compile(r"^\s*(?:>\s?)+")
+# What a launcher prints after its child's failure (torchrun's ChildFailedError summary, accelerate's
+# CalledProcessError traceback, the deepspeed runner's sigkill_handler lines): no part of the run's own log.
+_LAUNCHER_TAIL = re.compile(
+    r"^\s|Traceback \(most recent call last\)|torch\.distributed\.elastic|ChildFailedError|CalledProcessError|"
+    r"sigkill_handler|exits with return code|^\S+ FAILED$|^[=-]{10,}$|^Failures:|^Root Cause|^\[\d+\]:$|<NO_OTHER_FAILURES>")
+
+
 def _wrapped(rx: re.Pattern, lines: list[str]) -> tuple[int, str] | None:
     """The last place a message matches across two lines: pastes from a terminal, an e-mail or an issue often wrap a
     long error line (`...for the following tensors` / `have different metadata...`). Only a break inside the
     sentence counts: the second line starts in lower case, not as a new error, frame or log record."""
     for i in range(len(lines) - 1, 0, -1):
-        first, second = lines[i - 1].rstrip(), lines[i].strip()
+        # A markdown quote marks every line of the paste (`> `), the continued half of a wrapped line too.
+        first, second = _QUOTE.sub("", lines[i - 1]).rstrip(), _QUOTE.sub("", lines[i]).strip()
         if first and second[:1].islower() and not second.startswith(("at ", "in ")) and rx.search(f"{first} {second}"):
             return i, f"{first.strip()} {second}"
     return None
@@ -99,14 +108,16 @@ def literal_prefix(pattern: str) -> str:
 
 
 def _cut(pattern: str, lines: list[str]) -> tuple[int, str] | None:
-    """A paste that stops inside its final error line (`RuntimeError: Expected to have finished reductio`): the
-    line's text is the start of the message, cut short. Only the last line, and only a cut of 20 characters or
-    more of a message whose fixed start is longer."""
-    numbered = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
-    if not numbered:
+    """A paste whose final error line is cut short (`RuntimeError: Expected to have finished reductio`): the line's
+    text is the start of the message. Only the last error line (a launcher's summary after it, torchrun's
+    ChildFailedError, is no error line of its own), and only a cut of 20 characters or more of a message whose fixed
+    start is longer."""
+    last = next(((i, line) for i, line in zip(range(len(lines), 0, -1), reversed(lines))
+                 if not _LAUNCHER_TAIL.search(line) and line.strip()), None)
+    if last is None or not _CUT_ERROR.match(_QUOTE.sub("", last[1]).strip()):
         return None
-    n, line = numbered[-1]
-    found = _CUT_ERROR.match(line.strip())
+    n, line = last
+    found = _CUT_ERROR.match(_QUOTE.sub("", line).strip())
     prefix = literal_prefix(pattern).lower()
     if found is None or len(prefix) < 24:
         return None
