@@ -78,3 +78,20 @@ def test_an_echoed_launch_line_is_read_behind_a_rank_prefix_a_quote_or_a_shell_p
         assert _top(f"{pasted}\n{rest}") == expected, pasted
     # A commented-out launch is not the run's own.
     assert _top(f"# {first}\n{rest}") != expected
+
+
+# Found by the paste forms of the wild5/wild6 logs: accelerate launch's own failure traceback names accelerate in
+# any failed run, so it is no sign that the run was training; and a cut final line keeps its timestamp prefix.
+def test_a_launchers_tail_says_nothing_of_training_and_prefixes_do_not_hide_a_cut():
+    from loraflow.explain import diagnose_log
+    from loraflow.explain.facts import read_facts
+
+    mmdet = ('Traceback (most recent call last):\n  File "tools/train.py", line 9, in <module>\n    main()\n'
+             "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.\n")
+    tail = ('Traceback (most recent call last):\n  File "/opt/conda/bin/accelerate", line 8, in <module>\n'
+            "    sys.exit(main())\n  File \"/opt/conda/lib/python3.10/site-packages/accelerate/commands/launch.py\", "
+            "line 703, in simple_launcher\n    raise subprocess.CalledProcessError(returncode=1, cmd=cmd)\n"
+            "subprocess.CalledProcessError: Command '['python', 'tools/train.py']' returned non-zero exit status 1.")
+    assert "training" not in read_facts(diagnose_log(mmdet + tail, None)[0]).names
+    cut = "2024-05-01 12:00:34,123 - RuntimeError: Expected to have finished reductio"
+    assert _top(cut) == _top("RuntimeError: Expected to have finished reductio") != None  # noqa: E711

@@ -19,6 +19,7 @@ from functools import lru_cache
 
 from loraflow.explain.facts import Facts, read_facts
 from loraflow.explain.logread import LogView
+from loraflow.explain.prefix import strip_prefix
 from loraflow.rules import Rule, all_rules
 from loraflow.rules.registry import affected_by
 from loraflow.rules.signs import Message
@@ -67,8 +68,11 @@ _QUOTE = re.compile(r"^\s*(?:>\s?)+")
 # What a launcher prints after its child's failure (torchrun's ChildFailedError summary, accelerate's
 # CalledProcessError traceback, the deepspeed runner's sigkill_handler lines): no part of the run's own log.
 _LAUNCHER_TAIL = re.compile(
-    r"^\s|Traceback \(most recent call last\)|torch\.distributed\.elastic|ChildFailedError|CalledProcessError|"
-    r"sigkill_handler|exits with return code|^\S+ FAILED$|^[=-]{10,}$|^Failures:|^Root Cause|^\[\d+\]:$|<NO_OTHER_FAILURES>")
+    r"^\s+(?:File \"|sys\.exit|run\(args\)|args\.func|simple_launcher|multi_gpu_launcher|raise |return |elastic_launch|"
+    r"(?:time|host|rank|exitcode|error_file|traceback)\s*:)|^\s*```|Traceback \(most recent call last\)|"
+    r"torch\.distributed\.elastic|ChildFailedError|CalledProcessError|sigkill_handler|exits with return code|"
+    r"^Killing subprocess \d+|"
+    r"^\S+ FAILED$|^[=-]{10,}$|^Failures:|^Root Cause|^\[\d+\]:$|<NO_OTHER_FAILURES>")
 
 
 def _wrapped(rx: re.Pattern, lines: list[str]) -> tuple[int, str] | None:
@@ -112,12 +116,12 @@ def _cut(pattern: str, lines: list[str]) -> tuple[int, str] | None:
     text is the start of the message. Only the last error line (a launcher's summary after it, torchrun's
     ChildFailedError, is no error line of its own), and only a cut of 20 characters or more of a message whose fixed
     start is longer."""
-    last = next(((i, line) for i, line in zip(range(len(lines), 0, -1), reversed(lines))
-                 if not _LAUNCHER_TAIL.search(line) and line.strip()), None)
-    if last is None or not _CUT_ERROR.match(_QUOTE.sub("", last[1]).strip()):
+    bare = [(i, _QUOTE.sub("", strip_prefix(line))) for i, line in enumerate(lines, 1)]
+    last = next(((i, line) for i, line in reversed(bare) if line.strip() and not _LAUNCHER_TAIL.search(line)), None)
+    if last is None or not _CUT_ERROR.match(last[1].strip()):
         return None
     n, line = last
-    found = _CUT_ERROR.match(_QUOTE.sub("", line).strip())
+    found = _CUT_ERROR.match(line.strip())
     prefix = literal_prefix(pattern).lower()
     if found is None or len(prefix) < 24:
         return None

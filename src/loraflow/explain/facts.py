@@ -12,7 +12,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from loraflow.explain.logread import LogView
+from loraflow.explain.logread import _LAUNCHER_ERROR, _LAUNCHER_FRAME, LogView
 from loraflow.explain.prefix import strip_prefix
 from loraflow.rules.signs import COMPILED_FACTS
 
@@ -170,8 +170,11 @@ def _unused_parameters(log: LogView, facts: Facts) -> None:
 
 def read_facts(log: LogView) -> Facts:
     facts = Facts()
+    own = _without_launcher(log.text)
     for name, rx in COMPILED_FACTS.items():
-        if rx.search(log.text):
+        # A launcher's own failure traceback (`accelerate launch`'s CalledProcessError) names accelerate or torchrun
+        # in any failed run: it says nothing of whether the run was training.
+        if rx.search(own if name == "training" else log.text):
             facts.add(name)
     _metadata(log, facts)
     _flatten(log, facts)
@@ -213,6 +216,22 @@ def _continued(log: LogView, start: int, first: str) -> str:
         i += 1
     parts.append(line.strip())
     return " ".join(p for p in parts if p)
+
+
+def _without_launcher(text: str) -> str:
+    """The log without a launcher's own traceback frames (and the code line under each) and its summary error."""
+    out, skip = [], False
+    for line in text.splitlines():
+        if skip:
+            skip = False
+            continue
+        frame = re.search(r'File "([^"]+)"', line)
+        if frame and _LAUNCHER_FRAME.search(frame.group(1)):
+            skip = True
+            continue
+        if not _LAUNCHER_ERROR.search(line.strip()):
+            out.append(line)
+    return "\n".join(out)
 
 
 def _launch_lines(log: LogView, facts: Facts) -> None:
