@@ -197,12 +197,10 @@ def literal(facts: Facts, call: Call, key: str) -> Any:
 
 # The keywords whose value check reads (hf.py's options, TRL's own, the configs read here): a computed value of any
 # other (learning_rate=args.lr) changes nothing check evaluates and is not listed.
-READ_KEYS = HANDLED | MARKERS | {"vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
-                                 "vllm_importance_sampling_correction", "target_modules", "modules_to_save",
-                                 "quantization_config", "torch_dtype", "dtype", "mixed_precision", "hf_ds_config",
-                                 "zero_stage", "gradient_checkpointing_kwargs", "use_gradient_checkpointing",
-                                 "is_trainable", "task_type", "fsdp_config", "offload_optimizer_device",
-                                 "offload_param_device"}
+READ_KEYS = HANDLED | MARKERS | set("""vllm_mode vllm_gpu_memory_utilization vllm_enable_sleep_mode
+vllm_importance_sampling_correction target_modules modules_to_save quantization_config torch_dtype dtype mixed_precision
+hf_ds_config zero_stage gradient_checkpointing_kwargs use_gradient_checkpointing is_trainable task_type fsdp_config
+offload_optimizer_device offload_param_device""".split())
 
 
 def _args(facts: Facts, call: Call, code: Code) -> None:
