@@ -136,8 +136,12 @@ def _units(draft: Draft, call: Call) -> None:
     if "auto_wrap_policy" not in call.kwargs:
         draft.set("fsdp_frozen_units_separate", False, f"{call.at()}: no auto_wrap_policy (one unit, the whole model)")
         return
-    policy = _text(call.kwargs["auto_wrap_policy"])
-    where = call.at("auto_wrap_policy")
+    _policy(draft, call.kwargs["auto_wrap_policy"], call.at("auto_wrap_policy"))
+
+
+def _policy(draft: Draft, value: Any, where: str) -> None:
+    """An FSDP1 auto_wrap_policy: PEFT's (the adapters as units of their own), a layer policy (mixed), or unseen."""
+    policy = _text(value)
     if any(n in policy for n in _SEPARATING):
         draft.set("fsdp_frozen_units_separate", True, f"{where} (trainable leaves wrapped as their own units)")
     elif any(n in policy for n in _MIXING):
@@ -251,12 +255,4 @@ def plugin_policy(draft: Draft, code: Code) -> None:
     if not sets:
         return
     value, source = sets[-1]
-    policy = _text(value)
-    if any(n in policy for n in _SEPARATING):
-        draft.set("fsdp_frozen_units_separate", True, f"{source} (trainable leaves wrapped as their own units)")
-    elif any(n in policy for n in _MIXING):
-        draft.set("fsdp_frozen_units_separate", False, f"{source} (units hold adapters beside frozen base weights)")
-    else:
-        draft.maybe("fsdp_frozen_units_separate", {True: "the policy wraps the adapters as units of their own",
-                                                   False: "the policy wraps whole layers"},
-                    f"{source}: built where the code does not show")
+    _policy(draft, value, source)
