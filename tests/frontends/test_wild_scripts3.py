@@ -3,29 +3,7 @@ each test writes a short synthetic script of the shape the named repository show
 
 from __future__ import annotations
 
-import json
-import textwrap
-
-from loraflow.frontends import parse_versions, run_check
-
-CURRENT = parse_versions("torch=2.13.0,transformers=5.23.0,peft=0.21.2,trl=1.16.0,bitsandbytes=0.50.2,"
-                         "accelerate=1.15.0,deepspeed=0.19.8,unsloth=2026.7.1")
-
-
-def check(tmp_path, monkeypatch, text: str, argv: list[str] | None = None, files: dict[str, str] | None = None) -> dict:
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "train.py").write_text(textwrap.dedent(text))
-    for name, body in (files or {}).items():
-        (tmp_path / name).write_text(body)
-    out, code = run_check(argv, None if argv else "python", [] if argv else ["train.py"], dict(CURRENT),
-                          as_json=True)
-    report = json.loads(out)
-    assert report["exit_code"] == code
-    return report
-
-
-def rules(report: dict) -> set[str]:
-    return {f["rule"] for f in report["findings"]}
+from script_check import check, rules
 
 
 # A TRL trainer given a plain transformers TrainingArguments copies it into its config with to_dict

@@ -6,27 +6,8 @@ script of the shape the named public repository or thread showed."""
 from __future__ import annotations
 
 import json
-import textwrap
 
-from loraflow.frontends import parse_versions, run_check
-
-CURRENT = parse_versions("torch=2.13.0,transformers=5.23.0,peft=0.21.2,trl=1.16.0,bitsandbytes=0.50.2,"
-                         "accelerate=1.15.0,deepspeed=0.19.8,unsloth=2026.7.1")
-
-
-def check(tmp_path, monkeypatch, text: str, argv: list[str] | None = None, **versions: str) -> dict:
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "train.py").write_text(textwrap.dedent(text))
-    chosen = dict(CURRENT)
-    chosen.update(parse_versions(",".join(f"{k}={v}" for k, v in versions.items())) if versions else {})
-    out, code = run_check(argv, None if argv else "python", [] if argv else ["train.py"], chosen, as_json=True)
-    report = json.loads(out)
-    assert report["exit_code"] == code
-    return report
-
-
-def rules(report: dict) -> set[str]:
-    return {f["rule"] for f in report["findings"]}
+from script_check import check, rules
 
 
 def unknown(report: dict) -> str:
