@@ -7,15 +7,10 @@ from __future__ import annotations
 from packaging.version import Version
 
 from loraflow.frontends import from_command, from_files
+from config_files import write as _write
 
 CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2"),
            "deepspeed": Version("0.19.8"), "trl": Version("0.29.0"), "accelerate": Version("1.15.0")}
-
-
-def _write(tmp_path, name: str, text: str) -> str:
-    path = tmp_path / name
-    path.write_text(text)
-    return str(path)
 
 
 # huggingface/accelerate examples/config_yaml_templates/fp8.yaml (`mixed_precision: "fp8"` with an fp8_config):

@@ -9,20 +9,10 @@ import json
 from packaging.version import Version
 
 from loraflow.frontends import from_files, guess_framework_for_files
-from loraflow.rules import evaluate
+from config_files import rule_ids as _ids, write as _write
 
 CURRENT = {"torch": Version("2.13.0"), "transformers": Version("5.23.0"), "peft": Version("0.21.2"),
            "deepspeed": Version("0.19.8"), "trl": Version("0.29.0")}
-
-
-def _ids(result) -> set[str]:
-    return {f.rule.id for f in evaluate(result.setup, apply_fixes=False)[1]}
-
-
-def _write(tmp_path, name: str, text: str) -> str:
-    path = tmp_path / name
-    path.write_text(text)
-    return str(path)
 
 
 # akai100/Qwen3-VL-GeoLoRA ds_config_zero3.json: its ZeRO section is spelled `zero-optimization`. Without a
