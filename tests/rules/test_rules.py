@@ -121,6 +121,9 @@ CASES = {
     "unsloth-multi-gpu": (
         DDP.replace(unsloth=True, versions={"unsloth": Version("2025.4.1")}),
         BASE.replace(unsloth=True)),
+    "device-map-split-distributed": (
+        DDP.replace(model_split=True),
+        BASE.replace(model_split=True)),  # one process may spread its model: naive model parallelism
     # Rules from the mined sample's clusters (catalog_precision.py, catalog_placement.py, catalog_saving.py).
     "fp16-overflow": (
         BASE.replace(fp16_overflows=True, precision="fp16-mixed"),

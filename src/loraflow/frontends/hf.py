@@ -80,6 +80,7 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "quantization": "--load_in_4bit", "matched_modules": "--lora_target_modules",
          "quant_storage_matches": "--bnb_4bit_quant_storage", "packing": "--packing",
          "generation_gather": "--ds3_gather_for_generation", "world_size": "the launcher's process count",
+         "model_split": "device_map= in the script's from_pretrained ({'': local rank} per process)",
          "zero_stage": "zero_optimization.stage in the --deepspeed JSON",
          "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON",
          "targets_all_towers": "--lora_target_modules", **trl_rel.VLLM_FLAGS}

@@ -24,6 +24,8 @@ def _could_help(rule, setup, knob: str) -> bool:
     """False for a yes/no knob whose other value leaves the rule's condition standing (e.g. the input-grad hook
     for zero3-frozen-recompute): naming it would send the user to a flag that cannot help."""
     value = getattr(setup, knob)
+    if knob == "world_size":  # no rule is fixed by more processes: only fewer can help
+        return value > 1
     if not isinstance(value, bool):
         return True
     return not rule.when(setup.replace(**{knob: not value}))
@@ -33,7 +35,7 @@ def fix_here(result: FrontendResult, rule, forked: set[str] = frozenset()) -> li
     """The rule's knobs in this framework's flags: `change --zero_stage (zero_stage is now 3)`. Knobs the framework
     has no flag for are not fixes here (see unflagged)."""
     out = []
-    for knob in (k for k in rule.knobs if _could_help(rule, result.setup, k)):
+    for knob in (k for k in rule.knobs if k in result.unsure or k in forked or _could_help(rule, result.setup, k)):
         flag = result.flags.get(knob)
         if flag and (knob in result.unsure or knob in forked):  # the value is the open question: nothing to quote
             out.append(f"change {flag} ({knob}: depends on what is not visible here)")

@@ -23,11 +23,13 @@ from loraflow.frontends.intent import infer
 from loraflow.frontends.kbit_facts import move_refused
 from loraflow.frontends.script_args import as_parsed
 from loraflow.frontends.script_code import Call, Code, Parsed, Unread, read_code
-from loraflow.frontends.script_dicts import fixed_device, settle
+from loraflow.frontends.script_dicts import settle
 from loraflow.frontends.script_flags import keyword_flags
 from loraflow.frontends import script_unsloth as unsloth_vllm
 from loraflow.frontends.script_zero_init import apply_zero_init, computed_config, deepspeed_opt
+from loraflow.frontends.script_lineage import bits_of, lineage, load_of
 from loraflow.frontends.script_loop import apply_loop, plugin_policy
+from loraflow.frontends.script_placement import placement
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
 from loraflow.frontends.script_wild import (adapter_reads, cause_fixes, engine_moves_peft, kbit_prep_after_wrap,
                                              nothing_truncates, peft_config_on_peft_model, plain_args_defaults,
@@ -42,6 +44,8 @@ CODE_FLAGS = {"adapter_loaded_frozen": "PeftModel.from_pretrained(..., is_traina
               "merge_into_quantized": "merge_and_unload() on the quantized model (merge into a base loaded in "
                                       "bf16/fp16)",
               "task_head_saved": "LoraConfig(task_type=\"SEQ_CLS\") or modules_to_save=[\"score\"]",
+              "model_split": "device_map= in from_pretrained ({'': local rank} per process; 'auto' in one process "
+                             "only)",
               "unsloth": "FastLanguageModel (Unsloth)", "input_grad_hook": "model.enable_input_require_grads()",
               "state_dict_patched": "the `model.state_dict = ... get_peft_model_state_dict(...)` lines (delete them: "
                                     "model.save_pretrained saves the adapter)",
@@ -193,7 +197,7 @@ def options(draft: Draft, script: Script, flags: dict[str, Opt]) -> dict[str, Op
 def finish(draft: Draft, script: Script) -> None:
     """After the world size is known: per-rank placement, what was not read, and the fixes in the code's words."""
     spawned(draft, script.code)
-    _per_rank(draft, script)
+    placement(draft, script)
     _unsloth_ddp(draft, script)
     unsloth_vllm.vllm_rollouts(draft, script.code, script.facts)
     unsloth_vllm.vision_tower_hook(draft, script.facts)
@@ -437,61 +441,3 @@ def _unsloth_ddp(draft: Draft, script: Script) -> None:
         draft.set("reentrant", False, f"Unsloth >= {UNSLOTH_VISION_DDP.since} checkpoints FastModel / "
                   "FastVisionModel models non-reentrantly in a multi-process launch (unsloth/models/vision.py, "
                   "unslothai/unsloth PR #3751)")
-
-
-def _per_rank(draft: Draft, script: Script) -> None:
-    """A k-bit model loaded on a fixed device in a multi-process launch: accelerate refuses to train it on another
-    rank's device (accelerator.py prepare_model). Unsloth places each rank's copy itself (loader.py)."""
-    if draft.get("world_size") <= 1:
-        return
-    for load in script.facts.loads:
-        where = load.kwargs.get("device_map")
-        if fixed_device(where) and kind(load, script.code) == "load" and bits_of(load, script.code) in ("4bit", "8bit"):
-            draft.set("quantized_moved", True, f"{load.at('device_map')} in a {draft.get('world_size')}-process "
-                      "launch: every rank loads the k-bit model on the same device")
-
-
-# --- A model's lineage: the calls that built it, back to its load -------------------------------------------
-def lineage(value: Any, code: Code) -> list[Call]:
-    """The calls that built the model a value holds, newest first, back to the from_pretrained that loaded it:
-    through get_peft_model, k-bit preparation, PeftModel.from_pretrained, casts and merges."""
-    chain: list[Call] = []
-    while isinstance(value, Call) and len(chain) < 20:
-        chain.append(value)
-        k = kind(value, code)
-        if k in ("load", "unsloth_load") or (k == "peft_load" and value.owner_name.startswith("AutoPeftModel")):
-            break
-        # get_peft_model(model, ...), prepare_model_for_kbit_training(model), PeftModel.from_pretrained(model, ...)
-        # take the model as their first argument; methods (.to, .eval, .merge_and_unload) are called on it.
-        takes_model = k in ("wrap", "kbit_prep", "unsloth_wrap", "peft_load") and value.name not in (
-            "add_adapter", "load_adapter")
-        value = value.arg(0, "model") if takes_model else value.owner
-    return chain
-
-
-def load_of(value: Any, code: Code) -> Call | None:
-    """The from_pretrained (or AutoPeftModel load) at the root of a model's lineage, if the code shows it."""
-    chain = lineage(value, code)
-    return chain[-1] if chain and kind(chain[-1], code) in ("load", "unsloth_load", "peft_load") else None
-
-
-def bits_of(load: Call | None, code: Code) -> str | None:
-    """"4bit" / "8bit" when the load quantizes with bitsandbytes, None when it visibly does not, "?" when the code
-    cannot tell (a quantization_config built elsewhere, an AutoPeftModel loading the base its adapter names)."""
-    if load is None:
-        return "?"
-    quant = load.kwargs.get("quantization_config")
-    given = quant.kwargs if isinstance(quant, Call) and quant.name == "BitsAndBytesConfig" else \
-        quant if isinstance(quant, dict) else {}
-    for bits in ("4bit", "8bit"):
-        if load.kwargs.get(f"load_in_{bits}") is True or given.get(f"load_in_{bits}") is True:
-            return bits
-    if kind(load, code) == "unsloth_load" and load.kwargs.get("load_in_4bit", True) is True and not (
-            load.kwargs.get("full_finetuning") or load.kwargs.get("load_in_8bit")):
-        return "4bit"
-    name = load.arg(0, "pretrained_model_name_or_path", load.kwargs.get("model_name"))
-    if isinstance(name, str) and prequantized(name):
-        return "4bit"
-    if isinstance(quant, (Unread, Parsed)) or load.owner_name.startswith("AutoPeftModel") or not isinstance(name, str):
-        return "?"
-    return None

@@ -19,6 +19,7 @@ def all_cases() -> dict[str, Case]:
     from loraflow.probes import (
         cases,  # noqa: F401  (single-process reproductions register on import)
         distributed,  # noqa: F401  (DDP, DeepSpeed and FSDP reproductions)
+        placement,  # noqa: F401  (where a model is placed as it loads)
         precision,  # noqa: F401  (number formats: fp16 overflow, adapter dtypes)
         quantized,  # noqa: F401  (bitsandbytes 4-bit bases)
         rollout,  # noqa: F401  (rollouts on vLLM servers; last: the runner starts their servers meanwhile)

@@ -19,20 +19,23 @@ register(Rule(
     verdict="error",
     impact="crash",
     conditions="a model patched by Unsloth (FastLanguageModel, LLaMA-Factory use_unsloth, ms-swift --tuner_backend "
-               "unsloth) in a launch with more than one process (torchrun, accelerate, DeepSpeed, FSDP)",
-    knobs=("unsloth", "world_size"),
+               "unsloth) in a launch with more than one process (torchrun, accelerate, DeepSpeed, FSDP), or "
+               "spread over several GPUs by device_map in one process",
+    knobs=("unsloth", "world_size", "model_split"),
     affected={"unsloth": f"<{UNSLOTH_DDP_SINCE}"},
-    when=lambda s: s.unsloth and s.world_size > 1,
+    when=lambda s: s.unsloth and (s.world_size > 1 or s.model_split),
     cause=("Unsloth's open-source releases supported one GPU: its trainer patch checks the world size (and, in "
            "older releases, the GPUs holding memory) and raises before the first step; runs that got past it "
            "(DeepSpeed through LLaMA-Factory's early integration) were unsupported and their results unverified "
-           "by the maintainers."),
-    fix="Launch on one GPU (one process), or drop Unsloth (LLaMA-Factory use_unsloth: false) for the multi-GPU "
-        "run, or upgrade Unsloth to a release with data-parallel support.",
+           "by the maintainers. A model device_map spreads over several GPUs meets its patched kernels, which "
+           "assume one device: tensors on two GPUs in one op."),
+    fix="Launch on one GPU (one process, CUDA_VISIBLE_DEVICES=0 where device_map='auto' would spread the model), "
+        "or drop Unsloth (LLaMA-Factory use_unsloth: false) for the multi-GPU run, or upgrade Unsloth to a release "
+        "with multi-GPU support.",
     elsewhere="run one process (CUDA_VISIBLE_DEVICES=0) with Unsloth, or train without it under DDP/DeepSpeed/FSDP",
     references=("https://github.com/unslothai/unsloth/issues/859", "https://github.com/unslothai/unsloth/issues/2147",
                 "https://github.com/unslothai/unsloth/issues/127",
-                "https://github.com/hiyouga/LlamaFactory/issues/2253",
+                "https://github.com/hiyouga/LlamaFactory/issues/2253", "https://github.com/unslothai/unsloth/issues/2467",
                 "https://github.com/unslothai/unsloth/blob/main/unsloth/models/llama.py (get_max_steps)"),
     fixed_in=UNSLOTH_DDP_SINCE,
     log=LogSigns(
@@ -45,7 +48,9 @@ register(Rule(
                           "unsloth 2024.x"),
                   UNSLOTH_VRAM,  # Unsloth 2024.6's wording (refusals.py)
                   UNSLOTH_ZERO3,  # LLaMA-Factory's refusal of use_unsloth under ZeRO-3 (refusals.py)
-                  ZERO3_DEVICE_MAP),  # transformers' refusal of Unsloth's device_map under ZeRO-3 (refusals.py)
+                  ZERO3_DEVICE_MAP,  # transformers' refusal of Unsloth's device_map under ZeRO-3 (refusals.py)
+                  Message(r"Expected all tensors to be on the same device, but found at least two devices, "
+                          r"cuda:\d+ and cuda:\d+", "generic", "a patched kernel given a model spread over GPUs")),
         evidence=(Evidence("unsloth", 3, "Unsloth loads the model (with a device_map of its own)"),),
         prior=1.0,
         tells_apart="Unsloth's own refusal of a multi-GPU launch"),

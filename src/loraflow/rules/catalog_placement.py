@@ -227,3 +227,51 @@ register(Rule(
         prior=0.5,
         tells_apart="the [0] placeholder is met in the forward of a model other than the one trained"),
 ))
+
+
+ACCELERATE_REFUSES_SPLIT = "0.22.0"
+"""accelerate's prepare refuses any model whose device map has several entries in a distributed run from 0.22.0
+(Accelerator.verify_device_map); 0.20.0 and 0.21 refused only an 8-bit model so spread, and before them DDP itself
+refused a module whose parameters sit on several GPUs when given device_ids."""
+
+register(Rule(
+    id="device-map-split-distributed",
+    title="A model spread over several GPUs by device_map, trained by several processes",
+    verdict="fix",
+    impact="crash",
+    conditions="from_pretrained with device_map 'auto', 'balanced' or 'balanced_low_0' (or a map naming several "
+               "devices) in a launch of several processes (torchrun, accelerate launch, deepspeed): every process "
+               "sees every GPU of the node, so each spreads its copy of the model over all of them",
+    knobs=("model_split", "world_size"),
+    when=lambda s: s.model_split and s.world_size > 1,
+    cause=("device_map='auto' is naive model parallelism: one process holds the model with its layers placed on "
+           "several GPUs. Data parallelism wants one whole copy per process on that process's GPU. accelerate's "
+           "prepare refuses a model whose device map has more than one entry in any distributed mode (0.22.0 "
+           "on; 0.20 and 0.21 refused only 8-bit models so spread), and DDP refuses a module whose parameters sit "
+           "on several GPUs when it is given device_ids."),
+    fix="loraflow loads each process's model on its own device (device_map {'': local rank}) and never spreads it "
+        "over GPUs.",
+    remedy=lambda s: {"model_split": False},
+    elsewhere="in a multi-process launch pass device_map={'': PartialState().process_index} (or no device_map and "
+              "let the trainer place it); keep device_map='auto' for one process (`python train.py`, "
+              "--num_processes 1) when the model does not fit one GPU",
+    references=("https://github.com/huggingface/transformers/issues/31557",
+                "https://github.com/QwenLM/Qwen/pull/833", "https://github.com/QwenLM/Qwen/issues/900",
+                "https://github.com/FreedomIntelligence/HuatuoGPT-II/issues/32",
+                "https://github.com/pacman100/LLM-Workshop/issues/9",
+                "https://github.com/huggingface/accelerate/blob/v0.22.0/src/accelerate/accelerator.py "
+                "(prepare_model, verify_device_map)"),
+    fixed_in="design: data parallelism needs a whole model per process",
+    log=LogSigns(
+        messages=(Message(r"You can't train a model that has been loaded with `?device_map='auto'`? in any "
+                          r"distributed mode", "own", "accelerate/accelerator.py: prepare / prepare_model",
+                          f"accelerate>={ACCELERATE_REFUSES_SPLIT}"),
+                  Message(r"You can't train a model that has been loaded in 8-bit (or 4-bit )?precision on "
+                          r"multiple devices in any distributed mode", "own", "accelerate/accelerator.py: "
+                          "prepare_model", "accelerate>=0.20.0"),
+                  Message(r"DistributedDataParallel device_ids and output_device arguments only work with "
+                          r"single-device", "own", "torch/nn/parallel/distributed.py: DistributedDataParallel "
+                          "given device_ids for a module on several devices")),
+        prior=1.0,
+        tells_apart="accelerate's refusal of a model with a device map in a distributed run"),
+))

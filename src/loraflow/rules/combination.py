@@ -149,6 +149,9 @@ class Combination:
     quantized_moved: bool = False
     """A bitsandbytes-quantized model (policy, reference, reward) is moved to another device or cast after loading:
     a DeepSpeed engine's module.to(device), accelerate preparing a model loaded on another rank's device."""
+    model_split: bool = False
+    """Each process spreads its model over several GPUs (naive model parallelism): from_pretrained with device_map
+    'auto', 'balanced' or 'balanced_low_0' where the process sees several GPUs, or a map naming several devices."""
     unsloth: bool = False
     """The model is loaded and patched by Unsloth (FastLanguageModel / FastVisionModel; LLaMA-Factory use_unsloth,
     ms-swift --tuner_backend unsloth)."""
