@@ -240,3 +240,27 @@ def test_a_broken_loraflow_config_is_2_and_a_foreign_one_sharing_a_section_name_
     assert main(["check", str(tmp_path / "bad.yaml")]) == 2  # loraflow's sections, a YAML error: train refuses it
     (tmp_path / "other.yaml").write_text("model:\n  name: gpt2\noptimizer:\n  lr: 1\ntrainer:\n  devices: 8\n")
     assert main(["check", str(tmp_path / "other.yaml")]) == 3  # one section name in common is not loraflow's
+
+
+def test_a_launch_the_framework_refuses_at_start_up_is_exit_2_with_its_own_section(tmp_path):
+    """A DeepSpeed JSON whose batch sizes no process count satisfies: DeepSpeed's batch assertion stops every launch.
+    It is no rule's failure, and was listed as "not understood" (exit 1); the launch fails as given."""
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,'
+                  ' "zero_optimization": {"stage": 2}}')
+    doc = json.loads(run_check(None, "deepspeed", [str(ds)], {}, as_json=True)[0])
+    text, code = run_check(None, "deepspeed", [str(ds)], {}, as_json=False)
+    assert code == doc["exit_code"] == 2
+    assert len(doc["stops"]) == 1 and "_batch_assertion" in doc["stops"][0]
+    assert not [u for u in doc["unknown"] if "_batch_assertion" in u]
+    assert "stops at start-up: the framework refuses this launch before its first step (1):" in text
+    assert "exit code 2: this launch fails or trains wrongly as given (it stops at start-up)" in text
+    ds.write_text('{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,'
+                  ' "zero_optimization": {"stage": 2}}')
+    doc = json.loads(run_check(None, "deepspeed", [str(ds)], {}, as_json=True)[0])
+    assert doc["stops"] == [] and doc["exit_code"] != 2
+
+
+def test_exit_code_2_for_a_stop_alone():
+    assert _exit_code(FrontendResult("hf", Combination(), stops=["the framework refuses it"]), []) == 2
+    assert _exit_code(FrontendResult("hf", Combination(), unknown=["--x"]), []) == 1

@@ -89,12 +89,12 @@ def test_verl_overrides_no_release_has_together_are_listed():
                       "actor_rollout_ref.rollout.load_format=safetensors",
                       "actor_rollout_ref.rollout.layered_summon=True",
                       "actor_rollout_ref.actor.fsdp_config.grad_offload=True", "trainer.n_gpus_per_node=4"], CURRENT)
-    found = [u for u in r.unknown if u.startswith("actor_rollout_ref.actor.fsdp_config.grad_offload=True with")]
-    assert found and "Could not override" in found[0] and "first appears in verl 0.4.0" in found[0], r.unknown
+    found = [u for u in r.stops if u.startswith("actor_rollout_ref.actor.fsdp_config.grad_offload=True with")]
+    assert found and "Could not override" in found[0] and "first appears in verl 0.4.0" in found[0], r.stops
     # `+key=` adds a key to any release's config: it dates nothing and stops nothing.
     r = from_command(["python3", "-m", "verl.trainer.main_ppo", "actor_rollout_ref.model.lora_rank=32",
                       "+actor_rollout_ref.actor.fsdp_config.grad_offload=True", "trainer.n_gpus_per_node=4"], CURRENT)
-    assert not [u for u in r.unknown if " with " in u], r.unknown
+    assert not [u for u in r.stops if " with " in u], r.stops
 
 
 # OpenRLHF/OpenRLHF examples/scripts/train_reinforce_baseline_llama_ray_agent_async.sh: `--advantage_estimator

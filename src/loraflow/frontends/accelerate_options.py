@@ -242,10 +242,10 @@ def refuse_ds_fields(draft: Draft, fields: list[str], label: str, json_from: str
     which the HF Trainer hands to the same plugin)."""
     if not fields or not at_least(draft, "accelerate", "0.16.0"):
         return
-    draft.unknown.append(f"{label}: {', '.join(fields)} beside {json_from}: accelerate refuses the run (\"When using "
-                         "`deepspeed_config_file`, the following accelerate config variables will be ignored\", "
-                         "DeepSpeedPlugin._deepspeed_config_checks); remove them from the accelerate config and set "
-                         "them in the DeepSpeed JSON")
+    draft.stop(f"{label}: {', '.join(fields)} beside {json_from}: accelerate refuses the run (\"When using "
+               "`deepspeed_config_file`, the following accelerate config variables will be ignored\", "
+               "DeepSpeedPlugin._deepspeed_config_checks); remove them from the accelerate config and set them in "
+               "the DeepSpeed JSON")
 
 
 def _process_config(draft: Draft, config: dict[str, Any], label: str) -> dict[str, Any]:

@@ -34,6 +34,9 @@ class FrontendResult:
     forks: dict = field(default_factory=dict)
     """Name -> ({value: meaning}, why): what a file that is not here decides and the rest is read from (the engine
     an unseen accelerate config selects); `check` builds the setup once per value (Draft.fork)."""
+    stops: list = field(default_factory=list)
+    """What makes the framework refuse this launch at start-up (Draft.stop), each with the check that refuses it and
+    the fix: the launch fails as given, before any rule's failure could happen."""
 
 
 @dataclass(frozen=True)

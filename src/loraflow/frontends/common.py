@@ -42,6 +42,7 @@ class Draft:
         self.sources: dict[str, str] = {}
         self.flags: dict[str, str] = {}
         self.unknown: list[str] = []
+        self.stops: list[str] = []
         self.notes: list[str] = []
         self.queried: dict[str, set[Version]] = {}
         self.eras: dict[str, tuple[str, str]] = {}
@@ -71,6 +72,12 @@ class Draft:
 
     def has(self, name: str) -> bool:
         return name in self.values
+
+    def stop(self, text: str) -> None:
+        """The framework (or a library it calls) refuses this launch before its first step: a check of its own that
+        the command or its files fail, whatever the versions check could not see. The launch fails as given."""
+        if text not in self.stops:
+            self.stops.append(text)
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -150,7 +157,7 @@ class Draft:
         setup = Combination(**self.values, versions=dict(self.versions))
         return FrontendResult(self.framework, setup, dict(self.sources), list(dict.fromkeys(self.unknown)),
                               list(self.notes), dict(self.flags), {k: set(v) for k, v in self.queried.items()},
-                              dict(self.eras), dict(self.unsure), dict(self.forks))
+                              dict(self.eras), dict(self.unsure), dict(self.forks), list(self.stops))
 
 
 def mitigated(draft: Draft, rule: str) -> bool:

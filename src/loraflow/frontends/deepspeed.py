@@ -257,15 +257,22 @@ def _zero_keys(draft: Draft, zero: dict[str, Any], label: str) -> None:
         return
     refused = at_least(draft, "deepspeed", "0.7.0")
     for key in strange:
-        said = f"{label}: zero_optimization.{key}"
+        said, stops = f"{label}: zero_optimization.{key}", False
         if key in _ZERO_WHILE and at_least(draft, "deepspeed", _ZERO_WHILE[key][1]):
             said += (": DeepSpeed removed the feature after 0.19.5 and refuses the key by name (runtime/config.py "
                      "_REMOVED_ZERO_CONFIG_KEYS); remove it, or run a release that has it")
+            stops = draft.version("deepspeed") is not None  # else a release before the removal may be the run's
         elif refused:
             said += (": DeepSpeed refuses the file (DeepSpeedZeroConfig forbids keys it lacks: \"extra fields not "
                      "permitted\"); " + ("it is a top-level section: move it out of zero_optimization"
                                           if key in keys.DEEPSPEED_TOP else "remove it"))
-        draft.unknown.append(said)
+            # A top-level section inside it is refused by every release since 0.7.0; another key only by the
+            # releases the run is known to use (keys.py lists every release's names, a key a fork added is not).
+            stops = key in keys.DEEPSPEED_TOP or draft.version("deepspeed") is not None
+        if stops:
+            draft.stop(said)
+        else:
+            draft.unknown.append(said)
 
 
 def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
@@ -348,10 +355,10 @@ def _trainer_mismatch(draft: Draft, info: dict[str, Any], label: str, hf: dict[s
             continue
         theirs = as_bool(value, f"{label}: {key}.enabled")
         if theirs != bool(ours):
-            draft.unknown.append(f"{label}: {key}.enabled {str(theirs).lower()} while the Trainer's {key} is "
-                                 f"{str(bool(ours)).lower()} ({source or 'its default'}): transformers refuses the run "
-                                 f"(\"ds {key}.enabled={theirs} vs hf {key}|{key}_full_eval={bool(ours)}\"); set "
-                                 f"{key}.enabled to \"auto\" or change --{key}")
+            draft.stop(f"{label}: {key}.enabled {str(theirs).lower()} while the Trainer's {key} is "
+                       f"{str(bool(ours)).lower()} ({source or 'its default'}): transformers refuses the run "
+                       f"(\"ds {key}.enabled={theirs} vs hf {key}|{key}_full_eval={bool(ours)}\"); set "
+                       f"{key}.enabled to \"auto\" or change --{key}")
 
 
 def _world_from_batch(draft: Draft, cfg: dict[str, Any], label: str) -> None:
@@ -368,10 +375,10 @@ def _world_from_batch(draft: Draft, cfg: dict[str, Any], label: str) -> None:
                   f"(train_micro_batch_size_per_gpu {micro} x gradient_accumulation_steps {accum}), which DeepSpeed "
                   "asserts equal")
     else:  # no process count satisfies the assertion: DeepSpeed stops at initialize whatever the launch
-        draft.unknown.append(f"{label}: train_batch_size {total} is no multiple of train_micro_batch_size_per_gpu "
-                             f"{micro} x gradient_accumulation_steps {accum}, so DeepSpeed's batch assertion "
-                             "(runtime/config.py _batch_assertion) fails on every number of processes; set one to "
-                             "\"auto\" or make them agree")
+        draft.stop(f"{label}: train_batch_size {total} is no multiple of train_micro_batch_size_per_gpu "
+                   f"{micro} x gradient_accumulation_steps {accum}, so DeepSpeed's batch assertion "
+                   "(runtime/config.py _batch_assertion) fails on every number of processes; set one to "
+                   "\"auto\" or make them agree")
 
 
 def from_files(paths: list[str], versions: dict) -> FrontendResult:

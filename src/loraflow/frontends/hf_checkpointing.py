@@ -35,10 +35,10 @@ def checkpointing(draft: Draft, run: Run) -> tuple[bool, str, str]:
     if gc and draft.get("checkpoint_impl") == "torch-wrapper":
         # transformers trainer.py create_accelerator_and_postprocess raises ValueError (since PR #25771 brought FSDP
         # activation checkpointing to the Trainer): the run stops before its first step.
-        draft.unknown.append(f"{gc_src} with FSDP activation_checkpointing ({draft.sources.get('checkpointing', '')}): "
-                             "the Trainer refuses both (\"activation_checkpointing in FSDP config and the "
-                             "gradient_checkpointing in training arg can't be set to True simultaneously\"); keep "
-                             f"FSDP's and set {gc_name} false")
+        draft.stop(f"{gc_src} with FSDP activation_checkpointing ({draft.sources.get('checkpointing', '')}): "
+                   "the Trainer refuses both (\"activation_checkpointing in FSDP config and the "
+                   "gradient_checkpointing in training arg can't be set to True simultaneously\"); keep "
+                   f"FSDP's and set {gc_name} false")
     if not gc:
         return gc, gc_name, kw_name
     kwargs = kwargs_of(opts.get(kw_name))

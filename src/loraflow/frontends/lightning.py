@@ -218,10 +218,10 @@ def _configure_model_load(draft: Draft, loads: list[Call]) -> None:
         return
     for load in loads:
         if load.scope in ("configure_model", "configure_sharded_model") and load.name == "from_pretrained":
-            draft.unknown.append(f"{load.at()} inside {load.scope} under ZeRO-3: Lightning runs it in deepspeed's "
-                                 "zero.Init, so the checkpoint is copied into [0]-sized partitions and the load stops "
-                                 "with a size mismatch; load the model in __init__ (deepspeed.initialize partitions "
-                                 "it at setup)")
+            draft.stop(f"{load.at()} inside {load.scope} under ZeRO-3: Lightning runs it in deepspeed's "
+                       "zero.Init, so the checkpoint is copied into [0]-sized partitions and the load stops "
+                       "with a size mismatch; load the model in __init__ (deepspeed.initialize partitions "
+                       "it at setup)")
             return
 
 

@@ -51,11 +51,12 @@ def unflagged(result: FrontendResult, rule) -> list[str]:
 
 
 def _exit_code(result: FrontendResult, findings: list[Checked]) -> int:
-    """2: the launch fails or trains wrongly as given; 1: it depends on something check could not see (a version,
+    """2: the launch fails or trains wrongly as given (the framework refuses it at start-up, or a crash/silent finding
+    holds whatever is unknown); 1: it depends on something check could not see (a version,
     a choice in the user's code, the data, or a flag it could not read), named in the report; 0: nothing found
     that fails or trains wrongly (a slow-only finding is advice, not a verdict)."""
     serious = [f for f in findings if f.rule.impact in _SERIOUS]
-    if any(f.holds_if is None for f in serious):
+    if result.stops or any(f.holds_if is None for f in serious):
         return 2
     return 1 if serious or result.unknown else 0
 
@@ -88,7 +89,8 @@ def render(verdict: Verdict, as_json: bool) -> tuple[str, int]:
         doc = {"framework": result.framework,
                "setup": {k: _value(getattr(result.setup, k)) for k in COMBINATION_FIELDS},
                "versions": {k: str(v) for k, v in result.setup.versions.items() if v is not None},
-               "sources": result.sources, "flags": result.flags, "unknown": result.unknown, "notes": result.notes,
+               "sources": result.sources, "flags": result.flags, "stops": result.stops, "unknown": result.unknown,
+               "notes": result.notes,
                "inferred_eras": {k: {"range": spec, "why": why} for k, (spec, why) in result.eras.items()},
                "unknowns": unknowns, "scenarios": verdict.scenarios, "findings": items, "exit_code": code,
                # Fields a file that is not here decides (Draft.fork): `setup` shows the first value evaluated.
@@ -117,6 +119,10 @@ def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code:
         if name in forked:  # decided by a file that is not here: every value it may take is evaluated
             value, source = "?", next(why for _, why in result.forks.values()) + ": each value evaluated"
         lines.append(f"  {name:<{width}}  {value:<{vwidth}}  {source}")
+    if result.stops:
+        lines += ["", f"stops at start-up: the framework refuses this launch before its first step "
+                      f"({len(result.stops)}):"]
+        lines += [f"  {s}" for s in result.stops]
     if result.unknown:
         lines += ["", f"not understood, so not checked ({len(result.unknown)}):"]
         lines += [f"  {u}" for u in result.unknown]
@@ -127,13 +133,15 @@ def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code:
     open_ = [i for i in items if i["holds_if"] is not None]
     if not decided:
         lines.append("no known conflict holds whatever is unknown." if open_ else
-                     "no known conflict between these memory savers and the adapter setup.")
+                     "no known conflict between these memory savers and the adapter setup" +
+                     (" (the launch stops at start-up first: see above)." if result.stops else "."))
         lines.append("")
     for item in decided:
         lines += _finding_lines(item, title)
     if open_:
         lines += _depends_on(open_, unknowns, title)
-    meaning = {2: "this launch fails or trains wrongly as given",
+    meaning = {2: "this launch fails or trains wrongly as given" + (" (it stops at start-up)" if result.stops and
+                                                                    not decided else ""),
                1: "it depends on what check could not see (" + ("the question above" if open_ else
                                                                   "what it could not read, listed above") + ")",
                0: "nothing found that fails or trains wrongly" + (" (advice only above)" if decided else "")}[code]

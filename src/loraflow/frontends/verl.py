@@ -190,11 +190,11 @@ def _no_release(draft: Draft, table: dict, dated: list[Override]) -> None:
         draft.note("the overrides name keys of different verl releases (no release's config has them all): the "
                    "release is not narrowed")
         return
-    draft.unknown.append(f"{gone.raw} with {came.raw}: no verl release's config has both ({gone.key} is gone after "
-                         f"verl {RELEASES[last]}, {came.key} first appears in verl {RELEASES[first]}); Hydra refuses "
-                         f"an override of a key the config lacks (\"Could not override '{gone.key}'\"), so the launch "
-                         f"stops at start-up unless the run's verl is a commit that has both; drop {gone.raw} "
-                         f"(releases after {RELEASES[last]} have no such setting)")
+    draft.stop(f"{gone.raw} with {came.raw}: no verl release's config has both ({gone.key} is gone after "
+               f"verl {RELEASES[last]}, {came.key} first appears in verl {RELEASES[first]}); Hydra refuses "
+               f"an override of a key the config lacks (\"Could not override '{gone.key}'\"), so the launch "
+               f"stops at start-up unless the run's verl is a commit that has both; drop {gone.raw} "
+               f"(releases after {RELEASES[last]} have no such setting)")
 
 
 def _lora(value: Any, where: str) -> str:

@@ -110,6 +110,6 @@ def split_placement(program: str, options: dict, draft: Draft) -> None:
     value, where = options.get("actor_rollout_ref.hybrid_engine", (True, ""))
     parts = program_parts(program)
     if str(value).lower() == "false" and not {"one_step_off_policy", "fully_async_policy"} & set(parts):
-        draft.unknown.append(f"{where}: verl's RayPPOTrainer asserts a hybrid engine (\"Currently, only support "
-                             "hybrid engine\", ray_trainer.py), so this launch stops at start-up unless its trainer "
-                             "is a split-placement recipe's (one_step_off_policy, fully_async_policy)")
+        draft.stop(f"{where}: verl's RayPPOTrainer asserts a hybrid engine (\"Currently, only support "
+                   "hybrid engine\", ray_trainer.py), so this launch stops at start-up unless its trainer "
+                   "is a split-placement recipe's (one_step_off_policy, fully_async_policy)")
