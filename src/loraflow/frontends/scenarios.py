@@ -20,7 +20,10 @@ from typing import Any, Callable
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-MAX_SCENARIOS = 256
+MAX_SCENARIOS = 4096
+"""Combinations of unknown releases and choices evaluated at most. Each costs a rule evaluation (about 0.3 ms); one
+past the cap would leave a release range unevaluated and a conditional finding read as unconditional, so a verdict
+that reaches it says so (verdict.py)."""
 FLOOR = Version("0")
 
 
@@ -148,9 +151,12 @@ def enumerate_scenarios(variables: list[Variable], consistent: Callable[[dict], 
     domains = []
     for var in variables:
         domains.append(var.considered())
-    combos = [dict(zip((v.name for v in variables), values)) for values in itertools.product(*domains)]
-    combos = [c for c in combos if consistent(c)] or combos
-    return combos[:MAX_SCENARIOS]
+    names = [v.name for v in variables]
+    every = (dict(zip(names, values)) for values in itertools.product(*domains))
+    combos = list(itertools.islice((c for c in every if consistent(c)), MAX_SCENARIOS))
+    if not combos:  # nothing consistent: every combination, as read
+        combos = [dict(zip(names, values)) for values in itertools.islice(itertools.product(*domains), MAX_SCENARIOS)]
+    return combos
 
 
 def describe(holds: list[bool], scenarios: list[dict[str, Any]], variables: list[Variable]

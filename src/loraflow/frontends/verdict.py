@@ -18,6 +18,7 @@ from loraflow.frontends.base import FrontendResult
 from loraflow.frontends.common import FORK
 from loraflow.frontends.scenarios import (
     FLOOR,
+    MAX_SCENARIOS,
     Variable,
     describe,
     enumerate_scenarios,
@@ -227,6 +228,10 @@ def check_setup(build: Build, given: dict[str, Version | None]) -> Verdict:
     choice_vars = [Variable(n, "choice", values=list(labels), labels=labels, why=why)
                    for n, (labels, why) in choices.items()]
     full = [dict(s, **f, **c) for s in scenarios for f in builds.combos for c in enumerate_scenarios(choice_vars)]
+    if len(scenarios) >= MAX_SCENARIOS:
+        first.notes.append(f"{len(full)} combinations of unknown releases and choices evaluated, the most check "
+                           "evaluates: a finding said to hold whatever is unknown may hold only in some; pass "
+                           "--versions (or --versions-from / --as-of) to narrow them")
     all_vars = variables + builds.fork_vars + choice_vars
     holds: dict[str, list[bool]] = {}
     for i, scenario in enumerate(full):
