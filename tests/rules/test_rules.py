@@ -121,6 +121,13 @@ CASES = {
     "unsloth-multi-gpu": (
         DDP.replace(unsloth=True, versions={"unsloth": Version("2025.4.1")}),
         BASE.replace(unsloth=True)),
+    "zero-no-sync-accumulation": (
+        BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, grad_accum_steps=4, accumulation_loop="hf-trainer",
+                     versions={"deepspeed": Version("0.16.0"), "accelerate": Version("1.2.1"),
+                               "transformers": Version("4.46.1")}),
+        BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, grad_accum_steps=4, accumulation_loop="hf-trainer",
+                     versions={"deepspeed": Version("0.16.0"), "accelerate": Version("1.2.1"),
+                               "transformers": Version("4.48.0")})),  # the Trainer skips no_sync under DeepSpeed
     "device-map-split-distributed": (
         DDP.replace(model_split=True),
         BASE.replace(model_split=True)),  # one process may spread its model: naive model parallelism

@@ -52,6 +52,7 @@ from loraflow.frontends.table import (
     fact,
     parameter_targets,
     stages,
+    steps,
     switch,
     weight_reading_init,
 )
@@ -69,6 +70,7 @@ FLAGS = {"checkpointing": "gradient_checkpointing", "reentrant": "gradient_check
          "lm_head_trainable": "lora_modules_to_save", "weight_tying_enforced": "peft_ensure_weight_tying",
          "offload": "deepspeed offload config / fsdp_config.offload_params",
          "fsdp_use_orig_params": "fsdp_config.use_orig_params", "world_size": "accelerate --num_processes",
+         "grad_accum_steps": "gradient_accumulation_steps",
          "adapter_save_gather": "gather_16bit_weights_on_model_save in the DeepSpeed JSON",
          "targets_all_towers": "lora_target_linear / lora_target_modules", "image_safe_truncation": "sequence_len",
          "adapter_reads_base": "peft_init_lora_weights / lora_target_parameters"}
@@ -258,6 +260,8 @@ def _trainer(draft: Draft, cfg: dict) -> None:
 _TRAINER = (
     fact("use_cache", False, "Axolotl sets config.use_cache = False (src/axolotl/loaders/utils.py)"),
     Field("packing", ("sample_packing",), switch),
+    Field("grad_accum_steps", ("gradient_accumulation_steps",), steps),
+    fact("accumulation_loop", "hf-trainer", "Axolotl trains with the HF Trainer (src/axolotl/core/trainers)"),
 )
 _STEP = (
     fact("forwards_per_step", 1, "TRL's DPOTrainer concatenates chosen and rejected (trl/trainer/dpo_trainer.py)",

@@ -67,7 +67,7 @@ from loraflow.frontends.hf_options import (
     trl_or_not,
 )
 from loraflow.frontends.intent import TOWER_MODULE, apply_fsdp, infer, names_training_flag
-from loraflow.frontends.table import Field, apply_table, fact, parameter_targets, switch
+from loraflow.frontends.table import Field, apply_table, fact, parameter_targets, steps, switch
 
 NAME = "hf"
 # Combination field -> the HF Trainer / TRL flag that changes it (command-line spelling; also read by
@@ -81,6 +81,7 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "quant_storage_matches": "--bnb_4bit_quant_storage", "packing": "--packing",
          "generation_gather": "--ds3_gather_for_generation", "world_size": "the launcher's process count",
          "model_split": "device_map= in the script's from_pretrained ({'': local rank} per process)",
+         "grad_accum_steps": "--gradient_accumulation_steps",
          "zero_stage": "zero_optimization.stage in the --deepspeed JSON",
          "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON",
          "targets_all_towers": "--lora_target_modules", **trl_rel.VLLM_FLAGS}
@@ -271,6 +272,9 @@ def _cache_and_ddp(run: Run, gc: bool) -> tuple[Field, ...]:
         Field("packing", ("padding_free",), switch),
         Field("find_unused_parameters", ("ddp_find_unused_parameters",), default=unused_default),
         Field("ddp_static_graph", ("ddp_static_graph",), switch),
+        Field("grad_accum_steps", ("gradient_accumulation_steps",), steps),
+        fact("accumulation_loop", "hf-trainer", "the HF Trainer's loop (transformers trainer.py "
+             "_inner_training_loop)", when=lambda d: not d.has("accumulation_loop")),
     )
 
 

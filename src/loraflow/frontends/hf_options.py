@@ -366,6 +366,7 @@ def fix_flags(draft: Draft, run: Run, cli: bool, gc_name: str, kw_name: str) -> 
                matched_modules="--lora_target_modules",
                quant_storage_matches="--bnb_4bit_quant_storage", packing="--packing",
                generation_gather="--ds3_gather_for_generation", world_size="the launcher's process count",
+               grad_accum_steps="--gradient_accumulation_steps",
                targets_all_towers="--lora_target_modules", **trl_rel.VLLM_FLAGS,
                zero_stage="zero_optimization.stage in the --deepspeed JSON" if ds else
                "--zero_stage / zero_stage in the accelerate config",

@@ -50,6 +50,7 @@ from loraflow.frontends.table import (
     empty_targets,
     fact,
     stages,
+    steps,
     switch,
 )
 
@@ -64,6 +65,7 @@ FLAGS = {"checkpointing": "disable_gradient_checkpointing", "reentrant": "use_re
          "packing": "packing / neat_packing", "find_unused_parameters": "ddp_find_unused_parameters",
          "embeddings_trainable": "additional_target", "lm_head_trainable": "additional_target",
          "engine": "deepspeed / accelerate --config_file", "world_size": "NPROC_PER_NODE / CUDA_VISIBLE_DEVICES",
+         "grad_accum_steps": "gradient_accumulation_steps",
          "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the deepspeed JSON",
          "targets_all_towers": "lora_target / freeze_vision_tower", "image_safe_truncation": "cutoff_len / "
          "image_max_pixels", "towers_trainable": "freeze_vision_tower / freeze_multi_modal_projector",
@@ -276,6 +278,9 @@ def _trainer(draft: Draft, opts: dict, stage_raw: str, ftype: str) -> None:
 
 _FACTS = (
     Field("ddp_static_graph", ("ddp_static_graph",), switch),
+    Field("grad_accum_steps", ("gradient_accumulation_steps",), steps),
+    fact("accumulation_loop", "hf-trainer", "LLaMA-Factory trains with the HF Trainer (src/llamafactory/train)",
+         when=lambda d: d.get("stage") != "ppo"),
     # use_unsloth loads the model through unsloth.FastLanguageModel (src/llamafactory/model/model_utils/unsloth.py).
     Field("unsloth", ("use_unsloth",), switch),
     # pissa_init initializes LoRA from the base weight's SVD (src/llamafactory/model/adapter.py: init_lora_weights).

@@ -9,6 +9,7 @@ DeepSpeed, FSDP) (swift/trainers/mixin.py _fix_gradient_checkpointing). It alway
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from loraflow.frontends.table import (
     fact,
     parameter_targets,
     stages,
+    steps,
     switch,
     weight_reading_init,
 )
@@ -71,6 +73,7 @@ FLAGS = {**exports.FLAGS, "checkpointing": "--gradient_checkpointing",
          "find_unused_parameters": "--ddp_find_unused_parameters", "ddp_static_graph": "--ddp_static_graph",
          "generation_gather": "--ds3_gather_for_generation", "embeddings_trainable": "--modules_to_save",
          "lm_head_trainable": "--modules_to_save", "world_size": "NPROC_PER_NODE",
+         "grad_accum_steps": "--gradient_accumulation_steps",
          "targets_all_towers": "--target_modules", "towers_trainable": "--freeze_vit / --freeze_aligner",
          "unsloth": "--tuner_backend", "adapter_reads_base": "--init_weights / --target_parameters",
          "image_safe_truncation": "--max_length / MAX_PIXELS", **rollouts.VLLM_FLAGS}
@@ -268,6 +271,7 @@ _TRAINER = (
     Field("packing", ("padding_free",), switch),
     Field("find_unused_parameters", ("ddp_find_unused_parameters",), default=_unused_parameters_default),
     Field("ddp_static_graph", ("ddp_static_graph",), switch),
+    fact("accumulation_loop", "hf-trainer", "ms-swift trains with the HF Trainer (swift/trainers)"),
     # --tuner_backend unsloth loads and patches the model with Unsloth (swift/llm/model/register.py).
     Field("unsloth", ("tuner_backend",), lambda v, w: True if str(v).lower() == "unsloth" else None),
     # --init_weights passes PEFT's init_lora_weights; --target_parameters its target_parameters (swift/arguments).
@@ -281,6 +285,19 @@ _TRAINER = (
           default=Default(True, f"default (ms-swift {ARGS}: ds3_gather_for_generation true)")),
     fact("forwards_per_step", 1, "concatenated_forward (swift/rlhf_trainers/dpo_trainer.py)", when=at_stage("dpo")),
 )
+
+
+def _accumulation(opts: dict) -> Field:
+    """ms-swift 3 fills an unset --gradient_accumulation_steps so a step sees 16 samples: ceil(16 / per-device batch
+    / processes) (swift/trainers/arguments.py TrainArgumentsMixin.__post_init__)."""
+    def default(draft: Draft) -> tuple[int, str] | None:
+        if "world_size" in draft.unsure or not at_least(draft, "ms-swift", "3.0.0"):
+            return None
+        batch = steps(_first(opts.get("per_device_train_batch_size", (1, ""))[0]), "--per_device_train_batch_size")
+        batch, world = batch or 1, draft.get("world_size")
+        return max(1, math.ceil(16 / batch / world)), (f"default (ms-swift swift/trainers/arguments.py: ceil(16 / "
+                                                        f"per-device batch {batch} / {world} processes))")
+    return Field("grad_accum_steps", ("gradient_accumulation_steps",), steps, default=default)
 
 
 def _train_mode_and_save(draft: Draft, opts: dict, info: dict) -> None:
@@ -317,7 +334,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     _adapter(draft, opts, dtype)
     _full_in_half(draft, opts, dtype)
     _checkpointing(draft, opts)
-    apply_table(draft, {k: (_first(v), where) for k, (v, where) in opts.items()}, _TRAINER)
+    apply_table(draft, {k: (_first(v), where) for k, (v, where) in opts.items()}, _TRAINER + (_accumulation(opts),))
     _train_mode_and_save(draft, opts, info)
     rollouts.apply(draft, *_accessors(opts), {k: (_first(v), where) for k, (v, where) in opts.items()},
                    visible_devices(cmd) if cmd is not None else (None, None))

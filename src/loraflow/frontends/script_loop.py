@@ -49,6 +49,7 @@ def apply_loop(draft: Draft, facts: Facts, code: Code) -> None:
     _manual_checkpoint(draft, facts, code)
     _mode(draft, facts, code)
     _save_gather(draft, code)
+    _accumulation(draft, code)
     source = draft.sources.get("find_unused_parameters", "")
     if source.startswith(_TRAINER_UNUSED):
         draft.set("find_unused_parameters", False, "default (the script's own loop: torch DDP's "
@@ -61,6 +62,23 @@ def apply_loop(draft: Draft, facts: Facts, code: Code) -> None:
         draft.set("fsdp_frozen_units_separate", False, "the script's own loop: accelerate wraps by its config's "
                   "policy; only transformers' Trainer adds PEFT's adapter wrap policy "
                   "(transformers/distributed/fsdp.py)")
+
+
+def _accumulation(draft: Draft, code: Code) -> None:
+    """The script's own loop accumulates through accelerate where it calls accelerator.accumulate(model): between
+    the micro-steps accelerate enters the model's no_sync. Its steps come from Accelerator(gradient_accumulation_
+    steps=N); otherwise the loop is its own (what it does between micro-steps is in its code)."""
+    accumulate = next((c for c in code.calls if c.name == "accumulate" and c.owner_name != "np"), None)
+    if accumulate is None:
+        draft.set("accumulation_loop", "own", "the script's own loop")
+        return
+    draft.set("accumulation_loop", "accelerate", f"{accumulate.at()}: accelerate's accumulate() enters no_sync "
+              "between micro-steps (accelerate/accelerator.py)")
+    built = next((c for c in code.calls if c.name == "Accelerator" and "gradient_accumulation_steps" in c.kwargs),
+                 None)
+    value = built.kwargs["gradient_accumulation_steps"] if built is not None else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        draft.set("grad_accum_steps", value, built.at("gradient_accumulation_steps"))
 
 
 def _backwards(code: Code) -> list[Call]:

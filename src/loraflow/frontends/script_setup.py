@@ -66,7 +66,9 @@ FLAGS = {"checkpointing": "gradient_checkpointing=True (TrainingArguments) or mo
          "matched_modules": "LoraConfig(target_modules=...)", "use_cache": "model.config.use_cache",
          "find_unused_parameters": "ddp_find_unused_parameters= (TrainingArguments)",
          "ddp_static_graph": "ddp_static_graph=True (TrainingArguments)",
-         "world_size": "the launcher's process count", **CODE_FLAGS}
+         "world_size": "the launcher's process count",
+         "grad_accum_steps": "gradient_accumulation_steps= (TrainingArguments, or Accelerator(...) in the script's "
+                             "own loop)", **CODE_FLAGS}
 # Importing one of these makes a file a training script check reads (accelerate and deepspeed alone do not: their
 # calls are read where a script makes them).
 _LIBRARIES = tuple(p for p in API_PACKAGES if p not in ("accelerate", "deepspeed"))

@@ -76,6 +76,15 @@ class Field:
     suffix: str = ""
 
 
+def steps(value: Any, where: str) -> int | None:
+    """A count such as gradient_accumulation_steps: a whole number, else (a value the script computes, "auto") the
+    field is left at its default."""
+    try:
+        return int_value(value, where)
+    except LoraflowError:
+        return None
+
+
 def apply_table(draft: Draft, options: Options, table: Iterable[Field]) -> None:
     """Set each row's field, in the table's order (later rows may read what earlier ones set)."""
     for row in table:

@@ -35,7 +35,8 @@ register(Rule(
     elsewhere="run one process (CUDA_VISIBLE_DEVICES=0) with Unsloth, or train without it under DDP/DeepSpeed/FSDP",
     references=("https://github.com/unslothai/unsloth/issues/859", "https://github.com/unslothai/unsloth/issues/2147",
                 "https://github.com/unslothai/unsloth/issues/127",
-                "https://github.com/hiyouga/LlamaFactory/issues/2253", "https://github.com/unslothai/unsloth/issues/2467",
+                "https://github.com/hiyouga/LlamaFactory/issues/2253",
+                "https://github.com/unslothai/unsloth/issues/2467",
                 "https://github.com/unslothai/unsloth/blob/main/unsloth/models/llama.py (get_max_steps)"),
     fixed_in=UNSLOTH_DDP_SINCE,
     log=LogSigns(

@@ -82,3 +82,67 @@ register(Rule(
         prior=1.0,
         tells_apart="DeepSpeed's own assertion that a partition's gradient was reduced twice"),
 ))
+
+
+NO_SYNC_ASSERTED = "0.16.0"
+"""DeepSpeed's engine has a no_sync context manager from 0.16.0 (PR #6675), which asserts the ZeRO stage does not
+partition gradients (stage 2 and 3); before it accelerate found no no_sync on the engine and used a null context."""
+ACCELERATE_SKIPS_NO_SYNC = "1.9.0"
+"""accelerate's no_sync (which its accumulate() enters between micro-steps) skips a DeepSpeed engine at ZeRO stage 2
+or 3 from 1.9.0 (accelerator.py no_sync: `zero_stage < 2`; huggingface/accelerate#3481)."""
+TRAINER_SKIPS_NO_SYNC = "4.48.0"
+"""The HF Trainer's loop stops calling accelerator.no_sync under DeepSpeed in 4.48.0 (huggingface/transformers PR
+#35157); 4.47 called it directly between micro-steps, earlier releases through accelerator.accumulate."""
+
+
+def _no_sync(s) -> bool:
+    from loraflow.rules.rule import older
+
+    # ZeRO from stage 2 partitions gradients (DeepSpeedEngine.zero_optimization_partition_gradients).
+    if not (s.engine_spec.zero and s.zero_stage >= 2 and s.grad_accum_steps > 1):
+        return False
+    return s.accumulation_loop == "accelerate" or (s.accumulation_loop == "hf-trainer" and
+                                                   older(s, "transformers", TRAINER_SKIPS_NO_SYNC))
+
+
+register(Rule(
+    id="zero-no-sync-accumulation",
+    title="Gradient accumulation enters DeepSpeed's no_sync, which ZeRO-2/3 refuse",
+    verdict="fix",
+    impact="crash",
+    conditions="DeepSpeed >= 0.16.0 at ZeRO stage 2 or 3 with gradient accumulation (more than one micro-batch per "
+               "optimizer step) in a loop that enters accelerate's no_sync between micro-steps: the HF Trainer "
+               "before transformers 4.48 (LLaMA-Factory, axolotl, ms-swift, TRL on it), a custom loop's "
+               "accelerator.accumulate(model), with accelerate before 1.9.0",
+    knobs=("grad_accum_steps", "zero_stage"),
+    affected={"deepspeed": f">={NO_SYNC_ASSERTED}", "accelerate": f"<{ACCELERATE_SKIPS_NO_SYNC}"},
+    boundaries={"transformers": (TRAINER_SKIPS_NO_SYNC,)},
+    when=_no_sync,
+    cause=("accelerate skips the gradient all-reduce between the micro-batches of an accumulation window with the "
+           "model's no_sync context, as DDP allows. DeepSpeed's engine gained a no_sync in 0.16.0 that asserts the "
+           "ZeRO stage does not partition gradients: stages 2 and 3 reduce each gradient into its owner's partition "
+           "as backward produces it, so they cannot skip the reduction. The first micro-step of every window "
+           "stops on the assertion; before 0.16.0 the engine had no no_sync and accelerate used a null context."),
+    fix="loraflow leaves accumulation to DeepSpeed's own engine (backward and step count the micro-steps), never "
+        "entering no_sync under ZeRO.",
+    remedy=lambda s: {"grad_accum_steps": 1},
+    elsewhere="upgrade accelerate to 1.9.0 or later (its no_sync skips ZeRO-2/3) or transformers to 4.48.0 or "
+              "later for the HF Trainer; else pin deepspeed<0.16.0, or set gradient_accumulation_steps 1 and raise "
+              "the per-device batch",
+    references=("https://github.com/deepspeedai/DeepSpeed/issues/6793",
+                "https://github.com/huggingface/transformers/issues/34984",
+                "https://github.com/huggingface/transformers/pull/35157",
+                "https://github.com/huggingface/accelerate/issues/3481",
+                "https://github.com/hiyouga/LlamaFactory/issues/6194",
+                "https://github.com/modelscope/ms-swift/issues/4230",
+                "https://github.com/eosphoros-ai/DB-GPT-Hub/issues/298", "https://github.com/kongds/E5-V/issues/23",
+                "https://github.com/wzhouad/WPO/issues/4", "https://github.com/JyChen9811/FaithDiff/issues/24",
+                "https://github.com/yuanzhoulvpi2017/zero_nlp/issues/204"),
+    fixed_in=f"accelerate {ACCELERATE_SKIPS_NO_SYNC}; transformers {TRAINER_SKIPS_NO_SYNC} (the HF Trainer)",
+    log=LogSigns(
+        messages=(Message(r"no.sync context manager is incompatible with gradient ?partitioning logic of ZeRO stage",
+                          "own", "deepspeed/runtime/engine.py: DeepSpeedEngine.no_sync", "deepspeed>=0.16.0"),),
+        frames=(Message(r"deepspeed[/\\.]runtime[/\\.]engine\.py:no_sync$", "own"),),
+        prior=1.0,
+        tells_apart="DeepSpeed's no_sync assertion"),
+))

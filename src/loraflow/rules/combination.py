@@ -149,6 +149,12 @@ class Combination:
     quantized_moved: bool = False
     """A bitsandbytes-quantized model (policy, reference, reward) is moved to another device or cast after loading:
     a DeepSpeed engine's module.to(device), accelerate preparing a model loaded on another rank's device."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step on each process (gradient accumulation)."""
+    accumulation_loop: Literal["own", "hf-trainer", "accelerate"] = "own"
+    """What runs the micro-steps of an accumulation window: the HF Trainer's loop (with accelerate's accumulate or
+    no_sync), a custom loop's accelerator.accumulate(model), or a loop of the framework's own that enters neither
+    (DeepSpeed's engine counting them, loraflow, OpenRLHF, verl)."""
     model_split: bool = False
     """Each process spreads its model over several GPUs (naive model parallelism): from_pretrained with device_map
     'auto', 'balanced' or 'balanced_low_0' where the process sees several GPUs, or a map naming several devices."""
