@@ -59,3 +59,19 @@ def test_the_unknown_that_decides_is_found_among_many():
                  for values in __import__("itertools").product(*(v.domain() for v in variables))]
     holds = [s["pkg8"] == FLOOR for s in scenarios]  # 3^9 = 19683 scenarios, decided by the last unknown alone
     assert describe(holds, scenarios, variables) == ("pkg8<1.0", ("pkg8",))
+
+
+def test_every_release_combination_is_evaluated_up_to_the_cap():
+    """Five unknown packages with 2-5 release ranges each (320 combinations): the old cap of 256 silently dropped
+    every combination with the last package's late releases, so a conditional finding read as unconditional."""
+    from packaging.version import Version
+
+    from loraflow.frontends.scenarios import MAX_SCENARIOS, Variable, enumerate_scenarios
+
+    variables = [Variable(name, "version", [Version(f"1.{i}") for i in range(1, n)])
+                 for name, n in (("a", 2), ("b", 4), ("c", 4), ("d", 5), ("e", 2))]
+    combos = enumerate_scenarios(variables)
+    assert len(combos) == 2 * 4 * 4 * 5 * 2 <= MAX_SCENARIOS
+    assert {c["e"] for c in combos} == set(variables[-1].considered())
+    big = [Variable(f"p{k}", "version", [Version(f"1.{i}") for i in range(1, 4)]) for k in range(8)]  # 4^8
+    assert len(enumerate_scenarios(big)) == MAX_SCENARIOS
