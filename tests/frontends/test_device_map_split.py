@@ -39,6 +39,10 @@ def test_the_rule_needs_a_spread_model_and_several_processes():
     assert rule.when(Combination(model_split=True, world_size=2, engine="ddp"))
     assert not rule.when(Combination(model_split=True, world_size=1))
     assert not rule.when(Combination(model_split=False, world_size=2, engine="ddp"))
+    assert rule.when(Combination(model_split=True, world_size=2, engine="deepspeed", zero_stage=2))
+    # FSDP and ZeRO-3's zero.Init load without dispatching over devices (ZeRO-3 refuses the device_map itself).
+    for engine, stage in (("fsdp1", 0), ("fsdp2", 0), ("deepspeed", 3)):
+        assert not rule.when(Combination(model_split=True, world_size=2, engine=engine, zero_stage=stage)), engine
 
 
 def test_device_map_auto_under_torchrun_fails_as_given(tmp_path, monkeypatch):

@@ -240,10 +240,13 @@ register(Rule(
     verdict="fix",
     impact="crash",
     conditions="from_pretrained with device_map 'auto', 'balanced' or 'balanced_low_0' (or a map naming several "
-               "devices) in a launch of several processes (torchrun, accelerate launch, deepspeed): every process "
-               "sees every GPU of the node, so each spreads its copy of the model over all of them",
+               "devices) in a launch of several processes (torchrun, accelerate launch, deepspeed) under DDP or ZeRO "
+               "stage 0-2: every process sees every GPU of the node, so each spreads its copy over all of them",
     knobs=("model_split", "world_size"),
-    when=lambda s: s.model_split and s.world_size > 1,
+    # Under FSDP and ZeRO-3's zero.Init transformers does not dispatch the model over devices at all (and under
+    # ZeRO-3 refuses the device_map itself, a rule of its own): the spread is refused only under DDP and ZeRO-0/1/2.
+    when=lambda s: (s.model_split and s.world_size > 1 and not s.zero3
+                    and not (s.engine_spec.flat_params or s.engine_spec.dtensor_params)),
     cause=("device_map='auto' is naive model parallelism: one process holds the model with its layers placed on "
            "several GPUs. Data parallelism wants one whole copy per process on that process's GPU. accelerate's "
            "prepare refuses a model whose device map has more than one entry in any distributed mode (0.22.0 "
