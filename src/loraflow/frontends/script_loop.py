@@ -68,7 +68,8 @@ def _accumulation(draft: Draft, code: Code) -> None:
     """The script's own loop accumulates through accelerate where it calls accelerator.accumulate(model): between
     the micro-steps accelerate enters the model's no_sync. Its steps come from Accelerator(gradient_accumulation_
     steps=N); otherwise the loop is its own (what it does between micro-steps is in its code)."""
-    accumulate = next((c for c in code.calls if c.name == "accumulate" and c.owner_name != "np"), None)
+    accumulate = next((c for c in code.calls if c.name == "accumulate" and c.owner_name
+                       and c.owner_name not in ("np", "numpy", "itertools", "operator")), None)  # not a running sum
     if accumulate is None:
         draft.set("accumulation_loop", "own", "the script's own loop")
         return
