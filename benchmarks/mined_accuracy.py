@@ -121,15 +121,15 @@ def _is_command(text: str) -> bool:
         words and words[0].split("=")[0] in COMMANDS)
 
 
-def _as_of(opened: str | None) -> dict:
-    """The releases current on the day the thread was opened (`check --as-of`); a month or a year counts from its
-    last day."""
+def _as_of(opened: str | None) -> tuple[str | None, dict]:
+    """The day the thread was opened and the releases current on it (`check --as-of`); a month or a year counts
+    from its last day."""
     from loraflow.frontends.versions_source import versions_as_of
 
     if not opened:
-        return {}
+        return None, {}
     day = {4: f"{opened}-12-31", 7: f"{opened}-28"}.get(len(opened), opened)
-    return versions_as_of(day)
+    return day, versions_as_of(day)
 
 
 def _check(r: dict, as_of: bool) -> dict:
@@ -139,17 +139,21 @@ def _check(r: dict, as_of: bool) -> dict:
     from loraflow.errors import LoraflowError
     from loraflow.frontends import parse_versions, run_check
     from loraflow.frontends.base import release_names
+    from loraflow.frontends.versions_source import Dated
 
     # The packages check tracks and the frameworks' own releases (verl 0.5.0, torchtune 0.2.1) a thread states.
     known = set(TRACKED_PACKAGES) | set(release_names())
     versions = parse_versions(",".join(f"{k}={m.group(0)}" for k, v in (r["versions"] or {}).items()
                                        if k in known and (m := re.search(r"\d+(\.\d+)+", str(v)))))
+    dated = None
     if as_of:
-        versions = {**_as_of(r["opened"]), **versions}
+        day, current = _as_of(r["opened"])
+        dated = Dated(day, set(current) - set(versions)) if day else None
+        versions = {**current, **versions}
     try:
         argv, framework, path = _posted(r)
-        out, _ = (run_check(argv, None, [], dict(versions), True) if argv is not None else
-                  run_check(None, framework, [path], dict(versions), True))
+        out, _ = (run_check(argv, None, [], dict(versions), True, None, dated) if argv is not None else
+                  run_check(None, framework, [path], dict(versions), True, None, dated))
         return json.loads(out)
     except (LoraflowError, ValueError) as exc:  # ValueError: shlex on an unbalanced quote
         return {"error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__, "findings": []}

@@ -14,21 +14,22 @@ import pytest
 from conftest import ROOT
 
 from loraflow.frontends import parse_versions, run_check
-from loraflow.frontends.versions_source import Versions, versions_as_of, versions_from_file
+from loraflow.frontends.versions_source import Dated, Versions, versions_as_of, versions_from_file
 
 OFFICIAL = ROOT / "tests" / "fixtures" / "frontends" / "official"
 EXAMPLES = json.loads((OFFICIAL / "MANIFEST.json").read_text())["examples"]
 SERIOUS = ("crash", "silent")
 
 
-def _versions(example: dict, root: Path) -> dict:
+def _versions(example: dict, root: Path) -> tuple[dict, Dated]:
     found = Versions()
     if example["versions"]:
         found.fill(parse_versions(example["versions"]), "--versions")
     if example["versions_from"]:
         found.fill(versions_from_file(str(root / example["versions_from"])), "--versions-from")
     found.fill(versions_as_of(example["as_of"]), "--as-of")
-    return dict(found.values)
+    dated = Dated(example["as_of"], {p for p, source in found.sources.items() if source == "--as-of"})
+    return dict(found.values), dated
 
 
 def _materialize(example: dict, tmp_path: Path) -> Path:
@@ -50,7 +51,8 @@ def test_official_example_reads_as_recorded(example, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no default accelerate config: as on a fresh machine
     root = _materialize(example, tmp_path)
     monkeypatch.chdir(root / example["cwd"])
-    text, code = run_check(list(example["argv"]), None, [], _versions(example, root), True)
+    versions, dated = _versions(example, root)
+    text, code = run_check(list(example["argv"]), None, [], versions, True, None, dated)
     doc = json.loads(text)
     serious = {f["rule"]: f["holds_if"] for f in doc["findings"] if f["impact"] in SERIOUS}
     assert doc["framework"] == example["framework"]

@@ -115,3 +115,31 @@ def test_prerelease_and_container_builds_read_as_the_release_before_them(capsys,
     listing.write_text("torch 2.4.0a0+07cecf4168.nv24.5\n")
     main(["check", "--versions-from", str(listing), "--", "python", "train.py", "--output_dir", "o"])
     assert "torch 2.3.999 (read for 2.4.0a0, a build from before its release)" in capsys.readouterr().out
+
+
+def test_as_of_yields_to_the_releases_the_launch_itself_spells(capsys):
+    # `--sft_type` and the `default-zero2` preset exist only before ms-swift 3.0: a run written that way in March
+    # 2025 ran 2.x, though 3.1 was the newest release that day.
+    launch = ["--", "swift", "sft", "--model_type", "qwen-7b-chat", "--sft_type", "lora", "--deepspeed",
+              "default-zero2"]
+    code, out = run(capsys, "--as-of", "2025-03-01", *launch)
+    first = out.splitlines()[0]
+    assert "ms-swift 2.6.1 (released by 2025-03-01, within what the launch uses)" in first, first
+    assert "ms-swift 2.6.1 (--as-of 2025-03-01): --sft_type exists in ms-swift <3.0.0" in out
+    assert versions_as_of("2025-03-01")["ms-swift"] >= Version("3.0.0")  # what the date alone would have used
+    # `--train_type` exists only from 3.0 on, which no release by June 2024 is: the era's range is evaluated.
+    code, out = run(capsys, "--as-of", "2024-06-01", "--", "swift", "sft", "--train_type", "lora", "--model",
+                    "Qwen/Qwen2.5-7B-Instruct")
+    assert "ms-swift" not in out.splitlines()[0]
+    assert "ms-swift release not fixed (--as-of 2024-06-01)" in out and "so the range is evaluated" in out
+    # Versions the user gives are never moved by the launch's spellings; the era then disagrees in a note.
+    code, out = run(capsys, "--versions", "ms-swift=3.1.0", "--as-of", "2025-03-01", *launch)
+    assert "ms-swift 3.1.0 (--versions)" in out.splitlines()[0] and "(--as-of" not in out
+
+
+def test_newest_as_of_within_a_range():
+    from loraflow.frontends.versions_source import newest_as_of
+
+    assert newest_as_of("ms-swift", "2025-03-01", "<3.0.0") == Version("2.6.1")
+    assert newest_as_of("ms-swift", "2024-06-01", ">=3.0.0") is None
+    assert newest_as_of("no-such-package", "2025-03-01", "<1") is None

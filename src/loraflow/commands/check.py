@@ -134,10 +134,16 @@ def _loraflow_shaped(path: str) -> bool:
 def _check_foreign(args: argparse.Namespace, command_line: list[str] | None, framework: str | None,
                    files: list[str]) -> int:
     from loraflow.frontends import run_check
+    from loraflow.frontends.versions_source import Dated
 
     try:
         versions = _foreign_versions(args)
-        text, code = run_check(command_line or None, framework, files, dict(versions.values), args.json, args.data)
+        dated = Dated(args.as_of, {p for p, s in versions.sources.items() if s == _AS_OF.format(args.as_of)}) \
+            if args.as_of else None
+        text, code = run_check(command_line or None, framework, files, dict(versions.values), args.json, args.data,
+                               dated)
+        for package, (release, _) in (dated.moved.items() if dated else ()):
+            versions.moved(package, release, f"{_AS_OF.format(args.as_of)}, within what the launch uses")
     except LoraflowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return CHECK_UNREAD
@@ -148,6 +154,9 @@ def _check_foreign(args: argparse.Namespace, command_line: list[str] | None, fra
         print(versions.describe())
         print(text)
     return code
+
+
+_AS_OF = "released by {}"
 
 
 def _foreign_versions(args: argparse.Namespace):
@@ -165,7 +174,7 @@ def _foreign_versions(args: argparse.Namespace):
     if args.versions_from:
         found.fill(versions_from_file(args.versions_from), f"--versions-from {args.versions_from}")
     if args.as_of:
-        found.fill(versions_as_of(args.as_of), f"released by {args.as_of}")
+        found.fill(versions_as_of(args.as_of), _AS_OF.format(args.as_of))
     if given == "installed" or not (given or args.versions_from or args.as_of):
         installed = {p: v for p, pypi in PYPI_NAMES.items() if (v := installed_version(pypi)) is not None}
         found.fill(installed, "installed here; pass --versions, --versions-from or --as-of for the run's own")
@@ -193,8 +202,9 @@ def check_parser(sub) -> None:
                    "`pip freeze`, `pip list`, `conda list`, a requirements file's == pins, or the output of `trl env`, "
                    "`llamafactory-cli env`, `accelerate env`, `transformers env`, `ds_report`")
     c.add_argument("--as-of", metavar="YYYY-MM-DD", help="take the releases current on this date (the day the run "
-                   "or its thread was written) for what --versions and --versions-from do not state. With none of "
-                   "the three, another framework's run is checked against the packages installed here")
+                   "or its thread was written) for what --versions and --versions-from do not state; where the "
+                   "launch's own flags exist only in older (or newer) releases, the newest such release by that date. "
+                   "With none of the three, another framework's run is checked against the packages installed here")
     c.add_argument("--data", metavar="FILE", help="another framework's run: its training data (JSON or JSON Lines), "
                    "which decides the rules that depend on the samples (text-only samples mixed with image ones)")
     c.add_argument("--json", action="store_true", help="machine-readable output")

@@ -184,12 +184,13 @@ def launch_builder(path: str, name: str | None) -> tuple:
 
 
 def run_check(argv: list[str] | None, name: str | None, files: list[str], versions: dict,
-              as_json: bool, data: str | None = None) -> tuple[str, int]:
+              as_json: bool, data: str | None = None, dated=None) -> tuple[str, int]:
     """Build the setup from a command line or files, evaluate the rules as they stand (nothing is fixed: loraflow
     does not run this setup) over every unknown version and choice, and render the report. Exit code: 2 when a
     crash/silent finding holds whatever is unknown, 1 when one depends on what check could not see or a flag was not
     understood, 0 when nothing found fails or trains wrongly. `data`: the run's data file, which settles the choices
-    the samples decide."""
+    the samples decide. `dated` (versions_source.Dated): the releases in `versions` that --as-of filled, which yield
+    to the launch's own era evidence."""
     from loraflow.errors import LoraflowError
     from loraflow.frontends.report import render
     from loraflow.frontends.verdict import check_setup
@@ -230,6 +231,18 @@ def run_check(argv: list[str] | None, name: str | None, files: list[str], versio
         result.unknown += [e for e in dict.fromkeys(excerpts) if e not in result.unknown]
         return result
     try:
+        if dated is not None:
+            from loraflow.frontends.versions_source import within_eras
+
+            versions = within_eras(build, versions, dated)
+            said = [f"{p} {'release not fixed' if v is None else v} (--as-of {dated.day}): {why}"
+                    for p, (v, why) in dated.moved.items()]
+            dated_read = build
+
+            def build(v: dict) -> FrontendResult:
+                result = dated_read(v)
+                result.notes += [n for n in said if n not in result.notes]
+                return result
         return render(check_setup(build, versions), as_json)
     finally:
         EXCERPTS.reset(token)

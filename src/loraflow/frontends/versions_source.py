@@ -52,6 +52,15 @@ class Versions:
                 self.values[package] = as_release(version)  # a dev or container build: placed by the rules' ranges
                 self.sources[package] = source
 
+    def moved(self, package: str, version: Version | None, source: str) -> None:
+        """What check used instead of a release first found (--as-of's, which the launch's own spellings rule out):
+        another release, or none (its range evaluated)."""
+        if version is None:
+            self.values.pop(package, None)
+            self.sources.pop(package, None)
+        else:
+            self.values[package], self.sources[package] = version, source
+
     def describe(self) -> str:
         if not self.values:
             return "versions: none known (every finding says for which releases it holds)"
@@ -261,4 +270,52 @@ def versions_as_of(when: str) -> dict[str, Version]:
     if not out:
         first = min(d for dates in table.values() for d in dates.values())
         raise LoraflowError(f"--as-of: no release in the table is as old as {when} (it starts at {first}).")
+    return out
+
+
+def newest_as_of(package: str, when: str, spec: str) -> Version | None:
+    """The newest final release of `package` uploaded by `when` that `spec` allows, or None."""
+    from packaging.specifiers import SpecifierSet
+
+    day, allowed = date.fromisoformat(when), SpecifierSet(spec)
+    dates = releases().get(package, {})
+    fits = [Version(v) for v, d in dates.items() if date.fromisoformat(d) <= day and not Version(v).is_prerelease
+            and allowed.contains(Version(v))]
+    return max(fits, default=None)
+
+
+@dataclass
+class Dated:
+    """The releases --as-of filled (`packages`, current on `day`). The launch itself outranks them: a flag or layout
+    that exists only in some releases of a package (its era) says which of them ran, whatever was newest that day (a
+    user on last year's install). `moved` records what within_eras changed: package -> (release used or None, why)."""
+    day: str
+    packages: set[str]
+    moved: dict[str, tuple[Version | None, str]] = field(default_factory=dict)
+
+
+def within_eras(build, versions: dict[str, Version], dated: Dated) -> dict[str, Version]:
+    """`versions` with each --as-of release that the launch's era evidence rules out replaced by the newest release
+    by that day within the era, or dropped (every release of the era is then evaluated) where none is that old.
+    `build(versions)` reads the launch; it is read once without the dated releases so they cannot shape the eras."""
+    from packaging.specifiers import SpecifierSet
+
+    soft = {p for p in dated.packages if p in versions}
+    if not soft:
+        return versions
+    eras = build({p: v for p, v in versions.items() if p not in soft}).eras
+    out = dict(versions)
+    for package, (spec, reason) in eras.items():
+        if package not in soft or SpecifierSet(spec).contains(versions[package], prereleases=True):
+            continue
+        newest = versions[package]
+        older = newest_as_of(package, dated.day, spec)
+        if older is None:
+            del out[package]
+            why = (f"{reason}; no release of it in that range is as old as {dated.day}, so the range is evaluated "
+                   f"instead of {newest}, the newest on that day")
+        else:
+            out[package] = older
+            why = f"{reason}: {older} is the newest release by {dated.day} in that range ({newest} was the newest)"
+        dated.moved[package] = (older, why)
     return out
