@@ -32,7 +32,8 @@ CURRENT = ROOT / ".venv" / "bin" / "python"
 
 LEGACY_CASES = ("zero3-frozen-recompute", "zero3-eval-backward")
 CURRENT_CASES = ("reentrant-frozen-inputs", "cache-during-recompute", "no-adapter-matched", "fp16-trainable-unscale",
-                 "kbit-cpu-repack", "kbit-full-finetune", "vlm-wrong-auto-class", "image-tokens-truncated")
+                 "kbit-cpu-repack", "kbit-full-finetune", "vlm-wrong-auto-class", "image-tokens-truncated",
+                 "lora-no-default-targets")
 """Must raise on the current stack; every 2-rank case that raises here is captured as well, except:"""
 UNDIAGNOSABLE = ("ddp-unused-vision-tower",)
 """Its error is raised in DDP's pre-forward, before any model frame: the log cannot show that the model is an

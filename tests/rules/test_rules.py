@@ -37,6 +37,9 @@ CASES = {
     "no-adapter-matched": (
         BASE.replace(matched_modules=0),
         BASE.replace(adapter="full", matched_modules=None)),
+    "lora-no-default-targets": (
+        BASE.replace(no_default_targets=True),
+        BASE.replace(no_default_targets=True, adapter="full")),
     "adapter-loaded-frozen": (
         BASE.replace(adapter_loaded_frozen=True),
         BASE.replace(adapter_loaded_frozen=True, adapter="full")),

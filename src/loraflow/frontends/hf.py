@@ -30,7 +30,7 @@ from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends import lightning
 from loraflow.frontends.script_facts import is_model
-from loraflow.frontends.targets import check_targets
+from loraflow.frontends.targets import check_targets, default_targets
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options, refuse_beside
 from loraflow.frontends.common import (
     Draft,
@@ -78,6 +78,7 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "ddp_static_graph": "--ddp_static_graph", "use_cache": "--use_cache", "adapter": "--use_peft / --use_dora",
          "adapter_reads_base": "--lora_target_parameters",
          "quantization": "--load_in_4bit", "matched_modules": "--lora_target_modules",
+         "no_default_targets": "--lora_target_modules",
          "quant_storage_matches": "--bnb_4bit_quant_storage", "packing": "--packing",
          "generation_gather": "--ds3_gather_for_generation", "world_size": "the launcher's process count",
          "model_split": "device_map= in the script's from_pretrained ({'': local rank} per process)",
@@ -230,6 +231,11 @@ def _adapter(draft: Draft, run: Run) -> None:
     elif intent.targets and draft.get("adapter") != "full":  # the script's own `--target_modules q_proj,v_proj`
         check_targets(draft, str((opts.get("model_name_or_path") or Opt("", "")).value), intent.targets,
                       intent.sources["targets"])
+    elif draft.get("adapter") != "full" and ("peft_default_targets" in opts or (
+            run.trl and "use_peft" in opts and not opts["use_peft"].derived and run.on("use_peft"))):
+        default_targets(draft, str((opts.get("model_name_or_path") or Opt("", "")).value),
+                        opts["peft_default_targets"].source if "peft_default_targets" in opts else
+                        "--use_peft without --lora_target_modules (TRL ModelConfig.lora_target_modules: None)")
     if "lora_modules_to_save" in opts:
         embedding_targets(draft, as_list(opts["lora_modules_to_save"].value), opts["lora_modules_to_save"].source,
                           str((opts.get("model_name_or_path") or Opt("", "")).value))

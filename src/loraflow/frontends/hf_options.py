@@ -27,7 +27,8 @@ HANDLED = {"gradient_checkpointing", "activation_checkpointing", "gradient_check
            "ddp_find_unused_parameters", "ddp_static_graph", "use_cache", "use_peft", "use_dora",
            "lora_target_modules", "lora_modules_to_save", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_storage",
            "packing", "padding_free", "use_vllm", "ds3_gather_for_generation", "config", "accelerate_config", "dtype",
-           "torch_dtype"}
+           "torch_dtype",
+           "peft_default_targets"}  # not a flag: a script's LoraConfig without target_modules (script_facts.py)
 
 
 _OVERRIDE = re.compile(r"^\+{0,2}((?:[A-Za-z_]\w*\.)*)([A-Za-z_]\w*)=(.*)$")
@@ -363,7 +364,7 @@ def fix_flags(draft: Draft, run: Run, cli: bool, gc_name: str, kw_name: str) -> 
                find_unused_parameters="--ddp_find_unused_parameters",
                ddp_static_graph="--ddp_static_graph", use_cache="--use_cache" if not run.trl else "",
                adapter="--use_peft / --use_dora", quantization="--load_in_4bit",
-               matched_modules="--lora_target_modules",
+               matched_modules="--lora_target_modules", no_default_targets="--lora_target_modules",
                quant_storage_matches="--bnb_4bit_quant_storage", packing="--packing",
                generation_gather="--ds3_gather_for_generation", world_size="the launcher's process count",
                grad_accum_steps="--gradient_accumulation_steps",

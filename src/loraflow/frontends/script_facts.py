@@ -15,6 +15,7 @@ from loraflow.frontends.hf_options import HANDLED, Opt, trainer_from_name
 from loraflow.frontends.trl import MARKERS
 from loraflow.frontends.script_code import PARSERS, Call, Code, FromFlag, Parsed, Unread
 from loraflow.frontends.script_unsloth_facts import unsloth_full_modules
+from loraflow.frontends.targets import unset_targets
 from loraflow.frontends.script_names import HARMLESS as _HARMLESS, LIBRARY_ALIASES, bf16_query, model_class, passed
 
 TRAINING_ARGS = ("TrainingArguments", "Seq2SeqTrainingArguments")
@@ -104,11 +105,10 @@ def kind(call: Call, code: Code) -> str:
 
 _SIMPLE = {"BitsAndBytesConfig": "bnb", "add_adapter": "wrap", "prepare_model_for_kbit_training": "kbit_prep",
            "prepare_model_for_int8_training": "kbit_prep", "gradient_checkpointing_enable": "gc",
-           "enable_input_require_grads": "hook", "Accelerator": "accelerator",
-           "HfDeepSpeedConfig": "zero_init", "DeepSpeedPlugin": "ds_plugin",
+           "enable_input_require_grads": "hook", "Accelerator": "accelerator", "HfDeepSpeedConfig": "zero_init",
+           "DeepSpeedPlugin": "ds_plugin",
            "merge_and_unload": "merge", "merge_adapter": "merge", "load_adapter": "peft_load",
-           "backward": "trains", **{n: "adapter_config" for n in ADAPTER_CONFIGS},
-           **{n: "parser" for n in PARSERS}}
+           "backward": "trains", **{n: "adapter_config" for n in ADAPTER_CONFIGS}, **{n: "parser" for n in PARSERS}}
 
 
 def _method_kind(call: Call, code: Code) -> str:
@@ -346,9 +346,10 @@ def _adapter_config(facts: Facts, call: Call, code: Code) -> None:
         facts.opts["use_dora"] = Opt(True, call.at("use_dora"), True)
     for key, opt in (("target_modules", "lora_target_modules"), ("modules_to_save", "lora_modules_to_save"),
                      ("r", "lora_r")):
-        value = literal(facts, call, key)
-        if value is not None:
+        if (value := literal(facts, call, key)) is not None:
             facts.opts[opt] = Opt(value, call.at(key), True)
+    if "lora_target_modules" not in facts.opts and unset_targets(call.func, call.kwargs, call.splat):
+        facts.opts["peft_default_targets"] = Opt(True, f"{call.at()}: no target_modules", True)
     if call.splat:
         facts.unknown.append(f"{call.file}:{call.line}: {call.func}({call.splat}) (not visible)")
 

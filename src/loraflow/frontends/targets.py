@@ -1,6 +1,8 @@
 """Adapter target names read against the model's family: a target list that names only another family's linear
 layers (GPT-NeoX's `query_key_value` on a Llama, Llama's `q_proj` on a Falcon) matches no module, and PEFT refuses
 (`Target modules {...} not found in the base model`; releases before 0.7 trained nothing) - rule no-adapter-matched.
+A LoRA config with no target list takes PEFT's default for the model's config.model_type, which PEFT lists for a
+few dozen types only (peft_default_targets.json, read from its wheels) - rule lora-no-default-targets.
 
 The layer names are families.FAMILIES' (one table, read from transformers' modeling files); which family a model id
 names is a short table of unambiguous name patterns below. A target this module does not know (a regex, a name no
@@ -9,10 +11,42 @@ family declares, an architecture not listed) decides nothing: the list is then l
 
 from __future__ import annotations
 
+import json
 import re
+from functools import cache
+from pathlib import Path
 
 from loraflow.families import FAMILIES
-from loraflow.frontends.common import Draft
+from loraflow.frontends.common import Draft, at_least
+
+# config.model_type of checkpoints whose type is certain from the id (the last part of a hub id or path); the first
+# pattern that matches decides, so the more specific ones (Qwen2.5-VL before Qwen2.5, a Qwen distill of DeepSeek-R1
+# before DeepSeek) come first. An id no pattern matches (a local name, an architecture not listed) decides nothing.
+_MODEL_TYPES = tuple((t, re.compile(rx, re.I)) for t, rx in (
+    ("qwen2", r"distill[-_]qwen|qwq"), ("llama", r"distill[-_]llama"),
+    ("qwen3_vl", r"qwen3[-_.]?vl"), ("qwen2_5_vl", r"qwen2[._]5[-_.]?vl"), ("qwen2_vl", r"qwen2[-_.]?vl"),
+    ("qwen2_5_omni", r"qwen2[._]5[-_.]?omni"), ("qwen2_audio", r"qwen2[-_.]?audio"),
+    ("qwen", r"^qwen[-_](vl|\d+(\.\d+)?b)"),
+    ("qwen3_moe", r"^qwen3[-_.].*\ba\d+(\.\d+)?b\b"), ("qwen3", r"^qwen3\b|^qwen3[-_.]"),
+    ("qwen2_moe", r"^qwen(1[._]5|2)[-_.]moe|^qwen2[-_.]57b[-_]a14b"),
+    ("qwen2", r"^qwen(1[._]5|2|2[._]5)\b|^qwen(1[._]5|2|2[._]5)[-_.]"),
+    ("chatglm", r"^chatglm|^glm[-_]4[-_]9b[-_]chat$|^glm[-_]4[-_]9b$"), ("baichuan", r"^baichuan"),
+    ("internlm2", r"^internlm2"), ("internlm", r"^internlm[-_]"), ("internvl_chat", r"^internvl"),
+    ("minicpmv", r"^minicpm[-_](v|o|llama3[-_]v)"), ("paligemma", r"^paligemma"),
+    ("phi3_v", r"^phi[-_]?3(\.5)?[-_]vision"), ("phi4mm", r"^phi[-_]?4[-_]multimodal"), ("phi3", r"^phi[-_]?(3|4)"),
+    ("phi", r"^phi[-_]?(1|1_5|2)\b"), ("gemma3n", r"^gemma[-_]?3n"), ("gemma3_text", r"^gemma[-_]?3[-_](1b|270m)"),
+    ("gemma3", r"^gemma[-_]?3\b"), ("gemma2", r"^gemma[-_]?2\b"), ("gemma", r"^(code)?gemma[-_](\d+b|1\.1|2b|7b)"),
+    ("mllama", r"^llama[-_]3\.2[-_]\d+b[-_]vision"), ("llama4", r"^llama[-_]4"),
+    ("mixtral", r"^mixtral"), ("mistral", r"^mistral[-_]7b"),
+    ("llama", r"^(meta[-_])?llama[-_]?[23]|^(tiny|code)llama|^vicuna|^yi[-_](6|9|34)b|^deepseek[-_](llm|coder)[-_]"),
+    ("deepseek_v3", r"^deepseek[-_]v3|^deepseek[-_]r1$"), ("deepseek_v2", r"^deepseek[-_]v2"),
+    ("falcon", r"^falcon[-_]"), ("bloom", r"^bloom"), ("gpt_neox", r"^pythia|^gpt[-_]?neox|^dolly[-_]v2"),
+    ("gpt2", r"^(distil)?gpt2\b"), ("opt", r"^opt[-_]\d"), ("starcoder2", r"^starcoder2"),
+    ("gpt_bigcode", r"^(starcoder|santacoder)"), ("mpt", r"^mpt[-_]\d"), ("mt5", r"^mt5[-_]"),
+    ("t5", r"^(flan[-_])?t5[-_]"),
+))
+DEFAULT_TARGETS = Path(__file__).with_name("peft_default_targets.json")
+"""model type -> the first PEFT release whose LoRA default-target table lists it (scripts/peft_default_targets.py)."""
 
 # Model ids whose family is certain from the name (checkpoints of that architecture under their usual names).
 # Qwen's first release (Qwen/Qwen-7B, c_attn/w1/w2) and InternLM2 (wqkv) name their layers otherwise: not listed.
@@ -60,3 +94,38 @@ def check_targets(draft: Draft, model: str, targets: list[str], source: str) -> 
     why = foreign(model, targets)
     if why is not None and not draft.has("matched_modules"):
         draft.set("matched_modules", 0, f"{source}: {why}")
+
+
+def model_type_of(model: str) -> str | None:
+    """The config.model_type a hub id or local path names unambiguously, or None."""
+    name = model.rstrip("/").rsplit("/", 1)[-1]
+    return next((t for t, rx in _MODEL_TYPES if rx.search(name)), None) if name else None
+
+
+@cache
+def _default_targets() -> dict:
+    return json.loads(DEFAULT_TARGETS.read_text())
+
+
+def unset_targets(func: str, kwargs: dict, splat: str | None) -> bool:
+    """A LoraConfig (or AdaLoraConfig, which shares its table) call that names no target list: PEFT's table of
+    defaults by model type decides its targets. A `**kwargs` splat may hold one: not read as unset."""
+    return func.endswith("LoraConfig") and not splat and not {"target_modules", "target_parameters"} & set(kwargs)
+
+
+def default_targets(draft: Draft, model: str, source: str) -> None:
+    """A LoRA config with no target list (`source` says where): PEFT takes the targets from its table by the model's
+    type, and refuses a type the running release does not list (tuners_utils.py _prepare_adapter_config)."""
+    kind = model_type_of(model)
+    if kind is None:
+        return
+    table = _default_targets()
+    since = table["since"].get(kind)
+    if since is None:
+        draft.set("no_default_targets", True, f"{source}: no PEFT release ({table['releases'][-1]} the newest read) "
+                  f"has default LoRA targets for model type {kind} ({model})")
+    elif not at_least(draft, "peft", since):
+        draft.set("no_default_targets", True, f"{source}: PEFT lists default LoRA targets for model type {kind} "
+                  f"({model}) from {since} on")
+    else:
+        draft.set("no_default_targets", False, f"{source}: PEFT's default LoRA targets for model type {kind}")

@@ -111,6 +111,21 @@ def mismatched_targets(setup: Combination, ctx: Context) -> Observation:
     return Observation("ok", f"{trainable} trainable parameters")
 
 
+@case("lora-no-default-targets", LORA.replace(no_default_targets=True))
+def default_targets(setup: Combination, ctx: Context) -> Observation:
+    """LoRA with no target_modules on a tiny Phi-3 (a model type PEFT's default-target table does not list)"""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Phi3Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
+    model = get_peft_model(Phi3ForCausalLM(cfg) if setup.no_default_targets else tiny_llama(),
+                           LoraConfig(r=4, lora_alpha=8))  # PEFT raises here for phi3
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return Observation("ok" if trainable else "wrong", f"{trainable} trainable parameters")
+
+
 @case("tied-embedding-adapter", LORA.replace(tied_embeddings=True, lm_head_trainable=True))
 def tied_save_reload(setup: Combination, ctx: Context) -> Observation:
     """tied-embedding Llama with a trained lm_head copy (modules_to_save), reloaded as an adapter and as a merged

@@ -210,6 +210,40 @@ register(Rule(
                     "`query_key_value`) do not exist in this model family"),
 ))
 
+register(Rule(
+    id="lora-no-default-targets",
+    title="A LoRA config without target modules on a model type PEFT has no default for",
+    verdict="error",
+    impact="crash",
+    conditions="a LoraConfig with no target_modules (TRL's --use_peft without --lora_target_modules) on a model "
+               "whose config.model_type is not in the running PEFT release's default-target table",
+    knobs=("no_default_targets",),
+    when=lambda s: s.adapter != "full" and s.no_default_targets,
+    cause=("With target_modules unset, PEFT looks the targets up by the model's config.model_type in a table of a "
+           "few dozen architectures (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING) and refuses a type it does "
+           "not list (`Please specify `target_modules` in `peft_config``): image-text models (Qwen2-VL, "
+           "Qwen2.5-VL, Gemma 3, Llama 3.2 Vision), Phi-3, InternLM, Baichuan, remote-code models, and types "
+           "added after the installed release (ChatGLM from 0.3.0, Qwen2 from 0.12.0, Qwen3 from 0.16.0)."),
+    fix="Set adapter.target_modules (loraflow check lists the model's linear layers), or all-linear.",
+    elsewhere="pass target_modules to LoraConfig (or --lora_target_modules): the model's attention/MLP projection "
+              "names, or \"all-linear\" (peft >= 0.8)",
+    references=("https://github.com/mymusise/ChatGLM-Tuning/issues/25",
+                "https://github.com/baichuan-inc/Baichuan-13B/issues/52",
+                "https://github.com/shibing624/MedicalGPT/issues/379",
+                "https://github.com/MAGICS-LAB/DNABERT_2/issues/133"),
+    fixed_in="design: PEFT defaults only the model types it lists",
+    log=LogSigns(
+        messages=(Message(r"Please specify `?target_modules`?(?: or `?target_parameters`?)?\s*in `?peft_config`?",
+                          "own",
+                          "peft _prepare_adapter_config of the LoRA model and of other tuners with a default table "
+                          "(IA3, LoHa, OFT...); mapping.py _prepare_lora_config in 0.2; `or target_parameters` for "
+                          "LoRA from 0.17"),),
+        prior=1.0,
+        tells_apart="PEFT's own refusal asks for target_modules: the config named none and the model type has no "
+                    "default (a list that names the wrong layers is no-adapter-matched)"),
+))
+
+
 def _others_train(s: Combination) -> bool:
     """Weights beside the adapters train (a tower or projector, the head, the embeddings): a frozen adapter then
     fails nothing, it only never learns (rule adapter-frozen-others-train)."""

@@ -34,6 +34,9 @@ class Combination:
     """TRL's trainer is given a model the code already wrapped with PEFT and a peft_config as well."""
     matched_modules: int | None = None
     """Modules the adapter targets matched in this model (None: not known, e.g. the model could not be read)."""
+    no_default_targets: bool = False
+    """The LoRA config names no target modules, and PEFT's table of default targets (by config.model_type) has no
+    entry for this model's type in the release that runs."""
     embeddings_trainable: bool = False
     lm_head_trainable: bool = False
     tied_embeddings: bool = False
