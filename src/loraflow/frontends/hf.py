@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import deepspeed, keys, script_setup, vision
+from loraflow.frontends import deepspeed, keys, script_setup
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import (
     Arg,
@@ -30,19 +30,17 @@ from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends import lightning
 from loraflow.frontends.script_facts import is_model
-from loraflow.frontends.targets import check_targets, default_targets
+from loraflow.frontends.hf_adapter import LENGTH_KEYS, MODEL_KEYS, adapter, image_text
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options, refuse_beside
 from loraflow.frontends.common import (
     Draft,
     as_bool,
     as_list,
     at_least,
-    embedding_targets,
     finish_world,
     int_value,
     load_mapping,
     mapping_value,
-    model_name_facts,
     one_process_ddp,
     precision_from,
     trainer_dtypes,
@@ -59,15 +57,12 @@ from loraflow.frontends.hf_options import (
     options_from_file,
     trainer_from_name,
     trl_keys,
-    no_peft_flag,
-    own_adapter,
-    own_kbit_load,
     own_deepspeed,
     own_deepspeed_file,
     trl_or_not,
 )
-from loraflow.frontends.intent import TOWER_MODULE, apply_fsdp, infer, names_training_flag
-from loraflow.frontends.table import Field, apply_table, fact, parameter_targets, steps, switch
+from loraflow.frontends.intent import apply_fsdp, infer, names_training_flag
+from loraflow.frontends.table import Field, apply_table, fact, steps, switch
 
 NAME = "hf"
 # Combination field -> the HF Trainer / TRL flag that changes it (command-line spelling; also read by
@@ -158,14 +153,14 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     bf16, fp16 = _precision(draft, opts, trl, info)
     # A script's own flags (not TrainingArguments', not TRL's): what they say about adapters, quantization,
     # reentrancy and frozen towers (frontends/intent.py).
-    known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | HANDLED | set(_MODEL_KEYS) | set(_LENGTH_KEYS)
+    known = keys.HF_TRAINER | keys.TRL | keys.HF_EXAMPLES | HANDLED | set(MODEL_KEYS) | set(LENGTH_KEYS)
     intent = infer({n: (o.value, o.source) for n, o in opts.items() if n not in known})
     apply_fsdp(draft, intent)
     run = Run(opts, trl, trainer, cli, intent, info, zero3, cmd.program if cmd is not None else "")
-    _adapter(draft, run)
+    adapter(draft, run)
     if cmd is not None and not (cmd.program == "trl" or cmd.program.startswith("trl.")):
         lora_flags_without_use_peft(draft, run, cmd.program)
-    _image_text(draft, opts, intent, cmd)
+    image_text(draft, opts, intent, cmd)
     quant_storage(draft, run, bf16, fp16)
     gc, gc_name, kw_name = checkpointing(draft, run)
     apply_table(draft, {n: (o.value, o.source) for n, o in opts.items()}, _cache_and_ddp(run, gc))
@@ -201,57 +196,6 @@ def _precision(draft: Draft, opts: dict[str, Opt], trl: bool, info: dict) -> tup
         elif mp in ("bf16", "fp16"):
             draft.set("precision", precision_from(mp == "bf16", mp == "fp16"), "accelerate mixed_precision")
     return bf16, fp16
-
-
-def _adapter(draft: Draft, run: Run) -> None:
-    """Adapter: TRL scripts train a PEFT adapter only with --use_peft (ModelConfig.use_peft default False,
-    trl/trainer/model_config.py). A plain Trainer script trains what it builds; with no PEFT flag, every weight."""
-    opts, intent = run.opts, run.intent
-    if intent.adapter and "use_peft" not in opts:
-        draft.set("adapter", intent.adapter, f"{intent.sources['adapter']} (inferred from the script's own flag)")
-        draft.note(f"{intent.sources['adapter']}: read as {intent.adapter} on a frozen base (a flag of the script "
-                   "itself, not of the HF Trainer)" if intent.adapter != "full" else
-                   f"{intent.sources['adapter']}: read as full fine-tuning")
-    elif "use_peft" in opts or (run.trl and not own_kbit_load(run)):
-        peft = run.on("use_peft")
-        draft.set("adapter", ("dora" if run.on("use_dora") else "lora") if peft else "full",
-                  opts["use_peft"].source if "use_peft" in opts else
-                  "default (TRL trl/trainer/model_config.py: use_peft false, full fine-tuning)")
-    elif not own_adapter(draft, run):
-        no_peft_flag(draft)
-    if "lora_target_parameters" in opts and draft.get("adapter") != "full":
-        kind = parameter_targets(opts["lora_target_parameters"].value, opts["lora_target_parameters"].source)
-        if kind:  # TRL ModelConfig.lora_target_parameters -> LoraConfig(target_parameters=...)
-            draft.set("adapter_reads_base", kind, opts["lora_target_parameters"].source)
-    if "lora_target_modules" in opts and opts["lora_target_modules"].value == []:
-        draft.set("matched_modules", 0, opts["lora_target_modules"].source + " (empty list)")
-    elif "lora_target_modules" in opts and draft.get("adapter") != "full":
-        check_targets(draft, str((opts.get("model_name_or_path") or Opt("", "")).value),
-                      as_list(opts["lora_target_modules"].value), opts["lora_target_modules"].source)
-    elif intent.targets and draft.get("adapter") != "full":  # the script's own `--target_modules q_proj,v_proj`
-        check_targets(draft, str((opts.get("model_name_or_path") or Opt("", "")).value), intent.targets,
-                      intent.sources["targets"])
-    elif draft.get("adapter") != "full" and ("peft_default_targets" in opts or (
-            run.trl and "use_peft" in opts and not opts["use_peft"].derived and run.on("use_peft"))):
-        default_targets(draft, str((opts.get("model_name_or_path") or Opt("", "")).value),
-                        opts["peft_default_targets"].source if "peft_default_targets" in opts else
-                        "--use_peft without --lora_target_modules (TRL ModelConfig.lora_target_modules: None)")
-    if "lora_modules_to_save" in opts:
-        embedding_targets(draft, as_list(opts["lora_modules_to_save"].value), opts["lora_modules_to_save"].source,
-                          str((opts.get("model_name_or_path") or Opt("", "")).value))
-    for bits in ("4", "8"):
-        if run.on(f"load_in_{bits}bit"):
-            draft.set("quantization", f"{bits}bit", opts[f"load_in_{bits}bit"].source)
-    if intent.quantization and not draft.has("quantization"):
-        draft.set("quantization", intent.quantization, f"{intent.sources['quantization']} (inferred)")
-    if intent.frozen_modules:
-        draft.set("frozen_modules", True, f"{intent.sources['frozen_modules']} (inferred: a tower stays frozen)")
-    targets = opts.get("lora_target_modules")
-    if intent.tower_adapters:
-        draft.set("tower_adapters", True, f"{intent.sources['tower_adapters']} (inferred: adapters in the vision "
-                  "tower)")
-    elif targets is not None and TOWER_MODULE.search(" ".join(map(str, as_list(targets.value)))):
-        draft.set("tower_adapters", True, f"{targets.source} (names vision-tower modules)")
 
 
 def _cache_and_ddp(run: Run, gc: bool) -> tuple[Field, ...]:
@@ -325,46 +269,6 @@ def _save_gather(draft: Draft, run: Run) -> None:
 
 # Where scripts name the model: TrainingArguments-style scripts and TRL (--model_name_or_path), Qwen2-VL-Finetune
 # (--model_id), others (--model, --model_path, --base_model).
-_MODEL_KEYS = ("model_name_or_path", "model_id", "model", "model_path", "base_model", "pretrained_model_name_or_path",
-               "model_name", "model_id_or_path")
-_LENGTH_KEYS = ("model_max_length", "max_seq_length", "max_length", "max_seq_len", "cutoff_len")
-
-
-def _image_text(draft: Draft, opts: dict[str, Opt], intent, cmd: Command | None) -> None:
-    """The image-text fields, from the model's name and the script's tower flags (frontends/vision.py)."""
-    key = next((k for k in _MODEL_KEYS if k in opts), None)
-    model = str((opts[key].value if key else "") or "")
-    model_name_facts(draft, model, opts[key].source if key else "")
-    if not vision.recognise(draft, model, opts[key].source if key else "", intent.sources.get("image_text")):
-        return
-    full = draft.get("adapter") == "full"
-    if intent.towers_trainable:
-        draft.set("towers_trainable", True, f"{intent.sources['towers_trainable']} (the vision encoder or projector "
-                  "trains)")
-    elif intent.projector_mlp_trains:
-        draft.set("towers_trainable", True, f"{intent.sources['projector_mlp_trains']} (the projector trains)")
-    elif full and not intent.frozen_modules:
-        draft.set("towers_trainable", True, f"{draft.sources['adapter']}: full fine-tuning trains every tower")
-    targets = opts.get("lora_target_modules")
-    if intent.full_paths:
-        draft.set("targets_all_towers", False, f"{intent.sources['full_paths']} (the script targets Linear modules by "
-                  "their full path)")
-    elif targets is not None and not full and vision.targets_reach_towers(model, as_list(targets.value)):
-        # PEFT matches all-linear and a list of short names against every module of the model
-        # (peft tuners_utils.py _maybe_include_all_linear_layers, check_target_module_exists).
-        vision.targets_enter_tower(draft, targets.source, " (PEFT matches it against the whole model, vision "
-                                   "encoder included)", model,
-                                   None if intent.frozen_modules else as_list(targets.value))
-    if cmd is not None and ((cmd.program == "trl" and cmd.subcommand == "sft") or cmd.program == "trl.scripts.sft"):
-        # trl/scripts/sft.py passed the model id to SFTTrainer, which loads AutoModelForCausalLM, up to 0.15; from
-        # 0.16 the script loads image-text configs with AutoModelForImageTextToText (TRL commit e4e5671, PR #3070).
-        old = not trl_rel.since(draft, "0.16.0")
-        draft.set("causal_lm_class", old, "trl sft < 0.16 hands the model id to SFTTrainer (AutoModelForCausalLM)"
-                  if old else "trl sft >= 0.16 loads image-text models with AutoModelForImageTextToText "
-                  "(trl/scripts/sft.py)")
-    vision.data_unknowns(draft, next((k for k in _LENGTH_KEYS if k in opts), ""))
-
-
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     local = cmd.program_kind == "script" or (cmd.program_kind == "module" and cmd.program.isidentifier())  # -m train
     script = script_setup.script_of(cmd.program) if local else None
