@@ -8,7 +8,6 @@ DeepSpeed, FSDP) (swift/trainers/mixin.py _fix_gradient_checkpointing). It alway
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -19,6 +18,7 @@ from loraflow.frontends import deepspeed, keys, ms_swift_megatron
 from loraflow.frontends import ms_swift_export as exports
 from loraflow.frontends import ms_swift_vllm as rollouts
 from loraflow.frontends.ms_swift_vision import image_text
+from loraflow.frontends.ms_swift_checkpointing import ARGS, checkpointing, unused_parameters_default
 from loraflow.frontends.kbit_facts import storage_honoured
 from loraflow.frontends.argv import (
     Command,
@@ -59,7 +59,6 @@ from loraflow.frontends.table import (
 )
 
 NAME = "ms-swift"
-ARGS = "swift/trainers/arguments.py"
 # --rlhf_type -> loraflow stage (kto, orpo, simpo, cpo, gkd through table.STAGE_ALIASES).
 RLHF = stages("dpo", "grpo", "ppo", "rm", "kto", "orpo", "simpo", "cpo", "gkd")
 # Combination field -> the ms-swift flag that changes it (also read by `loraflow explain` through flags_for).
@@ -209,57 +208,6 @@ def _adapter(draft: Draft, opts: dict, dtype: str | None) -> None:
                   "swift/arguments/base_args/quant_args.py)")
 
 
-def _checkpointing(draft: Draft, opts: dict) -> None:
-    get, src, on = _accessors(opts)
-    if on("activation_cpu_offload"):
-        # swift/plugin/activation_cpu_offload.py ActivationCpuOffloadCallBack.on_train_begin (veRL's offloader): FSDP
-        # only, and with gradient checkpointing it calls gradient_checkpointing_disable() to checkpoint the FSDP
-        # units itself; the saved tensors of each unit go to CPU.
-        engine = "FSDP" if draft.get("engine") in ("fsdp1", "fsdp2") else "no FSDP here: ms-swift raises ValueError"
-        draft.note(f"{src('activation_cpu_offload')}: activations saved for backward are offloaded to CPU per FSDP "
-                   f"unit (swift/plugin/activation_cpu_offload.py; {engine})")
-    fsdp_ac = draft.get("checkpoint_impl") == "torch-wrapper"
-    # Checkpointing by default from v1.3 (llm_sft.py of v1.1 - v1.2 had it off).
-    gc = on("gradient_checkpointing", default=not fsdp_ac and at_least(draft, "ms-swift", "1.3.0"))
-    if fsdp_ac and on("gradient_checkpointing"):
-        draft.note("ms-swift turns --gradient_checkpointing off when FSDP activation_checkpointing is on "
-                   "(swift/arguments/sft_args.py)")
-    if not gc or fsdp_ac:
-        return
-    draft.set("checkpointing", "all", src("gradient_checkpointing") if "gradient_checkpointing" in opts
-              else f"default (ms-swift {ARGS}: gradient_checkpointing true)")
-    draft.set("checkpoint_impl", "transformers", "model.gradient_checkpointing_enable (swift/trainers/mixin.py)")
-    kwargs = get("gradient_checkpointing_kwargs")
-    try:
-        kwargs = json.loads(kwargs) if isinstance(kwargs, str) and kwargs.strip() else (kwargs or {})
-    except ValueError:
-        raise LoraflowError(f"{src('gradient_checkpointing_kwargs')}: not JSON; write e.g. "
-                            "--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'.") from None
-    kwargs = mapping_value(kwargs, src("gradient_checkpointing_kwargs") if "gradient_checkpointing_kwargs" in opts
-                           else "gradient_checkpointing_kwargs")
-    if "use_reentrant" in kwargs:
-        draft.set("reentrant", as_bool(kwargs["use_reentrant"], "use_reentrant"), src("gradient_checkpointing_kwargs"))
-    else:
-        draft.set("reentrant", *_reentrant_default(draft))
-    draft.set("input_grad_hook", True, "ms-swift calls enable_input_require_grads() with gradient "
-              "checkpointing (swift/trainers/mixin.py)")
-
-
-def _unused_parameters_default(draft: Draft) -> tuple[bool, str] | None:
-    if draft.get("engine") in ("deepspeed", "fsdp1", "fsdp2"):
-        return None
-    if draft.get("checkpointing") != "off" and at_least(draft, "ms-swift", "1.3.0") and \
-            not at_least(draft, "ms-swift", "3.0.0"):
-        # "Compatible with transformers PR #25903": v1.3 - 2.x set it false under DDP with gradient checkpointing
-        # (swift/llm/sft.py, then swift/llm/utils/argument.py _init_training_args); 3.0 left the Trainer's default.
-        return False, ("default (ms-swift 1.3 - 2.x: ddp_find_unused_parameters false with gradient checkpointing, "
-                       "swift/llm/utils/argument.py _init_training_args)")
-    if draft.get("adapter") != "full":
-        return True, ("default (HF Trainer: a PeftModel is not a PreTrainedModel, so find_unused_parameters=True; "
-                      "transformers trainer.py)")
-    return None
-
-
 def _rollouts(draft: Draft) -> bool:
     return draft.get("stage") in ("grpo", "ppo")
 
@@ -269,7 +217,7 @@ _TRAINER = (
     fact("use_cache", False, "ms-swift sets config.use_cache = False for training (swift/trainers/mixin.py)"),
     Field("packing", ("packing",), switch),
     Field("packing", ("padding_free",), switch),
-    Field("find_unused_parameters", ("ddp_find_unused_parameters",), default=_unused_parameters_default),
+    Field("find_unused_parameters", ("ddp_find_unused_parameters",), default=unused_parameters_default),
     Field("ddp_static_graph", ("ddp_static_graph",), switch),
     fact("accumulation_loop", "hf-trainer", "ms-swift trains with the HF Trainer (swift/trainers)"),
     # --tuner_backend unsloth loads and patches the model with Unsloth (swift/llm/model/register.py).
@@ -333,7 +281,7 @@ def _apply(draft: Draft, opts: dict[str, tuple[Any, str]], sub: str, cmd: Comman
     dtype = _precision(draft, opts, info)
     _adapter(draft, opts, dtype)
     _full_in_half(draft, opts, dtype)
-    _checkpointing(draft, opts)
+    checkpointing(draft, opts, _accessors(opts))
     apply_table(draft, {k: (_first(v), where) for k, (v, where) in opts.items()}, _TRAINER + (_accumulation(opts),))
     _train_mode_and_save(draft, opts, info)
     rollouts.apply(draft, *_accessors(opts), {k: (_first(v), where) for k, (v, where) in opts.items()},
@@ -370,24 +318,6 @@ def _eras(draft: Draft, opts: dict, sub: str, cmd: Command | None) -> None:
         draft.era("ms-swift", ">=3.0.0", "--model replaced --model_id_or_path in ms-swift 3.0")
     if str(_first(opts.get("rlhf_type", ("",))[0])) == "grpo":
         draft.era("ms-swift", ">=3.1.0", "--rlhf_type grpo exists from ms-swift 3.1")
-
-
-def _reentrant_default(draft: Draft) -> tuple[bool, str]:
-    """use_reentrant when the command does not set it, per ms-swift release."""
-    if at_least(draft, "ms-swift", "3.6.0"):
-        plain_ddp = draft.get("world_size") > 1 and draft.get("engine") not in ("deepspeed", "fsdp1", "fsdp2")
-        return not plain_ddp, ("default (ms-swift >= 3.6 swift/trainers/mixin.py: use_reentrant " +
-                               ("False for multi-process DDP)" if plain_ddp else "True unless multi-process DDP)"))
-    if at_least(draft, "ms-swift", "3.0.0"):
-        return True, "default (ms-swift 3.0 - 3.5 swift/trainers/arguments.py: use_reentrant True for every launch)"
-    if at_least(draft, "ms-swift", "1.4.0"):
-        # ms-swift patches the checkpoint functions to default to non-reentrant, but transformers >= 4.45 passes
-        # use_reentrant=True explicitly, which wins.
-        explicit = at_least(draft, "transformers", "4.45.0")
-        return explicit, ("transformers >= 4.45 passes use_reentrant=True, overriding ms-swift 1.4 - 2.x's "
-                          "non-reentrant patch" if explicit else "default (ms-swift 1.4 - 2.x patch torch's checkpoint "
-                          "to non-reentrant)")
-    return True, "default (ms-swift < 1.4: transformers 4.x checkpoints reentrant)"
 
 
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
