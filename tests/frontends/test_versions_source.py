@@ -124,9 +124,12 @@ def test_as_of_yields_to_the_releases_the_launch_itself_spells(capsys):
               "default-zero2"]
     code, out = run(capsys, "--as-of", "2025-03-01", *launch)
     first = out.splitlines()[0]
-    assert "ms-swift 2.6.1 (released by 2025-03-01, within what the launch uses)" in first, first
+    assert "ms-swift 2.6.1, transformers 4.47.1 (released by 2025-03-01, within what the launch uses)" in first, first
     assert "ms-swift 2.6.1 (--as-of 2025-03-01): --sft_type exists in ms-swift <3.0.0" in out
     assert versions_as_of("2025-03-01")["ms-swift"] >= Version("3.0.0")  # what the date alone would have used
+    # ...and what pip installs beside ms-swift 2.x: its requirements pin transformers below 4.48.
+    assert "transformers 4.47.1 (--as-of 2025-03-01): ms-swift 2.6.1 requires transformers<4.48" in out
+    assert versions_as_of("2025-03-01")["transformers"] >= Version("4.48.0")
     # `--train_type` exists only from 3.0 on, which no release by June 2024 is: the era's range is evaluated.
     code, out = run(capsys, "--as-of", "2024-06-01", "--", "swift", "sft", "--train_type", "lora", "--model",
                     "Qwen/Qwen2.5-7B-Instruct")

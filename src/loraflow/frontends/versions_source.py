@@ -296,26 +296,41 @@ class Dated:
 
 def within_eras(build, versions: dict[str, Version], dated: Dated) -> dict[str, Version]:
     """`versions` with each --as-of release that the launch's era evidence rules out replaced by the newest release
-    by that day within the era, or dropped (every release of the era is then evaluated) where none is that old.
-    `build(versions)` reads the launch; it is read once without the dated releases so they cannot shape the eras."""
+    by that day within the era, or dropped (every release of the era is then evaluated) where none is that old; then
+    each dated dependency the framework's release pins (Framework.depends: what pip installs beside it) held to that
+    pin the same way. `build(versions)` reads the launch; it is read once without the dated releases so they cannot
+    shape the eras."""
     from packaging.specifiers import SpecifierSet
+
+    from loraflow.frontends.base import framework
 
     soft = {p for p in dated.packages if p in versions}
     if not soft:
         return versions
-    eras = build({p: v for p, v in versions.items() if p not in soft}).eras
+    first = build({p: v for p, v in versions.items() if p not in soft})
     out = dict(versions)
-    for package, (spec, reason) in eras.items():
-        if package not in soft or SpecifierSet(spec).contains(versions[package], prereleases=True):
+    for package, (spec, reason) in first.eras.items():
+        if package in soft and not SpecifierSet(spec).contains(versions[package], prereleases=True):
+            _move(out, dated, package, spec, reason)
+    for package, within, pins in framework(first.framework).depends:
+        release = out.get(package)
+        if release is None or release not in SpecifierSet(within):
             continue
-        newest = versions[package]
-        older = newest_as_of(package, dated.day, spec)
-        if older is None:
-            del out[package]
-            why = (f"{reason}; no release of it in that range is as old as {dated.day}, so the range is evaluated "
-                   f"instead of {newest}, the newest on that day")
-        else:
-            out[package] = older
-            why = f"{reason}: {older} is the newest release by {dated.day} in that range ({newest} was the newest)"
-        dated.moved[package] = (older, why)
+        for dep, spec in pins.items():
+            if dep in soft and dep in out and out[dep] not in SpecifierSet(spec):
+                _move(out, dated, dep, spec, f"{package} {release} requires {dep}{spec}")
     return out
+
+
+def _move(out: dict[str, Version], dated: Dated, package: str, spec: str, reason: str) -> None:
+    """The dated release of `package` is outside `spec`: the newest release by the day within it, else none."""
+    newest = out[package]
+    older = newest_as_of(package, dated.day, spec)
+    if older is None:
+        del out[package]
+        why = (f"{reason}; no release of it in that range is as old as {dated.day}, so the range is evaluated "
+               f"instead of {newest}, the newest on that day")
+    else:
+        out[package] = older
+        why = f"{reason}: {older} is the newest release by {dated.day} in that range ({newest} was the newest)"
+    dated.moved[package] = (older, why)
