@@ -86,7 +86,10 @@ def detect_environment() -> Environment:
 
 
 _ALIASES = {"pytorch": "torch"}
-UNREAD_PACKAGES = ("vllm", "sglang", "flash-attn", "flash_attn", "xformers", "triton", "torchao", "liger-kernel",
+ENGINE_PACKAGES = ("vllm",)
+"""The rollout engine's packages, whose releases rules read (vllm-vlm-weight-names) but which loraflow's own
+environment does not hold (vLLM runs from a venv of its own, rl/vllm_server.py): taken from --versions and listings."""
+UNREAD_PACKAGES = ("sglang", "flash-attn", "flash_attn", "xformers", "triton", "torchao", "liger-kernel",
                    "liger_kernel", "datasets", "tokenizers", "safetensors", "huggingface-hub", "huggingface_hub",
                    "optimum", "auto-gptq", "auto_gptq", "autoawq", "gptqmodel", "megatron-core", "apex", "ray",
                    "lightning", "pytorch-lightning", "torchvision", "numpy", "modelscope", "cuda", "python", "nccl")
@@ -105,7 +108,7 @@ def parse_versions(text: str, releases: tuple[str, ...] = (), aliases: dict[str,
     from loraflow.errors import LoraflowError
 
     out: dict[str, Version] = {}
-    known = TRACKED_PACKAGES + tuple(releases)
+    known = TRACKED_PACKAGES + ENGINE_PACKAGES + tuple(releases)
     spellings = {**_ALIASES, **(aliases or {})}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, raw = item.partition("=")

@@ -124,6 +124,11 @@ CASES = {
     "unsloth-multi-gpu": (
         DDP.replace(unsloth=True, versions={"unsloth": Version("2025.4.1")}),
         BASE.replace(unsloth=True)),
+    "vllm-vlm-weight-names": (
+        BASE.replace(rollout_engine="vllm", rollout_sync="merged", vlm_renamed="qwen2-vl",
+                     versions={"transformers": Version("4.52.4"), "vllm": Version("0.8.5")}),
+        BASE.replace(rollout_engine="vllm", rollout_sync="merged", vlm_renamed="qwen2-vl",
+                     versions={"transformers": Version("4.52.4"), "vllm": Version("0.9.1")})),
     "zero-no-sync-accumulation": (
         BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, grad_accum_steps=4, accumulation_loop="hf-trainer",
                      versions={"deepspeed": Version("0.16.0"), "accelerate": Version("1.2.1"),

@@ -17,6 +17,7 @@ from loraflow.families import DEFAULT, EMBEDDING_NAMES, FP16_OVERFLOW, HEAD_NAME
 from loraflow.frontends.argv import Command, parse_bool, visible_devices
 from loraflow.frontends.base import FrontendResult
 from loraflow.frontends.config_text import EXCERPTS, close_cut, cut_off, json_piece
+from loraflow.frontends.model_types import VLM_RENAMED, model_type_of
 from loraflow.frontends.scenarios import intersect
 from loraflow.rules.combination import Combination
 
@@ -324,12 +325,17 @@ def ptq_method(model: str) -> str | None:
 
 def model_name_facts(draft: Draft, model: str, source: str) -> None:
     """What the model's name or path says beyond its towers: a family whose activations overflow float16
-    (families.FP16_OVERFLOW; rule fp16-overflow), a checkpoint saved quantized after training (ptq_method)."""
+    (families.FP16_OVERFLOW; rule fp16-overflow), a checkpoint saved quantized after training (ptq_method), an
+    image-text model whose modules transformers 4.52 renamed (rule vllm-vlm-weight-names)."""
     method = ptq_method(model)
     if method is not None:
         draft.set("ptq_checkpoint", method, f"{source} ({model}: a checkpoint saved {method}-quantized, by its name)")
         where = source.split(" (")[0].split(": ", 1)[-1] or "the model path"
         draft.flags.setdefault("ptq_checkpoint", f"{where} (the unquantized checkpoint)")
+    renamed = VLM_RENAMED.get(model_type_of(model) or "")
+    if renamed:
+        draft.set("vlm_renamed", renamed, f"{source} ({model}: transformers >= 4.52 names its modules "
+                                          "model.language_model / model.visual...)")
     kind = fp16_overflow_name(model)
     if kind is None and "$" in model:  # `checkpoints/$MODEL`: the family is in a variable the line does not show
         draft.maybe("fp16_overflows", {True: "a family whose activations overflow float16 (T5, Gemma, ...)",

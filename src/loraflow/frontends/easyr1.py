@@ -143,6 +143,8 @@ def _rollout(draft: Draft, options: dict) -> None:
                    "fsdp_vllm.py); the engine's max_lora_rank is not read, so the adapter-sync rules are not evaluated")
     else:
         draft.set("rollout_sync", "merged", "EasyR1 loads every weight into vLLM in place (fsdp_vllm.py load_weights)")
+        draft.set("rollout_sync_renamed", True, "EasyR1 renames transformers 4.52's image-text module names to the "
+                  "checkpoint's before the sync (fsdp_vllm.py _rename_weight_keys)")
     # Each sync adds the adapter under a new id (lora_int_id from time_ns), so vLLM never serves a stale one.
     draft.set("rollout_sync_proven", True, "EasyR1 syncs the actor into vLLM before every rollout, a LoRA under a new "
               "id each time (fsdp_vllm.py load_vllm_and_sync_weights)")

@@ -490,4 +490,5 @@ def _from_overrides(overrides: list[Override], versions: dict, label: str) -> Fr
 
 FRAMEWORK = Framework(name=NAME, title="verl", module="verl", recognise=verl_launch.recognise, flags=FLAGS,
                       log_paths=r"verl[/\\](trainer|workers|utils)[/\\]", dated=True,
-                      file_markers=frozenset({"actor_rollout_ref"}), mitigations=(verl_rollout.ASYNC_LORA_SYNC,))
+                      file_markers=frozenset({"actor_rollout_ref"}),
+                      mitigations=(verl_rollout.ASYNC_LORA_SYNC, verl_rollout.VLM_KEYS_RENAMED))

@@ -33,6 +33,11 @@ ROUNDED_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 # v0.6.0, so rollouts sampled the initial policy (verl PR #3639, v0.6.0; fixed by PR #3821 and #3907, v0.6.1).
 ASYNC_LORA_SYNC = Mitigation(("vllm-stale-policy",), "0.6.1", "async rollouts load the trained LoRA into the engine",
                              "verl/workers/fsdp_workers.py (PR #3821, #3907)")
+# The weight sync maps transformers >= 4.52's image-text module names (model.language_model, model.visual) back to
+# the checkpoint layout vLLM's loaders read, from v0.4.1 (verl/utils/model.py convert_weight_keys, called in
+# workers/sharding_manager/fsdp_vllm.py; absent in the v0.4.0 wheel).
+VLM_KEYS_RENAMED = Mitigation(("vllm-vlm-weight-names",), "0.4.1", "the weight sync renames transformers 4.52's "
+                              "image-text module names to the checkpoint's", "verl/utils/model.py convert_weight_keys")
 # The engine returns log-probs after temperature (vLLM logprobs_mode processed_logprobs) from the first release
 # after v0.7.0 (verl/trainer/config/rollout/rollout.yaml logprobs_mode on main, commit b178a3c).
 PROCESSED_SINCE = "0.7.1"
@@ -69,6 +74,14 @@ def _table(options: dict, lora: bool, default_of: Callable[[str], Default]) -> t
             return False, "verl < 0.6.1 async rollouts leave the LoRA out of the engine (PR #3821)"
         return True, "verl syncs the actor into the engine before every rollout (fsdp_workers.py)"
 
+    def renamed(draft: Draft) -> tuple[bool, str] | None:
+        if lora or draft.get("vlm_renamed") is None:
+            return None
+        done = mitigated(draft, "vllm-vlm-weight-names")
+        return done, (f"verl >= {VLM_KEYS_RENAMED.since} renames the weights to the checkpoint's layout before the "
+                      "sync (verl/utils/model.py convert_weight_keys)" if done else
+                      f"verl < {VLM_KEYS_RENAMED.since} pushes the weights under the trained model's own names")
+
     def used(draft: Draft) -> tuple[bool, str]:
         keys = ("algorithm.rollout_correction.rollout_is", "algorithm.rollout_is",
                 "algorithm.rollout_correction.bypass_mode")
@@ -99,6 +112,7 @@ def _table(options: dict, lora: bool, default_of: Callable[[str], Default]) -> t
         Field("adapter_rank", (LORA_RANK,), rank, when=lambda d: lora),
         Field("engine_max_lora_rank", default=max_rank, when=lambda d: lora),
         Field("rollout_sync_proven", default=proven),
+        Field("rollout_sync_renamed", default=renamed),
         fact("rollout_verified", False, "verl logs the rollout/actor log-prob gap (rollout_probs_diff) but never "
              "stops on it"),
         Field("rollout_logprobs_used", default=used),

@@ -27,7 +27,7 @@ PYPI_NAMES = {"torch": "torch", "transformers": "transformers", "peft": "peft", 
               "bitsandbytes": "bitsandbytes", "accelerate": "accelerate", "trl": "trl", "unsloth": "unsloth",
               "llama-factory": "llamafactory", "ms-swift": "ms-swift", "openrlhf": "openrlhf", "axolotl": "axolotl",
               "verl": "verl", "torchtune": "torchtune", "nemo-rl": "nemo-rl",
-              "llama-recipes": "llama-recipes"}
+              "llama-recipes": "llama-recipes", "vllm": "vllm"}
 """loraflow's name of a package or framework -> its name on the package index."""
 NOT_DATED_BY_INDEX = ("nemo-rl",)
 """Names whose index entry does not date their releases (NeMo-RL publishes a 0.0.0 placeholder; its releases are

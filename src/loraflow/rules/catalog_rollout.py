@@ -3,7 +3,7 @@ must be kept in step with the trainer's after every update (rl.rollout.*)."""
 
 from __future__ import annotations
 
-from loraflow.rules.rule import Rule, register
+from loraflow.rules.rule import Rule, older, register
 from loraflow.rules.signs import Evidence, LogSigns, Message
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -255,4 +255,50 @@ register(Rule(
                 "https://github.com/vllm-project/vllm/pull/44708",
                 "https://github.com/marin-community/marin/pull/2458"),
     fixed_in=None,
+))
+
+
+register(Rule(
+    id="vllm-vlm-weight-names",
+    title="vLLM cannot place an image-text model's weights under transformers 4.52's module names",
+    verdict="fix",
+    impact="crash",
+    conditions="rollouts on vLLM < 0.9.1 (Qwen2-VL, Qwen2.5-VL) or < 0.9.2 (LLaVA, Gemma 3, Mllama) whose sync "
+               "pushes the trained model's weights by name with transformers >= 4.52 and no renaming (TRL, "
+               "ms-swift, verl < 0.4.1)",
+    knobs=("rollout_sync_renamed",),
+    affected={"transformers": ">=4.52.0", "vllm": "<0.9.2"},
+    boundaries={"vllm": ("0.9.1",)},
+    when=lambda s: (_vllm(s) and s.rollout_sync == "merged" and s.vlm_renamed is not None
+                    and not s.rollout_sync_renamed and (s.vlm_renamed != "qwen2-vl" or older(s, "vllm", "0.9.1"))),
+    cause=("transformers 4.52 moved these models' modules under model.language_model and model.visual (PR #37033): "
+           "a live state_dict carries the new names, and so does a checkpoint saved by 4.52.0-4.52.3 (its "
+           "reverse renaming was a no-op until PR #38385). vLLM's loaders map only the old layout before 0.9.1 "
+           "(Qwen2-VL, Qwen2.5-VL; PR #19054) or 0.9.2 (LLaVA, Gemma 3, Mllama), so the first weight sync or load "
+           "stops on `KeyError: 'language_model.embed_tokens.weight'` or `'visual.patch_embed.proj.weight'`."),
+    fix="loraflow's rollouts run on the vLLM its setup installs (scripts/setup_vllm.sh), whose loaders map both "
+        "layouts; with an older engine, sync the policy as an adapter (rl.rollout.sync=adapter).",
+    remedy=lambda s: {"rollout_sync_renamed": True},
+    elsewhere="upgrade vLLM to >= 0.9.1 (Qwen2-VL / Qwen2.5-VL) or >= 0.9.2 (LLaVA, Gemma 3, Mllama), or keep "
+              "transformers <= 4.51.3; verl >= 0.4.1 and EasyR1 rename the keys themselves; a checkpoint saved by "
+              "4.52.0-4.52.3 loads once re-saved with >= 4.52.4",
+    references=("https://github.com/vllm-project/vllm/issues/19149", "https://github.com/verl-project/verl/issues/1710",
+                "https://github.com/hiyouga/LlamaFactory/issues/8254", "https://github.com/hiyouga/EasyR1/issues/305",
+                "https://github.com/huggingface/transformers/issues/38403",
+                "https://github.com/vllm-project/vllm/pull/19054",
+                "https://github.com/huggingface/transformers/pull/38385"),
+    fixed_in="vllm 0.9.1 (Qwen2-VL, Qwen2.5-VL), 0.9.2 (LLaVA, Gemma 3, Mllama)",
+    log=LogSigns(
+        # The text model's own loader (qwen2.py params_dict[name]) meets `language_model.` or `visual.` left over
+        # from the new names; vLLM's own prefix is `language_model.model.`, which this does not match.
+        messages=(Message(r"KeyError: '?language_model\.(?:embed_tokens|norm|layers\.\d+)\.[\w.]*'", "own",
+                          "vllm models/qwen2.py load_weights: params_dict[name] (vllm < 0.9.1)"),
+                  Message(r"KeyError: '?visual\.[\w.]+'", "shared",
+                          "vllm models/qwen2.py load_weights: a vision weight routed into the text model")),
+        evidence=(Evidence("vlm_weight_load", 4, "vLLM loads an image-text model's weights", decisive=True),
+                  Evidence("vision", 2, "an image-text model is trained"),
+                  Evidence("peft", -2, "PEFT's names point at a sync of the wrapped model (vllm-sync-peft-names)")),
+        prior=1.0,
+        tells_apart="the KeyError names `language_model.` or `visual.` weights (not PEFT's `base_model.` ones, "
+                    "nor quantization scales) while vLLM loads an image-text model"),
 ))

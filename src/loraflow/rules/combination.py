@@ -197,6 +197,12 @@ class Combination:
     LoRA adapter; the weights with the adapter merged in, reloaded in place; or `unmerged`, every parameter of the
     adapter-wrapped model under PEFT's own names (`base_model.model.`, `.base_layer`, `lora_A`), which the engine's
     model has no parameter for (None without an engine)."""
+    rollout_sync_renamed: bool = False
+    """The weight sync renames transformers' in-memory module names back to the checkpoint layout the engine loads
+    (verl >= 0.4.1 convert_weight_keys, EasyR1 _rename_weight_keys)."""
+    vlm_renamed: Literal["qwen2-vl", "vlm"] | None = None
+    """An image-text model whose modules transformers 4.52 moved (model.language_model, model.visual): Qwen2-VL and
+    Qwen2.5-VL ("qwen2-vl"), LLaVA, Gemma 3, Mllama ("vlm") (frontends/model_types.py VLM_RENAMED)."""
     rollout_sync_proven: bool = False
     """The framework's sync path is known to leave the engine holding the updated policy in this release: the stale
     cases found on that path are fixed or not taken. False where nobody knows: a server loraflow did not start, a

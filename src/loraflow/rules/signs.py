@@ -152,6 +152,12 @@ FACTS: dict[str, tuple[str, str]] = {
                        r"device_allocator[/\\]cumem\.py\W.{0,40}\bin (wake_up|sleep)\b|Sleep mode freed [\d.]+ GiB|"
                        r"seconds to (fall asleep|wake up)",
                        "the vLLM engine shares the trainer's GPUs"),
+    # vLLM loading an image-text model's weights: its loaders for the models transformers 4.52 renamed (their
+    # hf_to_vllm_mapper), and the RL frameworks' syncs that hand it a live state_dict (TRL and ms-swift
+    # _move_model_to_vllm, verl and EasyR1 fsdp_vllm.py).
+    "vlm_weight_load": (r"models[/\\](qwen2_5_vl|qwen2_vl|llava|gemma3_mm|mllama)\.py\W.{0,40}\bin load_weights\b|"
+                        r"hf_to_vllm_mapper|_move_model_to_vllm|sharding_manager[/\\]fsdp_vllm\.py",
+                        "vLLM loads an image-text model's weights"),
     "vision": (r"pixel_values|vision_tower|vision_model|\bvisual\b|Vision(Transformer|Model|Encoder)|\bvit\b|"
                r"image_grid_thw|patch_embed|\bvpm\b|siglip|clip_vision|vision_lora|freeze_vision|tune_vision|"
                r"\bmm_projector\b|\bVL\b|-VL-|llava", "a vision tower is in the model (a vision-language run)"),

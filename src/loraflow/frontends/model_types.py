@@ -1,0 +1,46 @@
+"""What a model's hub id or path says about its architecture: its config.model_type where the name makes it certain
+(PEFT's default LoRA targets are keyed by it, rule lora-no-default-targets), and whether transformers 4.52 renamed
+its modules (the image-text models whose weights older vLLM releases cannot place, rule vllm-vlm-weight-names)."""
+
+from __future__ import annotations
+
+import re
+
+# config.model_type of checkpoints whose type is certain from the id (the last part of a hub id or path); the first
+# pattern that matches decides, so the more specific ones (Qwen2.5-VL before Qwen2.5, a Qwen distill of DeepSeek-R1
+# before DeepSeek) come first. An id no pattern matches (a local name, an architecture not listed) decides nothing.
+_MODEL_TYPES = tuple((t, re.compile(rx, re.I)) for t, rx in (
+    ("qwen2", r"distill[-_]qwen|qwq"), ("llama", r"distill[-_]llama"),
+    ("qwen3_vl", r"qwen3[-_.]?vl"), ("qwen2_5_vl", r"qwen2[._]5[-_.]?vl"), ("qwen2_vl", r"qwen2[-_.]?vl"),
+    ("qwen2_5_omni", r"qwen2[._]5[-_.]?omni"), ("qwen2_audio", r"qwen2[-_.]?audio"),
+    ("qwen", r"^qwen[-_](vl|\d+(\.\d+)?b)"),
+    ("qwen3_moe", r"^qwen3[-_.].*\ba\d+(\.\d+)?b\b"), ("qwen3", r"^qwen3\b|^qwen3[-_.]"),
+    ("qwen2_moe", r"^qwen(1[._]5|2)[-_.]moe|^qwen2[-_.]57b[-_]a14b"),
+    ("qwen2", r"^qwen(1[._]5|2|2[._]5)\b|^qwen(1[._]5|2|2[._]5)[-_.]"),
+    ("chatglm", r"^chatglm|^glm[-_]4[-_]9b[-_]chat$|^glm[-_]4[-_]9b$"), ("baichuan", r"^baichuan"),
+    ("internlm2", r"^internlm2"), ("internlm", r"^internlm[-_]"), ("internvl_chat", r"^internvl"),
+    ("minicpmv", r"^minicpm[-_](v|o|llama3[-_]v)"), ("paligemma", r"^paligemma"),
+    ("phi3_v", r"^phi[-_]?3(\.5)?[-_]vision"), ("phi4mm", r"^phi[-_]?4[-_]multimodal"), ("phi3", r"^phi[-_]?(3|4)"),
+    ("phi", r"^phi[-_]?(1|1_5|2)\b"), ("gemma3n", r"^gemma[-_]?3n"), ("gemma3_text", r"^gemma[-_]?3[-_](1b|270m)"),
+    ("gemma3", r"^gemma[-_]?3\b"), ("gemma2", r"^gemma[-_]?2\b"), ("gemma", r"^(code)?gemma[-_](\d+b|1\.1|2b|7b)"),
+    ("mllama", r"^llama[-_]3\.2[-_]\d+b[-_]vision"), ("llava", r"^llava[-_]1\.5[-_]\d+b[-_]hf$"), ("llama4", r"^llama[-_]4"),
+    ("mixtral", r"^mixtral"), ("mistral", r"^mistral[-_]7b"),
+    ("llama", r"^(meta[-_])?llama[-_]?[23]|^(tiny|code)llama|^vicuna|^yi[-_](6|9|34)b|^deepseek[-_](llm|coder)[-_]"),
+    ("deepseek_v3", r"^deepseek[-_]v3|^deepseek[-_]r1$"), ("deepseek_v2", r"^deepseek[-_]v2"),
+    ("falcon", r"^falcon[-_]"), ("bloom", r"^bloom"), ("gpt_neox", r"^pythia|^gpt[-_]?neox|^dolly[-_]v2"),
+    ("gpt2", r"^(distil)?gpt2\b"), ("opt", r"^opt[-_]\d"), ("starcoder2", r"^starcoder2"),
+    ("gpt_bigcode", r"^(starcoder|santacoder)"), ("mpt", r"^mpt[-_]\d"), ("mt5", r"^mt5[-_]"),
+    ("t5", r"^(flan[-_])?t5[-_]"),
+))
+
+VLM_RENAMED = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2-vl", "llava": "vlm", "gemma3": "vlm", "mllama": "vlm"}
+"""Model types whose modules transformers 4.52.0 moved under model.language_model / model.visual (model.vision_tower,
+model.multi_modal_projector) (PR #37033; modeling_utils.py VLMS): live weights carry the new names on every later
+release. vLLM maps them for Qwen2-VL / Qwen2.5-VL from 0.9.1 (qwen2_5_vl.py hf_to_vllm_mapper, PR #19054) and for
+LLaVA, Gemma 3 and Mllama from 0.9.2 (llava.py, gemma3_mm.py, mllama.py), read from the vllm wheels."""
+
+
+def model_type_of(model: str) -> str | None:
+    """The config.model_type a hub id or local path names unambiguously, or None."""
+    name = model.rstrip("/").rsplit("/", 1)[-1]
+    return next((t for t, rx in _MODEL_TYPES if rx.search(name)), None) if name else None
