@@ -135,14 +135,14 @@ def _as_of(opened: str | None) -> tuple[str | None, dict]:
 def _check(r: dict, as_of: bool) -> dict:
     """`loraflow check --json` on the thread's launch: a command line as argv, anything else as a config file. The
     versions the thread states, and with `as_of` the releases of its day for the rest."""
-    from loraflow.environment import TRACKED_PACKAGES
+    from loraflow.environment import ENGINE_PACKAGES, TRACKED_PACKAGES
     from loraflow.errors import LoraflowError
     from loraflow.frontends import parse_versions, run_check
     from loraflow.frontends.base import release_names
     from loraflow.frontends.versions_source import Dated
 
     # The packages check tracks and the frameworks' own releases (verl 0.5.0, torchtune 0.2.1) a thread states.
-    known = set(TRACKED_PACKAGES) | set(release_names())
+    known = set(TRACKED_PACKAGES) | set(ENGINE_PACKAGES) | set(release_names())
     versions = parse_versions(",".join(f"{k}={m.group(0)}" for k, v in (r["versions"] or {}).items()
                                        if k in known and (m := re.search(r"\d+(\.\d+)+", str(v)))))
     dated = None
