@@ -129,6 +129,11 @@ CASES = {
                      versions={"transformers": Version("4.52.4"), "vllm": Version("0.8.5")}),
         BASE.replace(rollout_engine="vllm", rollout_sync="merged", vlm_renamed="qwen2-vl",
                      versions={"transformers": Version("4.52.4"), "vllm": Version("0.9.1")})),
+    "zero3-prefetch-bucket-float": (
+        BASE.replace(engine="deepspeed", zero_stage=3, zero3_prefetch_bucket="auto", accumulation_loop="hf-trainer",
+                     versions={"deepspeed": Version("0.15.0"), "transformers": Version("4.44.2")}),
+        BASE.replace(engine="deepspeed", zero_stage=3, zero3_prefetch_bucket="auto", accumulation_loop="hf-trainer",
+                     versions={"deepspeed": Version("0.15.0"), "transformers": Version("4.45.0")})),
     "zero-no-sync-accumulation": (
         BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, grad_accum_steps=4, accumulation_loop="hf-trainer",
                      versions={"deepspeed": Version("0.16.0"), "accelerate": Version("1.2.1"),

@@ -35,8 +35,11 @@ FLAGS = {"zero_stage": "zero_optimization.stage",
          "generation_gather": "hybrid_engine.enabled", "engine": "the DeepSpeed launcher"}
 
 
-def _known(stage: int, opt: bool = False, param: bool = False, bf16: Any = "auto", gather: bool = False) -> dict:
+def _known(stage: int, opt: bool = False, param: bool = False, bf16: Any = "auto", gather: bool = False,
+           auto_bucket: bool = False) -> dict:
     zero: dict[str, Any] = {"stage": stage}
+    if auto_bucket:  # the shipped stage-3 files leave it to the trainer, which fills it from the hidden size
+        zero["stage3_prefetch_bucket_size"] = "auto"
     if opt:
         zero["offload_optimizer"] = {"device": "cpu"}
     if param:
@@ -54,10 +57,11 @@ WELL_KNOWN: dict[str, tuple[dict, str]] = {
     "ds_z2_config.json": (_known(2), "LLaMA-Factory examples/deepspeed/ds_z2_config.json"),
     "ds_z2_autotp_config.json": (_known(2), "LLaMA-Factory examples/deepspeed/ds_z2_autotp_config.json"),
     "ds_z2_offload_config.json": (_known(2, opt=True), "LLaMA-Factory examples/deepspeed/ds_z2_offload_config.json"),
-    "ds_z3_config.json": (_known(3, gather=True), "LLaMA-Factory examples/deepspeed/ds_z3_config.json"),
+    "ds_z3_config.json": (_known(3, gather=True, auto_bucket=True),
+                          "LLaMA-Factory examples/deepspeed/ds_z3_config.json"),
     "ds_z3_fp8_config.json": (_known(3, opt=True, gather=True),
                               "LLaMA-Factory examples/deepspeed/ds_z3_fp8_config.json"),
-    "ds_z3_offload_config.json": (_known(3, opt=True, param=True, gather=True),
+    "ds_z3_offload_config.json": (_known(3, opt=True, param=True, gather=True, auto_bucket=True),
                                   "LLaMA-Factory examples/deepspeed/ds_z3_offload_config.json"),
     # axolotl deepspeed_configs/*.json
     "zero1.json": (_known(1), "axolotl deepspeed_configs/zero1.json"),
@@ -77,11 +81,12 @@ SWIFT_NAMES: dict[str, tuple[dict, str]] = {
     "zero1": (_known(1), "ms-swift swift/config/zero1.json"),
     "zero2": (_known(2), "ms-swift swift/config/zero2.json"),
     "zero2_offload": (_known(2, opt=True), "ms-swift swift/config/zero2_offload.json"),
-    "zero3": (_known(3, gather=True), "ms-swift swift/config/zero3.json"),
-    "zero3_offload": (_known(3, opt=True, param=True, gather=True), "ms-swift swift/config/zero3_offload.json"),
+    "zero3": (_known(3, gather=True, auto_bucket=True), "ms-swift swift/config/zero3.json"),
+    "zero3_offload": (_known(3, opt=True, param=True, gather=True, auto_bucket=True),
+                      "ms-swift swift/config/zero3_offload.json"),
     # ms-swift v1.5.4 - v2.6 (swift/llm/ds_config/)
     "default-zero2": (_known(2), "ms-swift 1.x/2.x swift/llm/ds_config/zero2.json"),
-    "default-zero3": (_known(3, gather=True), "ms-swift 1.x/2.x swift/llm/ds_config/zero3.json"),
+    "default-zero3": (_known(3, gather=True, auto_bucket=True), "ms-swift 1.x/2.x swift/llm/ds_config/zero3.json"),
 }
 
 
@@ -296,6 +301,10 @@ def apply(draft: Draft, ds: DeepSpeedConfig) -> dict[str, Any]:
         zero = {**zero, "stage": stage}
     draft.set("zero_stage", int_value(stage, where, "a ZeRO stage", (0, 1, 2, 3)), where if "stage" in zero else
               f"default (DeepSpeed deepspeed/runtime/zero/config.py): {label} has no zero_optimization.stage")
+    bucket = zero.get("stage3_prefetch_bucket_size")
+    if bucket == "auto" or (isinstance(bucket, float) and not bucket.is_integer()):
+        draft.set("zero3_prefetch_bucket", "auto" if bucket == "auto" else "fraction",
+                  f"{label}: zero_optimization.stage3_prefetch_bucket_size {bucket}")
     devices = [_offload_device(draft, zero, k, label) for k in ("offload_optimizer", "offload_param")]
     if any(d not in (None, "none") for d in devices) or zero.get("cpu_offload"):
         draft.set("offload", True, f"{label}: zero_optimization.offload_*.device")

@@ -158,6 +158,9 @@ class Combination:
     """What runs the micro-steps of an accumulation window: the HF Trainer's loop (with accelerate's accumulate or
     no_sync), a custom loop's accelerator.accumulate(model), or a loop of the framework's own that enters neither
     (DeepSpeed's engine counting them, loraflow, OpenRLHF, verl)."""
+    zero3_prefetch_bucket: Literal["auto", "fraction"] | None = None
+    """ZeRO-3's stage3_prefetch_bucket_size in the DeepSpeed config: "auto" (the loop fills 0.9 x hidden_size**2) or
+    a literal number with a fractional part."""
     model_split: bool = False
     """Each process spreads its model over several GPUs (naive model parallelism): from_pretrained with device_map
     'auto', 'balanced' or 'balanced_low_0' where the process sees several GPUs, or a map naming several devices."""

@@ -22,7 +22,7 @@ def all_rules() -> list[Rule]:
     # Importing the catalogs registers their rules.
     from loraflow.rules import (catalog, catalog_fsdp, catalog_patchers, catalog_placement,  # noqa: F401
                                 catalog_precision, catalog_quant, catalog_reducers, catalog_rollout,
-                                catalog_saving, catalog_sharded, catalog_vision)
+                                catalog_saving, catalog_sharded, catalog_vision, catalog_zero_config)
 
     return list(_REGISTRY.values())
 

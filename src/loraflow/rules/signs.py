@@ -152,6 +152,8 @@ FACTS: dict[str, tuple[str, str]] = {
                        r"device_allocator[/\\]cumem\.py\W.{0,40}\bin (wake_up|sleep)\b|Sleep mode freed [\d.]+ GiB|"
                        r"seconds to (fall asleep|wake up)",
                        "the vLLM engine shares the trainer's GPUs"),
+    "zero3_bucket_check": (r"stage3_prefetch_bucket_size|validation errors? for DeepSpeedZeroConfig",
+                           "DeepSpeed's ZeRO config validation is named"),
     # vLLM loading an image-text model's weights: its loaders for the models transformers 4.52 renamed (their
     # hf_to_vllm_mapper), and the RL frameworks' syncs that hand it a live state_dict (TRL and ms-swift
     # _move_model_to_vllm, verl and EasyR1 fsdp_vllm.py).
