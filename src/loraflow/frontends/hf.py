@@ -295,6 +295,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     apply(draft, opts, trl, (trl_rel.TRAINERS[trainer], source), cmd, bases, trainer)
     one_process_ddp(draft, cmd)
     finish_world(draft, cmd)
+    if trl and trainer == "grpo":
+        trl_rel.grpo_groups(draft, {n: (o.value, o.source) for n, o in opts.items()})
     return draft.result()
 
 
@@ -321,7 +323,8 @@ def apply_script(draft: Draft, script: script_setup.Script, cmd: Command | None,
     what only code shows), with its launch line's flags, if any, over the code."""
     script = script_setup.live(draft, script, flags)
     stage, trainer = script_setup.stage(script, fallback)
-    apply(draft, script_setup.options(draft, script, flags), script.facts.trl or trl, stage, cmd, bases, trainer)
+    opts = script_setup.options(draft, script, flags)
+    apply(draft, opts, script.facts.trl or trl, stage, cmd, bases, trainer)
     if script.facts.lightning is not None:  # Lightning's loop, not the HF Trainer's, decides these
         saves = [c for c in script.code.calls if c.name == "save_pretrained" and is_model(c, script.code)]
         lightning.apply(draft, script.facts, saves)
@@ -331,6 +334,8 @@ def apply_script(draft: Draft, script: script_setup.Script, cmd: Command | None,
     if script.facts.lightning is None:
         one_process_ddp(draft, cmd)
     finish_world(draft, cmd)
+    if (script.facts.trl or trl) and trainer == "grpo":
+        trl_rel.grpo_groups(draft, {n: (o.value, o.source) for n, o in opts.items()})
     script_setup.finish(draft, script)
     if script.facts.lightning is not None:
         draft.flags.update(lightning.FLAGS)

@@ -282,3 +282,37 @@ def _vllm_table(trainer: str, sleeps: bool) -> tuple[Field, ...]:
         fact("rollout_verified", False, "TRL logs sampling/sampling_logp_difference but never stops on it "
              "(trl/trainer/grpo_trainer.py)"),
     )
+
+
+def grpo_groups(draft: Draft, options: dict) -> None:
+    """TRL's GRPO refuses, before the first step, a generation batch that does not hold whole groups of
+    num_generations completions of one prompt: from 0.15 (PR #2776) per_device_train_batch_size counts completions.
+    The batch it checks grew across releases (read from the trl wheels): processes x batch (0.15 - 0.16,
+    grpo_trainer.py __init__), x gradient_accumulation_steps (0.17), x steps_per_generation or generation_batch_size
+    (0.18 on, grpo_config.py __post_init__). Read only where the process count is on the launch line."""
+    if not since(draft, "0.15.0") or not draft.has("world_size") or "world_size" in draft.unsure:
+        return
+
+    def number(key: str, default: int | None) -> int | None:
+        value = options.get(key, (default, ""))[0]
+        return int(value) if str(value).lstrip("-").isdigit() else None
+
+    procs, batch, accum = (draft.get("world_size"), number("per_device_train_batch_size", 8),
+                           number("gradient_accumulation_steps", 1))
+    groups = number("num_generations", 8)
+    if None in (batch, groups, accum):
+        return
+    if since(draft, "0.18.0") and "generation_batch_size" in options:
+        size, shown, where = number("generation_batch_size", None), "--generation_batch_size", "grpo_config.py"
+    elif since(draft, "0.17.0"):
+        steps = number("steps_per_generation", accum) if since(draft, "0.18.0") else accum
+        size, shown = None if steps is None else procs * batch * steps, f"{procs} processes x {batch} x {steps}"
+        where = "grpo_config.py" if since(draft, "0.18.0") else "grpo_trainer.py"
+    else:
+        size, shown, where = procs * batch, f"{procs} processes x {batch}", "grpo_trainer.py"
+    if size is None or (groups >= 2 and size % groups == 0 and groups <= size):
+        return
+    draft.stop(f"TRL GRPO refuses its generation batch ({shown} = {size} completions) for --num_generations {groups}: "
+               f"each prompt's {groups} completions must fit whole in it (trl/trainer/{where}); make "
+               f"--per_device_train_batch_size (or the process count, or the accumulation steps) a multiple of "
+               f"{groups} in total, or pass --num_generations that divides {size}")
