@@ -312,6 +312,7 @@ def grpo_groups(draft: Draft, options: dict) -> None:
         size, shown, where = procs * batch, f"{procs} processes x {batch}", "grpo_trainer.py"
     if size is None or (groups >= 2 and size % groups == 0 and groups <= size):
         return
+    shown = shown.replace("1 processes", "1 process")
     draft.stop(f"TRL GRPO refuses its generation batch ({shown} = {size} completions) for --num_generations {groups}: "
                f"each prompt's {groups} completions must fit whole in it (trl/trainer/{where}); make "
                f"--per_device_train_batch_size (or the process count, or the accumulation steps) a multiple of "
