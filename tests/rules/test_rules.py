@@ -134,6 +134,10 @@ CASES = {
                      versions={"deepspeed": Version("0.15.0"), "transformers": Version("4.44.2")}),
         BASE.replace(engine="deepspeed", zero_stage=3, zero3_prefetch_bucket="auto", accumulation_loop="hf-trainer",
                      versions={"deepspeed": Version("0.15.0"), "transformers": Version("4.45.0")})),
+    "moe-zero3-expert-hang": (
+        BASE.replace(engine="deepspeed", zero_stage=3, world_size=2, moe_skips_experts=True),
+        BASE.replace(engine="deepspeed", zero_stage=3, world_size=2, moe_skips_experts=True,
+                     moe_leaf_registered=True)),
     "zero-no-sync-accumulation": (
         BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, grad_accum_steps=4, accumulation_loop="hf-trainer",
                      versions={"deepspeed": Version("0.16.0"), "accelerate": Version("1.2.1"),

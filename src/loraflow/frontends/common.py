@@ -18,6 +18,7 @@ from loraflow.frontends.argv import Command, parse_bool, visible_devices
 from loraflow.frontends.base import FrontendResult
 from loraflow.frontends.config_text import EXCERPTS, close_cut, cut_off, json_piece
 from loraflow.frontends.model_types import VLM_RENAMED, model_type_of
+from loraflow.frontends.moe_blocks import moe_facts
 from loraflow.frontends.scenarios import intersect
 from loraflow.rules.combination import Combination
 
@@ -332,6 +333,7 @@ def model_name_facts(draft: Draft, model: str, source: str) -> None:
         draft.set("ptq_checkpoint", method, f"{source} ({model}: a checkpoint saved {method}-quantized, by its name)")
         where = source.split(" (")[0].split(": ", 1)[-1] or "the model path"
         draft.flags.setdefault("ptq_checkpoint", f"{where} (the unquantized checkpoint)")
+    moe_facts(draft, model_type_of(model), model, source, at_least)
     renamed = VLM_RENAMED.get(model_type_of(model) or "")
     if renamed:
         draft.set("vlm_renamed", renamed, f"{source} ({model}: transformers >= 4.52 names its modules "

@@ -75,6 +75,9 @@ def apply_zero_init(draft: Draft, facts: Facts, code: Code) -> None:
             draft.note(f"{call.at()} is not kept in a variable: transformers holds only a weakref to it, so it is "
                        "collected at once and from_pretrained does not build the model under zero.Init (assign it: "
                        "`dschf = HfDeepSpeedConfig(ds_config)`, kept alive while the model loads)")
+    leaves = [c for c in code.calls if c.name == "set_z3_leaf_modules"]
+    if leaves:  # the script gathers its MoE blocks whole itself (deepspeed.utils.set_z3_leaf_modules)
+        draft.set("moe_leaf_registered", True, f"{leaves[0].at()}: the script registers ZeRO-3 leaf modules")
     source = draft.sources.get("mixed_param_dtypes", "")
     if not (draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3) or draft.get("quantization") or \
             not (source.startswith(_HALF_INIT) or "autocast_adapter_dtype" in source):

@@ -1,6 +1,7 @@
-"""The rules of DeepSpeed configs as the trainer fills them: a value left "auto" that one release of the filler
-(transformers' HfDeepSpeedConfig, accelerate's prepare) writes in a form another release of DeepSpeed's config
-validation refuses, before the first step."""
+"""The rules of what DeepSpeed ZeRO-3 is handed beyond the model's own layers: a config value left "auto" that one
+release of the filler (transformers' HfDeepSpeedConfig, accelerate's prepare) writes in a form another release of
+DeepSpeed's validation refuses, and mixture-of-experts blocks whose experts it must gather in the same order on
+every rank."""
 
 from __future__ import annotations
 
@@ -68,4 +69,51 @@ register(Rule(
                   Evidence("deepspeed", 1, "DeepSpeed is in use")),
         prior=1.0,
         tells_apart="DeepSpeed's pydantic validation names stage3_prefetch_bucket_size and a float input_value"),
+))
+
+
+register(Rule(
+    id="moe-zero3-expert-hang",
+    title="ZeRO-3 ranks wait for experts that other ranks' tokens never reached",
+    verdict="error",
+    impact="crash",
+    conditions="ZeRO-3 on several processes with a sparse mixture-of-experts model whose block calls only the "
+               "experts its tokens reach (Mixtral, Qwen2-MoE and Qwen3-MoE in transformers 4.52/4.53 - 4.57, the "
+               "DeepSeek, GLM-4.5, Phi-3.5-MoE and Jamba blocks before 5.0), the block not registered as a ZeRO-3 "
+               "leaf module (the HF Trainer and TRL never do; LLaMA-Factory, axolotl, ms-swift >= 3.9 and "
+               "OpenRLHF >= 0.8.10 do for the types they list)",
+    knobs=("moe_leaf_registered",),
+    when=lambda s: s.zero3 and s.world_size > 1 and s.moe_skips_experts and not s.moe_leaf_registered,
+    cause=("ZeRO-3 gathers each module's partitioned weights in its forward hook, a collective every rank must enter "
+           "in the same order. A block that skips the experts no token of this micro-batch was routed to runs "
+           "different experts on different ranks, so one rank waits in an all-gather (or, in backward, a "
+           "reduce-scatter) for an expert another rank never called: the step hangs at 100% GPU until NCCL's "
+           "watchdog times out (`Watchdog caught collective operation timeout: WorkNCCL(... OpType=_ALLGATHER_BASE`). "
+           "LoRA or full fine-tuning alike: the frozen experts are gathered too."),
+    fix="loraflow refuses ZeRO-3 for such a block before the first step; train it under ZeRO-2 or FSDP, or on a "
+        "transformers release whose block runs every expert.",
+    elsewhere="register the block as a ZeRO-3 leaf before deepspeed.initialize (deepspeed.utils."
+              "set_z3_leaf_modules(model, [MixtralSparseMoeBlock]), deepspeed >= 0.13), use a framework that does "
+              "(LLaMA-Factory, ms-swift >= 3.9, OpenRLHF >= 0.8.10), or pin transformers to a release whose block "
+              "runs every expert (Qwen3-MoE: 4.51.3, ms-swift#5875)",
+    references=("https://github.com/deepspeedai/DeepSpeed/issues/7461",
+                "https://github.com/modelscope/ms-swift/issues/5875",
+                "https://github.com/modelscope/ms-swift/issues/5400",
+                "https://github.com/hiyouga/LlamaFactory/issues/2315",
+                "https://github.com/hiyouga/LlamaFactory/issues/1931",
+                "https://github.com/hiyouga/LlamaFactory/issues/9222",
+                "https://github.com/OpenGVLab/InternVL/issues/1193",
+                "https://github.com/deepspeedai/DeepSpeed/issues/5066",
+                "https://github.com/deepspeedai/DeepSpeed/issues/5502",
+                "https://github.com/deepspeedai/DeepSpeed/pull/4966"),
+    fixed_in="not fixed in DeepSpeed (leaf modules are the mechanism, 0.13.0); transformers 5.0 stacks the experts",
+    log=LogSigns(
+        messages=(Message(r"Watchdog caught collective operation timeout|collective operation timeout", "generic",
+                          "torch ProcessGroupNCCL watchdog"),),
+        evidence=(Evidence("moe", 4, "a mixture-of-experts model is trained", decisive=True),
+                  Evidence("zero3", 3, "ZeRO-3 is in use"),
+                  Evidence("allgather_timeout", 1, "an all-gather is involved"),
+                  Evidence("vision", -2, "a vision tower skipped on some ranks hangs alike (zero3-vision-skipped)")),
+        prior=0.5,
+        tells_apart="a mixture-of-experts model under ZeRO-3 whose run stalls in a parameter all-gather"),
 ))

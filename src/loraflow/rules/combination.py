@@ -158,6 +158,12 @@ class Combination:
     """What runs the micro-steps of an accumulation window: the HF Trainer's loop (with accelerate's accumulate or
     no_sync), a custom loop's accelerator.accumulate(model), or a loop of the framework's own that enters neither
     (DeepSpeed's engine counting them, loraflow, OpenRLHF, verl)."""
+    moe_skips_experts: bool = False
+    """A sparse mixture-of-experts block that calls only the experts its tokens reach (one module per expert): which
+    experts run differs between ranks (frontends/moe_blocks.py MOE_SKIPS)."""
+    moe_leaf_registered: bool = False
+    """The framework registers that block as a ZeRO-3 leaf module (deepspeed.utils.set_z3_leaf_modules), gathered
+    whole whatever the routing."""
     zero3_prefetch_bucket: Literal["auto", "fraction"] | None = None
     """ZeRO-3's stage3_prefetch_bucket_size in the DeepSpeed config: "auto" (the loop fills 0.9 x hidden_size**2) or
     a literal number with a fractional part."""
