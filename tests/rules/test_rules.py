@@ -138,6 +138,9 @@ CASES = {
         BASE.replace(engine="deepspeed", zero_stage=3, world_size=2, moe_skips_experts=True),
         BASE.replace(engine="deepspeed", zero_stage=3, world_size=2, moe_skips_experts=True,
                      moe_leaf_registered=True)),
+    "adapter-vocab-mismatch": (
+        BASE.replace(adapter_vocab_differs=True),
+        BASE.replace(adapter_vocab_differs=True, adapter="full")),
     "zero-no-sync-accumulation": (
         BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, grad_accum_steps=4, accumulation_loop="hf-trainer",
                      versions={"deepspeed": Version("0.16.0"), "accelerate": Version("1.2.1"),

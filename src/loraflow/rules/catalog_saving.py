@@ -1,6 +1,7 @@
-"""The rules of what a save writes: an engine checkpoint that holds only what the optimizer owns, and an adapter
-file filtered twice into nothing. (ZeRO-3 adapter partitions saved without a gather: catalog_sharded.py,
-zero3-empty-adapter-save; a new head left out of the adapter: catalog.py, adapter-omits-new-head.)"""
+"""The rules of what a save writes: an engine checkpoint that holds only what the optimizer owns, an adapter file
+filtered twice into nothing, and an adapter whose resized embeddings no longer fit the base it is loaded onto.
+(ZeRO-3 adapter partitions saved without a gather: catalog_sharded.py, zero3-empty-adapter-save; a new head left out
+of the adapter: catalog.py, adapter-omits-new-head.)"""
 
 from __future__ import annotations
 
@@ -80,4 +81,48 @@ register(Rule(
         prior=0.5,
         tells_apart="an adapter file of a few hundred bytes without ZeRO-3; the script has alpaca-lora's "
                     "`model.state_dict = ...get_peft_model_state_dict...` lines"),
+))
+
+
+register(Rule(
+    id="adapter-vocab-mismatch",
+    title="The adapter's resized embeddings do not fit the base it is loaded onto",
+    verdict="error",
+    impact="crash",
+    conditions="an adapter saved with embedding / output-head rows for a resized vocabulary (added tokens; "
+               "modules_to_save or save_embedding_layers) loaded with PeftModel.from_pretrained onto a base of "
+               "another vocabulary size (not resized first), or PEFT 0.8.0 - 0.14.x's AutoPeftModel shrinking a "
+               "padded embedding to the tokenizer's length",
+    knobs=("adapter_vocab_differs",),
+    when=lambda s: s.adapter != "full" and s.adapter_vocab_differs,
+    cause=("Adding tokens resizes the embedding and output head before the adapter is created, and the adapter file "
+           "then holds whole copies of them (modules_to_save, or PEFT's save_embedding_layers from 0.8.0). "
+           "PeftModel.from_pretrained never resizes the base, so loading onto the original vocabulary size stops "
+           "in load_state_dict: `size mismatch for ...embed_tokens...: copying a param with shape torch.Size([N, d]) "
+           "from checkpoint, the shape in current model is torch.Size([M, d])`. PEFT 0.8.0 - 0.14.x's "
+           "AutoPeftModelForCausalLM also resized the base to len(tokenizer) when a tokenizer sat beside the "
+           "adapter, shrinking models whose embedding is padded past the tokenizer (Qwen2.5: 151936 rows, 151665 "
+           "tokens); 0.15.0 only grows it."),
+    fix="Resize the base to the vocabulary the adapter was trained with before loading the adapter onto it.",
+    elsewhere="load the base, resize it to the training tokenizer (model.resize_token_embeddings(len(tokenizer)), "
+              "with the same pad_to_multiple_of), then PeftModel.from_pretrained; in LLaMA-Factory export with "
+              "resize_vocab / the same new_special_tokens; peft >= 0.15.0 for AutoPeftModel on padded embeddings",
+    references=("https://github.com/unslothai/unsloth/issues/978",
+                "https://github.com/hiyouga/LlamaFactory/issues/3125",
+                "https://github.com/hiyouga/LlamaFactory/issues/3154",
+                "https://github.com/huggingface/peft/issues/1700", "https://github.com/huggingface/peft/issues/1173",
+                "https://github.com/huggingface/peft/issues/1457",
+                "https://github.com/huggingface/peft/issues/2415"),
+    fixed_in="by design (the base must be resized first); AutoPeftModel's shrink fixed in peft 0.15.0",
+    log=LogSigns(
+        # The rows differ and the width agrees: a vocabulary of another size (a [0] tensor is an ungathered ZeRO-3
+        # save, zero3-empty-adapter-save; another width is another model).
+        messages=(Message(r"size mismatch for [\w.]*(?:embed_tokens|lm_head|wte|embed_out|word_embeddings|"
+                          r"output_layer|tok_embeddings)[\w.]*: copying a param with shape torch\.Size\(\[(\d+), "
+                          r"(\d+)\]\) from checkpoint, the shape in current model is torch\.Size\(\[(?!\1\])\d+, "
+                          r"\2\]\)", "own", "torch Module.load_state_dict (peft set_peft_model_state_dict)"),),
+        evidence=(Evidence("peft", 2, "an adapter is loaded"),),
+        prior=1.0,
+        tells_apart="the rows of an embedding or head differ between the file and the model while its width "
+                    "agrees"),
 ))

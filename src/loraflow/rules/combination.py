@@ -196,6 +196,11 @@ class Combination:
     frozen_from_engine_checkpoint: bool = False
     """Frozen weights are restored from the engine's own checkpoint (DeepSpeed save_checkpoint, then load_checkpoint
     to resume or zero_to_fp32 to consolidate) rather than from the pretrained model they were frozen from."""
+    adapter_vocab_differs: bool = False
+    """A saved adapter carries embedding and output-head rows for another vocabulary size than the base it is loaded
+    onto: tokens added and the embeddings resized before training (saved through modules_to_save or
+    save_embedding_layers), the base reloaded at its original size, or PEFT 0.8 - 0.14's AutoPeftModel shrinking a
+    padded embedding to the tokenizer's length."""
     state_dict_patched: bool = False
     """The training script replaces the model's state_dict method with PEFT's adapter state dict (alpaca-lora's
     finetune.py and the scripts copied from it), so PEFT's save_pretrained filters an already filtered dict."""
