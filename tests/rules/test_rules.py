@@ -141,6 +141,9 @@ CASES = {
     "adapter-vocab-mismatch": (
         BASE.replace(adapter_vocab_differs=True),
         BASE.replace(adapter_vocab_differs=True, adapter="full")),
+    "flash-attn-fp32-inputs": (
+        BASE.replace(flash_attn_fp32=True),
+        BASE.replace(flash_attn_fp32=False)),
     "zero-no-sync-accumulation": (
         BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, grad_accum_steps=4, accumulation_loop="hf-trainer",
                      versions={"deepspeed": Version("0.16.0"), "accelerate": Version("1.2.1"),

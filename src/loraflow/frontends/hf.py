@@ -46,6 +46,7 @@ from loraflow.frontends.common import (
     trainer_dtypes,
 )
 from loraflow.frontends.hf_checkpointing import checkpointing
+from loraflow.frontends.hf_attention import flash_fp32
 from loraflow.frontends.hf_quant import quant_storage
 from loraflow.frontends.hf_options import (
     HANDLED,
@@ -73,7 +74,7 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "ddp_static_graph": "--ddp_static_graph", "use_cache": "--use_cache", "adapter": "--use_peft / --use_dora",
          "adapter_reads_base": "--lora_target_parameters",
          "quantization": "--load_in_4bit", "matched_modules": "--lora_target_modules",
-         "no_default_targets": "--lora_target_modules",
+         "no_default_targets": "--lora_target_modules", "flash_attn_fp32": "--bf16 / --torch_dtype bfloat16",
          "quant_storage_matches": "--bnb_4bit_quant_storage", "packing": "--packing",
          "generation_gather": "--ds3_gather_for_generation", "world_size": "the launcher's process count",
          "model_split": "device_map= in the script's from_pretrained ({'': local rank} per process)",
@@ -162,6 +163,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
         lora_flags_without_use_peft(draft, run, cmd.program)
     image_text(draft, opts, intent, cmd)
     quant_storage(draft, run, bf16, fp16)
+    flash_fp32(draft, opts)
     gc, gc_name, kw_name = checkpointing(draft, run)
     apply_table(draft, {n: (o.value, o.source) for n, o in opts.items()}, _cache_and_ddp(run, gc))
     _rollouts_and_mode(draft, run)

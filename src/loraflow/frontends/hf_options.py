@@ -27,7 +27,7 @@ HANDLED = {"gradient_checkpointing", "activation_checkpointing", "gradient_check
            "ddp_find_unused_parameters", "ddp_static_graph", "use_cache", "use_peft", "use_dora",
            "lora_target_modules", "lora_modules_to_save", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_storage",
            "packing", "padding_free", "use_vllm", "ds3_gather_for_generation", "config", "accelerate_config", "dtype",
-           "torch_dtype",
+           "torch_dtype", "attn_implementation", "use_flash_attention_2",
            "peft_default_targets"}  # not a flag: a script's LoraConfig without target_modules (script_facts.py)
 
 

@@ -298,14 +298,13 @@ def _load_kwargs(facts: Facts, call: Call) -> None:
         facts.seqcls = call
     if call.splat:  # `from_pretrained(name, **kwargs)` of a dict not built here: a quantization may be in it
         facts.unknown.append(f"{call.file}:{call.line}: {call.func}({call.splat}) (not visible)")
-    for name in ("load_in_4bit", "load_in_8bit", "use_cache"):
+    for name in ("load_in_4bit", "load_in_8bit", "use_cache", "use_flash_attention_2"):
         value = literal(facts, call, name)
         if value is not None and (value or name == "use_cache"):
             facts.opts[name] = Opt(value, call.at(name), True)
-    for name in ("torch_dtype", "dtype"):
-        value = literal(facts, call, name)
-        if isinstance(value, str):
-            facts.opts["torch_dtype"] = Opt(value, call.at(name), True)
+    for name in ("torch_dtype", "dtype", "attn_implementation"):
+        if isinstance(value := literal(facts, call, name), str):
+            facts.opts["attn_implementation" if name[0] == "a" else "torch_dtype"] = Opt(value, call.at(name), True)
     quant = call.kwargs.get("quantization_config")
     if isinstance(quant, dict):
         for name in ("load_in_4bit", "load_in_8bit"):

@@ -1,6 +1,7 @@
-"""The rules of number formats: a model whose activations overflow float16, and adapters whose dtype differs from
-the activations they multiply outside autocast. (Pure bf16 and fp16 storage of trained weights are in catalog.py:
-bf16-lost-updates, fp16-trainable-unscale; DeepSpeed's bf16 master weights in catalog_sharded.py.)"""
+"""The rules of number formats: a model whose activations overflow float16, adapters whose dtype differs from the
+activations they multiply outside autocast, and FlashAttention given float32. (Pure bf16 and fp16 storage of trained
+weights are in catalog.py: bf16-lost-updates, fp16-trainable-unscale; DeepSpeed's bf16 master weights in
+catalog_sharded.py.)"""
 
 from __future__ import annotations
 
@@ -115,4 +116,40 @@ register(Rule(
         prior=0.5,
         tells_apart="a dtype mismatch raised inside a LoRA layer's forward on a quantized base, with a PEFT release "
                     "before 0.6.0"),
+))
+
+
+register(Rule(
+    id="flash-attn-fp32-inputs",
+    title="FlashAttention receives float32 inputs, which its kernels refuse",
+    verdict="error",
+    impact="crash",
+    conditions="attn_implementation flash_attention_2 (or use_flash_attention_2) on float32 weights (loaded without "
+               "a dtype before transformers 5, or as float32) with no bf16/fp16 mixed precision and no quantization",
+    knobs=("flash_attn_fp32",),
+    when=lambda s: s.flash_attn_fp32,
+    cause=("The flash-attn kernels take only float16 and bfloat16. transformers casts float32 queries to the "
+           "autocast dtype, else to a quantized model's compute dtype, else to q_proj's own weight dtype: with "
+           "float32 weights and no mixed precision that is float32 again, and the kernel refuses "
+           "(`FlashAttention only support fp16 and bf16 data type`). transformers < 4.37 refused an explicit "
+           "float32 dtype at load instead; custom attention code (Unsloth's, remote-code models, flash-attn patches) "
+           "casts nothing at all."),
+    fix="loraflow's attention runs in the compute dtype it plans; load the model in bf16 or train with bf16 mixed "
+        "precision when FlashAttention is on.",
+    elsewhere="pass --bf16 (or --fp16) to the trainer, or load the model with torch_dtype=torch.bfloat16 "
+              "(\"auto\" on a half-precision checkpoint), or use attn_implementation sdpa",
+    references=("https://github.com/unslothai/unsloth/issues/827", "https://github.com/QwenLM/Qwen3/issues/406",
+                "https://github.com/microsoft/PhiCookBook/issues/127",
+                "https://github.com/yangjianxin1/Firefly/issues/259",
+                "https://github.com/artidoro/qlora/issues/221", "https://github.com/unslothai/unsloth/issues/933",
+                "https://github.com/huggingface/transformers/issues/26066"),
+    fixed_in="by design (the kernels are half precision only)",
+    log=LogSigns(
+        messages=(Message(r"FlashAttention only supports? fp16 and bf16 data types?", "own",
+                          "flash-attn csrc flash_api.cpp mha_fwd (TORCH_CHECK on q's dtype)"),
+                  Message(r"Flash Attention 2(?:\.0)? only supports torch\.float16 and torch\.bfloat16 dtypes\. "
+                          r"You passed torch\.float32", "own",
+                          "transformers < 4.37 modeling_utils.py _check_and_enable_flash_attn_2"),),
+        prior=1.0,
+        tells_apart="the flash-attn kernel (or transformers' load check) names the float32 dtype it refuses"),
 ))

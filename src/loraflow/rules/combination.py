@@ -196,6 +196,9 @@ class Combination:
     frozen_from_engine_checkpoint: bool = False
     """Frozen weights are restored from the engine's own checkpoint (DeepSpeed save_checkpoint, then load_checkpoint
     to resume or zero_to_fp32 to consolidate) rather than from the pretrained model they were frozen from."""
+    flash_attn_fp32: bool = False
+    """FlashAttention asked for (attn_implementation flash_attention_2) with float32 weights and no bf16/fp16 mixed
+    precision: transformers finds no half dtype to cast the queries to (frontends/hf_attention.py)."""
     adapter_vocab_differs: bool = False
     """A saved adapter carries embedding and output-head rows for another vocabulary size than the base it is loaded
     onto: tokens added and the embeddings resized before training (saved through modules_to_save or
