@@ -370,6 +370,36 @@ def _trainer_mismatch(draft: Draft, info: dict[str, Any], label: str, hf: dict[s
                        f"{key}.enabled to \"auto\" or change --{key}")
 
 
+# DeepSpeed keys transformers fills from (and compares with) a TrainingArguments field of the same meaning
+# (integrations/deepspeed.py trainer_config_process, since 4.7.0): field -> (DeepSpeed key, its section).
+TRAINER_FIELDS = {"per_device_train_batch_size": ("train_micro_batch_size_per_gpu", None),
+                  "gradient_accumulation_steps": ("gradient_accumulation_steps", None),
+                  "max_grad_norm": ("gradient_clipping", None), "learning_rate": ("lr", "optimizer"),
+                  "weight_decay": ("weight_decay", "optimizer")}
+
+
+def trainer_values(draft: Draft, info: dict[str, Any], given: dict[str, tuple[Any, str]]) -> None:
+    """A number the DeepSpeed file states (not "auto") that differs from the TrainingArguments value the launch
+    gives for the same thing: transformers refuses the run before the first step ("Please correct the following
+    DeepSpeed config values that mismatch TrainingArguments values"). Only values the launch states are compared."""
+    cfg, label = info.get("config") or {}, info.get("label", "the DeepSpeed config")
+    for name, (key, section) in TRAINER_FIELDS.items():
+        part = cfg.get(section, {}).get("params", {}) if section else cfg
+        theirs = part.get(key) if isinstance(part, dict) else None
+        if name not in given or theirs is None or theirs == "auto":
+            continue
+        ours, where = given[name]
+        try:
+            # transformers compares the file's value as it is: a quoted "8" is not the number 8 (LlamaFactory#1116)
+            differ = isinstance(theirs, str) or float(theirs) != float(ours)
+        except (TypeError, ValueError):
+            continue  # a value read elsewhere (a shell variable): nothing to compare
+        if differ:
+            shown = f"{section}.params.{key}" if section else key
+            draft.stop(f"{label}: {shown} {theirs} while {where} gives {ours}: transformers refuses the run (\"ds "
+                       f"{shown}={theirs} vs hf {name}={ours}\"); set {shown} to \"auto\" or make them agree")
+
+
 def _world_from_batch(draft: Draft, cfg: dict[str, Any], label: str) -> None:
     """DeepSpeed asserts train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps *
     world_size (deepspeed/runtime/config.py _batch_assertion), so a file that states all three as numbers fixes the

@@ -191,6 +191,8 @@ def _precision(draft: Draft, opts: dict[str, Opt], trl: bool, info: dict) -> tup
               "default (TRL trl/trainer/base_config.py: bf16 unless fp16, since TRL 0.19)" if bf16 else "")
     if "ds" in info:
         deepspeed.resolve_precision(draft, info["ds"], info["ds_label"], bf16, fp16, hf_src or "--bf16/--fp16")
+        deepspeed.trainer_values(draft, {**info["ds"], "label": info["ds_label"]},
+                                 {n: (o.value, o.source) for n, o in opts.items() if n in deepspeed.TRAINER_FIELDS})
     if not draft.has("precision"):
         mp = info["acc"].get("mixed_precision")
         if bf16 or fp16:

@@ -201,7 +201,9 @@ def _engine_and_precision(draft: Draft, opts: dict, cmd: Command | None, bases: 
     if pure:
         # pure_bf16 keeps the trainable weights in bf16 too (no fp32 cast, src/llamafactory/model/adapter.py).
         draft.set("precision", "bf16", src("pure_bf16"))
-    elif info:
+    if info:  # LLaMA-Factory hands its training arguments and the file to the HF Trainer
+        deepspeed.trainer_values(draft, info, {n: (get(n), src(n)) for n in deepspeed.TRAINER_FIELDS if n in opts})
+    if info and not pure:
         deepspeed.resolve_precision(draft, info, label, bf16, fp16, src("bf16") if "bf16" in opts else
                                     src("fp16") if "fp16" in opts else "bf16/fp16")
     if not draft.has("precision") and (bf16 or fp16):
