@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import deepspeed, keys, script_setup
+from loraflow.frontends import deepspeed, keys, liger, script_setup
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import (
     Arg,
@@ -159,6 +159,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     apply_fsdp(draft, intent)
     run = Run(opts, trl, trainer, cli, intent, info, zero3, cmd.program if cmd is not None else "")
     adapter(draft, run)
+    liger.trl(draft, trainer, {n: (o.value, o.source) for n, o in opts.items()}, trl)
     if cmd is not None and not (cmd.program == "trl" or cmd.program.startswith("trl.")):
         lora_flags_without_use_peft(draft, run, cmd.program)
     image_text(draft, opts, intent, cmd)

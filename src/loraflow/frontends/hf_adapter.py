@@ -4,8 +4,8 @@ quantized, and the image-text fields (which towers train, which the targets reac
 
 from __future__ import annotations
 
+from loraflow.frontends import liger, vision
 from loraflow.frontends import trl as trl_rel
-from loraflow.frontends import vision
 from loraflow.frontends.argv import Command
 from loraflow.frontends.common import Draft, as_list, embedding_targets, model_name_facts
 from loraflow.frontends.hf_options import Opt, Run, no_peft_flag, own_adapter, own_kbit_load
@@ -47,6 +47,8 @@ def adapter(draft: Draft, run: Run) -> None:
         default_targets(draft, str((opts.get("model_name_or_path") or Opt("", "")).value),
                         opts["peft_default_targets"].source if "peft_default_targets" in opts else
                         "--use_peft without --lora_target_modules (TRL ModelConfig.lora_target_modules: None)")
+    if "lora_target_modules" in opts:
+        liger.head_adapter(draft, opts["lora_target_modules"].value, opts["lora_target_modules"].source)
     if "lora_modules_to_save" in opts:
         embedding_targets(draft, as_list(opts["lora_modules_to_save"].value), opts["lora_modules_to_save"].source,
                           str((opts.get("model_name_or_path") or Opt("", "")).value))

@@ -14,7 +14,7 @@ from typing import Any
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import adapter_dtype, deepspeed, keys, llama_factory_keys, llama_factory_quant
-from loraflow.frontends import llama_factory_vision
+from loraflow.frontends import liger, llama_factory_vision
 from loraflow.frontends import llama_factory_export as exports
 from loraflow.frontends.argv import (
     Command,
@@ -233,6 +233,9 @@ def _adapter(draft: Draft, opts: dict) -> str:
     apply_table(draft, opts, (Field("matched_modules", ("lora_target",), empty_targets, suffix=" (empty)"),))
     if ftype == "lora" and "lora_target" in opts:
         check_targets(draft, str(get("model_name_or_path") or ""), as_list(get("lora_target")), src("lora_target"))
+        liger.head_adapter(draft, get("lora_target"), src("lora_target"))
+    if on("enable_liger_kernel") and str(get("stage") or "sft") in ("pt", "sft"):
+        liger.fused(draft, src("enable_liger_kernel"), "on for pt and sft, src/llamafactory/model/loader.py")
     llama_factory_quant.apply(draft, opts)
     return ftype
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import deepspeed, keys, ms_swift_megatron
+from loraflow.frontends import deepspeed, keys, liger, ms_swift_megatron
 from loraflow.frontends import ms_swift_export as exports
 from loraflow.frontends import ms_swift_vllm as rollouts
 from loraflow.frontends.ms_swift_vision import image_text
@@ -191,6 +191,13 @@ def _adapter(draft: Draft, opts: dict, dtype: str | None) -> None:
         if ttype not in ("lora", "longlora"):
             draft.note(f"tuner_type {ttype} is read like LoRA (frozen base weights, small trained modules)")
     apply_table(draft, opts, (Field("matched_modules", ("target_modules",), empty_targets, suffix=" (empty)"),))
+    if "target_modules" in opts:
+        liger.head_adapter(draft, opts["target_modules"][0], src("target_modules"))
+    if on("use_liger_kernel") and (draft.get("stage") == "grpo" or not at_least(draft, "transformers", "4.45.0")
+                                   or at_least(draft, "transformers", "4.49.0")):
+        # ms-swift patches the model type itself before transformers 4.45, else leaves it to the Trainer (a PEFT
+        # model from 4.49); its GRPO loss passes lm_head.weight (swift/trainers/rlhf_trainer/grpo_trainer.py).
+        liger.fused(draft, src("use_liger_kernel"))
     if "modules_to_save" in opts:
         embedding_targets(draft, as_list(opts["modules_to_save"][0]), src("modules_to_save"),
                           str(get("model") or get("model_id_or_path") or ""))

@@ -91,3 +91,29 @@ register(Rule(
         tells_apart="Unsloth's own refusal names the model's dtype and the trainer's precision"),
 ))
 
+
+
+register(Rule(
+    id="liger-head-adapter-bypassed",
+    title="Liger's fused loss reads lm_head's base weight: an adapter on the head never trains",
+    verdict="error",
+    impact="silent",
+    conditions="Liger's fused linear cross entropy (use_liger_kernel / use_liger_loss, LLaMA-Factory "
+               "enable_liger_kernel for pt/sft, axolotl liger_fused_linear_cross_entropy, ms-swift "
+               "--use_liger_kernel) with a LoRA or DoRA layer on lm_head (lm_head in the target modules)",
+    knobs=("head_adapter",),
+    when=lambda s: s.adapter != "full" and s.head_adapter and s.liger_fused_ce,
+    cause=("Liger fuses the output projection into the loss and passes it lm_head.weight instead of calling "
+           "lm_head. On a PEFT layer that attribute is the frozen base weight, so the head's lora_A/lora_B (and "
+           "DoRA's magnitude) never enter the graph: they get no gradient, stay at their initial value (lora_B "
+           "zero) and are saved so, with no error while the other adapters train and the loss falls. A "
+           "modules_to_save copy of lm_head is read correctly."),
+    fix="loraflow does not use Liger's fused loss; train the head as a full copy (modules_to_save) or leave it "
+        "out of the targets.",
+    elsewhere="drop lm_head from the target modules (put it in modules_to_save to train it), or turn the fused "
+              "cross entropy off (liger fused_linear_cross_entropy false); TRL >= 1.7 (GRPO) and >= 1.15 (SFT) "
+              "refuse the pair",
+    references=("https://github.com/huggingface/trl/issues/4612", "https://github.com/huggingface/trl/pull/5977",
+                "https://github.com/huggingface/transformers/issues/34016"),
+    fixed_in="not fixed in liger-kernel (0.8.5); TRL refuses it (GRPO 1.7.0, SFT 1.15.0)",
+))

@@ -196,6 +196,10 @@ class Combination:
     frozen_from_engine_checkpoint: bool = False
     """Frozen weights are restored from the engine's own checkpoint (DeepSpeed save_checkpoint, then load_checkpoint
     to resume or zero_to_fp32 to consolidate) rather than from the pretrained model they were frozen from."""
+    head_adapter: bool = False
+    """An adapter layer on the output head: lm_head named in the target modules (all-linear leaves it out)."""
+    liger_fused_ce: bool = False
+    """Liger's fused linear cross entropy computes the training loss from lm_head.weight, without calling lm_head."""
     flash_attn_fp32: bool = False
     """FlashAttention asked for (attn_implementation flash_attention_2) with float32 weights and no bf16/fp16 mixed
     precision: transformers finds no half dtype to cast the queries to (frontends/hf_attention.py)."""
