@@ -28,6 +28,12 @@ def test_rows_that_differ_under_the_same_width(line):
     # another width: another model, not a vocabulary
     "\tsize mismatch for base_model.model.lm_head.weight: copying a param with shape torch.Size([32000, 4096]) from "
     "checkpoint, the shape in current model is torch.Size([32000, 5120]).",
+    # the same rows: not a vocabulary of another size
+    "\tsize mismatch for base_model.model.lm_head.weight: copying a param with shape torch.Size([32000, 4096]) from "
+    "checkpoint, the shape in current model is torch.Size([32000, 4096]).",
+    # a LoRA rank mismatch on the head: the adapter's own shapes, not the vocabulary
+    "\tsize mismatch for base_model.model.lm_head.lora_A.default.weight: copying a param with shape "
+    "torch.Size([8, 4096]) from checkpoint, the shape in current model is torch.Size([16, 4096]).",
     # an empty ZeRO-3 partition saved as the adapter
     "\tsize mismatch for base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight: copying a param "
     "with shape torch.Size([0]) from checkpoint, the shape in current model is torch.Size([8, 4096]).",

@@ -31,10 +31,20 @@ def _stops(tmp_path, monkeypatch, ds: dict, flags: str) -> list[str]:
     ({"gradient_clipping": 1.0}, "--max_grad_norm 0.3", True),
     ({"optimizer": {"type": "AdamW", "params": {"lr": 2e-5}}}, "--learning_rate 1e-4", True),
     ({"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}, "--learning_rate 1e-4", False),
-    ({"gradient_accumulation_steps": 4}, "", False),  # the launch states none: not compared
+    # A script of its own may set it in code: only what the launch states is compared.
+    ({"gradient_accumulation_steps": 4}, "", False),
 ])
 def test_the_file_and_the_flags(tmp_path, monkeypatch, ds, flags, stops):
     found = _stops(tmp_path, monkeypatch, ds, flags)
     assert bool(found) == stops, found
     if stops:
         assert "transformers refuses the run" in found[0]
+
+
+def test_a_cli_launch_is_compared_with_the_trainer_default(tmp_path, monkeypatch):
+    # TRL's own CLI: every TrainingArguments value is on the line, so an unset accumulation is the default 1.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 4}))
+    doc = json.loads(run_check(shlex.split("trl sft --model_name_or_path m --dataset_name d --deepspeed ds.json"),
+                               None, [], dict(parse_versions("transformers=4.45.0,trl=0.11.0")), as_json=True)[0])
+    assert doc["stops"] and "hf gradient_accumulation_steps=1" in doc["stops"][0]

@@ -27,6 +27,12 @@ def _check(line: str, versions: str) -> dict:
     (GRPO + " --lora_target_modules q_proj v_proj lm_head", "trl=0.20.0,transformers=4.55.0", True, False),
     (GRPO + " --lora_target_modules q_proj v_proj lm_head", "trl=1.7.0,transformers=4.57.0", False, True),
     (GRPO + " --lora_target_modules q_proj v_proj", "trl=0.20.0,transformers=4.55.0", False, False),
+    (GRPO.replace("--use_liger_loss", "--use_liger_kernel") + " --lora_target_modules q_proj lm_head",
+     "trl=0.20.0,transformers=4.55.0", False, False),  # the Trainer's flag: GRPO's log-probs get no labels
+    (GRPO.replace("--use_liger_loss", "--use_liger_kernel") + " --lora_target_modules q_proj lm_head",
+     "trl=0.25.0,transformers=4.57.0", True, False),  # GRPO's own fused loss under its later name
+    (SFT + " --lora_target_modules q_proj lm_head --liger_kernel_config '{\"fused_linear_cross_entropy\": false}'",
+     "trl=0.20.0,transformers=4.55.0", False, False),
     (GRPO + " --lora_target_modules all-linear", "trl=0.20.0,transformers=4.55.0", False, False),
     (SFT + " --lora_target_modules q_proj lm_head", "trl=0.15.0,transformers=4.48.0", False, False),  # not patched
     (SFT + " --lora_target_modules q_proj lm_head", "trl=0.15.0,transformers=4.49.0", True, False),
@@ -55,3 +61,13 @@ def test_ms_swift():
            "--use_liger_kernel true --dataset d"
     assert RULE in {f["rule"] for f in _check(line, "transformers=4.55.0,ms-swift=3.9.0")["findings"]}
     assert RULE not in {f["rule"] for f in _check(line, "transformers=4.46.0,ms-swift=3.0.0")["findings"]}
+
+
+def test_axolotl(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = ("base_model: meta-llama/Llama-3.1-8B\nadapter: lora\nlora_target_modules:\n  - q_proj\n  - {head}\n"
+           "plugins:\n  - axolotl.integrations.liger.LigerPlugin\nliger_fused_linear_cross_entropy: true\n"
+           "datasets:\n  - path: d\n    type: alpaca\nsequence_len: 2048\nbf16: true\n")
+    for head, holds in (("lm_head", True), ("v_proj", False)):
+        (tmp_path / "a.yml").write_text(cfg.format(head=head))
+        assert (RULE in {f["rule"] for f in _check("axolotl train a.yml", "axolotl=0.12.0")["findings"]}) == holds

@@ -146,7 +146,7 @@ CASES = {
         BASE.replace(flash_attn_fp32=False)),
     "liger-head-adapter-bypassed": (
         BASE.replace(head_adapter=True, liger_fused_ce=True),
-        BASE.replace(head_adapter=False, liger_fused_ce=True)),
+        BASE.replace(head_adapter=True, liger_fused_ce=True, adapter="full")),
     "zero-no-sync-accumulation": (
         BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, grad_accum_steps=4, accumulation_loop="hf-trainer",
                      versions={"deepspeed": Version("0.16.0"), "accelerate": Version("1.2.1"),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loraflow.errors import LoraflowError
-from loraflow.frontends import deepspeed, keys, vision
+from loraflow.frontends import deepspeed, keys, liger, vision
 from loraflow.frontends.argv import (
     Command,
     _launcher_options,
@@ -24,6 +24,7 @@ from loraflow.frontends.argv import (
     split_command,
 )
 from loraflow.frontends.shell import command_from_script
+from loraflow.frontends import moe_blocks
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
 from loraflow.frontends.targets import check_targets
@@ -147,6 +148,10 @@ def _adapter(draft: Draft, cfg: dict, bf: bool) -> None:
             draft.set("matched_modules", 0, f"{src('lora_target_modules')} (empty, lora_target_linear off)")
         elif targets and not on("lora_target_linear"):
             check_targets(draft, str(get("base_model") or ""), targets, src("lora_target_modules"))
+        if targets:
+            liger.head_adapter(draft, targets, src("lora_target_modules"))
+        if on("liger_fused_linear_cross_entropy"):  # LigerPlugin patches the model class before load
+            liger.fused(draft, src("liger_fused_linear_cross_entropy"))
         if "lora_modules_to_save" in cfg:
             embedding_targets(draft, as_list(get("lora_modules_to_save")), src("lora_modules_to_save"),
                               str(get("base_model") or ""))
@@ -428,4 +433,4 @@ MITIGATIONS = (
                "src/axolotl/cli/merge_lora.py do_cli: load_in_4bit = load_in_8bit = False (PR #1086)"))
 FRAMEWORK = Framework(name=NAME, title="Axolotl", module="axolotl", recognise=_recognise, flags=FLAGS,
                       log_paths=r"axolotl[/\\]", file_markers=MARKERS, depends=DEPENDS, dated=True,
-                      mitigations=MITIGATIONS)
+                      mitigations=MITIGATIONS + moe_blocks.mitigations(NAME))

@@ -378,11 +378,19 @@ TRAINER_FIELDS = {"per_device_train_batch_size": ("train_micro_batch_size_per_gp
                   "weight_decay": ("weight_decay", "optimizer")}
 
 
-def trainer_values(draft: Draft, info: dict[str, Any], given: dict[str, tuple[Any, str]]) -> None:
-    """A number the DeepSpeed file states (not "auto") that differs from the TrainingArguments value the launch
-    gives for the same thing: transformers refuses the run before the first step ("Please correct the following
-    DeepSpeed config values that mismatch TrainingArguments values"). Only values the launch states are compared."""
+TRAINER_DEFAULTS = {"gradient_accumulation_steps": (1, "default (TrainingArguments: gradient_accumulation_steps 1)")}
+"""What the Trainer compares a file's number with where the launch states none (a framework whose arguments are
+all on the launch; a script of its own may set it in code)."""
+
+
+def trainer_values(draft: Draft, info: dict[str, Any], given: dict[str, tuple[Any, str]],
+                   defaults: bool = False) -> None:
+    """A number the DeepSpeed file states (not "auto") that differs from the TrainingArguments value for the same
+    thing: transformers refuses the run before the first step ("Please correct the following DeepSpeed config
+    values that mismatch TrainingArguments values"). Values the launch states are compared, and with `defaults`
+    the Trainer's own defaults for what it leaves out (TRAINER_DEFAULTS)."""
     cfg, label = info.get("config") or {}, info.get("label", "the DeepSpeed config")
+    given = {**(TRAINER_DEFAULTS if defaults else {}), **given}
     for name, (key, section) in TRAINER_FIELDS.items():
         part = cfg.get(section, {}).get("params", {}) if section else cfg
         theirs = part.get(key) if isinstance(part, dict) else None

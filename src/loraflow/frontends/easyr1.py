@@ -144,7 +144,8 @@ def _rollout(draft: Draft, options: dict) -> None:
     else:
         draft.set("rollout_sync", "merged", "EasyR1 loads every weight into vLLM in place (fsdp_vllm.py load_weights)")
         draft.set("rollout_sync_renamed", True, "EasyR1 renames transformers 4.52's image-text module names to the "
-                  "checkpoint's before the sync (fsdp_vllm.py _rename_weight_keys)")
+                  "checkpoint's before the sync (fsdp_vllm.py _rename_weight_keys; checkouts from before it, May "
+                  "2025, did not: hiyouga/EasyR1#305)")
     # Each sync adds the adapter under a new id (lora_int_id from time_ns), so vLLM never serves a stale one.
     draft.set("rollout_sync_proven", True, "EasyR1 syncs the actor into vLLM before every rollout, a LoRA under a new "
               "id each time (fsdp_vllm.py load_vllm_and_sync_weights)")

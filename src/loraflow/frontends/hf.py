@@ -193,7 +193,8 @@ def _precision(draft: Draft, opts: dict[str, Opt], trl: bool, info: dict) -> tup
     if "ds" in info:
         deepspeed.resolve_precision(draft, info["ds"], info["ds_label"], bf16, fp16, hf_src or "--bf16/--fp16")
         deepspeed.trainer_values(draft, {**info["ds"], "label": info["ds_label"]},
-                                 {n: (o.value, o.source) for n, o in opts.items() if n in deepspeed.TRAINER_FIELDS})
+                                 {n: (o.value, o.source) for n, o in opts.items() if n in deepspeed.TRAINER_FIELDS},
+                                 defaults=trl and not any(o.derived for o in opts.values()))
     if not draft.has("precision"):
         mp = info["acc"].get("mixed_precision")
         if bf16 or fp16:
@@ -272,8 +273,6 @@ def _save_gather(draft: Draft, run: Run) -> None:
                   "stage3_gather_16bit_weights_on_model_save (transformers < 5 saves through it)")
 
 
-# Where scripts name the model: TrainingArguments-style scripts and TRL (--model_name_or_path), Qwen2-VL-Finetune
-# (--model_id), others (--model, --model_path, --base_model).
 def from_command(cmd: Command, versions: dict) -> FrontendResult:
     local = cmd.program_kind == "script" or (cmd.program_kind == "module" and cmd.program.isidentifier())  # -m train
     script = script_setup.script_of(cmd.program) if local else None

@@ -67,8 +67,10 @@ def adapter(draft: Draft, run: Run) -> None:
         draft.set("tower_adapters", True, f"{targets.source} (names vision-tower modules)")
 
 
+# Where scripts name the model: TrainingArguments-style scripts and TRL (--model_name_or_path), Qwen2-VL-Finetune
+# (--model_id), others (--model, --model_path, --base_model).
 MODEL_KEYS = ("model_name_or_path", "model_id", "model", "model_path", "base_model", "pretrained_model_name_or_path",
-               "model_name", "model_id_or_path")
+              "model_name", "model_id_or_path")
 LENGTH_KEYS = ("model_max_length", "max_seq_length", "max_length", "max_seq_len", "cutoff_len")
 
 

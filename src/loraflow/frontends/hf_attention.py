@@ -22,12 +22,16 @@ def flash_fp32(draft: Draft, opts: dict[str, Opt]) -> None:
         asked = old.source
     else:
         return
-    if draft.get("precision") != "fp32" or draft.get("quantization"):
-        return  # autocast's dtype, or the quantized model's compute dtype, is what transformers casts to
+    if draft.get("precision") != "fp32":
+        return  # autocast's dtype is what transformers casts the queries to
     dtype = opts.get("dtype") or opts.get("torch_dtype")
     value = str(dtype.value).lower().removeprefix("torch.") if dtype is not None else ""
     if value in ("float32", "fp32", "float"):
-        why = f"{dtype.source}: float32 weights"
+        # A quantized model's queries are cast to its _pre_quantization_dtype: the dtype it was loaded with.
+        why = f"{dtype.source}: float32 weights" + (" (the quantized model's pre-quantization dtype)"
+                                                     if draft.get("quantization") else "")
+    elif draft.get("quantization"):
+        return  # bitsandbytes loads with float16 when no dtype is given (its _pre_quantization_dtype)
     elif value in ("", "none") and not at_least(draft, "transformers", "5.0.0"):
         why = "no dtype given: transformers < 5 loads float32 weights"
     else:  # half precision, or "auto" (the checkpoint's, half for most; transformers >= 5's default)

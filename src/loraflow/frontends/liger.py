@@ -7,6 +7,8 @@ fused loss on, and where it refuses the pair instead, read from their wheels (tr
 
 from __future__ import annotations
 
+import json
+
 from loraflow.frontends.common import Draft, as_bool, as_list, at_least
 
 HEAD_NAMES = ("lm_head",)
@@ -25,19 +27,37 @@ def fused(draft: Draft, source: str, why: str = "") -> None:
               + (f" ({why})" if why else ""))
 
 
+def _turned_off(options: dict[str, tuple]) -> bool:
+    """liger_kernel_config={"fused_linear_cross_entropy": false} (TrainingArguments, transformers >= 4.52)."""
+    config = options.get("liger_kernel_config", (None, ""))[0]
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError:
+            return False
+    return isinstance(config, dict) and config.get("fused_linear_cross_entropy") is False
+
+
 def trl(draft: Draft, trainer: str, options: dict[str, tuple], is_trl: bool) -> None:
-    """TRL / the HF Trainer: `use_liger_kernel` (TrainingArguments, transformers >= 4.45; a PeftModel is patched
-    from 4.49, PR #35680), GRPO's and DPO's `use_liger_loss` (renamed use_liger_kernel in GRPO 0.25). TRL refuses
-    the pair itself in GRPO from 1.7.0 (PR #5977) and DPO from 0.29.0, and SFT's head adapters from 1.15.0."""
+    """TRL / the HF Trainer. SFT and a plain Trainer: `use_liger_kernel` (TrainingArguments, transformers >= 4.45;
+    a PeftModel is patched from 4.49, PR #35680) fuses the loss in the forward that gets the labels. GRPO and DPO
+    compute log-probs without labels, so a patched forward calls lm_head: their fused loss is their own
+    `use_liger_loss` (GRPO 0.17 - 0.24, DPO from 0.19), `use_liger_kernel` in GRPO from 0.25. TRL refuses the
+    pair itself in GRPO 0.17 (any PEFT model) and from 1.7.0 (PR #5977), DPO from 0.29.0, SFT from 1.15.0."""
     from loraflow.frontends.trl import since
 
-    key = next((k for k in ("use_liger_loss", "use_liger_kernel") if k in options), None)
-    if key is None or not as_bool(options[key][0], options[key][1]) or not draft.get("head_adapter"):
+    if not draft.get("head_adapter") or _turned_off(options):
+        return
+    rl = is_trl and trainer in ("grpo", "dpo")
+    key = ("use_liger_loss" if "use_liger_loss" in options else
+           "use_liger_kernel" if "use_liger_kernel" in options and (not rl or (trainer == "grpo" and since(
+               draft, "0.25.0"))) else None)
+    if key is None or not as_bool(options[key][0], options[key][1]):
         return
     where = options[key][1]
-    if is_trl and trainer == "grpo":
-        refused = not since(draft, "0.18.0") or since(draft, "1.7.0")
-    elif is_trl and trainer == "dpo":
+    if rl and trainer == "grpo":
+        refused = (since(draft, "0.17.0") and not since(draft, "0.18.0")) or since(draft, "1.7.0")
+    elif rl:
         refused = since(draft, "0.29.0")
     else:
         if not at_least(draft, "transformers", "4.49.0"):
@@ -46,7 +66,7 @@ def trl(draft: Draft, trainer: str, options: dict[str, tuple], is_trl: bool) -> 
             return
         refused = is_trl and since(draft, "1.15.0")
     if refused:
-        draft.stop(f"{where} with an adapter on lm_head: TRL refuses the pair (the fused loss would read lm_head's "
-                   "frozen base weight); put lm_head in modules_to_save or drop it from the targets")
+        draft.stop(f"{where} with an adapter on lm_head: TRL refuses Liger's fused loss on this PEFT model (it would "
+                   "read lm_head's frozen base weight); put lm_head in modules_to_save or drop it from the targets")
     else:
         fused(draft, where)

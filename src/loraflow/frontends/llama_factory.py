@@ -23,6 +23,7 @@ from loraflow.frontends.argv import (
     split_command,
 )
 from loraflow.frontends.shell import command_from_script, is_launch_script
+from loraflow.frontends import moe_blocks
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate
 from loraflow.frontends.targets import check_targets
@@ -202,7 +203,8 @@ def _engine_and_precision(draft: Draft, opts: dict, cmd: Command | None, bases: 
         # pure_bf16 keeps the trainable weights in bf16 too (no fp32 cast, src/llamafactory/model/adapter.py).
         draft.set("precision", "bf16", src("pure_bf16"))
     if info:  # LLaMA-Factory hands its training arguments and the file to the HF Trainer
-        deepspeed.trainer_values(draft, info, {n: (get(n), src(n)) for n in deepspeed.TRAINER_FIELDS if n in opts})
+        deepspeed.trainer_values(draft, info, {n: (get(n), src(n)) for n in deepspeed.TRAINER_FIELDS if n in opts},
+                                 defaults=True)
     if info and not pure:
         deepspeed.resolve_precision(draft, info, label, bf16, fp16, src("bf16") if "bf16" in opts else
                                     src("fp16") if "fp16" in opts else "bf16/fp16")
@@ -421,4 +423,5 @@ FRAMEWORK = Framework(name=NAME, title="LLaMA-Factory", module="llama_factory", 
                       log_paths=r"llamafactory[/\\]|llmtuner[/\\]|llamafactory-cli|LLaMA-Factory",
                       file_markers=MARKERS, depends=DEPENDS, dated=True,
                       aliases=("llamafactory", "llama_factory"),
-                      mitigations=(llama_factory_vision.FAKE_IMAGE, QUANT_STORAGE))
+                      mitigations=(llama_factory_vision.FAKE_IMAGE, QUANT_STORAGE,
+                                   *moe_blocks.mitigations(NAME)))

@@ -28,6 +28,7 @@ from loraflow.frontends.argv import (
     visible_devices,
 )
 from loraflow.frontends.shell import command_from_script
+from loraflow.frontends import moe_blocks
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
 from loraflow.frontends.common import (
@@ -432,4 +433,4 @@ QLORA_MERGE = Mitigation(("kbit-merge",), "3.7.0", "the merge loads the base unq
 FRAMEWORK = Framework(name=NAME, title="ms-swift", module="ms_swift", recognise=_recognise, flags=FLAGS,
                       log_paths=r"[/\\]swift[/\\](llm|trainers|cli|rlhf_trainers)[/\\]|swift (sft|rlhf)",
                       depends=DEPENDS, dated=True, aliases=("swift", "ms_swift"),
-                      mitigations=(rollouts.SLEEP2_BASE_SYNC, QLORA_MERGE))
+                      mitigations=(rollouts.SLEEP2_BASE_SYNC, QLORA_MERGE, *moe_blocks.mitigations(NAME)))

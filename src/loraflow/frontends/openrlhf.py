@@ -11,6 +11,7 @@ from __future__ import annotations
 from loraflow.errors import LoraflowError
 from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, parse_flags, script_command
+from loraflow.frontends import moe_blocks
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, mitigated, model_name_facts
 from loraflow.frontends.kbit_facts import MOVE_4BIT_SINCE, move_refused
@@ -418,4 +419,4 @@ def _recognise(view) -> bool:
 
 FRAMEWORK = Framework(name=NAME, title="OpenRLHF", module="openrlhf", recognise=_recognise, flags=FLAGS,
                       log_paths=r"openrlhf[/\\]|openrlhf\.cli", depends=DEPENDS, dated=True,
-                      mitigations=(HOOK, GATHER_SAVE))
+                      mitigations=(HOOK, GATHER_SAVE, *moe_blocks.mitigations(NAME)))

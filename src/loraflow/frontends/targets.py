@@ -89,8 +89,11 @@ def default_targets(draft: Draft, model: str, source: str) -> None:
     if kind is None:
         return
     table = _default_targets()
-    since = table["since"].get(kind)
-    if since is None:
+    since, dropped = table["since"].get(kind), table["dropped"].get(kind)
+    if dropped is not None and at_least(draft, "peft", dropped):
+        draft.set("no_default_targets", True, f"{source}: PEFT dropped model type {kind} ({model}) from its "
+                  f"default LoRA targets in {dropped}")
+    elif since is None:
         draft.set("no_default_targets", True, f"{source}: no PEFT release ({table['releases'][-1]} the newest read) "
                   f"has default LoRA targets for model type {kind} ({model})")
     elif not at_least(draft, "peft", since):

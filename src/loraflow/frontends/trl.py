@@ -302,17 +302,17 @@ def grpo_groups(draft: Draft, options: dict) -> None:
     groups = number("num_generations", 8)
     if None in (batch, groups, accum):
         return
+    ranks = f"{procs} process{'es' * (procs != 1)} x {batch}"
     if since(draft, "0.18.0") and "generation_batch_size" in options:
         size, shown, where = number("generation_batch_size", None), "--generation_batch_size", "grpo_config.py"
     elif since(draft, "0.17.0"):
         steps = number("steps_per_generation", accum) if since(draft, "0.18.0") else accum
-        size, shown = None if steps is None else procs * batch * steps, f"{procs} processes x {batch} x {steps}"
+        size, shown = None if steps is None else procs * batch * steps, f"{ranks} x {steps}"
         where = "grpo_config.py" if since(draft, "0.18.0") else "grpo_trainer.py"
     else:
-        size, shown, where = procs * batch, f"{procs} processes x {batch}", "grpo_trainer.py"
+        size, shown, where = procs * batch, ranks, "grpo_trainer.py"
     if size is None or (groups >= 2 and size % groups == 0 and groups <= size):
         return
-    shown = shown.replace("1 processes", "1 process")
     draft.stop(f"TRL GRPO refuses its generation batch ({shown} = {size} completions) for --num_generations {groups}: "
                f"each prompt's {groups} completions must fit whole in it (trl/trainer/{where}); make "
                f"--per_device_train_batch_size (or the process count, or the accumulation steps) a multiple of "

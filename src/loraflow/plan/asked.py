@@ -46,6 +46,9 @@ def asked_setup(config: Config, env: Environment, info: ModelInfo, modules_to_sa
         use_cache=info.use_cache_default,
         packing=config.data.packing,
         precision=config.precision.mode,
+        # FlashAttention casts float32 queries to autocast's dtype or the weights' (rule flash-attn-fp32-inputs).
+        flash_attn_fp32=(config.model.attn_implementation == "flash_attention_2" and config.precision.mode == "fp32"
+                         and load_dtype == torch.float32),
         fp16_overflows=fp16_overflows_type(info.model_type),
         world_size=env.world_size,
         quantization=None if not config.model.quantization.enabled else

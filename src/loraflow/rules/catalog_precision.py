@@ -125,7 +125,8 @@ register(Rule(
     verdict="error",
     impact="crash",
     conditions="attn_implementation flash_attention_2 (or use_flash_attention_2) on float32 weights (loaded without "
-               "a dtype before transformers 5, or as float32) with no bf16/fp16 mixed precision and no quantization",
+               "a dtype before transformers 5, or as float32, a k-bit model's too) with no bf16/fp16 mixed precision; "
+               "Unsloth's, remote-code and patched attention are named by explain from the kernel's refusal",
     knobs=("flash_attn_fp32",),
     when=lambda s: s.flash_attn_fp32,
     cause=("The flash-attn kernels take only float16 and bfloat16. transformers casts float32 queries to the "
@@ -134,8 +135,8 @@ register(Rule(
            "(`FlashAttention only support fp16 and bf16 data type`). transformers < 4.37 refused an explicit "
            "float32 dtype at load instead; custom attention code (Unsloth's, remote-code models, flash-attn patches) "
            "casts nothing at all."),
-    fix="loraflow's attention runs in the compute dtype it plans; load the model in bf16 or train with bf16 mixed "
-        "precision when FlashAttention is on.",
+    fix="loraflow refuses model.attn_implementation flash_attention_2 with float32 weights and precision fp32 "
+        "before the first step: set precision.mode bf16-mixed, or model.dtype bfloat16.",
     elsewhere="pass --bf16 (or --fp16) to the trainer, or load the model with torch_dtype=torch.bfloat16 "
               "(\"auto\" on a half-precision checkpoint), or use attn_implementation sdpa",
     references=("https://github.com/unslothai/unsloth/issues/827", "https://github.com/QwenLM/Qwen3/issues/406",

@@ -258,6 +258,14 @@ register(Rule(
 ))
 
 
+TRANSFORMERS_RENAMES_VLMS = "4.52.0"
+"""transformers moves these models' modules under model.language_model / model.visual (PR #37033)."""
+VLLM_MAPS_QWEN_VL = "0.9.1"
+"""vLLM's qwen2_vl.py / qwen2_5_vl.py hf_to_vllm_mapper reads the new names (PR #19054; absent in 0.9.0.1)."""
+VLLM_MAPS_VLMS = "0.9.2"
+"""vLLM's llava.py, gemma3_mm.py and mllama.py mappers read them (absent in 0.9.1)."""
+
+
 register(Rule(
     id="vllm-vlm-weight-names",
     title="vLLM cannot place an image-text model's weights under transformers 4.52's module names",
@@ -267,10 +275,10 @@ register(Rule(
                "pushes the trained model's weights by name with transformers >= 4.52 and no renaming (TRL, "
                "ms-swift, verl < 0.4.1)",
     knobs=("rollout_sync_renamed",),
-    affected={"transformers": ">=4.52.0", "vllm": "<0.9.2"},
-    boundaries={"vllm": ("0.9.1",)},
+    affected={"transformers": f">={TRANSFORMERS_RENAMES_VLMS}", "vllm": f"<{VLLM_MAPS_VLMS}"},
+    boundaries={"vllm": (VLLM_MAPS_QWEN_VL,)},
     when=lambda s: (_vllm(s) and s.rollout_sync == "merged" and s.vlm_renamed is not None
-                    and not s.rollout_sync_renamed and (s.vlm_renamed != "qwen2-vl" or older(s, "vllm", "0.9.1"))),
+                    and not s.rollout_sync_renamed and (s.vlm_renamed != "qwen2-vl" or older(s, "vllm", VLLM_MAPS_QWEN_VL))),
     cause=("transformers 4.52 moved these models' modules under model.language_model and model.visual (PR #37033): "
            "a live state_dict carries the new names, and so does a checkpoint saved by 4.52.0-4.52.3 (its "
            "reverse renaming was a no-op until PR #38385). vLLM's loaders map only the old layout before 0.9.1 "

@@ -118,9 +118,10 @@ register(Rule(
         # The rows differ and the width agrees: a vocabulary of another size (a [0] tensor is an ungathered ZeRO-3
         # save, zero3-empty-adapter-save; another width is another model).
         messages=(Message(r"size mismatch for [\w.]*(?:embed_tokens|lm_head|wte|embed_out|word_embeddings|"
-                          r"output_layer|tok_embeddings)[\w.]*: copying a param with shape torch\.Size\(\[(\d+), "
-                          r"(\d+)\]\) from checkpoint, the shape in current model is torch\.Size\(\[(?!\1\])\d+, "
-                          r"\2\]\)", "own", "torch Module.load_state_dict (peft set_peft_model_state_dict)"),),
+                          r"output_layer|tok_embeddings)(?:\.modules_to_save\.\w+|\.original_module|\.base_layer)?"
+                          r"\.weight: copying a param with shape torch\.Size\(\[(\d+), (\d+)\]\) from checkpoint, "
+                          r"the shape in current model is torch\.Size\(\[(?!\1,)\d+, \2\]\)", "own",
+                          "torch Module.load_state_dict (peft set_peft_model_state_dict)"),),
         evidence=(Evidence("peft", 2, "an adapter is loaded"),),
         prior=1.0,
         tells_apart="the rows of an embedding or head differ between the file and the model while its width "

@@ -80,8 +80,8 @@ register(Rule(
     conditions="ZeRO-3 on several processes with a sparse mixture-of-experts model whose block calls only the "
                "experts its tokens reach (Mixtral, Qwen2-MoE and Qwen3-MoE in transformers 4.52/4.53 - 4.57, the "
                "DeepSeek, GLM-4.5, Phi-3.5-MoE and Jamba blocks before 5.0), the block not registered as a ZeRO-3 "
-               "leaf module (the HF Trainer and TRL never do; LLaMA-Factory, axolotl, ms-swift >= 3.9 and "
-               "OpenRLHF >= 0.8.10 do for the types they list)",
+               "leaf module (the HF Trainer and TRL never do; the frameworks that do, from which release and for "
+               "which models, are in docs/mitigations.md)",
     knobs=("moe_leaf_registered",),
     when=lambda s: s.zero3 and s.world_size > 1 and s.moe_skips_experts and not s.moe_leaf_registered,
     cause=("ZeRO-3 gathers each module's partitioned weights in its forward hook, a collective every rank must enter "
@@ -90,12 +90,12 @@ register(Rule(
            "reduce-scatter) for an expert another rank never called: the step hangs at 100% GPU until NCCL's "
            "watchdog times out (`Watchdog caught collective operation timeout: WorkNCCL(... OpType=_ALLGATHER_BASE`). "
            "LoRA or full fine-tuning alike: the frozen experts are gathered too."),
-    fix="loraflow refuses ZeRO-3 for such a block before the first step; train it under ZeRO-2 or FSDP, or on a "
-        "transformers release whose block runs every expert.",
+    fix="loraflow requires transformers 5, whose blocks hold every expert in one module that ZeRO-3 gathers "
+        "whole whatever the routing.",
     elsewhere="register the block as a ZeRO-3 leaf before deepspeed.initialize (deepspeed.utils."
-              "set_z3_leaf_modules(model, [MixtralSparseMoeBlock]), deepspeed >= 0.13), use a framework that does "
-              "(LLaMA-Factory, ms-swift >= 3.9, OpenRLHF >= 0.8.10), or pin transformers to a release whose block "
-              "runs every expert (Qwen3-MoE: 4.51.3, ms-swift#5875)",
+              "set_z3_leaf_modules(model, [MixtralSparseMoeBlock]), deepspeed >= 0.13), use a framework release "
+              "that does, or a transformers release whose block runs every expert (Qwen3-MoE: 4.51.3, "
+              "ms-swift#5875; 5.0 and later)",
     references=("https://github.com/deepspeedai/DeepSpeed/issues/7461",
                 "https://github.com/modelscope/ms-swift/issues/5875",
                 "https://github.com/modelscope/ms-swift/issues/5400",

@@ -207,7 +207,8 @@ class Combination:
     """A saved adapter carries embedding and output-head rows for another vocabulary size than the base it is loaded
     onto: tokens added and the embeddings resized before training (saved through modules_to_save or
     save_embedding_layers), the base reloaded at its original size, or PEFT 0.8 - 0.14's AutoPeftModel shrinking a
-    padded embedding to the tokenizer's length."""
+    padded embedding to the tokenizer's length. No launch shows it (the adapter file does): explain names it from
+    load_state_dict's message."""
     state_dict_patched: bool = False
     """The training script replaces the model's state_dict method with PEFT's adapter state dict (alpaca-lora's
     finetune.py and the scripts copied from it), so PEFT's save_pretrained filters an already filtered dict."""
