@@ -278,7 +278,8 @@ register(Rule(
     affected={"transformers": f">={TRANSFORMERS_RENAMES_VLMS}", "vllm": f"<{VLLM_MAPS_VLMS}"},
     boundaries={"vllm": (VLLM_MAPS_QWEN_VL,)},
     when=lambda s: (_vllm(s) and s.rollout_sync == "merged" and s.vlm_renamed is not None
-                    and not s.rollout_sync_renamed and (s.vlm_renamed != "qwen2-vl" or older(s, "vllm", VLLM_MAPS_QWEN_VL))),
+                    and not s.rollout_sync_renamed
+                    and (s.vlm_renamed != "qwen2-vl" or older(s, "vllm", VLLM_MAPS_QWEN_VL))),
     cause=("transformers 4.52 moved these models' modules under model.language_model and model.visual (PR #37033): "
            "a live state_dict carries the new names, and so does a checkpoint saved by 4.52.0-4.52.3 (its "
            "reverse renaming was a no-op until PR #38385). vLLM's loaders map only the old layout before 0.9.1 "
