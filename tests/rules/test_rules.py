@@ -147,6 +147,9 @@ CASES = {
     "liger-head-adapter-bypassed": (
         BASE.replace(head_adapter=True, liger_fused_ce=True),
         BASE.replace(head_adapter=True, liger_fused_ce=True, adapter="full")),
+    "zero3-sync-full-gather": (
+        BASE.replace(engine="deepspeed", zero_stage=3, rollout_engine="vllm", sync_gathers_whole=True),
+        BASE.replace(engine="deepspeed", zero_stage=2, rollout_engine="vllm", sync_gathers_whole=True)),
     "zero-no-sync-accumulation": (
         BASE.replace(engine="deepspeed", zero_stage=2, world_size=2, grad_accum_steps=4, accumulation_loop="hf-trainer",
                      versions={"deepspeed": Version("0.16.0"), "accelerate": Version("1.2.1"),

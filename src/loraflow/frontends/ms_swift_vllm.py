@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from loraflow.frontends.base import Mitigation
 from loraflow.frontends.common import Draft, at_least, int_value, mitigated
+from loraflow.frontends.trl import whole_model_sync
 from loraflow.frontends.table import Default, Field, apply_table, fact, fraction, rank
 
 # SWIFT = https://github.com/modelscope/ms-swift/blob/3602360a562313afbf2ef6065fdf61f271a2c5b9 (4.x, 2026-08-22)
@@ -117,3 +118,12 @@ def apply(draft: Draft, get, src, on, options: dict, visible: tuple[int | None, 
                     "server mode syncs an adapter only where the server was started with --vllm_enable_lora")
     apply_table(draft, options, _vllm_table(get, on, mode))
     draft.flag(**VLLM_FLAGS)
+    # rollout_mixin.py gathers the parameters in the groups --move_model_batches makes (one group when unset);
+    # 3.12.0 - 3.12.5 wrap the whole loop in one gather whatever the flag (fixed in 3.12.6).
+    whole = get("move_model_batches") is None or (at_least(draft, "ms-swift", "3.12.0")
+                                                  and not at_least(draft, "ms-swift", "3.12.6"))
+    if draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3 and whole and \
+            draft.get("rollout_sync") != "adapter":
+        whole_model_sync(draft, "ms-swift gathers every parameter in one group before the sync (swift/trainers/"
+                         "rlhf_trainer/rollout_mixin.py" + (": --move_model_batches not given)" if get(
+                             "move_model_batches") is None else "; 3.12.0 - 3.12.5 whatever --move_model_batches)"))

@@ -216,6 +216,17 @@ def vllm_rollouts(draft: Draft, options: dict, trainer: str) -> None:
         return
     sleeps = "vllm_enable_sleep_mode" in options and as_bool(*options["vllm_enable_sleep_mode"])
     apply_table(draft, options, _vllm_table(trainer, sleeps))
+    if draft.get("engine") == "deepspeed" and draft.get("zero_stage") == 3 and _lora(draft) and since(draft, "0.14.0"):
+        whole_model_sync(draft, "TRL gathers every parameter at once to merge the adapter before each sync "
+                                "(grpo_trainer.py _move_model_to_vllm; trl/generation/vllm_generation.py in 1.x)")
+
+
+def whole_model_sync(draft: Draft, why: str) -> None:
+    """A sync that gathers the whole ZeRO-3 model on every rank (rule zero3-sync-full-gather) fails where the
+    model's 16-bit copy does not fit beside the rank's share, which the launch does not show."""
+    draft.maybe("sync_gathers_whole", {True: "the model's 16-bit copy does not fit one GPU beside the rank's "
+                                             "shards (as a model trained under ZeRO-3 usually does not)",
+                                       False: "the model's 16-bit copy fits one GPU beside the rank's shards"}, why)
 
 
 def _lora(draft: Draft) -> bool:

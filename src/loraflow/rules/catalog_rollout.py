@@ -311,3 +311,43 @@ register(Rule(
         tells_apart="the KeyError names `language_model.` or `visual.` weights (not PEFT's `base_model.` ones, "
                     "nor quantization scales) while vLLM loads an image-text model"),
 ))
+
+
+register(Rule(
+    id="zero3-sync-full-gather",
+    title="The ZeRO-3 policy is gathered whole on every rank to sync it to vLLM",
+    verdict="error",
+    impact="crash",
+    conditions="DeepSpeed ZeRO-3 with vLLM rollouts whose weight sync gathers the whole model at once (TRL >= 0.14 "
+               "with a PEFT adapter; ms-swift GRPO without --move_model_batches, or any on 3.12.0 - 3.12.5) on a "
+               "model whose 16-bit copy does not fit one GPU beside the rank's shards and activations",
+    knobs=("sync_gathers_whole",),
+    when=lambda s: _vllm(s) and s.zero3 and s.sync_gathers_whole,
+    cause=("ZeRO-3 keeps a shard of each weight per rank. To merge the adapter before pushing the policy to vLLM, "
+           "TRL gathers every parameter of the model in one deepspeed.zero.GatheredParameters (its own comment: "
+           "\"we must gather the full model at once before merging\"), and ms-swift gathers all parameters in one "
+           "group unless --move_model_batches splits them: for that moment every rank holds a full 16-bit copy "
+           "beside its optimizer shards (and, colocated, the engine), which is what ZeRO-3 was chosen to avoid. "
+           "The first sync, right after the first step, stops on CUDA out of memory in DeepSpeed's "
+           "_allgather_params_coalesced."),
+    fix="loraflow's adapter sync (rl.rollout.sync=adapter) gathers only the trainable tensors; its merged sync "
+        "gathers the model once per sync, as generation does: keep the adapter sync for a model that needs ZeRO-3.",
+    elsewhere="ms-swift: --move_model_batches N (on <= 3.11 or >= 3.12.6), or --vllm_enable_lora true to sync the "
+              "adapter only; TRL: no flag (huggingface/trl#5766 is open): train under FSDP, or on fewer GPUs per "
+              "model copy, or without vLLM",
+    references=("https://github.com/modelscope/ms-swift/issues/7986",
+                "https://github.com/modelscope/ms-swift/issues/7822",
+                "https://github.com/modelscope/ms-swift/issues/4023",
+                "https://github.com/modelscope/ms-swift/pull/3692", "https://github.com/huggingface/trl/pull/3133",
+                "https://github.com/huggingface/trl/pull/5766"),
+    fixed_in="ms-swift 3.12.6 batches it again; not fixed in TRL (1.16)",
+    log=LogSigns(
+        messages=(Message(r"CUDA out of memory", "generic", "torch allocator"),),
+        # Out of memory is claimed only inside the sync to vLLM: a ZeRO-3 gather in the training step is not it.
+        evidence=(Evidence("vllm_sync_frames", 4, "the policy is being synced to vLLM", decisive=True),
+                  Evidence("zero3_gather_frames", 2, "the allocation is ZeRO-3's parameter gather"),
+                  Evidence("peft", 1, "an adapter is merged before the sync")),
+        prior=0.5,
+        tells_apart="the out-of-memory allocation is ZeRO-3's all-gather inside the sync to vLLM "
+                    "(_move_model_to_vllm / _move_full_model_to_vllm / sync_weights)"),
+))

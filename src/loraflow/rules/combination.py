@@ -219,6 +219,10 @@ class Combination:
     LoRA adapter; the weights with the adapter merged in, reloaded in place; or `unmerged`, every parameter of the
     adapter-wrapped model under PEFT's own names (`base_model.model.`, `.base_layer`, `lora_A`), which the engine's
     model has no parameter for (None without an engine)."""
+    sync_gathers_whole: bool = False
+    """Under ZeRO-3 the sync to the rollout engine gathers every weight at once (one GatheredParameters over the
+    whole model, to merge the adapter), so each rank holds a full 16-bit copy, and that copy does not fit beside
+    what the rank already holds."""
     rollout_sync_renamed: bool = False
     """The weight sync renames transformers' in-memory module names back to the checkpoint layout the engine loads
     (verl >= 0.4.1 convert_weight_keys, EasyR1 _rename_weight_keys)."""

@@ -152,6 +152,10 @@ FACTS: dict[str, tuple[str, str]] = {
                        r"device_allocator[/\\]cumem\.py\W.{0,40}\bin (wake_up|sleep)\b|Sleep mode freed [\d.]+ GiB|"
                        r"seconds to (fall asleep|wake up)",
                        "the vLLM engine shares the trainer's GPUs"),
+    "zero3_gather_frames": (r"_allgather_params_coalesced|GatheredParameters",
+                            "ZeRO-3 gathers partitioned parameters"),
+    "vllm_sync_frames": (r"_move_model_to_vllm|_move_full_model_to_vllm|\bsync_weights\b|_iter_named_params|"
+                         r"update_named_param", "the policy is synced to vLLM"),
     "zero3_bucket_check": (r"stage3_prefetch_bucket_size|validation errors? for DeepSpeedZeroConfig",
                            "DeepSpeed's ZeRO config validation is named"),
     # vLLM loading an image-text model's weights: its loaders for the models transformers 4.52 renamed (their
