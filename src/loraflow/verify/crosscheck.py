@@ -300,16 +300,10 @@ def _between_cells() -> None:
     """Start the next cell on every rank from the same state: the last cell's engine released now (it sits in
     reference cycles, so otherwise the automatic collector destroys it, DeepSpeedEngine.__del__ -> destroy()
     included, at a moment each rank reaches at its own time in the middle of the next cell) and the ranks lined
-    up. Every rank first waits for the others to finish the cell (rank 0 writes the adapter after the rest have
-    returned), then collects twice (what the first pass's finalizers free), then lines up again: with the engine
-    released on one rank only, the next engine's parameter broadcast went out of step (seen in full suite runs:
-    one rank in the barrier, the other in DeepSpeed's _broadcast_model until the cell timeout)."""
+    up."""
+    gc.collect()
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.barrier()
-    gc.collect()
-    gc.collect()
     if dist.is_initialized():
         dist.barrier()
 
@@ -350,7 +344,6 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank() if dist.is_initialized() else 0
     setup_logging(None, main=False)  # warnings only: the caller prints the comparison
     results: dict[str, Any] = {}
-    gc.disable()  # only _between_cells collects, at the same point on every rank (enabled again at the end)
     with tempfile.TemporaryDirectory() as tmp:
         shared = [tmp]
         if dist.is_initialized():
@@ -371,7 +364,6 @@ def main(argv: list[str] | None = None) -> int:
                 save(cells, results, args.out)  # after every cell: a launch killed on a hang keeps what it finished
     if rank == 0:
         save(cells, results, args.out)
-    gc.enable()
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
