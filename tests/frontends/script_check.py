@@ -31,3 +31,16 @@ def check(tmp_path, monkeypatch, text: str, argv: list[str] | None = None, files
 
 def rules(report: dict) -> set[str]:
     return {f["rule"] for f in report["findings"]}
+
+
+def launch_findings(tmp_path, monkeypatch, line: str, versions: str, files: dict[str, str] | None = None
+                    ) -> dict[str, str | None]:
+    """`loraflow check --json -- LINE` run in the test's directory with `files` written there and only `versions`
+    known: each finding's rule and its condition (None where it holds whatever is unknown)."""
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    for name, body in (files or {}).items():
+        (tmp_path / name).write_text(body)
+    doc = json.loads(run_check(shlex.split(line), None, [], dict(parse_versions(versions)), as_json=True)[0])
+    return {f["rule"]: f["holds_if"] for f in doc["findings"]}

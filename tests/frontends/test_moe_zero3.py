@@ -8,9 +8,9 @@ register leaf modules from their wheels and sources (frontends/moe_blocks.py).""
 from __future__ import annotations
 
 import json
-import shlex
 
 import pytest
+from script_check import launch_findings
 
 from loraflow.explain import diagnose_log
 from loraflow.frontends import parse_versions, run_check
@@ -22,10 +22,8 @@ SWIFT = "env NPROC_PER_NODE=2 swift sft --model {model} --train_type lora --deep
 
 
 def _findings(tmp_path, monkeypatch, line: str, versions: str) -> dict[str, str | None]:
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "z3.json").write_text('{"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}}')
-    doc = json.loads(run_check(shlex.split(line), None, [], dict(parse_versions(versions)), as_json=True)[0])
-    return {f["rule"]: f["holds_if"] for f in doc["findings"]}
+    return launch_findings(tmp_path, monkeypatch, line, versions,
+                           {"z3.json": '{"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}}'})
 
 
 @pytest.mark.parametrize("line, versions, holds", [

@@ -6,25 +6,18 @@ transformers / accelerate wheels."""
 
 from __future__ import annotations
 
-import json
-import shlex
 
 import pytest
+from script_check import launch_findings
 
 from loraflow.explain import diagnose_log
-from loraflow.frontends import parse_versions, run_check
 
 RULE = "zero3-prefetch-bucket-float"
 LF = ("model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct\nstage: sft\ndo_train: true\nfinetuning_type: lora\n"
       "lora_target: all\ndeepspeed: {ds}\ndataset: alpaca_en_demo\ntemplate: llama3\noutput_dir: out\nbf16: true\n")
 
 
-def _findings(tmp_path, monkeypatch, line: str, versions: str, files: dict[str, str]) -> dict[str, str | None]:
-    monkeypatch.chdir(tmp_path)
-    for name, text in files.items():
-        (tmp_path / name).write_text(text)
-    doc = json.loads(run_check(shlex.split(line), None, [], dict(parse_versions(versions)), as_json=True)[0])
-    return {f["rule"]: f["holds_if"] for f in doc["findings"]}
+_findings = launch_findings
 
 
 @pytest.mark.parametrize("versions, holds", [

@@ -5,12 +5,11 @@
 from __future__ import annotations
 
 import json
-import shlex
 
 import pytest
+from script_check import launch_findings
 
 from loraflow.explain import diagnose_log
-from loraflow.frontends import parse_versions, run_check
 
 RULE = "zero3-sync-full-gather"
 TRL = ("accelerate launch --num_processes 4 trl/scripts/grpo.py --model_name_or_path Qwen/Qwen2.5-72B-Instruct "
@@ -21,11 +20,8 @@ SWIFT = ("env NPROC_PER_NODE=4 swift rlhf --rlhf_type grpo --model Qwen/QwQ-32B 
 
 
 def _findings(tmp_path, monkeypatch, line: str, versions: str) -> dict[str, str | None]:
-    monkeypatch.chdir(tmp_path)
-    for stage in (2, 3):
-        (tmp_path / f"z{stage}.json").write_text(json.dumps({"zero_optimization": {"stage": stage}}))
-    doc = json.loads(run_check(shlex.split(line), None, [], dict(parse_versions(versions)), as_json=True)[0])
-    return {f["rule"]: f["holds_if"] for f in doc["findings"]}
+    return launch_findings(tmp_path, monkeypatch, line, versions,
+                           {f"z{stage}.json": json.dumps({"zero_optimization": {"stage": stage}}) for stage in (2, 3)})
 
 
 @pytest.mark.parametrize("line, versions, holds", [
