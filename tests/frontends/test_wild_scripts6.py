@@ -412,7 +412,9 @@ POLICY_OVERRIDE = '''
 
 
 def test_a_wrap_policy_set_on_the_trainer_s_fsdp_plugin_decides_the_units(tmp_path, monkeypatch):
-    report = check(tmp_path, monkeypatch, POLICY_OVERRIDE, ["torchrun", "--nproc_per_node", "2", "train.py"])
+    # transformers 5.9: the last release whose `fsdp=` builds FSDP1 by default (FSDP2 from 5.10).
+    report = check(tmp_path, monkeypatch, POLICY_OVERRIDE, ["torchrun", "--nproc_per_node", "2", "train.py"],
+                   transformers="5.9.0")
     assert report["setup"]["fsdp_frozen_units_separate"] is False and "fsdp1-mixed-requires-grad" in rules(report)
 
 

@@ -191,6 +191,11 @@ CASES = {
     "zero3-checkpoint-frozen": (
         ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.0")}),
         ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.1")})),
+    "fsdp2-adapter-resume-lost": (
+        BASE.replace(engine="fsdp2", world_size=2, fsdp_state_dict="full", checkpoint_adapter_only=True, resumes=True,
+                     versions={"accelerate": Version("1.14.0")}),
+        BASE.replace(engine="fsdp2", world_size=2, fsdp_state_dict="sharded", checkpoint_adapter_only=True,
+                     resumes=True, versions={"accelerate": Version("1.14.0")})),
     "adapter-state-dict-patched": (
         BASE.replace(state_dict_patched=True, versions={"peft": Version("0.19.1")}),
         BASE.replace(state_dict_patched=True, versions={"peft": Version("0.20.0")})),

@@ -25,6 +25,7 @@ NAME = "accelerate"
 # Keys only accelerate's config file has: how `loraflow check FILE` recognises one (base.Framework.file_markers).
 MARKERS = frozenset({"distributed_type", "compute_environment"})
 FLAGS = {"engine": "distributed_type", "zero_stage": "deepspeed_config.zero_stage",
+         "fsdp_state_dict": "fsdp_config.fsdp_state_dict_type",
          "offload": "deepspeed_config.offload_optimizer_device / fsdp_config.fsdp_offload_params",
          "fsdp_use_orig_params": "fsdp_config.fsdp_use_orig_params", "precision": "mixed_precision",
          "checkpointing": "fsdp_config.fsdp_activation_checkpointing (or the script's gradient checkpointing)",

@@ -11,6 +11,7 @@ from typing import Any
 
 from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, resolve_path
+from loraflow.frontends.fsdp_checkpoint import state_dict_type
 from loraflow.frontends.common import (
     OFFLOAD_IN_NAME,
     STAGE_IN_NAME,
@@ -298,6 +299,7 @@ def apply_fsdp_options(draft: Draft, options: dict[str, Any], label: str, flag=l
         # src/accelerate/commands/launch.py); the plugin itself reads it with default "False" (utils/dataclasses.py).
         draft.default("fsdp_use_orig_params", True, "accelerate launch --fsdp_use_orig_params default true "
                       "(commands/launch.py)")
+    state_dict_type(draft, opt("state_dict_type"), f"{label}: state_dict_type")
     if opt("activation_checkpointing") is not None and as_bool(opt("activation_checkpointing"), label):
         # accelerate wraps each layer in torch's checkpoint_wrapper (CheckpointImpl.NO_REENTRANT), before
         # fully_shard for FSDP2 (accelerate accelerator.py, utils/fsdp_utils.py fsdp2_apply_ac): inside the unit.

@@ -27,6 +27,7 @@ from loraflow.frontends.shell import command_from_script
 from loraflow.frontends import moe_blocks
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
+from loraflow.frontends.fsdp_checkpoint import trainer_checkpoints
 from loraflow.frontends.targets import check_targets
 from loraflow.frontends.common import (
     STAGE_IN_NAME,
@@ -63,6 +64,8 @@ NAME = "axolotl"
 _RL = stages("dpo", "ipo", "orpo", "kto", "simpo", "gdpo", "grpo", "ebft")
 # Combination field -> the Axolotl config key that changes it (also read by `loraflow explain` through flags_for).
 FLAGS = {"checkpointing": "gradient_checkpointing", "reentrant": "gradient_checkpointing_kwargs: {use_reentrant: ...}",
+         "fsdp_state_dict": "fsdp_config.fsdp_state_dict_type",
+         "resumes": "resume_from_checkpoint / auto_resume_from_checkpoints / load_best_model_at_end",
          "zero_stage": "deepspeed (e.g. deepspeed_configs/zero2.json)", "engine": "deepspeed / fsdp / fsdp_version",
          "adapter": "adapter / peft_use_dora", "precision": "bf16 / fp16", "quantization": "load_in_4bit",
          "matched_modules": "lora_target_modules / lora_target_linear", "packing": "sample_packing",
@@ -110,6 +113,7 @@ def _engine(draft: Draft, cfg: dict, cmd: Command | None, bases: list) -> tuple[
         if "offload" in as_list(get("fsdp")):
             draft.set("offload", True, src("fsdp"))
         apply_fsdp_options(draft, options, src("fsdp_config") if "fsdp_config" in cfg else src("fsdp"))
+    trainer_checkpoints(draft, cfg, bool(get("fsdp") or fsdp_cfg))  # axolotl hands fsdp to TrainingArguments
     return acc, info, label
 
 

@@ -47,6 +47,7 @@ from loraflow.frontends.common import (
 )
 from loraflow.frontends.hf_checkpointing import checkpointing
 from loraflow.frontends.hf_attention import flash_fp32
+from loraflow.frontends.fsdp_checkpoint import trainer_checkpoints, trainer_fsdp_version
 from loraflow.frontends.hf_quant import quant_storage
 from loraflow.frontends.hf_options import (
     HANDLED,
@@ -81,7 +82,9 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "grad_accum_steps": "--gradient_accumulation_steps",
          "zero_stage": "zero_optimization.stage in the --deepspeed JSON",
          "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON",
-         "targets_all_towers": "--lora_target_modules", **trl_rel.VLLM_FLAGS}
+         "targets_all_towers": "--lora_target_modules",
+         "fsdp_state_dict": "--fsdp_config '{\"state_dict_type\": \"SHARDED_STATE_DICT\"}'",
+         "resumes": "--resume_from_checkpoint / --load_best_model_at_end", **trl_rel.VLLM_FLAGS}
 
 
 def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list) -> dict[str, Any]:
@@ -114,6 +117,11 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
         words = as_list(fsdp.value) if fsdp.value is not True else ["full_shard"]
         cfg = opts.get("fsdp_config")
         options = cfg.value if cfg is not None else {}
+        if isinstance(options, str) and options.lstrip().startswith("{"):  # TrainingArguments' dict fields take JSON
+            try:
+                options = json.loads(options)
+            except ValueError as exc:
+                raise LoraflowError(f"{cfg.source}: inline FSDP config is not valid JSON ({exc}).") from None
         if isinstance(options, str):
             path = resolve_path(options, *bases)
             if path is None:
@@ -121,9 +129,10 @@ def _engine(draft: Draft, opts: dict[str, Opt], cmd: Command | None, bases: list
             options = load_mapping(path, "--fsdp_config")
         where = cfg.source if cfg is not None else "fsdp_config"
         options = {str(k).removeprefix("fsdp_"): v for k, v in mapping_value(options or None, where).items()}
-        version = int_value(options.get("version", 1), f"{where}: fsdp_version", "an FSDP version", (1, 2))
+        version = int_value(options.get("version", trainer_fsdp_version(draft)), f"{where}: fsdp_version",
+                            "an FSDP version", (1, 2))
         which = (f" + fsdp_config version {version}" if "version" in options else
-                 " (FSDP1 unless fsdp_config sets version 2)")
+                 f" (FSDP{version}: TrainingArguments' default, version 2 from transformers 5.10)")
         draft.set("engine", "fsdp2" if version == 2 else "fsdp1", fsdp.source + which)
         if "offload" in words:
             draft.set("offload", True, fsdp.source)
@@ -171,6 +180,8 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     if trl:
         trl_rel.vllm_rollouts(draft, {n: (o.value, o.source) for n, o in opts.items()}, trainer)
     _save_gather(draft, run)
+    trainer_checkpoints(draft, {n: (o.value, o.source) for n, o in opts.items()},
+                        "fsdp" in opts and opts["fsdp"].value not in (None, "", False, []))
     dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)
     # The base is half precision when loaded so, or when ZeRO-3's zero.Init partitions it in the DeepSpeed dtype.
     half_init = zero3 and draft.get("precision") in ("bf16-mixed", "fp16-mixed")

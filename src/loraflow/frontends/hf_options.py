@@ -369,6 +369,8 @@ def fix_flags(draft: Draft, run: Run, cli: bool, gc_name: str, kw_name: str) -> 
                generation_gather="--ds3_gather_for_generation", world_size="the launcher's process count",
                grad_accum_steps="--gradient_accumulation_steps",
                targets_all_towers="--lora_target_modules", **trl_rel.VLLM_FLAGS,
+               fsdp_state_dict="--fsdp_config '{\"state_dict_type\": \"SHARDED_STATE_DICT\"}'",
+               resumes="--resume_from_checkpoint / --load_best_model_at_end",
                zero_stage="zero_optimization.stage in the --deepspeed JSON" if ds else
                "--zero_stage / zero_stage in the accelerate config",
                adapter_save_gather="stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON" if ds

@@ -26,6 +26,7 @@ from loraflow.frontends.shell import command_from_script, is_launch_script
 from loraflow.frontends import moe_blocks
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate
+from loraflow.frontends.fsdp_checkpoint import trainer_checkpoints
 from loraflow.frontends.targets import check_targets
 from loraflow.frontends.common import (
     Draft,
@@ -61,6 +62,8 @@ HP = "src/llamafactory/hparams"
 STAGES = stages("pt", "sft", "rm", "dpo", "kto", "ppo")
 # Combination field -> the LLaMA-Factory key (YAML) or flag that changes it (also read by `loraflow explain`).
 FLAGS = {"checkpointing": "disable_gradient_checkpointing", "reentrant": "use_reentrant_gc",
+         "fsdp_state_dict": "fsdp_state_dict_type in the accelerate config",
+         "resumes": "resume_from_checkpoint / load_best_model_at_end",
          "zero_stage": "deepspeed (e.g. examples/deepspeed/ds_z2_config.json)", "adapter": "finetuning_type / use_dora",
          "precision": "bf16 / fp16 / pure_bf16", "quantization": "quantization_bit", "matched_modules": "lora_target",
          "packing": "packing / neat_packing", "find_unused_parameters": "ddp_find_unused_parameters",
@@ -280,6 +283,7 @@ def _trainer(draft: Draft, opts: dict, stage_raw: str, ftype: str) -> None:
         draft.set("find_unused_parameters", False, f"LLaMA-Factory sets it false for LoRA under DDP ({HP}/parser.py)")
     else:
         draft.set("find_unused_parameters", False, "default (HF Trainer: false with gradient checkpointing)")
+    trainer_checkpoints(draft, opts, bool(get("fsdp")))
     apply_table(draft, opts, _FACTS)
 
 

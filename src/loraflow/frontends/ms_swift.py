@@ -31,6 +31,7 @@ from loraflow.frontends.shell import command_from_script
 from loraflow.frontends import moe_blocks
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
+from loraflow.frontends.fsdp_checkpoint import trainer_checkpoints
 from loraflow.frontends.common import (
     Draft,
     as_bool,
@@ -64,6 +65,7 @@ NAME = "ms-swift"
 RLHF = stages("dpo", "grpo", "ppo", "rm", "kto", "orpo", "simpo", "cpo", "gkd")
 # Combination field -> the ms-swift flag that changes it (also read by `loraflow explain` through flags_for).
 FLAGS = {**exports.FLAGS, "checkpointing": "--gradient_checkpointing",
+         "fsdp_state_dict": "state_dict_type in the --fsdp JSON's fsdp_config", "resumes": "--resume_from_checkpoint",
          "reentrant": "--gradient_checkpointing_kwargs '{\"use_reentrant\": ...}'",
          "zero_stage": "--deepspeed (zero2, zero3, zero3_offload, ...)",
          "offload": "--deepspeed zero2_offload / zero3_offload", "engine": "--deepspeed / --fsdp",
@@ -142,6 +144,8 @@ def _engine(draft: Draft, opts: dict) -> dict[str, Any]:
         version = int_value(options.get("version", 2), f"{label}: fsdp_version", "an FSDP version", (1, 2))
         draft.set("engine", "fsdp2" if version == 2 else "fsdp1", label)
         apply_fsdp_options(draft, options, label)
+        trainer_checkpoints(draft, {n: (get(n), src(n)) for n in ("resume_from_checkpoint", "load_best_model_at_end")
+                                    if n in opts}, True)
     return info
 
 

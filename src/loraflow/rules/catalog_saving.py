@@ -1,5 +1,6 @@
 """The rules of what a save writes: an engine checkpoint that holds only what the optimizer owns, an adapter file
-filtered twice into nothing, and an adapter whose resized embeddings no longer fit the base it is loaded onto.
+filtered twice into nothing, an FSDP2 checkpoint that holds one rank's slice of the adapter, and an adapter whose
+resized embeddings no longer fit the base it is loaded onto.
 (ZeRO-3 adapter partitions saved without a gather: catalog_sharded.py, zero3-empty-adapter-save; a new head left out
 of the adapter: catalog.py, adapter-omits-new-head.)"""
 
@@ -81,6 +82,47 @@ register(Rule(
         prior=0.5,
         tells_apart="an adapter file of a few hundred bytes without ZeRO-3; the script has alpaca-lora's "
                     "`model.state_dict = ...get_peft_model_state_dict...` lines"),
+))
+
+
+# accelerate utils/fsdp_utils.py _get_model_state_dict / _set_model_state_dict: the adapter_only branch returned PEFT's
+# state dict before the FULL_STATE_DICT options were applied from 1.7.0 (PR #3527, FSDP2 + FULL allowed) until PR
+# #4206 (1.15.0); ranks other than 0 load nothing (an early return to 1.8.1, an empty dict from 1.9.0, PR #3671).
+ADAPTER_ONLY_FULL_FSDP2 = ">=1.7.0,<1.15.0"
+
+register(Rule(
+    id="fsdp2-adapter-resume-lost",
+    title="Resuming an FSDP2 adapter run restores only rank 0's slice of the adapter",
+    verdict="error",
+    impact="silent",
+    conditions="FSDP2 with FULL_STATE_DICT checkpoints, an adapter, more than one process, the HF Trainer's "
+               "adapter-only FSDP checkpoints (transformers >= 4.38; TRL, LLaMA-Factory, axolotl, ms-swift on it), "
+               "accelerate 1.7.0 - 1.14.x, and the run resumes from one of its checkpoints or reloads its best one "
+               "(load_best_model_at_end); transformers >= 5.10 makes `--fsdp` FSDP2 with FULL_STATE_DICT by default",
+    knobs=("fsdp_state_dict", "resumes"),
+    affected={"accelerate": ADAPTER_ONLY_FULL_FSDP2},
+    when=lambda s: (s.adapter != "full" and s.dtensor_params and s.world_size > 1 and s.fsdp_state_dict == "full"
+                    and s.checkpoint_adapter_only and s.resumes),
+    cause=("The Trainer saves each checkpoint's model state with accelerate's save_fsdp_model(adapter_only=True). "
+           "For a PEFT model accelerate 1.7 - 1.14 returns PEFT's adapter state dict before applying the "
+           "FULL_STATE_DICT gather, so rank 0 writes its own DTensor shards: pytorch_model_fsdp.bin holds 1/N of "
+           "every lora_A and lora_B. On resume (or load_best_model_at_end) only rank 0 loads it, into its own slice; "
+           "the other ranks load nothing, so (N-1)/N of the adapter keeps its initial values (lora_B zero, lora_A "
+           "random) and training goes on from there with no warning; the loss jumps back up. The "
+           "adapter_model.safetensors written at the end is gathered correctly, but after such a resume it holds "
+           "the reset slices."),
+    fix="loraflow saves and resumes adapters through its own gathered checkpoint, not accelerate's FSDP helpers.",
+    elsewhere="accelerate >= 1.15.0 (PR #4206); else SHARDED_STATE_DICT checkpoints (fsdp_config "
+              "state_dict_type SHARDED_STATE_DICT), or resume from a gathered adapter_model.safetensors instead of "
+              "the checkpoint's FSDP file, and leave load_best_model_at_end off",
+    references=("https://github.com/huggingface/accelerate/pull/4206",
+                "https://github.com/huggingface/accelerate/pull/3527",
+                "https://github.com/huggingface/accelerate/pull/3671",
+                "https://github.com/huggingface/accelerate/blob/v1.14.0/src/accelerate/utils/fsdp_utils.py "
+                "(_get_model_state_dict: the adapter_only branch returns before sd_options)",
+                "https://github.com/huggingface/transformers/blob/v5.10.0/src/transformers/training_args.py "
+                "(fsdp version 2 and FULL_STATE_DICT by default)"),
+    fixed_in="accelerate 1.15.0",
 ))
 
 

@@ -209,6 +209,15 @@ class Combination:
     save_embedding_layers), the base reloaded at its original size, or PEFT 0.8 - 0.14's AutoPeftModel shrinking a
     padded embedding to the tokenizer's length. No launch shows it (the adapter file does): explain names it from
     load_state_dict's message."""
+    fsdp_state_dict: Literal["full", "sharded"] | None = None
+    """The state dict type accelerate's FSDP plugin saves and loads the Trainer's resumable checkpoints with
+    (FULL_STATE_DICT or SHARDED_STATE_DICT); None without FSDP, or where no Trainer saves through accelerate."""
+    checkpoint_adapter_only: bool = False
+    """The run's resumable FSDP checkpoints hold only the adapter: the HF Trainer (and TRL, LLaMA-Factory, axolotl,
+    ms-swift on it) passes adapter_only=True to accelerate's save_fsdp_model / load_fsdp_model since transformers
+    4.38 (trainer.py _get_fsdp_ckpt_kwargs)."""
+    resumes: bool = False
+    """The run reloads one of its own resumable checkpoints: resume_from_checkpoint, or load_best_model_at_end."""
     state_dict_patched: bool = False
     """The training script replaces the model's state_dict method with PEFT's adapter state dict (alpaca-lora's
     finetune.py and the scripts copied from it), so PEFT's save_pretrained filters an already filtered dict."""
