@@ -191,6 +191,11 @@ CASES = {
     "zero3-checkpoint-frozen": (
         ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.0")}),
         ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.1")})),
+    "zero0-frozen-master-copies": (
+        BASE.replace(engine="deepspeed", zero_stage=0, precision="bf16-mixed", optimizer_holds_frozen=True,
+                     versions={"deepspeed": Version("0.18.0")}),
+        BASE.replace(engine="deepspeed", zero_stage=0, precision="bf16-mixed", optimizer_holds_frozen=True,
+                     versions={"deepspeed": Version("0.17.5")})),
     "fsdp2-adapter-resume-lost": (
         BASE.replace(engine="fsdp2", world_size=2, fsdp_state_dict="full", checkpoint_adapter_only=True, resumes=True,
                      versions={"accelerate": Version("1.14.0")}),

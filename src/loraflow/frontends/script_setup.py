@@ -29,6 +29,7 @@ from loraflow.frontends import script_unsloth as unsloth_vllm
 from loraflow.frontends.script_zero_init import apply_zero_init, computed_config, deepspeed_opt
 from loraflow.frontends.script_lineage import bits_of, lineage, load_of
 from loraflow.frontends.script_loop import apply_loop, plugin_policy
+from loraflow.frontends.script_optimizer import optimizer_params
 from loraflow.frontends.script_placement import placement
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
 from loraflow.frontends.script_wild import (adapter_reads, cause_fixes, engine_moves_peft, kbit_prep_after_wrap,
@@ -288,6 +289,7 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
     _task_head(draft, script)
     _casts(draft, script)
     _moves(draft, script)
+    optimizer_params(draft, script.facts.engine_moves, (script.path.parent,))
     _merges(draft, script)
     apply_zero_init(draft, facts, script.code)
     plugin_policy(draft, script.code)

@@ -154,3 +154,50 @@ register(Rule(
         prior=1.0,
         tells_apart="the flash-attn kernel (or transformers' load check) names the float32 dtype it refuses"),
 ))
+
+
+# DeepSpeed's FP16_Optimizer / FP16_UnfusedOptimizer (runtime/fp16/fused_optimizer.py, unfused_optimizer.py) kept an
+# fp32 master copy of every parameter of their groups until PR #8029 (0.19.2) filtered requires_grad, as
+# BF16_Optimizer did since 0.9.1; PR #7515 (0.17.6, "Enable non-ZeRO mode") routed bf16 without ZeRO there too.
+STAGE0_BF16_TO_FP16_OPTIMIZER = "0.17.6"
+STAGE0_FROZEN_FILTERED = "0.19.2"
+
+
+def _stage0_masters(s: Combination) -> bool:
+    if not (s.engine_spec.zero and s.zero_stage == 0 and s.frozen_params and s.optimizer_holds_frozen):
+        return False
+    if s.precision.startswith("fp16"):
+        return True
+    return s.precision.startswith("bf16") and not older(s, "deepspeed", STAGE0_BF16_TO_FP16_OPTIMIZER)
+
+
+register(Rule(
+    id="zero0-frozen-master-copies",
+    title="DeepSpeed without ZeRO keeps fp32 masters and optimizer state for every frozen weight",
+    verdict="fix",
+    impact="slow",
+    conditions="DeepSpeed with ZeRO stage 0 (or no zero_optimization block) in fp16, or in bf16 with deepspeed "
+               ">= 0.17.6, an optimizer built over every parameter (model.parameters() handed to deepspeed."
+               "initialize or to the optimizer) while the base is frozen, deepspeed < 0.19.2",
+    knobs=("optimizer_holds_frozen", "zero_stage"),
+    affected={"deepspeed": f"<{STAGE0_FROZEN_FILTERED}"},
+    boundaries={"deepspeed": (STAGE0_BF16_TO_FP16_OPTIMIZER,)},
+    when=_stage0_masters,
+    cause=("Without ZeRO, DeepSpeed wraps a half-precision run's optimizer in FP16_Optimizer, which flattens every "
+           "parameter of its groups into an fp32 master copy and steps the optimizer once at start-up to create its "
+           "state: frozen base weights included, so a LoRA run pays about 16 bytes per base parameter (fp32 master, "
+           "Adam's two moments, a flat half copy) on every GPU, and a 7B model goes out of memory inside "
+           "deepspeed.initialize. bf16 took the same path from 0.17.6 (PR #7515), where BF16_Optimizer had "
+           "filtered frozen weights. ZeRO-1/2/3 build their groups from trainable parameters only."),
+    fix="loraflow builds the optimizer over the trainable parameters only.",
+    remedy=lambda s: {"optimizer_holds_frozen": False},
+    elsewhere="hand deepspeed.initialize only the trainable parameters (model_parameters=[p for p in "
+              "model.parameters() if p.requires_grad], and build any optimizer of your own over them); or ZeRO "
+              "stage 1 or above; or deepspeed >= 0.19.2 (PR #8029)",
+    references=("https://github.com/deepspeedai/DeepSpeed/pull/8029",
+                "https://github.com/deepspeedai/DeepSpeed/pull/7515",
+                "https://github.com/deepspeedai/DeepSpeed/issues/2615",
+                "https://github.com/deepspeedai/DeepSpeed/blob/v0.19.1/deepspeed/runtime/fp16/unfused_optimizer.py "
+                "(every parameter of the group gets an fp32 copy)"),
+    fixed_in="deepspeed 0.19.2",
+))

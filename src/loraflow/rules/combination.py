@@ -209,6 +209,10 @@ class Combination:
     save_embedding_layers), the base reloaded at its original size, or PEFT 0.8 - 0.14's AutoPeftModel shrinking a
     padded embedding to the tokenizer's length. No launch shows it (the adapter file does): explain names it from
     load_state_dict's message."""
+    optimizer_holds_frozen: bool = False
+    """A script's own DeepSpeed optimizer is built over every parameter, frozen ones included (model.parameters()
+    handed to deepspeed.initialize or to the optimizer); the HF Trainer, TRL and the RL frameworks pass only the
+    trainable ones."""
     fsdp_state_dict: Literal["full", "sharded"] | None = None
     """The state dict type accelerate's FSDP plugin saves and loads the Trainer's resumable checkpoints with
     (FULL_STATE_DICT or SHARDED_STATE_DICT); None without FSDP, or where no Trainer saves through accelerate."""
