@@ -1,5 +1,5 @@
 """DeepSpeed without ZeRO builds its fp16 optimizer wrapper over every parameter of the optimizer's groups, frozen ones
-included (zero0-frozen-master-copies): deepspeedai/DeepSpeed PR #8029 (requires_grad filtered from 0.19.2), PR #7515
+included (zero0-frozen-master-copies): deepspeedai/DeepSpeed PR #8029 (requires_grad filtered in PyPI's 0.19.1), PR #7515
 (bf16 without ZeRO routed to FP16_Optimizer from 0.17.6), issue #2615. Read from a script's deepspeed.initialize."""
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ BF16 = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 0}, "train_mic
 
 @pytest.mark.parametrize("opt, params, config, deepspeed, holds", [
     ("", "model_parameters=model.parameters(), ", BF16, "0.18.0", True),
-    ("", "model_parameters=model.parameters(), ", BF16, "0.19.2", False),  # PR #8029
+    ("", "model_parameters=model.parameters(), ", BF16, "0.19.0", True),
+    ("", "model_parameters=model.parameters(), ", BF16, "0.19.1", False),  # PR #8029
     ("", "model_parameters=model.parameters(), ", BF16, "0.17.5", False),  # BF16_Optimizer filtered
     ("", "model_parameters=model.parameters(), ", {**BF16, "bf16": {"enabled": False}, "fp16": {"enabled": True}},
      "0.17.5", True),  # fp16 always took FP16_Optimizer

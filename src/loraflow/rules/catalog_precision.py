@@ -157,10 +157,12 @@ register(Rule(
 
 
 # DeepSpeed's FP16_Optimizer / FP16_UnfusedOptimizer (runtime/fp16/fused_optimizer.py, unfused_optimizer.py) kept an
-# fp32 master copy of every parameter of their groups until PR #8029 (0.19.2) filtered requires_grad, as
-# BF16_Optimizer did since 0.9.1; PR #7515 (0.17.6, "Enable non-ZeRO mode") routed bf16 without ZeRO there too.
+# fp32 master copy of every parameter of their groups until PR #8029 filtered requires_grad, as BF16_Optimizer did
+# since 0.9.1; PR #7515 (0.17.6, "Enable non-ZeRO mode") routed bf16 without ZeRO there too. The filter is in PyPI's
+# 0.19.1 sdist (not in 0.19.0's), measured on CPU: a tiny LoRA model with model.parameters() got fp32 masters for
+# all 117,056 parameters under 0.19.0 and for its 2,048 trainable ones under 0.19.1.
 STAGE0_BF16_TO_FP16_OPTIMIZER = "0.17.6"
-STAGE0_FROZEN_FILTERED = "0.19.2"
+STAGE0_FROZEN_FILTERED = "0.19.1"
 
 
 def _stage0_masters(s: Combination) -> bool:
@@ -178,7 +180,7 @@ register(Rule(
     impact="slow",
     conditions="DeepSpeed with ZeRO stage 0 (or no zero_optimization block) in fp16, or in bf16 with deepspeed "
                ">= 0.17.6, an optimizer built over every parameter (model.parameters() handed to deepspeed."
-               "initialize or to the optimizer) while the base is frozen, deepspeed < 0.19.2",
+               "initialize or to the optimizer) while the base is frozen, deepspeed < 0.19.1",
     knobs=("optimizer_holds_frozen", "zero_stage"),
     affected={"deepspeed": f"<{STAGE0_FROZEN_FILTERED}"},
     boundaries={"deepspeed": (STAGE0_BF16_TO_FP16_OPTIMIZER,)},
@@ -193,11 +195,11 @@ register(Rule(
     remedy=lambda s: {"optimizer_holds_frozen": False},
     elsewhere="hand deepspeed.initialize only the trainable parameters (model_parameters=[p for p in "
               "model.parameters() if p.requires_grad], and build any optimizer of your own over them); or ZeRO "
-              "stage 1 or above; or deepspeed >= 0.19.2 (PR #8029)",
+              "stage 1 or above; or deepspeed >= 0.19.1 (PR #8029)",
     references=("https://github.com/deepspeedai/DeepSpeed/pull/8029",
                 "https://github.com/deepspeedai/DeepSpeed/pull/7515",
                 "https://github.com/deepspeedai/DeepSpeed/issues/2615",
                 "https://github.com/deepspeedai/DeepSpeed/blob/v0.19.1/deepspeed/runtime/fp16/unfused_optimizer.py "
                 "(every parameter of the group gets an fp32 copy)"),
-    fixed_in="deepspeed 0.19.2",
+    fixed_in="deepspeed 0.19.1",
 ))
