@@ -72,6 +72,10 @@ def test_trl_use_peft_takes_peft_defaults(line, holds):
     ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "qwen2"), ("google/gemma-3-1b-it", "gemma3_text"),
     ("google/gemma-3-4b-it", "gemma3"), ("meta-llama/Llama-3.2-11B-Vision-Instruct", "mllama"),
     ("/models/bloomz-7b1-mt", "bloom"), ("THUDM/glm-4-9b-chat-hf", None), ("my-org/finetuned", None),
+    # Local copies that keep the organization in the folder's name (LlamaFactory#1998's
+    # /mnt/data/Top/mistralai_Mixtral-8x7B-Instruct-v0.1; huggingface_hub's cache; ModelScope's `___`).
+    ("/mnt/data/Top/mistralai_Mixtral-8x7B-Instruct-v0.1", "mixtral"), ("models--Qwen--Qwen2.5-7B", "qwen2"),
+    ("/m/Qwen___Qwen3-30B-A3B", "qwen3_moe"), ("qwen_finetuned", None),
 ])
 def test_model_types_from_ids(model, kind):
     assert model_type_of(model) == kind

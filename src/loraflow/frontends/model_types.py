@@ -46,7 +46,17 @@ release. vLLM maps them for Qwen2-VL / Qwen2.5-VL from 0.9.1 (qwen2_5_vl.py hf_t
 LLaVA, Gemma 3 and Mllama from 0.9.2 (llava.py, gemma3_mm.py, mllama.py), read from the vllm wheels."""
 
 
+# Hub organizations whose name local copies keep in front of the model's (`mistralai_Mixtral-8x7B-Instruct-v0.1`,
+# huggingface_hub's cache folder `models--Qwen--Qwen2.5-7B`, ModelScope's `Qwen___Qwen2.5-7B`).
+_ORGS = re.compile(r"^(?:models--)?(mistralai|meta[-_]llama|qwen|deepseek[-_]ai|google|microsoft|thudm|zai[-_]org|"
+                   r"baichuan[-_]inc|internlm|opengvlab|openbmb|01[-_]ai|tiiuae|bigscience|eleutherai|llava[-_]hf|"
+                   r"ai21labs|allenai|bigcode|mosaicml|lmsys|huggingfacetb|unsloth)(?:--|_{1,3})", re.I)
+
+
 def model_type_of(model: str) -> str | None:
     """The config.model_type a hub id or local path names unambiguously, or None."""
     name = model.rstrip("/").rsplit("/", 1)[-1]
-    return next((t for t, rx in _MODEL_TYPES if rx.search(name)), None) if name else None
+    if not name:
+        return None
+    names = (name, _ORGS.sub("", name)) if _ORGS.match(name) else (name,)
+    return next((t for n in names for t, rx in _MODEL_TYPES if rx.search(n)), None)
