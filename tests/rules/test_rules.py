@@ -196,6 +196,14 @@ CASES = {
                      versions={"deepspeed": Version("0.18.0")}),
         BASE.replace(engine="deepspeed", zero_stage=0, precision="bf16-mixed", optimizer_holds_frozen=True,
                      versions={"deepspeed": Version("0.17.5")})),
+    "zero-checkpoint-frozen-base": (
+        BASE.replace(engine="deepspeed", zero_stage=2, engine_checkpoints="all"),
+        BASE.replace(engine="deepspeed", zero_stage=2, engine_checkpoints="peft-trainable")),
+    "zero-peft-resume-strict": (
+        BASE.replace(engine="deepspeed", zero_stage=2, engine_checkpoints="peft-trainable", resumes=True,
+                     versions={"transformers": Version("4.37.2")}),
+        BASE.replace(engine="deepspeed", zero_stage=2, engine_checkpoints="peft-trainable", resumes=True,
+                     versions={"transformers": Version("4.38.0")})),
     "fsdp2-adapter-resume-lost": (
         BASE.replace(engine="fsdp2", world_size=2, fsdp_state_dict="full", checkpoint_adapter_only=True, resumes=True,
                      versions={"accelerate": Version("1.14.0")}),

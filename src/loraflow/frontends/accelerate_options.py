@@ -11,7 +11,7 @@ from typing import Any
 
 from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, resolve_path
-from loraflow.frontends.fsdp_checkpoint import state_dict_type
+from loraflow.frontends.trainer_checkpoints import state_dict_type
 from loraflow.frontends.common import (
     OFFLOAD_IN_NAME,
     STAGE_IN_NAME,

@@ -47,7 +47,7 @@ from loraflow.frontends.common import (
 )
 from loraflow.frontends.hf_checkpointing import checkpointing
 from loraflow.frontends.hf_attention import flash_fp32
-from loraflow.frontends.fsdp_checkpoint import trainer_checkpoints, trainer_fsdp_version
+from loraflow.frontends.trainer_checkpoints import trainer_checkpoints, trainer_fsdp_version
 from loraflow.frontends.hf_quant import quant_storage
 from loraflow.frontends.hf_options import (
     HANDLED,
@@ -181,7 +181,7 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
         trl_rel.vllm_rollouts(draft, {n: (o.value, o.source) for n, o in opts.items()}, trainer)
     _save_gather(draft, run)
     trainer_checkpoints(draft, {n: (o.value, o.source) for n, o in opts.items()},
-                        "fsdp" in opts and opts["fsdp"].value not in (None, "", False, []))
+                        "fsdp" in opts and opts["fsdp"].value not in (None, "", False, []), True if trl else None)
     dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)
     # The base is half precision when loaded so, or when ZeRO-3's zero.Init partitions it in the DeepSpeed dtype.
     half_init = zero3 and draft.get("precision") in ("bf16-mixed", "fp16-mixed")

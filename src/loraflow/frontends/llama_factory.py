@@ -26,7 +26,7 @@ from loraflow.frontends.shell import command_from_script, is_launch_script
 from loraflow.frontends import moe_blocks
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate
-from loraflow.frontends.fsdp_checkpoint import trainer_checkpoints
+from loraflow.frontends.trainer_checkpoints import trainer_checkpoints
 from loraflow.frontends.targets import check_targets
 from loraflow.frontends.common import (
     Draft,
@@ -284,6 +284,9 @@ def _trainer(draft: Draft, opts: dict, stage_raw: str, ftype: str) -> None:
     else:
         draft.set("find_unused_parameters", False, "default (HF Trainer: false with gradient checkpointing)")
     trainer_checkpoints(draft, opts, bool(get("fsdp")))
+    if ftype == "freeze" and draft.get("engine_checkpoints") == "peft-trainable":  # read like an adapter, not one
+        draft.set("engine_checkpoints", "all", f"{src('finetuning_type')}: no PeftModel, so the Trainer's DeepSpeed "
+                  "checkpoints keep every weight (it excludes frozen ones for PEFT models only)")
     apply_table(draft, opts, _FACTS)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 
 from loraflow.frontends import hf, llava_forks
+from loraflow.frontends.trainer_checkpoints import trainer_checkpoints
 from loraflow.frontends.argv import Command, script_command
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, one_process_ddp
@@ -83,6 +84,11 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     hf.apply(draft, {**opts, **code}, False, (stage[0], f"{cmd.program} ({stage[1]})"), cmd, bases, stage[0])
     if draft.get("checkpointing") != "off":
         draft.set("input_grad_hook", True, f"{CODE}: --gradient_checkpointing calls model.enable_input_require_grads()")
+    trainer_checkpoints(draft, {n: (o.value, o.source) for n, o in opts.items()}, False)  # get_peft_model(model)
+    if "resumes" in draft.unsure:  # train.py: trainer.train(resume_from_checkpoint=True) if output_dir has one
+        draft.maybe("resumes", {True: "output_dir already holds a checkpoint-* folder (train.py then resumes from "
+                                      "it by itself)", False: "output_dir holds no checkpoint yet"},
+                    f"{CODE}: train() resumes whenever output_dir holds a checkpoint-* folder")
     _towers(draft, own)
     if frozen:
         draft.set("frozen_modules", True, f"{frozen[0]} ({CODE}: the language model's weights stay frozen)")

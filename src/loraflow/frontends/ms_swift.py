@@ -31,7 +31,7 @@ from loraflow.frontends.shell import command_from_script
 from loraflow.frontends import moe_blocks
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
 from loraflow.frontends.accelerate_options import apply_accelerate, apply_fsdp_options
-from loraflow.frontends.fsdp_checkpoint import trainer_checkpoints
+from loraflow.frontends.trainer_checkpoints import trainer_checkpoints
 from loraflow.frontends.common import (
     Draft,
     as_bool,

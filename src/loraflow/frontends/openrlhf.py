@@ -325,6 +325,10 @@ def _save_and_generation(draft: Draft, cmd: Command, name: str, given: dict) -> 
     if draft.get("adapter") == "lora" and not gathered:
         draft.set("merge_in_sharded", True, "OpenRLHF < 0.1.5 saves by merging LoRA into the partitioned weights, "
                   "then gathering (openrlhf/utils/deepspeed.py)")
+    steps = given.get("save_steps")  # default -1: no resumable checkpoint (openrlhf/cli/train_*.py)
+    if steps is not None and int_value(steps.value, steps.raw, "a number of steps") > 0:
+        draft.set("engine_checkpoints", "all", f"{steps.raw} (save_ckpt calls DeepSpeed's save_checkpoint without "
+                  "exclude_frozen_parameters: openrlhf/utils/deepspeed/deepspeed.py)")
     if name == "train_ppo":
         draft.set("generation", True, "train_ppo samples with actor.generate (openrlhf/trainer/ppo_utils/"
                   "experience_maker.py, v0.6 and earlier)")

@@ -47,6 +47,78 @@ register(Rule(
         tells_apart="DeepSpeed's own checkpoint files or zero_to_fp32 beside [0]-shaped or missing weights"),
 ))
 
+
+def _keeps_frozen(s) -> bool:
+    kept = s.engine_checkpoints == "all" or (s.engine_checkpoints == "peft-trainable" and s.adapter == "full")
+    return s.engine_spec.zero and s.frozen_params and kept
+
+
+register(Rule(
+    id="zero-checkpoint-frozen-base",
+    title="Every DeepSpeed checkpoint of an adapter run stores the whole frozen base",
+    verdict="fix",
+    impact="slow",
+    conditions="DeepSpeed, frozen weights, and resumable engine checkpoints saved without "
+               "exclude_frozen_parameters: the HF Trainer before transformers 4.37, or from 4.37 for frozen weights "
+               "of a model that is not a PeftModel (freeze-tuning, frozen towers); OpenRLHF's save_ckpt",
+    knobs=("engine_checkpoints",),
+    when=_keeps_frozen,
+    cause=("DeepSpeed's save_checkpoint writes the module's whole state dict beside the optimizer's partitions: "
+           "with ZeRO-1/2 every frozen base weight in 16-bit in mp_rank_00_model_states.pt (and, since 0.9.1, "
+           "again as frozen_param_fragments, a second copy on a GPU), with ZeRO-3 each rank's shard of them. A "
+           "7B LoRA run writes about 14-28 GB per checkpoint for an adapter of under 0.1 GB, every save_steps, "
+           "until the disk fills. exclude_frozen_parameters (DeepSpeed 0.10.1) leaves them out; the base is "
+           "reloaded from the pretrained model on resume."),
+    fix="loraflow's checkpoints keep only the trained state; the frozen base is reloaded from the pretrained "
+        "model.",
+    remedy=lambda s: {"engine_checkpoints": "trainable"},
+    elsewhere="transformers >= 4.38 with a PEFT model (the Trainer passes exclude_frozen_parameters and resumes "
+              "non-strictly); in your own loop engine.save_checkpoint(dir, exclude_frozen_parameters=True) and "
+              "load_checkpoint(dir, load_module_strict=False) (accelerate: pass both through save_state / "
+              "load_state; Lightning >= 2.5.5: DeepSpeedStrategy(exclude_frozen_parameters=True)); or "
+              "save_only_model",
+    references=("https://github.com/deepspeedai/DeepSpeed/pull/3953",
+                "https://github.com/deepspeedai/DeepSpeed/issues/3437",
+                "https://github.com/Lightning-AI/pytorch-lightning/issues/20949",
+                "https://github.com/Lightning-AI/pytorch-lightning/pull/21060",
+                "https://github.com/huggingface/transformers/pull/27825"),
+    fixed_in="transformers 4.37.0 for PEFT models (4.38.0 to resume); DeepSpeed 0.10.1 has the option",
+))
+
+register(Rule(
+    id="zero-peft-resume-strict",
+    title="transformers 4.37 cannot resume its own DeepSpeed checkpoint of a PEFT model",
+    verdict="error",
+    impact="crash",
+    conditions="the HF Trainer of transformers 4.37.x under DeepSpeed with a PEFT adapter, resuming from one of its "
+               "checkpoints (resume_from_checkpoint, load_best_model_at_end)",
+    knobs=("resumes",),
+    affected={"transformers": ">=4.37.0,<4.38.0"},
+    when=lambda s: (s.engine_spec.zero and s.adapter != "full" and s.engine_checkpoints == "peft-trainable"
+                    and s.resumes),
+    cause=("transformers 4.37 began saving a PEFT model's DeepSpeed checkpoints without the frozen weights "
+           "(exclude_frozen_parameters=True) but still loaded them with load_module_strict=True, so resuming "
+           "stops in load_checkpoint with `Missing key(s) in state_dict` naming every base weight; 4.38 loads "
+           "PEFT checkpoints non-strictly (PR #28746)."),
+    fix="loraflow resumes from its own checkpoints, which reload the frozen base from the pretrained model.",
+    elsewhere="transformers >= 4.38.0; else resume by loading the adapter (PeftModel.from_pretrained(..., "
+              "is_trainable=True)) instead of resume_from_checkpoint",
+    references=("https://github.com/huggingface/transformers/pull/27825",
+                "https://github.com/huggingface/transformers/pull/28746"),
+    fixed_in="transformers 4.38.0",
+    log=LogSigns(
+        # What is missing is the PEFT model's base (`base_model.model.`): an adapter-only checkpoint loaded strictly.
+        messages=(Message(r"Missing key\(s\) in state_dict: \"?base_model\.model\.", "shared",
+                          "torch load_state_dict from DeepSpeed load_checkpoint (load_module_strict=True)"),
+                  Message(r"Missing key\(s\) in state_dict", "generic",
+                          "torch load_state_dict from DeepSpeed load_checkpoint (load_module_strict=True)")),
+        evidence=(Evidence("deepspeed", 2, "DeepSpeed loads the checkpoint (the Trainer's deepspeed_load_checkpoint)"),
+                  Evidence("peft", 2, "the model is a PEFT model")),
+        prior=1.0,
+        tells_apart="transformers 4.37.x, a PEFT model and resume_from_checkpoint under DeepSpeed (the missing keys "
+                    "are the base model's, under base_model.model.)"),
+))
+
 register(Rule(
     id="adapter-state-dict-patched",
     title="A patched state_dict makes PEFT save an empty adapter",

@@ -220,6 +220,11 @@ class Combination:
     """The run's resumable FSDP checkpoints hold only the adapter: the HF Trainer (and TRL, LLaMA-Factory, axolotl,
     ms-swift on it) passes adapter_only=True to accelerate's save_fsdp_model / load_fsdp_model since transformers
     4.38 (trainer.py _get_fsdp_ckpt_kwargs)."""
+    engine_checkpoints: Literal["all", "peft-trainable", "trainable"] | None = None
+    """What the run's resumable DeepSpeed engine checkpoints (save_checkpoint) keep: every weight, frozen ones
+    included ("all"); only the trainable ones when the model is a PeftModel, the HF Trainer's rule from transformers
+    4.37 ("peft-trainable"); only the trainable ones ("trainable", exclude_frozen_parameters); None where the run
+    writes none or check cannot see how it saves."""
     resumes: bool = False
     """The run reloads one of its own resumable checkpoints: resume_from_checkpoint, or load_best_model_at_end."""
     state_dict_patched: bool = False

@@ -1,6 +1,8 @@
-"""The HF Trainer's resumable FSDP checkpoints, as rule fsdp2-adapter-resume-lost reads them: which state dict type
-accelerate's FSDP plugin saves them with, whether only the adapter goes through it, and whether the run reloads one.
-Read for every framework whose checkpoints are the Trainer's (HF scripts, TRL, LLaMA-Factory, axolotl, ms-swift)."""
+"""The HF Trainer's resumable checkpoints: under FSDP, which state dict type accelerate's plugin saves them with and
+whether only the adapter goes through it (rule fsdp2-adapter-resume-lost); under DeepSpeed, whether the engine
+checkpoint keeps the frozen weights (rules zero-checkpoint-frozen-base, zero-peft-resume-strict); and whether the run
+reloads one. Read for every framework whose checkpoints are the Trainer's (HF scripts, TRL, LLaMA-Factory, axolotl,
+ms-swift)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ TRAINER_FSDP2_DEFAULT = "5.10.0"
 fsdp_config says otherwise (transformers training_args.py; version 1 and accelerate's default type before)."""
 ADAPTER_ONLY_SINCE = "4.38.0"
 """Trainer._get_fsdp_ckpt_kwargs passes adapter_only=True to accelerate's save_fsdp_model / load_fsdp_model."""
+PEFT_EXCLUDES_FROZEN = "4.37.0"
+"""Trainer._save_optimizer_and_scheduler passes exclude_frozen_parameters=True to DeepSpeed's save_checkpoint for a
+PeftModel (transformers PR #27825); 4.37 still resumed with load_module_strict=True (fixed in 4.38, PR #28746)."""
 
 # accelerate's StateDictType by name or by number (FULL_STATE_DICT = 1, LOCAL_STATE_DICT = 2, SHARDED_STATE_DICT = 3);
 # a local state dict is per rank like a sharded one.
@@ -37,10 +42,23 @@ def state_dict_type(draft: Draft, value: Any, source: str) -> None:
     draft.set("fsdp_state_dict", kind, source)
 
 
-def trainer_checkpoints(draft: Draft, settings: dict[str, tuple[Any, str]], trainer_fsdp: bool) -> None:
+def trainer_checkpoints(draft: Draft, settings: dict[str, tuple[Any, str]], trainer_fsdp: bool,
+                        peft_model: bool | None = True) -> None:
     """Once the engine is known. `settings`: the run's TrainingArguments values, name -> (value, source);
-    `trainer_fsdp`: FSDP was asked for through TrainingArguments' `--fsdp` (not an accelerate config alone)."""
+    `trainer_fsdp`: FSDP was asked for through TrainingArguments' `--fsdp` (not an accelerate config alone);
+    `peft_model`: the trained model is a PeftModel (None: not known, as for a script whose own flag adds adapters,
+    which may wrap a submodule only: InternVL's wrap_llm_lora)."""
     engine = draft.get("engine")
+    only_model = settings.get("save_only_model")
+    unknown = peft_model is None and draft.get("adapter") != "full"
+    if engine == "deepspeed" and not unknown and not (only_model is not None and
+                                                      as_bool(only_model[0], only_model[1])):
+        peft = at_least(draft, "transformers", PEFT_EXCLUDES_FROZEN)
+        draft.set("engine_checkpoints", "peft-trainable" if peft else "all", "the Trainer's DeepSpeed checkpoints: "
+                  + ("save_checkpoint(exclude_frozen_parameters=True) for a PeftModel from transformers 4.37 "
+                     "(trainer.py _save_optimizer_and_scheduler)" if peft else "save_checkpoint keeps every weight "
+                     "before transformers 4.37"))
+        _resumes(draft, settings)
     if engine not in ("fsdp1", "fsdp2"):
         return
     if trainer_fsdp and at_least(draft, "transformers", TRAINER_FSDP2_DEFAULT):
@@ -52,6 +70,10 @@ def trainer_checkpoints(draft: Draft, settings: dict[str, tuple[Any, str]], trai
     draft.set("checkpoint_adapter_only", at_least(draft, "transformers", ADAPTER_ONLY_SINCE),
               "transformers >= 4.38 Trainer passes adapter_only=True to accelerate's save_fsdp_model / "
               "load_fsdp_model (trainer.py _get_fsdp_ckpt_kwargs)")
+    _resumes(draft, settings)
+
+
+def _resumes(draft: Draft, settings: dict[str, tuple[Any, str]]) -> None:
     resume, best = settings.get("resume_from_checkpoint"), settings.get("load_best_model_at_end")
     auto = settings.get("auto_resume_from_checkpoints")  # axolotl: the newest checkpoint in output_dir
     if resume is not None and str(resume[0]).strip().lower() not in ("", "none", "null", "false", "~"):
