@@ -67,6 +67,8 @@ def trainer_checkpoints(draft: Draft, settings: dict[str, tuple[Any, str]], trai
     else:
         draft.default("fsdp_state_dict", "full" if engine == "fsdp1" else "sharded", "accelerate's FSDP plugin: "
                       "FULL_STATE_DICT for FSDP1, SHARDED_STATE_DICT for FSDP2 (utils/dataclasses.py)")
+    if unknown:  # accelerate takes the adapter-only branch for a PeftModel only (is_peft_model)
+        return
     draft.set("checkpoint_adapter_only", at_least(draft, "transformers", ADAPTER_ONLY_SINCE),
               "transformers >= 4.38 Trainer passes adapter_only=True to accelerate's save_fsdp_model / "
               "load_fsdp_model (trainer.py _get_fsdp_ckpt_kwargs)")
