@@ -196,6 +196,11 @@ CASES = {
                      versions={"deepspeed": Version("0.18.0")}),
         BASE.replace(engine="deepspeed", zero_stage=0, precision="bf16-mixed", optimizer_holds_frozen=True,
                      versions={"deepspeed": Version("0.17.5")})),
+    "adalora-reentrant-ddp": (
+        BASE.replace(engine="ddp", world_size=2, adalora_orth_reg=True, checkpointing="all", reentrant=True,
+                     input_grad_hook=True),
+        BASE.replace(engine="ddp", world_size=2, adalora_orth_reg=True, checkpointing="all", reentrant=True,
+                     input_grad_hook=True, ddp_static_graph=True)),
     "zero-checkpoint-frozen-base": (
         BASE.replace(engine="deepspeed", zero_stage=2, engine_checkpoints="all"),
         BASE.replace(engine="deepspeed", zero_stage=2, engine_checkpoints="peft-trainable")),

@@ -32,7 +32,7 @@ from loraflow.frontends.script_loop import apply_loop, plugin_policy
 from loraflow.frontends.script_optimizer import optimizer_params
 from loraflow.frontends.script_placement import placement
 from loraflow.frontends.script_facts import API_PACKAGES, Facts, gather, kind, prequantized
-from loraflow.frontends.script_wild import (adapter_reads, cause_fixes, engine_moves_peft, kbit_prep_after_wrap,
+from loraflow.frontends.script_wild import (adalora, adapter_reads, cause_fixes, engine_moves_peft, kbit_prep_after_wrap,
                                              nothing_truncates, peft_config_on_peft_model, plain_args_defaults,
                                              spawned)
 
@@ -294,6 +294,7 @@ def code_only(draft: Draft, script: Script, whole: bool) -> None:
     apply_zero_init(draft, facts, script.code)
     plugin_policy(draft, script.code)
     adapter_reads(draft, facts)
+    adalora(draft, facts)
     peft_config_on_peft_model(draft, facts, script.code, lineage)
     if not whole:
         draft.note(f"{script.code.file} shows no trainer and no training step: read as a part of a script, so what "

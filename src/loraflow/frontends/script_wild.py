@@ -106,6 +106,15 @@ def adapter_reads(draft: Draft, facts: Facts) -> None:
             return
 
 
+def adalora(draft: Draft, facts: Facts) -> None:
+    """AdaLoraConfig with a task type: PeftModelForCausalLM (and the other task models) add AdaLoRA's orthogonal
+    regularization to the loss in forward; without one the plain PeftModel skips it (peft AdaLoraModel.forward)."""
+    for call in facts.configs:
+        if call.name == "AdaLoraConfig" and call.kwargs.get("task_type") not in (None, "None"):
+            draft.set("adalora_orth_reg", True, call.at("task_type") + " (AdaLoRA adds its orthogonal "
+                      "regularization of every lora_A / lora_B to the loss)")
+
+
 _CUTS = ("truncation", "max_length", "max_seq_length", "model_max_length", "max_len", "cutoff_len")
 _IMAGE_TEXT = re.compile(r"ForConditionalGeneration|ImageTextToText|Vision2Seq|VisionEncoderDecoder|Llava|Idefics|VL")
 # Packages whose calls a script makes without cutting samples on its own (data helpers of the project's own modules

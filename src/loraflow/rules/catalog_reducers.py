@@ -42,6 +42,42 @@ register(Rule(
 ))
 
 register(Rule(
+    id="adalora-reentrant-ddp",
+    title="AdaLoRA's regularization under reentrant checkpointing marks DDP's adapter gradients ready twice",
+    verdict="error",
+    impact="crash",
+    conditions="AdaLoRA with a task type (its orthogonal regularization on), DDP without a static graph, reentrant "
+               "checkpointing with inputs that require grad; find_unused_parameters either way, one process or "
+               "many, every peft release",
+    knobs=("reentrant", "ddp_static_graph"),
+    when=lambda s: (s.gradient_reducer and s.adalora_orth_reg and s.checkpointed and s.reentrant is True
+                    and s.embedding_output_requires_grad and not s.ddp_static_graph),
+    cause=("AdaLoRA's orthogonal regularization multiplies every lora_A and lora_B by itself a second time in the "
+           "forward, outside the checkpointed layers. Reentrant checkpointing recomputes each layer in its own inner "
+           "backward pass, so each adapter weight's gradient hook fires once there and once more from the "
+           "regularization's path; DDP's reducer refuses the second mark on the first backward (`Expected to mark a "
+           "variable ready only once`, naming a lora_B with TORCH_DISTRIBUTED_DEBUG). Turning "
+           "find_unused_parameters off does not help, as it does for plain LoRA (rule ddp-reentrant-unused)."),
+    fix="loraflow does not train AdaLoRA; with LoRA it checkpoints non-reentrantly.",
+    elsewhere="non-reentrant checkpointing (gradient_checkpointing_kwargs={'use_reentrant': False}), or DDP "
+              "static_graph=True (ddp_static_graph); orth_reg_weight=0 does not help (peft still builds the term)",
+    references=("https://github.com/huggingface/peft/issues/663", "https://github.com/huggingface/peft/issues/1745",
+                "https://github.com/huggingface/peft/blob/v0.21.2/src/peft/tuners/adalora/model.py "
+                "(AdaLoraModel.forward: orth_reg_weight, p @ p.T)"),
+    fixed_in="not fixed in peft (0.21.2)",
+    log=LogSigns(
+        messages=(Message(r"Expected to mark a variable ready only once", "shared",
+                          "torch/csrc/distributed/c10d/reducer.cpp: mark_variable_ready"),
+                  Message(r"lora_[AB](\.default)?(\.weight)? has been marked as ready twice", "shared",
+                          "reducer.cpp (names the parameter, with TORCH_DISTRIBUTED_DEBUG)")),
+        evidence=(Evidence("adalora", 6, "AdaLoRA is in use: its regularization reuses the adapter weights",
+                           decisive=True),),
+        prior=0.2,
+        tells_apart="AdaLoRA in the traceback or the launch (AdaLoraConfig, adalora_*); plain LoRA with "
+                    "find_unused_parameters is rule ddp-reentrant-unused"),
+))
+
+register(Rule(
     id="zero-grad-reduced-twice",
     title="ZeRO reduces a gradient twice when reentrant recompute runs one step's forwards apart",
     verdict="fix",

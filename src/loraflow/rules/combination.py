@@ -209,6 +209,9 @@ class Combination:
     save_embedding_layers), the base reloaded at its original size, or PEFT 0.8 - 0.14's AutoPeftModel shrinking a
     padded embedding to the tokenizer's length. No launch shows it (the adapter file does): explain names it from
     load_state_dict's message."""
+    adalora_orth_reg: bool = False
+    """AdaLoRA with a task type: its orthogonal regularization (orth_reg_weight) multiplies every lora_A and lora_B
+    again inside the forward, after the layers that used them (peft AdaLoraModel.forward)."""
     optimizer_holds_frozen: bool = False
     """A script's own DeepSpeed optimizer is built over every parameter, frozen ones included (model.parameters()
     handed to deepspeed.initialize or to the optimizer); the HF Trainer, TRL and the RL frameworks pass only the
