@@ -207,6 +207,27 @@ def ddp_step(setup: Combination, ctx: Context) -> Observation:
     return compare(full_grads(model.module), reference_grads(setup, batch))
 
 
+@case("adalora-reentrant-ddp", LORA.replace(engine="ddp", adalora_orth_reg=True, checkpointing="all", reentrant=True,
+                                            input_grad_hook=True), ranks=2)
+def adalora_ddp_step(setup: Combination, ctx: Context) -> Observation:
+    """one AdaLoRA step (task type CAUSAL_LM, so its orthogonal regularization is in the loss) under DDP (gloo) with
+    transformers' checkpointing as the Combination says and its static_graph; every lora_B must get a gradient"""
+    from peft import AdaLoraConfig, get_peft_model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    config = AdaLoraConfig(target_modules=["q_proj", "v_proj"], init_r=4, target_r=2, total_step=20,
+                           task_type="CAUSAL_LM" if setup.adalora_orth_reg else None)
+    model = get_peft_model(tiny_llama(use_cache=False), config)
+    checkpoint_as_setup(model, setup)
+    ddp = DDP(model, find_unused_parameters=setup.find_unused_parameters, static_graph=setup.ddp_static_graph)
+    batch = token_batch()
+    ddp(**batch, use_cache=False).loss.backward()
+    missing = [n for n, p in model.named_parameters() if "lora_B" in n and p.grad is None]
+    return Observation("wrong" if missing else "ok", f"{len(missing)} lora_B without a gradient" if missing else
+                       "every lora_B has a gradient")
+
+
 FSDP2 = LORA.replace(engine="fsdp2", checkpointing="all", reentrant=False, checkpoint_impl="torch-wrapper",
                      use_cache=False)
 
