@@ -196,6 +196,11 @@ CASES = {
                      versions={"deepspeed": Version("0.18.0")}),
         BASE.replace(engine="deepspeed", zero_stage=0, precision="bf16-mixed", optimizer_holds_frozen=True,
                      versions={"deepspeed": Version("0.17.5")})),
+    "vllm-qwen3vl-lora-start": (
+        BASE.replace(stage="grpo", rollout_engine="vllm", rollout_sync="adapter", model_type="qwen3_vl",
+                     versions={"vllm": Version("0.11.0")}),
+        BASE.replace(stage="grpo", rollout_engine="vllm", rollout_sync="adapter", model_type="qwen2_5_vl",
+                     versions={"vllm": Version("0.11.0")})),
     "adalora-reentrant-ddp": (
         BASE.replace(engine="ddp", world_size=2, adalora_orth_reg=True, checkpointing="all", reentrant=True,
                      input_grad_hook=True),

@@ -20,7 +20,7 @@ from loraflow.frontends.common import Draft
 # What loading the base (and merging the adapter into it) decides; every other field keeps its default.
 LOAD_FIELDS = frozenset({
     "adapter", "quantization", "quant_storage_matches", "merge_into_quantized", "ptq_checkpoint", "image_text",
-    "causal_lm_class", "image_safe_truncation", "fp16_overflows", "vlm_renamed", "world_size"})
+    "causal_lm_class", "image_safe_truncation", "fp16_overflows", "vlm_renamed", "model_type", "world_size"})
 
 
 def finish(draft: Draft, run: str) -> None:

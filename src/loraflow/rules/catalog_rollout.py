@@ -351,3 +351,40 @@ register(Rule(
         tells_apart="the out-of-memory allocation is ZeRO-3's all-gather inside the sync to vLLM "
                     "(_move_model_to_vllm / _move_full_model_to_vllm / sync_weights)"),
 ))
+
+
+# vLLM 0.11.0's Qwen3-VL (and Qwen3-VL-MoE) declared its vision tower under the prefix `model.visual.` while the module
+# is `visual`, so with LoRA enabled the tower's linear layers got LoRA wrappers, and the start-up profiling run pushed
+# more image-patch rows through them than the LoRA token mapping holds (max_num_batched_tokens): lora_shrink_op.py
+# asserts. Qwen3-VL first appeared in 0.11.0; PR #27027 (0.11.1) fixed the prefix. Read from the vllm wheels.
+QWEN3_VL_LORA_PREFIX_FIXED = "0.11.1"
+
+register(Rule(
+    id="vllm-qwen3vl-lora-start",
+    title="vLLM 0.11.0 with LoRA enabled cannot start a Qwen3-VL engine",
+    verdict="error",
+    impact="crash",
+    conditions="a Qwen3-VL or Qwen3-VL-MoE policy whose rollouts come from vLLM 0.11.0 with LoRA enabled (the "
+               "adapter synced as a vLLM LoRA adapter: verl's LoRA rollouts), whatever the adapter targets",
+    knobs=("rollout_sync",),
+    affected={"vllm": f">=0.11.0,<{QWEN3_VL_LORA_PREFIX_FIXED}"},
+    when=lambda s: (_vllm(s) and s.rollout_sync == "adapter" and s.model_type in ("qwen3_vl", "qwen3_vl_moe")),
+    cause=("vLLM 0.11.0 registered Qwen3-VL's vision tower under a prefix that did not match the module, so with "
+           "enable_lora its vision blocks got LoRA layers too. The engine's start-up profiling run sends a full "
+           "batch of image patches through them, more rows than the LoRA token mapping holds, and "
+           "lora_shrink_op.py stops on `assert token_lora_mapping.size(0) == M` before any adapter is loaded. "
+           "exclude_modules cannot help: it shapes the adapter, not the engine's layers."),
+    fix="loraflow starts its own vLLM engine, a release past 0.11.0.",
+    elsewhere="vllm >= 0.11.1 (PR #27027; verl releases that pin vllm<=0.11.0 need the pin lifted), or merged-weight "
+              "syncs with LoRA off in the engine",
+    references=("https://github.com/vllm-project/vllm/pull/27027",
+                "https://github.com/volcengine/verl/issues/4418",
+                "https://github.com/volcengine/verl/issues/3922"),
+    fixed_in="vllm 0.11.1",
+    log=LogSigns(
+        messages=(Message(r"assert token_lora_mapping\.size\(0\) == M", "own",
+                          "vllm/lora/ops/triton_ops/lora_shrink_op.py _lora_shrink"),),
+        evidence=(Evidence("vision", 2, "an image-text model is served"),),
+        prior=1.0,
+        tells_apart="the assertion in vLLM's lora_shrink at engine start with a Qwen3-VL model"),
+))

@@ -247,6 +247,9 @@ class Combination:
     rollout_sync_renamed: bool = False
     """The weight sync renames transformers' in-memory module names back to the checkpoint layout the engine loads
     (verl >= 0.4.1 convert_weight_keys, EasyR1 _rename_weight_keys)."""
+    model_type: str | None = None
+    """The trained model's config.model_type where its hub id or path makes it certain (frontends/model_types.py);
+    None where the name does not say."""
     vlm_renamed: Literal["qwen2-vl", "vlm"] | None = None
     """An image-text model whose modules transformers 4.52 moved (model.language_model, model.visual): Qwen2-VL and
     Qwen2.5-VL ("qwen2-vl"), LLaVA, Gemma 3, Mllama ("vlm") (frontends/model_types.py VLM_RENAMED)."""
