@@ -153,8 +153,13 @@ def engine_overrides(variant: str, workdir: Path) -> list[str]:
     if v.zero_stage is not None:
         out.append(f"parallel.zero_stage={v.zero_stage}")
         if v.zero_stage == 3:
+            from loraflow.checkpoints.store import write_atomic_text
+
+            # Every rank writes it at every cell into the directory they share: in place (truncate, then write), a
+            # rank that read it in the other's window got an empty file, failed that cell alone and left the other
+            # waiting in the engine's first broadcast (the cross-check hang of full suite runs, under load).
             path = workdir / "zero3-shard-all.json"
-            path.write_text(json.dumps(ZERO3_SHARD_ALL))
+            write_atomic_text(path, json.dumps(ZERO3_SHARD_ALL))
             out.append(f"parallel.deepspeed_config={path}")
     if v.offload:
         out += ["parallel.offload_optimizer=true", "parallel.offload_params=true"]
