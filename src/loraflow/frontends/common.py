@@ -333,10 +333,11 @@ def model_name_facts(draft: Draft, model: str, source: str) -> None:
         draft.set("ptq_checkpoint", method, f"{source} ({model}: a checkpoint saved {method}-quantized, by its name)")
         where = source.split(" (")[0].split(": ", 1)[-1] or "the model path"
         draft.flags.setdefault("ptq_checkpoint", f"{where} (the unquantized checkpoint)")
-    if model_type_of(model):
-        draft.set("model_type", model_type_of(model), f"{source} ({model})")
-    moe_facts(draft, model_type_of(model), model, source, at_least)
-    renamed = VLM_RENAMED.get(model_type_of(model) or "")
+    model_type = model_type_of(model)
+    if model_type:
+        draft.set("model_type", model_type, f"{source} ({model})")
+    moe_facts(draft, model_type, model, source, at_least)
+    renamed = VLM_RENAMED.get(model_type or "")
     if renamed:
         draft.set("vlm_renamed", renamed, f"{source} ({model}: transformers >= 4.52 names its modules "
                                           "model.language_model / model.visual...)")
