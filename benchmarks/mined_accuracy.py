@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MINED = ROOT / "tests" / "fixtures" / "mined"
 COMMANDS = ("python", "python3", "torchrun", "deepspeed", "accelerate", "swift", "llamafactory-cli", "bash", "sh",
-            "ray", "trl", "tune", "axolotl", "CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "export", "nohup", "srun")
+            "ray", "trl", "tune", "axolotl", "litgpt", "vllm", "lm_eval", "CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE",
+            "export", "nohup", "srun")
 
 
 def load(part: str) -> list[dict]:

@@ -19,7 +19,7 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends.cluster import hostfile_slots, mpi_processes, srun_tasks
 from loraflow.frontends.shell import _ENV, _PYTHON, _STARTS, SCRIPT_DIRS, command_from_script
 
-CLI_PROGRAMS = ("trl", "swift", "llamafactory-cli", "lmf", "axolotl", "tune", "litgpt")
+CLI_PROGRAMS = ("trl", "swift", "llamafactory-cli", "lmf", "axolotl", "tune", "litgpt", "vllm", "lm_eval")
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
 
 # Launcher options that take no value; every other option takes one (argparse in deepspeed/launcher/runner.py,

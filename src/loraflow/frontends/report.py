@@ -109,7 +109,9 @@ def _text(result: FrontendResult, items: list[dict], unknowns: list[dict], code:
     if "world_size" in result.unsure:
         size = f"world size not visible ({result.unsure['world_size'][1]}): one process and several evaluated"
     lines = [f"{title} setup, {size}", ""]
-    shown = [k for k in COMBINATION_FIELDS if k in _CORE or k in result.sources]
+    # A server (stage serve) trains nothing: the training fields it leaves at loraflow's defaults say nothing of it.
+    core = ("stage", "adapter", "world_size") if result.setup.stage == "serve" else _CORE
+    shown = [k for k in COMBINATION_FIELDS if k in core or k in result.sources]
     width = max(len(k) for k in shown)
     vwidth = max(len(str(_value(getattr(s, k)))) for k in shown)
     lines.append("setup (value, where it came from):")

@@ -24,7 +24,7 @@ after the working directory)."""
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)*)?$")
 _STARTS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf", "swift", "axolotl", "trl", "tune", "ray",
-           "litgpt", "megatron", "srun", "mpirun", "mpiexec")
+           "litgpt", "megatron", "srun", "mpirun", "mpiexec", "vllm", "lm_eval")
 # Commands that run the rest of their line (`nohup torchrun ...`, `apptainer exec --nv img.sif accelerate launch ...`,
 # `conda run -n env python ...`): their own options and operands come before the launcher, which is read from there.
 # `timeout 2400 ...` and `nsys profile --trace=cuda ... python ...` (SLURM jobs, profiling runs) wrap it the same way.
@@ -418,7 +418,7 @@ def _line_kind(tokens: list[str]) -> str:
         return "server"
     if second in _CLI_SETUP.get(head, ()) or (head in _CLI_SETUP and second.startswith("convert")):
         return "setup"  # `tune download ...` / `litgpt download ...` fetch the weights before the run
-    if second in _CLI_AFTER.get(head, ()):
+    if second in _CLI_AFTER.get(head, ()) or head == "lm_eval":  # lm-evaluation-harness scores a trained model
         return "after"
     python = bool(_PYTHON.match(head))
     module = words[words.index("-m") + 1] if python and "-m" in words[:-1] else ""
