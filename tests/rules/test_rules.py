@@ -191,6 +191,9 @@ CASES = {
     "zero3-checkpoint-frozen": (
         ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.0")}),
         ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.1")})),
+    "zero3-device-map-load": (
+        ZERO3.replace(device_map_load="device_map"),
+        ZERO3.replace(device_map_load="low_cpu_mem_usage", versions={"transformers": Version("4.51.0")})),
     "zero0-frozen-master-copies": (
         BASE.replace(engine="deepspeed", zero_stage=0, precision="bf16-mixed", optimizer_holds_frozen=True,
                      versions={"deepspeed": Version("0.18.0")}),

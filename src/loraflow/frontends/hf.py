@@ -79,6 +79,7 @@ FLAGS = {"checkpointing": "--gradient_checkpointing",
          "quant_storage_matches": "--bnb_4bit_quant_storage", "packing": "--packing",
          "generation_gather": "--ds3_gather_for_generation", "world_size": "the launcher's process count",
          "model_split": "device_map= in the script's from_pretrained ({'': local rank} per process)",
+         "device_map_load": "device_map= / --low_cpu_mem_usage for the script's from_pretrained (neither under ZeRO-3)",
          "grad_accum_steps": "--gradient_accumulation_steps",
          "zero_stage": "zero_optimization.stage in the --deepspeed JSON",
          "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the --deepspeed JSON",
@@ -180,6 +181,9 @@ def apply(draft: Draft, opts: dict[str, Opt], trl: bool, stage: tuple[str, str],
     if trl:
         trl_rel.vllm_rollouts(draft, {n: (o.value, o.source) for n, o in opts.items()}, trainer)
     _save_gather(draft, run)
+    low = opts.get("low_cpu_mem_usage")  # transformers' examples (run_clm.py) pass it to from_pretrained
+    if low is not None and as_bool(low.value, low.source) and not draft.has("device_map_load"):
+        draft.set("device_map_load", "low_cpu_mem_usage", f"{low.source} (the script passes it to from_pretrained)")
     trainer_checkpoints(draft, {n: (o.value, o.source) for n, o in opts.items()},
                         "fsdp" in opts and opts["fsdp"].value not in (None, "", False, []), True if trl else None)
     dtype = str((opts.get("dtype") or opts.get("torch_dtype") or Opt("", "")).value)

@@ -30,6 +30,7 @@ def placement(draft: Draft, script) -> None:
     """Both readings of the script's loads, in a multi-process launch and in one process."""
     _per_rank(draft, script)
     _spread(draft, script)
+    _big_model_load(draft, script)
 
 
 def _per_rank(draft: Draft, script) -> None:
@@ -63,3 +64,19 @@ def _spread(draft: Draft, script) -> None:
         draft.maybe("model_split", {True: f"the process sees several GPUs: {where} spreads the model over them",
                                     False: "the process sees one GPU: the whole model goes on it"},
                     f"{where}: how many GPUs the process sees is not in the launch")
+
+
+def _big_model_load(draft: Draft, script) -> None:
+    """A load given a device_map or low_cpu_mem_usage=True (accelerate's big-model placement), which transformers
+    refuses under ZeRO-3. A computed device_map (`None if is_deepspeed_zero3_enabled() else ...`, a variable the code
+    sets) is not read: it is how scripts keep the map out of ZeRO-3 launches."""
+    for load in script.facts.loads:
+        if not isinstance(load, Call) or kind(load, script.code) != "load":
+            continue
+        where = load.kwargs.get("device_map")
+        if (where is not None and not computed(where)) or (isinstance(where, dict) and where):
+            draft.set("device_map_load", "device_map", f"{load.at('device_map')}: a device_map for accelerate's "
+                      "placement")
+            return
+        if load.kwargs.get("low_cpu_mem_usage") is True and not draft.has("device_map_load"):
+            draft.set("device_map_load", "low_cpu_mem_usage", load.at("low_cpu_mem_usage"))

@@ -47,6 +47,7 @@ CODE_FLAGS = {"adapter_loaded_frozen": "PeftModel.from_pretrained(..., is_traina
               "task_head_saved": "LoraConfig(task_type=\"SEQ_CLS\") or modules_to_save=[\"score\"]",
               "model_split": "device_map= in from_pretrained ({'': local rank} per process; 'auto' in one process "
                              "only)",
+              "device_map_load": "device_map= / low_cpu_mem_usage= in from_pretrained (neither under ZeRO-3)",
               "unsloth": "FastLanguageModel (Unsloth)", "input_grad_hook": "model.enable_input_require_grads()",
               "state_dict_patched": "the `model.state_dict = ... get_peft_model_state_dict(...)` lines (delete them: "
                                     "model.save_pretrained saves the adapter)",

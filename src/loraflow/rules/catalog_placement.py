@@ -136,6 +136,58 @@ register(Rule(
         tells_apart="a full-size checkpoint weight set into a [0] placeholder while a quantized model loads with "
                     "ZeRO-3 configured"),
 ))
+LOW_CPU_MEM_IGNORED = "4.51.0"
+"""transformers' from_pretrained stops refusing low_cpu_mem_usage=True under ZeRO-3: it ignores the argument and only
+a device_map is refused (modeling_utils.py of the 4.50.0 and 4.51.3 wheels)."""
+ZERO3_DEVICE_MAP_ALONE = Message(ZERO3_DEVICE_MAP.pattern, "shared", ZERO3_DEVICE_MAP.raised_by)
+"""The same refusal as this rule's own: the load's device_map is the cause, whatever made the script pass it."""
+
+
+def _placed_under_zero3(s: Combination) -> bool:
+    if not s.zero3 or s.device_map_load is None:
+        return False
+    return s.device_map_load == "device_map" or older(s, "transformers", LOW_CPU_MEM_IGNORED)
+
+
+register(Rule(
+    id="zero3-device-map-load",
+    title="from_pretrained given a device_map while ZeRO-3 is configured",
+    verdict="fix",
+    impact="crash",
+    conditions="DeepSpeed ZeRO-3 configured before the model loads (TrainingArguments(deepspeed=...), an accelerate "
+               "ZeRO-3 config) and from_pretrained given a device_map (any value: 'auto', {'': local_rank}, a "
+               "device), or low_cpu_mem_usage=True with transformers < 4.51",
+    knobs=("device_map_load", "zero_stage"),
+    boundaries={"transformers": (LOW_CPU_MEM_IGNORED,)},
+    when=_placed_under_zero3,
+    cause=("With ZeRO-3 configured, transformers builds the model partitioned (zero.Init) and leaves each weight's "
+           "placement to the engine. A device_map asks accelerate's big-model loader to put whole weights on named "
+           "devices instead, so from_pretrained refuses before it reads a weight (`DeepSpeed Zero-3 is not "
+           "compatible with passing a device_map`). Before 4.51 low_cpu_mem_usage=True, which a device_map also "
+           "turned on, was refused the same way. Every transformers release does this: the QLoRA and DDP recipes' "
+           "device_map={'': local_rank} cannot be kept when the same script is launched with a ZeRO-3 config."),
+    fix="loraflow never passes a device_map under ZeRO-3: the engine places the partitions.",
+    remedy=lambda s: {"device_map_load": None},
+    elsewhere="pass no device_map (and, before transformers 4.51, no low_cpu_mem_usage) when ZeRO-3 is on, e.g. "
+              "device_map=None if is_deepspeed_zero3_enabled() else {'': local_rank}; or use ZeRO-2 where each "
+              "rank must hold its own copy on its device",
+    references=("https://github.com/hiyouga/LlamaFactory/issues/199",
+                "https://github.com/OptimalScale/LMFlow/issues/620", "https://github.com/OptimalScale/LMFlow/issues/686",
+                "https://github.com/huggingface/accelerate/issues/2543",
+                "https://github.com/locuslab/open-unlearning/issues/38",
+                "https://github.com/shibing624/MedicalGPT/issues/477",
+                "https://github.com/huggingface/transformers/blob/v5.23.0/src/transformers/integrations/accelerate.py "
+                "(check_and_set_device_map)"),
+    fixed_in="design: ZeRO-3 places the weights itself",
+    log=LogSigns(
+        messages=(ZERO3_DEVICE_MAP_ALONE,),
+        # A quantized load or Unsloth's loader passes the device_map for a reason of its own, which those rules name.
+        evidence=(Evidence("quant4bit", -1, "a bitsandbytes model is loaded (rule zero3-init-quantized-load)"),
+                  Evidence("quant8bit", -1, "an 8-bit model is loaded (rule zero3-init-quantized-load)"),
+                  Evidence("unsloth", -3, "Unsloth loads the model (rule unsloth-multi-gpu)")),
+        prior=1.0,
+        tells_apart="transformers refuses the load's device_map (or low_cpu_mem_usage) before reading any weight"),
+))
 
 register(Rule(
     id="sharded-weights-outside-forward",
@@ -256,7 +308,7 @@ register(Rule(
         "over GPUs.",
     remedy=lambda s: {"model_split": False},
     elsewhere="in a multi-process launch pass device_map={'': PartialState().process_index} (or no device_map and "
-              "let the trainer place it); keep device_map='auto' for one process (`python train.py`, "
+              "let the trainer place it; under ZeRO-3 no device_map at all); keep device_map='auto' for one process (`python train.py`, "
               "--num_processes 1) when the model does not fit one GPU",
     references=("https://github.com/huggingface/transformers/issues/31557",
                 "https://github.com/QwenLM/Qwen/pull/833", "https://github.com/QwenLM/Qwen/issues/900",

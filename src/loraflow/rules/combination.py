@@ -170,6 +170,9 @@ class Combination:
     model_split: bool = False
     """Each process spreads its model over several GPUs (naive model parallelism): from_pretrained with device_map
     'auto', 'balanced' or 'balanced_low_0' where the process sees several GPUs, or a map naming several devices."""
+    device_map_load: Literal["device_map", "low_cpu_mem_usage"] | None = None
+    """from_pretrained is given a device_map (any value: 'auto', {'': local_rank}, a device), or low_cpu_mem_usage=True
+    without one: accelerate's big-model placement, which transformers refuses while ZeRO-3 is configured."""
     unsloth: bool = False
     """The model is loaded and patched by Unsloth (FastLanguageModel / FastVisionModel; LLaMA-Factory use_unsloth,
     ms-swift --tuner_backend unsloth)."""

@@ -96,7 +96,9 @@ UNSLOTH_VRAM = Message(r"More than 1 GPUs have a lot of VRAM usage\. Please obta
 # transformers modeling_utils.py from_pretrained: a device_map or low_cpu_mem_usage under ZeRO-3 (every release
 # that has zero.Init loading). A bitsandbytes load passes a device_map (a quantized model built under zero.Init),
 # and so does Unsloth's loader; many other loads do too: generic, the log's facts must say which.
-ZERO3_DEVICE_MAP = Message(r"DeepSpeed Zero-3 is not compatible with `?low_cpu_mem_usage=True`? or with passing a "
+# transformers 4.51 dropped the low_cpu_mem_usage half of the sentence (`... is not compatible with passing a
+# `device_map`.`, modeling_utils.py, then integrations/accelerate.py check_and_set_device_map in 5.x).
+ZERO3_DEVICE_MAP = Message(r"DeepSpeed Zero-3 is not compatible with (`?low_cpu_mem_usage=True`? or with )?passing a "
                            r"`?device_map`?", "generic",
                            "transformers modeling_utils.py: from_pretrained (device_map / low_cpu_mem_usage under "
                            "ZeRO-3)")
