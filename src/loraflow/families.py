@@ -280,3 +280,12 @@ def loads_as(hf_config, head: str = "lm") -> str:
     if hasattr(hf_config, "vision_config") and model_type in auto_mapping("image-text"):
         return "image-text"
     return "causal-lm"
+
+
+# Read by the rule mm-token-types-required and by check's frontends (frontends/vision.py).
+TOKEN_TYPES_LAST: Mapping[str, str | None] = MappingProxyType({"gemma3": "5.6.0", "paligemma": "5.9.0",
+                                                               "gemma4": "5.6.0", "molmo2": None})
+"""model_type -> the first transformers release whose image-text class no longer refuses a training forward without
+the token type ids its processor makes (None: the installed 5.23 still does), read from the wheels: gemma3's
+create_causal_mask_mapping raises from 5.0.0 to 5.5.4, paligemma's to 5.8.1, gemma4's (mm_token_type_ids, which it
+has from 5.5.0) in 5.5.x; molmo2's forward (modeling_molmo2.py) raises in 5.23.0. 4.x used the ids only when given."""

@@ -191,6 +191,11 @@ CASES = {
     "zero3-checkpoint-frozen": (
         ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.0")}),
         ZERO3.replace(frozen_from_engine_checkpoint=True, versions={"deepspeed": Version("0.9.1")})),
+    "mm-token-types-required": (
+        BASE.replace(model_type="gemma3", image_text=True, mm_token_types_missing=True,
+                     versions={"transformers": Version("5.2.0")}),
+        BASE.replace(model_type="gemma3", image_text=True, mm_token_types_missing=True,
+                     versions={"transformers": Version("5.6.0")})),
     "zero3-device-map-load": (
         ZERO3.replace(device_map_load="device_map"),
         ZERO3.replace(device_map_load="low_cpu_mem_usage", versions={"transformers": Version("4.51.0")})),

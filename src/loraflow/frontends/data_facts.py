@@ -127,6 +127,10 @@ def apply(result, facts: DataFacts) -> None:
         del result.unsure["image_every_rank"]
         result.setup = result.setup.replace(image_every_rank=every)
         result.sources["image_every_rank"] = facts.describe()
+    if "mm_token_types_missing" in result.unsure:  # text only: the tokenizer's collator makes no token type ids
+        del result.unsure["mm_token_types_missing"]
+        result.setup = result.setup.replace(mm_token_types_missing=facts.with_images == 0)
+        result.sources["mm_token_types_missing"] = facts.describe()
     if "image_safe_truncation" in result.unsure:
         labels, why = result.unsure["image_safe_truncation"]
         if facts.with_images == 0:

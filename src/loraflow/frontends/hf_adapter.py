@@ -79,6 +79,7 @@ def image_text(draft: Draft, opts: dict[str, Opt], intent, cmd: Command | None) 
     key = next((k for k in MODEL_KEYS if k in opts), None)
     model = str((opts[key].value if key else "") or "")
     model_name_facts(draft, model, opts[key].source if key else "")
+    vision.token_types_unknown(draft)  # by the model's type: Molmo2 is not among the towers vision.py knows
     if not vision.recognise(draft, model, opts[key].source if key else "", intent.sources.get("image_text")):
         return
     full = draft.get("adapter") == "full"

@@ -25,7 +25,7 @@ _MODEL_TYPES = tuple((t, re.compile(rx, re.I)) for t, rx in (
     ("phimoe", r"^phi[-_]?3\.5[-_]moe"), ("phi3_v", r"^phi[-_]?3(\.5)?[-_]vision"),
     ("phi4mm", r"^phi[-_]?4[-_]multimodal"), ("phi3", r"^phi[-_]?(3|4)"),
     ("phi", r"^phi[-_]?(1|1_5|2)\b"), ("gemma3n", r"^gemma[-_]?3n"), ("gemma3_text", r"^gemma[-_]?3[-_](1b|270m)"),
-    ("gemma3", r"^gemma[-_]?3\b"), ("gemma2", r"^gemma[-_]?2\b"), ("gemma", r"^(code)?gemma[-_](\d+b|1\.1|2b|7b)"),
+    ("gemma3", r"^gemma[-_]?3\b|^translategemma|^medgemma[-_]4b"), ("molmo2", r"^molmo[-_]?2"), ("gemma2", r"^gemma[-_]?2\b"), ("gemma", r"^(code)?gemma[-_](\d+b|1\.1|2b|7b)"),
     ("mllama", r"^llama[-_]3\.2[-_]\d+b[-_]vision"), ("llava", r"^llava[-_]1\.5[-_]\d+b[-_]hf$"),
     ("llama4", r"^llama[-_]4"),
     ("mixtral", r"^mixtral"), ("mistral", r"^mistral[-_]7b"),

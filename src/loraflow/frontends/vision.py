@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from loraflow.families import TOKEN_TYPES_LAST
 from loraflow.frontends.common import Draft, at_least
 
 _CLIP = frozenset({"q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2", "linear_1", "linear_2"})
@@ -130,6 +131,17 @@ def data_unknowns(draft: Draft, length_key: str = "") -> None:
                                               False: f"an image sample is longer than the length limit{limit} and "
                                                      "is cut inside its image tokens"},
                     "how long the image samples are (images x tokens per image) is in the data")
+
+
+def token_types_unknown(draft: Draft) -> None:
+    """The HF Trainer / TRL on the image-text class of a model whose training forward needs its token type ids (rule
+    mm-token-types-required): a text-only dataset is collated by the tokenizer, which makes none, and whether the data
+    holds images is not in the launch (`check --data FILE` settles it)."""
+    if draft.get("model_type") in TOKEN_TYPES_LAST and not draft.has("mm_token_types_missing"):
+        draft.maybe("mm_token_types_missing",
+                    {True: "the data is text only (its collator, the tokenizer's, makes no token_type_ids)",
+                     False: "the batches come from the model's processor with images (token_type_ids included)"},
+                    "whether the data holds images is not in the launch line")
 
 
 # Image-text classes whose own enable_input_require_grads hooks the vision embeddings too, before transformers 5 did

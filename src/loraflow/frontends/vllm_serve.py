@@ -23,6 +23,7 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends.argv import Command, parse_bool, parse_flags, resolve_path, script_command
 from loraflow.frontends.base import Framework, FrontendResult
 from loraflow.frontends.common import Draft, finish_world, model_name_facts
+from loraflow.rules import all_rules
 
 NAME = "vllm"
 SOURCE = "vllm/config/lora.py"
@@ -155,7 +156,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
         limit = _max_rank(draft, options, named)
         read = [_read_adapter(draft, p, w) for p, w in paths]
         if not any(read):
-            # imported here: importing a catalog module at the frontends' import would change the rules' order
+            # the catalogs first, in their order: importing one alone would register its rules ahead of the rest
+            all_rules()
             from loraflow.rules.catalog_rollout import VLLM_LORA_RANKS
 
             above = next((r for r in VLLM_LORA_RANKS if r > limit), limit * 2)

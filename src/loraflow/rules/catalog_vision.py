@@ -5,7 +5,8 @@ vision encoder. loraflow's setup of these models is in setup/towers.py and plan/
 
 from __future__ import annotations
 
-from loraflow.rules.rule import Rule, register
+from loraflow.families import TOKEN_TYPES_LAST
+from loraflow.rules.rule import Rule, older, register
 from loraflow.rules.signs import Evidence, LogSigns, Message
 
 
@@ -195,4 +196,50 @@ register(Rule(
         evidence=(Evidence("vision", 2, "a vision tower is in the model"),),
         prior=1.0,
         tells_apart="PEFT refuses a Conv3d or another vision-encoder module that an adapter target name matched"),
+))
+
+
+
+def _token_types_required(s) -> bool:
+    if s.model_type not in TOKEN_TYPES_LAST or not s.mm_token_types_missing:
+        return False
+    last = TOKEN_TYPES_LAST[s.model_type]
+    return last is None or older(s, "transformers", last)
+
+
+register(Rule(
+    id="mm-token-types-required",
+    title="An image-text model trained on batches without its token type ids",
+    verdict="fix",
+    impact="crash",
+    conditions="transformers >= 5.0 and the image-text class of Gemma 3 (< 5.6), Gemma 4 (5.5.x), PaliGemma (< 5.9) "
+               "or Molmo2 in train mode, fed batches without the token_type_ids (mm_token_type_ids) its processor "
+               "makes: text-only data collated by the tokenizer (TRL's SFT/GRPO/DPO text paths, a plain collator)",
+    knobs=("mm_token_types_missing",),
+    affected={"transformers": ">=5.0.0"},
+    boundaries={"transformers": tuple(sorted({v for v in TOKEN_TYPES_LAST.values() if v}))},
+    when=_token_types_required,
+    cause=("These models build the attention mask over each image's tokens from token_type_ids (1 on image "
+           "tokens). From transformers 5.0 their mask builder (Molmo2: its forward) checks for them whenever the "
+           "module is in train mode, not when images are given, and raises `token_type_ids is required as a model "
+           "input when training` at the first step, even for a batch without any image. A text-only run of the "
+           "multimodal checkpoint (gemma-3-4b and larger load as Gemma3ForConditionalGeneration) whose collator "
+           "is the tokenizer's never has them; 4.x used them only when given."),
+    fix="loraflow's image-text batches carry every input the family declares (families.py image_inputs), text-only "
+        "rows included.",
+    remedy=lambda s: {"mm_token_types_missing": False},
+    elsewhere="add token_type_ids (all zeros for text-only rows) to the batches, or collate with the model's "
+              "processor; for text-only training load the text class (Gemma3ForCausalLM); or transformers >= 5.6 "
+              "(Gemma 3/4) or >= 5.9 (PaliGemma)",
+    references=("https://github.com/NVIDIA-NeMo/Automodel/issues/1203", "https://github.com/huggingface/trl/issues/5032",
+                "https://github.com/huggingface/trl/issues/5807", "https://github.com/unslothai/unsloth/pull/4017",
+                "https://github.com/huggingface/trl/pull/5643", "https://github.com/huggingface/trl/issues/4142",
+                "https://github.com/huggingface/transformers/blob/v5.0.0/src/transformers/models/gemma3/"
+                "modeling_gemma3.py (create_causal_mask_mapping)"),
+    fixed_in="transformers 5.6.0 (Gemma 3, Gemma 4), 5.9.0 (PaliGemma); Molmo2 not yet",
+    log=LogSigns(
+        messages=(Message(r"`?(mm_)?token_type_ids`? is required as a model input when training", "own",
+                          "transformers models/gemma3 create_causal_mask_mapping, paligemma, gemma4, molmo2 forward"),),
+        prior=1.0,
+        tells_apart="the model refuses a training forward whose batch lacks the token type ids"),
 ))

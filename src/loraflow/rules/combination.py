@@ -129,6 +129,9 @@ class Combination:
     towers' collectives and gradients are the same on every rank."""
     image_safe_truncation: bool = False
     """Truncation never cuts inside an image's placeholder tokens (a sample it would cut is dropped)."""
+    mm_token_types_missing: bool = False
+    """Training batches reach the image-text class without the token type ids its processor makes (token_type_ids,
+    mm_token_type_ids): text-only data collated by the tokenizer."""
     causal_lm_class: bool = False
     """An image-text model is loaded through AutoModelForCausalLM."""
     targets_all_towers: bool = False
