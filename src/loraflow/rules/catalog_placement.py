@@ -172,7 +172,8 @@ register(Rule(
               "device_map=None if is_deepspeed_zero3_enabled() else {'': local_rank}; or use ZeRO-2 where each "
               "rank must hold its own copy on its device",
     references=("https://github.com/hiyouga/LlamaFactory/issues/199",
-                "https://github.com/OptimalScale/LMFlow/issues/620", "https://github.com/OptimalScale/LMFlow/issues/686",
+                "https://github.com/OptimalScale/LMFlow/issues/620",
+                "https://github.com/OptimalScale/LMFlow/issues/686",
                 "https://github.com/huggingface/accelerate/issues/2543",
                 "https://github.com/locuslab/open-unlearning/issues/38",
                 "https://github.com/shibing624/MedicalGPT/issues/477",
@@ -308,8 +309,8 @@ register(Rule(
         "over GPUs.",
     remedy=lambda s: {"model_split": False},
     elsewhere="in a multi-process launch pass device_map={'': PartialState().process_index} (or no device_map and "
-              "let the trainer place it; under ZeRO-3 no device_map at all); keep device_map='auto' for one process (`python train.py`, "
-              "--num_processes 1) when the model does not fit one GPU",
+              "let the trainer place it; under ZeRO-3 no device_map at all); keep device_map='auto' for one process "
+              "(`python train.py`, --num_processes 1) when the model does not fit one GPU",
     references=("https://github.com/huggingface/transformers/issues/31557",
                 "https://github.com/QwenLM/Qwen/pull/833", "https://github.com/QwenLM/Qwen/issues/900",
                 "https://github.com/FreedomIntelligence/HuatuoGPT-II/issues/32",

@@ -237,7 +237,8 @@ register(Rule(
         "casts it afterwards.",
     remedy=lambda s: {"quantized_moved": False},
     elsewhere="load quantized models with device_map={'': local_rank} (PartialState().process_index) on every rank "
-              "(none under ZeRO-3, which refuses a device_map: rule zero3-device-map-load), and keep quantized reference or reward models out of a DeepSpeed engine (or load them unquantized)",
+              "(none under ZeRO-3, which refuses a device_map: rule zero3-device-map-load), and keep quantized "
+              "reference or reward models out of a DeepSpeed engine (or load them unquantized)",
     references=("https://github.com/OpenRLHF/OpenRLHF/issues/403", "https://github.com/huggingface/trl/issues/2760",
                 "https://github.com/huggingface/transformers/blob/main/src/transformers/modeling_utils.py "
                 "(PreTrainedModel.to)",

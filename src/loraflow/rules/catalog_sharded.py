@@ -406,6 +406,8 @@ register(Rule(
         frames=(Message(r"partition_parameters\.py:(all_gather_coalesced|_allgather_params_coalesced)$", "shared"),),
         evidence=(Evidence("zero3_hooks", 3, "ZeRO-3 parameter code is in the traceback"),
                   Evidence("zero3", 2, "ZeRO-3 is in use"),
+                  Evidence("fsdp_optim_state", -6, "FSDP gathers an optimizer's state: the gather is not ZeRO-3's "
+                           "(rule fsdp1-8bit-optimizer-save)", excludes=True),
                   Evidence("peft", 2, "adapters (float32 by default) train on a half-precision base"),
                   Evidence("half", 1, "half precision is in use"),
                   Evidence("quant4bit", -8, "a 4-bit base: its packed (uint8) storage is the odd dtype in the gather "

@@ -222,6 +222,12 @@ class Combination:
     """A script's own DeepSpeed optimizer is built over every parameter, frozen ones included (model.parameters()
     handed to deepspeed.initialize or to the optimizer); the HF Trainer, TRL and the RL frameworks pass only the
     trainable ones."""
+    optimizer_8bit: bool = False
+    """The optimizer keeps bitsandbytes 8-bit state: per parameter, uint8 codes beside float32 block statistics and a
+    quantization map (adamw_bnb_8bit, paged_adamw_8bit, lion_8bit, ...; bnb.optim.AdamW8bit)."""
+    saves_optimizer_state: bool = False
+    """Checkpoints hold the optimizer's state (the HF Trainer's save_steps checkpoints unless save_only_model,
+    accelerate's save_state)."""
     fsdp_state_dict: Literal["full", "sharded"] | None = None
     """The state dict type accelerate's FSDP plugin saves and loads the Trainer's resumable checkpoints with
     (FULL_STATE_DICT or SHARDED_STATE_DICT); None without FSDP, or where no Trainer saves through accelerate."""
