@@ -10,7 +10,7 @@ import pytest
 
 from loraflow.explain import diagnose_log
 from loraflow.frontends import parse_versions, run_check
-from loraflow.frontends.common import ptq_method
+from loraflow.frontends.model_types import ptq_method
 
 
 def top(text: str) -> list[tuple[str, str]]:

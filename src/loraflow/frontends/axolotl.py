@@ -41,10 +41,10 @@ from loraflow.frontends.common import (
     int_value,
     mapping_value,
     mitigated,
-    model_name_facts,
     read_keyed_files,
     trainer_dtypes,
 )
+from loraflow.frontends.model_types import model_name_facts
 from loraflow.frontends.intent import TOWER_MODULE
 from loraflow.frontends.axolotl_checkpointing import checkpointing
 from loraflow.frontends.table import (

@@ -13,12 +13,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from loraflow.errors import LoraflowError
-from loraflow.families import DEFAULT, EMBEDDING_NAMES, FP16_OVERFLOW, HEAD_NAMES, fp16_overflow_name
+from loraflow.families import DEFAULT, EMBEDDING_NAMES, HEAD_NAMES
 from loraflow.frontends.argv import Command, parse_bool, visible_devices
 from loraflow.frontends.base import FrontendResult
 from loraflow.frontends.config_text import EXCERPTS, close_cut, cut_off, json_piece
-from loraflow.frontends.model_types import VLM_RENAMED, model_type_of
-from loraflow.frontends.moe_blocks import moe_facts
 from loraflow.frontends.scenarios import intersect
 from loraflow.rules.combination import Combination
 
@@ -304,51 +302,6 @@ def embedding_targets(draft: Draft, names: list[str], source: str, model: str = 
         draft.maybe("tied_embeddings", {True: "the model ties embed_tokens and lm_head (tie_word_embeddings)",
                                         False: "the model does not tie them"},
                     f"whether {model or 'the model'} ties its word embeddings is in its config.json, not visible here")
-
-
-# Checkpoints published already quantized after training, by the names their uploaders give them: `-GPTQ`, `-AWQ`,
-# `-AQLM`, Qwen's `-Int4` / `-Int8` (GPTQ), Neural Magic / Red Hat's compressed-tensors `w8a8`, `w4a16`, `w8a16`.
-# bitsandbytes uploads (`-bnb-4bit`) load as bitsandbytes quantization (script_facts.prequantized) and fp8 / mxfp4
-# ones are dequantized by the frameworks that train them, so neither is read here.
-_PTQ_NAMES = ((re.compile(r"(?:^|[-_./])(gptq|awq|aqlm)(?:$|[-_./])", re.I), None),
-              (re.compile(r"[-_.]int[48](?:$|[-_./])", re.I), "gptq"),
-              (re.compile(r"(?:^|[-_./])w(?:4|8)a(?:8|16)(?:$|[-_./])", re.I), "compressed-tensors"))
-
-
-def ptq_method(model: str) -> str | None:
-    """The post-training quantization a checkpoint's name says it was saved with, or None."""
-    for pattern, method in _PTQ_NAMES:
-        found = pattern.search(model)
-        if found:
-            return method or found.group(1).lower()
-    return None
-
-
-def model_name_facts(draft: Draft, model: str, source: str) -> None:
-    """What the model's name or path says beyond its towers: a family whose activations overflow float16
-    (families.FP16_OVERFLOW; rule fp16-overflow), a checkpoint saved quantized after training (ptq_method), an
-    image-text model whose modules transformers 4.52 renamed (rule vllm-vlm-weight-names)."""
-    method = ptq_method(model)
-    if method is not None:
-        draft.set("ptq_checkpoint", method, f"{source} ({model}: a checkpoint saved {method}-quantized, by its name)")
-        where = source.split(" (")[0].split(": ", 1)[-1] or "the model path"
-        draft.flags.setdefault("ptq_checkpoint", f"{where} (the unquantized checkpoint)")
-    model_type = model_type_of(model)
-    if model_type:
-        draft.set("model_type", model_type, f"{source} ({model})")
-    moe_facts(draft, model_type, model, source, at_least)
-    renamed = VLM_RENAMED.get(model_type or "")
-    if renamed:
-        draft.set("vlm_renamed", renamed, f"{source} ({model}: transformers >= 4.52 names its modules "
-                                          "model.language_model / model.visual...)")
-    kind = fp16_overflow_name(model)
-    if kind is None and "$" in model:  # `checkpoints/$MODEL`: the family is in a variable the line does not show
-        draft.maybe("fp16_overflows", {True: "a family whose activations overflow float16 (T5, Gemma, ...)",
-                                       False: "a family that stays in float16's range"},
-                    f"{source}: the model is in {model}, not visible here")
-    elif kind is not None:
-        draft.set("fp16_overflows", True, f"{source} ({model}: the {kind} family overflows float16, "
-                                          f"{FP16_OVERFLOW[kind].source})")
 
 
 # What a config's file name says about it: `ds_config_zero3.json`, `zero_stage3_config.json`, `ds_z2_offload.json`,

@@ -15,7 +15,8 @@ import re
 from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, parse_bool, parse_flags, script_command
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
-from loraflow.frontends.common import Draft, at_least, finish_world, int_value, mitigated, model_name_facts
+from loraflow.frontends.common import Draft, at_least, finish_world, int_value, mitigated
+from loraflow.frontends.model_types import model_name_facts
 from loraflow.frontends.intent import infer
 from loraflow.frontends.table import (
     Default,

@@ -16,7 +16,8 @@ from typing import Any
 
 from loraflow.frontends import vision
 from loraflow.frontends.argv import Command
-from loraflow.frontends.common import Draft, as_bool, as_list, int_value, load_mapping, model_name_facts
+from loraflow.frontends.common import Draft, as_bool, as_list, int_value, load_mapping
+from loraflow.frontends.model_types import model_name_facts
 from loraflow.frontends.dotlist import Override, flatten, split_overrides
 from loraflow.frontends.table import Default, Field, apply_table, fact, fraction, rank, stage_of
 

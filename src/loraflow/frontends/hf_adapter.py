@@ -7,7 +7,8 @@ from __future__ import annotations
 from loraflow.frontends import liger, vision
 from loraflow.frontends import trl as trl_rel
 from loraflow.frontends.argv import Command
-from loraflow.frontends.common import Draft, as_list, embedding_targets, model_name_facts
+from loraflow.frontends.common import Draft, as_list, embedding_targets
+from loraflow.frontends.model_types import model_name_facts
 from loraflow.frontends.hf_options import Opt, Run, no_peft_flag, own_adapter, own_kbit_load
 from loraflow.frontends.intent import TOWER_MODULE
 from loraflow.frontends.table import parameter_targets

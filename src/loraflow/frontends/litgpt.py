@@ -24,7 +24,8 @@ from pathlib import Path
 from loraflow.errors import LoraflowError
 from loraflow.frontends.argv import Command, parse_flags, resolve_path, script_command
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, finish_world, load_mapping, model_name_facts
+from loraflow.frontends.common import Draft, finish_world, load_mapping
+from loraflow.frontends.model_types import model_name_facts
 
 NAME = "litgpt"
 SOURCE = "litgpt/finetune/{method}.py"

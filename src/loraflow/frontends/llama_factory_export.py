@@ -17,7 +17,8 @@ from typing import Any
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends import keys, load_runs, vision
-from loraflow.frontends.common import Draft, accessors, at_least, int_value, model_name_facts
+from loraflow.frontends.common import Draft, accessors, at_least, int_value
+from loraflow.frontends.model_types import model_name_facts
 
 TUNER = "src/llamafactory/train/tuner.py export_model"
 # Keys of an export beyond the training ones keys.LLAMA_FACTORY lists (src/llamafactory/hparams/model_args.py

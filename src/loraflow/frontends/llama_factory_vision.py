@@ -8,7 +8,8 @@ from typing import Any
 
 from loraflow.frontends import vision
 from loraflow.frontends.base import Mitigation
-from loraflow.frontends.common import Draft, accessors, as_list, at_least, mitigated, model_name_facts
+from loraflow.frontends.common import Draft, accessors, as_list, at_least, mitigated
+from loraflow.frontends.model_types import model_name_facts
 
 HP = "src/llamafactory/hparams"
 

@@ -36,7 +36,8 @@ from loraflow.errors import LoraflowError
 from loraflow.frontends.adapter_dtype import adapters_follow_base
 from loraflow.frontends.argv import Command, parse_flags, script_command
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, at_least, embedding_targets, finish_world, model_name_facts
+from loraflow.frontends.common import Draft, at_least, embedding_targets, finish_world
+from loraflow.frontends.model_types import model_name_facts
 from loraflow.frontends.llama_recipes_keys import CONFIG_KEYS, ERA_KEYS, OWN_FLAGS, SCRIPTS
 
 NAME = "llama-recipes"

@@ -1,10 +1,15 @@
-"""What a model's hub id or path says about its architecture: its config.model_type where the name makes it certain
-(PEFT's default LoRA targets are keyed by it, rule lora-no-default-targets), and whether transformers 4.52 renamed
-its modules (the image-text models whose weights older vLLM releases cannot place, rule vllm-vlm-weight-names)."""
+"""What a model's hub id or path says: its config.model_type where the name makes it certain (PEFT's default LoRA
+targets are keyed by it, rule lora-no-default-targets), whether transformers 4.52 renamed its modules (the image-text
+models whose weights older vLLM releases cannot place, rule vllm-vlm-weight-names), a checkpoint saved quantized, a
+family that overflows float16 - all set on a frontend's draft by model_name_facts, once for every frontend."""
 
 from __future__ import annotations
 
 import re
+
+from loraflow.families import FP16_OVERFLOW, fp16_overflow_name
+from loraflow.frontends.common import Draft, at_least
+from loraflow.frontends.moe_blocks import moe_facts
 
 # config.model_type of checkpoints whose type is certain from the id (the last part of a hub id or path); the first
 # pattern that matches decides, so the more specific ones (Qwen2.5-VL before Qwen2.5, a Qwen distill of DeepSeek-R1
@@ -61,3 +66,48 @@ def model_type_of(model: str) -> str | None:
         return None
     names = (name, _ORGS.sub("", name)) if _ORGS.match(name) else (name,)
     return next((t for n in names for t, rx in _MODEL_TYPES if rx.search(n)), None)
+
+
+# Checkpoints published already quantized after training, by the names their uploaders give them: `-GPTQ`, `-AWQ`,
+# `-AQLM`, Qwen's `-Int4` / `-Int8` (GPTQ), Neural Magic / Red Hat's compressed-tensors `w8a8`, `w4a16`, `w8a16`.
+# bitsandbytes uploads (`-bnb-4bit`) load as bitsandbytes quantization (script_facts.prequantized) and fp8 / mxfp4
+# ones are dequantized by the frameworks that train them, so neither is read here.
+_PTQ_NAMES = ((re.compile(r"(?:^|[-_./])(gptq|awq|aqlm)(?:$|[-_./])", re.I), None),
+              (re.compile(r"[-_.]int[48](?:$|[-_./])", re.I), "gptq"),
+              (re.compile(r"(?:^|[-_./])w(?:4|8)a(?:8|16)(?:$|[-_./])", re.I), "compressed-tensors"))
+
+
+def ptq_method(model: str) -> str | None:
+    """The post-training quantization a checkpoint's name says it was saved with, or None."""
+    for pattern, method in _PTQ_NAMES:
+        found = pattern.search(model)
+        if found:
+            return method or found.group(1).lower()
+    return None
+
+
+def model_name_facts(draft: Draft, model: str, source: str) -> None:
+    """What the model's name or path says beyond its towers: a family whose activations overflow float16
+    (families.FP16_OVERFLOW; rule fp16-overflow), a checkpoint saved quantized after training (ptq_method), an
+    image-text model whose modules transformers 4.52 renamed (rule vllm-vlm-weight-names)."""
+    method = ptq_method(model)
+    if method is not None:
+        draft.set("ptq_checkpoint", method, f"{source} ({model}: a checkpoint saved {method}-quantized, by its name)")
+        where = source.split(" (")[0].split(": ", 1)[-1] or "the model path"
+        draft.flags.setdefault("ptq_checkpoint", f"{where} (the unquantized checkpoint)")
+    model_type = model_type_of(model)
+    if model_type:
+        draft.set("model_type", model_type, f"{source} ({model})")
+    moe_facts(draft, model_type, model, source, at_least)
+    renamed = VLM_RENAMED.get(model_type or "")
+    if renamed:
+        draft.set("vlm_renamed", renamed, f"{source} ({model}: transformers >= 4.52 names its modules "
+                                          "model.language_model / model.visual...)")
+    kind = fp16_overflow_name(model)
+    if kind is None and "$" in model:  # `checkpoints/$MODEL`: the family is in a variable the line does not show
+        draft.maybe("fp16_overflows", {True: "a family whose activations overflow float16 (T5, Gemma, ...)",
+                                       False: "a family that stays in float16's range"},
+                    f"{source}: the model is in {model}, not visible here")
+    elif kind is not None:
+        draft.set("fp16_overflows", True, f"{source} ({model}: the {kind} family overflows float16, "
+                                          f"{FP16_OVERFLOW[kind].source})")

@@ -22,7 +22,8 @@ from typing import Any
 from loraflow.errors import LoraflowError
 from loraflow.frontends import keys, load_runs, vision
 from loraflow.frontends.argv import Command, parse_flags
-from loraflow.frontends.common import Draft, accessors, at_least, int_value, mitigated, model_name_facts
+from loraflow.frontends.common import Draft, accessors, at_least, int_value, mitigated
+from loraflow.frontends.model_types import model_name_facts
 from loraflow.frontends.ms_swift_vision import text_model_type
 
 SUBCOMMANDS = ("export", "merge-lora", "merge_lora", "infer", "deploy")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 from loraflow.frontends import vision
-from loraflow.frontends.common import Draft, as_list, at_least, model_name_facts
+from loraflow.frontends.common import Draft, as_list, at_least
+from loraflow.frontends.model_types import model_name_facts
 
 # Templates that ran the model's own modules while encoding a sample (data preprocessing, outside the engine's
 # forward) until ms-swift 2.3.1 moved that work into _post_encode, called from a forward pre-hook on the model

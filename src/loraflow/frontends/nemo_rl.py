@@ -23,7 +23,8 @@ from loraflow.frontends import nemo_rl_rollout
 from loraflow.frontends.argv import Command, parse_flags, split_command
 from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, as_bool, at_least, int_value, load_mapping, model_name_facts
+from loraflow.frontends.common import Draft, as_bool, at_least, int_value, load_mapping
+from loraflow.frontends.model_types import model_name_facts
 from loraflow.frontends.dotlist import Override, flatten, split_overrides
 
 NAME = "nemo-rl"

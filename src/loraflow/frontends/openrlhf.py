@@ -13,7 +13,8 @@ from loraflow.frontends import keys
 from loraflow.frontends.argv import Command, parse_flags, script_command
 from loraflow.frontends import moe_blocks
 from loraflow.frontends.base import Framework, FrontendResult, Mitigation
-from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, mitigated, model_name_facts
+from loraflow.frontends.common import Draft, as_bool, finish_world, int_value, mitigated
+from loraflow.frontends.model_types import model_name_facts
 from loraflow.frontends.kbit_facts import MOVE_4BIT_SINCE, move_refused
 from loraflow.frontends.table import (
     Default,

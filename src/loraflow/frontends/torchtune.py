@@ -27,7 +27,8 @@ from loraflow.frontends.argv import (
 )
 from loraflow.frontends.shell import command_from_script
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, load_mapping, model_name_facts
+from loraflow.frontends.common import Draft, as_bool, at_least, finish_world, load_mapping
+from loraflow.frontends.model_types import model_name_facts
 from loraflow.frontends.dotlist import flatten, split_overrides
 from loraflow.frontends.table import Field, apply_table, fact, stage_of, switch
 

@@ -27,8 +27,8 @@ from loraflow.frontends.common import (
     finish_world,
     int_value,
     load_mapping,
-    model_name_facts,
 )
+from loraflow.frontends.model_types import model_name_facts
 from loraflow.frontends.dotlist import Override, flatten, split_overrides
 from loraflow.frontends.hf_checkpointing import checkpoint_outside_shard
 from loraflow.frontends.intent import TOWER_MODULE

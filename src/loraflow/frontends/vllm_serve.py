@@ -22,7 +22,8 @@ from pathlib import Path
 from loraflow.errors import LoraflowError
 from loraflow.frontends.argv import Command, parse_bool, parse_flags, resolve_path, script_command
 from loraflow.frontends.base import Framework, FrontendResult
-from loraflow.frontends.common import Draft, finish_world, model_name_facts
+from loraflow.frontends.common import Draft, finish_world
+from loraflow.frontends.model_types import model_name_facts
 from loraflow.rules import all_rules
 
 NAME = "vllm"
