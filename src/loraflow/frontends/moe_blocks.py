@@ -1,7 +1,7 @@
 """Sparse mixture-of-experts blocks under ZeRO-3 (rule moe-zero3-expert-hang): which transformers releases run only
 the experts a micro-batch's tokens reach, and which frameworks register the block as a ZeRO-3 leaf module so it is
-gathered whole. Data and pure functions only (common.model_name_facts passes its version test in), so frontends of
-every framework read them alike."""
+gathered whole. Data and pure functions only (model_types.model_name_facts passes its version test in), so
+frontends of every framework read them alike."""
 
 from __future__ import annotations
 
