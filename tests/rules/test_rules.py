@@ -201,6 +201,9 @@ CASES = {
                      versions={"bitsandbytes": Version("0.48.2")}),
         BASE.replace(engine="fsdp1", world_size=2, optimizer_8bit=True, saves_optimizer_state=True,
                      versions={"bitsandbytes": Version("0.49.2")})),
+    "fp8-checkpoint-not-trainable": (
+        BASE.replace(fp8_checkpoint=True, accumulation_loop="hf-trainer", versions={"transformers": Version("5.21.1")}),
+        BASE.replace(fp8_checkpoint=True, accumulation_loop="hf-trainer", versions={"transformers": Version("5.22.0")})),
     "zero3-device-map-load": (
         ZERO3.replace(device_map_load="device_map"),
         ZERO3.replace(device_map_load="low_cpu_mem_usage", versions={"transformers": Version("4.51.0")})),

@@ -77,6 +77,13 @@ _PTQ_NAMES = ((re.compile(r"(?:^|[-_./])(gptq|awq|aqlm)(?:$|[-_./])", re.I), Non
               (re.compile(r"(?:^|[-_./])w(?:4|8)a(?:8|16)(?:$|[-_./])", re.I), "compressed-tensors"))
 
 
+# Checkpoints whose config.json declares FP8 weights (quant_method fp8): an `-FP8` upload (Qwen3-*-FP8, GLM-4.5-FP8,
+# unsloth's), and the releases that ship in FP8 only under their plain names: DeepSeek-V3 / V3.1 / V3.2 / R1 (not the
+# R1 distills, which are Qwen and Llama models in bf16), Kimi-K2, MiniMax-M2.
+_FP8_NAMES = re.compile(r"[-_.]fp8(?:$|[-_./])|^deepseek[-_](v3(\.\d)?|r1)(?:$|[-_](?!distill)(?!.*bf16))|"
+                        r"^kimi[-_]k2|^minimax[-_]m2", re.I)
+
+
 def ptq_method(model: str) -> str | None:
     """The post-training quantization a checkpoint's name says it was saved with, or None."""
     for pattern, method in _PTQ_NAMES:
@@ -95,6 +102,10 @@ def model_name_facts(draft: Draft, model: str, source: str) -> None:
         draft.set("ptq_checkpoint", method, f"{source} ({model}: a checkpoint saved {method}-quantized, by its name)")
         where = source.split(" (")[0].split(": ", 1)[-1] or "the model path"
         draft.flags.setdefault("ptq_checkpoint", f"{where} (the unquantized checkpoint)")
+    name = model.rstrip("/").rsplit("/", 1)[-1]
+    if _FP8_NAMES.search(name):
+        draft.set("fp8_checkpoint", True, f"{source} ({model}: a checkpoint shipped in FP8, config.json "
+                                          "quant_method fp8)")
     model_type = model_type_of(model)
     if model_type:
         draft.set("model_type", model_type, f"{source} ({model})")

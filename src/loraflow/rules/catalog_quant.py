@@ -307,3 +307,47 @@ register(Rule(
         tells_apart="the checkpoint was quantized after training (GPTQ, AWQ, compressed-tensors names; int32 or "
                     "int8 in FSDP's dtype refusal) and ZeRO-3 or FSDP shards it"),
 ))
+
+FP8_TRAINABLE = "5.22.0"
+"""transformers' FineGrainedFP8HfQuantizer.is_trainable turns True (quantizers/quantizer_finegrained_fp8.py of the
+5.21.1 and 5.22.0 wheels); before, the Trainer's validate_quantization_for_training refuses any adapter run on it."""
+
+
+register(Rule(
+    id="fp8-checkpoint-not-trainable",
+    title="Adapters trained on a checkpoint published in FP8",
+    verdict="error",
+    impact="crash",
+    conditions="a base checkpoint that ships FP8 weights (config.json quantization_config quant_method fp8: "
+               "DeepSeek-V3/R1, Kimi-K2, MiniMax-M2, `-FP8` uploads) trained with adapters through the HF Trainer "
+               "(TRL, Unsloth, LLaMA-Factory, axolotl) on transformers < 5.22",
+    knobs=("fp8_checkpoint",),
+    affected={"transformers": f"<{FP8_TRAINABLE}"},
+    when=lambda s: s.fp8_checkpoint and s.adapter != "full" and s.accumulation_loop == "hf-trainer",
+    cause=("The checkpoint's config names its quantization, so from_pretrained loads it through transformers' "
+           "fine-grained FP8 quantizer (FP8Linear modules) whatever torch_dtype asks. The Trainer checks at "
+           "construction that a quantized model's quantizer is trainable, adapters or not, and that quantizer said "
+           "it was not until transformers 5.22: `The model you are trying to fine-tune is quantized with "
+           "QuantizationMethod.FP8 but that quantization method do not support training`. Releases without the "
+           "FP8 quantizer refuse the config at load (`Unknown quantization type, got fp8`)."),
+    fix="loraflow loads its base unquantized or with bitsandbytes: start from the checkpoint's bf16 release.",
+    elsewhere="transformers >= 5.22; on 5.0 - 5.21 load with quantization_config=FineGrainedFP8Config(dequantize=True) "
+              "(bf16 weights); else the bf16 release of the model or a copy cast to bf16 offline (DeepSeek's "
+              "fp8_cast_bf16.py)",
+    references=("https://github.com/huggingface/transformers/issues/37927",
+                "https://github.com/huggingface/transformers/issues/41516",
+                "https://github.com/MiniMax-AI/MiniMax-M2/issues/48",
+                "https://github.com/huggingface/transformers/issues/46295",
+                "https://github.com/huggingface/transformers/issues/46736",
+                "https://github.com/hiyouga/LlamaFactory/issues/6777"),
+    fixed_in=f"transformers {FP8_TRAINABLE}",
+    log=LogSigns(
+        messages=(Message(r"The model you are trying to fine-tune is quantized with (QuantizationMethod\.)?FP8 but "
+                          r"that quantization method do not support training", "own",
+                          "transformers trainer.py Trainer.__init__ (trainer_utils.py validate_quantization_for_"
+                          "training in 5.x)"),
+                  Message(r"Unknown quantization type, got fp8", "own",
+                          "transformers quantizers/auto.py before its FP8 quantizer")),
+        prior=1.0,
+        tells_apart="the Trainer (or the loader) refuses the checkpoint's FP8 quantization"),
+))

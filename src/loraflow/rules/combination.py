@@ -183,6 +183,9 @@ class Combination:
     """The base checkpoint was saved quantized by a post-training method (gptq, awq, aqlm, compressed-tensors), whose
     integer weights load as they are (bitsandbytes quantization is `quantization`; fp8 and mxfp4 checkpoints that
     frameworks dequantize on load are neither)."""
+    fp8_checkpoint: bool = False
+    """The base checkpoint ships FP8 weights (config.json quantization_config quant_method fp8: DeepSeek-V3/R1,
+    Kimi-K2, MiniMax-M2, `-FP8` uploads), which transformers loads into FP8Linear modules whatever torch_dtype asks."""
     fp16_overflows: bool = False
     """The model's activations or gradients exceed float16's range (65504) in training: a family known to overflow
     in float16 (families.FP16_OVERFLOW: T5, Gemma 3/3n/4, gpt-oss, Qwen3.5, Qwen3-MoE, GLM-4 MoE)."""
