@@ -204,6 +204,9 @@ CASES = {
     "fp8-checkpoint-not-trainable": (
         BASE.replace(fp8_checkpoint=True, accumulation_loop="hf-trainer", versions={"transformers": Version("5.21.1")}),
         BASE.replace(fp8_checkpoint=True, accumulation_loop="hf-trainer", versions={"transformers": Version("5.22.0")})),
+    "fa2-right-padding-cache": (
+        BASE.replace(model_type="qwen2", flash_attention=True, versions={"transformers": Version("4.51.0")}),
+        BASE.replace(model_type="qwen2", flash_attention=True, versions={"transformers": Version("4.45.0")})),
     "zero3-device-map-load": (
         ZERO3.replace(device_map_load="device_map"),
         ZERO3.replace(device_map_load="low_cpu_mem_usage", versions={"transformers": Version("4.51.0")})),

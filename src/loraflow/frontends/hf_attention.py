@@ -22,6 +22,7 @@ def flash_fp32(draft: Draft, opts: dict[str, Opt]) -> None:
         asked = old.source
     else:
         return
+    draft.set("flash_attention", True, asked)
     if draft.get("precision") != "fp32":
         return  # autocast's dtype is what transformers casts the queries to
     dtype = opts.get("dtype") or opts.get("torch_dtype")

@@ -1,9 +1,12 @@
 """The rules of number formats: a model whose activations overflow float16, adapters whose dtype differs from the
-activations they multiply outside autocast, and FlashAttention given float32. (Pure bf16 and fp16 storage of trained
+activations they multiply outside autocast, and what FlashAttention refuses (float32 inputs, a right-padded batch
+with the KV cache on). (Pure bf16 and fp16 storage of trained
 weights are in catalog.py: bf16-lost-updates, fp16-trainable-unscale; DeepSpeed's bf16 master weights in
 catalog_sharded.py.)"""
 
 from __future__ import annotations
+
+from packaging.version import Version
 
 from loraflow.rules.combination import Combination
 from loraflow.rules.rule import Rule, older, register
@@ -202,4 +205,63 @@ register(Rule(
                 "https://github.com/deepspeedai/DeepSpeed/blob/v0.19.1/deepspeed/runtime/fp16/unfused_optimizer.py "
                 "(every parameter of the group gets an fp32 copy)"),
     fixed_in="deepspeed 0.19.1",
+))
+
+# model_type -> the transformers releases ([first, first without), ...) whose FlashAttention-2 branch refuses a
+# right-padded batch while the KV cache is on, read from the modeling files of the 4.36 - 4.53 wheels: Mistral's
+# check from 4.36; Qwen2 and Mixtral from 4.37, Phi-3, Starcoder2 and Qwen2-MoE from 4.41 until 4.42 moved them to
+# Llama's mask and 4.49 brought the check back with Qwen2-VL (4.48), Qwen2.5-VL and, in 4.52, Qwen3; 4.53's
+# masking_utils dropped it everywhere.
+FA2_RIGHT_PAD = {"mistral": (("4.36.0", "4.53.0"),),
+                 **{t: (("4.37.0", "4.42.0"), ("4.49.0", "4.53.0")) for t in ("qwen2", "mixtral")},
+                 **{t: (("4.41.0", "4.42.0"), ("4.49.0", "4.53.0")) for t in ("phi3", "starcoder2", "qwen2_moe")},
+                 "qwen2_vl": (("4.48.0", "4.53.0"),), "qwen2_5_vl": (("4.49.0", "4.53.0"),),
+                 **{t: (("4.52.0", "4.53.0"),) for t in ("qwen3", "qwen3_moe")}}
+
+
+def _fa2_pad_checked(s: Combination) -> bool:
+    windows = FA2_RIGHT_PAD.get(s.model_type or "")
+    if windows is None:
+        return False
+    installed = s.version("transformers")
+    return installed is None or any(Version(a) <= installed < Version(b) for a, b in windows)
+
+
+register(Rule(
+    id="fa2-right-padding-cache",
+    title="FlashAttention-2 refuses a right-padded batch while the KV cache is on",
+    verdict="fix",
+    impact="crash",
+    conditions="FlashAttention-2 on a Mistral-style model of transformers 4.36 - 4.52 (Mistral, Mixtral, Qwen2, "
+               "Qwen2-MoE, Qwen2/2.5-VL, Phi-3, Starcoder2, Qwen3; each in the releases that have the check) and a "
+               "forward with the KV cache on over right-padded rows: training without checkpointing with "
+               "config.use_cache true (evaluation and reference or old-policy log-prob passes that keep the cache "
+               "fail the same way)",
+    knobs=("use_cache", "flash_attention"),
+    affected={"transformers": ">=4.36.0,<4.53.0"},
+    boundaries={"transformers": tuple(sorted({v for w in FA2_RIGHT_PAD.values() for r in w for v in r},
+                                             key=Version))},
+    when=lambda s: s.flash_attention and s.use_cache and s.checkpointing == "off" and _fa2_pad_checked(s),
+    cause=("These models' FlashAttention-2 branch guards generation: with the cache on, a batch whose last column is "
+           "padding would put the next token after the pads, so it raises `You are attempting to perform batched "
+           "generation with padding_side='right'`. The guard looks at the cache, not at generation, and "
+           "config.use_cache is true by default; checkpointing turns it off only in train mode. Training collators "
+           "pad on the right, so the first forward that keeps the cache (training without checkpointing, an "
+           "evaluation, a reference model's log-probs) stops. transformers 4.53 dropped the guard."),
+    fix="loraflow runs every training and scoring forward with use_cache=False.",
+    remedy=lambda s: {"use_cache": False},
+    elsewhere="model.config.use_cache = False after loading (TRL: model_init_kwargs={'use_cache': False}; "
+              "--use_cache false), or attn_implementation='sdpa', or transformers >= 4.53; left padding helps only "
+              "where the collator honours it",
+    references=("https://github.com/huggingface/trl/issues/1018", "https://github.com/huggingface/trl/issues/1217",
+                "https://github.com/huggingface/trl/issues/1477", "https://github.com/huggingface/trl/issues/3306",
+                "https://github.com/huggingface/trl/issues/3034",
+                "https://github.com/brendanhogan/DeepSeekRL-Extended/issues/4",
+                "https://github.com/dhcode-cpp/X-R1/issues/63"),
+    fixed_in="transformers 4.53.0",
+    log=LogSigns(
+        messages=(Message(r"You are attempting to perform batched generation with padding_side='right'", "own",
+                          "transformers models/mistral (qwen2, ...) FlashAttention-2 branch, 4.36 - 4.52"),),
+        prior=1.0,
+        tells_apart="the FlashAttention-2 branch refuses a right-padded batch with the KV cache on"),
 ))

@@ -209,6 +209,8 @@ class Combination:
     """An adapter layer on the output head: lm_head named in the target modules (all-linear leaves it out)."""
     liger_fused_ce: bool = False
     """Liger's fused linear cross entropy computes the training loss from lm_head.weight, without calling lm_head."""
+    flash_attention: bool = False
+    """The model's attention runs transformers' FlashAttention path (attn_implementation flash_attention_2/3)."""
     flash_attn_fp32: bool = False
     """FlashAttention asked for (attn_implementation flash_attention_2) with float32 weights and no bf16/fp16 mixed
     precision: transformers finds no half dtype to cast the queries to (frontends/hf_attention.py)."""
