@@ -207,6 +207,9 @@ CASES = {
     "fa2-right-padding-cache": (
         BASE.replace(model_type="qwen2", flash_attention=True, versions={"transformers": Version("4.51.0")}),
         BASE.replace(model_type="qwen2", flash_attention=True, versions={"transformers": Version("4.45.0")})),
+    "remote-code-old-gc-hook": (
+        BASE.replace(model_type="chatglm", checkpointing="all", versions={"transformers": Version("4.35.2")}),
+        BASE.replace(model_type="chatglm", checkpointing="all", versions={"transformers": Version("4.36.0")})),
     "zero3-device-map-load": (
         ZERO3.replace(device_map_load="device_map"),
         ZERO3.replace(device_map_load="low_cpu_mem_usage", versions={"transformers": Version("4.51.0")})),

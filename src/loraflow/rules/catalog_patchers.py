@@ -1,5 +1,6 @@
-"""The rules of kernel patchers: libraries that replace a model's modules or its trainer's code with their own
-kernels (Unsloth) and so change what the rest of the stack may assume."""
+"""The rules of code that replaces what transformers would run: kernel patchers, libraries that swap a model's modules
+or its trainer's code for their own kernels (Unsloth), and a Hub model's own modeling code (trust_remote_code), written
+against the transformers of its day; either changes what the rest of the stack may assume."""
 
 from __future__ import annotations
 
@@ -116,4 +117,50 @@ register(Rule(
     references=("https://github.com/huggingface/trl/issues/4612", "https://github.com/huggingface/trl/pull/5977",
                 "https://github.com/huggingface/transformers/issues/34016"),
     fixed_in="not fixed in liger-kernel (0.8.5); TRL refuses it (GRPO 1.7.0, SFT 1.15.0)",
+))
+
+OLD_GC_HOOK_FALLBACK = "4.36.0"
+"""transformers' gradient_checkpointing_enable calls a model's own _set_gradient_checkpointing(module, value) the old
+way again when its signature has `value` (PR #27610, modeling_utils.py of the 4.35.2 and 4.36.0 wheels)."""
+# Hub models whose remote code overrides _set_gradient_checkpointing(self, module, value=False): Qwen (Qwen-7B/14B,
+# Qwen-VL), ChatGLM2/3, Baichuan / Baichuan2, InternLM (v1). None of them has native support in 4.35.
+OLD_GC_HOOK_MODELS = ("qwen", "chatglm", "baichuan", "internlm")
+
+
+register(Rule(
+    id="remote-code-old-gc-hook",
+    title="transformers 4.35 calls a remote-code model's checkpointing hook with a keyword it does not take",
+    verdict="fix",
+    impact="crash",
+    conditions="activation checkpointing on a model run from its own Hub code (trust_remote_code: Qwen-1, "
+               "ChatGLM2/3, Baichuan, InternLM v1) with transformers 4.35.x",
+    knobs=("checkpointing",),
+    affected={"transformers": f">=4.35.0,<{OLD_GC_HOOK_FALLBACK}"},
+    when=lambda s: s.checkpointing != "off" and s.model_type in OLD_GC_HOOK_MODELS,
+    cause=("Before 4.35 gradient_checkpointing_enable applied the model's _set_gradient_checkpointing(module, "
+           "value=True) to every module, and the Hub code of these models overrides that hook with that signature. "
+           "transformers 4.35 refactored checkpointing and calls the hook as _set_gradient_checkpointing(enable=True, "
+           "gradient_checkpointing_func=...), which the old override does not accept, so the Trainer (or PEFT's "
+           "prepare_model_for_kbit_training) stops before the first step: `_set_gradient_checkpointing() got an "
+           "unexpected keyword argument 'enable'`. 4.36 calls the old signature again."),
+    fix="loraflow requires transformers >= 5.6, which calls an old-style hook the old way (its fallback since 4.36).",
+    remedy=lambda s: {"checkpointing": "off"},
+    elsewhere="transformers >= 4.36 (or <= 4.34), a model revision whose code drops the override, or checkpointing "
+              "off",
+    references=("https://github.com/huggingface/transformers/issues/27596",
+                "https://github.com/huggingface/transformers/pull/27610", "https://github.com/QwenLM/Qwen/issues/661",
+                "https://github.com/axolotl-ai-cloud/axolotl/issues/895",
+                "https://github.com/modelscope/ms-swift/issues/142",
+                "https://github.com/hiyouga/LlamaFactory/issues/1391",
+                "https://github.com/datawhalechina/self-llm/issues/34"),
+    fixed_in=f"transformers {OLD_GC_HOOK_FALLBACK}",
+    log=LogSigns(
+        messages=(Message(r"_set_gradient_checkpointing\(\) got an unexpected keyword argument 'enable'", "own",
+                          "transformers modeling_utils.py gradient_checkpointing_enable (4.35) into a remote-code "
+                          "override"),),
+        # diffusers' own models met the same refactor in their code, another fix (not this rule's)
+        evidence=(Evidence("diffusers", -6, "diffusers' models are in the traceback, not a Hub model's remote code",
+                           excludes=True),),
+        prior=1.0,
+        tells_apart="the remote-code model's old checkpointing hook is called with the new keyword"),
 ))

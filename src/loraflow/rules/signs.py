@@ -111,6 +111,7 @@ FACTS: dict[str, tuple[str, str]] = {
                 r"with name \S*\.lora_[AB]\.(?!weight\b|bias\b)\w+\s+has been marked",
                 "AdaLoRA is in use (its config, or a parameter named as its ParameterDicts name them)"),
     "unsloth": (r"\bunsloth\b|use_unsloth", "Unsloth loads and patches the model"),
+    "diffusers": (r"diffusers[/\\.](models|pipelines|training_utils)", "diffusers' code is in the traceback"),
     "fsdp_optim_state": (r"fsdp[/\\.]_optim_utils|save_fsdp_optimizer|full_optim_state_dict|\boptim_state_dict\(",
                          "FSDP gathers or re-shards the optimizer's state (a checkpoint save)"),
     "bnb_8bit_optim": (r"\b(paged_)?(adamw_bnb_8bit|adamw_8bit|lion_8bit|ademamix_8bit)\b|\b(Paged)?(AdamW|Adam|Lion)8bit\b|"
