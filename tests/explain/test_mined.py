@@ -82,6 +82,10 @@ def test_the_second_round_of_rules_names_its_threads_first():
 # The same threads' posted output, copied verbatim (the thread is the source), so the signatures are pinned here even
 # if the sample's records are re-mined.
 POSTED = [
+    # NaN gradients alone have many causes; Gemma 3's modules in the same lines name a family that overflows fp16.
+    ("https://github.com/unslothai/unsloth/issues/2040",
+     "NaN gradient detected in Linear4bit's input gradient \nNaN gradient detected in Gemma3MLP's input gradient \n"
+     "NaN gradient detected in Gemma3RMSNorm's input gradient ", "fp16-overflow", "confirmed"),
     ("https://github.com/deepspeedai/DeepSpeedExamples/issues/418",
      "Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.",
      "fp16-overflow", "confirmed"),
@@ -246,3 +250,13 @@ def test_a_framework_s_notice_that_it_prevented_the_ddp_conflict_is_not_the_fail
                    "Gemma4 requires use_reentrant=False for gradient checkpointing in distributed training. Setting "
                    "use_reentrant=False.\nGemma4 requires ddp_find_unused_parameters=True for DDP. Auto-enabling."):
         assert diagnose_log(notice)[1] == []
+
+
+def test_nan_losses_alone_name_no_rule():
+    """A NaN loss or gradient norm, with neither float16 nor an overflowing family in the lines, has too many causes
+    (a learning rate, bad data) to name one."""
+    from loraflow.explain import diagnose_log
+
+    for text in ("{'loss': nan, 'grad_norm': nan, 'learning_rate': 0.0002, 'epoch': 0.09}",
+                 "NaN gradient detected in LlamaMLP's input gradient"):
+        assert diagnose_log(text)[1] == [], text

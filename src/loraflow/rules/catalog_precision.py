@@ -51,8 +51,14 @@ register(Rule(
                           r"(reducing )?to\b", "warning",
                           "deepspeed fused_optimizer / loss_scaler: the dynamic loss scale fell to 8 or below"),
                   Message(r"probability tensor contains either `?inf`?, `?nan`? or element < 0", "generic",
-                          "torch.multinomial in generate()'s sampling, on logits that overflowed")),
-        evidence=(Evidence("fp16", 3, "float16 is in use"),
+                          "torch.multinomial in generate()'s sampling, on logits that overflowed"),
+                  # NaN losses or gradients: many causes print them; only with float16 or a family that overflows
+                  # it in the log do they point here.
+                  Message(r"NaN gradient detected|'(loss|grad_norm)': nan\b|\b(loss|grad[-_ ]norm)( is|:|=) ?nan\b",
+                          "generic", "the training loop's loss / gradient-norm report, or a NaN-gradient hook")),
+        evidence=(Evidence("fp16", 3, "float16 is in use", decisive=True),
+                  Evidence("fp16_overflow_family", 2, "a family whose activations overflow float16 is in use",
+                           decisive=True),
                   Evidence("grad_scaler", 1, "a loss scaler is in use")),
         prior=1.0,
         tells_apart="DeepSpeed's loss scale at its floor, or falling to single digits, in an fp16 run: every step "

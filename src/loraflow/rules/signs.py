@@ -111,6 +111,12 @@ FACTS: dict[str, tuple[str, str]] = {
                 r"with name \S*\.lora_[AB]\.(?!weight\b|bias\b)\w+\s+has been marked",
                 "AdaLoRA is in use (its config, or a parameter named as its ParameterDicts name them)"),
     "unsloth": (r"\bunsloth\b|use_unsloth", "Unsloth loads and patches the model"),
+    # A family whose activations overflow float16, by its modules' class names in a traceback or hook message
+    # (Gemma3MLP, Gemma3RMSNorm, T5LayerFF, GptOssMLP) or its model id (families.FP16_OVERFLOW).
+    "fp16_overflow_family": (r"\b(Gemma3|Gemma4|Gemma3n|T5|MT5|UMT5|GptOss|Qwen3_5)(MLP|RMSNorm|DecoderLayer|Attention|"
+                             r"Block|Layer\w*|Model|ForCausalLM|ForConditionalGeneration)\b|gemma[-_.]?3(?!\d*b)|"
+                             r"gemma[-_.]?4|gpt[-_.]?oss|flan[-_.]?t5|\bt5[-_.](small|base|large|3b|11b|v1)",
+                             "a model family whose activations overflow float16 (Gemma 3/4, T5, gpt-oss)"),
     "diffusers": (r"diffusers[/\\.](models|pipelines|training_utils)", "diffusers' code is in the traceback"),
     "fsdp_optim_state": (r"fsdp[/\\.]_optim_utils|save_fsdp_optimizer|full_optim_state_dict|\boptim_state_dict\(",
                          "FSDP gathers or re-shards the optimizer's state (a checkpoint save)"),
