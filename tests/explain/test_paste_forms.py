@@ -95,3 +95,13 @@ def test_a_launchers_tail_says_nothing_of_training_and_prefixes_do_not_hide_a_cu
     assert "training" not in read_facts(diagnose_log(mmdet + tail, None)[0]).names
     cut = "2024-05-01 12:00:34,123 - RuntimeError: Expected to have finished reductio"
     assert _top(cut) == _top("RuntimeError: Expected to have finished reductio") != None  # noqa: E711
+
+
+def test_a_two_line_log_kept_in_a_json_string_is_read_as_two_lines():
+    """A log copied out of a JSON field keeps its line breaks as `\\n`: with two lines there are only two of them,
+    and nothing else on the paste breaks a line (benchmarks/paste_robustness.py's literal-\\n form)."""
+    pair = ("saved metadata: {'shape': torch.Size([2, 4096, 32, 128]), 'dtype': torch.bfloat16}\n"
+            "recomputed metadata: {'shape': torch.Size([2, 8192, 32, 128]), 'dtype': torch.bfloat16}\n")
+    assert _top(pair.replace("\n", "\\n")) == _top(pair) == ("cache-during-recompute", "confirmed")
+    # a one-line error whose message holds a `\n` of its own is split too, and still names nothing
+    assert _top(r"ValueError: bad template 'user\n{}' in --input_template") is None

@@ -193,7 +193,10 @@ def _unglue(lines: list[str]) -> list[str]:
 def view(text: str) -> LogView:
     """The last MAX_LINES lines of the log, each cut to MAX_LINE_CHARS: failures end a log, and the cap keeps a 100 MB
     training log or a megabyte-long line from making the regular expressions crawl."""
-    if text.count("\n") < 3 and text.count("\\n") >= 3:  # a log kept in a JSON string: its newlines are `\n`
+    # A log kept in a JSON string: its newlines are `\n` (three or more; or any, on a paste with no line break at all,
+    # as a two-line error kept so is)
+    escaped = text.count("\\n")
+    if text.count("\n") < 3 and (escaped >= 3 or (escaped and "\n" not in text.strip())):
         text = text.replace("\\r\\n", "\n").replace("\\n", "\n").replace("\\t", "    ").replace('\\"', '"')
     lines = [_ANSI.sub("", line)[:MAX_LINE_CHARS] for line in _unglue(text.splitlines())[-MAX_LINES:]]
     if _ENTITY.search(text):  # copied from a page's source: `&#39;` and `&gt;` stand for the characters printed
