@@ -258,5 +258,10 @@ def test_nan_losses_alone_name_no_rule():
     from loraflow.explain import diagnose_log
 
     for text in ("{'loss': nan, 'grad_norm': nan, 'learning_rate': 0.0002, 'epoch': 0.09}",
-                 "NaN gradient detected in LlamaMLP's input gradient"):
+                 "NaN gradient detected in LlamaMLP's input gradient",
+                 # a TrainingArguments dump names fp16 while switching it off; a bf16 run of Gemma 3 is in range
+                 "TrainingArguments(bf16=True, fp16=False, output_dir=out)\n{'loss': 2.1, 'grad_norm': nan}",
+                 "fp16=False\n{'loss': nan}",
+                 "model_name_or_path: google/gemma-3-4b-it\nbf16=True\n{'loss': nan}"):
         assert diagnose_log(text)[1] == [], text
+    assert diagnose_log("fp16=True\n{'loss': nan, 'grad_norm': nan}")[1][0].rule.id == "fp16-overflow"

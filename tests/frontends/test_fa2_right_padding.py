@@ -23,6 +23,8 @@ LINE = ("python finetune.py --model_name_or_path {model} --attn_implementation f
     ("Qwen/Qwen2.5-7B", "4.51.3", "--gradient_checkpointing", False),  # off in train mode under checkpointing
     ("Qwen/Qwen2.5-7B", "4.51.3", "--use_cache false", False),
     ("meta-llama/Llama-3.1-8B", "4.51.3", "", False),  # Llama never had it
+    ("Qwen/Qwen2.5-7B", "4.51.3", "--per_device_train_batch_size 1", False),  # one row: no padded last column
+    ("Qwen/Qwen2.5-7B", "4.51.3", "--per_device_train_batch_size 4", True),
 ])
 def test_the_model_the_release_and_the_cache_decide(tmp_path, monkeypatch, model, transformers, more, holds):
     found = launch_findings(tmp_path, monkeypatch, LINE.format(model=model, more=more), f"transformers={transformers}")

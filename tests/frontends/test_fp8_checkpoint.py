@@ -20,6 +20,11 @@ TRL = "trl sft --model_name_or_path {model} --dataset_name d --use_peft --lora_t
     ("moonshotai/Kimi-K2-Instruct", "5.9.0", True),
     ("Qwen/Qwen3-8B-FP8", "5.22.0", False),  # the quantizer is trainable from 5.22
     ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "4.57.1", False),  # a bf16 Qwen model
+    ("deepseek-ai/DeepSeek-R1-0528-Qwen3-8B", "4.57.1", False),  # R1 distilled onto Qwen3: bf16
+    ("unsloth/DeepSeek-R1-GGUF", "4.57.1", False),
+    ("RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8", "4.57.1", False),  # compressed-tensors, not quant_method fp8
+    ("Qwen/Qwen3-8B-FP8-dynamic", "4.57.1", False),
+    ("moonshotai/Kimi-K2-Thinking", "4.57.1", False),  # INT4
     ("Qwen/Qwen3-8B", "4.57.1", False),
 ])
 def test_the_checkpoint_and_the_release_decide(tmp_path, monkeypatch, model, transformers, holds):

@@ -50,6 +50,29 @@ def test_the_load_and_the_stage_decide(tmp_path, monkeypatch, load, stage, trans
         assert report["exit_code"] == 2 and "device_map" in report["flags"]["device_map_load"]
 
 
+def test_a_load_before_the_script_configures_zero3_is_not_refused(tmp_path, monkeypatch):
+    """transformers refuses only while an HfDeepSpeedConfig / TrainingArguments(deepspeed=...) exists: a script that
+    loads first and configures ZeRO-3 after is not refused (its model is then built whole)."""
+    late = SCRIPT.format(ds="ds.json", load=", device_map={'': 0}").splitlines()
+    late = "\n".join([late[0], *late[1:4], late[5], late[4], *late[6:]])  # the load above TrainingArguments
+    assert late.index("from_pretrained") < late.index("TrainingArguments(")
+    report = check(tmp_path, monkeypatch, late, argv=LAUNCH, files={"ds.json": json.dumps(DS)})
+    assert RULE not in rules(report), rules(report)
+
+
+def test_arguments_parsed_from_the_launch_configure_zero3_before_any_load(tmp_path, monkeypatch):
+    script = """
+        import torch
+        from transformers import AutoModelForCausalLM, HfArgumentParser, Trainer, TrainingArguments
+        (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+        model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf", device_map="auto")
+        Trainer(model=model, args=args, train_dataset=data).train()
+    """
+    argv = LAUNCH + ["--deepspeed", "ds.json", "--output_dir", "out"]
+    report = check(tmp_path, monkeypatch, script, argv=argv, files={"ds.json": json.dumps(DS)})
+    assert RULE in rules(report), rules(report)
+
+
 def test_the_examples_low_cpu_mem_usage_flag(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ds.json").write_text(json.dumps(DS))

@@ -202,8 +202,10 @@ CASES = {
         BASE.replace(engine="fsdp1", world_size=2, optimizer_8bit=True, saves_optimizer_state=True,
                      versions={"bitsandbytes": Version("0.49.2")})),
     "fp8-checkpoint-not-trainable": (
-        BASE.replace(fp8_checkpoint=True, accumulation_loop="hf-trainer", versions={"transformers": Version("5.21.1")}),
-        BASE.replace(fp8_checkpoint=True, accumulation_loop="hf-trainer", versions={"transformers": Version("5.22.0")})),
+        BASE.replace(fp8_checkpoint=True, accumulation_loop="hf-trainer",
+                     versions={"transformers": Version("5.21.1")}),
+        BASE.replace(fp8_checkpoint=True, accumulation_loop="hf-trainer",
+                     versions={"transformers": Version("5.22.0")})),
     "fa2-right-padding-cache": (
         BASE.replace(model_type="qwen2", flash_attention=True, versions={"transformers": Version("4.51.0")}),
         BASE.replace(model_type="qwen2", flash_attention=True, versions={"transformers": Version("4.45.0")})),

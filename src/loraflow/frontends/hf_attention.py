@@ -23,6 +23,9 @@ def flash_fp32(draft: Draft, opts: dict[str, Opt]) -> None:
     else:
         return
     draft.set("flash_attention", True, asked)
+    rows = opts.get("per_device_train_batch_size")
+    if rows is not None and str(rows.value).strip() == "1":  # one row: nothing to pad it to
+        draft.set("padded_rows", False, f"{rows.source} (one row per micro-batch)")
     if draft.get("precision") != "fp32":
         return  # autocast's dtype is what transformers casts the queries to
     dtype = opts.get("dtype") or opts.get("torch_dtype")

@@ -70,18 +70,31 @@ def model_type_of(model: str) -> str | None:
 
 # Checkpoints published already quantized after training, by the names their uploaders give them: `-GPTQ`, `-AWQ`,
 # `-AQLM`, Qwen's `-Int4` / `-Int8` (GPTQ), Neural Magic / Red Hat's compressed-tensors `w8a8`, `w4a16`, `w8a16`.
-# bitsandbytes uploads (`-bnb-4bit`) load as bitsandbytes quantization (script_facts.prequantized) and fp8 / mxfp4
-# ones are dequantized by the frameworks that train them, so neither is read here.
+# bitsandbytes uploads (`-bnb-4bit`) load as bitsandbytes quantization (script_facts.prequantized), fine-grained FP8
+# ones are fp8_checkpoint (below) and mxfp4 ones are dequantized where no kernel runs them: none is read here.
 _PTQ_NAMES = ((re.compile(r"(?:^|[-_./])(gptq|awq|aqlm)(?:$|[-_./])", re.I), None),
               (re.compile(r"[-_.]int[48](?:$|[-_./])", re.I), "gptq"),
               (re.compile(r"(?:^|[-_./])w(?:4|8)a(?:8|16)(?:$|[-_./])", re.I), "compressed-tensors"))
 
 
-# Checkpoints whose config.json declares FP8 weights (quant_method fp8): an `-FP8` upload (Qwen3-*-FP8, GLM-4.5-FP8,
-# unsloth's), and the releases that ship in FP8 only under their plain names: DeepSeek-V3 / V3.1 / V3.2 / R1 (not the
-# R1 distills, which are Qwen and Llama models in bf16), Kimi-K2, MiniMax-M2.
-_FP8_NAMES = re.compile(r"[-_.]fp8(?:$|[-_./])|^deepseek[-_](v3(\.\d)?|r1)(?:$|[-_](?!distill)(?!.*bf16))|"
-                        r"^kimi[-_]k2|^minimax[-_]m2", re.I)
+# Checkpoints whose config.json declares fine-grained FP8 weights (quant_method fp8): an `-FP8` upload (Qwen3-*-FP8,
+# GLM-4.5-FP8, unsloth's) and the releases shipped in FP8 under their plain names: DeepSeek-V3 / V3.1 / V3.2 / R1,
+# Kimi-K2 (not -Thinking, INT4), MiniMax-M2. Not: Neural Magic / Red Hat's `-FP8` and `-FP8-dynamic` uploads
+# (compressed-tensors, a quantizer of its own), a name that says another format or a derived model (a distill onto
+# Qwen or Llama, an AWQ/GGUF/bf16 copy, a LoRA output folder).
+_FP8_SUFFIX = re.compile(r"[-_.]fp8(?:$|[-_./])(?![-_]?dynamic)", re.I)
+_FP8_PLAIN = re.compile(r"^deepseek[-_](v3(\.\d)?|r1)(?:$|[-_])|^kimi[-_]k2(?![-_]thinking)|^minimax[-_]m2", re.I)
+_NOT_FP8 = re.compile(r"awq|gguf|gptq|bf16|bnb|int[48]|[48]bit|lora|exl2|mlx|[-_]out(put)?$", re.I)
+_DERIVED = re.compile(r"distill|qwen|llama", re.I)  # a DeepSeek-R1 distilled onto another family's bf16 model
+_COMPRESSED_ORGS = re.compile(r"^(neuralmagic|redhatai|nm-testing)/", re.I)
+
+
+def fp8_checkpoint(model: str) -> bool:
+    """Whether a hub id or path names a checkpoint shipped in fine-grained FP8 (config.json quant_method fp8)."""
+    name = model.rstrip("/").rsplit("/", 1)[-1]
+    if _NOT_FP8.search(name) or _COMPRESSED_ORGS.search(model.strip()):
+        return False
+    return bool(_FP8_SUFFIX.search(name) or (_FP8_PLAIN.search(name) and not _DERIVED.search(name)))
 
 
 def ptq_method(model: str) -> str | None:
@@ -102,8 +115,7 @@ def model_name_facts(draft: Draft, model: str, source: str) -> None:
         draft.set("ptq_checkpoint", method, f"{source} ({model}: a checkpoint saved {method}-quantized, by its name)")
         where = source.split(" (")[0].split(": ", 1)[-1] or "the model path"
         draft.flags.setdefault("ptq_checkpoint", f"{where} (the unquantized checkpoint)")
-    name = model.rstrip("/").rsplit("/", 1)[-1]
-    if _FP8_NAMES.search(name):
+    if fp8_checkpoint(model):
         draft.set("fp8_checkpoint", True, f"{source} ({model}: a checkpoint shipped in FP8, config.json "
                                           "quant_method fp8)")
     model_type = model_type_of(model)

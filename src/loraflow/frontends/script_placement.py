@@ -11,6 +11,7 @@ from loraflow.frontends.script_code import Call
 from loraflow.frontends.script_dicts import computed, fixed_device
 from loraflow.frontends.script_facts import kind
 from loraflow.frontends.script_lineage import bits_of
+from loraflow.frontends.script_zero_init import _marker
 
 SPREADS = ("auto", "balanced", "balanced_low_0")
 """The device_map strings that spread a model over every GPU its process sees (transformers passes them to
@@ -68,10 +69,18 @@ def _spread(draft: Draft, script) -> None:
 
 def _big_model_load(draft: Draft, script) -> None:
     """A load given a device_map or low_cpu_mem_usage=True (accelerate's big-model placement), which transformers
-    refuses under ZeRO-3. A computed device_map (`None if is_deepspeed_zero3_enabled() else ...`, a variable the code
-    sets) is not read: it is how scripts keep the map out of ZeRO-3 launches."""
+    refuses while ZeRO-3 is configured: not a load the code runs before its own TrainingArguments(deepspeed=...) or
+    HfDeepSpeedConfig exists (script_zero_init._marker). A computed device_map (`None if
+    is_deepspeed_zero3_enabled() else ...`, a variable the code sets) is not read: it is how scripts keep the map out
+    of ZeRO-3 launches."""
+    code = script.code
+    own_config = any((kind(c, code) == "zero_init") or (kind(c, code) == "args" and "deepspeed" in c.kwargs)
+                     for c in code.calls)
     for load in script.facts.loads:
-        if not isinstance(load, Call) or kind(load, script.code) != "load":
+        if not isinstance(load, Call) or kind(load, code) != "load":
+            continue
+        if own_config and _marker(script.code, load) is False:
+            # the script configures ZeRO-3 itself, after this load: transformers sees no ZeRO-3 while it loads
             continue
         where = load.kwargs.get("device_map")
         if (where is not None and not computed(where)) or (isinstance(where, dict) and where):

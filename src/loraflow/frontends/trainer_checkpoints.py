@@ -11,6 +11,7 @@ from typing import Any
 
 from loraflow.errors import LoraflowError
 from loraflow.frontends.common import Draft, as_bool, at_least
+from loraflow.rules.signs import BNB_8BIT_OPTIMIZERS
 
 TRAINER_FSDP2_DEFAULT = "5.10.0"
 """TrainingArguments' `--fsdp` builds FSDP2 (fsdp_config version 2) with state_dict_type FULL_STATE_DICT unless the
@@ -21,9 +22,7 @@ PEFT_EXCLUDES_FROZEN = "4.37.0"
 """Trainer._save_optimizer_and_scheduler passes exclude_frozen_parameters=True to DeepSpeed's save_checkpoint for a
 PeftModel (transformers PR #27825); 4.37 still resumed with load_module_strict=True (fixed in 4.38, PR #28746)."""
 
-# The HF Trainer's bitsandbytes 8-bit optimizers (transformers training_args.py OptimizerNames; axolotl's and
-# LLaMA-Factory's optimizer keys take the same names). torchao's adamw_torch_8bit / _4bit are not bitsandbytes'.
-_BNB_8BIT = re.compile(r"(paged_)?(adamw_bnb_8bit|adamw_8bit|adam_8bit|lion_8bit|ademamix_8bit|rmsprop_bnb_8bit)")
+_BNB_8BIT = re.compile(BNB_8BIT_OPTIMIZERS)
 
 # accelerate's StateDictType by name or by number (FULL_STATE_DICT = 1, LOCAL_STATE_DICT = 2, SHARDED_STATE_DICT = 3);
 # a local state dict is per rank like a sharded one.

@@ -95,20 +95,27 @@ def _adapter_paths(options: dict) -> list[tuple[str, str]]:
     return [(p, w) for p, w in found if p]
 
 
-def _read_adapter(draft: Draft, path: str, written: str) -> bool:
-    """Rank, DoRA and full modules from the adapter's adapter_config.json; False when it is not on this machine."""
+def _read_adapter(draft: Draft, path: str, written: str) -> int | None:
+    """Rank, DoRA and full modules from the adapter's adapter_config.json: its rank, or None when the file is not on
+    this machine or names no rank."""
     folder = resolve_path(str(Path(path) / "adapter_config.json"))
     if folder is None:
-        return False
+        return None
     try:
         config = json.loads(folder.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise LoraflowError(f"{folder}: cannot read it as JSON ({exc}); vLLM reads the adapter's rank from it too, "
-                            "so the adapter itself is broken: save it again (save_pretrained).") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        config, why = None, f"cannot read it as JSON ({exc})"
+    else:
+        why = f"it holds a JSON {type(config).__name__}, not PEFT's object of settings"
+    if not isinstance(config, dict):
+        raise LoraflowError(f"{folder}: {why}; vLLM reads the adapter's rank from it too, so the adapter itself is "
+                            "broken: save it again (save_pretrained).")
     where = f"{written} ({folder})"
-    if isinstance(config.get("r"), int):
-        draft.set("adapter_rank", max(config["r"], draft.get("adapter_rank")), f"{where}: r {config['r']}")
-    if config.get("use_dora"):
+    rank = config.get("r")
+    rank = int(rank) if isinstance(rank, int) or (isinstance(rank, str) and rank.strip().isdigit()) else None
+    if rank is not None:
+        draft.set("adapter_rank", max(rank, draft.get("adapter_rank")), f"{where}: r {rank}")
+    if config.get("use_dora") is True or str(config.get("use_dora")).strip().lower() == "true":
         draft.set("adapter", "dora", f"{where}: use_dora true")
     saved = [str(m) for m in config.get("modules_to_save") or []]
     if any(re.search(r"embed|wte", m) for m in saved):
@@ -116,16 +123,16 @@ def _read_adapter(draft: Draft, path: str, written: str) -> bool:
     # A classifier's `score` / `classifier` head is served from vLLM's LoRA loader (peft_helper.py); lm_head is not.
     if any(re.search(r"lm_head", m) for m in saved):
         draft.set("lm_head_trainable", True, f"{where}: modules_to_save {saved}")
-    return True
+    return rank
 
 
 def _max_rank(draft: Draft, options: dict, named: str) -> int:
-    value, raw = options.get("max_lora_rank", (None, ""))
-    if value is None:
+    if "max_lora_rank" not in options:
         draft.set("engine_max_lora_rank", MAX_LORA_RANK_DEFAULT,
                   f"default ({SOURCE}: max_lora_rank {MAX_LORA_RANK_DEFAULT}; {named} does not set it)")
         return MAX_LORA_RANK_DEFAULT
-    if not re.fullmatch(r"\d+", str(value)):
+    value, raw = options["max_lora_rank"]
+    if not re.fullmatch(r"\d+", str(value or "")):
         draft.unknown.append(f"{raw} (not a number here: the engine's max_lora_rank is not visible)")
         return MAX_LORA_RANK_DEFAULT
     draft.set("engine_max_lora_rank", int(value), raw)
@@ -155,14 +162,16 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
                   "loaded as vLLM LoRA adapters")
         draft.set("adapter", "lora", f"{named}: LoRA adapters on a frozen base")
         limit = _max_rank(draft, options, named)
-        read = [_read_adapter(draft, p, w) for p, w in paths]
-        if not any(read):
+        ranks = [_read_adapter(draft, p, w) for p, w in paths]
+        # An adapter whose rank is not here is the question, unless one that is here already fails.
+        if (not paths or None in ranks) and draft.get("adapter_rank") <= limit:
             # the catalogs first, in their order: importing one alone would register its rules ahead of the rest
             all_rules()
             from loraflow.rules.catalog_rollout import VLLM_LORA_RANKS
 
             above = next((r for r in VLLM_LORA_RANKS if r > limit), limit * 2)
-            shown = ", ".join(w for _, w in paths) or "adapters loaded later through the API"
+            shown = (", ".join(w for (_, w), r in zip(paths, ranks) if r is None)
+                     or "adapters loaded later through the API")
             draft.maybe("adapter_rank", {limit: f"the adapter's r is at most {limit}",
                                          above: f"the adapter's r is above {limit}"},
                         f"the adapter's adapter_config.json is not here ({shown})")

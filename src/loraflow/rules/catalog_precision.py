@@ -56,9 +56,13 @@ register(Rule(
                   # it in the log do they point here.
                   Message(r"NaN gradient detected|'(loss|grad_norm)': nan\b|\b(loss|grad[-_ ]norm)( is|:|=) ?nan\b",
                           "generic", "the training loop's loss / gradient-norm report, or a NaN-gradient hook")),
-        evidence=(Evidence("fp16", 3, "float16 is in use", decisive=True),
+        evidence=(Evidence("fp16", 3, "float16 is in use"),
+                  Evidence("fp16_on", 1, "float16 is switched on", decisive=True),
                   Evidence("fp16_overflow_family", 2, "a family whose activations overflow float16 is in use",
                            decisive=True),
+                  Evidence("bf16_on", -6, "bfloat16 is switched on: float16's range is not what runs",
+                           excludes=True),
+                  Evidence("fp16_off", -4, "float16 is switched off"),
                   Evidence("grad_scaler", 1, "a loss scaler is in use")),
         prior=1.0,
         tells_apart="DeepSpeed's loss scale at its floor, or falling to single digits, in an fp16 run: every step "
@@ -240,14 +244,15 @@ register(Rule(
     impact="crash",
     conditions="FlashAttention-2 on a Mistral-style model of transformers 4.36 - 4.52 (Mistral, Mixtral, Qwen2, "
                "Qwen2-MoE, Qwen2/2.5-VL, Phi-3, Starcoder2, Qwen3; each in the releases that have the check) and a "
-               "forward with the KV cache on over right-padded rows: training without checkpointing with "
-               "config.use_cache true (evaluation and reference or old-policy log-prob passes that keep the cache "
-               "fail the same way)",
+               "forward with the KV cache on over right-padded rows: training without checkpointing, several rows "
+               "per micro-batch and no packing, with config.use_cache true (evaluation and reference or old-policy "
+               "log-prob passes that keep the cache fail the same way; check does not read those)",
     knobs=("use_cache", "flash_attention"),
     affected={"transformers": ">=4.36.0,<4.53.0"},
     boundaries={"transformers": tuple(sorted({v for w in FA2_RIGHT_PAD.values() for r in w for v in r},
                                              key=Version))},
-    when=lambda s: s.flash_attention and s.use_cache and s.checkpointing == "off" and _fa2_pad_checked(s),
+    when=lambda s: (s.flash_attention and s.use_cache and s.checkpointing == "off" and s.padded_rows
+                    and not s.packing and _fa2_pad_checked(s)),
     cause=("These models' FlashAttention-2 branch guards generation: with the cache on, a batch whose last column is "
            "padding would put the next token after the pads, so it raises `You are attempting to perform batched "
            "generation with padding_side='right'`. The guard looks at the cache, not at generation, and "

@@ -62,7 +62,8 @@ register(Rule(
     when=lambda s: _vllm(s) and s.rollout_sync == "adapter" and (s.adapter_rank > s.engine_max_lora_rank
                                                                  or s.engine_max_lora_rank not in VLLM_LORA_RANKS),
     cause=("vLLM allocates its LoRA buffers for --max-lora-rank at start-up (16 unless told) and refuses a larger "
-           "adapter when it is loaded (`LoRA rank 64 is greater than max_lora_rank 16.`): the first sync fails. "
+           "adapter when it is loaded (`LoRA rank 64 is greater than max_lora_rank 16.`): the first sync fails (on a "
+           "server, the first load of the adapter). "
            "It takes only the ranks of its own list (1, 8, 16, 32, 64, 128, 256, 320, 512) and refuses any other "
            "value when the engine starts."),
     fix="loraflow starts its local engine with --max-lora-rank set to the smallest rank vLLM offers that holds "

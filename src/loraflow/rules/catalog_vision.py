@@ -231,7 +231,8 @@ register(Rule(
     elsewhere="add token_type_ids (all zeros for text-only rows) to the batches, or collate with the model's "
               "processor; for text-only training load the text class (Gemma3ForCausalLM); or transformers >= 5.6 "
               "(Gemma 3/4) or >= 5.9 (PaliGemma)",
-    references=("https://github.com/NVIDIA-NeMo/Automodel/issues/1203", "https://github.com/huggingface/trl/issues/5032",
+    references=("https://github.com/NVIDIA-NeMo/Automodel/issues/1203",
+                "https://github.com/huggingface/trl/issues/5032",
                 "https://github.com/huggingface/trl/issues/5807", "https://github.com/unslothai/unsloth/pull/4017",
                 "https://github.com/huggingface/trl/pull/5643", "https://github.com/huggingface/trl/issues/4142",
                 "https://github.com/huggingface/transformers/blob/v5.0.0/src/transformers/models/gemma3/"

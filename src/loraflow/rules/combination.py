@@ -181,8 +181,8 @@ class Combination:
     ms-swift --tuner_backend unsloth)."""
     ptq_checkpoint: str | None = None
     """The base checkpoint was saved quantized by a post-training method (gptq, awq, aqlm, compressed-tensors), whose
-    integer weights load as they are (bitsandbytes quantization is `quantization`; fp8 and mxfp4 checkpoints that
-    frameworks dequantize on load are neither)."""
+    integer weights load as they are (bitsandbytes quantization is `quantization`, fine-grained FP8 checkpoints
+    `fp8_checkpoint`; mxfp4 ones, dequantized where no kernel runs them, are neither)."""
     fp8_checkpoint: bool = False
     """The base checkpoint ships FP8 weights (config.json quantization_config quant_method fp8: DeepSeek-V3/R1,
     Kimi-K2, MiniMax-M2, `-FP8` uploads), which transformers loads into FP8Linear modules whatever torch_dtype asks."""
@@ -211,6 +211,8 @@ class Combination:
     """Liger's fused linear cross entropy computes the training loss from lm_head.weight, without calling lm_head."""
     flash_attention: bool = False
     """The model's attention runs transformers' FlashAttention path (attn_implementation flash_attention_2/3)."""
+    padded_rows: bool = True
+    """A training micro-batch can hold rows padded to a common length (more than one row per micro-batch)."""
     flash_attn_fp32: bool = False
     """FlashAttention asked for (attn_implementation flash_attention_2) with float32 weights and no bf16/fp16 mixed
     precision: transformers finds no half dtype to cast the queries to (frontends/hf_attention.py)."""

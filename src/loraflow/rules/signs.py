@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from loraflow.families import FP16_OVERFLOW
+
 MessageKind = Literal["own", "shared", "generic", "warning"]
 
 
@@ -71,6 +73,16 @@ class LogSigns:
 _ACCELERATE_OTHER_DEVICE_RAISE_LINES = (1151, 1187, 1208, 1254, 1257, 1258, 1281, 1324, 1331, 1353, 1377, 1402, 1418,
                                         1423, 1425, 1441, 1449, 1491, 1504, 1608, 1629, 1786, 1792, 1816, 1850, 1861)
 
+# The HF Trainer's bitsandbytes 8-bit optimizers (transformers training_args.py OptimizerNames; axolotl's and
+# LLaMA-Factory's optimizer keys take the same names), read by check's frontends too. torchao's adamw_torch_8bit is
+# not bitsandbytes'.
+BNB_8BIT_OPTIMIZERS = r"(paged_)?(adamw_bnb_8bit|adamw_8bit|adam_8bit|lion_8bit|ademamix_8bit|rmsprop_bnb_8bit)"
+_FP16_OVERFLOW_IDS = "|".join(f"(?:{family.names})" for family in FP16_OVERFLOW.values())
+_FP16_OVERFLOW_CLASSES = "|".join(sorted({re.sub(r"_([a-z])", lambda m: m.group(1).upper(), t.capitalize())
+                                          for t in FP16_OVERFLOW} | {"MT5", "UMT5", "Gemma3n"}))
+"""The class-name prefix transformers gives each family's modules (gemma3 -> Gemma3, gpt_oss -> GptOss, qwen3_5 ->
+Qwen3_5)."""
+
 # Facts read from a log by pattern. Paths match with / or \ and module dots; names in any case, as users paste them.
 _P = r"[/\\.]"
 # A frame's function as IPython and Jupyter print it: qualified by its class (`in LoraModel.merge_and_unload(self)`,
@@ -111,17 +123,17 @@ FACTS: dict[str, tuple[str, str]] = {
                 r"with name \S*\.lora_[AB]\.(?!weight\b|bias\b)\w+\s+has been marked",
                 "AdaLoRA is in use (its config, or a parameter named as its ParameterDicts name them)"),
     "unsloth": (r"\bunsloth\b|use_unsloth", "Unsloth loads and patches the model"),
-    # A family whose activations overflow float16, by its modules' class names in a traceback or hook message
-    # (Gemma3MLP, Gemma3RMSNorm, T5LayerFF, GptOssMLP) or its model id (families.FP16_OVERFLOW).
-    "fp16_overflow_family": (r"\b(Gemma3|Gemma4|Gemma3n|T5|MT5|UMT5|GptOss|Qwen3_5)(MLP|RMSNorm|DecoderLayer|Attention|"
-                             r"Block|Layer\w*|Model|ForCausalLM|ForConditionalGeneration)\b|gemma[-_.]?3(?!\d*b)|"
-                             r"gemma[-_.]?4|gpt[-_.]?oss|flan[-_.]?t5|\bt5[-_.](small|base|large|3b|11b|v1)",
-                             "a model family whose activations overflow float16 (Gemma 3/4, T5, gpt-oss)"),
+    # A family whose activations overflow float16, by its model id (families.FP16_OVERFLOW) or its modules' class
+    # names in a traceback or hook message (Gemma3MLP, T5LayerFF, GptOssMLP).
+    "fp16_overflow_family": (_FP16_OVERFLOW_IDS + r"|\b(" + _FP16_OVERFLOW_CLASSES + r")(Text|Vision)?(MLP|RMSNorm|"
+                             r"DecoderLayer|"
+                             r"Attention|Block|Layer\w*|Model|ForCausalLM|ForConditionalGeneration)\b",
+                             "a model family whose activations overflow float16 (Gemma 3/4, T5, gpt-oss, ...)"),
     "diffusers": (r"diffusers[/\\.](models|pipelines|training_utils)", "diffusers' code is in the traceback"),
     "fsdp_optim_state": (r"fsdp[/\\.]_optim_utils|save_fsdp_optimizer|full_optim_state_dict|\boptim_state_dict\(",
                          "FSDP gathers or re-shards the optimizer's state (a checkpoint save)"),
-    "bnb_8bit_optim": (r"\b(paged_)?(adamw_bnb_8bit|adamw_8bit|lion_8bit|ademamix_8bit)\b|\b(Paged)?(AdamW|Adam|Lion)8bit\b|"
-                       r"bitsandbytes[/\\.]optim", "a bitsandbytes 8-bit optimizer is in use"),
+    "bnb_8bit_optim": (rf"\b{BNB_8BIT_OPTIMIZERS}\b|\b(Paged)?(AdamW|Adam|Lion|AdEMAMix)8bit\b|bitsandbytes[/\\.]optim",
+                       "a bitsandbytes 8-bit optimizer is in use"),
     "quant4bit": (r"bitsandbytes|Params4bit|Linear4bit|load_in_4bit|quantization_bit\W{1,4}4\b|\bnf4\b|\bqlora\b|"
                   r"use_4bit", "a 4-bit quantized base is in use"),
     # A checkpoint quantized after training: its method named (config.json quant_method, a loader's log line, a
@@ -201,6 +213,15 @@ FACTS: dict[str, tuple[str, str]] = {
     "load": (r"load_state_dict|from_pretrained|load_adapter|size mismatch for", "a saved model is loaded"),
     "grad_scaler": (r"GradScaler|grad_scaler|unscale_", "fp16 loss scaling is in use"),
     # float16 itself, not bfloat16 (`\bfloat16` does not match inside `bfloat16`): Lightning's 16-true / 16-mixed,
+    # float16 or bfloat16 switched on (not a dump's `fp16=False`): TrainingArguments' and accelerate's flags,
+    # DeepSpeed's "fp16": {"enabled": true}, a float16 / bfloat16 load dtype.
+    "fp16_on": (r"\bfp16\W{1,4}(True|true|1)\b|[\"']fp16[\"']\W{1,4}\{\W*[\"']enabled[\"']\W{1,4}(true|True)\b|"
+                r"mixed_precision\W{1,4}fp16\b|\b16-mixed\b|torch_dtype\W{1,4}(torch\.)?float16\b",
+                "float16 is switched on"),
+    "fp16_off": (r"\bfp16\W{1,4}(False|false)\b", "float16 is switched off (a TrainingArguments dump's fp16=False)"),
+    "bf16_on": (r"\bbf16\W{1,4}(True|true|1)\b|[\"']bf16[\"']\W{1,4}\{\W*[\"']enabled[\"']\W{1,4}(true|True)\b|"
+                r"mixed_precision\W{1,4}bf16\b|\bbf16-(mixed|true)\b|torch_dtype\W{1,4}(torch\.)?bfloat16\b",
+                "bfloat16 is switched on"),
     # HF's fp16 flags, DeepSpeed's "fp16": {"enabled": true}.
     "fp16": (r"\bfp16\b|\bfloat16\b|torch\.half\b|\b16-(true|mixed)\b|precision\W{1,4}16\b",
              "float16 (not bfloat16) is in use"),
