@@ -4,8 +4,6 @@ axolotl-ai-cloud/axolotl#895, modelscope/ms-swift#142, hiyouga/LlamaFactory#1391
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 from script_check import launch_findings
 
@@ -53,6 +51,5 @@ def test_the_installed_transformers_calls_an_old_style_hook_the_old_way():
     config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=2)
     model = OldHook(config)
-    assert "value" in inspect.signature(model._set_gradient_checkpointing).parameters
-    model.gradient_checkpointing_enable()
+    model.gradient_checkpointing_enable()  # transformers 4.35 raised TypeError here
     assert model.model.gradient_checkpointing is True

@@ -22,7 +22,8 @@ def flash_fp32(draft: Draft, opts: dict[str, Opt]) -> None:
         asked = old.source
     else:
         return
-    draft.set("flash_attention", True, asked)
+    if "flash_attention_3" not in str(asked):  # FlashAttention-2's own branches (rule fa2-right-padding-cache)
+        draft.set("flash_attention", True, asked)
     rows = opts.get("per_device_train_batch_size")
     if rows is not None and str(rows.value).strip() == "1":  # one row: nothing to pad it to
         draft.set("padded_rows", False, f"{rows.source} (one row per micro-batch)")

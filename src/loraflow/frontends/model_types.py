@@ -77,6 +77,15 @@ _PTQ_NAMES = ((re.compile(r"(?:^|[-_./])(gptq|awq|aqlm)(?:$|[-_./])", re.I), Non
               (re.compile(r"(?:^|[-_./])w(?:4|8)a(?:8|16)(?:$|[-_./])", re.I), "compressed-tensors"))
 
 
+def ptq_method(model: str) -> str | None:
+    """The post-training quantization a checkpoint's name says it was saved with, or None."""
+    for pattern, method in _PTQ_NAMES:
+        found = pattern.search(model)
+        if found:
+            return method or found.group(1).lower()
+    return None
+
+
 # Checkpoints whose config.json declares fine-grained FP8 weights (quant_method fp8): an `-FP8` upload (Qwen3-*-FP8,
 # GLM-4.5-FP8, unsloth's) and the releases shipped in FP8 under their plain names: DeepSeek-V3 / V3.1 / V3.2 / R1,
 # Kimi-K2 (not -Thinking, INT4), MiniMax-M2. Not: Neural Magic / Red Hat's `-FP8` and `-FP8-dynamic` uploads
@@ -97,19 +106,11 @@ def fp8_checkpoint(model: str) -> bool:
     return bool(_FP8_SUFFIX.search(name) or (_FP8_PLAIN.search(name) and not _DERIVED.search(name)))
 
 
-def ptq_method(model: str) -> str | None:
-    """The post-training quantization a checkpoint's name says it was saved with, or None."""
-    for pattern, method in _PTQ_NAMES:
-        found = pattern.search(model)
-        if found:
-            return method or found.group(1).lower()
-    return None
-
-
 def model_name_facts(draft: Draft, model: str, source: str) -> None:
     """What the model's name or path says beyond its towers: a family whose activations overflow float16
-    (families.FP16_OVERFLOW; rule fp16-overflow), a checkpoint saved quantized after training (ptq_method), an
-    image-text model whose modules transformers 4.52 renamed (rule vllm-vlm-weight-names)."""
+    (families.FP16_OVERFLOW; rule fp16-overflow), a checkpoint saved quantized after training (ptq_method) or shipped
+    in FP8 (fp8_checkpoint; rule fp8-checkpoint-not-trainable), an image-text model whose modules transformers 4.52
+    renamed (rule vllm-vlm-weight-names)."""
     method = ptq_method(model)
     if method is not None:
         draft.set("ptq_checkpoint", method, f"{source} ({model}: a checkpoint saved {method}-quantized, by its name)")

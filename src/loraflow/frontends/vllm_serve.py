@@ -60,16 +60,16 @@ def _options(cmd: Command) -> tuple[dict[str, tuple[str | None, str]], list[str]
     options = {a.name: (a.value if isinstance(a.value, list) else a.one(), a.raw) for a in args}
     if cmd.program_kind == "cli" and cmd.program == "vllm":
         if cmd.subcommand != "serve":
-            raise LoraflowError(f"`vllm {cmd.subcommand or ''}`: loraflow check reads `vllm serve MODEL ...` (an "
-                                "engine serving LoRA adapters), not other vllm subcommands.")
+            raise LoraflowError(f"`{cmd.describe()}`: loraflow check reads `vllm serve MODEL ...` (an engine serving "
+                                "LoRA adapters), not other vllm subcommands.")
         return options, positionals, "vllm serve"
     if cmd.program_kind == "module" and cmd.program in _SERVER_MODULES:
         return options, positionals, f"-m {cmd.program}"
     model = str(options.get("model", ("",))[0] or "")
     if model != "vllm":
         raise LoraflowError(f"`{cmd.describe()} --model {model or '?'}`: loraflow check reads lm_eval's vLLM backend "
-                            "(--model vllm) only; an lm_eval run of the HF backend trains nothing and serves no "
-                            "engine whose LoRA limits could be checked.")
+                            "(--model vllm) only; lm_eval's other backends train nothing and start no engine whose "
+                            "LoRA limits could be checked.")
     raw = options.get("model_args", ("", ""))[0]
     read = _model_args(" ".join(raw) if isinstance(raw, list) else str(raw or ""))
     return {**{k: (v, w) for k, (v, w) in read.items()}}, [], "lm_eval --model vllm"

@@ -210,7 +210,7 @@ class Combination:
     liger_fused_ce: bool = False
     """Liger's fused linear cross entropy computes the training loss from lm_head.weight, without calling lm_head."""
     flash_attention: bool = False
-    """The model's attention runs transformers' FlashAttention path (attn_implementation flash_attention_2/3)."""
+    """The model's attention runs transformers' FlashAttention-2 branch (attn_implementation flash_attention_2)."""
     padded_rows: bool = True
     """A training micro-batch can hold rows padded to a common length (more than one row per micro-batch)."""
     flash_attn_fp32: bool = False
