@@ -72,7 +72,7 @@ def _options(cmd: Command) -> tuple[dict[str, tuple[str | None, str]], list[str]
                             "LoRA limits could be checked.")
     raw = options.get("model_args", ("", ""))[0]
     read = _model_args(" ".join(raw) if isinstance(raw, list) else str(raw or ""))
-    return {**{k: (v, w) for k, (v, w) in read.items()}}, [], "lm_eval --model vllm"
+    return read, [], "lm_eval --model vllm"
 
 
 def _adapter_paths(options: dict) -> list[tuple[str, str]]:
@@ -153,7 +153,8 @@ def from_command(cmd: Command, versions: dict) -> FrontendResult:
     if model:
         model_name_facts(draft, Path(str(model).rstrip("/")).name, model_src)
     paths = _adapter_paths(options)
-    lora = any(k in options and parse_bool(options[k][0], options[k][1]) for k in ("enable_lora",)) or bool(paths)
+    enable = options.get("enable_lora")
+    lora = bool(paths) or (enable is not None and parse_bool(enable[0], enable[1]))
     if not lora:
         draft.set("adapter", "full", f"{named}: no --enable-lora, so the engine serves the base weights only")
         draft.note(f"{named} serves no LoRA adapter: none of the adapter rules can hold for it")
