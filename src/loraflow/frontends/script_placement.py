@@ -11,7 +11,7 @@ from loraflow.frontends.script_code import Call
 from loraflow.frontends.script_dicts import computed, fixed_device
 from loraflow.frontends.script_facts import kind
 from loraflow.frontends.script_lineage import bits_of
-from loraflow.frontends.script_zero_init import _marker
+from loraflow.frontends.script_zero_init import _marker, zero3_markers
 
 SPREADS = ("auto", "balanced", "balanced_low_0")
 """The device_map strings that spread a model over every GPU its process sees (transformers passes them to
@@ -74,8 +74,7 @@ def _big_model_load(draft: Draft, script) -> None:
     is_deepspeed_zero3_enabled() else ...`, a variable the code sets) is not read: it is how scripts keep the map out
     of ZeRO-3 launches."""
     code = script.code
-    own_config = any((kind(c, code) == "zero_init") or (kind(c, code) == "args" and "deepspeed" in c.kwargs)
-                     for c in code.calls)
+    own_config = bool(zero3_markers(code))
     for load in script.facts.loads:
         if not isinstance(load, Call) or kind(load, code) != "load":
             continue

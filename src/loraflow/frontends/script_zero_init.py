@@ -54,12 +54,18 @@ def alive(call: Call, code: Code) -> bool:
     return bool(call.target) or any(value is call for _, _, value, _ in code.attributes)
 
 
+def zero3_markers(code: Code) -> list[Call]:
+    """The calls that turn zero.Init on for later loads: a kept HfDeepSpeedConfig, TrainingArguments / a TRL config
+    built with deepspeed=."""
+    return [c for c in code.calls if (kind(c, code) == "zero_init" and alive(c, code)) or
+            (kind(c, code) == "args" and "deepspeed" in c.kwargs)]
+
+
 def _marker(code: Code, load: Call) -> bool | None:
     """Whether something turns zero.Init on for `load`: a kept HfDeepSpeedConfig, or TrainingArguments / a TRL config
     built with deepspeed=, before it in the same function or at module level (run before the functions are called).
     None where one sits in another function, whose order against the load the code does not show."""
-    markers = [c for c in code.calls if (kind(c, code) == "zero_init" and alive(c, code)) or
-               (kind(c, code) == "args" and "deepspeed" in c.kwargs)]
+    markers = zero3_markers(code)
     if any((m.scope == load.scope and m.line < load.line) or (not m.scope and load.scope) for m in markers):
         return True
     return None if any(m.scope and m.scope != load.scope for m in markers) else False
